@@ -1,0 +1,79 @@
+"""GPU timing done the same way everywhere: CUDA events, warm-up, median of many runs, rotating fresh
+inputs and an L2 flush before every timed run (so no run is served from a warm 50 MB L2), plus FLOP and
+byte counters for attention.  Peers (FA4, cuDNN / flash SDPA) are timed with the same function."""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+L2_FLUSH_BYTES = 256 << 20   # well above the 50 MiB L2 of H100/H200
+
+
+@dataclass
+class Timing:
+    median_ms: float
+    min_ms: float
+    p20_ms: float
+    p80_ms: float
+    runs: int
+    times_ms: list[float] = field(repr=False, default_factory=list)
+
+
+def time_cuda(fn: Callable[..., Any], inputs: Sequence[tuple] | None = None, *, warmup: int = 5, iters: int = 30,
+              flush_l2: bool = True) -> Timing:
+    """Median time of ``fn(*inputs[i % len(inputs)])`` over ``iters`` runs (after ``warmup``).
+
+    ``inputs``: several argument tuples made beforehand from fresh random data; rotating through them
+    keeps one buffer from staying hot.  ``flush_l2`` overwrites a 256 MiB buffer before each run.
+    """
+    if not torch.cuda.is_available():
+        raise RuntimeError("time_cuda needs a CUDA device")
+    if iters < 1:
+        raise ValueError("iters must be >= 1")
+    inputs = list(inputs) if inputs else [()]
+    flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda") if flush_l2 else None
+    for i in range(warmup):
+        fn(*inputs[i % len(inputs)])
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    for i in range(iters):
+        if flush is not None:
+            flush.zero_()
+        starts[i].record()
+        fn(*inputs[i % len(inputs)])
+        ends[i].record()
+    torch.cuda.synchronize()
+    times = sorted(s.elapsed_time(e) for s, e in zip(starts, ends))
+    q = lambda f: times[min(len(times) - 1, int(f * len(times)))]
+    return Timing(statistics.median(times), times[0], q(0.2), q(0.8), iters, times)
+
+
+def visible_pairs(sq: int, sk: int, *, causal: bool = False, window: int | None = None) -> int:
+    """Number of (query, key) pairs a query block sees, queries aligned to the end of the keys
+    (query i sits at key position sk - sq + i), DSV4's window convention (t - W < s <= t)."""
+    total = 0
+    for i in range(sq):
+        pos = sk - sq + i
+        hi = min(pos, sk - 1) if (causal or window) else sk - 1
+        lo = max(0, pos - window + 1) if window else 0
+        total += max(0, hi - lo + 1)
+    return total
+
+
+def attention_flops(batch: int, heads: int, sq: int, sk: int, d: int, dv: int | None = None, *,
+                    causal: bool = False, window: int | None = None) -> float:
+    """Matmul FLOPs over visible pairs only: 2·pairs·D (QK) + 2·pairs·Dv (PV)."""
+    dv = d if dv is None else dv
+    return 2.0 * batch * heads * visible_pairs(sq, sk, causal=causal, window=window) * (d + dv)
+
+
+def tflops(flops: float, ms: float) -> float:
+    return flops / (ms * 1e-3) / 1e12
+
+
+def gbps(nbytes: float, ms: float) -> float:
+    return nbytes / (ms * 1e-3) / 1e9

@@ -1,0 +1,49 @@
+"""Compile CuTeDSL kernels for a chosen arch on any machine, and keep the PTX to check.
+
+``cute.compile`` runs the whole toolchain (trace → MLIR → PTX → ptxas → cubin) without a GPU, so an
+sm_100a kernel is proven to *build* here even though it can never *run* here.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..targets import cute_arch
+
+
+@dataclass
+class CompiledKernel:
+    arch: str
+    fn: Any            # the compiled callable (CudaDialectJitCompiledFunction)
+    ptx: str           # the PTX text of the module
+
+    def count(self, pattern: str) -> int:
+        """How many times a regular expression occurs in the PTX (e.g. ``r"wgmma\\.mma_async"``)."""
+        return len(re.findall(pattern, self.ptx))
+
+    @property
+    def ptx_target(self) -> str | None:
+        m = re.search(r"^\s*\.target\s+(\S+)", self.ptx, re.MULTILINE)
+        return m.group(1).rstrip(",") if m else None
+
+
+def compile_for_arch(jit_fn: Callable, *args: Any, arch: str, keep_ptx: bool = True, options: str = "") -> CompiledKernel:
+    """``cute.compile(jit_fn, *args)`` for ``arch``; with ``keep_ptx`` the PTX is read back from a dump dir."""
+    import cutlass.cute as cute
+    # CUTE_DSL_ARCH is read once per process, so the arch also goes in as a compile option: one process
+    # can build the same kernel for sm_90a and sm_100a in turn.
+    options = f"--gpu-arch {arch} {options}".strip()
+    with cute_arch(arch):
+        if not keep_ptx:
+            return CompiledKernel(arch, cute.compile(jit_fn, *args, options=options), "")
+        with tempfile.TemporaryDirectory(prefix="dsv4-ptx-") as dump:
+            fn = cute.compile(jit_fn, *args, options=f"--keep-ptx --dump-dir {dump} {options}")
+            ptx_files = sorted(glob.glob(os.path.join(dump, "*.ptx")))
+            if not ptx_files:
+                raise RuntimeError(f"CuTeDSL wrote no PTX for {arch} in {dump}")
+            ptx = "\n".join(open(p).read() for p in ptx_files)
+    return CompiledKernel(arch, fn, ptx)

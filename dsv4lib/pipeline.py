@@ -1,0 +1,145 @@
+"""Run every stage notebook through papermill on this machine, record the results, render STATUS.md.
+
+    python -m dsv4lib.pipeline [--target auto|cpu|<gpu>] [--stages D1,D5] [--timeout SECONDS]
+
+Each stage runs in its own process group: a stage that raises, misses a threshold or outlives its
+timeout (a hung kernel) is recorded as FAIL with the reason, and the next stage still runs.  The exit
+code is 1 if any stage failed.  Executed notebooks go to ``runs/<target>/`` (git-ignored).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .provenance import REPO_ROOT, git_commit, utc_now, versions
+from .record import read_metrics
+from .registry import REGISTRY_PATH, RESULTS_DIR, Stage, load_registry
+from .results import decide_verdict, merge_results
+from .status import STATUS_PATH, write_status
+from .targets import Target, resolve_target
+
+RUNS_DIR = REPO_ROOT / "runs"
+
+
+def _execute_notebook(notebook: str, output: str, parameters: dict[str, Any], cell_timeout: float) -> None:
+    """Child-process side: jupytext → papermill (kernel python3)."""
+    import jupytext
+    import papermill
+
+    nb = jupytext.read(notebook)
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata.setdefault("language_info", {"name": "python"})
+    papermill.execute_notebook(nb, output, parameters=parameters, kernel_name="python3", language="python",
+                               execution_timeout=int(cell_timeout), progress_bar=False, cwd=str(REPO_ROOT))
+
+
+def run_stage(stage: Stage, target: Target, run_dir: Path, timeout_s: float | None = None) -> dict[str, Any]:
+    """Execute one stage notebook in a fresh process group; return its result row."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    metrics_path = run_dir / f"{stage.id}.metrics.json"
+    error_path = run_dir / f"{stage.id}.error.txt"
+    for p in (metrics_path, error_path):
+        p.unlink(missing_ok=True)
+    params = stage.params_for(target.name)
+    params.update(target=target.name, metrics_path=str(metrics_path))
+    timeout = float(timeout_s or stage.timeout_s)
+    job = {"notebook": str(stage.notebook), "output": str(run_dir / f"{stage.id}.ipynb"), "parameters": params,
+           "cell_timeout": timeout, "error_path": str(error_path)}
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+               MPLBACKEND="Agg", PYTHONUNBUFFERED="1")
+    t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "dsv4lib.pipeline", "--_execute", json.dumps(job)],
+                            cwd=REPO_ROOT, env=env, start_new_session=True,
+                            stdout=open(run_dir / f"{stage.id}.log", "w"), stderr=subprocess.STDOUT)
+    error = None
+    try:
+        rc = proc.wait(timeout=timeout)
+        if rc != 0:
+            error = error_path.read_text().strip() if error_path.exists() else f"stage process exited with {rc}"
+    except subprocess.TimeoutExpired:
+        error = f"timed out after {timeout:.0f} s (hung kernel or too slow); stage killed"
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)   # the notebook's kernel is in this group too
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    wall = time.monotonic() - t0
+    metrics = read_metrics(metrics_path)
+    thresholds = stage.thresholds_for(target.name if metrics.get("mode") == "gpu" else "cpu")
+    verdict, reason = decide_verdict(stage, target.name, metrics, error)
+    return {"stage": stage.id, "target": target.name, "verdict": verdict, "reason": reason,
+            "device": target.device, "capability": target.capability, "versions": versions(),
+            "commit": git_commit(), "date": utc_now(), "wall_s": round(wall, 1),
+            "metrics": metrics, "thresholds": thresholds}
+
+
+def run_pipeline(target: Target, stages: list[Stage], *, timeout_s: float | None = None,
+                 results_dir: Path = RESULTS_DIR, status_path: Path = STATUS_PATH,
+                 runs_dir: Path = RUNS_DIR, registry: list[Stage] | None = None) -> dict[str, dict[str, Any]]:
+    from tqdm.auto import tqdm
+
+    rows: dict[str, dict[str, Any]] = {}
+    bar = tqdm(stages, desc=f"stages on {target.name}", unit="stage", file=sys.stderr)
+    for stage in bar:
+        bar.set_postfix_str(stage.id)
+        row = run_stage(stage, target, Path(runs_dir) / target.name, timeout_s)
+        rows[stage.id] = row
+        merge_results(target.name, {stage.id: row}, results_dir)   # saved per stage: a crash loses nothing
+        tqdm.write(f"  {stage.id:<10} {row['verdict']:<14} {row['wall_s']:>7.1f} s  {row['reason'][:100]}",
+                   file=sys.stderr)
+    write_status(status_path, stages=registry if registry is not None else stages, results_dir=results_dir)
+    return rows
+
+
+def select_stages(all_stages: list[Stage], spec: str | None) -> list[Stage]:
+    if not spec:
+        return all_stages
+    wanted = [s.strip() for s in spec.split(",") if s.strip()]
+    known = {s.id: s for s in all_stages}
+    unknown = [w for w in wanted if w not in known]
+    if unknown:
+        raise SystemExit(f"unknown stage(s) {unknown}; known: {list(known)}")
+    return [known[w] for w in wanted]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m dsv4lib.pipeline", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default="auto", help="auto (detect), cpu, or the GPU's name (h200, h100, ...)")
+    ap.add_argument("--stages", default=None, help="comma-separated stage ids (default: all)")
+    ap.add_argument("--timeout", type=float, default=None, help="per-stage timeout in seconds (default: registry)")
+    ap.add_argument("--registry", default=str(REGISTRY_PATH), help=argparse.SUPPRESS)
+    ap.add_argument("--_execute", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+
+    if args._execute:   # child process: run one notebook, write any error where the parent reads it
+        job = json.loads(args._execute)
+        try:
+            _execute_notebook(job["notebook"], job["output"], job["parameters"], job["cell_timeout"])
+        except Exception as exc:  # noqa: BLE001 - every failure becomes the stage's FAIL reason
+            msg = f"{type(exc).__name__}: {getattr(exc, 'evalue', None) or exc}"
+            if getattr(exc, "ename", None):
+                msg = f"{exc.ename}: {exc.evalue}"
+            Path(job["error_path"]).write_text(msg[:2000])
+            return 1
+        return 0
+
+    target = resolve_target(args.target)
+    registry = load_registry(Path(args.registry))
+    stages = select_stages(registry, args.stages)
+    print(f"dsv4 pipeline: target {target.name} ({target.device}), {len(stages)} stage(s)", file=sys.stderr)
+    rows = run_pipeline(target, stages, timeout_s=args.timeout, registry=registry)
+    failed = [sid for sid, r in rows.items() if r["verdict"] == "FAIL"]
+    print(f"STATUS.md written; {len(rows) - len(failed)} ok, {len(failed)} failed {failed or ''}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""Who measured what, with which software: the provenance every result row carries."""
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import subprocess
+from importlib import metadata
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _dist_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def versions() -> dict[str, str]:
+    out: dict[str, str] = {"python": platform.python_version()}
+    try:
+        import torch
+        out["torch"] = torch.__version__
+        if torch.version.cuda:
+            out["cuda_runtime"] = torch.version.cuda
+        if torch.cuda.is_available():
+            out["driver"] = _driver_version() or "unknown"
+    except ImportError:  # pragma: no cover
+        pass
+    for dist, key in (("nvidia-cutlass-dsl", "cutedsl"), ("flash-attn-4", "flash_attn_4")):
+        v = _dist_version(dist)
+        if v:
+            out[key] = v
+    return out
+
+
+def _driver_version() -> str | None:
+    try:
+        r = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=20)
+        return r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else None
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def git_commit() -> str:
+    """The commit the results describe: git's short hash (``+dirty`` if the tree has edits), else the
+    ``DSV4_COMMIT`` environment variable (the GPU machine's copy of the tree has no git metadata)."""
+    env = os.environ.get("DSV4_COMMIT")
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short=10", "HEAD"], cwd=REPO_ROOT, capture_output=True,
+                             text=True, timeout=10)
+        if sha.returncode == 0 and sha.stdout.strip():
+            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
+                                   capture_output=True, text=True, timeout=10).stdout.strip()
+            return sha.stdout.strip() + ("+dirty" if dirty else "")
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return env or "unknown"
+
+
+def utc_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")

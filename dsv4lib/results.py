@@ -1,0 +1,85 @@
+"""Result rows: the verdict rule, and the per-target results files (merged, never clobbered)."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from .record import write_json_atomic
+from .registry import RESULTS_DIR, Stage
+
+VERDICTS = ("PASS", "FAIL", "NOT RUN", "COMPILED-ONLY")
+MODES = ("gpu", "cpu", "compile")
+
+
+def _as_float(v: Any) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def check_thresholds(metrics: dict[str, Any], thresholds: dict[str, float]) -> list[str]:
+    """Every threshold a metric misses (a missing or NaN metric misses it too)."""
+    failures = []
+    for key, bound in thresholds.items():
+        name, kind = key.rsplit("_", 1)
+        if name not in metrics:
+            failures.append(f"{name} not recorded (needs {'>=' if kind == 'min' else '<='} {bound})")
+            continue
+        value = _as_float(metrics[name])
+        ok = value >= bound if kind == "min" else value <= bound
+        if not ok:   # NaN compares False: fails
+            failures.append(f"{name} = {metrics[name]} {'<' if kind == 'min' else '>'} {bound}")
+    return failures
+
+
+def decide_verdict(stage: Stage, target: str, metrics: dict[str, Any], error: str | None) -> tuple[str, str]:
+    """(verdict, reason).  Only a GPU target whose notebook really ran kernels on the GPU can PASS a
+    stage that needs a GPU; a CPU run of such a stage is at best COMPILED-ONLY."""
+    if error:
+        return "FAIL", error
+    mode = metrics.get("mode")
+    if mode not in MODES:
+        return "FAIL", f"notebook recorded no valid mode (got {mode!r}; expected one of {MODES})"
+    if target == "cpu" and mode == "gpu":
+        return "FAIL", "a CPU run recorded mode 'gpu': refusing to record a GPU result from the CPU"
+    failures = check_thresholds(metrics, stage.thresholds_for(target if mode == "gpu" else "cpu"))
+    if failures:
+        return "FAIL", "; ".join(failures)
+    if mode == "gpu" or (mode == "cpu" and stage.needs == "none"):
+        return "PASS", metrics.get("notes", "")
+    if mode == "compile" or metrics.get("compiled"):
+        return "COMPILED-ONLY", metrics.get("notes", "") or "kernels compiled, not run (no GPU)"
+    return "NOT RUN", metrics.get("notes", "") or "needs a GPU"
+
+
+def results_path(target: str, results_dir: Path = RESULTS_DIR) -> Path:
+    return Path(results_dir) / f"{target}.json"
+
+
+def load_results(target: str, results_dir: Path = RESULTS_DIR) -> dict[str, Any]:
+    p = results_path(target, results_dir)
+    if not p.exists():
+        return {"target": target, "stages": {}}
+    data = json.loads(p.read_text())
+    data.setdefault("stages", {})
+    return data
+
+
+def merge_results(target: str, rows: dict[str, dict[str, Any]], results_dir: Path = RESULTS_DIR) -> dict[str, Any]:
+    """Replace only the rows of the stages that ran; other stages (and other targets' files) stay."""
+    data = load_results(target, results_dir)
+    data["target"] = target
+    data["stages"].update(rows)
+    write_json_atomic(results_path(target, results_dir), data)
+    return data
+
+
+def load_all_results(results_dir: Path = RESULTS_DIR) -> dict[str, dict[str, Any]]:
+    out = {}
+    for p in sorted(Path(results_dir).glob("*.json")):
+        data = json.loads(p.read_text())
+        out[data.get("target", p.stem)] = data
+    return out

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Create (once) the project's virtual environment in .venv and install dsv4lib with everything the
+# pipeline and the tests need. Safe to run again: it only installs what is missing.
+#  - torch: a machine that already has torch (a GPU box with a CUDA build) keeps it; the venv sees it
+#    through --system-site-packages. Otherwise the CPU build torch==2.13.0 is installed explicitly,
+#    because a bare "torch" requirement would pull gigabytes of CUDA wheels.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${DSV4_VENV:-.venv}
+PY=${PYTHON:-python3}
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PY" -m venv --system-site-packages "$VENV"
+fi
+VPY="$VENV/bin/python"
+stamp="$VENV/.dsv4-installed"
+if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ]; then exit 0; fi
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+if ! "$VPY" -c "import torch" 2>/dev/null; then
+  "$VPY" -m pip install -q "torch==2.13.0"
+fi
+"$VPY" -m pip install -q -e ".[notebooks]"
+"$VPY" -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (dsv4-workbook)" >/dev/null
+touch "$stamp"

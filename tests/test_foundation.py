@@ -1,0 +1,110 @@
+"""Results merge, verdict rules, STATUS.md rendering, target detection, metrics."""
+import json
+
+import pytest
+import torch
+
+from dsv4lib import metrics
+from dsv4lib.registry import Stage, load_registry
+from dsv4lib.results import check_thresholds, decide_verdict, load_results, merge_results
+from dsv4lib.status import cell_text, render_status
+from dsv4lib.targets import arch_for_capability, detect_target, resolve_target, target_name_for_device
+
+
+def _row(verdict="PASS", **m):
+    return {"verdict": verdict, "reason": "", "device": "d", "capability": "9.0", "versions": {"torch": "x"},
+            "commit": "abc", "date": "2026-11-21T00:00:00Z", "metrics": m, "thresholds": {}}
+
+
+def test_merge_keeps_other_stages_and_targets(tmp_path):
+    merge_results("h200", {"D1": _row(cosine=0.5), "D2": _row(cosine=0.6)}, tmp_path)
+    merge_results("cpu", {"D1": _row("COMPILED-ONLY")}, tmp_path)
+    merge_results("h200", {"D1": _row(cosine=0.99)}, tmp_path)   # re-run of D1 only
+    h200 = load_results("h200", tmp_path)
+    assert h200["stages"]["D1"]["metrics"]["cosine"] == 0.99
+    assert h200["stages"]["D2"]["metrics"]["cosine"] == 0.6          # untouched
+    assert load_results("cpu", tmp_path)["stages"]["D1"]["verdict"] == "COMPILED-ONLY"
+    assert json.loads((tmp_path / "h200.json").read_text())["target"] == "h200"
+    assert not list(tmp_path.glob(".*.tmp"))                         # atomic write leaves no temp files
+
+
+GPU_STAGE = Stage("S", notebook=None, title="s", needs="gpu", thresholds={"cosine_min": 0.999})
+CPU_STAGE = Stage("L", notebook=None, title="l", needs="none", thresholds_cpu={"cosine_min": 0.999})
+
+
+@pytest.mark.parametrize("stage,target,m,err,expect", [
+    (GPU_STAGE, "h200", {"mode": "gpu", "cosine": 0.9999}, None, "PASS"),
+    (GPU_STAGE, "h200", {"mode": "gpu", "cosine": 0.99}, None, "FAIL"),
+    (GPU_STAGE, "h200", {"mode": "gpu"}, None, "FAIL"),                       # metric missing
+    (GPU_STAGE, "h200", {"mode": "gpu", "cosine": "nan"}, None, "FAIL"),       # NaN never passes
+    (GPU_STAGE, "h200", {"mode": "gpu", "cosine": 1.0}, "AssertionError: x", "FAIL"),
+    (GPU_STAGE, "cpu", {"mode": "gpu", "cosine": 1.0}, None, "FAIL"),          # CPU cannot claim GPU
+    (GPU_STAGE, "cpu", {"mode": "compile", "compiled": True}, None, "COMPILED-ONLY"),
+    (GPU_STAGE, "cpu", {"mode": "cpu"}, None, "NOT RUN"),
+    (GPU_STAGE, "cpu", {}, None, "FAIL"),                                      # no mode recorded
+    (CPU_STAGE, "cpu", {"mode": "cpu", "cosine": 1.0}, None, "PASS"),
+    (CPU_STAGE, "cpu", {"mode": "cpu", "cosine": 0.5}, None, "FAIL"),
+])
+def test_verdict_rules(stage, target, m, err, expect):
+    assert decide_verdict(stage, target, m, err)[0] == expect
+
+
+def test_thresholds_min_max():
+    assert check_thresholds({"a": 1.0, "b": 2.0}, {"a_min": 1.0, "b_max": 2.0}) == []
+    assert len(check_thresholds({"a": 0.9, "b": 2.1}, {"a_min": 1.0, "b_max": 2.0})) == 2
+
+
+def test_status_renders_what_results_say():
+    stages = [Stage("00-env", None, "env"), Stage("D1", None, "p on chip")]
+    results = {"h200": {"target": "h200", "stages": {
+        "D1": _row("PASS", cosine=0.999991, time_ms=1.25, tflops=640.0, ratio_vs_peer=0.91, peer="FA4")}},
+        "cpu": {"target": "cpu", "stages": {"00-env": _row("COMPILED-ONLY", matmul_tflops="NOT RUN")}}}
+    text = render_status(stages, results)
+    header = next(line for line in text.splitlines() if line.startswith("| stage |"))
+    assert header.split("|")[2].strip() == "cpu" and header.split("|")[3].strip() == "h200"
+    d1 = next(line for line in text.splitlines() if line.startswith("| D1 "))
+    assert "**PASS**" in d1 and "cos 0.999991" in d1 and "640 TFLOP/s" in d1 and "0.91× FA4" in d1
+    assert d1.split("|")[2].strip() == "NOT RUN"          # D1 not run on cpu
+    env = next(line for line in text.splitlines() if line.startswith("| 00-env "))
+    assert "**COMPILED-ONLY**" in env and "matmul NOT RUN" in env
+    assert cell_text(results["h200"]["stages"]["D1"]).endswith("`abc`")
+
+
+def test_registry_loads_and_points_at_notebooks():
+    stages = load_registry()
+    assert stages[0].id == "00-env"
+    for s in stages:
+        assert s.notebook.exists(), s.notebook
+        assert s.params_for("cpu") and s.params_for("h200")
+
+
+def test_target_names():
+    assert target_name_for_device("NVIDIA H200") == "h200"
+    assert target_name_for_device("NVIDIA H100 80GB HBM3") == "h100"
+    assert target_name_for_device("NVIDIA B200") == "b200"
+    assert arch_for_capability(9, 0) == "sm_90a" and arch_for_capability(10, 0) == "sm_100a"
+    assert arch_for_capability(8, 0) is None
+    with pytest.raises(ValueError):
+        target_name_for_device("")
+
+
+def test_resolve_target():
+    detected = detect_target()
+    assert resolve_target("auto") == detected
+    assert resolve_target("cpu").name == "cpu"
+    with pytest.raises(ValueError, match="requested"):
+        resolve_target("b999")
+    if not torch.cuda.is_available():
+        assert detected.name == "cpu" and detected.arch is None
+
+
+def test_metrics(gen):
+    x = torch.randn(1000, generator=gen, dtype=torch.float64)
+    assert metrics.cosine(x, x) == pytest.approx(1.0)
+    assert metrics.cosine(x, -x) == pytest.approx(-1.0)
+    assert metrics.rel_l2(x, x) == 0.0 and metrics.sqnr_db(x, x) == float("inf")
+    y = x + 0.01 * torch.randn(1000, generator=gen, dtype=torch.float64)
+    assert 35 < metrics.sqnr_db(y, x) < 45
+    assert metrics.max_abs(y, x) > 0
+    with pytest.raises(ValueError):
+        metrics.cosine(x, x[:10])

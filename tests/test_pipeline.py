@@ -1,0 +1,47 @@
+"""The papermill pipeline end to end on tiny notebooks: a passing, a raising and a hanging stage."""
+import textwrap
+
+from dsv4lib.pipeline import run_pipeline
+from dsv4lib.registry import Stage
+from dsv4lib.results import load_results
+from dsv4lib.targets import Target
+
+HEADER = '''# %% tags=["parameters"]
+target = "auto"
+metrics_path = ""
+value = 0.0
+
+# %%
+from dsv4lib.record import record
+'''
+
+
+def _stage(tmp_path, sid, body, timeout=120.0, **kw):
+    nb = tmp_path / f"{sid}.py"
+    nb.write_text(HEADER + textwrap.dedent(body))
+    return Stage(sid, nb, sid, needs="none", timeout_s=timeout, thresholds_cpu={"value_min": 1.0}, **kw)
+
+
+def test_failures_are_recorded_and_the_pipeline_goes_on(tmp_path):
+    stages = [
+        _stage(tmp_path, "raises", 'record(metrics_path, mode="cpu", value=5.0)\nraise RuntimeError("boom")\n'),
+        _stage(tmp_path, "hangs", 'import time\nrecord(metrics_path, mode="cpu", value=5.0)\ntime.sleep(600)\n',
+               timeout=20.0),
+        _stage(tmp_path, "low", 'record(metrics_path, mode="cpu", value=0.5)\n'),
+        _stage(tmp_path, "ok", 'record(metrics_path, mode="cpu", value=value)\n', params={"value": 2.0}),
+    ]
+    target = Target("cpu", "cpu", "", None)
+    rows = run_pipeline(target, stages, results_dir=tmp_path / "results", status_path=tmp_path / "STATUS.md",
+                        runs_dir=tmp_path / "runs", registry=stages)
+    assert rows["raises"]["verdict"] == "FAIL" and "boom" in rows["raises"]["reason"]
+    assert rows["raises"]["metrics"]["value"] == 5.0        # recorded before the failure: kept
+    assert rows["hangs"]["verdict"] == "FAIL" and "timed out" in rows["hangs"]["reason"]
+    assert rows["hangs"]["wall_s"] < 60
+    assert rows["low"]["verdict"] == "FAIL" and "value" in rows["low"]["reason"]
+    assert rows["ok"]["verdict"] == "PASS" and rows["ok"]["metrics"]["value"] == 2.0   # parameter injected
+    saved = load_results("cpu", tmp_path / "results")["stages"]
+    assert set(saved) == {"raises", "hangs", "low", "ok"}
+    for key in ("device", "capability", "versions", "commit", "date", "metrics", "thresholds", "verdict", "reason"):
+        assert key in saved["ok"], key
+    status = (tmp_path / "STATUS.md").read_text()
+    assert "| ok ok | **PASS**" in status and "| hangs hangs | **FAIL**" in status
