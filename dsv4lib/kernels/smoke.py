@@ -46,5 +46,7 @@ def axpy_(x: torch.Tensor, y: torch.Tensor, alpha: float, compiled: CompiledKern
         raise ValueError("axpy_ runs on CUDA tensors only")
     if x.shape != y.shape or x.dim() != 1 or not (x.is_contiguous() and y.is_contiguous()):
         raise ValueError(f"axpy_ needs two contiguous 1-D tensors of one shape, got {tuple(x.shape)}, {tuple(y.shape)}")
-    compiled.fn(from_dlpack(x, assumed_align=16), from_dlpack(y, assumed_align=16), cutlass.Float32(alpha))
+    # The build has a symbolic length, so the runtime tensors must carry their layout dynamically.
+    compiled.fn(from_dlpack(x, assumed_align=16).mark_layout_dynamic(),
+                from_dlpack(y, assumed_align=16).mark_layout_dynamic(), cutlass.Float32(alpha))
     return y
