@@ -113,7 +113,7 @@ def test_fp8_and_fp4_ue8m0(gen):
     z = Q.fp4_qdq(x4).view(4, 4, 32)
     scale = torch.exp2(torch.ceil(torch.log2(x4.view(4, 4, 32).abs().amax(-1, keepdim=True) / 6)))
     assert torch.isin(z / scale, torch.tensor(Q.E2M1_VALUES)).all()      # every value = e2m1 × 2^k of its block
-    assert ((z - x4.view(4, 4, 32)).abs() <= scale * 0.5 + 1e-7).all()   # within half a coarse step
+    assert ((z - x4.view(4, 4, 32)).abs() <= scale * 1.0 + 1e-7).all()   # within half the widest step (4→6)
 
 
 @pytest.mark.parametrize("call,exc,match", [
