@@ -53,7 +53,7 @@ def run_stage(stage: Stage, target: Target, run_dir: Path, timeout_s: float | No
     job = {"notebook": str(stage.notebook), "output": str(run_dir / f"{stage.id}.ipynb"), "parameters": params,
            "cell_timeout": timeout, "error_path": str(error_path)}
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
-               MPLBACKEND="Agg", PYTHONUNBUFFERED="1")
+               MPLBACKEND="module://matplotlib_inline.backend_inline", PYTHONUNBUFFERED="1")   # plots land in the notebook
     t0 = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "dsv4lib.pipeline", "--_execute", json.dumps(job)],
                             cwd=REPO_ROOT, env=env, start_new_session=True,

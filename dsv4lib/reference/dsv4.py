@@ -44,7 +44,9 @@ class DSV4Config:
     @staticmethod
     def small(**kw) -> "DSV4Config":
         base = dict(dim=64, n_heads=4, head_dim=128, rope_dim=64, q_lora_rank=32, o_groups=2, o_lora_rank=16,
-                    window=8, index_n_heads=4, index_head_dim=128, index_topk=3)
+                    window=8, index_n_heads=64, index_head_dim=128, index_topk=3)
+        # 64 indexer heads as in the real model: with few heads many scores are exact ReLU zeros, and top-k
+        # tie-breaking then differs between prefill and decode (the spec, section 6)
         base.update(kw)
         return DSV4Config(**base)
 
