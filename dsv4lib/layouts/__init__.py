@@ -1,0 +1,5 @@
+"""Layouts a kernel engineer can see: atoms from real CuTeDSL MMAs (traced on the CPU), the QK-accumulator →
+PV-operand mappings derived by layout algebra and proven, bank-conflict counts, and matplotlib plots."""
+from .mapping import PVMapping, all_configs, physical_offsets, pv_operand_mapping, swizzle_bytes
+
+__all__ = ["PVMapping", "all_configs", "physical_offsets", "pv_operand_mapping", "swizzle_bytes"]
