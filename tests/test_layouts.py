@@ -1,0 +1,83 @@
+"""D1.3 proofs on every configuration: the QK-accumulator → PV-operand maps derived with CuTe layout
+algebra from real CuTeDSL MMAs are bijections onto the P tile that the PV MMA reads back as the identity."""
+import copy
+
+import numpy as np
+import pytest
+
+from dsv4lib.layouts import all_configs, pv_operand_mapping, swizzle_bytes
+
+CONFIGS = all_configs()
+
+
+def _id(c):
+    return f"{c['arch']}-{c['variant']}-{c.get('dtype', 'bf16')}-hd{c['head_dim']}-n{c['tile_n']}"
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("cfg", CONFIGS, ids=[_id(c) for c in CONFIGS])
+def test_mapping_is_a_proven_bijection(cfg):
+    m = pv_operand_mapping(**cfg)
+    T, V = m.dest.shape
+    assert T * V == m.tile_m * m.tile_n                      # every P element held exactly once...
+    assert m.covers_tile_once()
+    assert m.write_conflicts() == 0                          # ...and written to its own address
+    assert m.read_back_mismatches() == 0                     # PV reads P[m, n] where it was written
+    assert m.in_bounds()
+    if m.variant == "smem":
+        assert m.buffer_elems == m.tile_m * m.tile_n        # the swizzled buffer is exactly the tile
+        assert m.bank_conflicts() ["conflicts"] >= 0
+
+
+@pytest.mark.compile
+def test_rs_bf16_is_a_free_register_review_and_fp8_is_not():
+    bf16 = pv_operand_mapping("sm_90a", "rs", head_dim=128, tile_n=128)
+    fp8 = pv_operand_mapping("sm_90a", "rs", head_dim=128, tile_n=128, dtype="fp8")
+    assert bf16.cross_thread_values() == 0
+    assert fp8.cross_thread_values() == 3 * fp8.dest.size // 4    # 75 % must cross threads (quad shuffles)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_element_unit_swizzle_is_the_trap(arch):
+    """Indexing make_tensor(ptr, sP) applies S<3,4,3> to element offsets; the hardware swizzles bytes."""
+    m = pv_operand_mapping(arch, "smem", head_dim=128, tile_n=128)
+    trap = copy.copy(m)
+    trap.dest = m.trap_dest
+    assert trap.write_conflicts() == 0                       # still a bijection: a silent wrong answer
+    assert trap.read_back_mismatches() > m.dest.size // 2    # but most of P is read from the wrong place
+
+
+@pytest.mark.compile
+def test_seed_hand_formula_with_the_seed_ownership_fails():
+    """The earlier attempt assumed 'thread N owns row N//4, 32 consecutive columns' (a 4-rows-per-thread
+    TMEM view); the real 32x32b partition gives thread t row t.  With that ownership the P tile is not
+    covered and the PV MMA reads the wrong elements."""
+    m = pv_operand_mapping("sm_100a", "tmem", head_dim=128, tile_n=128)
+    assert all((m.acc_mn[t, :, 0] == t).all() for t in range(128))          # the real ownership
+    wrong = copy.copy(m)
+    t_idx = np.arange(128)[:, None]
+    v_idx = np.arange(m.dest.shape[1])[None, :]
+    wrong.acc_mn = np.stack(np.broadcast_arrays(t_idx // 4, 32 * (t_idx % 4) + v_idx % 32), -1)
+    assert not wrong.covers_tile_once()
+    assert wrong.read_back_mismatches() > 0
+
+
+def test_swizzle_bytes_is_the_128B_pattern():
+    # Swizzle<3,4,3> on bytes: the 16-byte chunk index (bits 4-6) XOR the 128-byte row index mod 8 (bits 7-9)
+    for row in range(8):
+        for chunk in range(8):
+            addr = row * 128 + chunk * 16 + 6
+            assert swizzle_bytes(addr, 3, 4, 3) == row * 128 + ((chunk ^ row) * 16) + 6
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(arch="sm_80", variant="smem"), "arch"),
+    (dict(arch="sm_90a", variant="tmem"), "variant"),
+    (dict(arch="sm_100a", variant="smem", dtype="fp8"), "fp8"),
+    (dict(arch="sm_90a", variant="smem", tile_n=96), "tile_n"),
+    (dict(arch="sm_90a", variant="smem", head_dim=96), "head_dim"),
+])
+def test_bad_configs_are_rejected(kw, match):
+    with pytest.raises(ValueError, match=match):
+        pv_operand_mapping(**kw)
