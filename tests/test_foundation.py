@@ -75,7 +75,12 @@ def test_registry_loads_and_points_at_notebooks():
     assert stages[0].id == "00-env"
     for s in stages:
         assert s.notebook.exists(), s.notebook
-        assert s.params_for("cpu") and s.params_for("h200")
+        text = s.notebook.read_text()
+        cell = text.split('# %% tags=["parameters"]', 1)[1].split("# %%", 1)[0]
+        declared = {line.split("=")[0].strip() for line in cell.splitlines() if "=" in line and not line.startswith("#")}
+        assert {"target", "metrics_path"} <= declared, s.id
+        for tgt in ("cpu", "h200", "h100"):   # every injected parameter exists in the notebook
+            assert set(s.params_for(tgt)) <= declared, (s.id, tgt, set(s.params_for(tgt)) - declared)
 
 
 def test_target_names():
