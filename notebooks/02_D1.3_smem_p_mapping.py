@@ -48,6 +48,19 @@ configs.append(dict(arch="sm_90a", variant="rs", tile_n=128, head_dim=head_dim, 
 maps = {f"{c['arch']}/{c['variant']}/{c.get('dtype', 'bf16')}/N{c['tile_n']}": pv_operand_mapping(**c) for c in configs}
 
 # %% [markdown]
+# ## The atoms, as CuTeDSL builds them
+# Hopper wgmma (64 rows per warpgroup; two warpgroups tile 128 rows), Blackwell tcgen05 UMMA with one and two
+# CTAs (issued by a single thread: `thr_id 1:0` / `2:1`), the S accumulator in TMEM (address
+# `lane << 16 | column`) and the TMEM load/store atoms the softmax warps use.
+
+# %%
+from dsv4lib.layouts.atoms import atom_catalog
+
+for arch in ("sm_90a", "sm_100a"):
+    for name, lay in atom_catalog(arch).items():
+        print(f"{arch}  {name:55s} {lay}")
+
+# %% [markdown]
 # ## The two layouts on Hopper
 # Left: the QK wgmma accumulator (64 × N per warpgroup) — cell colour = thread % 8, label = T(hread)/V(alue).
 # A thread owns pairs of adjacent columns in two rows 8 apart, repeated every 8 columns.  The RS-wgmma

@@ -81,3 +81,16 @@ def test_swizzle_bytes_is_the_128B_pattern():
 def test_bad_configs_are_rejected(kw, match):
     with pytest.raises(ValueError, match=match):
         pv_operand_mapping(**kw)
+
+
+@pytest.mark.compile
+def test_atom_catalog_has_the_real_atoms():
+    from dsv4lib.layouts.atoms import atom_catalog
+    sm90, sm100 = atom_catalog("sm_90a"), atom_catalog("sm_100a")
+    assert sm90["wgmma QK bf16 SS, tile 128x128: shape_mnk"] == "(64, 128, 16)"
+    # RS operand and accumulator share the thread pattern: the reason P can stay in registers
+    assert sm90["wgmma PV bf16 A from RMEM, tile 128x128: tv_A"].split(":")[1].startswith("((256,1,16)")
+    assert sm100["tcgen05 UMMA ONE 128x128: thr_id"] == "1:0" and sm100["tcgen05 UMMA TWO 256x128: thr_id"] == "2:1"
+    assert sm100["S accumulator in TMEM (lane<<16 | column)"] == "((128,128),1,1):((65536,1),0,0)"
+    with pytest.raises(ValueError):
+        atom_catalog("sm_80")
