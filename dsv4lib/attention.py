@@ -1,0 +1,85 @@
+"""``dsv4lib.attention``: the public, torch-facing attention forward.  Same signature and semantics as
+:func:`dsv4lib.reference.attention`; validates its input and dispatches to the kernel for the GPU's arch
+(Hopper: :class:`dsv4lib.kernels.sm90.flash_fwd.FlashAttentionForwardSm90`)."""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+SUPPORTED_HEAD_DIMS = (64, 128, 256)
+SUPPORTED_DTYPES = (torch.bfloat16,)
+
+
+def _validate(q, k, v, window, sink) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"{name} must be bfloat16, got {t.dtype}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D [B, S, heads, dim], got shape {tuple(t.shape)}")
+        if not t.is_cuda:
+            raise ValueError(f"{name} must be a CUDA tensor (got device {t.device})")
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last dim (stride {t.stride(-1)})")
+        if any(s % 8 for s in t.stride()[:-1]) or t.data_ptr() % 16:
+            raise ValueError(f"{name} needs 16-byte aligned rows (strides multiple of 8 elements, aligned pointer); "
+                             f"got strides {t.stride()}")
+    if len({q.device, k.device, v.device}) != 1:
+        raise ValueError("q, k and v must be on the same device")
+    B, Sq, H, D = q.shape
+    _, Sk, Hkv, Dk = k.shape
+    if k.shape[0] != B or v.shape[0] != B:
+        raise ValueError(f"batch sizes differ: q {B}, k {k.shape[0]}, v {v.shape[0]}")
+    if Dk != D or v.shape[3] != D:
+        raise ValueError(f"head dims must match (q {D}, k {Dk}, v {v.shape[3]}); Dv != D is not supported yet")
+    if D not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"head dim {D} is not supported (supported: {SUPPORTED_HEAD_DIMS})")
+    if v.shape[1] != Sk or v.shape[2] != Hkv:
+        raise ValueError(f"v must be [B, Sk={Sk}, Hkv={Hkv}, D], got {tuple(v.shape)}")
+    if Hkv < 1 or H % Hkv:
+        raise ValueError(f"query heads H={H} must be a multiple of kv heads Hkv={Hkv}")
+    if Sq < 1 or Sk < 1:
+        raise ValueError(f"sequence lengths must be >= 1, got Sq={Sq}, Sk={Sk}")
+    if window is not None or sink is not None:
+        raise ValueError("window and sink are not supported by the kernel yet (stage D5); "
+                         "use dsv4lib.reference.attention for them")
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_sm90(head_dim: int, causal: bool, has_lse: bool):
+    """Compiled once per (head dim, causal, lse) with symbolic B / S / H: repeated calls never recompile."""
+    from cutlass import Float32
+
+    from .kernels.compile import compile_for_arch
+    from .kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
+    kernel = FlashAttentionForwardSm90(head_dim, causal=causal, has_lse=has_lse)
+    return compile_for_arch(kernel, *fake_attention_args(head_dim), Float32(1.0), arch="sm_90a", keep_ptx=False)
+
+
+def _to_cute(t: torch.Tensor, leading_dim: int):
+    from cutlass.cute.runtime import from_dlpack
+    return from_dlpack(t, assumed_align=16 if t.dtype == torch.bfloat16 else 4).mark_layout_dynamic(leading_dim=leading_dim)
+
+
+def attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, return_lse=False):
+    """Forward attention on the GPU.  q ``[B, Sq, H, D]``, k / v ``[B, Sk, Hkv, D]`` bf16 (v may be k);
+    returns ``out [B, Sq, H, D]`` bf16 and with ``return_lse`` ``lse [B, H, Sq]`` fp32 (natural log).
+    See :func:`dsv4lib.reference.attention` for the exact semantics."""
+    _validate(q, k, v, window, sink)
+    major, minor = torch.cuda.get_device_capability(q.device)
+    if (major, minor) != (9, 0):
+        raise RuntimeError(f"dsv4lib.attention runs on Hopper (sm_90a) only; this GPU is sm_{major}{minor} "
+                           "(sm_100a kernels are compiled, not run, in this project)")
+    B, Sq, H, D = q.shape
+    scale = D ** -0.5 if scale is None else float(scale)
+    out = torch.empty_like(q)
+    lse = torch.empty(B, H, Sq, dtype=torch.float32, device=q.device)
+    from cutlass import Float32
+    compiled = _compiled_sm90(D, bool(causal), bool(return_lse))
+    with torch.cuda.device(q.device):
+        compiled.fn(_to_cute(q, 3), _to_cute(k, 3), _to_cute(v, 3), _to_cute(out, 3), _to_cute(lse, 2),
+                    Float32(scale * math.log2(math.e)))
+    return (out, lse) if return_lse else out

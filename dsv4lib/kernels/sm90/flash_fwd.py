@@ -1,0 +1,331 @@
+"""D1 on Hopper: flash-attention forward in CuTeDSL with P kept on chip (RS-wgmma).
+
+One CTA computes a ``tile_m = 128``-row block of queries for one (batch, query head):
+
+* warpgroup 0 is the **producer**: warp 0 issues the TMA loads (Q once, then K and V tiles through two
+  ``num_stages``-deep mbarrier pipelines); it gives its registers away (``setmaxnreg.dec``).
+* warpgroups 1 and 2 are **consumers**, 64 query rows each: ``S = Q·Kᵀ`` with an SS-wgmma, masking,
+  online softmax on the accumulator registers, ``P`` converted to bf16 *in the registers that hold S*
+  (the D1.3 proof: for bf16 the accumulator and the RS operand share one thread/value layout), and
+  ``O += P·V`` with an RS-wgmma.  P never touches shared memory.
+
+KV tiles are visited from the last to the first, so the tiles that need masking (the ragged end of the
+keys, the causal diagonal) come first.  The running row max is kept in raw-score units and the softmax
+scale is applied inside ``exp2`` (the seed's double-scaling trap); O is rescaled by
+``exp2((m_old - m_new)·scale·log2e)`` on every tile; the final normalization uses the row sum of the very
+row each thread owns.  Each K/V TMA is indexed by the loop's KV block, never stuck on tile 0.
+"""
+from __future__ import annotations
+
+import math
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32, const_expr, pipeline
+from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
+from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
+from cutlass.utils import LayoutEnum
+
+LOG2_E = math.log2(math.e)
+LN_2 = math.log(2.0)
+
+
+def acc_layout_rows_cols(acc_layout: cute.Layout) -> cute.Layout:
+    """View a wgmma accumulator fragment ``((2, 2, V), MMA_M, MMA_N)`` as ``(rows, cols)`` of this thread:
+    rows = ((2: row +8), MMA_M), cols = ((2: adjacent column), V, MMA_N).  Same registers, new coordinates."""
+    flat = cute.make_layout(acc_layout.shape)                            # column-major over the fragment
+    shape = ((flat.shape[0][1], flat.shape[1]), (flat.shape[0][0], flat.shape[0][2], flat.shape[2]))
+    stride = ((flat.stride[0][1], flat.stride[1]), (flat.stride[0][0], flat.stride[0][2], flat.stride[2]))
+    return cute.composition(acc_layout, cute.make_layout(shape, stride=stride))
+
+
+def acc_layout_as_operand_a(acc_layout: cute.Layout) -> cute.Layout:
+    """View the QK accumulator ``((2, 2, V), MMA_M, MMA_N)`` as the PV RS-wgmma A fragment
+    ``((2, 2, 2), MMA_M, (V/2, MMA_N))``: each 16-column k-block takes two 8-column accumulator groups.
+    Proven a same-thread re-view for bf16 by ``dsv4lib.layouts`` (D1.3)."""
+    split = cute.logical_divide(acc_layout, ((None, None, 2), None, None))   # ((2, 2, (2, V/2)), M, N)
+    s, d = split.shape, split.stride
+    return cute.make_layout(((s[0][0], s[0][1], s[0][2][0]), s[1], (s[0][2][1], s[2])),
+                            stride=((d[0][0], d[0][1], d[0][2][0]), d[1], (d[0][2][1], d[2])))
+
+
+class FlashAttentionForwardSm90:
+    """Hopper forward attention, P in registers.  ``head_dim`` 64 / 128 / 256 (Dv = D), bf16."""
+
+    NUM_THREADS = 384                    # producer warpgroup + 2 consumer warpgroups
+    PRODUCER_REGS, CONSUMER_REGS = 24, 240
+
+    def __init__(self, head_dim: int, *, causal: bool, has_lse: bool, tile_n: int | None = None,
+                 num_stages: int = 2):
+        if head_dim not in (64, 128, 256):
+            raise ValueError(f"head_dim {head_dim} not supported by the sm90 kernel (64, 128, 256)")
+        self.head_dim = head_dim
+        self.causal = causal
+        self.has_lse = has_lse
+        self.tile_m = 128
+        self.tile_n = tile_n or (64 if head_dim == 256 else 128)
+        self.num_stages = num_stages
+        self.dtype = cutlass.BFloat16
+
+    # ------------------------------------------------------------------------------ host side
+    def _smem_layout(self, rows: int, stages: int | None):
+        atom = warpgroup.make_smem_layout_atom(
+            sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, self.dtype, self.head_dim), self.dtype)
+        shape = (rows, self.head_dim) if stages is None else (rows, self.head_dim, stages)
+        return cute.tile_to_shape(atom, shape, order=(0, 1) if stages is None else (0, 1, 2))
+
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+                 softmax_scale_log2: Float32):
+        # torch (b, s, h, d) -> (s, d, h, b): the TMA tiles the first two modes
+        mQ, mK, mV, mO = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
+                          for t in (mQ, mK, mV, mO)]
+        mLSE = cute.make_tensor(mLSE.iterator, cute.select(mLSE.layout, mode=[2, 1, 0]))   # (b,h,s) -> (s,h,b)
+        tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.K, Float32,
+            (self.tile_m // 64, 1, 1), (64, self.tile_n))
+        tiled_mma_pv = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.MN, Float32,
+            (self.tile_m // 64, 1, 1), (64, self.head_dim), a_source=warpgroup.OperandSource.RMEM)
+        sQ_layout = self._smem_layout(self.tile_m, None)
+        sK_layout = self._smem_layout(self.tile_n, self.num_stages)
+        sV_layout = self._smem_layout(self.tile_n, self.num_stages)
+        tma_load = cpasync.CopyBulkTensorTileG2SOp()
+        tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(tma_load, mQ, sQ_layout, (self.tile_m, self.head_dim))
+        tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(tma_load, mK, cute.select(sK_layout, mode=[0, 1]),
+                                                        (self.tile_n, self.head_dim), 1)
+        tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(tma_load, mV, cute.select(sV_layout, mode=[0, 1]),
+                                                        (self.tile_n, self.head_dim), 1)
+
+        @cute.struct
+        class SharedStorage:
+            mbar_Q: cute.struct.MemRange[cutlass.Int64, 2]
+            mbar_K: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
+            mbar_V: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
+            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
+
+        grid = (cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m), cute.size(mQ.shape[2]), cute.size(mQ.shape[3]))
+        self.kernel(tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, mO, mLSE, softmax_scale_log2,
+                    sQ_layout, sK_layout, sV_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage).launch(
+            grid=grid, block=[self.NUM_THREADS, 1, 1], min_blocks_per_mp=1)
+
+    # ---------------------------------------------------------------------------- device side
+    @cute.kernel
+    def kernel(self, tma_atom_Q: cute.CopyAtom, mQ: cute.Tensor, tma_atom_K: cute.CopyAtom, mK: cute.Tensor,
+               tma_atom_V: cute.CopyAtom, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+               softmax_scale_log2: Float32, sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
+               sV_layout: cute.ComposedLayout, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
+               SharedStorage: cutlass.Constexpr):
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        tidx, _, _ = cute.arch.thread_idx()
+        m_block, head, batch = cute.arch.block_idx()
+        if warp_idx == 0:
+            for atom in (tma_atom_Q, tma_atom_K, tma_atom_V):
+                cpasync.prefetch_descriptor(atom)
+
+        storage = cutlass.utils.SmemAllocator().allocate(SharedStorage)
+        one_thread = pipeline.CooperativeGroup(pipeline.Agent.Thread)
+        consumer_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, (self.NUM_THREADS - 128) // 32)
+        tile_bytes_q = self.tile_m * self.head_dim * self.dtype.width // 8
+        tile_bytes_kv = self.tile_n * self.head_dim * self.dtype.width // 8
+        pipeline_q = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_Q.data_ptr(), num_stages=1, producer_group=one_thread,
+            consumer_group=consumer_warps, tx_count=tile_bytes_q, defer_sync=True)
+        pipeline_k = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_K.data_ptr(), num_stages=self.num_stages, producer_group=one_thread,
+            consumer_group=consumer_warps, tx_count=tile_bytes_kv, defer_sync=True)
+        pipeline_v = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_V.data_ptr(), num_stages=self.num_stages, producer_group=one_thread,
+            consumer_group=consumer_warps, tx_count=tile_bytes_kv, defer_sync=True)
+        pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
+
+        # Swizzles go into the pointers: the hardware swizzles byte addresses (see dsv4lib.layouts)
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)     # (tile_m, D)
+        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)     # (tile_n, D, stages)
+        sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)     # (tile_n, D, stages)
+        sVt = cute.composition(sV, cute.make_ordered_layout((self.head_dim, self.tile_n, self.num_stages),
+                                                            order=(1, 0, 2)))     # (D, tile_n, stages)
+
+        seqlen_q = mQ.shape[0]
+        seqlen_k = mK.shape[0]
+        head_kv = head // (mQ.shape[2] // mK.shape[2])                           # GQA / MQA
+        n_block_max = cute.ceil_div(seqlen_k, self.tile_n)
+        if const_expr(self.causal):
+            # the last key the last row of this block may see (queries aligned to the end of the keys)
+            last_key = (m_block + 1) * self.tile_m - 1 + seqlen_k - seqlen_q
+            n_block_max = cutlass.min(n_block_max, cutlass.max(last_key // self.tile_n + 1, 0))
+        pipeline_init_wait(cluster_shape_mn=(1, 1))
+
+        if warp_idx < 4:
+            cute.arch.setmaxregister_decrease(self.PRODUCER_REGS)
+            if warp_idx == 0:
+                self.load(tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV, pipeline_q, pipeline_k,
+                          pipeline_v, m_block, head, head_kv, batch, n_block_max)
+        else:
+            cute.arch.setmaxregister_increase(self.CONSUMER_REGS)
+            self.consume(tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, mO, mLSE, pipeline_q, pipeline_k, pipeline_v,
+                         softmax_scale_log2, tidx - 128, m_block, head, batch, seqlen_q, seqlen_k, n_block_max)
+
+    @cute.jit
+    def load(self, tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV, pipeline_q, pipeline_k,
+             pipeline_v, m_block, head, head_kv, batch, n_block_max):
+        gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, self.head_dim), (m_block, 0))   # (tile_m, D)
+        gK = cute.local_tile(mK[None, None, head_kv, batch], (self.tile_n, self.head_dim), (None, 0))   # (tile_n, D, n)
+        gV = cute.local_tile(mV[None, None, head_kv, batch], (self.tile_n, self.head_dim), (None, 0))
+        tQsQ, tQgQ = cpasync.tma_partition(tma_atom_Q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
+                                           cute.group_modes(gQ, 0, 2))
+        tKsK, tKgK = cpasync.tma_partition(tma_atom_K, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
+                                           cute.group_modes(gK, 0, 2))
+        tVsV, tVgV = cpasync.tma_partition(tma_atom_V, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
+                                           cute.group_modes(gV, 0, 2))
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        pipeline_q.producer_acquire(q_state)
+        cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
+        for i in cutlass.range(n_block_max, unroll=1):
+            n_block = n_block_max - 1 - i                                 # the TMA follows the loop's block
+            pipeline_k.producer_acquire(kv_state)
+            cute.copy(tma_atom_K, tKgK[None, n_block], tKsK[None, kv_state.index],
+                      tma_bar_ptr=pipeline_k.producer_get_barrier(kv_state))
+            pipeline_v.producer_acquire(kv_state)
+            cute.copy(tma_atom_V, tVgV[None, n_block], tVsV[None, kv_state.index],
+                      tma_bar_ptr=pipeline_v.producer_get_barrier(kv_state))
+            kv_state.advance()
+        pipeline_k.producer_tail(kv_state)
+        pipeline_v.producer_tail(kv_state)
+
+    @cute.jit
+    def gemm(self, tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor, tCrB: cute.Tensor,
+             zero_init: cutlass.Constexpr):
+        """acc (+)= A·B over every k-block, then wait for the wgmma group to finish."""
+        warpgroup.fence()
+        atom = cute.make_mma_atom(tiled_mma.op)
+        atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
+        for k in cutlass.range_constexpr(cute.size(tCrA.shape[2])):
+            cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
+            atom.set(warpgroup.Field.ACCUMULATE, True)
+        warpgroup.commit_group()
+        warpgroup.wait_group(0)
+
+    @cute.jit
+    def consume(self, tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, mO, mLSE, pipeline_q, pipeline_k, pipeline_v,
+                softmax_scale_log2, ctidx, m_block, head, batch, seqlen_q, seqlen_k, n_block_max):
+        thr_qk = tiled_mma_qk.get_slice(ctidx)
+        thr_pv = tiled_mma_pv.get_slice(ctidx)
+        tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))              # (MMA, MMA_M, MMA_K)
+        tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))              # (MMA, MMA_N, MMA_K, stages)
+        tOrVt = thr_pv.make_fragment_B(thr_pv.partition_B(sVt))            # (MMA, MMA_D, MMA_K, stages)
+        acc_O = cute.make_rmem_tensor(thr_pv.partition_shape_C((self.tile_m, self.head_dim)), Float32)
+        acc_O.fill(0.0)
+        acc_O_rc = cute.make_tensor(acc_O.iterator, acc_layout_rows_cols(acc_O.layout))    # (rows, cols)
+        tScS = thr_qk.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))   # (m, n) per element
+        tScS_rc = cute.make_tensor(tScS.iterator, acc_layout_rows_cols(tScS.layout))
+        n_rows = cute.size(acc_O_rc, mode=[0])                              # rows this thread owns (2)
+        row_max = cute.make_rmem_tensor((n_rows,), Float32)
+        row_sum = cute.make_rmem_tensor((n_rows,), Float32)
+        row_max.fill(-Float32.inf)
+        row_sum.fill(0.0)
+
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        pipeline_q.consumer_wait(q_state)
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
+        # the diagonal offset: query row r sits at key position r + seqlen_k - seqlen_q
+        causal_shift = seqlen_k - seqlen_q
+        for i in cutlass.range(n_block_max, unroll=1):
+            n_block = n_block_max - 1 - i
+            acc_S = cute.make_rmem_tensor(thr_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
+            pipeline_k.consumer_wait(kv_state)
+            self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], True)
+            pipeline_k.consumer_release(kv_state)
+
+            acc_S_rc = cute.make_tensor(acc_S.iterator, acc_layout_rows_cols(acc_S.layout))
+            # mask only the blocks that need it: the ragged end of the keys and the causal diagonal
+            needs_mask = (n_block + 1) * self.tile_n > seqlen_k
+            if const_expr(self.causal):
+                needs_mask = needs_mask or ((n_block + 1) * self.tile_n - 1 > m_block * self.tile_m + causal_shift)
+            if needs_mask:
+                for r in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[0])):
+                    for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
+                        m, n = tScS_rc[r, c]
+                        col = n_block * self.tile_n + n
+                        masked = col >= seqlen_k
+                        if const_expr(self.causal):
+                            masked = masked or (col > m_block * self.tile_m + m + causal_shift)
+                        if masked:
+                            acc_S_rc[r, c] = -Float32.inf
+
+            # online softmax, one row at a time; the row is shared by the 4 threads of a quad
+            for r in cutlass.range_constexpr(n_rows):
+                mx = acc_S_rc[r, 0]
+                for c in cutlass.range_constexpr(1, cute.size(acc_S_rc, mode=[1])):
+                    mx = cute.arch.fmax(mx, acc_S_rc[r, c])
+                mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=2))
+                mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=1))
+                new_max = cute.arch.fmax(row_max[r], mx)
+                base = new_max * softmax_scale_log2
+                if new_max == -Float32.inf:
+                    base = Float32(0.0)                                   # nothing visible yet: keep zeros
+                correction = cute.arch.exp2(row_max[r] * softmax_scale_log2 - base)
+                row_max[r] = new_max
+                tile_sum = Float32(0.0)
+                for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
+                    p = cute.arch.exp2(acc_S_rc[r, c] * softmax_scale_log2 - base)
+                    acc_S_rc[r, c] = p
+                    tile_sum += p
+                row_sum[r] = row_sum[r] * correction + tile_sum
+                for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
+                    acc_O_rc[r, c] = acc_O_rc[r, c] * correction
+
+            # P stays in the registers that held S: re-view as the RS operand, convert to bf16
+            tOrP_acc = cute.make_tensor(acc_S.iterator, acc_layout_as_operand_a(acc_S.layout))
+            tOrP = cute.make_rmem_tensor_like(tOrP_acc, self.dtype)
+            tOrP.store(tOrP_acc.load().to(self.dtype))
+            pipeline_v.consumer_wait(kv_state)
+            self.gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index], False)
+            pipeline_v.consumer_release(kv_state)
+            kv_state.advance()
+
+        # epilogue: finish the row sums across the quad, normalize, write O (and LSE)
+        gO = cute.local_tile(mO[None, None, head, batch], (self.tile_m, self.head_dim), (m_block, 0))
+        tOgO = thr_pv.partition_C(gO)
+        tOcO = thr_pv.partition_C(cute.make_identity_tensor((self.tile_m, self.head_dim)))
+        tOcO_rc = cute.make_tensor(tOcO.iterator, acc_layout_rows_cols(tOcO.layout))
+        for r in cutlass.range_constexpr(n_rows):
+            s = row_sum[r]
+            s += cute.arch.shuffle_sync_bfly(s, offset=2)
+            s += cute.arch.shuffle_sync_bfly(s, offset=1)
+            inv = Float32(0.0)
+            lse = -Float32.inf
+            if s > 0.0:
+                inv = 1.0 / s
+                lse = (row_max[r] * softmax_scale_log2 + cute.math.log2(s)) * LN_2
+            for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
+                acc_O_rc[r, c] = acc_O_rc[r, c] * inv
+            if const_expr(self.has_lse):
+                m, d = tOcO_rc[r, 0]
+                row = m_block * self.tile_m + m
+                if d == 0 and row < seqlen_q:
+                    mLSE[row, head, batch] = lse
+        rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
+        rO.store(acc_O.load().to(self.dtype))
+        for i in cutlass.range_constexpr(cute.size(rO)):
+            if m_block * self.tile_m + tOcO[i][0] < seqlen_q:
+                tOgO[i] = rO[i]
+        pipeline_q.consumer_release(q_state)
+
+
+def fake_attention_args(head_dim: int):
+    """Symbolic-shape stand-ins for (q, k, v, o, lse): compiles once for every B, S, H."""
+    from cutlass.cute.runtime import make_fake_tensor
+
+    def bshd():
+        b, s, h = cute.sym_int(), cute.sym_int(), cute.sym_int()
+        ss, sb = cute.sym_int(divisibility=8), cute.sym_int(divisibility=8)
+        sh = cute.sym_int(divisibility=8)
+        return make_fake_tensor(cutlass.BFloat16, (b, s, h, head_dim), stride=(sb, ss, sh, 1), assumed_align=16)
+    b, h, s = cute.sym_int(), cute.sym_int(), cute.sym_int()
+    lse = make_fake_tensor(Float32, (b, h, s), stride=(cute.sym_int(), cute.sym_int(), 1), assumed_align=4)
+    return bshd(), bshd(), bshd(), bshd(), lse

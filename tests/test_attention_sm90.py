@@ -1,0 +1,115 @@
+"""D1: the Hopper attention kernel — compile checks on the CPU, correctness on the GPU, input validation."""
+import math
+
+import pytest
+import torch
+
+import dsv4lib
+from dsv4lib import reference
+
+FA4_RTOL = 2
+
+
+def _bf16_rounding_atol(ref: torch.Tensor) -> float:
+    r = ref.to(torch.float32)
+    return 2 * (r.to(torch.bfloat16).float() - r).abs().max().item()
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_sm90_kernel_compiles_with_rs_wgmma(head_dim, causal):
+    from cutlass import Float32
+    from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
+    k = compile_for_arch(FlashAttentionForwardSm90(head_dim, causal=causal, has_lse=True),
+                         *fake_attention_args(head_dim), Float32(1.0), arch="sm_90a")
+    assert k.ptx_target == "sm_90a"
+    tile_n = 64 if head_dim == 256 else 128
+    # QK: SS-wgmma (both operands by descriptor); PV: RS-wgmma (A = four 32-bit registers of P)
+    ss = k.count(rf"wgmma\.mma_async\.sync\.aligned\.m64n{tile_n}k16\.f32\.bf16\.bf16\s+\{{[^}}]*\}},\s*%rd")
+    rs = k.count(rf"wgmma\.mma_async\.sync\.aligned\.m64n{head_dim}k16\.f32\.bf16\.bf16\s+\{{[^}}]*\}},\s*\{{%r")
+    assert ss == head_dim // 16 and rs == tile_n // 16, (ss, rs)
+    assert k.count(r"cp\.async\.bulk\.tensor") >= 3                   # TMA for Q, K, V
+    assert k.count(r"setmaxnreg\.dec") == 1 and k.count(r"setmaxnreg\.inc") == 1
+    assert k.count(r"st\.shared") == 0 and k.count("stmatrix") == 0      # P never goes through smem (RS path)
+
+
+def _inputs(B, Sq, Sk, H, Hkv, D, gen, device="cuda"):
+    q = torch.randn(B, Sq, H, D, generator=gen).to(device, torch.bfloat16)
+    k = torch.randn(B, Sk, Hkv, D, generator=gen).to(device, torch.bfloat16)
+    v = torch.randn(B, Sk, Hkv, D, generator=gen).to(device, torch.bfloat16)
+    return q, k, v
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,Sq,Sk,H,Hkv,D,causal", [
+    (2, 128, 128, 4, 4, 128, False),
+    (2, 300, 300, 4, 2, 128, True),            # tails, GQA, causal
+    (1, 1000, 1500, 6, 1, 64, False),          # MQA, Sq < Sk
+    (1, 777, 1111, 2, 2, 64, True),
+    (2, 513, 513, 2, 2, 256, False),
+    (1, 200, 700, 4, 4, 256, True),
+    (1, 1, 4097, 8, 8, 128, False),            # one query (decode shape)
+    (1, 2048, 2048, 2, 2, 128, True),
+])
+def test_attention_matches_float64_reference(B, Sq, Sk, H, Hkv, D, causal):
+    gen = torch.Generator().manual_seed(B * 1000 + Sq + Sk + D)
+    q, k, v = _inputs(B, Sq, Sk, H, Hkv, D, gen)
+    out, lse = dsv4lib.attention(q, k, v, causal=causal, return_lse=True)
+    torch.cuda.synchronize()
+    ref, ref_lse = reference.attention(q.double(), k.double(), v.double(), causal=causal, return_lse=True)
+    bf16_ref = reference.attention(q, k, v, causal=causal).to(torch.bfloat16).double()   # a bf16 torch baseline
+    err = (out.double() - ref).abs().max().item()
+    pt_err = (bf16_ref - ref).abs().max().item()
+    assert torch.isfinite(out).all()
+    assert err <= FA4_RTOL * pt_err + _bf16_rounding_atol(ref), (err, pt_err)
+    cos = torch.nn.functional.cosine_similarity(out.double().flatten(), ref.flatten(), 0).item()
+    assert cos >= 0.9999, cos
+    torch.testing.assert_close(lse.double(), ref_lse, atol=2e-3, rtol=1e-4)
+
+
+@pytest.mark.gpu
+def test_output_is_fully_written_and_deterministic():
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = _inputs(1, 333, 333, 2, 2, 128, gen)
+    a = dsv4lib.attention(q, k, v)
+    b = dsv4lib.attention(q, k, v)
+    assert torch.equal(a, b) and torch.isfinite(a).all()
+
+
+@pytest.mark.parametrize("make,exc,match", [
+    (lambda: (torch.randn(1, 4, 2, 64), torch.randn(1, 4, 2, 64), torch.randn(1, 4, 2, 64)), TypeError, "bfloat16"),
+    (lambda: tuple(torch.randn(1, 4, 2, 64, dtype=torch.bfloat16) for _ in range(3)), ValueError, "CUDA"),
+    (lambda: tuple(torch.randn(4, 2, 64, dtype=torch.bfloat16) for _ in range(3)), ValueError, "4-D"),
+])
+def test_bad_input_is_rejected(make, exc, match):
+    q, k, v = make()
+    with pytest.raises(exc, match=match):
+        dsv4lib.attention(q, k, v)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case,exc,match", [
+    ("head_dim", ValueError, "head dim"),
+    ("heads", ValueError, "multiple"),
+    ("stride", ValueError, "contiguous"),
+    ("window", ValueError, "window"),
+    ("dtype_mix", TypeError, "bfloat16"),
+])
+def test_bad_gpu_input_is_rejected(case, exc, match):
+    bf = dict(device="cuda", dtype=torch.bfloat16)
+    q, k, v = torch.randn(1, 8, 4, 64, **bf), torch.randn(1, 8, 2, 64, **bf), torch.randn(1, 8, 2, 64, **bf)
+    kw = {}
+    if case == "head_dim":
+        q, k, v = (torch.randn(1, 8, 2, 96, **bf) for _ in range(3))
+    elif case == "heads":
+        q = torch.randn(1, 8, 3, 64, **bf)
+    elif case == "stride":
+        q = torch.randn(1, 8, 4, 128, **bf)[..., ::2]
+    elif case == "window":
+        kw = {"window": 4}
+    elif case == "dtype_mix":
+        v = v.float()
+    with pytest.raises(exc, match=match):
+        dsv4lib.attention(q, k, v, **kw)
