@@ -3,7 +3,6 @@
 (Hopper: :class:`dsv4lib.kernels.sm90.flash_fwd.FlashAttentionForwardSm90`)."""
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -48,15 +47,20 @@ def _validate(q, k, v, window, sink) -> None:
                          "use dsv4lib.reference.attention for them")
 
 
-@functools.lru_cache(maxsize=None)
-def _compiled_sm90(head_dim: int, causal: bool, has_lse: bool):
-    """Compiled once per (head dim, causal, lse) with symbolic B / S / H: repeated calls never recompile."""
-    from cutlass import Float32
+_COMPILED: dict[tuple, object] = {}
 
-    from .kernels.compile import compile_for_arch
-    from .kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
-    kernel = FlashAttentionForwardSm90(head_dim, causal=causal, has_lse=has_lse)
-    return compile_for_arch(kernel, *fake_attention_args(head_dim), Float32(1.0), arch="sm_90a", keep_ptx=False)
+
+def _compiled_sm90(head_dim: int, causal: bool, has_lse: bool, args: tuple):
+    """Compiled once per (head dim, causal, lse), from the call's own runtime tensor types (every extent and
+    stride dynamic), so later calls of any B / S / H reuse it and never recompile."""
+    key = (head_dim, causal, has_lse)
+    if key not in _COMPILED:
+        import cutlass.cute as cute
+
+        from .kernels.sm90.flash_fwd import FlashAttentionForwardSm90
+        kernel = FlashAttentionForwardSm90(head_dim, causal=causal, has_lse=has_lse)
+        _COMPILED[key] = cute.compile(kernel, *args, options="--gpu-arch sm_90a")
+    return _COMPILED[key]
 
 
 def _to_cute(t: torch.Tensor, leading_dim: int):
@@ -78,8 +82,8 @@ def attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, retu
     out = torch.empty_like(q)
     lse = torch.empty(B, H, Sq, dtype=torch.float32, device=q.device)
     from cutlass import Float32
-    compiled = _compiled_sm90(D, bool(causal), bool(return_lse))
+    args = (_to_cute(q, 3), _to_cute(k, 3), _to_cute(v, 3), _to_cute(out, 3), _to_cute(lse, 2),
+            Float32(scale * math.log2(math.e)))
     with torch.cuda.device(q.device):
-        compiled.fn(_to_cute(q, 3), _to_cute(k, 3), _to_cute(v, 3), _to_cute(out, 3), _to_cute(lse, 2),
-                    Float32(scale * math.log2(math.e)))
+        _compiled_sm90(D, bool(causal), bool(return_lse), args)(*args)
     return (out, lse) if return_lse else out

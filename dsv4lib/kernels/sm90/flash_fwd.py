@@ -318,14 +318,14 @@ class FlashAttentionForwardSm90:
 
 
 def fake_attention_args(head_dim: int):
-    """Symbolic-shape stand-ins for (q, k, v, o, lse): compiles once for every B, S, H."""
+    """Symbolic stand-ins for (q, k, v, o, lse) shaped like the runtime tensors ``dsv4lib.attention`` passes
+    (every extent and stride dynamic, unit stride last): builds the kernel on a machine without a GPU."""
     from cutlass.cute.runtime import make_fake_tensor
 
     def bshd():
-        b, s, h = cute.sym_int(), cute.sym_int(), cute.sym_int()
-        ss, sb = cute.sym_int(divisibility=8), cute.sym_int(divisibility=8)
-        sh = cute.sym_int(divisibility=8)
-        return make_fake_tensor(cutlass.BFloat16, (b, s, h, head_dim), stride=(sb, ss, sh, 1), assumed_align=16)
+        b, s, h, d = (cute.sym_int() for _ in range(4))
+        sb, ss, sh = (cute.sym_int(divisibility=8) for _ in range(3))
+        return make_fake_tensor(cutlass.BFloat16, (b, s, h, d), stride=(sb, ss, sh, 1), assumed_align=16)
     b, h, s = cute.sym_int(), cute.sym_int(), cute.sym_int()
     lse = make_fake_tensor(Float32, (b, h, s), stride=(cute.sym_int(), cute.sym_int(), 1), assumed_align=4)
     return bshd(), bshd(), bshd(), bshd(), lse
