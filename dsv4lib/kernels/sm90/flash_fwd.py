@@ -18,6 +18,7 @@ row each thread owns.  Each K/V TMA is indexed by the loop's KV block, never stu
 from __future__ import annotations
 
 import math
+import os
 
 import cutlass
 import cutlass.cute as cute
@@ -67,6 +68,11 @@ class FlashAttentionForwardSm90:
         self.tile_n = tile_n or (64 if head_dim == 256 else 128)
         self.num_stages = num_stages
         self.dtype = cutlass.BFloat16
+        # Debug knobs (compile-time), e.g. DSV4_D1_DEBUG="printf,noreg,notail": checkpoints printed by
+        # block (0,0,0), no register reallocation, no producer tail.  Never set in normal runs.
+        knobs = set(filter(None, os.environ.get("DSV4_D1_DEBUG", "").split(",")))
+        self.debug_printf, self.debug_noreg, self.debug_notail = ("printf" in knobs, "noreg" in knobs,
+                                                                 "notail" in knobs)
 
     # ------------------------------------------------------------------------------ host side
     def _smem_layout(self, rows: int, stages: int | None):
@@ -159,13 +165,18 @@ class FlashAttentionForwardSm90:
             n_block_max = cutlass.min(n_block_max, cutlass.max(last_key // self.tile_n + 1, 0))
         pipeline_init_wait(cluster_shape_mn=(1, 1))
 
+        if const_expr(self.debug_printf):
+            if tidx == 0 and m_block == 0 and head == 0 and batch == 0:
+                cute.printf("D1 start: seqlen_q %d seqlen_k %d n_block_max %d\n", seqlen_q, seqlen_k, n_block_max)
         if warp_idx < 4:
-            cute.arch.setmaxregister_decrease(self.PRODUCER_REGS)
+            if const_expr(not self.debug_noreg):
+                cute.arch.setmaxregister_decrease(self.PRODUCER_REGS)
             if warp_idx == 0:
                 self.load(tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV, pipeline_q, pipeline_k,
                           pipeline_v, m_block, head, head_kv, batch, n_block_max)
         else:
-            cute.arch.setmaxregister_increase(self.CONSUMER_REGS)
+            if const_expr(not self.debug_noreg):
+                cute.arch.setmaxregister_increase(self.CONSUMER_REGS)
             self.consume(tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, mO, mLSE, pipeline_q, pipeline_k, pipeline_v,
                          softmax_scale_log2, tidx - 128, m_block, head, batch, seqlen_q, seqlen_k, n_block_max)
 
@@ -194,8 +205,15 @@ class FlashAttentionForwardSm90:
             cute.copy(tma_atom_V, tVgV[None, n_block], tVsV[None, kv_state.index],
                       tma_bar_ptr=pipeline_v.producer_get_barrier(kv_state))
             kv_state.advance()
-        pipeline_k.producer_tail(kv_state)
-        pipeline_v.producer_tail(kv_state)
+            if const_expr(self.debug_printf):
+                if m_block == 0 and head == 0 and batch == 0:
+                    cute.printf("D1 producer: issued K/V block %d\n", n_block)
+        if const_expr(not self.debug_notail):
+            pipeline_k.producer_tail(kv_state)
+            pipeline_v.producer_tail(kv_state)
+        if const_expr(self.debug_printf):
+            if m_block == 0 and head == 0 and batch == 0:
+                cute.printf("D1 producer: done\n")
 
     @cute.jit
     def gemm(self, tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor, tCrB: cute.Tensor,
@@ -231,6 +249,10 @@ class FlashAttentionForwardSm90:
 
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         pipeline_q.consumer_wait(q_state)
+        dbg = self.debug_printf
+        if const_expr(dbg):
+            if ctidx == 0 and m_block == 0 and head == 0 and batch == 0:
+                cute.printf("D1 consumer: Q arrived\n")
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
         # the diagonal offset: query row r sits at key position r + seqlen_k - seqlen_q
         causal_shift = seqlen_k - seqlen_q
@@ -240,6 +262,9 @@ class FlashAttentionForwardSm90:
             pipeline_k.consumer_wait(kv_state)
             self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], True)
             pipeline_k.consumer_release(kv_state)
+            if const_expr(dbg):
+                if ctidx == 0 and m_block == 0 and head == 0 and batch == 0:
+                    cute.printf("D1 consumer: QK done for block %d, S[0] = %f\n", n_block, acc_S[0])
 
             acc_S_rc = cute.make_tensor(acc_S.iterator, acc_layout_rows_cols(acc_S.layout))
             # mask only the blocks that need it: the ragged end of the keys and the causal diagonal
@@ -287,6 +312,9 @@ class FlashAttentionForwardSm90:
             self.gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index], False)
             pipeline_v.consumer_release(kv_state)
             kv_state.advance()
+            if const_expr(dbg):
+                if ctidx == 0 and m_block == 0 and head == 0 and batch == 0:
+                    cute.printf("D1 consumer: PV done for block %d, O[0] = %f\n", n_block, acc_O[0])
 
         # epilogue: finish the row sums across the quad, normalize, write O (and LSE)
         gO = cute.local_tile(mO[None, None, head, batch], (self.tile_m, self.head_dim), (m_block, 0))
@@ -315,6 +343,9 @@ class FlashAttentionForwardSm90:
             if m_block * self.tile_m + tOcO[i][0] < seqlen_q:
                 tOgO[i] = rO[i]
         pipeline_q.consumer_release(q_state)
+        if const_expr(dbg):
+            if ctidx == 0 and m_block == 0 and head == 0 and batch == 0:
+                cute.printf("D1 consumer: done\n")
 
 
 def fake_attention_args(head_dim: int):
