@@ -209,8 +209,10 @@ class FlashAttentionForwardSm90:
                 if m_block == 0 and head == 0 and batch == 0:
                     cute.printf("D1 producer: issued K/V block %d\n", n_block)
         if const_expr(not self.debug_notail):
-            pipeline_k.producer_tail(kv_state)
-            pipeline_v.producer_tail(kv_state)
+            # producer_tail advances the state it is given: each pipeline gets its own copy, or the V tail
+            # would wait on a stage the K tail moved past (a hang found on the H200)
+            pipeline_k.producer_tail(kv_state.clone())
+            pipeline_v.producer_tail(kv_state.clone())
         if const_expr(self.debug_printf):
             if m_block == 0 and head == 0 and batch == 0:
                 cute.printf("D1 producer: done\n")
