@@ -48,6 +48,8 @@ def cell_text(row: dict[str, Any]) -> str:
         parts.append(f"copy {_fmt(m['copy_gbps'])}{unit}")
     if "ratio_vs_peer" in m:
         parts.append(f"{_fmt(m['ratio_vs_peer'])}× {m.get('peer', 'peer')}")
+    if "configs_proven" in m:
+        parts.append(f"{m['configs_proven']}/{m.get('configs_total', '?')} maps proven")
     if m.get("sm100a"):
         parts.append(f"sm_100a: {m['sm100a']}")
     date = str(row.get("date", ""))[:10]
