@@ -53,7 +53,9 @@ def git_commit() -> str:
         sha = subprocess.run(["git", "rev-parse", "--short=10", "HEAD"], cwd=REPO_ROOT, capture_output=True,
                              text=True, timeout=10)
         if sha.returncode == 0 and sha.stdout.strip():
-            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
+            # the pipeline's own outputs (results, STATUS.md) do not make the measured code dirty
+            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                    ":!stages/results", ":!STATUS.md"], cwd=REPO_ROOT,
                                    capture_output=True, text=True, timeout=10).stdout.strip()
             return sha.stdout.strip() + ("+dirty" if dirty else "")
     except (OSError, subprocess.TimeoutExpired):
