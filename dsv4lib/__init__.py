@@ -1,6 +1,6 @@
 """dsv4-workbook: DeepSeek-V4 attention and NVFP4 kernels in CuTeDSL.
 
 ``dsv4lib.attention`` is the public GPU attention forward; ``dsv4lib.reference`` holds the float64 truth."""
-from .attention import attention
+from .attention import attention, attention_with_p_path
 
-__all__ = ["attention"]
+__all__ = ["attention", "attention_with_p_path"]

@@ -48,17 +48,20 @@ def _validate(q, k, v, window, sink) -> None:
 
 
 _COMPILED: dict[tuple, object] = {}
+P_PATHS = ("rs", "smem")
+# Where P goes between the two MMAs, per head dim, chosen by measurement on the H200 (see D1 notes).
+DEFAULT_P_PATH = {64: "rs", 128: "rs", 256: "rs"}
 
 
-def _compiled_sm90(head_dim: int, causal: bool, has_lse: bool, args: tuple):
-    """Compiled once per (head dim, causal, lse), from the call's own runtime tensor types (every extent and
-    stride dynamic), so later calls of any B / S / H reuse it and never recompile."""
-    key = (head_dim, causal, has_lse)
+def _compiled_sm90(head_dim: int, causal: bool, has_lse: bool, p_path: str, args: tuple):
+    """Compiled once per (head dim, causal, lse, P path), from the call's own runtime tensor types (every
+    extent and stride dynamic), so later calls of any B / S / H reuse it and never recompile."""
+    key = (head_dim, causal, has_lse, p_path)
     if key not in _COMPILED:
         import cutlass.cute as cute
 
         from .kernels.sm90.flash_fwd import FlashAttentionForwardSm90
-        kernel = FlashAttentionForwardSm90(head_dim, causal=causal, has_lse=has_lse)
+        kernel = FlashAttentionForwardSm90(head_dim, causal=causal, has_lse=has_lse, p_in_smem=p_path == "smem")
         _COMPILED[key] = cute.compile(kernel, *args, options="--gpu-arch sm_90a")
     return _COMPILED[key]
 
@@ -72,12 +75,23 @@ def attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, retu
     """Forward attention on the GPU.  q ``[B, Sq, H, D]``, k / v ``[B, Sk, Hkv, D]`` bf16 (v may be k);
     returns ``out [B, Sq, H, D]`` bf16 and with ``return_lse`` ``lse [B, H, Sq]`` fp32 (natural log).
     See :func:`dsv4lib.reference.attention` for the exact semantics."""
+    return attention_with_p_path(q, k, v, scale=scale, causal=causal, window=window, sink=sink,
+                                 return_lse=return_lse, p_path="auto")
+
+
+def attention_with_p_path(q, k, v, *, scale=None, causal=False, window=None, sink=None, return_lse=False,
+                          p_path="auto"):
+    """:func:`attention` with an explicit choice of where P lives: ``"rs"`` (registers, RS-wgmma),
+    ``"smem"`` (shared memory via the D1.3 mapping, SS-wgmma) or ``"auto"`` (per head dim, measured)."""
+    if p_path not in P_PATHS + ("auto",):
+        raise ValueError(f"p_path must be one of {P_PATHS + ('auto',)}, got {p_path!r}")
     _validate(q, k, v, window, sink)
     major, minor = torch.cuda.get_device_capability(q.device)
     if (major, minor) != (9, 0):
         raise RuntimeError(f"dsv4lib.attention runs on Hopper (sm_90a) only; this GPU is sm_{major}{minor} "
                            "(sm_100a kernels are compiled, not run, in this project)")
     B, Sq, H, D = q.shape
+    p_path = DEFAULT_P_PATH[D] if p_path == "auto" else p_path
     scale = D ** -0.5 if scale is None else float(scale)
     out = torch.empty_like(q)
     lse = torch.empty(B, H, Sq, dtype=torch.float32, device=q.device)
@@ -85,5 +99,5 @@ def attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, retu
     args = (_to_cute(q, 3), _to_cute(k, 3), _to_cute(v, 3), _to_cute(out, 3), _to_cute(lse, 2),
             Float32(scale * math.log2(math.e)))
     with torch.cuda.device(q.device):
-        _compiled_sm90(D, bool(causal), bool(return_lse), args)(*args)
+        _compiled_sm90(D, bool(causal), bool(return_lse), p_path, args)(*args)
     return (out, lse) if return_lse else out

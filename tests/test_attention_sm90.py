@@ -35,6 +35,23 @@ def test_sm90_kernel_compiles_with_rs_wgmma(head_dim, causal):
     assert k.count(r"st\.shared") == 0 and k.count("stmatrix") == 0      # P never goes through smem (RS path)
 
 
+@pytest.mark.compile
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_sm90_smem_p_twin_compiles_with_ss_wgmma(head_dim):
+    from cutlass import Float32
+    from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
+    k = compile_for_arch(FlashAttentionForwardSm90(head_dim, causal=False, has_lse=False, p_in_smem=True),
+                         *fake_attention_args(head_dim), Float32(1.0), arch="sm_90a")
+    tile_n = 64 if head_dim == 256 else 128
+    ss = k.count(r"wgmma\.mma_async\.sync\.aligned[^\n]*\},\s*%rd\d+,\s*%rd")
+    rs = k.count(r"wgmma\.mma_async[^\n]*\},\s*\{%r")
+    assert ss == head_dim // 16 + tile_n // 16 and rs == 0, (ss, rs)       # QK and PV both SS
+    # P goes out as 32-bit stores (the D1.3 map: value pairs contiguous), fenced for the async proxy
+    assert k.count(r"st\.shared\.b32") == (64 * tile_n // 128) // 2
+    assert k.count("fence.proxy.async") >= 1
+
+
 def _inputs(B, Sq, Sk, H, Hkv, D, gen, device="cuda"):
     q = torch.randn(B, Sq, H, D, generator=gen).to(device, torch.bfloat16)
     k = torch.randn(B, Sk, Hkv, D, generator=gen).to(device, torch.bfloat16)
@@ -70,6 +87,23 @@ def test_attention_matches_float64_reference(B, Sq, Sk, H, Hkv, D, causal):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("B,Sq,Sk,H,Hkv,D,causal", [
+    (2, 300, 300, 4, 2, 128, True),
+    (1, 777, 1111, 2, 1, 64, False),
+    (1, 513, 700, 2, 2, 256, True),
+])
+def test_smem_p_twin_matches_the_reference(B, Sq, Sk, H, Hkv, D, causal):
+    gen = torch.Generator().manual_seed(Sq + D)
+    q, k, v = _inputs(B, Sq, Sk, H, Hkv, D, gen)
+    out = dsv4lib.attention_with_p_path(q, k, v, causal=causal, p_path="smem")
+    rs = dsv4lib.attention_with_p_path(q, k, v, causal=causal, p_path="rs")
+    ref = reference.attention(q.double(), k.double(), v.double(), causal=causal)
+    cos = torch.nn.functional.cosine_similarity(out.double().flatten(), ref.flatten(), 0).item()
+    assert cos >= 0.9999, cos
+    torch.testing.assert_close(out, rs, atol=2e-2, rtol=2e-2)   # same math, same P rounding
+
+
+@pytest.mark.gpu
 def test_output_is_fully_written_and_deterministic():
     gen = torch.Generator().manual_seed(7)
     q, k, v = _inputs(1, 333, 333, 2, 2, 128, gen)
@@ -96,6 +130,7 @@ def test_bad_input_is_rejected(make, exc, match):
     ("stride", ValueError, "contiguous"),
     ("window", ValueError, "window"),
     ("dtype_mix", TypeError, "bfloat16"),
+    ("p_path", ValueError, "p_path"),
 ])
 def test_bad_gpu_input_is_rejected(case, exc, match):
     bf = dict(device="cuda", dtype=torch.bfloat16)
@@ -111,5 +146,7 @@ def test_bad_gpu_input_is_rejected(case, exc, match):
         kw = {"window": 4}
     elif case == "dtype_mix":
         v = v.float()
+    elif case == "p_path":
+        kw = {"p_path": "tmem"}
     with pytest.raises(exc, match=match):
-        dsv4lib.attention(q, k, v, **kw)
+        dsv4lib.attention_with_p_path(q, k, v, **kw)

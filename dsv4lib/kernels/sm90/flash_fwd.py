@@ -9,6 +9,12 @@ One CTA computes a ``tile_m = 128``-row block of queries for one (batch, query h
   (the D1.3 proof: for bf16 the accumulator and the RS operand share one thread/value layout), and
   ``O += P·V`` with an RS-wgmma.  P never touches shared memory.
 
+**SMEM-P twin** (``p_in_smem=True``): P is written to a swizzled shared buffer ``sP`` and the PV MMA is an
+SS-wgmma.  Where each accumulator element goes is ``thr_mma_qk.partition_C(sP)`` — the layout algebra of
+D1.3 (``composition(sP, tv_C)``), proven a bijection there — with the swizzle in the pointer, so the stores
+land where the hardware reads.  Each warpgroup writes and reads only its own 64 rows, so one named barrier
+per warpgroup (after a generic→async proxy fence) orders the stores before the wgmma.
+
 KV tiles are visited from the last to the first, so the tiles that need masking (the ragged end of the
 keys, the causal diagonal) come first.  The running row max is kept in raw-score units and the softmax
 scale is applied inside ``exp2`` (the seed's double-scaling trap); O is rescaled by
@@ -58,7 +64,7 @@ class FlashAttentionForwardSm90:
     PRODUCER_REGS, CONSUMER_REGS = 24, 240
 
     def __init__(self, head_dim: int, *, causal: bool, has_lse: bool, tile_n: int | None = None,
-                 num_stages: int = 2):
+                 num_stages: int = 2, p_in_smem: bool = False):
         if head_dim not in (64, 128, 256):
             raise ValueError(f"head_dim {head_dim} not supported by the sm90 kernel (64, 128, 256)")
         self.head_dim = head_dim
@@ -67,6 +73,7 @@ class FlashAttentionForwardSm90:
         self.tile_m = 128
         self.tile_n = tile_n or (64 if head_dim == 256 else 128)
         self.num_stages = num_stages
+        self.p_in_smem = p_in_smem
         self.dtype = cutlass.BFloat16
         # Debug knobs (compile-time), e.g. DSV4_D1_DEBUG="printf,noreg,notail": checkpoints printed by
         # block (0,0,0), no register reallocation, no producer tail.  Never set in normal runs.
@@ -75,10 +82,11 @@ class FlashAttentionForwardSm90:
                                                                  "notail" in knobs)
 
     # ------------------------------------------------------------------------------ host side
-    def _smem_layout(self, rows: int, stages: int | None):
+    def _smem_layout(self, rows: int, stages: int | None, cols: int | None = None):
+        cols = cols or self.head_dim
         atom = warpgroup.make_smem_layout_atom(
-            sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, self.dtype, self.head_dim), self.dtype)
-        shape = (rows, self.head_dim) if stages is None else (rows, self.head_dim, stages)
+            sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, self.dtype, cols), self.dtype)
+        shape = (rows, cols) if stages is None else (rows, cols, stages)
         return cute.tile_to_shape(atom, shape, order=(0, 1) if stages is None else (0, 1, 2))
 
     @cute.jit
@@ -93,10 +101,14 @@ class FlashAttentionForwardSm90:
             (self.tile_m // 64, 1, 1), (64, self.tile_n))
         tiled_mma_pv = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.MN, Float32,
-            (self.tile_m // 64, 1, 1), (64, self.head_dim), a_source=warpgroup.OperandSource.RMEM)
+            (self.tile_m // 64, 1, 1), (64, self.head_dim),
+            a_source=warpgroup.OperandSource.SMEM if self.p_in_smem else warpgroup.OperandSource.RMEM)
         sQ_layout = self._smem_layout(self.tile_m, None)
         sK_layout = self._smem_layout(self.tile_n, self.num_stages)
         sV_layout = self._smem_layout(self.tile_n, self.num_stages)
+        # P: (tile_m, tile_n), K-major (the PV MMA's K is the KV column) — only allocated for SMEM-P
+        sP_layout = self._smem_layout(self.tile_m, None, cols=self.tile_n)
+        p_elems = cute.cosize(sP_layout) if const_expr(self.p_in_smem) else 0
         tma_load = cpasync.CopyBulkTensorTileG2SOp()
         tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(tma_load, mQ, sQ_layout, (self.tile_m, self.head_dim))
         tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(tma_load, mK, cute.select(sK_layout, mode=[0, 1]),
@@ -112,10 +124,11 @@ class FlashAttentionForwardSm90:
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
+            sP: cute.struct.Align[cute.struct.MemRange[self.dtype, p_elems], 1024]
 
         grid = (cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m), cute.size(mQ.shape[2]), cute.size(mQ.shape[3]))
         self.kernel(tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, mO, mLSE, softmax_scale_log2,
-                    sQ_layout, sK_layout, sV_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage).launch(
+                    sQ_layout, sK_layout, sV_layout, sP_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage).launch(
             grid=grid, block=[self.NUM_THREADS, 1, 1], min_blocks_per_mp=1)
 
     # ---------------------------------------------------------------------------- device side
@@ -123,8 +136,8 @@ class FlashAttentionForwardSm90:
     def kernel(self, tma_atom_Q: cute.CopyAtom, mQ: cute.Tensor, tma_atom_K: cute.CopyAtom, mK: cute.Tensor,
                tma_atom_V: cute.CopyAtom, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
                softmax_scale_log2: Float32, sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
-               sV_layout: cute.ComposedLayout, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
-               SharedStorage: cutlass.Constexpr):
+               sV_layout: cute.ComposedLayout, sP_layout: cute.ComposedLayout, tiled_mma_qk: cute.TiledMma,
+               tiled_mma_pv: cute.TiledMma, SharedStorage: cutlass.Constexpr):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
@@ -154,6 +167,9 @@ class FlashAttentionForwardSm90:
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)     # (tile_n, D, stages)
         sVt = cute.composition(sV, cute.make_ordered_layout((self.head_dim, self.tile_n, self.num_stages),
                                                             order=(1, 0, 2)))     # (D, tile_n, stages)
+        sP = None
+        if const_expr(self.p_in_smem):
+            sP = storage.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner)  # (tile_m, tile_n)
 
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
@@ -177,7 +193,7 @@ class FlashAttentionForwardSm90:
         else:
             if const_expr(not self.debug_noreg):
                 cute.arch.setmaxregister_increase(self.CONSUMER_REGS)
-            self.consume(tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, mO, mLSE, pipeline_q, pipeline_k, pipeline_v,
+            self.consume(tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, sP, mO, mLSE, pipeline_q, pipeline_k, pipeline_v,
                          softmax_scale_log2, tidx - 128, m_block, head, batch, seqlen_q, seqlen_k, n_block_max)
 
     @cute.jit
@@ -231,13 +247,17 @@ class FlashAttentionForwardSm90:
         warpgroup.wait_group(0)
 
     @cute.jit
-    def consume(self, tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, mO, mLSE, pipeline_q, pipeline_k, pipeline_v,
+    def consume(self, tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, sP, mO, mLSE, pipeline_q, pipeline_k, pipeline_v,
                 softmax_scale_log2, ctidx, m_block, head, batch, seqlen_q, seqlen_k, n_block_max):
         thr_qk = tiled_mma_qk.get_slice(ctidx)
         thr_pv = tiled_mma_pv.get_slice(ctidx)
         tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))              # (MMA, MMA_M, MMA_K)
         tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))              # (MMA, MMA_N, MMA_K, stages)
         tOrVt = thr_pv.make_fragment_B(thr_pv.partition_B(sVt))            # (MMA, MMA_D, MMA_K, stages)
+        if const_expr(self.p_in_smem):
+            tSsP = thr_qk.partition_C(sP)            # where each accumulator element goes = composition(sP, tv_C)
+            tOrP_smem = thr_pv.make_fragment_A(thr_pv.partition_A(sP))       # the PV MMA's view of the same buffer
+            warpgroup_idx = ctidx // 128
         acc_O = cute.make_rmem_tensor(thr_pv.partition_shape_C((self.tile_m, self.head_dim)), Float32)
         acc_O.fill(0.0)
         acc_O_rc = cute.make_tensor(acc_O.iterator, acc_layout_rows_cols(acc_O.layout))    # (rows, cols)
@@ -306,10 +326,19 @@ class FlashAttentionForwardSm90:
                 for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
                     acc_O_rc[r, c] = acc_O_rc[r, c] * correction
 
-            # P stays in the registers that held S: re-view as the RS operand, convert to bf16
-            tOrP_acc = cute.make_tensor(acc_S.iterator, acc_layout_as_operand_a(acc_S.layout))
-            tOrP = cute.make_rmem_tensor_like(tOrP_acc, self.dtype)
-            tOrP.store(tOrP_acc.load().to(self.dtype))
+            if const_expr(self.p_in_smem):
+                # SMEM-P: bf16 P to the swizzled buffer, then make the stores visible to the async proxy
+                rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
+                rP.store(acc_S.load().to(self.dtype))
+                cute.autovec_copy(rP, tSsP)
+                cute.arch.fence_proxy("async.shared", space="cta")
+                cute.arch.barrier(barrier_id=1 + warpgroup_idx, number_of_threads=128)   # this warpgroup's rows
+                tOrP = tOrP_smem
+            else:
+                # P stays in the registers that held S: re-view as the RS operand, convert to bf16
+                tOrP_acc = cute.make_tensor(acc_S.iterator, acc_layout_as_operand_a(acc_S.layout))
+                tOrP = cute.make_rmem_tensor_like(tOrP_acc, self.dtype)
+                tOrP.store(tOrP_acc.load().to(self.dtype))
             pipeline_v.consumer_wait(kv_state)
             self.gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index], False)
             pipeline_v.consumer_release(kv_state)
