@@ -91,6 +91,31 @@ compiled_ok = all(c["rs_wgmma"] > 0 and c["tma"] >= 3 and c["st_shared"] == 0 fo
 record(metrics_path, compiled=compiled_ok, ptx=ptx_checks)
 
 # %% [markdown]
+# ## The Blackwell twin: TMEM-P, compiled for sm_100a (never run here)
+# `dsv4lib/kernels/sm100/flash_fwd.py`: softmax warps `tcgen05.ld` their row of S, write P back into TMEM with
+# `tcgen05.st` (bf16 pairs), and the PV `tcgen05.mma` takes its A operand from TMEM (TS).  What the PTX must
+# show: TS MMAs whose A operand is a TMEM address, SS MMAs for QK, warp-collective 32x32b loads and stores,
+# each followed by its `tcgen05.wait`.
+
+# %%
+from dsv4lib.kernels.sm100.flash_fwd import FlashAttentionForwardSm100
+from dsv4lib.kernels.sm100.flash_fwd import fake_attention_args as fake_args_sm100
+
+sm100_checks = {}
+for D in (64, 128):
+    k = compile_for_arch(FlashAttentionForwardSm100(D, causal=True, has_lse=True), *fake_args_sm100(D),
+                         Float32(1.0), arch="sm_100a")
+    mma = r"tcgen05\.mma\.cta_group::1\.kind::f16[^\n]*"
+    sm100_checks[D] = {"ts_mma": k.count(mma + r"\[%r\d+\],\s*\[%r\d+\],\s*%rd"),
+                       "ss_mma": k.count(mma + r"\[%r\d+\],\s*%rd\d+,\s*%rd"),
+                       "tmem_ld": k.count("tcgen05.ld.sync"), "tmem_st": k.count("tcgen05.st.sync"),
+                       "wait_ld": k.count("tcgen05.wait::ld"), "wait_st": k.count("tcgen05.wait::st")}
+print(sm100_checks)
+sm100_ok = all(c["ts_mma"] > 0 and c["ss_mma"] > 0 and c["wait_ld"] > 0 and c["wait_st"] > 0
+               for c in sm100_checks.values())
+record(metrics_path, sm100a="COMPILED-ONLY" if sm100_ok else "FAILED TO BUILD", sm100_ptx=sm100_checks)
+
+# %% [markdown]
 # ## Correctness sweep against the float64 reference
 # Fresh random inputs per config, a poisoned output buffer from the previous config, and the FA4 test rule:
 # `max|out − ref| ≤ 2 · max|bf16 torch − ref| + 2 · (bf16 rounding of ref)`; `margin` is the left side over
@@ -187,6 +212,7 @@ if speed:
 
 # %%
 assert compiled_ok, ptx_checks
+assert sm100_ok, sm100_checks
 if on_gpu:
     assert min(s["cosine"] for s in sweep) >= 0.9999
     assert max(s["margin"] for s in sweep) <= 1.0
