@@ -2,5 +2,6 @@
 
 ``dsv4lib.attention`` is the public GPU attention forward; ``dsv4lib.reference`` holds the float64 truth."""
 from .attention import attention, attention_with_p_path
+from .nvfp4 import dequantize_nvfp4, quantize_nvfp4
 
-__all__ = ["attention", "attention_with_p_path"]
+__all__ = ["attention", "attention_with_p_path", "quantize_nvfp4", "dequantize_nvfp4"]

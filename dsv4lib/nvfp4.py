@@ -1,0 +1,80 @@
+"""``dsv4lib.quantize_nvfp4`` / ``dequantize_nvfp4``: NVFP4 on the GPU, bit-compatible with
+:mod:`dsv4lib.reference.quant` (Transformer-Engine numerics).  Hopper runs the CuTeDSL kernel with the software
+E2M1 encoder; Blackwell would take the hardware-cvt build (compiled, not run, here)."""
+from __future__ import annotations
+
+import torch
+
+from .reference import quant as ref
+
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_COMPILED: dict[tuple, object] = {}
+
+
+def _validate(x) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"x must be bfloat16, float16 or float32, got {x.dtype}")
+    if x.dim() != 2:
+        raise ValueError(f"x must be 2-D [M, K], got shape {tuple(x.shape)}")
+    if x.shape[0] < 1 or x.shape[1] < 16 or x.shape[1] % 16:
+        raise ValueError(f"K must be a positive multiple of 16 (NVFP4 blocks are 1x16), got shape {tuple(x.shape)}")
+    if not x.is_cuda:
+        raise ValueError(f"x must be a CUDA tensor (got device {x.device}); "
+                         "dsv4lib.reference.quant.nvfp4_quantize runs anywhere")
+
+
+def _kernel_for(x: torch.Tensor, args: tuple):
+    major, minor = torch.cuda.get_device_capability(x.device)
+    if (major, minor) not in ((9, 0), (10, 0)):
+        raise RuntimeError(f"quantize_nvfp4 needs sm_90a or sm_100a, this GPU is sm_{major}{minor}")
+    arch = "sm_90a" if major == 9 else "sm_100a"
+    key = (x.dtype, arch)
+    if key not in _COMPILED:
+        import cutlass.cute as cute
+
+        from .kernels.nvfp4 import NVFP4QuantizeKernel
+        _COMPILED[key] = cute.compile(NVFP4QuantizeKernel(hardware_cvt=arch == "sm_100a"), *args,
+                                      options=f"--gpu-arch {arch}")
+    return _COMPILED[key]
+
+
+def quantize_nvfp4(x, global_amax=None, *, swizzle: bool = False):
+    """x ``[M, K]`` (K % 16 == 0) → ``(data uint8 [M, K/2], scales uint8 [M, K/16] e4m3 bits (or the flat
+    128×4 swizzled layout with ``swizzle=True``), global_scale fp32 scalar = S_dec ≈ amax / (6·448))``.
+    ``global_amax``: a static amax; by default ``max|x|`` (one extra torch reduction)."""
+    _validate(x)
+    from cutlass.cute.runtime import from_dlpack
+    x = x.contiguous()
+    M, K = x.shape
+    if global_amax is None:
+        amax = x.abs().amax().float()
+    else:
+        amax = torch.as_tensor(global_amax, dtype=torch.float32, device=x.device)
+        if amax.numel() != 1:
+            raise ValueError(f"global_amax must be a scalar, got shape {tuple(amax.shape)}")
+        amax = amax.reshape(())
+    s_enc = ref.nvfp4_global_encode_scale(amax).reshape(1).contiguous()
+    n_blocks = M * K // 16
+    words = torch.empty(n_blocks, 2, dtype=torch.uint32, device=x.device)
+    scales = torch.empty(n_blocks, dtype=torch.uint8, device=x.device)      # e4m3 bits
+    dyn = lambda t, align, lead: from_dlpack(t, assumed_align=align).mark_layout_dynamic(leading_dim=lead)
+    args = (dyn(x.view(n_blocks, 16), 16, 1), dyn(words, 8, 1), dyn(scales, 1, 0), dyn(s_enc, 4, 0))
+    with torch.cuda.device(x.device):
+        _kernel_for(x, args)(*args)
+    data = words.view(torch.uint8).view(M, K // 2)
+    scale_bytes = scales.view(M, K // 16)
+    if swizzle:
+        scale_bytes = ref.swizzle_scales(scale_bytes)
+    return data, scale_bytes, (1.0 / s_enc).reshape(())
+
+
+def dequantize_nvfp4(data, scales, global_scale, out_dtype=torch.bfloat16):
+    """``e2m1 · e4m3_scale · global_scale`` → ``[M, K]`` in ``out_dtype`` (torch ops on the tensors' device;
+    a CuTeDSL dequantize kernel is still to come).  ``scales`` in the plain ``[M, K/16]`` layout."""
+    if not isinstance(data, torch.Tensor) or not isinstance(scales, torch.Tensor):
+        raise TypeError("data and scales must be torch tensors")
+    if data.dim() != 2 or scales.dim() != 2:
+        raise ValueError(f"data [M, K/2] and scales [M, K/16] must be 2-D, got {tuple(data.shape)}, {tuple(scales.shape)}")
+    return ref.nvfp4_dequantize(data, scales, global_scale, out_dtype=out_dtype)
