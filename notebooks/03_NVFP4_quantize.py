@@ -1,0 +1,136 @@
+# %% [markdown]
+# # NVFP4-1.0 — the quantize kernel
+#
+# NVFP4 stores a tensor as 4-bit **e2m1** values (±{0, 0.5, 1, 1.5, 2, 3, 4, 6}), one **e4m3 scale per 16
+# consecutive elements**, and one fp32 **global scale**: `x ≈ e2m1 · scale · global_scale`.  The numerics are
+# Transformer Engine's, op for op (`../shared/specs/nvfp4.md` §1.4); `dsv4lib.reference.quant` reproduces
+# them and every edge vector of the spec bit for bit, and the kernel must reproduce the reference's bytes.
+#
+# Hopper has no FP4 conversion instruction (ptxas rejects `cvt…e2m1x2` for sm_90a), so the sm_90a kernel
+# encodes in software: count the round-to-nearest-even thresholds on the fp32 bit pattern.  The sm_100a
+# build uses the hardware `cvt.rn.satfinite.e2m1x2.f32` (compiled, not run, here).
+
+# %% tags=["parameters"]
+target = "auto"
+metrics_path = ""
+seed = 0
+shapes = [[4096, 4096], [16384, 7168], [65536, 512]]
+bench_iters = 20
+
+# %%
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+
+import dsv4lib
+from dsv4lib import bench, metrics
+from dsv4lib.kernels.compile import compile_for_arch
+from dsv4lib.kernels.nvfp4 import NVFP4QuantizeKernel, fake_args
+from dsv4lib.nb import setup
+from dsv4lib.record import record
+from dsv4lib.reference import quant as ref
+
+tgt = setup(target, seed)
+on_gpu = tgt.is_gpu and tgt.arch == "sm_90a"
+
+# %% [markdown]
+# ## The e2m1 grid and where values round
+# Round to nearest, ties to the even code (0.25 → 0, 0.75 → 1, 1.25 → 1, 1.75 → 2, 2.5 → 2, 3.5 → 4, 5 → 4),
+# saturating at 6.
+
+# %%
+y = torch.linspace(-7, 7, 2801)
+q = ref.e2m1_decode(ref.e2m1_encode(y))
+fig, ax = plt.subplots(figsize=(9, 3))
+ax.plot(y, q, lw=1.2)
+ax.plot(ref.E2M1_VALUES[:8], ref.E2M1_VALUES[:8], "o", ms=4)
+for m in (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0):
+    ax.axvline(m, color="gray", lw=0.4, ls=":")
+ax.set_xlabel("x · enc (fp32)")
+ax.set_ylabel("e2m1 value")
+ax.set_title("fp32 → e2m1, RNE with ties to even, saturating", fontsize=9)
+fig.tight_layout()
+
+# %% [markdown]
+# ## One block's scale
+# `sf = e4m3(vec_max · (S_enc · fl(1/6)))`: the block maximum lands near 6 after scaling; the e4m3 rounding of
+# the scale decides how close.
+
+# %%
+gen = torch.Generator().manual_seed(seed)
+block = torch.randn(1, 16, generator=gen) * 3
+data, sf, gs = ref.nvfp4_quantize(block)
+deq = ref.nvfp4_dequantize(data, sf, gs)
+fig, ax = plt.subplots(figsize=(9, 3))
+ax.bar(np.arange(16) - 0.2, block[0], 0.4, label="x")
+ax.bar(np.arange(16) + 0.2, deq[0], 0.4, label="dequantized")
+ax.set_title(f"one block: scale byte 0x{int(sf):02x} = {sf.view(torch.float8_e4m3fn).float().item():.4g}, "
+             f"global scale {gs.item():.3g}", fontsize=9)
+ax.legend(fontsize=8)
+fig.tight_layout()
+
+# %% [markdown]
+# ## The 128×4 swizzled scale layout (Blackwell block-scaled MMA)
+# Scale (row m, k-block kb) goes to byte `((m//128)·kTiles + kb//4)·512 + (m%32)·16 + ((m%128)//32)·4 + kb%4`.
+
+# %%
+M, nkb = 128, 8
+offs = np.array([[ref.swizzled_offset(m, kb, nkb) for kb in range(nkb)] for m in range(M)])
+fig, ax = plt.subplots(figsize=(4, 6))
+im = ax.imshow(offs, aspect="auto", cmap="viridis", interpolation="nearest")
+fig.colorbar(im, ax=ax, label="byte offset")
+ax.set_xlabel("k-block")
+ax.set_ylabel("row m")
+ax.set_title("swizzled scale offsets (128 rows × 8 k-blocks)", fontsize=9)
+fig.tight_layout()
+
+# %% [markdown]
+# ## The kernel builds for both archs, with the right E2M1 path
+
+# %%
+import cutlass
+
+k90 = compile_for_arch(NVFP4QuantizeKernel(False), *fake_args(cutlass.BFloat16), arch="sm_90a")
+k100 = compile_for_arch(NVFP4QuantizeKernel(True), *fake_args(cutlass.BFloat16), arch="sm_100a")
+builds = {"sm90a_sw_thresholds": k90.count(r"setp\.\w+\.u32"), "sm90a_hw_cvt": k90.count("e2m1x2"),
+          "sm100a_hw_cvt": k100.count(r"cvt\.rn\.satfinite\.e2m1x2\.f32")}
+print(builds)
+build_ok = builds["sm90a_hw_cvt"] == 0 and builds["sm90a_sw_thresholds"] >= 112 and builds["sm100a_hw_cvt"] == 8
+record(metrics_path, compiled=build_ok, builds=builds, sm100a="COMPILED-ONLY" if build_ok else "FAILED TO BUILD")
+
+# %% [markdown]
+# ## On the GPU: bytes equal to the reference, and bandwidth
+# Fresh random, outlier-heavy, zero-block, tiny-block and midpoint inputs; then the bandwidth of the kernel
+# (bytes read + written / time) against the measured copy bandwidth of stage 00.
+
+# %%
+if on_gpu:
+    mismatch, cos_worst, rows = 0, 1.0, []
+    for (Mq, Kq) in shapes:
+        x = torch.randn(Mq, Kq, generator=gen).to(torch.bfloat16)
+        x[::97] *= 40
+        x[1, :64] = 0
+        x[2, :16] = 1e-30
+        data, sf, gs = dsv4lib.quantize_nvfp4(x.cuda())
+        rd, rs, _ = ref.nvfp4_quantize(x)
+        mismatch += int((data.cpu() != rd).sum()) + int((sf.cpu() != rs).sum())
+        cos_worst = min(cos_worst, metrics.cosine(dsv4lib.dequantize_nvfp4(data, sf, gs, torch.float32).cpu(), x.float()))
+        xs = [torch.randn(Mq, Kq, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+        amax = torch.tensor(1.0, device="cuda")
+        t = bench.time_cuda(lambda a: dsv4lib.quantize_nvfp4(a, amax), [(a,) for a in xs], iters=bench_iters)
+        nbytes = Mq * Kq * 2 + Mq * Kq // 2 + Mq * Kq // 16
+        rows.append({"M": Mq, "K": Kq, "ms": t.median_ms, "gbps": bench.gbps(nbytes, t.median_ms)})
+        print(rows[-1])
+    import json, pathlib
+    h = json.loads((pathlib.Path("stages/results") / f"{tgt.name}.json").read_text()) if (pathlib.Path("stages/results") / f"{tgt.name}.json").exists() else {}
+    copy_gbps = float(h.get("stages", {}).get("00-env", {}).get("metrics", {}).get("copy_gbps", 4300.0))
+    best = max(r["gbps"] for r in rows)
+    record(metrics_path, mode="gpu", mismatching_bytes=mismatch, cosine=cos_worst, gbps=best,
+           bw_fraction=best / copy_gbps, shapes=rows, notes="static global amax in the timing (no amax pass)")
+else:
+    record(metrics_path, mode="compile", notes="no Hopper GPU: the kernel was built for sm_90a and sm_100a, not run")
+
+# %%
+assert build_ok, builds
+if on_gpu:
+    assert mismatch == 0, mismatch
