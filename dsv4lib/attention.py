@@ -7,6 +7,8 @@ import math
 
 import torch
 
+from .reference.attention import check_attention_shapes
+
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
 SUPPORTED_DTYPES = (torch.bfloat16,)
 
@@ -17,8 +19,12 @@ def _validate(q, k, v, window, sink) -> None:
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype not in SUPPORTED_DTYPES:
             raise TypeError(f"{name} must be bfloat16, got {t.dtype}")
-        if t.dim() != 4:
-            raise ValueError(f"{name} must be 4-D [B, S, heads, dim], got shape {tuple(t.shape)}")
+    _, _, _, D, _, _ = check_attention_shapes(q, k, v)                 # ranks, batch, heads, lengths
+    if v.shape[3] != D:
+        raise ValueError(f"head dims must match (q {D}, v {v.shape[3]}); Dv != D is not supported yet")
+    if D not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"head dim {D} is not supported (supported: {SUPPORTED_HEAD_DIMS})")
+    for name, t in (("q", q), ("k", k), ("v", v)):
         if not t.is_cuda:
             raise ValueError(f"{name} must be a CUDA tensor (got device {t.device})")
         if t.stride(-1) != 1:
@@ -28,20 +34,6 @@ def _validate(q, k, v, window, sink) -> None:
                              f"got strides {t.stride()}")
     if len({q.device, k.device, v.device}) != 1:
         raise ValueError("q, k and v must be on the same device")
-    B, Sq, H, D = q.shape
-    _, Sk, Hkv, Dk = k.shape
-    if k.shape[0] != B or v.shape[0] != B:
-        raise ValueError(f"batch sizes differ: q {B}, k {k.shape[0]}, v {v.shape[0]}")
-    if Dk != D or v.shape[3] != D:
-        raise ValueError(f"head dims must match (q {D}, k {Dk}, v {v.shape[3]}); Dv != D is not supported yet")
-    if D not in SUPPORTED_HEAD_DIMS:
-        raise ValueError(f"head dim {D} is not supported (supported: {SUPPORTED_HEAD_DIMS})")
-    if v.shape[1] != Sk or v.shape[2] != Hkv:
-        raise ValueError(f"v must be [B, Sk={Sk}, Hkv={Hkv}, D], got {tuple(v.shape)}")
-    if Hkv < 1 or H % Hkv:
-        raise ValueError(f"query heads H={H} must be a multiple of kv heads Hkv={Hkv}")
-    if Sq < 1 or Sk < 1:
-        raise ValueError(f"sequence lengths must be >= 1, got Sq={Sq}, Sk={Sk}")
     if window is not None or sink is not None:
         raise ValueError("window and sink are not supported by the kernel yet (stage D5); "
                          "use dsv4lib.reference.attention for them")

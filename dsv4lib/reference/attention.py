@@ -53,20 +53,10 @@ def _softmax_rows(logits: torch.Tensor, values: torch.Tensor, sink: torch.Tensor
     return torch.matmul(p, values) / denom.unsqueeze(-1), lse
 
 
-def attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, return_lse=False):
-    """Softmax attention, the truth every dense kernel is compared with.
-
-    q ``[B, Sq, H, D]``, k ``[B, Sk, Hkv, D]``, v ``[B, Sk, Hkv, Dv]``, ``H % Hkv == 0`` (query head h uses
-    kv head ``h // (H // Hkv)``); ``v`` may be ``k`` (DSV4: K = V).  Queries are aligned to the end of the
-    keys: query i sits at key position ``Sk - Sq + i``.  ``causal`` masks keys after the query.
-    ``window=W`` keeps keys s with ``t - W < s <= t`` (W tokens including the query's own; implies causal).
-    ``sink`` ``[H]``: value-less logits, not multiplied by ``scale``, added once to the denominator.
-    Returns ``out [B, Sq, H, Dv]`` (dtype ``promote(q.dtype, float32)``) and with ``return_lse`` also
-    ``lse [B, H, Sq]``: natural log-sum-exp of the scaled logits over the keys only (sink excluded).
-    A row that sees no key returns zeros and lse = -inf.
-    """
+def check_attention_shapes(q, k, v) -> tuple[int, int, int, int, int, int]:
+    """Shape rules shared by the reference and the kernels: q ``[B, Sq, H, D]``, k ``[B, Sk, Hkv, D]``,
+    v ``[B, Sk, Hkv, Dv]``, ``H % Hkv == 0``, lengths >= 1.  Returns ``(B, Sq, H, D, Sk, Hkv)``."""
     for name, t in (("q", q), ("k", k), ("v", v)):
-        _check_float(name, t)
         if t.dim() != 4:
             raise ValueError(f"{name} must be 4-D [B, S, heads, dim], got shape {tuple(t.shape)}")
     B, Sq, H, D = q.shape
@@ -81,6 +71,24 @@ def attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, retu
         raise ValueError(f"query heads H={H} must be a multiple of kv heads Hkv={Hkv}")
     if Sq < 1 or Sk < 1:
         raise ValueError(f"sequence lengths must be >= 1, got Sq={Sq}, Sk={Sk}")
+    return B, Sq, H, D, Sk, Hkv
+
+
+def attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, return_lse=False):
+    """Softmax attention, the truth every dense kernel is compared with.
+
+    q ``[B, Sq, H, D]``, k ``[B, Sk, Hkv, D]``, v ``[B, Sk, Hkv, Dv]``, ``H % Hkv == 0`` (query head h uses
+    kv head ``h // (H // Hkv)``); ``v`` may be ``k`` (DSV4: K = V).  Queries are aligned to the end of the
+    keys: query i sits at key position ``Sk - Sq + i``.  ``causal`` masks keys after the query.
+    ``window=W`` keeps keys s with ``t - W < s <= t`` (W tokens including the query's own; implies causal).
+    ``sink`` ``[H]``: value-less logits, not multiplied by ``scale``, added once to the denominator.
+    Returns ``out [B, Sq, H, Dv]`` (dtype ``promote(q.dtype, float32)``) and with ``return_lse`` also
+    ``lse [B, H, Sq]``: natural log-sum-exp of the scaled logits over the keys only (sink excluded).
+    A row that sees no key returns zeros and lse = -inf.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_float(name, t)
+    B, Sq, H, D, Sk, Hkv = check_attention_shapes(q, k, v)
     _check_window(window)
     _check_sink(sink, H)
     dt = _compute_dtype(q, k, v)

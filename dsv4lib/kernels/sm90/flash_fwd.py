@@ -34,6 +34,8 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 from cutlass.utils import LayoutEnum
 
+from ..common import load_kv_tiles
+
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
 
@@ -211,19 +213,8 @@ class FlashAttentionForwardSm90:
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         pipeline_q.producer_acquire(q_state)
         cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
-        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
-        for i in cutlass.range(n_block_max, unroll=1):
-            n_block = n_block_max - 1 - i                                 # the TMA follows the loop's block
-            pipeline_k.producer_acquire(kv_state)
-            cute.copy(tma_atom_K, tKgK[None, n_block], tKsK[None, kv_state.index],
-                      tma_bar_ptr=pipeline_k.producer_get_barrier(kv_state))
-            pipeline_v.producer_acquire(kv_state)
-            cute.copy(tma_atom_V, tVgV[None, n_block], tVsV[None, kv_state.index],
-                      tma_bar_ptr=pipeline_v.producer_get_barrier(kv_state))
-            kv_state.advance()
-            if const_expr(self.debug_printf):
-                if m_block == 0 and head == 0 and batch == 0:
-                    cute.printf("D1 producer: issued K/V block %d\n", n_block)
+        kv_state = load_kv_tiles(tma_atom_K, tKgK, tKsK, pipeline_k, tma_atom_V, tVgV, tVsV, pipeline_v, n_block_max,
+                                 self.num_stages)
         if const_expr(not self.debug_notail):
             # producer_tail advances the state it is given: each pipeline gets its own copy, or the V tail
             # would wait on a stage the K tail moved past (a hang found on the H200)
