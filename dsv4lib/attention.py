@@ -24,6 +24,13 @@ def _validate(q, k, v, window, sink) -> None:
         raise ValueError(f"head dims must match (q {D}, v {v.shape[3]}); Dv != D is not supported yet")
     if D not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"head dim {D} is not supported (supported: {SUPPORTED_HEAD_DIMS})")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"window must be a positive int (keys t-W < s <= t) or None, got {window!r}")
+    if sink is not None:
+        if not isinstance(sink, torch.Tensor) or sink.dtype != torch.float32:
+            raise TypeError(f"sink must be a float32 tensor of shape [H], got {getattr(sink, 'dtype', type(sink))}")
+        if sink.shape != (q.shape[2],):
+            raise ValueError(f"sink must be [H={q.shape[2]}] got {tuple(sink.shape)}")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not t.is_cuda:
             raise ValueError(f"{name} must be a CUDA tensor (got device {t.device})")
@@ -32,11 +39,9 @@ def _validate(q, k, v, window, sink) -> None:
         if any(s % 8 for s in t.stride()[:-1]) or t.data_ptr() % 16:
             raise ValueError(f"{name} needs 16-byte aligned rows (strides multiple of 8 elements, aligned pointer); "
                              f"got strides {t.stride()}")
-    if len({q.device, k.device, v.device}) != 1:
-        raise ValueError("q, k and v must be on the same device")
-    if window is not None or sink is not None:
-        raise ValueError("window and sink are not supported by the kernel yet (stage D5); "
-                         "use dsv4lib.reference.attention for them")
+    if len({q.device, k.device, v.device}) != 1 or (sink is not None and sink.device != q.device):
+        raise ValueError("q, k, v (and sink) must be on the same device")
+
 
 
 _COMPILED: dict[tuple, object] = {}
@@ -47,15 +52,16 @@ P_PATHS = ("rs", "smem")
 DEFAULT_P_PATH = {64: "rs", 128: "rs", 256: "rs"}
 
 
-def _compiled_sm90(head_dim: int, causal: bool, has_lse: bool, p_path: str, args: tuple):
-    """Compiled once per (head dim, causal, lse, P path), from the call's own runtime tensor types (every
-    extent and stride dynamic), so later calls of any B / S / H reuse it and never recompile."""
-    key = (head_dim, causal, has_lse, p_path)
+def _compiled_sm90(head_dim: int, causal: bool, has_lse: bool, p_path: str, window: bool, sink: bool, args: tuple):
+    """Compiled once per (head dim, causal, lse, P path, window?, sink?), from the call's own runtime tensor
+    types (every extent and stride dynamic), so later calls of any B / S / H / W reuse it, never recompile."""
+    key = (head_dim, causal, has_lse, p_path, window, sink)
     if key not in _COMPILED:
         import cutlass.cute as cute
 
         from .kernels.sm90.flash_fwd import FlashAttentionForwardSm90
-        kernel = FlashAttentionForwardSm90(head_dim, causal=causal, has_lse=has_lse, p_in_smem=p_path == "smem")
+        kernel = FlashAttentionForwardSm90(head_dim, causal=causal, has_lse=has_lse, p_in_smem=p_path == "smem",
+                                           window=window, sink=sink)
         _COMPILED[key] = cute.compile(kernel, *args, options="--gpu-arch sm_90a")
     return _COMPILED[key]
 
@@ -89,9 +95,10 @@ def attention_with_p_path(q, k, v, *, scale=None, causal=False, window=None, sin
     scale = D ** -0.5 if scale is None else float(scale)
     out = torch.empty_like(q)
     lse = torch.empty(B, H, Sq, dtype=torch.float32, device=q.device)
-    from cutlass import Float32
+    from cutlass import Float32, Int32
+    sink_t = sink.contiguous() if sink is not None else torch.zeros(1, dtype=torch.float32, device=q.device)
     args = (_to_cute(q, 3), _to_cute(k, 3), _to_cute(v, 3), _to_cute(out, 3), _to_cute(lse, 2),
-            Float32(scale * math.log2(math.e)))
+            Float32(scale * math.log2(math.e)), Int32(window or 0), _to_cute(sink_t, 0))
     with torch.cuda.device(q.device):
-        _compiled_sm90(D, bool(causal), bool(return_lse), p_path, args)(*args)
+        _compiled_sm90(D, bool(causal), bool(return_lse), p_path, window is not None, sink is not None, args)(*args)
     return (out, lse) if return_lse else out

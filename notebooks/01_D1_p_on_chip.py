@@ -83,7 +83,7 @@ from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_atten
 ptx_checks = {}
 for D in head_dims:
     k = compile_for_arch(FlashAttentionForwardSm90(D, causal=True, has_lse=True), *fake_attention_args(D),
-                         Float32(1.0), arch="sm_90a")
+                         arch="sm_90a")
     ptx_checks[D] = {"rs_wgmma": k.count(rf"m64n{D}k16\.f32\.bf16\.bf16\s+\{{[^}}]*\}},\s*\{{%r"),
                      "tma": k.count(r"cp\.async\.bulk\.tensor"), "st_shared": k.count(r"st\.shared")}
 print(ptx_checks)
@@ -104,7 +104,7 @@ from dsv4lib.kernels.sm100.flash_fwd import fake_attention_args as fake_args_sm1
 sm100_checks = {}
 for D in (64, 128):
     k = compile_for_arch(FlashAttentionForwardSm100(D, causal=True, has_lse=True), *fake_args_sm100(D),
-                         Float32(1.0), arch="sm_100a")
+                         arch="sm_100a")
     mma = r"tcgen05\.mma\.cta_group::1\.kind::f16[^\n]*"
     sm100_checks[D] = {"ts_mma": k.count(mma + r"\[%r\d+\],\s*\[%r\d+\],\s*%rd"),
                        "ss_mma": k.count(mma + r"\[%r\d+\],\s*%rd\d+,\s*%rd"),

@@ -11,7 +11,7 @@ def test_tmem_p_kernel_compiles_for_sm100a(head_dim, causal):
     from dsv4lib.kernels.compile import compile_for_arch
     from dsv4lib.kernels.sm100.flash_fwd import FlashAttentionForwardSm100, fake_attention_args
     k = compile_for_arch(FlashAttentionForwardSm100(head_dim, causal=causal, has_lse=True),
-                         *fake_attention_args(head_dim), Float32(1.0), arch="sm_100a")
+                         *fake_attention_args(head_dim), arch="sm_100a")
     assert k.ptx_target == "sm_100a"
     mma = r"tcgen05\.mma\.cta_group::1\.kind::f16[^\n]*"
     ts = k.count(mma + r"\[%r\d+\],\s*\[%r\d+\],\s*%rd")     # TS: accumulator AND A operand in TMEM

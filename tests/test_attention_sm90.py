@@ -23,7 +23,7 @@ def test_sm90_kernel_compiles_with_rs_wgmma(head_dim, causal):
     from dsv4lib.kernels.compile import compile_for_arch
     from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
     k = compile_for_arch(FlashAttentionForwardSm90(head_dim, causal=causal, has_lse=True),
-                         *fake_attention_args(head_dim), Float32(1.0), arch="sm_90a")
+                         *fake_attention_args(head_dim), arch="sm_90a")
     assert k.ptx_target == "sm_90a"
     tile_n = 64 if head_dim == 256 else 128
     # QK: SS-wgmma (both operands by descriptor); PV: RS-wgmma (A = four 32-bit registers of P)
@@ -42,7 +42,7 @@ def test_sm90_smem_p_twin_compiles_with_ss_wgmma(head_dim):
     from dsv4lib.kernels.compile import compile_for_arch
     from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
     k = compile_for_arch(FlashAttentionForwardSm90(head_dim, causal=False, has_lse=False, p_in_smem=True),
-                         *fake_attention_args(head_dim), Float32(1.0), arch="sm_90a")
+                         *fake_attention_args(head_dim), arch="sm_90a")
     tile_n = 64 if head_dim == 256 else 128
     ss = k.count(r"wgmma\.mma_async\.sync\.aligned[^\n]*\},\s*%rd\d+,\s*%rd")
     rs = k.count(r"wgmma\.mma_async[^\n]*\},\s*\{%r")
@@ -103,6 +103,43 @@ def test_smem_p_twin_matches_the_reference(B, Sq, Sk, H, Hkv, D, causal):
     torch.testing.assert_close(out, rs, atol=2e-2, rtol=2e-2)   # same math, same P rounding
 
 
+@pytest.mark.compile
+def test_window_and_sink_build():
+    from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
+    plain = compile_for_arch(FlashAttentionForwardSm90(128, causal=False, has_lse=True), *fake_attention_args(128),
+                             arch="sm_90a")
+    local = compile_for_arch(FlashAttentionForwardSm90(128, causal=False, has_lse=True, window=True, sink=True),
+                             *fake_attention_args(128), arch="sm_90a")
+    # the sink adds one exp2 per row to the epilogue; the window adds the left-edge compares
+    assert local.count(r"ex2\.approx") == plain.count(r"ex2\.approx") + 2
+    assert local.count(r"setp\.") > plain.count(r"setp\.")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,Sq,Sk,H,Hkv,D,window,causal,use_sink", [
+    (2, 600, 600, 4, 2, 128, 128, False, True),     # DSV4's window, tiles skipped and masked
+    (1, 1000, 1000, 2, 2, 64, 1, False, True),      # window 1: only the query itself
+    (1, 777, 1200, 2, 1, 128, 300, True, False),    # Sq < Sk, window crossing tiles
+    (1, 300, 300, 4, 4, 256, 4096, False, True),    # window wider than the sequence = causal
+    (1, 500, 200, 2, 2, 128, 64, False, True),      # Sq > Sk: first rows see nothing (sink: still zeros)
+    (2, 333, 333, 4, 4, 128, None, False, True),    # sink alone
+])
+def test_window_and_sink_match_the_reference(B, Sq, Sk, H, Hkv, D, window, causal, use_sink):
+    gen = torch.Generator().manual_seed(Sq * 7 + Sk + (window or 0))
+    q, k, v = _inputs(B, Sq, Sk, H, Hkv, D, gen)
+    sink = (torch.randn(H, generator=gen) * 2).cuda() if use_sink else None
+    out, lse = dsv4lib.attention(q, k, v, causal=causal, window=window, sink=sink, return_lse=True)
+    ref, ref_lse = reference.attention(q.double(), k.double(), v.double(), causal=causal, window=window,
+                                       sink=None if sink is None else sink.double(), return_lse=True)
+    assert torch.isfinite(out).all()
+    cos = torch.nn.functional.cosine_similarity(out.double().flatten(), ref.flatten(), 0).item()
+    assert cos >= 0.9999, cos
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), finite)                  # empty rows: -inf exactly there
+    torch.testing.assert_close(lse.double()[finite], ref_lse[finite], atol=2e-3, rtol=1e-4)
+
+
 @pytest.mark.gpu
 def test_output_is_fully_written_and_deterministic():
     gen = torch.Generator().manual_seed(7)
@@ -129,6 +166,7 @@ def test_bad_input_is_rejected(make, exc, match):
     ("heads", ValueError, "multiple"),
     ("stride", ValueError, "contiguous"),
     ("window", ValueError, "window"),
+    ("sink_shape", ValueError, "sink"),
     ("dtype_mix", TypeError, "bfloat16"),
     ("p_path", ValueError, "p_path"),
 ])
@@ -143,7 +181,9 @@ def test_bad_gpu_input_is_rejected(case, exc, match):
     elif case == "stride":
         q = torch.randn(1, 8, 4, 128, **bf)[..., ::2]
     elif case == "window":
-        kw = {"window": 4}
+        kw = {"window": 0}
+    elif case == "sink_shape":
+        kw = {"sink": torch.zeros(3, device="cuda")}
     elif case == "dtype_mix":
         v = v.float()
     elif case == "p_path":

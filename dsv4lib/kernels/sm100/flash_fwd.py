@@ -24,7 +24,7 @@ import math
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils.blackwell_helpers as sm100_utils
-from cutlass import Float32, const_expr, pipeline
+from cutlass import Float32, Int32, const_expr, pipeline
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, tcgen05
 
 from ..common import load_kv_tiles
@@ -169,7 +169,8 @@ class FlashAttentionForwardSm100:
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
             pipe_q.producer_acquire(q_state)
             cute.copy(tma_atom_Q, tQgQ, tQsQ[None, 0], tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
-            load_kv_tiles(tma_atom_K, tKgK, tKsK, pipe_k, tma_atom_V, tVgV, tVsV, pipe_v, n_block_max, self.num_stages)
+            load_kv_tiles(tma_atom_K, tKgK, tKsK, pipe_k, tma_atom_V, tVgV, tVsV, pipe_v, Int32(0), n_block_max,
+                          self.num_stages)
 
         if warp_idx == self.MMA_WARP:
             sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
@@ -316,4 +317,4 @@ class FlashAttentionForwardSm100:
 def fake_attention_args(head_dim: int):
     """Symbolic stand-ins for (q, k, v, o, lse): the sm100 kernel is only ever compiled here."""
     from ..sm90.flash_fwd import fake_attention_args as sm90_fake
-    return sm90_fake(head_dim)
+    return sm90_fake(head_dim)[:6]              # q, k, v, o, lse, softmax scale (no window / sink yet)

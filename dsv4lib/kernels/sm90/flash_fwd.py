@@ -15,6 +15,11 @@ D1.3 (``composition(sP, tv_C)``), proven a bijection there — with the swizzle 
 land where the hardware reads.  Each warpgroup writes and reads only its own 64 rows, so one named barrier
 per warpgroup (after a generic→async proxy fence) orders the stores before the wgmma.
 
+**D5a, sliding window + sink** (``window=True`` / ``sink=True``): with a window W a query at key position t
+sees keys ``t-W < s <= t``; KV tiles wholly left of the window are *skipped* (the loop starts at
+``n_block_min``), only the tiles crossing its edges are masked.  The sink is a value-less logit per query head
+added once to the final denominator (``exp(σ - m)`` next to the row sum); the LSE excludes it.
+
 KV tiles are visited from the last to the first, so the tiles that need masking (the ragged end of the
 keys, the causal diagonal) come first.  The running row max is kept in raw-score units and the softmax
 scale is applied inside ``exp2`` (the seed's double-scaling trap); O is rescaled by
@@ -66,7 +71,7 @@ class FlashAttentionForwardSm90:
     PRODUCER_REGS, CONSUMER_REGS = 24, 240
 
     def __init__(self, head_dim: int, *, causal: bool, has_lse: bool, tile_n: int | None = None,
-                 num_stages: int = 2, p_in_smem: bool = False):
+                 num_stages: int = 2, p_in_smem: bool = False, window: bool = False, sink: bool = False):
         if head_dim not in (64, 128, 256):
             raise ValueError(f"head_dim {head_dim} not supported by the sm90 kernel (64, 128, 256)")
         self.head_dim = head_dim
@@ -76,6 +81,8 @@ class FlashAttentionForwardSm90:
         self.tile_n = tile_n or (64 if head_dim == 256 else 128)
         self.num_stages = num_stages
         self.p_in_smem = p_in_smem
+        self.has_window = window
+        self.has_sink = sink
         self.dtype = cutlass.BFloat16
         # Debug knobs (compile-time), e.g. DSV4_D1_DEBUG="printf,noreg,notail": checkpoints printed by
         # block (0,0,0), no register reallocation, no producer tail.  Never set in normal runs.
@@ -93,7 +100,7 @@ class FlashAttentionForwardSm90:
 
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
-                 softmax_scale_log2: Float32):
+                 softmax_scale_log2: Float32, window_size: Int32, mSink: cute.Tensor):
         # torch (b, s, h, d) -> (s, d, h, b): the TMA tiles the first two modes
         mQ, mK, mV, mO = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
                           for t in (mQ, mK, mV, mO)]
@@ -130,6 +137,7 @@ class FlashAttentionForwardSm90:
 
         grid = (cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m), cute.size(mQ.shape[2]), cute.size(mQ.shape[3]))
         self.kernel(tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, mO, mLSE, softmax_scale_log2,
+                    window_size, mSink,
                     sQ_layout, sK_layout, sV_layout, sP_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage).launch(
             grid=grid, block=[self.NUM_THREADS, 1, 1], min_blocks_per_mp=1)
 
@@ -137,7 +145,8 @@ class FlashAttentionForwardSm90:
     @cute.kernel
     def kernel(self, tma_atom_Q: cute.CopyAtom, mQ: cute.Tensor, tma_atom_K: cute.CopyAtom, mK: cute.Tensor,
                tma_atom_V: cute.CopyAtom, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
-               softmax_scale_log2: Float32, sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
+               softmax_scale_log2: Float32, window_size: Int32, mSink: cute.Tensor,
+               sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
                sV_layout: cute.ComposedLayout, sP_layout: cute.ComposedLayout, tiled_mma_qk: cute.TiledMma,
                tiled_mma_pv: cute.TiledMma, SharedStorage: cutlass.Constexpr):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -177,7 +186,12 @@ class FlashAttentionForwardSm90:
         seqlen_k = mK.shape[0]
         head_kv = head // (mQ.shape[2] // mK.shape[2])                           # GQA / MQA
         n_block_max = cute.ceil_div(seqlen_k, self.tile_n)
-        if const_expr(self.causal):
+        n_block_min = Int32(0)
+        if const_expr(self.has_window):
+            # the first key the first row of this block may see: t - W + 1 (tiles left of it are skipped)
+            first_key = m_block * self.tile_m + seqlen_k - seqlen_q - window_size + 1
+            n_block_min = cutlass.max(first_key, 0) // self.tile_n
+        if const_expr(self.causal or self.has_window):
             # the last key the last row of this block may see (queries aligned to the end of the keys)
             last_key = (m_block + 1) * self.tile_m - 1 + seqlen_k - seqlen_q
             n_block_max = cutlass.min(n_block_max, cutlass.max(last_key // self.tile_n + 1, 0))
@@ -191,16 +205,17 @@ class FlashAttentionForwardSm90:
                 cute.arch.setmaxregister_decrease(self.PRODUCER_REGS)
             if warp_idx == 0:
                 self.load(tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV, pipeline_q, pipeline_k,
-                          pipeline_v, m_block, head, head_kv, batch, n_block_max)
+                          pipeline_v, m_block, head, head_kv, batch, n_block_min, n_block_max)
         else:
             if const_expr(not self.debug_noreg):
                 cute.arch.setmaxregister_increase(self.CONSUMER_REGS)
             self.consume(tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, sP, mO, mLSE, pipeline_q, pipeline_k, pipeline_v,
-                         softmax_scale_log2, tidx - 128, m_block, head, batch, seqlen_q, seqlen_k, n_block_max)
+                         softmax_scale_log2, window_size, mSink, tidx - 128, m_block, head, batch, seqlen_q,
+                         seqlen_k, n_block_min, n_block_max)
 
     @cute.jit
     def load(self, tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV, pipeline_q, pipeline_k,
-             pipeline_v, m_block, head, head_kv, batch, n_block_max):
+             pipeline_v, m_block, head, head_kv, batch, n_block_min, n_block_max):
         gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, self.head_dim), (m_block, 0))   # (tile_m, D)
         gK = cute.local_tile(mK[None, None, head_kv, batch], (self.tile_n, self.head_dim), (None, 0))   # (tile_n, D, n)
         gV = cute.local_tile(mV[None, None, head_kv, batch], (self.tile_n, self.head_dim), (None, 0))
@@ -213,8 +228,8 @@ class FlashAttentionForwardSm90:
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         pipeline_q.producer_acquire(q_state)
         cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
-        kv_state = load_kv_tiles(tma_atom_K, tKgK, tKsK, pipeline_k, tma_atom_V, tVgV, tVsV, pipeline_v, n_block_max,
-                                 self.num_stages)
+        kv_state = load_kv_tiles(tma_atom_K, tKgK, tKsK, pipeline_k, tma_atom_V, tVgV, tVsV, pipeline_v, n_block_min,
+                                 n_block_max, self.num_stages)
         if const_expr(not self.debug_notail):
             # producer_tail advances the state it is given: each pipeline gets its own copy, or the V tail
             # would wait on a stage the K tail moved past (a hang found on the H200)
@@ -239,7 +254,8 @@ class FlashAttentionForwardSm90:
 
     @cute.jit
     def consume(self, tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, sP, mO, mLSE, pipeline_q, pipeline_k, pipeline_v,
-                softmax_scale_log2, ctidx, m_block, head, batch, seqlen_q, seqlen_k, n_block_max):
+                softmax_scale_log2, window_size, mSink, ctidx, m_block, head, batch, seqlen_q, seqlen_k, n_block_min,
+                n_block_max):
         thr_qk = tiled_mma_qk.get_slice(ctidx)
         thr_pv = tiled_mma_pv.get_slice(ctidx)
         tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))              # (MMA, MMA_M, MMA_K)
@@ -269,7 +285,7 @@ class FlashAttentionForwardSm90:
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
         # the diagonal offset: query row r sits at key position r + seqlen_k - seqlen_q
         causal_shift = seqlen_k - seqlen_q
-        for i in cutlass.range(n_block_max, unroll=1):
+        for i in cutlass.range(n_block_max - n_block_min, unroll=1):
             n_block = n_block_max - 1 - i
             acc_S = cute.make_rmem_tensor(thr_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
             pipeline_k.consumer_wait(kv_state)
@@ -282,16 +298,21 @@ class FlashAttentionForwardSm90:
             acc_S_rc = cute.make_tensor(acc_S.iterator, acc_layout_rows_cols(acc_S.layout))
             # mask only the blocks that need it: the ragged end of the keys and the causal diagonal
             needs_mask = (n_block + 1) * self.tile_n > seqlen_k
-            if const_expr(self.causal):
+            if const_expr(self.causal or self.has_window):
                 needs_mask = needs_mask or ((n_block + 1) * self.tile_n - 1 > m_block * self.tile_m + causal_shift)
+            if const_expr(self.has_window):     # the window's left edge crosses this tile for some row
+                needs_mask = needs_mask or (n_block * self.tile_n <= (m_block + 1) * self.tile_m - 1 + causal_shift
+                                            - window_size)
             if needs_mask:
                 for r in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[0])):
                     for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
                         m, n = tScS_rc[r, c]
                         col = n_block * self.tile_n + n
                         masked = col >= seqlen_k
-                        if const_expr(self.causal):
+                        if const_expr(self.causal or self.has_window):
                             masked = masked or (col > m_block * self.tile_m + m + causal_shift)
+                        if const_expr(self.has_window):
+                            masked = masked or (col <= m_block * self.tile_m + m + causal_shift - window_size)
                         if masked:
                             acc_S_rc[r, c] = -Float32.inf
 
@@ -350,8 +371,12 @@ class FlashAttentionForwardSm90:
             inv = Float32(0.0)
             lse = -Float32.inf
             if s > 0.0:
-                inv = 1.0 / s
-                lse = (row_max[r] * softmax_scale_log2 + cute.math.log2(s)) * LN_2
+                denom = s
+                if const_expr(self.has_sink):
+                    # the value-less sink joins the denominator once: exp(σ - m) in this row's max units
+                    denom = s + cute.arch.exp2(mSink[head] * LOG2_E - row_max[r] * softmax_scale_log2)
+                inv = 1.0 / denom
+                lse = (row_max[r] * softmax_scale_log2 + cute.math.log2(s)) * LN_2      # sink excluded
             for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
                 acc_O_rc[r, c] = acc_O_rc[r, c] * inv
             if const_expr(self.has_lse):
@@ -381,4 +406,5 @@ def fake_attention_args(head_dim: int):
         return make_fake_tensor(cutlass.BFloat16, (b, s, h, d), stride=(sb, ss, sh, 1), assumed_align=16)
     b, h, s = cute.sym_int(), cute.sym_int(), cute.sym_int()
     lse = make_fake_tensor(Float32, (b, h, s), stride=(cute.sym_int(), cute.sym_int(), 1), assumed_align=4)
-    return bshd(), bshd(), bshd(), bshd(), lse
+    sink = make_fake_tensor(Float32, (cute.sym_int(),), stride=(1,), assumed_align=4)
+    return bshd(), bshd(), bshd(), bshd(), lse, Float32(1.0), Int32(0), sink
