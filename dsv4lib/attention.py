@@ -52,39 +52,67 @@ P_PATHS = ("rs", "smem")
 DEFAULT_P_PATH = {64: "rs", 128: "rs", 256: "rs"}
 
 
-def _compiled_sm90(head_dim: int, causal: bool, has_lse: bool, p_path: str, window: bool, sink: bool, args: tuple):
-    """Compiled once per (head dim, causal, lse, P path, window?, sink?), from the call's own runtime tensor
-    types (every extent and stride dynamic), so later calls of any B / S / H / W reuse it, never recompile."""
-    key = (head_dim, causal, has_lse, p_path, window, sink)
+_WORKSPACE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _compiled_sm90(head_dim: int, causal: bool, has_lse: bool, p_path: str, window: bool, sink: bool,
+                   split_kv: bool, args: tuple):
+    """Compiled once per (head dim, causal, lse, P path, window?, sink?, split?), from the call's own runtime
+    tensor types (every extent and stride dynamic): later calls of any B / S / H / W reuse it."""
+    key = ("fwd", head_dim, causal, has_lse, p_path, window, sink, split_kv)
     if key not in _COMPILED:
         import cutlass.cute as cute
 
         from .kernels.sm90.flash_fwd import FlashAttentionForwardSm90
         kernel = FlashAttentionForwardSm90(head_dim, causal=causal, has_lse=has_lse, p_in_smem=p_path == "smem",
-                                           window=window, sink=sink)
+                                           window=window, sink=sink, split_kv=split_kv)
         _COMPILED[key] = cute.compile(kernel, *args, options="--gpu-arch sm_90a")
     return _COMPILED[key]
 
 
+def _compiled_combine(head_dim: int, has_sink: bool, args: tuple):
+    key = ("combine", head_dim, has_sink)
+    if key not in _COMPILED:
+        import cutlass.cute as cute
+
+        from .kernels.combine import LSECombineKernel
+        _COMPILED[key] = cute.compile(LSECombineKernel(head_dim, has_sink=has_sink), *args, options="--gpu-arch sm_90a")
+    return _COMPILED[key]
+
+
+def _workspace(splits: int, B: int, Sq: int, H: int, D: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 partial O and LSE for split-KV, allocated once per shape and reused."""
+    key = (splits, B, Sq, H, D, str(device))
+    if key not in _WORKSPACE:
+        _WORKSPACE[key] = (torch.empty(splits, B, Sq, H, D, dtype=torch.float32, device=device),
+                           torch.empty(splits, B, H, Sq, dtype=torch.float32, device=device))
+    return _WORKSPACE[key]
+
+
 def _to_cute(t: torch.Tensor, leading_dim: int):
     from cutlass.cute.runtime import from_dlpack
-    return from_dlpack(t, assumed_align=16 if t.dtype == torch.bfloat16 else 4).mark_layout_dynamic(leading_dim=leading_dim)
+    align = 16 if t.data_ptr() % 16 == 0 else t.element_size()       # lets the compiler vectorize
+    return from_dlpack(t, assumed_align=align).mark_layout_dynamic(leading_dim=leading_dim)
 
 
-def attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, return_lse=False):
+def attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, return_lse=False, num_splits=None):
     """Forward attention on the GPU.  q ``[B, Sq, H, D]``, k / v ``[B, Sk, Hkv, D]`` bf16 (v may be k);
     returns ``out [B, Sq, H, D]`` bf16 and with ``return_lse`` ``lse [B, H, Sq]`` fp32 (natural log).
-    See :func:`dsv4lib.reference.attention` for the exact semantics."""
+    See :func:`dsv4lib.reference.attention` for the exact semantics.  ``num_splits`` (D2): split the KV range
+    over that many CTAs and merge by LSE; ``None`` = heuristic, ``1`` = no split; values above the number of KV
+    tiles are clamped to it."""
     return attention_with_p_path(q, k, v, scale=scale, causal=causal, window=window, sink=sink,
-                                 return_lse=return_lse, p_path="auto")
+                                 return_lse=return_lse, p_path="auto", num_splits=num_splits)
 
 
 def attention_with_p_path(q, k, v, *, scale=None, causal=False, window=None, sink=None, return_lse=False,
-                          p_path="auto"):
+                          p_path="auto", num_splits=None):
     """:func:`attention` with an explicit choice of where P lives: ``"rs"`` (registers, RS-wgmma),
     ``"smem"`` (shared memory via the D1.3 mapping, SS-wgmma) or ``"auto"`` (per head dim, measured)."""
     if p_path not in P_PATHS + ("auto",):
         raise ValueError(f"p_path must be one of {P_PATHS + ('auto',)}, got {p_path!r}")
+    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1):
+        raise ValueError(f"num_splits must be a positive int or None (heuristic), got {num_splits!r}")
     _validate(q, k, v, window, sink)
     major, minor = torch.cuda.get_device_capability(q.device)
     if (major, minor) != (9, 0):
@@ -96,9 +124,26 @@ def attention_with_p_path(q, k, v, *, scale=None, causal=False, window=None, sin
     out = torch.empty_like(q)
     lse = torch.empty(B, H, Sq, dtype=torch.float32, device=q.device)
     from cutlass import Float32, Int32
+    from .splitkv import num_splits_heuristic
+    tile_m, tile_n = 128, (64 if D == 256 else 128)
+    n_blocks = -(-k.shape[1] // tile_n)
+    if num_splits is None:
+        num_splits = num_splits_heuristic(B, H, -(-Sq // tile_m), n_blocks, torch.cuda.get_device_properties(
+            q.device).multi_processor_count)
+    num_splits = min(num_splits, n_blocks)                  # documented clamp: at most one KV tile per split
     sink_t = sink.contiguous() if sink is not None else torch.zeros(1, dtype=torch.float32, device=q.device)
-    args = (_to_cute(q, 3), _to_cute(k, 3), _to_cute(v, 3), _to_cute(out, 3), _to_cute(lse, 2),
-            Float32(scale * math.log2(math.e)), Int32(window or 0), _to_cute(sink_t, 0))
+    common = (Float32(scale * math.log2(math.e)), Int32(window or 0))
     with torch.cuda.device(q.device):
-        _compiled_sm90(D, bool(causal), bool(return_lse), p_path, window is not None, sink is not None, args)(*args)
+        if num_splits == 1:
+            args = (_to_cute(q, 3), _to_cute(k, 3), _to_cute(v, 3), _to_cute(out, 3), _to_cute(lse, 2), *common,
+                    _to_cute(sink_t, 0))
+            _compiled_sm90(D, bool(causal), bool(return_lse), p_path, window is not None, sink is not None,
+                           False, args)(*args)
+        else:
+            o_part, lse_part = _workspace(num_splits, B, Sq, H, D, q.device)
+            args = (_to_cute(q, 3), _to_cute(k, 3), _to_cute(v, 3), _to_cute(o_part, 4), _to_cute(lse_part, 3),
+                    *common, _to_cute(sink_t, 0))
+            _compiled_sm90(D, bool(causal), True, p_path, window is not None, False, True, args)(*args)
+            cargs = (_to_cute(o_part, 4), _to_cute(lse_part, 3), _to_cute(out, 3), _to_cute(lse, 2), _to_cute(sink_t, 0))
+            _compiled_combine(D, sink is not None, cargs)(*cargs)
     return (out, lse) if return_lse else out

@@ -20,6 +20,10 @@ sees keys ``t-W < s <= t``; KV tiles wholly left of the window are *skipped* (th
 ``n_block_min``), only the tiles crossing its edges are masked.  The sink is a value-less logit per query head
 added once to the final denominator (``exp(σ - m)`` next to the row sum); the LSE excludes it.
 
+**D2, split-KV** (``split_kv=True``): the CTA grid gets a split index (``blockIdx.z = batch·splits + split``);
+split i takes its share of the visible KV tiles (``dsv4lib.splitkv.split_block_ranges``) and writes an fp32
+partial O normalized over its own keys plus its LSE — no sink: the combine kernel applies it once.
+
 KV tiles are visited from the last to the first, so the tiles that need masking (the ragged end of the
 keys, the causal diagonal) come first.  The running row max is kept in raw-score units and the softmax
 scale is applied inside ``exp2`` (the seed's double-scaling trap); O is rescaled by
@@ -71,7 +75,10 @@ class FlashAttentionForwardSm90:
     PRODUCER_REGS, CONSUMER_REGS = 24, 240
 
     def __init__(self, head_dim: int, *, causal: bool, has_lse: bool, tile_n: int | None = None,
-                 num_stages: int = 2, p_in_smem: bool = False, window: bool = False, sink: bool = False):
+                 num_stages: int = 2, p_in_smem: bool = False, window: bool = False, sink: bool = False,
+                 split_kv: bool = False):
+        if split_kv and sink:
+            raise ValueError("with split-KV the sink belongs to the combine kernel, not to the splits")
         if head_dim not in (64, 128, 256):
             raise ValueError(f"head_dim {head_dim} not supported by the sm90 kernel (64, 128, 256)")
         self.head_dim = head_dim
@@ -83,6 +90,7 @@ class FlashAttentionForwardSm90:
         self.p_in_smem = p_in_smem
         self.has_window = window
         self.has_sink = sink
+        self.split_kv = split_kv
         self.dtype = cutlass.BFloat16
         # Debug knobs (compile-time), e.g. DSV4_D1_DEBUG="printf,noreg,notail": checkpoints printed by
         # block (0,0,0), no register reallocation, no producer tail.  Never set in normal runs.
@@ -102,9 +110,14 @@ class FlashAttentionForwardSm90:
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
                  softmax_scale_log2: Float32, window_size: Int32, mSink: cute.Tensor):
         # torch (b, s, h, d) -> (s, d, h, b): the TMA tiles the first two modes
-        mQ, mK, mV, mO = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
-                          for t in (mQ, mK, mV, mO)]
-        mLSE = cute.make_tensor(mLSE.iterator, cute.select(mLSE.layout, mode=[2, 1, 0]))   # (b,h,s) -> (s,h,b)
+        mQ, mK, mV = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0])) for t in (mQ, mK, mV)]
+        if const_expr(self.split_kv):
+            # partials: O (splits, b, s, h, d) -> (s, d, h, b, splits); LSE (splits, b, h, s) -> (s, h, b, splits)
+            mO = cute.make_tensor(mO.iterator, cute.select(mO.layout, mode=[2, 4, 3, 1, 0]))
+            mLSE = cute.make_tensor(mLSE.iterator, cute.select(mLSE.layout, mode=[3, 2, 1, 0]))
+        else:
+            mO = cute.make_tensor(mO.iterator, cute.select(mO.layout, mode=[1, 3, 2, 0]))
+            mLSE = cute.make_tensor(mLSE.iterator, cute.select(mLSE.layout, mode=[2, 1, 0]))   # (b,h,s) -> (s,h,b)
         tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.K, Float32,
             (self.tile_m // 64, 1, 1), (64, self.tile_n))
@@ -135,7 +148,10 @@ class FlashAttentionForwardSm90:
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
             sP: cute.struct.Align[cute.struct.MemRange[self.dtype, p_elems], 1024]
 
-        grid = (cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m), cute.size(mQ.shape[2]), cute.size(mQ.shape[3]))
+        batch_and_splits = cute.size(mQ.shape[3])
+        if const_expr(self.split_kv):
+            batch_and_splits = batch_and_splits * cute.size(mO.shape[4])
+        grid = (cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m), cute.size(mQ.shape[2]), batch_and_splits)
         self.kernel(tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, mO, mLSE, softmax_scale_log2,
                     window_size, mSink,
                     sQ_layout, sK_layout, sV_layout, sP_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage).launch(
@@ -152,6 +168,11 @@ class FlashAttentionForwardSm90:
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
+        split = Int32(0)
+        if const_expr(self.split_kv):
+            num_splits = mO.shape[4]
+            split = batch % num_splits
+            batch = batch // num_splits
         if warp_idx == 0:
             for atom in (tma_atom_Q, tma_atom_K, tma_atom_V):
                 cpasync.prefetch_descriptor(atom)
@@ -195,6 +216,11 @@ class FlashAttentionForwardSm90:
             # the last key the last row of this block may see (queries aligned to the end of the keys)
             last_key = (m_block + 1) * self.tile_m - 1 + seqlen_k - seqlen_q
             n_block_max = cutlass.min(n_block_max, cutlass.max(last_key // self.tile_n + 1, 0))
+        if const_expr(self.split_kv):   # this split's share: ceil(n / splits) tiles (dsv4lib.splitkv.split_block_ranges)
+            per_split = (cutlass.max(n_block_max - n_block_min, 0) + num_splits - 1) // num_splits
+            lo = cutlass.min(n_block_min + split * per_split, n_block_max)
+            n_block_max = cutlass.min(lo + per_split, n_block_max)
+            n_block_min = lo
         pipeline_init_wait(cluster_shape_mn=(1, 1))
 
         if const_expr(self.debug_printf):
@@ -210,7 +236,7 @@ class FlashAttentionForwardSm90:
             if const_expr(not self.debug_noreg):
                 cute.arch.setmaxregister_increase(self.CONSUMER_REGS)
             self.consume(tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, sP, mO, mLSE, pipeline_q, pipeline_k, pipeline_v,
-                         softmax_scale_log2, window_size, mSink, tidx - 128, m_block, head, batch, seqlen_q,
+                         softmax_scale_log2, window_size, mSink, tidx - 128, m_block, head, batch, split, seqlen_q,
                          seqlen_k, n_block_min, n_block_max)
 
     @cute.jit
@@ -254,8 +280,8 @@ class FlashAttentionForwardSm90:
 
     @cute.jit
     def consume(self, tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, sP, mO, mLSE, pipeline_q, pipeline_k, pipeline_v,
-                softmax_scale_log2, window_size, mSink, ctidx, m_block, head, batch, seqlen_q, seqlen_k, n_block_min,
-                n_block_max):
+                softmax_scale_log2, window_size, mSink, ctidx, m_block, head, batch, split, seqlen_q, seqlen_k,
+                n_block_min, n_block_max):
         thr_qk = tiled_mma_qk.get_slice(ctidx)
         thr_pv = tiled_mma_pv.get_slice(ctidx)
         tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))              # (MMA, MMA_M, MMA_K)
@@ -360,7 +386,8 @@ class FlashAttentionForwardSm90:
                     cute.printf("D1 consumer: PV done for block %d, O[0] = %f\n", n_block, acc_O[0])
 
         # epilogue: finish the row sums across the quad, normalize, write O (and LSE)
-        gO = cute.local_tile(mO[None, None, head, batch], (self.tile_m, self.head_dim), (m_block, 0))
+        mO_cur = mO[None, None, head, batch, split] if const_expr(self.split_kv) else mO[None, None, head, batch]
+        gO = cute.local_tile(mO_cur, (self.tile_m, self.head_dim), (m_block, 0))
         tOgO = thr_pv.partition_C(gO)
         tOcO = thr_pv.partition_C(cute.make_identity_tensor((self.tile_m, self.head_dim)))
         tOcO_rc = cute.make_tensor(tOcO.iterator, acc_layout_rows_cols(tOcO.layout))
@@ -379,13 +406,16 @@ class FlashAttentionForwardSm90:
                 lse = (row_max[r] * softmax_scale_log2 + cute.math.log2(s)) * LN_2      # sink excluded
             for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
                 acc_O_rc[r, c] = acc_O_rc[r, c] * inv
-            if const_expr(self.has_lse):
+            if const_expr(self.has_lse or self.split_kv):
                 m, d = tOcO_rc[r, 0]
                 row = m_block * self.tile_m + m
                 if d == 0 and row < seqlen_q:
-                    mLSE[row, head, batch] = lse
-        rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
-        rO.store(acc_O.load().to(self.dtype))
+                    if const_expr(self.split_kv):
+                        mLSE[row, head, batch, split] = lse
+                    else:
+                        mLSE[row, head, batch] = lse
+        rO = cute.make_rmem_tensor_like(acc_O, mO.element_type)        # bf16 out, or the fp32 partial
+        rO.store(acc_O.load().to(mO.element_type))
         for i in cutlass.range_constexpr(cute.size(rO)):
             if m_block * self.tile_m + tOcO[i][0] < seqlen_q:
                 tOgO[i] = rO[i]
@@ -393,6 +423,18 @@ class FlashAttentionForwardSm90:
         if const_expr(dbg):
             if ctidx == 0 and m_block == 0 and head == 0 and batch == 0:
                 cute.printf("D1 consumer: done\n")
+
+
+def fake_split_args(head_dim: int):
+    """Like :func:`fake_attention_args` but with the fp32 partial outputs of a split-KV build."""
+    from cutlass.cute.runtime import make_fake_tensor
+    q, k, v, _, _, scale, window, sink = fake_attention_args(head_dim)
+    sp, b, s, h = (cute.sym_int() for _ in range(4))
+    o_part = make_fake_tensor(Float32, (sp, b, s, h, cute.sym_int()),
+                              stride=tuple(cute.sym_int(divisibility=4) for _ in range(4)) + (1,), assumed_align=16)
+    lse_part = make_fake_tensor(Float32, (sp, b, h, s), stride=(cute.sym_int(), cute.sym_int(), cute.sym_int(), 1),
+                                assumed_align=4)
+    return q, k, v, o_part, lse_part, scale, window, sink
 
 
 def fake_attention_args(head_dim: int):
