@@ -1,0 +1,114 @@
+# %% [markdown]
+# # D2 — Split-KV: many CTAs on one long KV sequence
+#
+# With one query token (decode) or a few (MTP) and a long KV sequence, one CTA per (batch, head) leaves most of
+# the 132 SMs idle.  Split the KV tiles over several CTAs: each writes a partial output normalized over its own
+# keys plus its log-sum-exp (fp32), and a combine kernel merges them —
+# `L = log Σ e^{lse_i}`, `O = Σ e^{lse_i − L} O_i`, then the sink once: `O · e^L / (e^L + e^σ)`.
+# FA4 has split-KV only on Blackwell; on Hopper it is ours.
+#
+# Kernels: `FlashAttentionForwardSm90(split_kv=True)` (fp32 partials), `LSECombineKernel`; the cut and the
+# heuristic in `dsv4lib.splitkv`.  Decode is memory-bound, so the measure is bandwidth: bytes of K and V read
+# once over the time, against the copy bandwidth measured in stage 00.
+
+# %% tags=["parameters"]
+target = "auto"
+metrics_path = ""
+seed = 0
+batches = [1, 4, 16]
+kv_lens = [4096, 16384, 65536, 131072]
+heads = 16
+head_dim = 128
+bench_iters = 20
+
+# %%
+import json
+import pathlib
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+
+import dsv4lib
+from dsv4lib import bench, metrics, reference
+from dsv4lib.nb import setup
+from dsv4lib.record import record
+from dsv4lib.splitkv import num_splits_heuristic, split_block_ranges
+
+tgt = setup(target, seed)
+on_gpu = tgt.is_gpu and tgt.arch == "sm_90a"
+SMS = torch.cuda.get_device_properties(0).multi_processor_count if on_gpu else 132
+
+# %% [markdown]
+# ## The work split: which CTA reads which KV tiles (B=1, H=16, KV 64k, hd128: 512 tiles per head)
+
+# %%
+n_tiles = 65536 // 128
+chosen = num_splits_heuristic(1, heads, 1, n_tiles, SMS)
+fig, ax = plt.subplots(1, 2, figsize=(12, 3.5))
+for i, (lo, hi) in enumerate(split_block_ranges(0, n_tiles, chosen)):
+    ax[0].broken_barh([(lo, max(hi - lo, 0.1))], (i - 0.4, 0.8), facecolors=plt.cm.tab20(i % 20))
+ax[0].set_xlabel("KV tile")
+ax[0].set_ylabel("split (one CTA per head)")
+ax[0].set_title(f"{chosen} splits × {heads} heads = {chosen * heads} CTAs", fontsize=9)
+splits = np.arange(1, 65)
+ax[1].plot(splits, np.minimum(heads * splits / SMS, 1.0) * 100)
+ax[1].axvline(chosen, color="r", ls="--", label=f"heuristic: {chosen}")
+ax[1].set_xlabel("num_splits")
+ax[1].set_ylabel("SMs with a CTA (%)")
+ax[1].set_title("SM occupancy vs splits (B=1, H=16, one wave)", fontsize=9)
+ax[1].legend(fontsize=8)
+fig.tight_layout()
+
+# %% [markdown]
+# ## The combine kernel builds for both archs
+
+# %%
+from dsv4lib.kernels.combine import LSECombineKernel, fake_args
+from dsv4lib.kernels.compile import compile_for_arch
+
+builds = {arch: compile_for_arch(LSECombineKernel(head_dim, has_sink=True), *fake_args(head_dim), arch=arch).ptx_target
+          for arch in ("sm_90a", "sm_100a")}
+build_ok = builds == {"sm_90a": "sm_90a", "sm_100a": "sm_100a"}
+record(metrics_path, compiled=build_ok, sm100a="COMPILED-ONLY" if build_ok else "FAILED TO BUILD")
+
+# %% [markdown]
+# ## On the GPU: correctness and bandwidth over the sweep
+
+# %%
+rows = []
+if on_gpu:
+    res_file = pathlib.Path("stages/results") / f"{tgt.name}.json"
+    copy_gbps = 4300.0
+    if res_file.exists():
+        copy_gbps = float(json.loads(res_file.read_text())["stages"].get("00-env", {}).get("metrics", {}).get("copy_gbps", copy_gbps))
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    for B in batches:
+        for S in kv_lens:
+            mk = lambda n: torch.randn(B, n, heads, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+            q, k, v = mk(1), mk(S), mk(S)
+            out = dsv4lib.attention(q, k, v)
+            ref = reference.attention(q.double(), k.double(), v.double())
+            cos = metrics.cosine(out, ref)
+            nbytes = 2 * k.numel() * k.element_size()
+            inputs = [(q, k, v)] + [(mk(1), mk(S), mk(S)) for _ in range(1)]
+            t = bench.time_cuda(lambda q, k, v: dsv4lib.attention(q, k, v), inputs, iters=bench_iters)
+            row = {"B": B, "KV": S, "cosine": cos, "ms": t.median_ms, "gbps": bench.gbps(nbytes, t.median_ms)}
+            if B == 1 and S == 65536:
+                t1 = bench.time_cuda(lambda q, k, v: dsv4lib.attention(q, k, v, num_splits=1), inputs, iters=bench_iters)
+                row["speedup_vs_1split"] = t1.median_ms / t.median_ms
+            rows.append(row)
+            print(row)
+            del q, k, v, inputs
+    head_row = next(r for r in rows if r["B"] == 1 and r["KV"] == 65536)
+    record(metrics_path, mode="gpu", cosine=min(r["cosine"] for r in rows), time_ms=head_row["ms"],
+           gbps=head_row["gbps"], bw_fraction=head_row["gbps"] / copy_gbps,
+           speedup_vs_1split=head_row["speedup_vs_1split"], sweep=rows,
+           notes="headline B1 H16 hd128 KV 64k decode; DSV4 decode shape (hd512 MQA, packed heads) not supported yet")
+else:
+    record(metrics_path, mode="compile", notes="no Hopper GPU: combine kernel built for sm_90a and sm_100a, not run")
+
+# %%
+assert build_ok, builds
+if on_gpu:
+    assert min(r["cosine"] for r in rows) >= 0.9999
