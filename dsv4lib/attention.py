@@ -147,3 +147,41 @@ def attention_with_p_path(q, k, v, *, scale=None, causal=False, window=None, sin
             cargs = (_to_cute(o_part, 4), _to_cute(lse_part, 3), _to_cute(out, 3), _to_cute(lse, 2), _to_cute(sink_t, 0))
             _compiled_combine(D, sink is not None, cargs)(*cargs)
     return (out, lse) if return_lse else out
+
+
+def attention_branches(q, branches, *, sink=None, scale=None, return_lse=False):
+    """D5b: one softmax over the union of several key sets, computed branch by branch and merged by LSE
+    on the GPU, the sink applied once after the merge (DSV4: the window branch and the compressed branch).
+
+    ``branches``: a list of dicts ``{"k": ..., "v": ..., "causal": bool, "window": int | None}``, each a key
+    set for the same queries ``q``.  Each branch runs the kernel's split-KV build with one split into its own
+    slot of an fp32 workspace (output normalized over its keys + LSE, no sink); the combine kernel merges the
+    slots.  Equals :func:`dsv4lib.reference.attention` over the concatenated keys."""
+    if not isinstance(branches, (list, tuple)) or not branches:
+        raise ValueError("branches must be a non-empty list of {'k', 'v', 'causal', 'window'} dicts")
+    for i, br in enumerate(branches):
+        if not isinstance(br, dict) or "k" not in br or "v" not in br:
+            raise ValueError(f"branch {i} must be a dict with at least 'k' and 'v'")
+        _validate(q, br["k"], br["v"], br.get("window"), sink)
+    major, minor = torch.cuda.get_device_capability(q.device)
+    if (major, minor) != (9, 0):
+        raise RuntimeError(f"attention_branches runs on Hopper (sm_90a) only; this GPU is sm_{major}{minor}")
+    from cutlass import Float32, Int32
+    B, Sq, H, D = q.shape
+    scale = D ** -0.5 if scale is None else float(scale)
+    n = len(branches)
+    o_part, lse_part = _workspace(n, B, Sq, H, D, q.device)
+    out = torch.empty_like(q)
+    lse = torch.empty(B, H, Sq, dtype=torch.float32, device=q.device)
+    sink_t = sink.contiguous() if sink is not None else torch.zeros(1, dtype=torch.float32, device=q.device)
+    with torch.cuda.device(q.device):
+        for i, br in enumerate(branches):
+            window = br.get("window")
+            args = (_to_cute(q, 3), _to_cute(br["k"], 3), _to_cute(br["v"], 3), _to_cute(o_part[i:i + 1], 4),
+                    _to_cute(lse_part[i:i + 1], 3), Float32(scale * math.log2(math.e)), Int32(window or 0),
+                    _to_cute(sink_t, 0))
+            _compiled_sm90(D, bool(br.get("causal", False)), True, DEFAULT_P_PATH[D], window is not None, False,
+                           True, args)(*args)
+        cargs = (_to_cute(o_part, 4), _to_cute(lse_part, 3), _to_cute(out, 3), _to_cute(lse, 2), _to_cute(sink_t, 0))
+        _compiled_combine(D, sink is not None, cargs)(*cargs)
+    return (out, lse) if return_lse else out

@@ -184,6 +184,34 @@ def test_split_kv_matches_the_reference(B, Sq, Sk, H, Hkv, D, causal, window, us
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("D", [128, 256])
+def test_branch_merge_equals_one_softmax_over_the_union(D):
+    """D5b: SWA branch (window 128 over the raw keys) + a compressed branch (all of its keys), merged by LSE
+    with the sink once == the reference over the concatenated keys with the matching mask."""
+    gen = torch.Generator().manual_seed(D)
+    B, S, T, H = 1, 700, 40, 4
+    q, k, v = _inputs(B, S, S, H, 1, D, gen)
+    kc = torch.randn(B, T, 1, D, generator=gen).cuda().bfloat16()
+    sink = torch.randn(H, generator=gen).cuda()
+    out, lse = dsv4lib.attention_branches(q, [dict(k=k, v=k, window=128), dict(k=kc, v=kc)], sink=sink,
+                                          return_lse=True)
+    o1, l1 = reference.attention(q.double(), k.double(), k.double(), window=128, return_lse=True)
+    o2, l2 = reference.attention(q.double(), kc.double(), kc.double(), return_lse=True)
+    ref, ref_lse = reference.lse_merge([o1, o2], [l1, l2], sink=sink.double())
+    cos = torch.nn.functional.cosine_similarity(out.double().flatten(), ref.flatten(), 0).item()
+    assert cos >= 0.9999, cos
+    torch.testing.assert_close(lse.double(), ref_lse, atol=2e-3, rtol=1e-4)
+
+
+def test_branch_merge_validates_its_branches():
+    q = torch.zeros(1, 4, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="branches"):
+        dsv4lib.attention_branches(q, [])
+    with pytest.raises(ValueError, match="branch 0"):
+        dsv4lib.attention_branches(q, [{"k": q}])
+
+
+@pytest.mark.gpu
 def test_output_is_fully_written_and_deterministic():
     gen = torch.Generator().manual_seed(7)
     q, k, v = _inputs(1, 333, 333, 2, 2, 128, gen)
