@@ -82,3 +82,27 @@ def test_combine_kernel_builds(arch, has_sink):
     assert k.count(r"ex2\.approx") == (3 if has_sink else 2)      # weights, total (and the sink gate)
     with pytest.raises(ValueError):
         LSECombineKernel(100, has_sink=False)
+
+
+@pytest.mark.parametrize("sq,sk,causal,window", [(1024, 1024, False, 128), (1000, 1500, True, None),
+                                                   (700, 700, False, 300), (300, 2000, False, 1), (512, 512, False, None)])
+def test_tile_plan_covers_exactly_the_visible_pairs(sq, sk, causal, window):
+    """Every visible (query, key) pair lies in a visited tile, and a FULL tile has no invisible pair."""
+    import numpy as np
+    from dsv4lib.tiles import FULL, SKIPPED, tile_plan
+    tm, tn = 128, 128
+    plan = tile_plan(sq, sk, tm, tn, causal=causal, window=window)
+    t = np.arange(sk - sq, sk)[:, None]
+    s = np.arange(sk)[None, :]
+    vis = np.ones((sq, sk), bool)
+    if causal or window:
+        vis &= s <= t
+    if window:
+        vis &= s > t - window
+    for mb in range(plan.shape[0]):
+        for nb in range(plan.shape[1]):
+            block = vis[mb * tm:(mb + 1) * tm, nb * tn:(nb + 1) * tn]
+            if plan[mb, nb] == SKIPPED:
+                assert not block.any(), (mb, nb)
+            if plan[mb, nb] == FULL:
+                assert block.all() and block.shape == (min(tm, sq - mb * tm), tn), (mb, nb)

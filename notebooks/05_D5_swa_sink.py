@@ -1,0 +1,130 @@
+# %% [markdown]
+# # D5 — Sliding window + sink (D5a) and the branch merge (D5b)
+#
+# DSV4's every layer attends to a **window of 128 raw tokens including the query itself** (`t − W < s ≤ t`)
+# plus a per-head **value-less sink** logit σ added once to the softmax denominator.  In the kernel
+# (`FlashAttentionForwardSm90(window=True, sink=True)`):
+#
+# * KV tiles wholly left of a query tile's window are **skipped** — never loaded, never multiplied — and only
+#   the tiles that cross the window's edges are masked.  With W = 128 and 128-wide tiles a query tile touches
+#   two KV tiles; FA4 computes whole tiles too, so the gain must come from the work around them;
+# * the sink joins the final denominator: `O = Σ e^{ℓ} v / (Σ e^{ℓ} + e^{σ})`, the LSE excludes it.
+#
+# D5b: the compressed branch (CSA/HCA entries) is a second key set; `dsv4lib.attention_branches` runs each
+# branch into an fp32 slot (normalized output + LSE) and merges them with the combine kernel, the sink once.
+# Speed is counted in TFLOP/s over the **visible pairs only**.
+
+# %% tags=["parameters"]
+target = "auto"
+metrics_path = ""
+seed = 0
+window = 128
+bench_batch = 2
+bench_heads = 16
+bench_seqlen = 16384
+check_seqlens = [1000, 4096]
+bench_iters = 20
+
+# %%
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+from matplotlib.colors import ListedColormap
+
+import dsv4lib
+from dsv4lib import bench, metrics, reference
+from dsv4lib.nb import setup
+from dsv4lib.record import record
+from dsv4lib.tiles import tile_plan
+
+tgt = setup(target, seed)
+on_gpu = tgt.is_gpu and tgt.arch == "sm_90a"
+
+# %% [markdown]
+# ## Which KV tiles each query tile visits (S = 2048, tiles 128 × 128)
+
+# %%
+fig, ax = plt.subplots(1, 3, figsize=(13, 4))
+for a, (title, kw) in zip(ax, [("causal", dict(causal=True)), (f"window {window}", dict(window=window)),
+                              ("window 512", dict(window=512))]):
+    plan = tile_plan(2048, 2048, 128, 128, **kw)
+    a.imshow(plan, cmap=ListedColormap(["white", "tab:orange", "tab:blue"]), vmin=0, vmax=2, interpolation="nearest")
+    a.set_title(f"{title}: {int((plan > 0).sum())} of {plan.size} tiles visited", fontsize=9)
+    a.set_xlabel("KV tile")
+    a.set_ylabel("query tile")
+fig.suptitle("white: skipped · orange: masked · blue: full", fontsize=9)
+fig.tight_layout()
+
+# %% [markdown]
+# ## The window + sink kernel builds for sm_90a
+
+# %%
+from dsv4lib.kernels.compile import compile_for_arch
+from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
+
+k = compile_for_arch(FlashAttentionForwardSm90(128, causal=False, has_lse=True, window=True, sink=True),
+                     *fake_attention_args(128), arch="sm_90a")
+build_ok = k.ptx_target == "sm_90a"
+record(metrics_path, compiled=build_ok)
+
+# %% [markdown]
+# ## On the GPU: correctness (window, sink, merge) and speed next to FA4
+
+# %%
+checks, speed = [], []
+if on_gpu:
+    gen = torch.Generator().manual_seed(seed)
+    for S in check_seqlens:
+        for D in (64, 128, 256):
+            q, kk, v = (torch.randn(1, S, 2, D, generator=gen).cuda().bfloat16() for _ in range(3))
+            sink = torch.randn(2, generator=gen).cuda()
+            out = dsv4lib.attention(q, kk, v, window=window, sink=sink)
+            ref = reference.attention(q.double(), kk.double(), v.double(), window=window, sink=sink.double())
+            checks.append({"S": S, "D": D, "cosine": metrics.cosine(out, ref)})
+    # D5b: window branch + a compressed branch, merged with the sink once
+    q, kk = (torch.randn(1, 2048, 4, 128, generator=gen).cuda().bfloat16() for _ in range(2))
+    kk = kk[:, :, :1].contiguous()
+    kc = torch.randn(1, 64, 1, 128, generator=gen).cuda().bfloat16()
+    sink = torch.randn(4, generator=gen).cuda()
+    merged = dsv4lib.attention_branches(q, [dict(k=kk, v=kk, window=window), dict(k=kc, v=kc)], sink=sink)
+    o1, l1 = reference.attention(q.double(), kk.double(), kk.double(), window=window, return_lse=True)
+    o2, l2 = reference.attention(q.double(), kc.double(), kc.double(), return_lse=True)
+    ref_m, _ = reference.lse_merge([o1, o2], [l1, l2], sink=sink.double())
+    merge_cos = metrics.cosine(merged, ref_m)
+    print(checks, "merge cosine", merge_cos)
+
+    from dsv4lib.peers import attention_peers
+    fa4 = attention_peers().get("FA4")
+    B, H, S = bench_batch, bench_heads, bench_seqlen
+    for D, W in ((128, window), (128, 4096), (256, window), (64, window)):
+        g2 = torch.Generator(device="cuda").manual_seed(seed)
+        inputs = [tuple(torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16, generator=g2) for _ in range(3))
+                  for _ in range(2)]
+        sink = torch.randn(H, device="cuda", generator=g2)
+        flops = bench.attention_flops(B, H, S, S, D, window=W)
+        t = bench.time_cuda(lambda q, k, v: dsv4lib.attention(q, k, v, window=W, sink=sink), inputs, iters=bench_iters)
+        row = {"D": D, "W": W, "ours": bench.tflops(flops, t.median_ms), "ms": t.median_ms}
+        if fa4 is not None:
+            from flash_attn.cute import flash_attn_func
+            try:
+                tp = bench.time_cuda(lambda q, k, v: flash_attn_func(q, k, v, window_size=(W - 1, 0),
+                                                                     learnable_sink=sink), inputs, iters=bench_iters)
+                row["FA4"] = bench.tflops(flops, tp.median_ms)
+            except Exception as exc:  # noqa: BLE001 - a peer failure is reported, not fatal
+                print("FA4 failed:", type(exc).__name__, str(exc)[:120])
+        speed.append(row)
+        print(row)
+    head = speed[0]
+    w4096 = speed[1]
+    record(metrics_path, mode="gpu", cosine=min(min(c["cosine"] for c in checks), merge_cos), merge_cosine=merge_cos,
+           time_ms=head["ms"], tflops=head["ours"], peer="FA4",
+           ratio_vs_peer=head["ours"] / head["FA4"] if head.get("FA4") else "n/a",
+           ratio_vs_peer_w4096=w4096["ours"] / w4096["FA4"] if w4096.get("FA4") else "n/a",
+           checks=checks, speed=speed, notes=f"B{B} H{H} S{S} hd128 W{window} + sink; TFLOP/s over visible pairs")
+else:
+    record(metrics_path, mode="compile", notes="no Hopper GPU: window + sink kernel built for sm_90a, not run")
+
+# %%
+assert build_ok
+if on_gpu:
+    assert min(c["cosine"] for c in checks) >= 0.9999 and merge_cos >= 0.9999
