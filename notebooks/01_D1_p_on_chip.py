@@ -130,7 +130,7 @@ if on_gpu:
             for causal in (False, True):
                 q, k, v = (torch.randn(1, S, 2, D, generator=gen).cuda().bfloat16() for _ in range(3))
                 torch.cuda.empty_cache()
-                out = dsv4lib.attention(q, k, v, causal=causal)
+                out = dsv4lib.attention(q, k, v, causal=causal, num_splits=1)        # the D1 kernel itself (no D2 split)
                 torch.cuda.synchronize()
                 ref = reference.attention(q.double(), k.double(), v.double(), causal=causal)
                 pt = reference.attention(q, k, v, causal=causal).bfloat16().double()
@@ -140,7 +140,7 @@ if on_gpu:
                 margin = err / (2 * (pt - ref).abs().max().item() + atol)
                 row = dict(D=D, S=S, causal=causal, cosine=metrics.cosine(out, ref), margin=margin)
                 if S <= 4096:   # the SMEM-P twin, same inputs, same rule
-                    out_s = dsv4lib.attention_with_p_path(q, k, v, causal=causal, p_path="smem")
+                    out_s = dsv4lib.attention_with_p_path(q, k, v, causal=causal, p_path="smem", num_splits=1)
                     row["cosine_smem_p"] = metrics.cosine(out_s, ref)
                     row["margin_smem_p"] = (out_s.double() - ref).abs().max().item() / (2 * (pt - ref).abs().max().item() + atol)
                 sweep.append(row)
@@ -171,10 +171,12 @@ if on_gpu:
                             for _ in range(3)) for _ in range(2)]
             flops = bench.attention_flops(B, H, S, S, D, causal=causal)
             row = {"D": D, "causal": causal}
-            t = bench.time_cuda(lambda q, k, v: dsv4lib.attention(q, k, v, causal=causal), inputs, iters=bench_iters)
+            t = bench.time_cuda(lambda q, k, v: dsv4lib.attention(q, k, v, causal=causal, num_splits=1), inputs,
+                                iters=bench_iters)
             row["ours"] = bench.tflops(flops, t.median_ms)
             row["ours_ms"] = t.median_ms
-            t = bench.time_cuda(lambda q, k, v: dsv4lib.attention_with_p_path(q, k, v, causal=causal, p_path="smem"),
+            t = bench.time_cuda(lambda q, k, v: dsv4lib.attention_with_p_path(q, k, v, causal=causal, p_path="smem",
+                                                                               num_splits=1),
                                 inputs, iters=bench_iters)
             row["ours SMEM-P"] = bench.tflops(flops, t.median_ms)
             for name, fn in peers.items():

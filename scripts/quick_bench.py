@@ -20,7 +20,7 @@ for D in [int(x) for x in (sys.argv[1:] or ["128"])]:
         flops = bench.attention_flops(B, H, S, S, D, causal=causal)
         res = {"D": D, "causal": causal}
         for path in ("rs", "smem"):
-            t = bench.time_cuda(lambda q, k, v: dsv4lib.attention_with_p_path(q, k, v, causal=causal, p_path=path),
+            t = bench.time_cuda(lambda q, k, v: dsv4lib.attention_with_p_path(q, k, v, causal=causal, p_path=path, num_splits=1),
                                 inputs, iters=20)
             res[path] = round(bench.tflops(flops, t.median_ms))
         t = bench.time_cuda(lambda q, k, v: cudnn(q, k, v, causal=causal), inputs, iters=20)
