@@ -50,22 +50,24 @@ P_PATHS = ("rs", "smem")
 # RS vs SMEM-P): hd64 433 vs 406 (causal 425 vs 372), hd128 564 vs 581 (causal 556 vs 526), hd256 586 vs 554
 # (causal 544 vs 539).  Registers win or tie everywhere, so RS is the default.
 DEFAULT_P_PATH = {64: "rs", 128: "rs", 256: "rs"}
+# Intra-warpgroup overlap (QK(j+1) ∥ PV(j)): built and PTX-checked, not yet measured on a GPU — off by default.
+DEFAULT_OVERLAP = {64: False, 128: False, 256: False}
 
 
 _WORKSPACE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 def _compiled_sm90(head_dim: int, causal: bool, has_lse: bool, p_path: str, window: bool, sink: bool,
-                   split_kv: bool, args: tuple):
+                   split_kv: bool, args: tuple, overlap: bool = False):
     """Compiled once per (head dim, causal, lse, P path, window?, sink?, split?), from the call's own runtime
     tensor types (every extent and stride dynamic): later calls of any B / S / H / W reuse it."""
-    key = ("fwd", head_dim, causal, has_lse, p_path, window, sink, split_kv)
+    key = ("fwd", head_dim, causal, has_lse, p_path, window, sink, split_kv, overlap)
     if key not in _COMPILED:
         import cutlass.cute as cute
 
         from .kernels.sm90.flash_fwd import FlashAttentionForwardSm90
         kernel = FlashAttentionForwardSm90(head_dim, causal=causal, has_lse=has_lse, p_in_smem=p_path == "smem",
-                                           window=window, sink=sink, split_kv=split_kv)
+                                           window=window, sink=sink, split_kv=split_kv, overlap=overlap)
         _COMPILED[key] = cute.compile(kernel, *args, options="--gpu-arch sm_90a")
     return _COMPILED[key]
 
@@ -106,9 +108,10 @@ def attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, retu
 
 
 def attention_with_p_path(q, k, v, *, scale=None, causal=False, window=None, sink=None, return_lse=False,
-                          p_path="auto", num_splits=None):
+                          p_path="auto", num_splits=None, overlap=None):
     """:func:`attention` with an explicit choice of where P lives: ``"rs"`` (registers, RS-wgmma),
-    ``"smem"`` (shared memory via the D1.3 mapping, SS-wgmma) or ``"auto"`` (per head dim, measured)."""
+    ``"smem"`` (shared memory via the D1.3 mapping, SS-wgmma) or ``"auto"`` (per head dim, measured); and of
+    the intra-warpgroup overlap (``None``: per head dim default; only with P in registers)."""
     if p_path not in P_PATHS + ("auto",):
         raise ValueError(f"p_path must be one of {P_PATHS + ('auto',)}, got {p_path!r}")
     if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1):
@@ -120,6 +123,9 @@ def attention_with_p_path(q, k, v, *, scale=None, causal=False, window=None, sin
                            "(sm_100a kernels are compiled, not run, in this project)")
     B, Sq, H, D = q.shape
     p_path = DEFAULT_P_PATH[D] if p_path == "auto" else p_path
+    overlap = (DEFAULT_OVERLAP[D] and p_path == "rs") if overlap is None else bool(overlap)
+    if overlap and p_path != "rs":
+        raise ValueError("overlap=True needs P in registers (p_path='rs')")
     scale = D ** -0.5 if scale is None else float(scale)
     out = torch.empty_like(q)
     lse = torch.empty(B, H, Sq, dtype=torch.float32, device=q.device)
@@ -138,12 +144,12 @@ def attention_with_p_path(q, k, v, *, scale=None, causal=False, window=None, sin
             args = (_to_cute(q, 3), _to_cute(k, 3), _to_cute(v, 3), _to_cute(out, 3), _to_cute(lse, 2), *common,
                     _to_cute(sink_t, 0))
             _compiled_sm90(D, bool(causal), bool(return_lse), p_path, window is not None, sink is not None,
-                           False, args)(*args)
+                           False, args, overlap)(*args)
         else:
             o_part, lse_part = _workspace(num_splits, B, Sq, H, D, q.device)
             args = (_to_cute(q, 3), _to_cute(k, 3), _to_cute(v, 3), _to_cute(o_part, 4), _to_cute(lse_part, 3),
                     *common, _to_cute(sink_t, 0))
-            _compiled_sm90(D, bool(causal), True, p_path, window is not None, False, True, args)(*args)
+            _compiled_sm90(D, bool(causal), True, p_path, window is not None, False, True, args, overlap)(*args)
             cargs = (_to_cute(o_part, 4), _to_cute(lse_part, 3), _to_cute(out, 3), _to_cute(lse, 2), _to_cute(sink_t, 0))
             _compiled_combine(D, sink is not None, cargs)(*cargs)
     return (out, lse) if return_lse else out

@@ -1,4 +1,5 @@
-"""Quick D1 timing on the GPU: P in registers vs P through shared memory, and torch SDPA (cuDNN), one run.
+"""Quick D1 timing on the GPU: P in registers (with / without the intra-warpgroup overlap) vs P through shared
+memory, and torch SDPA (cuDNN), in one run.
 
     python scripts/quick_bench.py [head_dim ...]
 """
@@ -19,10 +20,10 @@ for D in [int(x) for x in (sys.argv[1:] or ["128"])]:
                   for _ in range(2)]
         flops = bench.attention_flops(B, H, S, S, D, causal=causal)
         res = {"D": D, "causal": causal}
-        for path in ("rs", "smem"):
-            t = bench.time_cuda(lambda q, k, v: dsv4lib.attention_with_p_path(q, k, v, causal=causal, p_path=path, num_splits=1),
-                                inputs, iters=20)
-            res[path] = round(bench.tflops(flops, t.median_ms))
+        for name, path, overlap in (("rs", "rs", False), ("rs+overlap", "rs", True), ("smem", "smem", False)):
+            t = bench.time_cuda(lambda q, k, v: dsv4lib.attention_with_p_path(
+                q, k, v, causal=causal, p_path=path, num_splits=1, overlap=overlap), inputs, iters=20)
+            res[name] = round(bench.tflops(flops, t.median_ms))
         t = bench.time_cuda(lambda q, k, v: cudnn(q, k, v, causal=causal), inputs, iters=20)
         res["cudnn"] = round(bench.tflops(flops, t.median_ms))
         print(res, flush=True)

@@ -211,6 +211,36 @@ def test_branch_merge_validates_its_branches():
         dsv4lib.attention_branches(q, [{"k": q}])
 
 
+@pytest.mark.compile
+def test_overlap_build_issues_qk_and_pv_back_to_back():
+    from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
+    k = compile_for_arch(FlashAttentionForwardSm90(128, causal=True, has_lse=True, overlap=True),
+                         *fake_attention_args(128), arch="sm_90a")
+    assert k.count("wgmma.mma_async") == 4 * 8                       # QK prologue, QK + PV in the loop, PV tail
+    assert k.count(r"wgmma\.wait_group\.sync\.aligned\s+1;") == 1    # the QK retires while PV is in flight
+    with pytest.raises(ValueError, match="RS path"):
+        FlashAttentionForwardSm90(128, causal=False, has_lse=False, overlap=True, p_in_smem=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,Sq,Sk,H,Hkv,D,causal,window", [
+    (2, 1000, 1000, 4, 2, 128, True, None), (1, 777, 1300, 2, 1, 64, False, None),
+    (1, 513, 513, 2, 2, 256, True, None), (1, 900, 900, 2, 2, 128, False, 200), (1, 100, 100, 2, 2, 128, False, None),
+])
+def test_overlapped_mainloop_matches_the_reference(B, Sq, Sk, H, Hkv, D, causal, window):
+    gen = torch.Generator().manual_seed(Sq + Sk + D)
+    q, k, v = _inputs(B, Sq, Sk, H, Hkv, D, gen)
+    out, lse = dsv4lib.attention_with_p_path(q, k, v, causal=causal, window=window, return_lse=True,
+                                             num_splits=1, overlap=True)
+    ref, ref_lse = reference.attention(q.double(), k.double(), v.double(), causal=causal, window=window,
+                                       return_lse=True)
+    cos = torch.nn.functional.cosine_similarity(out.double().flatten(), ref.flatten(), 0).item()
+    assert cos >= 0.9999, cos
+    finite = torch.isfinite(ref_lse)
+    torch.testing.assert_close(lse.double()[finite], ref_lse[finite], atol=2e-3, rtol=1e-4)
+
+
 @pytest.mark.gpu
 def test_output_is_fully_written_and_deterministic():
     gen = torch.Generator().manual_seed(7)

@@ -20,6 +20,11 @@ sees keys ``t-W < s <= t``; KV tiles wholly left of the window are *skipped* (th
 ``n_block_min``), only the tiles crossing its edges are masked.  The sink is a value-less logit per query head
 added once to the final denominator (``exp(σ - m)`` next to the row sum); the LSE excludes it.
 
+**Intra-warpgroup overlap** (``overlap=True``, RS path; off by default until measured): QK of the next tile and
+PV of the current one are issued back to back; ``wait_group(1)`` retires the QK, the softmax of the next tile
+runs while the PV wgmma is in flight, ``wait_group(0)``, then O is rescaled and P converted (O and P's
+registers are untouched while a wgmma may read them).
+
 **D2, split-KV** (``split_kv=True``): the CTA grid gets a split index (``blockIdx.z = batch·splits + split``);
 split i takes its share of the visible KV tiles (``dsv4lib.splitkv.split_block_ranges``) and writes an fp32
 partial O normalized over its own keys plus its LSE — no sink: the combine kernel applies it once.
@@ -76,7 +81,9 @@ class FlashAttentionForwardSm90:
 
     def __init__(self, head_dim: int, *, causal: bool, has_lse: bool, tile_n: int | None = None,
                  num_stages: int = 2, p_in_smem: bool = False, window: bool = False, sink: bool = False,
-                 split_kv: bool = False):
+                 split_kv: bool = False, overlap: bool = False):
+        if overlap and p_in_smem:
+            raise ValueError("the intra-warpgroup overlap is built for the RS path (P in registers) only")
         if split_kv and sink:
             raise ValueError("with split-KV the sink belongs to the combine kernel, not to the splits")
         if head_dim not in (64, 128, 256):
@@ -91,6 +98,7 @@ class FlashAttentionForwardSm90:
         self.has_window = window
         self.has_sink = sink
         self.split_kv = split_kv
+        self.overlap = overlap
         self.dtype = cutlass.BFloat16
         # Debug knobs (compile-time), e.g. DSV4_D1_DEBUG="printf,noreg,notail": checkpoints printed by
         # block (0,0,0), no register reallocation, no producer tail.  Never set in normal runs.
@@ -267,8 +275,8 @@ class FlashAttentionForwardSm90:
 
     @cute.jit
     def gemm(self, tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor, tCrB: cute.Tensor,
-             zero_init: cutlass.Constexpr):
-        """acc (+)= A·B over every k-block, then wait for the wgmma group to finish."""
+             zero_init: cutlass.Constexpr, wait: cutlass.Constexpr = True):
+        """acc (+)= A·B over every k-block as one wgmma group; then wait for it unless ``wait=False``."""
         warpgroup.fence()
         atom = cute.make_mma_atom(tiled_mma.op)
         atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
@@ -276,7 +284,105 @@ class FlashAttentionForwardSm90:
             cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
             atom.set(warpgroup.Field.ACCUMULATE, True)
         warpgroup.commit_group()
-        warpgroup.wait_group(0)
+        if const_expr(wait):
+            warpgroup.wait_group(0)
+
+    @cute.jit
+    def mask_scores(self, acc_S_rc, tScS_rc, n_block, m_block, seqlen_k, causal_shift, window_size):
+        """-inf on the scores a query may not see, only in the tiles that need it: the ragged end of the keys,
+        the causal diagonal, the window's left edge."""
+        needs_mask = (n_block + 1) * self.tile_n > seqlen_k
+        if const_expr(self.causal or self.has_window):
+            needs_mask = needs_mask or ((n_block + 1) * self.tile_n - 1 > m_block * self.tile_m + causal_shift)
+        if const_expr(self.has_window):     # the window's left edge crosses this tile for some row
+            needs_mask = needs_mask or (n_block * self.tile_n <= (m_block + 1) * self.tile_m - 1 + causal_shift
+                                        - window_size)
+        if needs_mask:
+            for r in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[0])):
+                for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
+                    m, n = tScS_rc[r, c]
+                    col = n_block * self.tile_n + n
+                    masked = col >= seqlen_k
+                    if const_expr(self.causal or self.has_window):
+                        masked = masked or (col > m_block * self.tile_m + m + causal_shift)
+                    if const_expr(self.has_window):
+                        masked = masked or (col <= m_block * self.tile_m + m + causal_shift - window_size)
+                    if masked:
+                        acc_S_rc[r, c] = -Float32.inf
+
+    @cute.jit
+    def online_softmax(self, acc_S_rc, row_max, row_sum, softmax_scale_log2, acc_O_rc, corrections,
+                       rescale_now: cutlass.Constexpr):
+        """Scores → unnormalized probabilities in place, one row at a time (a row is shared by the 4 threads
+        of a quad).  The max stays in raw-score units; the scale lives inside exp2.  With ``rescale_now`` O is
+        rescaled right away; otherwise the corrections are kept for after the in-flight PV wgmma."""
+        for r in cutlass.range_constexpr(cute.size(row_max)):
+            mx = acc_S_rc[r, 0]
+            for c in cutlass.range_constexpr(1, cute.size(acc_S_rc, mode=[1])):
+                mx = cute.arch.fmax(mx, acc_S_rc[r, c])
+            mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=2))
+            mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=1))
+            new_max = cute.arch.fmax(row_max[r], mx)
+            base = new_max * softmax_scale_log2
+            if new_max == -Float32.inf:
+                base = Float32(0.0)                                   # nothing visible yet: keep zeros
+            correction = cute.arch.exp2(row_max[r] * softmax_scale_log2 - base)
+            row_max[r] = new_max
+            tile_sum = Float32(0.0)
+            for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
+                p = cute.arch.exp2(acc_S_rc[r, c] * softmax_scale_log2 - base)
+                acc_S_rc[r, c] = p
+                tile_sum += p
+            row_sum[r] = row_sum[r] * correction + tile_sum
+            if const_expr(rescale_now):
+                for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
+                    acc_O_rc[r, c] = acc_O_rc[r, c] * correction
+            else:
+                corrections[r] = correction
+
+    @cute.jit
+    def mainloop_overlapped(self, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_O, acc_O_rc, tScS_rc, row_max,
+                            row_sum, pipeline_k, pipeline_v, kv_state, softmax_scale_log2, window_size, m_block,
+                            seqlen_k, causal_shift, n_block_min, n_block_max):
+        """QK(j+1) ∥ PV(j): one S buffer, one P buffer, the O rescale deferred past the in-flight PV."""
+        thr_qk = tiled_mma_qk.get_slice(0)
+        acc_S = cute.make_rmem_tensor(thr_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
+        acc_S_rc = cute.make_tensor(acc_S.iterator, acc_layout_rows_cols(acc_S.layout))
+        tOrP_view = cute.make_tensor(acc_S.iterator, acc_layout_as_operand_a(acc_S.layout))
+        tOrP = cute.make_rmem_tensor_like(tOrP_view, self.dtype)              # P of the tile in flight
+        corrections = cute.make_rmem_tensor((cute.size(row_max),), Float32)
+        v_state = kv_state.clone()                                           # one tile behind kv_state
+        n_iter = n_block_max - n_block_min
+        if n_iter > 0:
+            # prologue: the first tile alone (O is still zero, so rescaling it now is free)
+            pipeline_k.consumer_wait(kv_state)
+            self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], True)
+            pipeline_k.consumer_release(kv_state)
+            self.mask_scores(acc_S_rc, tScS_rc, n_block_max - 1, m_block, seqlen_k, causal_shift, window_size)
+            self.online_softmax(acc_S_rc, row_max, row_sum, softmax_scale_log2, acc_O_rc, None, True)
+            tOrP.store(tOrP_view.load().to(self.dtype))
+            kv_state.advance()
+            for i in cutlass.range(1, n_iter, unroll=1):
+                n_block = n_block_max - 1 - i
+                pipeline_k.consumer_wait(kv_state)
+                self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], True, False)
+                pipeline_v.consumer_wait(v_state)
+                self.gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, v_state.index], False, False)
+                warpgroup.wait_group(1)                                      # S of tile n_block is ready
+                pipeline_k.consumer_release(kv_state)
+                self.mask_scores(acc_S_rc, tScS_rc, n_block, m_block, seqlen_k, causal_shift, window_size)
+                self.online_softmax(acc_S_rc, row_max, row_sum, softmax_scale_log2, acc_O_rc, corrections, False)
+                warpgroup.wait_group(0)                                      # PV done: O and P are ours again
+                pipeline_v.consumer_release(v_state)
+                for r in cutlass.range_constexpr(cute.size(row_max)):
+                    for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
+                        acc_O_rc[r, c] = acc_O_rc[r, c] * corrections[r]
+                tOrP.store(tOrP_view.load().to(self.dtype))
+                v_state.advance()
+                kv_state.advance()
+            pipeline_v.consumer_wait(v_state)                                # the last tile's PV
+            self.gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, v_state.index], False)
+            pipeline_v.consumer_release(v_state)
 
     @cute.jit
     def consume(self, tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, sP, mO, mLSE, pipeline_q, pipeline_k, pipeline_v,
@@ -311,79 +417,45 @@ class FlashAttentionForwardSm90:
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
         # the diagonal offset: query row r sits at key position r + seqlen_k - seqlen_q
         causal_shift = seqlen_k - seqlen_q
-        for i in cutlass.range(n_block_max - n_block_min, unroll=1):
-            n_block = n_block_max - 1 - i
-            acc_S = cute.make_rmem_tensor(thr_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
-            pipeline_k.consumer_wait(kv_state)
-            self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], True)
-            pipeline_k.consumer_release(kv_state)
-            if const_expr(dbg):
-                if ctidx == 0 and m_block == 0 and head == 0 and batch == 0:
-                    cute.printf("D1 consumer: QK done for block %d, S[0] = %f\n", n_block, acc_S[0])
+        if const_expr(self.overlap):
+            self.mainloop_overlapped(tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_O, acc_O_rc, tScS_rc,
+                                     row_max, row_sum, pipeline_k, pipeline_v, kv_state, softmax_scale_log2,
+                                     window_size, m_block, seqlen_k, causal_shift, n_block_min, n_block_max)
+        else:
+            for i in cutlass.range(n_block_max - n_block_min, unroll=1):
+                n_block = n_block_max - 1 - i
+                acc_S = cute.make_rmem_tensor(thr_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
+                pipeline_k.consumer_wait(kv_state)
+                self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], True)
+                pipeline_k.consumer_release(kv_state)
+                if const_expr(dbg):
+                    if ctidx == 0 and m_block == 0 and head == 0 and batch == 0:
+                        cute.printf("D1 consumer: QK done for block %d, S[0] = %f\n", n_block, acc_S[0])
 
-            acc_S_rc = cute.make_tensor(acc_S.iterator, acc_layout_rows_cols(acc_S.layout))
-            # mask only the blocks that need it: the ragged end of the keys and the causal diagonal
-            needs_mask = (n_block + 1) * self.tile_n > seqlen_k
-            if const_expr(self.causal or self.has_window):
-                needs_mask = needs_mask or ((n_block + 1) * self.tile_n - 1 > m_block * self.tile_m + causal_shift)
-            if const_expr(self.has_window):     # the window's left edge crosses this tile for some row
-                needs_mask = needs_mask or (n_block * self.tile_n <= (m_block + 1) * self.tile_m - 1 + causal_shift
-                                            - window_size)
-            if needs_mask:
-                for r in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[0])):
-                    for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
-                        m, n = tScS_rc[r, c]
-                        col = n_block * self.tile_n + n
-                        masked = col >= seqlen_k
-                        if const_expr(self.causal or self.has_window):
-                            masked = masked or (col > m_block * self.tile_m + m + causal_shift)
-                        if const_expr(self.has_window):
-                            masked = masked or (col <= m_block * self.tile_m + m + causal_shift - window_size)
-                        if masked:
-                            acc_S_rc[r, c] = -Float32.inf
+                acc_S_rc = cute.make_tensor(acc_S.iterator, acc_layout_rows_cols(acc_S.layout))
+                self.mask_scores(acc_S_rc, tScS_rc, n_block, m_block, seqlen_k, causal_shift, window_size)
+                self.online_softmax(acc_S_rc, row_max, row_sum, softmax_scale_log2, acc_O_rc, None, True)
 
-            # online softmax, one row at a time; the row is shared by the 4 threads of a quad
-            for r in cutlass.range_constexpr(n_rows):
-                mx = acc_S_rc[r, 0]
-                for c in cutlass.range_constexpr(1, cute.size(acc_S_rc, mode=[1])):
-                    mx = cute.arch.fmax(mx, acc_S_rc[r, c])
-                mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=2))
-                mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=1))
-                new_max = cute.arch.fmax(row_max[r], mx)
-                base = new_max * softmax_scale_log2
-                if new_max == -Float32.inf:
-                    base = Float32(0.0)                                   # nothing visible yet: keep zeros
-                correction = cute.arch.exp2(row_max[r] * softmax_scale_log2 - base)
-                row_max[r] = new_max
-                tile_sum = Float32(0.0)
-                for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
-                    p = cute.arch.exp2(acc_S_rc[r, c] * softmax_scale_log2 - base)
-                    acc_S_rc[r, c] = p
-                    tile_sum += p
-                row_sum[r] = row_sum[r] * correction + tile_sum
-                for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
-                    acc_O_rc[r, c] = acc_O_rc[r, c] * correction
-
-            if const_expr(self.p_in_smem):
-                # SMEM-P: bf16 P to the swizzled buffer, then make the stores visible to the async proxy
-                rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
-                rP.store(acc_S.load().to(self.dtype))
-                cute.autovec_copy(rP, tSsP)
-                cute.arch.fence_proxy("async.shared", space="cta")
-                cute.arch.barrier(barrier_id=1 + warpgroup_idx, number_of_threads=128)   # this warpgroup's rows
-                tOrP = tOrP_smem
-            else:
-                # P stays in the registers that held S: re-view as the RS operand, convert to bf16
-                tOrP_acc = cute.make_tensor(acc_S.iterator, acc_layout_as_operand_a(acc_S.layout))
-                tOrP = cute.make_rmem_tensor_like(tOrP_acc, self.dtype)
-                tOrP.store(tOrP_acc.load().to(self.dtype))
-            pipeline_v.consumer_wait(kv_state)
-            self.gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index], False)
-            pipeline_v.consumer_release(kv_state)
-            kv_state.advance()
-            if const_expr(dbg):
-                if ctidx == 0 and m_block == 0 and head == 0 and batch == 0:
-                    cute.printf("D1 consumer: PV done for block %d, O[0] = %f\n", n_block, acc_O[0])
+                if const_expr(self.p_in_smem):
+                    # SMEM-P: bf16 P to the swizzled buffer, then make the stores visible to the async proxy
+                    rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
+                    rP.store(acc_S.load().to(self.dtype))
+                    cute.autovec_copy(rP, tSsP)
+                    cute.arch.fence_proxy("async.shared", space="cta")
+                    cute.arch.barrier(barrier_id=1 + warpgroup_idx, number_of_threads=128)   # this warpgroup's rows
+                    tOrP = tOrP_smem
+                else:
+                    # P stays in the registers that held S: re-view as the RS operand, convert to bf16
+                    tOrP_acc = cute.make_tensor(acc_S.iterator, acc_layout_as_operand_a(acc_S.layout))
+                    tOrP = cute.make_rmem_tensor_like(tOrP_acc, self.dtype)
+                    tOrP.store(tOrP_acc.load().to(self.dtype))
+                pipeline_v.consumer_wait(kv_state)
+                self.gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index], False)
+                pipeline_v.consumer_release(kv_state)
+                kv_state.advance()
+                if const_expr(dbg):
+                    if ctidx == 0 and m_block == 0 and head == 0 and batch == 0:
+                        cute.printf("D1 consumer: PV done for block %d, O[0] = %f\n", n_block, acc_O[0])
 
         # epilogue: finish the row sums across the quad, normalize, write O (and LSE)
         mO_cur = mO[None, None, head, batch, split] if const_expr(self.split_kv) else mO[None, None, head, batch]
