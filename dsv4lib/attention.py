@@ -58,16 +58,17 @@ _WORKSPACE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 def _compiled_sm90(head_dim: int, causal: bool, has_lse: bool, p_path: str, window: bool, sink: bool,
-                   split_kv: bool, args: tuple, overlap: bool = False):
+                   split_kv: bool, args: tuple, overlap: bool = False, nvfp4_out: bool = False):
     """Compiled once per (head dim, causal, lse, P path, window?, sink?, split?), from the call's own runtime
     tensor types (every extent and stride dynamic): later calls of any B / S / H / W reuse it."""
-    key = ("fwd", head_dim, causal, has_lse, p_path, window, sink, split_kv, overlap)
+    key = ("fwd", head_dim, causal, has_lse, p_path, window, sink, split_kv, overlap, nvfp4_out)
     if key not in _COMPILED:
         import cutlass.cute as cute
 
         from .kernels.sm90.flash_fwd import FlashAttentionForwardSm90
         kernel = FlashAttentionForwardSm90(head_dim, causal=causal, has_lse=has_lse, p_in_smem=p_path == "smem",
-                                           window=window, sink=sink, split_kv=split_kv, overlap=overlap)
+                                           window=window, sink=sink, split_kv=split_kv, overlap=overlap,
+                                           nvfp4_out=nvfp4_out)
         _COMPILED[key] = cute.compile(kernel, *args, options="--gpu-arch sm_90a")
     return _COMPILED[key]
 
@@ -89,6 +90,12 @@ def _workspace(splits: int, B: int, Sq: int, H: int, D: int, device) -> tuple[to
         _WORKSPACE[key] = (torch.empty(splits, B, Sq, H, D, dtype=torch.float32, device=device),
                            torch.empty(splits, B, H, Sq, dtype=torch.float32, device=device))
     return _WORKSPACE[key]
+
+
+def _unused_nvfp4_args(device) -> tuple:
+    """Placeholders for the NVFP4-output arguments (scales, global encode scale) of the non-NVFP4 builds."""
+    return (_to_cute(torch.zeros(1, dtype=torch.uint8, device=device), 0),
+            _to_cute(torch.ones(1, dtype=torch.float32, device=device), 0))
 
 
 def _to_cute(t: torch.Tensor, leading_dim: int):
@@ -139,16 +146,17 @@ def attention_with_p_path(q, k, v, *, scale=None, causal=False, window=None, sin
     num_splits = min(num_splits, n_blocks)                  # documented clamp: at most one KV tile per split
     sink_t = sink.contiguous() if sink is not None else torch.zeros(1, dtype=torch.float32, device=q.device)
     common = (Float32(scale * math.log2(math.e)), Int32(window or 0))
+    unused = _unused_nvfp4_args(q.device)
     with torch.cuda.device(q.device):
         if num_splits == 1:
             args = (_to_cute(q, 3), _to_cute(k, 3), _to_cute(v, 3), _to_cute(out, 3), _to_cute(lse, 2), *common,
-                    _to_cute(sink_t, 0))
+                    _to_cute(sink_t, 0), *unused)
             _compiled_sm90(D, bool(causal), bool(return_lse), p_path, window is not None, sink is not None,
                            False, args, overlap)(*args)
         else:
             o_part, lse_part = _workspace(num_splits, B, Sq, H, D, q.device)
             args = (_to_cute(q, 3), _to_cute(k, 3), _to_cute(v, 3), _to_cute(o_part, 4), _to_cute(lse_part, 3),
-                    *common, _to_cute(sink_t, 0))
+                    *common, _to_cute(sink_t, 0), *unused)
             _compiled_sm90(D, bool(causal), True, p_path, window is not None, False, True, args, overlap)(*args)
             cargs = (_to_cute(o_part, 4), _to_cute(lse_part, 3), _to_cute(out, 3), _to_cute(lse, 2), _to_cute(sink_t, 0))
             _compiled_combine(D, sink is not None, cargs)(*cargs)
@@ -185,9 +193,58 @@ def attention_branches(q, branches, *, sink=None, scale=None, return_lse=False):
             window = br.get("window")
             args = (_to_cute(q, 3), _to_cute(br["k"], 3), _to_cute(br["v"], 3), _to_cute(o_part[i:i + 1], 4),
                     _to_cute(lse_part[i:i + 1], 3), Float32(scale * math.log2(math.e)), Int32(window or 0),
-                    _to_cute(sink_t, 0))
+                    _to_cute(sink_t, 0), *_unused_nvfp4_args(q.device))
             _compiled_sm90(D, bool(br.get("causal", False)), True, DEFAULT_P_PATH[D], window is not None, False,
                            True, args)(*args)
         cargs = (_to_cute(o_part, 4), _to_cute(lse_part, 3), _to_cute(out, 3), _to_cute(lse, 2), _to_cute(sink_t, 0))
         _compiled_combine(D, sink is not None, cargs)(*cargs)
     return (out, lse) if return_lse else out
+
+
+def attention_nvfp4(q, k, v, out_global_amax, *, scale=None, causal=False, window=None, sink=None):
+    """NVFP4-1.1: attention whose output leaves the kernel already quantized to NVFP4 (no bf16 round trip
+    through HBM): returns ``(data uint8 [B, Sq, H, D/2], scales uint8 [B, Sq, H, D/16] (e4m3 bits),
+    global_scale fp32 = S_dec)`` with the caller's static ``out_global_amax``.  The epilogue quantizes the
+    fp32-normalized O with TE's order of operations (see ``dsv4lib.reference.quant.nvfp4_quantize``), packing
+    the bytes in registers (NVFP4-1.2)."""
+    _validate(q, k, v, window, sink)
+    major, minor = torch.cuda.get_device_capability(q.device)
+    if (major, minor) != (9, 0):
+        raise RuntimeError(f"attention_nvfp4 runs on Hopper (sm_90a) only; this GPU is sm_{major}{minor}")
+    from cutlass import Float32, Int32
+
+    from .reference.quant import nvfp4_global_encode_scale
+    amax = torch.as_tensor(out_global_amax, dtype=torch.float32, device=q.device)
+    if amax.numel() != 1:
+        raise ValueError(f"out_global_amax must be a scalar, got shape {tuple(amax.shape)}")
+    s_enc = nvfp4_global_encode_scale(amax.reshape(())).reshape(1).contiguous()
+    B, Sq, H, D = q.shape
+    scale = D ** -0.5 if scale is None else float(scale)
+    data = torch.empty(B, Sq, H, D // 2, dtype=torch.uint8, device=q.device)
+    scales = torch.empty(B, Sq, H, D // 16, dtype=torch.uint8, device=q.device)
+    lse = torch.empty(B, H, Sq, dtype=torch.float32, device=q.device)
+    sink_t = sink.contiguous() if sink is not None else torch.zeros(1, dtype=torch.float32, device=q.device)
+    args = (_to_cute(q, 3), _to_cute(k, 3), _to_cute(v, 3), _to_cute(data, 3), _to_cute(lse, 2),
+            Float32(scale * math.log2(math.e)), Int32(window or 0), _to_cute(sink_t, 0), _to_cute(scales, 3),
+            _to_cute(s_enc, 0))
+    with torch.cuda.device(q.device):
+        _compiled_sm90(D, bool(causal), False, "rs", window is not None, sink is not None, False, args,
+                       nvfp4_out=True)(*args)
+    return data, scales, (1.0 / s_enc).reshape(())
+
+
+def attention_fp32(q, k, v, *, scale=None, causal=False, window=None):
+    """The kernel's own fp32-normalized output (no sink), through the split build with one split: what the
+    NVFP4 epilogue quantizes.  For tests and comparisons."""
+    _validate(q, k, v, window, None)
+    from cutlass import Float32, Int32
+    B, Sq, H, D = q.shape
+    scale = D ** -0.5 if scale is None else float(scale)
+    o_part = torch.empty(1, B, Sq, H, D, dtype=torch.float32, device=q.device)
+    lse_part = torch.empty(1, B, H, Sq, dtype=torch.float32, device=q.device)
+    args = (_to_cute(q, 3), _to_cute(k, 3), _to_cute(v, 3), _to_cute(o_part, 4), _to_cute(lse_part, 3),
+            Float32(scale * math.log2(math.e)), Int32(window or 0),
+            _to_cute(torch.zeros(1, dtype=torch.float32, device=q.device), 0), *_unused_nvfp4_args(q.device))
+    with torch.cuda.device(q.device):
+        _compiled_sm90(D, bool(causal), True, "rs", window is not None, False, True, args)(*args)
+    return o_part[0]

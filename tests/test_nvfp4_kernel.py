@@ -87,3 +87,62 @@ def test_swizzled_scales_and_round_trip():
     y = dsv4lib.dequantize_nvfp4(data, sf, gs, out_dtype=torch.float32)
     cos = torch.nn.functional.cosine_similarity(y.flatten(), x.float().flatten(), 0).item()
     assert cos >= 0.99
+
+
+@pytest.mark.compile
+def test_pv_accumulator_column_structure_behind_the_fused_epilogue():
+    """NVFP4-1.2 packs bytes in registers because, in the PV wgmma accumulator, a thread's columns c..c+3 of
+    a row are d0, d0+1, d0+8, d0+9 with d0 = 16·block + 2·(lane % 4): proven here on the real partition."""
+    import cutlass
+    import cutlass.cute as cute
+    import cutlass.utils.hopper_helpers as sm90_utils
+    from cutlass.cute.nvgpu import OperandMajorMode, warpgroup
+    from dsv4lib.kernels.sm90.flash_fwd import acc_layout_rows_cols
+    from dsv4lib.layouts.trace import run_traced
+    for D in (64, 128, 256):
+        def build():
+            mma = sm90_utils.make_trivial_tiled_mma(cutlass.BFloat16, cutlass.BFloat16, OperandMajorMode.K,
+                                                    OperandMajorMode.MN, cutlass.Float32, (2, 1, 1), (64, D),
+                                                    a_source=warpgroup.OperandSource.RMEM)
+            out = {}
+            for t in range(256):
+                c = mma.get_slice(t).partition_C(cute.make_identity_tensor((128, D)))
+                rc = cute.make_tensor(c.iterator, acc_layout_rows_cols(c.layout))
+                out[t] = [[tuple(rc[r, j]) for j in range(cute.size(rc, mode=[1]))] for r in range(cute.size(rc, mode=[0]))]
+            return out
+        coords = run_traced(build, "sm_90a")
+        for t, rows in coords.items():
+            for row in rows:
+                assert len(row) == D // 4
+                for blk in range(D // 16):
+                    (m0, d0), (m1, d1), (m2, d2), (m3, d3) = row[4 * blk:4 * blk + 4]
+                    assert m0 == m1 == m2 == m3
+                    assert (d1, d2, d3) == (d0 + 1, d0 + 8, d0 + 9) and d0 % 16 == 2 * (t % 4), (t, blk)
+
+
+@pytest.mark.compile
+def test_fused_nvfp4_epilogue_builds():
+    import collections
+    import re
+    from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_nvfp4_args
+    k = compile_for_arch(FlashAttentionForwardSm90(128, causal=False, has_lse=False, nvfp4_out=True),
+                         *fake_nvfp4_args(128), arch="sm_90a")
+    stores = collections.Counter(re.findall(r"\bst\.global\.[\w.]+", k.ptx))
+    assert stores == {"st.global.b8": 48}                 # 16 blocks/thread × (2 packed bytes + 1 scale byte)
+    assert k.count(r"cvt\.rn\.satfinite\.e4m3x2\.f32") == 16 and k.count("e2m1x2") == 0
+    assert k.count(r"st\.shared") == 0                     # packed in registers, no shared-memory staging
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D,causal", [(64, False), (128, True), (256, False)])
+def test_fused_nvfp4_output_equals_quantizing_the_fp32_output(D, causal):
+    gen = torch.Generator().manual_seed(D)
+    q, k, v = (torch.randn(2, 300, 4, D, generator=gen).cuda().bfloat16() for _ in range(3))
+    amax = 3.0
+    data, sf, gs = dsv4lib.attention_nvfp4(q, k, v, amax, causal=causal)
+    o32 = dsv4lib.attention_fp32(q, k, v, causal=causal)             # what the epilogue quantizes
+    rd, rs, rgs = ref.nvfp4_quantize(o32.reshape(-1, D).cpu(), amax)
+    assert torch.equal(data.reshape(-1, D // 2).cpu(), rd)
+    assert torch.equal(sf.reshape(-1, D // 16).cpu(), rs)
+    assert gs.item() == rgs.item()

@@ -48,6 +48,23 @@ def e2m1_code_sw(y: Float32) -> Uint32:
     return code | ((bits >> Uint32(31)) << Uint32(3))
 
 
+@cute.jit
+def nvfp4_block_scale(vec_max: Float32, s_enc: Float32):
+    """TE order for one block: ``sf = e4m3(min(vec_max · (S_enc · fl(1/6)), FLT_MAX))`` (RNE, saturating) and
+    ``enc = min(1 / (fp32(sf) · S_dec), FLT_MAX)``.  Returns ``(sf byte as Uint32, enc)``."""
+    s_dec = 1.0 / s_enc                                             # fp32 div.rn, as the reference
+    sf_f32 = cute.arch.fmin(vec_max * (s_enc * ONE_SIXTH_F32), FLT_MAX)
+    pair = cute.make_rmem_tensor((2,), Float32)
+    pair[0] = sf_f32
+    pair[1] = Float32(0.0)
+    sf8 = cute.make_rmem_tensor((2,), cutlass.Float8E4M3FN)
+    sf8.store(pair.load().to(cutlass.Float8E4M3FN))                # cvt.rn.satfinite: RNE, saturates at 448
+    sf_back = sf8.load().to(Float32)
+    enc = cute.arch.fmin(1.0 / (sf_back[0] * s_dec), FLT_MAX)      # sf == 0 → inf → FLT_MAX
+    sf_byte = cute.make_tensor(cute.recast_ptr(sf8.iterator, dtype=Uint8), cute.make_layout(2))
+    return Uint32(sf_byte[0]), enc
+
+
 class NVFP4QuantizeKernel:
     """``x [n_blocks, 16]`` (bf16 / fp16 / fp32) → ``words [n_blocks, 2]`` uint32 (16 packed codes),
     ``scales [n_blocks]`` uint8 (e4m3 bits); ``s_enc`` is a one-element fp32 device tensor (global encode scale)."""
@@ -70,19 +87,10 @@ class NVFP4QuantizeKernel:
             rX = cute.make_rmem_tensor((16,), mX.element_type)
             cute.autovec_copy(mX[blk, None], rX)                   # one block: 32 or 64 contiguous bytes
             x = rX.load().to(Float32)                               # exact for bf16 / fp16
-            s_enc = mSenc[0]
-            s_dec = 1.0 / s_enc                                     # fp32 div.rn, as the reference
             vec_max = Float32(0.0)
             for i in cutlass.range_constexpr(16):
                 vec_max = cute.arch.fmax(vec_max, cute.arch.fmax(x[i], -x[i]))     # |x| (no NaN handling, as TE)
-            sf_f32 = cute.arch.fmin(vec_max * (s_enc * ONE_SIXTH_F32), FLT_MAX)   # TE association order
-            pair = cute.make_rmem_tensor((2,), Float32)
-            pair[0] = sf_f32
-            pair[1] = Float32(0.0)
-            sf8 = cute.make_rmem_tensor((2,), cutlass.Float8E4M3FN)
-            sf8.store(pair.load().to(cutlass.Float8E4M3FN))        # cvt.rn.satfinite: RNE, saturates at 448
-            sf_back = sf8.load().to(Float32)
-            enc = cute.arch.fmin(1.0 / (sf_back[0] * s_dec), FLT_MAX)   # sf == 0 → inf → FLT_MAX
+            sf_bits, enc = nvfp4_block_scale(vec_max, mSenc[0])
             rY = cute.make_rmem_tensor((16,), Float32)
             for i in cutlass.range_constexpr(16):
                 rY[i] = x[i] * enc
@@ -98,8 +106,7 @@ class NVFP4QuantizeKernel:
                     for i in cutlass.range_constexpr(8):
                         word = word | (e2m1_code_sw(rY[8 * w + i]) << Uint32(4 * i))
                     mWords[blk, w] = word
-            sf_byte = cute.make_tensor(cute.recast_ptr(sf8.iterator, dtype=Uint8), cute.make_layout(2))
-            mScales[blk] = sf_byte[0]                               # the e4m3 bits, stored as a byte
+            mScales[blk] = Uint8(sf_bits)                           # the e4m3 bits, stored as a byte
 
 
 def fake_args(dtype=cutlass.BFloat16):

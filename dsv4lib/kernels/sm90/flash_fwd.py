@@ -25,6 +25,12 @@ PV of the current one are issued back to back; ``wait_group(1)`` retires the QK,
 runs while the PV wgmma is in flight, ``wait_group(0)``, then O is rescaled and P converted (O and P's
 registers are untouched while a wgmma may read them).
 
+**NVFP4-1.1/1.2, fused output** (``nvfp4_out=True``): the epilogue quantizes the fp32-normalized O straight
+from the accumulator registers.  In the wgmma C layout each thread of a quad holds columns (2t, 2t+1) and
+(8+2t, 9+2t) of every 16-column block — two whole packed bytes — so the block amax is one quad shuffle-reduce
+and every byte is packed by the thread that owns its two values (no shared-memory staging); the quad's lane 0
+writes the e4m3 scale byte.  Numerics: TE order from the fp32 O (not from a bf16-rounded O).
+
 **D2, split-KV** (``split_kv=True``): the CTA grid gets a split index (``blockIdx.z = batch·splits + split``);
 split i takes its share of the visible KV tiles (``dsv4lib.splitkv.split_block_ranges``) and writes an fp32
 partial O normalized over its own keys plus its LSE — no sink: the combine kernel applies it once.
@@ -43,12 +49,13 @@ import os
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import Float32, Int32, const_expr, pipeline
+from cutlass import Float32, Int32, Uint8, Uint32, const_expr, pipeline
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 from cutlass.utils import LayoutEnum
 
 from ..common import load_kv_tiles
+from ..nvfp4 import e2m1_code_sw, nvfp4_block_scale
 
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
@@ -81,7 +88,9 @@ class FlashAttentionForwardSm90:
 
     def __init__(self, head_dim: int, *, causal: bool, has_lse: bool, tile_n: int | None = None,
                  num_stages: int = 2, p_in_smem: bool = False, window: bool = False, sink: bool = False,
-                 split_kv: bool = False, overlap: bool = False):
+                 split_kv: bool = False, overlap: bool = False, nvfp4_out: bool = False):
+        if nvfp4_out and split_kv:
+            raise ValueError("the NVFP4 output is written by the final kernel, not by split-KV partials")
         if overlap and p_in_smem:
             raise ValueError("the intra-warpgroup overlap is built for the RS path (P in registers) only")
         if split_kv and sink:
@@ -99,6 +108,7 @@ class FlashAttentionForwardSm90:
         self.has_sink = sink
         self.split_kv = split_kv
         self.overlap = overlap
+        self.nvfp4_out = nvfp4_out
         self.dtype = cutlass.BFloat16
         # Debug knobs (compile-time), e.g. DSV4_D1_DEBUG="printf,noreg,notail": checkpoints printed by
         # block (0,0,0), no register reallocation, no producer tail.  Never set in normal runs.
@@ -116,7 +126,8 @@ class FlashAttentionForwardSm90:
 
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
-                 softmax_scale_log2: Float32, window_size: Int32, mSink: cute.Tensor):
+                 softmax_scale_log2: Float32, window_size: Int32, mSink: cute.Tensor, mOutScales: cute.Tensor,
+                 mSenc: cute.Tensor):
         # torch (b, s, h, d) -> (s, d, h, b): the TMA tiles the first two modes
         mQ, mK, mV = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0])) for t in (mQ, mK, mV)]
         if const_expr(self.split_kv):
@@ -124,8 +135,10 @@ class FlashAttentionForwardSm90:
             mO = cute.make_tensor(mO.iterator, cute.select(mO.layout, mode=[2, 4, 3, 1, 0]))
             mLSE = cute.make_tensor(mLSE.iterator, cute.select(mLSE.layout, mode=[3, 2, 1, 0]))
         else:
-            mO = cute.make_tensor(mO.iterator, cute.select(mO.layout, mode=[1, 3, 2, 0]))
+            mO = cute.make_tensor(mO.iterator, cute.select(mO.layout, mode=[1, 3, 2, 0]))    # bf16 O, or NVFP4 bytes
             mLSE = cute.make_tensor(mLSE.iterator, cute.select(mLSE.layout, mode=[2, 1, 0]))   # (b,h,s) -> (s,h,b)
+        if const_expr(self.nvfp4_out):   # scales (b, s, h, d/16) -> (s, d/16, h, b)
+            mOutScales = cute.make_tensor(mOutScales.iterator, cute.select(mOutScales.layout, mode=[1, 3, 2, 0]))
         tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.K, Float32,
             (self.tile_m // 64, 1, 1), (64, self.tile_n))
@@ -161,7 +174,7 @@ class FlashAttentionForwardSm90:
             batch_and_splits = batch_and_splits * cute.size(mO.shape[4])
         grid = (cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m), cute.size(mQ.shape[2]), batch_and_splits)
         self.kernel(tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, mO, mLSE, softmax_scale_log2,
-                    window_size, mSink,
+                    window_size, mSink, mOutScales, mSenc,
                     sQ_layout, sK_layout, sV_layout, sP_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage).launch(
             grid=grid, block=[self.NUM_THREADS, 1, 1], min_blocks_per_mp=1)
 
@@ -169,8 +182,8 @@ class FlashAttentionForwardSm90:
     @cute.kernel
     def kernel(self, tma_atom_Q: cute.CopyAtom, mQ: cute.Tensor, tma_atom_K: cute.CopyAtom, mK: cute.Tensor,
                tma_atom_V: cute.CopyAtom, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
-               softmax_scale_log2: Float32, window_size: Int32, mSink: cute.Tensor,
-               sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
+               softmax_scale_log2: Float32, window_size: Int32, mSink: cute.Tensor, mOutScales: cute.Tensor,
+               mSenc: cute.Tensor, sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
                sV_layout: cute.ComposedLayout, sP_layout: cute.ComposedLayout, tiled_mma_qk: cute.TiledMma,
                tiled_mma_pv: cute.TiledMma, SharedStorage: cutlass.Constexpr):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -244,8 +257,8 @@ class FlashAttentionForwardSm90:
             if const_expr(not self.debug_noreg):
                 cute.arch.setmaxregister_increase(self.CONSUMER_REGS)
             self.consume(tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, sP, mO, mLSE, pipeline_q, pipeline_k, pipeline_v,
-                         softmax_scale_log2, window_size, mSink, tidx - 128, m_block, head, batch, split, seqlen_q,
-                         seqlen_k, n_block_min, n_block_max)
+                         softmax_scale_log2, window_size, mSink, mOutScales, mSenc, tidx - 128, m_block, head, batch,
+                         split, seqlen_q, seqlen_k, n_block_min, n_block_max)
 
     @cute.jit
     def load(self, tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV, pipeline_q, pipeline_k,
@@ -385,9 +398,33 @@ class FlashAttentionForwardSm90:
             pipeline_v.consumer_release(v_state)
 
     @cute.jit
+    def store_nvfp4(self, acc_O_rc, tOcO_rc, mData, mScales, s_enc, m_block, head, batch, seqlen_q):
+        """O (fp32, normalized) → NVFP4 bytes from the registers that hold it.  Columns c..c+3 of a row are
+        d0, d0+1, d0+8, d0+9 of one 16-column block (d0 = 16·block + 2·(lane % 4)): two packed bytes."""
+        for r in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[0])):
+            for blk in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1]) // 4):
+                c0 = 4 * blk
+                vmax = Float32(0.0)
+                for k in cutlass.range_constexpr(4):
+                    vmax = cute.arch.fmax(vmax, cute.arch.fmax(acc_O_rc[r, c0 + k], -acc_O_rc[r, c0 + k]))
+                vmax = cute.arch.fmax(vmax, cute.arch.shuffle_sync_bfly(vmax, offset=2))   # the quad shares the block
+                vmax = cute.arch.fmax(vmax, cute.arch.shuffle_sync_bfly(vmax, offset=1))
+                sf_bits, enc = nvfp4_block_scale(vmax, s_enc)
+                byte_lo = e2m1_code_sw(acc_O_rc[r, c0] * enc) | (e2m1_code_sw(acc_O_rc[r, c0 + 1] * enc) << Uint32(4))
+                byte_hi = e2m1_code_sw(acc_O_rc[r, c0 + 2] * enc) | (e2m1_code_sw(acc_O_rc[r, c0 + 3] * enc) << Uint32(4))
+                m, d0 = tOcO_rc[r, c0]
+                _, d2 = tOcO_rc[r, c0 + 2]
+                row = m_block * self.tile_m + m
+                if row < seqlen_q:
+                    mData[row, d0 // 2, head, batch] = Uint8(byte_lo)
+                    mData[row, d2 // 2, head, batch] = Uint8(byte_hi)
+                    if d0 % 16 == 0:
+                        mScales[row, d0 // 16, head, batch] = Uint8(sf_bits)
+
+    @cute.jit
     def consume(self, tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, sP, mO, mLSE, pipeline_q, pipeline_k, pipeline_v,
-                softmax_scale_log2, window_size, mSink, ctidx, m_block, head, batch, split, seqlen_q, seqlen_k,
-                n_block_min, n_block_max):
+                softmax_scale_log2, window_size, mSink, mOutScales, mSenc, ctidx, m_block, head, batch, split,
+                seqlen_q, seqlen_k, n_block_min, n_block_max):
         thr_qk = tiled_mma_qk.get_slice(ctidx)
         thr_pv = tiled_mma_pv.get_slice(ctidx)
         tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))              # (MMA, MMA_M, MMA_K)
@@ -486,11 +523,14 @@ class FlashAttentionForwardSm90:
                         mLSE[row, head, batch, split] = lse
                     else:
                         mLSE[row, head, batch] = lse
-        rO = cute.make_rmem_tensor_like(acc_O, mO.element_type)        # bf16 out, or the fp32 partial
-        rO.store(acc_O.load().to(mO.element_type))
-        for i in cutlass.range_constexpr(cute.size(rO)):
-            if m_block * self.tile_m + tOcO[i][0] < seqlen_q:
-                tOgO[i] = rO[i]
+        if const_expr(self.nvfp4_out):
+            self.store_nvfp4(acc_O_rc, tOcO_rc, mO, mOutScales, mSenc[0], m_block, head, batch, seqlen_q)
+        else:
+            rO = cute.make_rmem_tensor_like(acc_O, mO.element_type)        # bf16 out, or the fp32 partial
+            rO.store(acc_O.load().to(mO.element_type))
+            for i in cutlass.range_constexpr(cute.size(rO)):
+                if m_block * self.tile_m + tOcO[i][0] < seqlen_q:
+                    tOgO[i] = rO[i]
         pipeline_q.consumer_release(q_state)
         if const_expr(dbg):
             if ctidx == 0 and m_block == 0 and head == 0 and batch == 0:
@@ -500,13 +540,25 @@ class FlashAttentionForwardSm90:
 def fake_split_args(head_dim: int):
     """Like :func:`fake_attention_args` but with the fp32 partial outputs of a split-KV build."""
     from cutlass.cute.runtime import make_fake_tensor
-    q, k, v, _, _, scale, window, sink = fake_attention_args(head_dim)
+    q, k, v, _, _, scale, window, sink, out_scales, s_enc = fake_attention_args(head_dim)
     sp, b, s, h = (cute.sym_int() for _ in range(4))
     o_part = make_fake_tensor(Float32, (sp, b, s, h, cute.sym_int()),
                               stride=tuple(cute.sym_int(divisibility=4) for _ in range(4)) + (1,), assumed_align=16)
     lse_part = make_fake_tensor(Float32, (sp, b, h, s), stride=(cute.sym_int(), cute.sym_int(), cute.sym_int(), 1),
                                 assumed_align=4)
-    return q, k, v, o_part, lse_part, scale, window, sink
+    return q, k, v, o_part, lse_part, scale, window, sink, out_scales, s_enc
+
+
+def fake_nvfp4_args(head_dim: int):
+    """Fake args of an ``nvfp4_out`` build: O as bytes (b, s, h, d/2), scales (b, s, h, d/16)."""
+    from cutlass.cute.runtime import make_fake_tensor
+    q, k, v, _, lse, scale, window, sink, _, s_enc = fake_attention_args(head_dim)
+    b, s, h = (cute.sym_int() for _ in range(3))
+    data = make_fake_tensor(Uint8, (b, s, h, head_dim // 2), stride=(cute.sym_int(), cute.sym_int(), cute.sym_int(), 1),
+                            assumed_align=16)
+    scales = make_fake_tensor(Uint8, (b, s, h, head_dim // 16), stride=(cute.sym_int(), cute.sym_int(), cute.sym_int(), 1),
+                              assumed_align=4)
+    return q, k, v, data, lse, scale, window, sink, scales, s_enc
 
 
 def fake_attention_args(head_dim: int):
@@ -521,4 +573,6 @@ def fake_attention_args(head_dim: int):
     b, h, s = cute.sym_int(), cute.sym_int(), cute.sym_int()
     lse = make_fake_tensor(Float32, (b, h, s), stride=(cute.sym_int(), cute.sym_int(), 1), assumed_align=4)
     sink = make_fake_tensor(Float32, (cute.sym_int(),), stride=(1,), assumed_align=4)
-    return bshd(), bshd(), bshd(), bshd(), lse, Float32(1.0), Int32(0), sink
+    out_scales = make_fake_tensor(Uint8, (cute.sym_int(),), stride=(1,), assumed_align=1)     # unused unless nvfp4
+    s_enc = make_fake_tensor(Float32, (1,), stride=(1,), assumed_align=4)
+    return bshd(), bshd(), bshd(), bshd(), lse, Float32(1.0), Int32(0), sink, out_scales, s_enc
