@@ -1,5 +1,5 @@
 # %% [markdown]
-# # NVFP4-1.0 — the quantize kernel
+# # NVFP4-1.0 / 1.1 / 1.2 — the quantize kernel, and quantizing in the attention epilogue
 #
 # NVFP4 stores a tensor as 4-bit **e2m1** values (±{0, 0.5, 1, 1.5, 2, 3, 4, 6}), one **e4m3 scale per 16
 # consecutive elements**, and one fp32 **global scale**: `x ≈ e2m1 · scale · global_scale`.  The numerics are
@@ -19,6 +19,7 @@ bench_iters = 20
 
 # %%
 import matplotlib.pyplot as plt
+from matplotlib.colors import ListedColormap
 import numpy as np
 import torch
 
@@ -130,7 +131,52 @@ if on_gpu:
 else:
     record(metrics_path, mode="compile", notes="no Hopper GPU: the kernel was built for sm_90a and sm_100a, not run")
 
+# %% [markdown]
+# ## NVFP4-1.1 / 1.2: quantized straight out of the attention epilogue, packed in registers
+# In the Hopper PV accumulator a row's 16-column block is spread over the 4 threads of a quad: thread t holds
+# columns (2t, 2t+1) and (8+2t, 9+2t) — exactly two packed bytes.  The block amax is a 2-step quad shuffle;
+# each thread packs its own bytes; lane 0 writes the scale.  (Proven on the real partition by
+# `test_pv_accumulator_column_structure_behind_the_fused_epilogue`.)
+
+# %%
+fig, ax = plt.subplots(figsize=(9, 1.8))
+owner = np.array([(c % 8) // 2 for c in range(16)])
+ax.imshow(owner[None, :], cmap=ListedColormap(plt.cm.tab10.colors[:4]), aspect="auto")
+for c in range(16):
+    ax.text(c, 0, f"T{owner[c]}\nb{c // 2}", ha="center", va="center", fontsize=7)
+ax.set_yticks([])
+ax.set_xticks(range(16))
+ax.set_xlabel("column within a 16-wide NVFP4 block (byte b = column // 2, low nibble = even column)")
+ax.set_title("who packs which byte: quad lane t owns bytes t and 4 + t", fontsize=9)
+fig.tight_layout()
+
+from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_nvfp4_args
+
+kf = compile_for_arch(FlashAttentionForwardSm90(128, causal=False, has_lse=False, nvfp4_out=True),
+                      *fake_nvfp4_args(128), arch="sm_90a")
+fused_ok = kf.count("st.shared") == 0 and kf.count(r"cvt\.rn\.satfinite\.e4m3x2\.f32") == 16
+record(metrics_path, fused_compiled=fused_ok)
+
+# %%
+if on_gpu:
+    qa, ka, va = (torch.randn(2, 1000, 4, 128, generator=gen).cuda().bfloat16() for _ in range(3))
+    fdata, fsf, _ = dsv4lib.attention_nvfp4(qa, ka, va, 3.0)
+    o32 = dsv4lib.attention_fp32(qa, ka, va)
+    rd, rs, _ = ref.nvfp4_quantize(o32.reshape(-1, 128).cpu(), 3.0)
+    fused_mismatch = int((fdata.reshape(-1, 64).cpu() != rd).sum()) + int((fsf.reshape(-1, 8).cpu() != rs).sum())
+    g2 = torch.Generator(device="cuda").manual_seed(seed)
+    inputs = [tuple(torch.randn(4, 8192, 16, 128, device="cuda", dtype=torch.bfloat16, generator=g2) for _ in range(3))
+              for _ in range(2)]
+    t_plain = bench.time_cuda(lambda q, k, v: dsv4lib.attention(q, k, v, num_splits=1), inputs, iters=bench_iters)
+    t_fused = bench.time_cuda(lambda q, k, v: dsv4lib.attention_nvfp4(q, k, v, 4.0), inputs, iters=bench_iters)
+    record(metrics_path, fused_mismatching_bytes=fused_mismatch,
+           fused_overhead=t_fused.median_ms / t_plain.median_ms - 1.0)
+    print(f"fused: {fused_mismatch} mismatching bytes; attention+NVFP4 {t_fused.median_ms:.3f} ms vs attention "
+          f"{t_plain.median_ms:.3f} ms")
+
 # %%
 assert build_ok, builds
+assert fused_ok
 if on_gpu:
     assert mismatch == 0, mismatch
+    assert fused_mismatch == 0, fused_mismatch
