@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from .reference.attention import check_attention_shapes
+from .reference.attention import check_attention_shapes, check_window
 
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
 SUPPORTED_DTYPES = (torch.bfloat16,)
@@ -24,8 +24,7 @@ def _validate(q, k, v, window, sink) -> None:
         raise ValueError(f"head dims must match (q {D}, v {v.shape[3]}); Dv != D is not supported yet")
     if D not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"head dim {D} is not supported (supported: {SUPPORTED_HEAD_DIMS})")
-    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-        raise ValueError(f"window must be a positive int (keys t-W < s <= t) or None, got {window!r}")
+    check_window(window)
     if sink is not None:
         if not isinstance(sink, torch.Tensor) or sink.dtype != torch.float32:
             raise TypeError(f"sink must be a float32 tensor of shape [H], got {getattr(sink, 'dtype', type(sink))}")
@@ -92,10 +91,27 @@ def _workspace(splits: int, B: int, Sq: int, H: int, D: int, device) -> tuple[to
     return _WORKSPACE[key]
 
 
+_PLACEHOLDERS: dict[str, dict[str, torch.Tensor]] = {}
+_PLACEHOLDER_SPECS = {"sink": (torch.float32, 0.0), "scales": (torch.uint8, 0), "s_enc": (torch.float32, 1.0)}
+
+
+def _placeholder(device, name: str) -> torch.Tensor:
+    """One-element stand-ins for arguments a build does not use (no sink, no NVFP4 output), allocated once
+    per device so that calls in a timed loop allocate nothing for them."""
+    bank = _PLACEHOLDERS.setdefault(str(device), {})
+    if name not in bank:
+        dtype, value = _PLACEHOLDER_SPECS[name]
+        bank[name] = torch.full((1,), value, dtype=dtype, device=device)
+    return bank[name]
+
+
+def _sink_arg(sink, device) -> torch.Tensor:
+    return sink.contiguous() if sink is not None else _placeholder(device, "sink")
+
+
 def _unused_nvfp4_args(device) -> tuple:
     """Placeholders for the NVFP4-output arguments (scales, global encode scale) of the non-NVFP4 builds."""
-    return (_to_cute(torch.zeros(1, dtype=torch.uint8, device=device), 0),
-            _to_cute(torch.ones(1, dtype=torch.float32, device=device), 0))
+    return (_to_cute(_placeholder(device, "scales"), 0), _to_cute(_placeholder(device, "s_enc"), 0))
 
 
 def _to_cute(t: torch.Tensor, leading_dim: int):
@@ -144,7 +160,7 @@ def attention_with_p_path(q, k, v, *, scale=None, causal=False, window=None, sin
         num_splits = num_splits_heuristic(B, H, -(-Sq // tile_m), n_blocks, torch.cuda.get_device_properties(
             q.device).multi_processor_count)
     num_splits = min(num_splits, n_blocks)                  # documented clamp: at most one KV tile per split
-    sink_t = sink.contiguous() if sink is not None else torch.zeros(1, dtype=torch.float32, device=q.device)
+    sink_t = _sink_arg(sink, q.device)
     common = (Float32(scale * math.log2(math.e)), Int32(window or 0))
     unused = _unused_nvfp4_args(q.device)
     with torch.cuda.device(q.device):
@@ -187,7 +203,7 @@ def attention_branches(q, branches, *, sink=None, scale=None, return_lse=False):
     o_part, lse_part = _workspace(n, B, Sq, H, D, q.device)
     out = torch.empty_like(q)
     lse = torch.empty(B, H, Sq, dtype=torch.float32, device=q.device)
-    sink_t = sink.contiguous() if sink is not None else torch.zeros(1, dtype=torch.float32, device=q.device)
+    sink_t = _sink_arg(sink, q.device)
     with torch.cuda.device(q.device):
         for i, br in enumerate(branches):
             window = br.get("window")
@@ -223,7 +239,7 @@ def attention_nvfp4(q, k, v, out_global_amax, *, scale=None, causal=False, windo
     data = torch.empty(B, Sq, H, D // 2, dtype=torch.uint8, device=q.device)
     scales = torch.empty(B, Sq, H, D // 16, dtype=torch.uint8, device=q.device)
     lse = torch.empty(B, H, Sq, dtype=torch.float32, device=q.device)
-    sink_t = sink.contiguous() if sink is not None else torch.zeros(1, dtype=torch.float32, device=q.device)
+    sink_t = _sink_arg(sink, q.device)
     args = (_to_cute(q, 3), _to_cute(k, 3), _to_cute(v, 3), _to_cute(data, 3), _to_cute(lse, 2),
             Float32(scale * math.log2(math.e)), Int32(window or 0), _to_cute(sink_t, 0), _to_cute(scales, 3),
             _to_cute(s_enc, 0))
@@ -244,7 +260,7 @@ def attention_fp32(q, k, v, *, scale=None, causal=False, window=None):
     lse_part = torch.empty(1, B, H, Sq, dtype=torch.float32, device=q.device)
     args = (_to_cute(q, 3), _to_cute(k, 3), _to_cute(v, 3), _to_cute(o_part, 4), _to_cute(lse_part, 3),
             Float32(scale * math.log2(math.e)), Int32(window or 0),
-            _to_cute(torch.zeros(1, dtype=torch.float32, device=q.device), 0), *_unused_nvfp4_args(q.device))
+            _to_cute(_placeholder(q.device, "sink"), 0), *_unused_nvfp4_args(q.device))
     with torch.cuda.device(q.device):
         _compiled_sm90(D, bool(causal), True, "rs", window is not None, False, True, args)(*args)
     return o_part[0]

@@ -34,6 +34,7 @@ bench_iters = 20
 
 # %%
 import matplotlib.pyplot as plt
+import numpy as np
 import torch
 
 import dsv4lib
@@ -54,7 +55,7 @@ on_gpu = tgt.is_gpu and tgt.arch == "sm_90a"
 rs = pv_operand_mapping("sm_90a", "rs", head_dim=128, tile_n=128)
 thr, val = plots.owner_grids(rs)
 thr_a = thr.copy()
-for (t, v), slot in __import__("numpy").ndenumerate(rs.dest):
+for (t, v), slot in np.ndenumerate(rs.dest):
     m, n = rs.acc_mn[t, v]
     thr_a[m, n] = slot % rs.num_threads
 fig, ax = plt.subplots(1, 2, figsize=(12, 4))

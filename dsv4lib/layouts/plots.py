@@ -117,10 +117,10 @@ def plot_tmem_ownership(mapping: PVMapping, ax=None):
     if mapping.arch != "sm_100a":
         raise ValueError("TMEM ownership exists only on sm_100a")
     grid = np.full((128, mapping.tile_n // 2), -1)
-    for (t, v), a in np.ndenumerate(mapping.dest if mapping.variant == "tmem" else mapping.acc_mn[..., 0] * 0):
-        if mapping.variant == "tmem":
+    if mapping.variant == "tmem":     # where each thread's P lands: lane = address >> 17, bf16 column // 2
+        for (t, _), a in np.ndenumerate(mapping.dest):
             grid[int(a) >> 17, (int(a) & 0x1FFFF) // 2] = t // 32
-    if mapping.variant != "tmem":   # smem variant: ownership of the S/P rows read from TMEM
+    else:                             # SMEM-P: the S rows each warp reads from TMEM
         for t in range(mapping.num_threads):
             grid[mapping.acc_mn[t, :, 0], :] = t // 32
     ax = ax or plt.subplots(figsize=(6, 4))[1]

@@ -30,7 +30,8 @@ def _check_sink(sink, heads: int) -> None:
         raise ValueError(f"sink must have shape [H] = [{heads}], got {tuple(sink.shape)}")
 
 
-def _check_window(window) -> None:
+def check_window(window) -> None:
+    """The window rule shared by the reference and the kernels: a positive int (keys t-W < s <= t) or None."""
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
         raise ValueError(f"window must be a positive int (keys t-W < s <= t) or None, got {window!r}")
 
@@ -89,7 +90,7 @@ def attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, retu
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_float(name, t)
     B, Sq, H, D, Sk, Hkv = check_attention_shapes(q, k, v)
-    _check_window(window)
+    check_window(window)
     _check_sink(sink, H)
     dt = _compute_dtype(q, k, v)
     scale = D ** -0.5 if scale is None else float(scale)
