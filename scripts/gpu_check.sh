@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# GPU correctness run in groups, each under its own time limit, so one hanging kernel costs one group only.
+# Usage (on the GPU machine, after sourcing the bundles):  bash scripts/gpu_check.sh [group ...]
+# Logs go to $OUT (or ./runs/gpu_check), one file per group, and a summary table is printed last.
+set -u
+out=${OUT:-runs/gpu_check}; mkdir -p "$out"
+declare -A groups=(
+  [d1]="matches_float64 or smem_p_twin or fully_written or bad_gpu_input or smoke_runs"
+  [window]="window_and_sink"
+  [split]="split_kv"
+  [branch]="branch_merge"
+  [overlap]="overlapped_mainloop"
+  [nvfp4]="test_nvfp4_kernel"
+  [sparse]="sparse"
+)
+order=(${@:-d1 window split branch overlap nvfp4 sparse})
+limit=${GROUP_TIMEOUT:-150}
+summary=""
+for g in "${order[@]}"; do
+  expr=${groups[$g]}
+  start=$(date +%s)
+  timeout -k 5 "$limit" python -m pytest -m gpu -q -p no:cacheprovider --tb=short -k "$expr" tests/ >"$out/pytest_$g.log" 2>&1
+  rc=$?
+  line=$(tail -n 1 "$out/pytest_$g.log")
+  summary+=$(printf '%-8s rc=%-3s %4ss  %s' "$g" "$rc" "$(( $(date +%s) - start ))" "$line")$'\n'
+done
+echo "==== gpu_check summary ===="
+printf '%s' "$summary"
