@@ -40,12 +40,21 @@ def _kernel_for(x: torch.Tensor, args: tuple):
     return _COMPILED[key]
 
 
+def kernel_args(blocks, words, scales, s_enc) -> tuple:
+    """The kernel's arguments as CuTe tensors: only the block count is dynamic, the 16 values of a block and
+    the two words stay static (the register copies need static shapes).  Works on CPU tensors too, which
+    is how the CPU tests compile exactly what a GPU call compiles."""
+    from cutlass.cute.runtime import from_dlpack
+    rows = lambda t, align: from_dlpack(t, assumed_align=align).mark_compact_shape_dynamic(
+        mode=0, stride_order=t.dim_order())
+    return rows(blocks, 16), rows(words, 8), rows(scales, 1), from_dlpack(s_enc, assumed_align=4)
+
+
 def quantize_nvfp4(x, global_amax=None, *, swizzle: bool = False):
     """x ``[M, K]`` (K % 16 == 0) → ``(data uint8 [M, K/2], scales uint8 [M, K/16] e4m3 bits (or the flat
     128×4 swizzled layout with ``swizzle=True``), global_scale fp32 scalar = S_dec ≈ amax / (6·448))``.
     ``global_amax``: a static amax; by default ``max|x|`` (one extra torch reduction)."""
     _validate(x)
-    from cutlass.cute.runtime import from_dlpack
     x = x.contiguous()
     M, K = x.shape
     if global_amax is None:
@@ -59,8 +68,7 @@ def quantize_nvfp4(x, global_amax=None, *, swizzle: bool = False):
     n_blocks = M * K // 16
     words = torch.empty(n_blocks, 2, dtype=torch.uint32, device=x.device)
     scales = torch.empty(n_blocks, dtype=torch.uint8, device=x.device)      # e4m3 bits
-    dyn = lambda t, align, lead: from_dlpack(t, assumed_align=align).mark_layout_dynamic(leading_dim=lead)
-    args = (dyn(x.view(n_blocks, 16), 16, 1), dyn(words, 8, 1), dyn(scales, 1, 0), dyn(s_enc, 4, 0))
+    args = kernel_args(x.view(n_blocks, 16), words, scales, s_enc)
     with torch.cuda.device(x.device):
         _kernel_for(x, args)(*args)
     data = words.view(torch.uint8).view(M, K // 2)

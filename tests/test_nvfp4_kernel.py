@@ -33,6 +33,21 @@ def test_sm100a_build_uses_the_hardware_cvt():
 
 
 @pytest.mark.compile
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_public_functions_arguments_compile(dtype):
+    """The GPU call compiles from runtime tensors, not from fake_args: build from those exact arguments (CPU
+    tensors, same types), so a static/dynamic shape mismatch shows up in CI and not first on the GPU."""
+    from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.nvfp4 import NVFP4QuantizeKernel
+    from dsv4lib.nvfp4 import kernel_args
+    n = 37
+    args = kernel_args(torch.randn(n, 16).to(dtype), torch.empty(n, 2, dtype=torch.uint32),
+                       torch.empty(n, dtype=torch.uint8), torch.ones(1))
+    k = compile_for_arch(NVFP4QuantizeKernel(False), *args, arch="sm_90a")
+    assert k.count(r"setp\.\w+\.u32") >= 7 * 16
+
+
+@pytest.mark.compile
 def test_hardware_cvt_is_rejected_for_sm90a():
     with pytest.raises(Exception, match="e2m1x2|not supported"):
         _build("sm_90a", True)
