@@ -1,15 +1,22 @@
 """GPU timing done the same way everywhere: CUDA events, warm-up, median of many runs, rotating fresh
 inputs and an L2 flush before every timed run (so no run is served from a warm 50 MB L2), plus FLOP and
-byte counters for attention.  Peers (FA4, cuDNN / flash SDPA) are timed with the same function."""
+byte counters for attention.  Peers (FA4, cuDNN / flash SDPA) are timed with the same function.
+
+The events measure GPU time only: before each run the GPU is kept busy (``torch.cuda._sleep``) for longer than
+the host needs to enqueue the call, so the start event cannot fire while the GPU sits idle waiting for
+Python.  Without that, a call whose host side is slower than its kernel (small decode shapes, a 0.05 ms
+quantize) is timed as its Python overhead.  The host side is reported separately as ``host_ms``."""
 from __future__ import annotations
 
 import statistics
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
 
 L2_FLUSH_BYTES = 256 << 20   # well above the 50 MiB L2 of H100/H200
+SLEEP_CYCLES_PER_MS = 2.0e6  # ~ the H100/H200 boost clock; a slower clock only makes the lead longer
 
 
 @dataclass
@@ -19,6 +26,7 @@ class Timing:
     p20_ms: float
     p80_ms: float
     runs: int
+    host_ms: float = 0.0         # median time for the host to enqueue one call (Python + launch), no sync
     times_ms: list[float] = field(repr=False, default_factory=list)
 
 
@@ -35,21 +43,28 @@ def time_cuda(fn: Callable[..., Any], inputs: Sequence[tuple] | None = None, *, 
         raise ValueError("iters must be >= 1")
     inputs = list(inputs) if inputs else [()]
     flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda") if flush_l2 else None
-    for i in range(warmup):
+    host = []
+    for i in range(max(warmup, 1)):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
         fn(*inputs[i % len(inputs)])
+        host.append((time.perf_counter() - t0) * 1e3)
     torch.cuda.synchronize()
+    host_ms = statistics.median(host[1:] if len(host) > 1 else host)    # the first call may compile
+    lead_cycles = int((2.0 * host_ms + 0.05) * SLEEP_CYCLES_PER_MS)
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     for i in range(iters):
         if flush is not None:
             flush.zero_()
+        torch.cuda._sleep(lead_cycles)          # GPU busy while the host enqueues the events and the call
         starts[i].record()
         fn(*inputs[i % len(inputs)])
         ends[i].record()
     torch.cuda.synchronize()
     times = sorted(s.elapsed_time(e) for s, e in zip(starts, ends))
     q = lambda f: times[min(len(times) - 1, int(f * len(times)))]
-    return Timing(statistics.median(times), times[0], q(0.2), q(0.8), iters, times)
+    return Timing(statistics.median(times), times[0], q(0.2), q(0.8), iters, host_ms, times)
 
 
 def visible_pairs(sq: int, sk: int, *, causal: bool = False, window: int | None = None) -> int:
