@@ -11,6 +11,11 @@ from .reference.attention import check_attention_shapes, check_window
 
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
 SUPPORTED_DTYPES = (torch.bfloat16,)
+MQA_HEAD_DIM = 512          # DSV4: one shared KV head, K = V, through dsv4lib.sparse's MQA kernel
+
+
+def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a is b or (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride())
 
 
 def _validate(q, k, v, window, sink) -> None:
@@ -22,8 +27,13 @@ def _validate(q, k, v, window, sink) -> None:
     _, _, _, D, _, _ = check_attention_shapes(q, k, v)                 # ranks, batch, heads, lengths
     if v.shape[3] != D:
         raise ValueError(f"head dims must match (q {D}, v {v.shape[3]}); Dv != D is not supported yet")
-    if D not in SUPPORTED_HEAD_DIMS:
-        raise ValueError(f"head dim {D} is not supported (supported: {SUPPORTED_HEAD_DIMS})")
+    if D == MQA_HEAD_DIM:
+        if k.shape[2] != 1 or not _same_tensor(k, v):
+            raise ValueError(f"head dim {MQA_HEAD_DIM} is supported for DSV4's shape only: MQA (Hkv = 1) with K = V "
+                             f"(pass the same tensor as k and v); got Hkv={k.shape[2]}, k is v: {_same_tensor(k, v)}")
+    elif D not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"head dim {D} is not supported (supported: {SUPPORTED_HEAD_DIMS}, and {MQA_HEAD_DIM} for "
+                         "MQA with K = V)")
     check_window(window)
     if sink is not None:
         if not isinstance(sink, torch.Tensor) or sink.dtype != torch.float32:
@@ -145,6 +155,14 @@ def attention_with_p_path(q, k, v, *, scale=None, causal=False, window=None, sin
         raise RuntimeError(f"dsv4lib.attention runs on Hopper (sm_90a) only; this GPU is sm_{major}{minor} "
                            "(sm_100a kernels are compiled, not run, in this project)")
     B, Sq, H, D = q.shape
+    if D == MQA_HEAD_DIM:
+        if p_path != "auto" or overlap:
+            raise ValueError("head dim 512 has one path (P to registers and shared memory, see dsv4lib.sparse): "
+                             "p_path must be 'auto' and overlap None")
+        from .sparse import mqa512_attention
+        out, lse = mqa512_attention(q, k[:, :, 0], scale=scale, causal=causal, window=window, sink=sink,
+                                    num_splits=num_splits)
+        return (out, lse) if return_lse else out
     p_path = DEFAULT_P_PATH[D] if p_path == "auto" else p_path
     overlap = (DEFAULT_OVERLAP[D] and p_path == "rs") if overlap is None else bool(overlap)
     if overlap and p_path != "rs":

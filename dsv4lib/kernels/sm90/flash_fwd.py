@@ -80,7 +80,63 @@ def acc_layout_as_operand_a(acc_layout: cute.Layout) -> cute.Layout:
                             stride=((d[0][0], d[0][1], d[0][2][0]), d[1], (d[0][2][1], d[2])))
 
 
-class FlashAttentionForwardSm90:
+def row_major_smem_layout(dtype, rows: int, cols: int, stages: int | None = None):
+    """A ``(rows, cols[, stages])`` shared buffer, columns contiguous, in the widest swizzle atom that fits
+    ``cols`` (128 B for bf16 ≥ 64 columns): the K-major operand layout of wgmma, stages outermost."""
+    atom = warpgroup.make_smem_layout_atom(sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, cols), dtype)
+    shape = (rows, cols) if stages is None else (rows, cols, stages)
+    return cute.tile_to_shape(atom, shape, order=(0, 1) if stages is None else (0, 1, 2))
+
+
+class Sm90AttentionOps:
+    """The wgmma issue and the online softmax, shared by the Hopper attention kernels of this package."""
+
+    @cute.jit
+    def gemm(self, tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor, tCrB: cute.Tensor,
+             zero_init: cutlass.Constexpr, wait: cutlass.Constexpr = True):
+        """acc (+)= A·B over every k-block as one wgmma group; then wait for it unless ``wait=False``."""
+        warpgroup.fence()
+        atom = cute.make_mma_atom(tiled_mma.op)
+        atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
+        for k in cutlass.range_constexpr(cute.size(tCrA.shape[2])):
+            cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
+            atom.set(warpgroup.Field.ACCUMULATE, True)
+        warpgroup.commit_group()
+        if const_expr(wait):
+            warpgroup.wait_group(0)
+
+    @cute.jit
+    def online_softmax(self, acc_S_rc, row_max, row_sum, softmax_scale_log2, acc_O_rc, corrections,
+                       rescale_now: cutlass.Constexpr):
+        """Scores → unnormalized probabilities in place, one row at a time (a row is shared by the 4 threads
+        of a quad).  The max stays in raw-score units; the scale lives inside exp2.  With ``rescale_now`` O is
+        rescaled right away; otherwise the corrections are kept for after the in-flight PV wgmma."""
+        for r in cutlass.range_constexpr(cute.size(row_max)):
+            mx = acc_S_rc[r, 0]
+            for c in cutlass.range_constexpr(1, cute.size(acc_S_rc, mode=[1])):
+                mx = cute.arch.fmax(mx, acc_S_rc[r, c])
+            mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=2))
+            mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=1))
+            new_max = cute.arch.fmax(row_max[r], mx)
+            base = new_max * softmax_scale_log2
+            if new_max == -Float32.inf:
+                base = Float32(0.0)                                   # nothing visible yet: keep zeros
+            correction = cute.arch.exp2(row_max[r] * softmax_scale_log2 - base)
+            row_max[r] = new_max
+            tile_sum = Float32(0.0)
+            for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
+                p = cute.arch.exp2(acc_S_rc[r, c] * softmax_scale_log2 - base)
+                acc_S_rc[r, c] = p
+                tile_sum += p
+            row_sum[r] = row_sum[r] * correction + tile_sum
+            if const_expr(rescale_now):
+                for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
+                    acc_O_rc[r, c] = acc_O_rc[r, c] * correction
+            else:
+                corrections[r] = correction
+
+
+class FlashAttentionForwardSm90(Sm90AttentionOps):
     """Hopper forward attention, P in registers.  ``head_dim`` 64 / 128 / 256 (Dv = D), bf16."""
 
     NUM_THREADS = 384                    # producer warpgroup + 2 consumer warpgroups
@@ -118,11 +174,7 @@ class FlashAttentionForwardSm90:
 
     # ------------------------------------------------------------------------------ host side
     def _smem_layout(self, rows: int, stages: int | None, cols: int | None = None):
-        cols = cols or self.head_dim
-        atom = warpgroup.make_smem_layout_atom(
-            sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, self.dtype, cols), self.dtype)
-        shape = (rows, cols) if stages is None else (rows, cols, stages)
-        return cute.tile_to_shape(atom, shape, order=(0, 1) if stages is None else (0, 1, 2))
+        return row_major_smem_layout(self.dtype, rows, cols or self.head_dim, stages)
 
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
@@ -287,20 +339,6 @@ class FlashAttentionForwardSm90:
                 cute.printf("D1 producer: done\n")
 
     @cute.jit
-    def gemm(self, tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor, tCrB: cute.Tensor,
-             zero_init: cutlass.Constexpr, wait: cutlass.Constexpr = True):
-        """acc (+)= A·B over every k-block as one wgmma group; then wait for it unless ``wait=False``."""
-        warpgroup.fence()
-        atom = cute.make_mma_atom(tiled_mma.op)
-        atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
-        for k in cutlass.range_constexpr(cute.size(tCrA.shape[2])):
-            cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
-            atom.set(warpgroup.Field.ACCUMULATE, True)
-        warpgroup.commit_group()
-        if const_expr(wait):
-            warpgroup.wait_group(0)
-
-    @cute.jit
     def mask_scores(self, acc_S_rc, tScS_rc, n_block, m_block, seqlen_k, causal_shift, window_size):
         """-inf on the scores a query may not see, only in the tiles that need it: the ragged end of the keys,
         the causal diagonal, the window's left edge."""
@@ -322,36 +360,6 @@ class FlashAttentionForwardSm90:
                         masked = masked or (col <= m_block * self.tile_m + m + causal_shift - window_size)
                     if masked:
                         acc_S_rc[r, c] = -Float32.inf
-
-    @cute.jit
-    def online_softmax(self, acc_S_rc, row_max, row_sum, softmax_scale_log2, acc_O_rc, corrections,
-                       rescale_now: cutlass.Constexpr):
-        """Scores → unnormalized probabilities in place, one row at a time (a row is shared by the 4 threads
-        of a quad).  The max stays in raw-score units; the scale lives inside exp2.  With ``rescale_now`` O is
-        rescaled right away; otherwise the corrections are kept for after the in-flight PV wgmma."""
-        for r in cutlass.range_constexpr(cute.size(row_max)):
-            mx = acc_S_rc[r, 0]
-            for c in cutlass.range_constexpr(1, cute.size(acc_S_rc, mode=[1])):
-                mx = cute.arch.fmax(mx, acc_S_rc[r, c])
-            mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=2))
-            mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=1))
-            new_max = cute.arch.fmax(row_max[r], mx)
-            base = new_max * softmax_scale_log2
-            if new_max == -Float32.inf:
-                base = Float32(0.0)                                   # nothing visible yet: keep zeros
-            correction = cute.arch.exp2(row_max[r] * softmax_scale_log2 - base)
-            row_max[r] = new_max
-            tile_sum = Float32(0.0)
-            for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
-                p = cute.arch.exp2(acc_S_rc[r, c] * softmax_scale_log2 - base)
-                acc_S_rc[r, c] = p
-                tile_sum += p
-            row_sum[r] = row_sum[r] * correction + tile_sum
-            if const_expr(rescale_now):
-                for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
-                    acc_O_rc[r, c] = acc_O_rc[r, c] * correction
-            else:
-                corrections[r] = correction
 
     @cute.jit
     def mainloop_overlapped(self, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_O, acc_O_rc, tScS_rc, row_max,

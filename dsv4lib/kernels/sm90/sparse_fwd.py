@@ -1,0 +1,356 @@
+"""D6 on Hopper: DSV4 attention core — one shared KV head of dim 512 (K = V), 64 query heads packed as the MMA
+M dimension, keys gathered by index (FlashMLA's sparse form) or taken as a dense causal / windowed range.
+
+One CTA computes one query token × 64 heads (``blockIdx = (token, head group, batch·splits + split)``):
+every KV row it loads serves all 64 heads, which is the whole point of MQA packing.
+
+* **warpgroup 0 — producer.**  Gathers 64 KV rows per tile with ``cp.async`` (16 B per copy, each warp
+  owns 16 rows, a row's 1 KiB read by one warp in two coalesced sweeps) into a 128 B-swizzled
+  ``(64, 512)`` stage of a 2-stage ``PipelineCpAsync``.  A row index outside ``[0, Skv)`` (``-1``) loads row 0
+  instead — the consumers mask it — so no uninitialized shared memory (possibly NaN) ever meets a zero
+  probability.  Q (64 heads × 512) rides on the first stage's barrier.
+* **warpgroup 1 — scores and left half.**  ``S = Q·Kᵀ`` (64×64, SS-wgmma over k = 512), masking, online
+  softmax (max in raw-score units, scale inside exp2), then ``P`` goes two ways: to shared memory ``sP`` (the
+  D1.3 map, ``partition_C(sP)``) with the row rescale factors for warpgroup 2, and — re-viewed in the
+  registers that hold it — into ``O[:, :256] += P·V[:, :256]`` as an RS-wgmma.
+* **warpgroup 2 — right half.**  Waits for ``sP`` (named barrier), rescales ``O[:, 256:]`` by the factors
+  and runs ``O[:, 256:] += P·V[:, 256:]`` as an SS-wgmma.
+
+Why split O by columns: a 64×512 fp32 accumulator is 256 registers per thread — more than a thread has.
+Two warpgroups with 128 each fit, and the QK product is computed once.  ``V = K``: the PV B-operand is the
+very same shared buffer read MN-major (``composition`` with a transposing layout), nothing is loaded twice.
+
+``sP`` is double-buffered: warpgroup 1 writes tile i+1 while warpgroup 2 still reads tile i.  Named barriers:
+``P_FULL[b]`` (WG1 arrives after writing buffer b, WG2 syncs) and ``P_EMPTY[b]`` (WG2 arrives once its wgmma
+on buffer b is done, WG1 syncs before overwriting it), ``FINAL`` (the row normalizers).
+
+Split-KV (``split_kv=True``, D2 decode): split s takes its share of the key tiles and writes an fp32 partial O
+normalized over its own keys plus its LSE; :class:`dsv4lib.kernels.combine.LSECombineKernel` merges them and
+applies the sink once.
+"""
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32, const_expr, pipeline
+from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
+from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
+
+from .flash_fwd import (LN_2, LOG2_E, Sm90AttentionOps, acc_layout_as_operand_a, acc_layout_rows_cols,
+                        row_major_smem_layout)
+
+HEAD_DIM = 512
+TILE_H = 64            # query heads per CTA = the MMA M
+TILE_N = 64            # keys per tile
+HALF = HEAD_DIM // 2   # output columns per consumer warpgroup
+# named barrier ids (0 is __syncthreads)
+P_FULL, P_EMPTY, FINAL = 1, 3, 5
+
+
+@cute.jit
+def as_global(t: cute.Tensor, align: cutlass.Constexpr) -> cute.Tensor:
+    """The same tensor with its pointer in the global address space and a known alignment (a CPU build
+    gets generic pointers from DLPack; cp.async needs global sources)."""
+    ptr = cute.make_ptr(t.element_type, t.iterator.toint(), cute.AddressSpace.gmem, assumed_align=align)
+    return cute.make_tensor(ptr, t.layout)
+
+
+class SparseAttentionForwardSm90(Sm90AttentionOps):
+    """MQA attention with head dim 512 and K = V.  ``gather=True``: keys listed per query in ``indices``
+    (``-1`` = none); ``gather=False``: the dense key range of the query (all keys, ``causal``, ``window``)."""
+
+    NUM_THREADS = 384
+    PRODUCER_REGS, CONSUMER_REGS = 56, 224          # 128·(56 + 2·224) = 64 512 ≤ 65 536
+
+    def __init__(self, *, gather: bool, causal: bool = False, window: bool = False, sink: bool = False,
+                 has_lse: bool = False, split_kv: bool = False, num_stages: int = 2):
+        if gather and (causal or window):
+            raise ValueError("gathered keys come with their own index list: no causal / window mask on top")
+        if split_kv and sink:
+            raise ValueError("with split-KV the sink belongs to the combine kernel, not to the splits")
+        self.gather = gather
+        self.causal = causal
+        self.has_window = window
+        self.has_sink = sink
+        self.has_lse = has_lse
+        self.split_kv = split_kv
+        self.num_stages = num_stages
+        self.dtype = cutlass.BFloat16
+
+    # ------------------------------------------------------------------------------ host side
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mKV: cute.Tensor, mIdx: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+                 softmax_scale_log2: Float32, window_size: Int32, mSink: cute.Tensor):
+        # mQ (B, Sq, H, 512)  mKV (B, Skv, 512)  mIdx (B, Sq, K) int32  mO (splits, B, Sq, H, 512)
+        # mLSE (splits, B, H, Sq)  mSink (H,).  All global (a CPU build gets generic pointers from DLPack).
+        mQ, mKV, mO = as_global(mQ, 16), as_global(mKV, 16), as_global(mO, 16)     # 1 KiB / 2 KiB rows
+        mIdx, mLSE, mSink = as_global(mIdx, 4), as_global(mLSE, 4), as_global(mSink, 4)
+        mma = lambda a_source, n: sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.K if n == TILE_N else OperandMajorMode.MN,
+            Float32, (1, 1, 1), (TILE_H, n), a_source=a_source)
+        tiled_mma_qk = mma(warpgroup.OperandSource.SMEM, TILE_N)
+        tiled_mma_pv_rs = mma(warpgroup.OperandSource.RMEM, HALF)
+        tiled_mma_pv_ss = mma(warpgroup.OperandSource.SMEM, HALF)
+        sQ_layout = row_major_smem_layout(self.dtype, TILE_H, HEAD_DIM)
+        sKV_layout = row_major_smem_layout(self.dtype, TILE_N, HEAD_DIM, self.num_stages)
+        sP_layout = row_major_smem_layout(self.dtype, TILE_H, TILE_N, 2)
+
+        @cute.struct
+        class SharedStorage:
+            mbar_KV: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
+            sRowScale: cute.struct.MemRange[Float32, 2 * TILE_H]     # per sP buffer: O rescale of each row
+            sRowInv: cute.struct.MemRange[Float32, TILE_H]           # final 1 / denominator of each row
+            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
+            sKV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
+            sP: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sP_layout)], 1024]
+
+        grid = (cute.size(mQ.shape[1]), cute.size(mQ.shape[2]) // TILE_H,
+                cute.size(mQ.shape[0]) * cute.size(mO.shape[0]))
+        self.kernel(mQ, mKV, mIdx, mO, mLSE, softmax_scale_log2, window_size, mSink, sQ_layout, sKV_layout,
+                    sP_layout, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, SharedStorage).launch(
+            grid=grid, block=[self.NUM_THREADS, 1, 1], min_blocks_per_mp=1)
+
+    # ---------------------------------------------------------------------------- device side
+    @cute.kernel
+    def kernel(self, mQ: cute.Tensor, mKV: cute.Tensor, mIdx: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+               softmax_scale_log2: Float32, window_size: Int32, mSink: cute.Tensor,
+               sQ_layout: cute.ComposedLayout, sKV_layout: cute.ComposedLayout, sP_layout: cute.ComposedLayout,
+               tiled_mma_qk: cute.TiledMma, tiled_mma_pv_rs: cute.TiledMma, tiled_mma_pv_ss: cute.TiledMma,
+               SharedStorage: cutlass.Constexpr):
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        tidx, _, _ = cute.arch.thread_idx()
+        token, head_group, batch = cute.arch.block_idx()
+        num_splits = mO.shape[0]
+        split = batch % num_splits
+        batch = batch // num_splits
+
+        storage = cutlass.utils.SmemAllocator().allocate(SharedStorage)
+        pipeline_kv = pipeline.PipelineCpAsync.create(
+            barrier_storage=storage.mbar_KV.data_ptr(), num_stages=self.num_stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 256), defer_sync=True)
+        pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
+
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)       # (64 heads, 512)
+        sKV = storage.sKV.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)   # (64 keys, 512, stages)
+        sP = storage.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner)       # (64 heads, 64 keys, 2)
+        # V = K read MN-major: (512, 64 keys, stages) over the same bytes, one half per consumer warpgroup
+        sVt = cute.composition(sKV, cute.make_ordered_layout((HEAD_DIM, TILE_N, self.num_stages), order=(1, 0, 2)))
+        sRowScale = storage.sRowScale.get_tensor(cute.make_layout(2 * TILE_H))
+        sRowInv = storage.sRowInv.get_tensor(cute.make_layout(TILE_H))
+
+        # this query's key range: n_keys keys, key k is row key_lo + k (dense) or indices[k] (gather)
+        seqlen_q = mQ.shape[1]
+        seqlen_k = mKV.shape[1]
+        key_lo = Int32(0)
+        n_keys = Int32(0)
+        if const_expr(self.gather):
+            n_keys = mIdx.shape[2]
+        else:
+            pos = token + seqlen_k - seqlen_q                 # queries aligned to the end of the keys
+            key_hi = seqlen_k - 1
+            if const_expr(self.causal or self.has_window):
+                key_hi = cutlass.min(pos, seqlen_k - 1)
+            if const_expr(self.has_window):
+                key_lo = cutlass.max(pos - window_size + 1, 0)
+            n_keys = cutlass.max(key_hi - key_lo + 1, 0)
+        n_tiles = (n_keys + TILE_N - 1) // TILE_N
+        per_split = (n_tiles + num_splits - 1) // num_splits
+        tile_lo = cutlass.min(split * per_split, n_tiles)
+        tile_hi = cutlass.min(tile_lo + per_split, n_tiles)
+        pipeline_init_wait(cluster_shape_mn=(1, 1))
+
+        if warp_idx < 4:
+            cute.arch.setmaxregister_decrease(self.PRODUCER_REGS)
+            self.load(mQ, mKV, mIdx, sQ, sKV, pipeline_kv, tidx, token, head_group, batch, key_lo, n_keys,
+                      seqlen_k, tile_lo, tile_hi)
+        elif warp_idx < 8:
+            cute.arch.setmaxregister_increase(self.CONSUMER_REGS)
+            self.scores_and_left_half(tiled_mma_qk, tiled_mma_pv_rs, sQ, sKV, sVt, sP, sRowScale, sRowInv, mIdx,
+                                      mO, mLSE, mSink, pipeline_kv, softmax_scale_log2, tidx - 128, token,
+                                      head_group, batch, split, key_lo, n_keys, seqlen_k, tile_lo, tile_hi)
+        else:
+            cute.arch.setmaxregister_increase(self.CONSUMER_REGS)
+            self.right_half(tiled_mma_pv_ss, sVt, sP, sRowScale, sRowInv, mO, pipeline_kv, tidx - 256, token,
+                            head_group, batch, split, tile_lo, tile_hi)
+
+    @cute.jit
+    def key_row(self, mIdx, batch, token, key, key_lo, n_keys, seqlen_k) -> Int32:
+        """The KV row of key ``key`` of this query; an invalid key reads a valid row (masked later)."""
+        row = Int32(0)
+        if const_expr(self.gather):
+            if key < n_keys:
+                idx = mIdx[batch, token, key]
+                if idx >= 0 and idx < seqlen_k:
+                    row = idx
+        else:
+            row = key_lo + cutlass.min(key, n_keys - 1)
+        return row
+
+    @cute.jit
+    def load(self, mQ, mKV, mIdx, sQ, sKV, pipeline_kv, tidx, token, head_group, batch, key_lo, n_keys,
+             seqlen_k, tile_lo, tile_hi):
+        """cp.async gather: warp w copies rows 16w … 16w+15 of each tile, lane l its 16 B chunks l and l+32."""
+        # .cg: straight to L2 (each KV row is used once per CTA; other CTAs find it in L2, not in this SM's L1)
+        copy_atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), self.dtype,
+                                        num_bits_per_copy=128)
+        warp = tidx // 32
+        lane = tidx % 32
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
+        for tile in cutlass.range(tile_lo, tile_hi, unroll=1):
+            pipeline_kv.producer_acquire(state)
+            if tile == tile_lo:     # Q once, completed by the first stage's barrier with the first KV tile
+                for i in cutlass.range_constexpr(TILE_H // 4):
+                    r = warp * (TILE_H // 4) + i
+                    gQ_row = mQ[batch, token, head_group * TILE_H + r, None]                   # (512,)
+                    for half in cutlass.range_constexpr(2):
+                        c = lane + 32 * half
+                        cute.copy(copy_atom, cute.local_tile(gQ_row, (8,), (c,)),
+                                  cute.local_tile(sQ[r, None], (8,), (c,)))
+            rows = cute.make_rmem_tensor((TILE_N // 4,), Int32)
+            for i in cutlass.range_constexpr(TILE_N // 4):       # all index loads first: one latency, not 16
+                rows[i] = self.key_row(mIdx, batch, token, tile * TILE_N + warp * (TILE_N // 4) + i, key_lo,
+                                       n_keys, seqlen_k)
+            for i in cutlass.range_constexpr(TILE_N // 4):
+                r = warp * (TILE_N // 4) + i
+                gKV_row = mKV[batch, rows[i], None]                                           # (512,)
+                for half in cutlass.range_constexpr(2):
+                    c = lane + 32 * half
+                    cute.copy(copy_atom, cute.local_tile(gKV_row, (8,), (c,)),
+                              cute.local_tile(sKV[r, None, state.index], (8,), (c,)))
+            pipeline_kv.producer_commit(state)                    # arrives when this thread's copies land
+            state.advance()
+        pipeline_kv.producer_tail(state)
+
+    @cute.jit
+    def scores_and_left_half(self, tiled_mma_qk, tiled_mma_pv, sQ, sKV, sVt, sP, sRowScale, sRowInv, mIdx, mO,
+                             mLSE, mSink, pipeline_kv, softmax_scale_log2, wtid, token, head_group, batch, split,
+                             key_lo, n_keys, seqlen_k, tile_lo, tile_hi):
+        thr_qk = tiled_mma_qk.get_slice(wtid)
+        thr_pv = tiled_mma_pv.get_slice(wtid)
+        tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))                # (MMA, 1, 32)
+        tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sKV))               # (MMA, 1, 32, stages)
+        sVt_left = cute.local_tile(sVt, (HALF, TILE_N, self.num_stages), (0, 0, 0))
+        tOrV = thr_pv.make_fragment_B(thr_pv.partition_B(sVt_left))          # (MMA, 1, 4, stages)
+        acc_O = cute.make_rmem_tensor(thr_pv.partition_shape_C((TILE_H, HALF)), Float32)
+        acc_O.fill(0.0)
+        acc_O_rc = cute.make_tensor(acc_O.iterator, acc_layout_rows_cols(acc_O.layout))      # (2 rows, 64)
+        tScS = thr_qk.partition_C(cute.make_identity_tensor((TILE_H, TILE_N)))
+        tScS_rc = cute.make_tensor(tScS.iterator, acc_layout_rows_cols(tScS.layout))        # (2 rows, 16)
+        n_rows = cute.size(tScS_rc, mode=[0])
+        n_cols = cute.size(tScS_rc, mode=[1])
+        row_max = cute.make_rmem_tensor((n_rows,), Float32)
+        row_sum = cute.make_rmem_tensor((n_rows,), Float32)
+        corrections = cute.make_rmem_tensor((n_rows,), Float32)
+        key_ok = cute.make_rmem_tensor((n_cols,), Int32)
+        row_max.fill(-Float32.inf)
+        row_sum.fill(0.0)
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
+        for i in cutlass.range(tile_hi - tile_lo, unroll=1):
+            tile = tile_lo + i
+            buf = i % 2
+            for c in cutlass.range_constexpr(n_cols):           # which of my 16 key columns are real keys
+                key = tile * TILE_N + tScS_rc[0, c][1]
+                ok = key < n_keys
+                if const_expr(self.gather):
+                    if ok:
+                        idx = mIdx[batch, token, key]
+                        ok = idx >= 0 and idx < seqlen_k
+                key_ok[c] = Int32(1) if ok else Int32(0)
+            pipeline_kv.consumer_wait(kv_state)
+            acc_S = cute.make_rmem_tensor(thr_qk.partition_shape_C((TILE_H, TILE_N)), Float32)
+            self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], True)
+            acc_S_rc = cute.make_tensor(acc_S.iterator, acc_layout_rows_cols(acc_S.layout))
+            for c in cutlass.range_constexpr(n_cols):
+                if key_ok[c] == 0:
+                    for r in cutlass.range_constexpr(n_rows):
+                        acc_S_rc[r, c] = -Float32.inf
+            self.online_softmax(acc_S_rc, row_max, row_sum, softmax_scale_log2, acc_O_rc, corrections, False)
+            rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
+            rP.store(acc_S.load().to(self.dtype))
+            if i >= 2:                                            # WG2 is done with this buffer's last use
+                cute.arch.barrier(barrier_id=P_EMPTY + buf, number_of_threads=256)
+            cute.autovec_copy(rP, thr_qk.partition_C(sP[None, None, buf]))
+            if wtid % 4 == 0:                                     # one thread of the quad that owns the row
+                for r in cutlass.range_constexpr(n_rows):
+                    sRowScale[buf * TILE_H + tScS_rc[r, 0][0]] = corrections[r]
+            cute.arch.fence_proxy("async.shared", space="cta")  # P is read by WG2's wgmma (async proxy)
+            cute.arch.barrier_arrive(barrier_id=P_FULL + buf, number_of_threads=256)
+            for r in cutlass.range_constexpr(n_rows):
+                for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
+                    acc_O_rc[r, c] = acc_O_rc[r, c] * corrections[r]
+            # the same bf16 registers, re-viewed as the RS operand (D1.3: a same-thread re-view for bf16)
+            tOrP = cute.make_tensor(rP.iterator, acc_layout_as_operand_a(rP.layout))
+            self.gemm(tiled_mma_pv, acc_O, tOrP, tOrV[None, None, None, kv_state.index], False)
+            pipeline_kv.consumer_release(kv_state)
+            kv_state.advance()
+
+        # epilogue: row sums across the quad, sink, normalizers for WG2, LSE, the left half of O
+        for r in cutlass.range_constexpr(n_rows):
+            s = row_sum[r]
+            s += cute.arch.shuffle_sync_bfly(s, offset=2)
+            s += cute.arch.shuffle_sync_bfly(s, offset=1)
+            m = tScS_rc[r, 0][0]
+            inv = Float32(0.0)
+            lse = -Float32.inf
+            if s > 0.0:
+                denom = s
+                if const_expr(self.has_sink):     # value-less sink, once, in this row's max units
+                    denom = s + cute.arch.exp2(mSink[head_group * TILE_H + m] * LOG2_E
+                                               - row_max[r] * softmax_scale_log2)
+                inv = 1.0 / denom
+                lse = (row_max[r] * softmax_scale_log2 + cute.math.log2(s)) * LN_2          # sink excluded
+            if wtid % 4 == 0:
+                sRowInv[m] = inv
+                if const_expr(self.has_lse or self.split_kv):
+                    mLSE[split, batch, head_group * TILE_H + m, token] = lse
+            for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
+                acc_O_rc[r, c] = acc_O_rc[r, c] * inv
+        cute.arch.barrier_arrive(barrier_id=FINAL, number_of_threads=256)
+        self.store_half(thr_pv, acc_O, mO, split, batch, token, head_group, 0)
+
+    @cute.jit
+    def right_half(self, tiled_mma_pv, sVt, sP, sRowScale, sRowInv, mO, pipeline_kv, wtid, token, head_group,
+                   batch, split, tile_lo, tile_hi):
+        thr_pv = tiled_mma_pv.get_slice(wtid)
+        tOrP = thr_pv.make_fragment_A(thr_pv.partition_A(sP))               # (MMA, 1, 4, 2 buffers)
+        sVt_right = cute.local_tile(sVt, (HALF, TILE_N, self.num_stages), (1, 0, 0))
+        tOrV = thr_pv.make_fragment_B(thr_pv.partition_B(sVt_right))       # (MMA, 1, 4, stages)
+        acc_O = cute.make_rmem_tensor(thr_pv.partition_shape_C((TILE_H, HALF)), Float32)
+        acc_O.fill(0.0)
+        acc_O_rc = cute.make_tensor(acc_O.iterator, acc_layout_rows_cols(acc_O.layout))
+        tOcO = thr_pv.partition_C(cute.make_identity_tensor((TILE_H, HALF)))
+        tOcO_rc = cute.make_tensor(tOcO.iterator, acc_layout_rows_cols(tOcO.layout))
+        n_rows = cute.size(acc_O_rc, mode=[0])
+        n_tiles = tile_hi - tile_lo
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
+        for i in cutlass.range(n_tiles, unroll=1):
+            buf = i % 2
+            pipeline_kv.consumer_wait(kv_state)
+            cute.arch.barrier(barrier_id=P_FULL + buf, number_of_threads=256)
+            for r in cutlass.range_constexpr(n_rows):
+                correction = sRowScale[buf * TILE_H + tOcO_rc[r, 0][0]]
+                for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
+                    acc_O_rc[r, c] = acc_O_rc[r, c] * correction
+            self.gemm(tiled_mma_pv, acc_O, tOrP[None, None, None, buf], tOrV[None, None, None, kv_state.index],
+                      False)
+            if i + 2 < n_tiles:                                    # WG1 will write this buffer again
+                cute.arch.barrier_arrive(barrier_id=P_EMPTY + buf, number_of_threads=256)
+            pipeline_kv.consumer_release(kv_state)
+            kv_state.advance()
+        cute.arch.barrier(barrier_id=FINAL, number_of_threads=256)
+        for r in cutlass.range_constexpr(n_rows):
+            inv = sRowInv[tOcO_rc[r, 0][0]]
+            for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
+                acc_O_rc[r, c] = acc_O_rc[r, c] * inv
+        self.store_half(thr_pv, acc_O, mO, split, batch, token, head_group, 1)
+
+    @cute.jit
+    def store_half(self, thr_pv, acc_O, mO, split, batch, token, head_group, half: cutlass.Constexpr):
+        """O half → global (bf16 output, or the fp32 partial of a split), straight from the accumulator."""
+        gO = cute.local_tile(mO[split, batch, token, None, None], (TILE_H, HALF), (head_group, half))
+        tOgO = thr_pv.partition_C(gO)
+        rO = cute.make_rmem_tensor_like(acc_O, mO.element_type)
+        rO.store(acc_O.load().to(mO.element_type))
+        cute.autovec_copy(rO, tOgO)

@@ -1,0 +1,185 @@
+"""``dsv4lib.sparse_attention`` (D6) and the hd512 MQA path of ``dsv4lib.attention``: one shared KV head of
+dim 512 with K = V, 64 query heads per CTA packed as the MMA M dimension
+(:class:`dsv4lib.kernels.sm90.sparse_fwd.SparseAttentionForwardSm90`).  Same semantics as
+:func:`dsv4lib.reference.sparse_attention` / :func:`dsv4lib.reference.attention`."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+HEAD_DIM = 512
+HEADS_PER_CTA = 64
+_COMPILED: dict[tuple, object] = {}
+_WORKSPACE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+_PLACEHOLDERS: dict[tuple, torch.Tensor] = {}
+
+
+def _rows_dynamic(t: torch.Tensor, static_modes: tuple[int, ...] = ()):
+    """A contiguous torch tensor as a CuTe tensor whose extents are dynamic except ``static_modes`` (the head
+    dim stays static: the 16-byte row copies and the MMA tiling need it).  Works on CPU tensors too, which is
+    how the CPU tests compile exactly what a GPU call compiles."""
+    from cutlass.cute.runtime import from_dlpack
+    ct = from_dlpack(t, assumed_align=16 if t.element_size() * t.shape[-1] % 16 == 0 else t.element_size())
+    for mode in range(t.dim()):
+        if mode not in static_modes:
+            ct = ct.mark_compact_shape_dynamic(mode=mode, stride_order=t.dim_order())
+    return ct
+
+
+def kernel_args(q, kv, indices, o, lse, sink, scale: float, window: int) -> tuple:
+    """q ``(B, Sq, H, 512)``, kv ``(B, Skv, 512)``, indices ``(B, Sq, K)`` int32, o ``(splits, B, Sq, H, 512)``,
+    lse ``(splits, B, H, Sq)``, sink ``(H,)`` → the kernel's arguments."""
+    from cutlass import Float32, Int32
+    return (_rows_dynamic(q, (3,)), _rows_dynamic(kv, (2,)), _rows_dynamic(indices), _rows_dynamic(o, (4,)),
+            _rows_dynamic(lse), Float32(scale * math.log2(math.e)), Int32(window), _rows_dynamic(sink))
+
+
+def compiled(gather: bool, causal: bool, window: bool, sink: bool, has_lse: bool, split_kv: bool, args: tuple,
+             arch: str = "sm_90a"):
+    key = (gather, causal, window, sink, has_lse, split_kv, arch)
+    if key not in _COMPILED:
+        import cutlass.cute as cute
+
+        from .kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
+        kernel = SparseAttentionForwardSm90(gather=gather, causal=causal, window=window, sink=sink, has_lse=has_lse,
+                                            split_kv=split_kv)
+        _COMPILED[key] = cute.compile(kernel, *args, options=f"--gpu-arch {arch}")
+    return _COMPILED[key]
+
+
+def _placeholder(device, dtype, value) -> torch.Tensor:
+    key = (str(device), dtype)
+    if key not in _PLACEHOLDERS:
+        _PLACEHOLDERS[key] = torch.full((1,) * (3 if dtype == torch.int32 else 1), value, dtype=dtype, device=device)
+    return _PLACEHOLDERS[key]
+
+
+def _check_kind(name, t, dims, dtype=torch.bfloat16):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != dtype:
+        raise TypeError(f"{name} must be {str(dtype).replace('torch.', '')}, got {t.dtype}")
+    if t.dim() != dims:
+        raise ValueError(f"{name} must be {dims}-D, got shape {tuple(t.shape)}")
+
+
+def _check_placement(name, t):
+    if not t.is_cuda:
+        raise ValueError(f"{name} must be a CUDA tensor (got device {t.device})")
+    if not t.is_contiguous() or t.data_ptr() % 16:
+        raise ValueError(f"{name} must be contiguous with a 16-byte aligned start (strides {t.stride()})")
+
+
+def _check_arch(device, what):
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) != (9, 0):
+        raise RuntimeError(f"{what} runs on Hopper (sm_90a) only; this GPU is sm_{major}{minor}")
+
+
+def _check_heads_and_sink(H, sink, device):
+    if H % HEADS_PER_CTA:
+        raise ValueError(f"the hd512 MQA kernel packs {HEADS_PER_CTA} query heads per CTA: H must be a multiple of "
+                         f"{HEADS_PER_CTA} (DSV4: 64 or 128), got {H}")
+    if sink is not None:
+        if not isinstance(sink, torch.Tensor) or sink.dtype != torch.float32:
+            raise TypeError(f"sink must be a float32 tensor of shape [H], got {getattr(sink, 'dtype', type(sink))}")
+        if sink.shape != (H,):
+            raise ValueError(f"sink must be [H={H}], got {tuple(sink.shape)}")
+        if sink.device != device:
+            raise ValueError(f"sink must be on {device}, got {sink.device}")
+
+
+def _workspace(splits, B, Sq, H, device):
+    key = (splits, B, Sq, H, str(device))
+    if key not in _WORKSPACE:
+        _WORKSPACE[key] = (torch.empty(splits, B, Sq, H, HEAD_DIM, dtype=torch.float32, device=device),
+                           torch.empty(splits, B, H, Sq, dtype=torch.float32, device=device))
+    return _WORKSPACE[key]
+
+
+def _run(q4, kv3, idx3, *, gather, causal, window, sink, scale, num_splits):
+    """q4 (B, Sq, H, 512), kv3 (B, Skv, 512), idx3 (B, Sq, K) or None → out (B, Sq, H, 512), lse (B, H, Sq)."""
+    from .attention import _compiled_combine, _to_cute
+    B, Sq, H, _ = q4.shape
+    device = q4.device
+    sink_t = sink.contiguous() if sink is not None else _placeholder(device, torch.float32, 0.0)
+    idx = idx3 if gather else _placeholder(device, torch.int32, -1)
+    out = torch.empty_like(q4)
+    lse = torch.empty(B, H, Sq, dtype=torch.float32, device=device)
+    with torch.cuda.device(device):
+        if num_splits == 1:
+            args = kernel_args(q4, kv3, idx, out.unsqueeze(0), lse.unsqueeze(0), sink_t, scale, window or 0)
+            compiled(gather, causal, window is not None, sink is not None, True, False, args)(*args)
+        else:
+            o_part, lse_part = _workspace(num_splits, B, Sq, H, device)
+            args = kernel_args(q4, kv3, idx, o_part, lse_part, sink_t, scale, window or 0)
+            compiled(gather, causal, window is not None, False, True, True, args)(*args)
+            cargs = (_to_cute(o_part, 4), _to_cute(lse_part, 3), _to_cute(out, 3), _to_cute(lse, 2),
+                     _to_cute(sink_t, 0))
+            _compiled_combine(HEAD_DIM, sink is not None, cargs)(*cargs)
+    return out, lse
+
+
+def _splits(num_splits, batch_ctas, n_keys, device):
+    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1):
+        raise ValueError(f"num_splits must be a positive int or None (heuristic), got {num_splits!r}")
+    n_tiles = max(1, -(-n_keys // 64))
+    if num_splits is None:
+        from .splitkv import num_splits_heuristic
+        num_splits = num_splits_heuristic(1, batch_ctas, 1, n_tiles,
+                                          torch.cuda.get_device_properties(device).multi_processor_count)
+    return min(num_splits, n_tiles)                      # documented clamp: at least one key tile per split
+
+
+def sparse_attention(q, kv, indices, *, scale=None, sink=None, return_lse=False, num_splits=None):
+    """DSV4 / FlashMLA sparse attention on the GPU: q ``[Sq, H, 512]`` bf16 (H a multiple of 64), kv
+    ``[Skv, 512]`` bf16 (K = V), indices ``[Sq, K]`` int32 (``-1`` or anything outside ``[0, Skv)`` = no key).
+    Returns ``out [Sq, H, 512]`` bf16 and with ``return_lse`` ``lse [Sq, H]`` fp32 (sink excluded).
+    ``num_splits``: split each query's key list over that many CTAs (decode), merged by LSE; ``None`` =
+    heuristic, ``1`` = no split, clamped to the number of 64-key tiles."""
+    _check_kind("q", q, 3)
+    _check_kind("kv", kv, 2)
+    if not isinstance(indices, torch.Tensor) or indices.dtype != torch.int32:
+        raise TypeError(f"indices must be an int32 tensor, got {getattr(indices, 'dtype', type(indices))}")
+    _check_kind("indices", indices, 2, torch.int32)
+    Sq, H, D = q.shape
+    if D != HEAD_DIM or kv.shape[1] != HEAD_DIM:
+        raise ValueError(f"sparse_attention is built for head dim {HEAD_DIM} (q {D}, kv {kv.shape[1]})")
+    if indices.shape[0] != Sq or indices.shape[1] < 1:
+        raise ValueError(f"indices must be [Sq={Sq}, K >= 1], got {tuple(indices.shape)}")
+    if kv.shape[0] < 1 or Sq < 1:
+        raise ValueError(f"need Sq >= 1 and Skv >= 1, got q {tuple(q.shape)}, kv {tuple(kv.shape)}")
+    _check_heads_and_sink(H, sink, q.device)
+    for name, t in (("q", q), ("kv", kv), ("indices", indices)):
+        _check_placement(name, t)
+    if len({q.device, kv.device, indices.device}) != 1:
+        raise ValueError("q, kv and indices must be on the same device")
+    _check_arch(q.device, "sparse_attention")
+    scale = D ** -0.5 if scale is None else float(scale)
+    splits = _splits(num_splits, Sq * H // HEADS_PER_CTA, indices.shape[1], q.device)
+    out, lse = _run(q.unsqueeze(0), kv.unsqueeze(0), indices.unsqueeze(0), gather=True, causal=False, window=None,
+                    sink=sink, scale=scale, num_splits=splits)
+    return (out[0], lse[0].t()) if return_lse else out[0]
+
+
+def mqa512_attention(q, kv, *, scale=None, causal=False, window=None, sink=None, num_splits=None):
+    """hd512 MQA with K = V (``dsv4lib.attention`` routes here): q ``[B, Sq, H, 512]``, kv ``[B, Skv, 512]``.
+    Returns ``(out [B, Sq, H, 512], lse [B, H, Sq])``."""
+    B, Sq, H, D = q.shape
+    _check_heads_and_sink(H, sink, q.device)
+    if not q.is_contiguous() or not kv.is_contiguous():
+        raise ValueError("the hd512 MQA path needs contiguous q and k (= v)")
+    scale = D ** -0.5 if scale is None else float(scale)
+    splits = _splits(num_splits, B * Sq * H // HEADS_PER_CTA, min(kv.shape[1], window or kv.shape[1]), q.device)
+    return _run(q, kv, None, gather=False, causal=bool(causal), window=window, sink=sink, scale=scale,
+                num_splits=splits)
+
+
+def fake_args(gather: bool = True, split_kv: bool = False):
+    """Runtime-typed stand-ins (CPU tensors) for a CPU build of the kernel."""
+    o_dtype = torch.float32 if split_kv else torch.bfloat16
+    return kernel_args(torch.empty(1, 3, 64, HEAD_DIM, dtype=torch.bfloat16), torch.empty(1, 100, HEAD_DIM, dtype=torch.bfloat16),
+                       torch.empty(1, 3, 128 if gather else 1, dtype=torch.int32),
+                       torch.empty(2 if split_kv else 1, 1, 3, 64, HEAD_DIM, dtype=o_dtype),
+                       torch.empty(2 if split_kv else 1, 1, 64, 3, dtype=torch.float32), torch.empty(64), 1.0, 0)

@@ -1,0 +1,129 @@
+"""D6 core: the hd512 MQA kernel (K = V, 64 heads packed as M) — gathered (sparse_attention) and dense (attention
+with hd512) — builds on the CPU with the right instructions, rejects bad input, and on a Hopper GPU matches the
+float64 reference."""
+import pytest
+import torch
+
+import dsv4lib
+from dsv4lib import reference
+
+
+def _build(gather, split_kv=False, **flags):
+    from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
+    from dsv4lib.sparse import fake_args
+    return compile_for_arch(SparseAttentionForwardSm90(gather=gather, split_kv=split_kv, **flags),
+                            *fake_args(gather, split_kv), arch="sm_90a")
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("gather,split_kv,flags", [
+    (True, False, {"sink": True, "has_lse": True}),
+    (True, True, {}),
+    (False, False, {"causal": True, "window": True, "sink": True}),
+])
+def test_hd512_kernel_builds_from_the_public_functions_arguments(gather, split_kv, flags):
+    k = _build(gather, split_kv, **flags)
+    assert k.ptx_target == "sm_90a"
+    # QK: 32 k-steps of m64n64k16 (SS); PV: 4 k-steps of m64n256k16 per half, RS in WG1 and SS in WG2
+    assert k.count(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16") == 512 // 16
+    rs = k.count(r"wgmma\.mma_async\.sync\.aligned\.m64n256k16[^\n]*\},\s*\{%r")
+    ss = k.count(r"wgmma\.mma_async\.sync\.aligned\.m64n256k16[^\n]*\},\s*%rd\d+,\s*%rd")
+    assert (rs, ss) == (4, 4), (rs, ss)
+    assert k.count(r"cp\.async\.cg\.shared\.global[^\n]*16;") == 32 + 32         # Q rows + KV rows, 16 B each
+    assert k.count(r"cp\.async\.mbarrier\.arrive\.noinc") == 1
+    assert k.count(r"bar\.arrive") >= 3 and k.count(r"bar\.sync") >= 3             # P_FULL / P_EMPTY / FINAL
+    assert k.count("fence.proxy.async") >= 1                                        # P for the async proxy
+    assert k.count(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+56") == 1
+    assert k.count(r"\.local") == 0                                                 # no register spills
+
+
+@pytest.mark.compile
+def test_gather_with_a_mask_is_refused():
+    from dsv4lib.kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
+    with pytest.raises(ValueError, match="index list"):
+        SparseAttentionForwardSm90(gather=True, causal=True)
+
+
+def _bf(*shape):
+    return torch.randn(*shape).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("make,exc,match", [
+    (lambda: (_bf(4, 64, 512), _bf(100, 512), torch.zeros(4, 8, dtype=torch.int64)), TypeError, "int32"),
+    (lambda: (_bf(4, 64, 512), _bf(100, 1, 512), torch.zeros(4, 8, dtype=torch.int32)), ValueError, "2-D"),
+    (lambda: (_bf(4, 64, 256), _bf(100, 256), torch.zeros(4, 8, dtype=torch.int32)), ValueError, "head dim 512"),
+    (lambda: (_bf(4, 64, 512), _bf(100, 512), torch.zeros(5, 8, dtype=torch.int32)), ValueError, "Sq=4"),
+    (lambda: (_bf(4, 48, 512), _bf(100, 512), torch.zeros(4, 8, dtype=torch.int32)), ValueError, "multiple of 64"),
+    (lambda: (_bf(4, 64, 512).float(), _bf(100, 512), torch.zeros(4, 8, dtype=torch.int32)), TypeError, "bfloat16"),
+    (lambda: (_bf(4, 64, 512), _bf(100, 512), torch.zeros(4, 8, dtype=torch.int32)), ValueError, "CUDA"),
+])
+def test_sparse_attention_rejects_bad_input(make, exc, match):
+    q, kv, idx = make()
+    with pytest.raises(exc, match=match):
+        dsv4lib.sparse_attention(q, kv, idx)
+
+
+def test_hd512_attention_needs_mqa_with_k_equal_v():
+    q, k = _bf(1, 8, 64, 512), _bf(1, 8, 1, 512)
+    with pytest.raises(ValueError, match="K = V"):
+        dsv4lib.attention(q, k, _bf(1, 8, 1, 512))                   # v is another tensor
+    with pytest.raises(ValueError, match="MQA"):
+        dsv4lib.attention(q, _bf(1, 8, 2, 512), _bf(1, 8, 2, 512))   # two KV heads
+
+
+def _cos(a, b):
+    return torch.nn.functional.cosine_similarity(a.double().flatten(), b.double().flatten(), 0).item()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("Sq,H,Skv,K,splits,with_sink", [
+    (37, 64, 3000, 640, 1, True),        # DSV4-Flash-like: 128 window + 512 top-k
+    (9, 128, 5000, 1024 + 128, 1, False),  # Pro-like: 128 heads = two head groups
+    (20, 64, 700, 100, 1, True),         # K not a multiple of 64
+    (3, 64, 20000, 2048, 4, True),       # decode: split over 4 CTAs, combined with the sink once
+    (5, 64, 300, 64, None, False),       # heuristic splits
+])
+def test_sparse_attention_matches_the_reference(Sq, H, Skv, K, splits, with_sink):
+    gen = torch.Generator().manual_seed(Sq * 7 + K)
+    q = torch.randn(Sq, H, 512, generator=gen).to("cuda", torch.bfloat16)
+    kv = torch.randn(Skv, 512, generator=gen).to("cuda", torch.bfloat16)
+    idx = torch.randint(0, Skv, (Sq, K), generator=gen, dtype=torch.int32)
+    idx[torch.rand(Sq, K, generator=gen) < 0.1] = -1                   # invalid entries anywhere
+    idx[0, :] = -1                                                      # a query with no key at all
+    idx[1, : K // 2] = idx[1, K // 2: 2 * (K // 2)]                      # duplicates count twice
+    idx[2, 5] = Skv + 7                                                  # out of range = invalid
+    idx = idx.cuda()
+    sink = (torch.randn(H, generator=gen) * 2).cuda() if with_sink else None
+    out, lse = dsv4lib.sparse_attention(q, kv, idx, sink=sink, return_lse=True, num_splits=splits)
+    torch.cuda.synchronize()
+    ref, ref_lse = reference.sparse_attention(q.double(), kv.double(), idx, sink=None if sink is None else sink.double(),
+                                              return_lse=True)
+    assert torch.isfinite(out).all()
+    assert _cos(out, ref) >= 0.9999
+    assert out[0].abs().max().item() == 0 and torch.isinf(lse[0]).all()   # no keys: zero output, lse -inf
+    ok = torch.isfinite(ref_lse)
+    torch.testing.assert_close(lse.double()[ok], ref_lse[ok], atol=2e-3, rtol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,Sq,Skv,H,causal,window,with_sink,splits", [
+    (1, 300, 300, 64, True, None, False, 1),
+    (2, 77, 1000, 64, False, None, True, 1),
+    (1, 500, 500, 128, True, 128, True, 1),        # DSV4 SWA: window 128 + sink
+    (2, 1, 9000, 64, False, None, True, None),      # decode, split-KV by the heuristic
+    (1, 2, 5000, 64, True, 128, False, 3),          # MTP-style decode with a window, forced splits
+])
+def test_hd512_mqa_attention_matches_the_reference(B, Sq, Skv, H, causal, window, with_sink, splits):
+    gen = torch.Generator().manual_seed(B * 100 + Sq + Skv)
+    q = torch.randn(B, Sq, H, 512, generator=gen).to("cuda", torch.bfloat16)
+    kv = torch.randn(B, Skv, 1, 512, generator=gen).to("cuda", torch.bfloat16)
+    sink = (torch.randn(H, generator=gen) * 2).cuda() if with_sink else None
+    out, lse = dsv4lib.attention(q, kv, kv, causal=causal, window=window, sink=sink, return_lse=True,
+                                 num_splits=splits)
+    torch.cuda.synchronize()
+    ref, ref_lse = reference.attention(q.double(), kv.double(), kv.double(), causal=causal, window=window,
+                                       sink=None if sink is None else sink.double(), return_lse=True)
+    assert torch.isfinite(out).all()
+    assert _cos(out, ref) >= 0.9999
+    torch.testing.assert_close(lse.double(), ref_lse, atol=2e-3, rtol=1e-4)
