@@ -126,9 +126,10 @@ def _splits(num_splits, batch_ctas, n_keys, device):
         raise ValueError(f"num_splits must be a positive int or None (heuristic), got {num_splits!r}")
     n_tiles = max(1, -(-n_keys // 64))
     if num_splits is None:
-        from .splitkv import num_splits_heuristic
-        num_splits = num_splits_heuristic(1, batch_ctas, 1, n_tiles,
-                                          torch.cuda.get_device_properties(device).multi_processor_count)
+        # one wave: each CTA moves 64 KiB per tile and does as much math as it loads (64 heads × 512), so
+        # every SM has to take part; at least 4 tiles per split keep the fp32 partials small next to the keys
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        num_splits = 1 if batch_ctas >= sms else max(1, min(-(-sms // batch_ctas), n_tiles // 4))
     return min(num_splits, n_tiles)                      # documented clamp: at least one key tile per split
 
 

@@ -92,7 +92,8 @@ def rope(x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor, inverse: bo
     """Interleaved (GPT-J) RoPE on the last ``2·len(inv_freq)`` dims; ``pos`` broadcasts against
     ``x.shape[:-1]`` when viewed as ``[..., 1]`` per head axis (pass ``pos`` shaped like ``x.shape[:-1]``)."""
     R = 2 * inv_freq.numel()
-    ang = pos.to(inv_freq.dtype).unsqueeze(-1) * inv_freq * (-1.0 if inverse else 1.0)
+    inv_freq = inv_freq.to(x.device)
+    ang = pos.to(x.device, inv_freq.dtype).unsqueeze(-1) * inv_freq * (-1.0 if inverse else 1.0)
     cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
     xe, xo = x[..., -R::2], x[..., -R + 1::2]
     rot = torch.stack([xe * cos - xo * sin, xe * sin + xo * cos], -1).flatten(-2)
@@ -291,9 +292,12 @@ def _output_projection(o: torch.Tensor, P: LayerWeights, pos, inv_freq, cfg) -> 
     return z @ P.wo_b.T
 
 
-def layer_forward(x: torch.Tensor, P: LayerWeights, cfg: DSV4Config) -> LayerOutput:
+def layer_forward(x: torch.Tensor, P: LayerWeights, cfg: DSV4Config, core=None) -> LayerOutput:
     """Prefill of one layer (positions 0..S-1): the official form — build index lists over
-    ``cat(window kv, compressed)`` and run ONE sparse softmax (with the sink) over their union."""
+    ``cat(window kv, compressed)`` and run ONE sparse softmax (with the sink) over their union.
+    ``core``: the attention core, ``core(q, kv, indices, *, scale, sink, return_lse)`` with the semantics of
+    :func:`sparse_attention` (default); ``dsv4lib.dsv4`` passes the GPU kernel here."""
+    core = sparse_attention if core is None else core
     if x.dim() != 3 or x.shape[-1] != cfg.dim:
         raise ValueError(f"x must be [B, S, dim={cfg.dim}], got {tuple(x.shape)}")
     x = x.to(cfg.dtype)
@@ -317,8 +321,8 @@ def layer_forward(x: torch.Tensor, P: LayerWeights, cfg: DSV4Config) -> LayerOut
     indices = torch.cat([win.expand(B, S, -1), torch.where(comp_idx >= 0, comp_idx + S, -1)], -1).to(torch.int32)
     outs, lses = [], []
     for b in range(B):
-        o, l = sparse_attention(q[b], torch.cat([kv[b], comp[b]]), indices[b], scale=cfg.head_dim ** -0.5,
-                                sink=P.sink, return_lse=True)
+        o, l = core(q[b], torch.cat([kv[b], comp[b]]), indices[b], scale=cfg.head_dim ** -0.5, sink=P.sink,
+                    return_lse=True)
         outs.append(o)
         lses.append(l)
     o, lse = torch.stack(outs), torch.stack(lses)
@@ -346,18 +350,21 @@ class LayerDecodeState:
     ring: torch.Tensor = field(default=None)
     main: _CompressorState | None = None
     index: _CompressorState | None = None
+    core: object = None          # the attention core, as in layer_forward (default: sparse_attention)
 
     def __post_init__(self):
         cfg, B, dt = self.cfg, self.batch, self.cfg.dtype
-        self.ring = torch.zeros(B, cfg.window, cfg.head_dim, dtype=dt)
+        self.device = self.P.wkv.device
+        self.core = sparse_attention if self.core is None else self.core
+        self.ring = torch.zeros(B, cfg.window, cfg.head_dim, dtype=dt, device=self.device)
         kind = layer_kind(self.P.ratio)
 
         def state(cw: CompressorWeights, overlap: bool):
             m, width = self.P.ratio, cw.wkv.shape[0]
             slots = 2 * m if overlap else m
-            return _CompressorState(torch.zeros(B, slots, width, dtype=dt),
-                                    torch.full((B, slots, width), -torch.inf, dtype=dt),
-                                    torch.zeros(B, 0, cw.norm.numel(), dtype=dt))
+            return _CompressorState(torch.zeros(B, slots, width, dtype=dt, device=self.device),
+                                    torch.full((B, slots, width), -torch.inf, dtype=dt, device=self.device),
+                                    torch.zeros(B, 0, cw.norm.numel(), dtype=dt, device=self.device))
         if kind != "SWA":
             self.main = state(self.P.compressor, kind == "CSA")
         if kind == "CSA":
@@ -389,11 +396,12 @@ class LayerDecodeState:
         B = x.shape[0]
         kind, m = layer_kind(P.ratio), P.ratio
         inv_freq = rope_inv_freq(cfg, m)
-        pos = torch.full((B, 1), p)
+        dev = self.device
+        pos = torch.full((B, 1), p, device=dev)
         qr, q, kv = _queries_and_kv(x, P, pos, inv_freq, cfg)
         self.ring[:, p % cfg.window] = kv[:, 0]
         n_win = min(p + 1, cfg.window)
-        win_slots = torch.tensor([(p - i) % cfg.window for i in range(n_win)], dtype=torch.long)
+        win_slots = torch.tensor([(p - i) % cfg.window for i in range(n_win)], dtype=torch.long, device=dev)
         comp_rows, topk = None, None
         if kind != "SWA":
             self._feed(self.main, P.compressor, x[:, 0], kind == "CSA", inv_freq, False)
@@ -405,22 +413,22 @@ class LayerDecodeState:
         outs = []
         for b in range(B):
             rows = self.ring[b, win_slots]
-            idx = torch.arange(n_win)
+            idx = torch.arange(n_win, device=dev)
             if comp_rows is not None:
                 n_ready = comp_rows.shape[1]
-                extra = torch.arange(n_ready) if kind == "HCA" else topk[b].long()
+                extra = torch.arange(n_ready, device=dev) if kind == "HCA" else topk[b].long()
                 rows = torch.cat([rows, comp_rows[b]])
                 idx = torch.cat([idx, torch.where(extra >= 0, extra + n_win, -1)])
-            outs.append(sparse_attention(q[b], rows, idx[None].to(torch.int32), scale=cfg.head_dim ** -0.5,
-                                         sink=P.sink))
+            outs.append(self.core(q[b], rows, idx[None].to(torch.int32), scale=cfg.head_dim ** -0.5, sink=P.sink,
+                                  return_lse=False))
         o = torch.stack(outs)                                              # [B, 1, H, D]
         self.pos += 1
         return _output_projection(o, P, pos, inv_freq, cfg)[:, 0]
 
 
-def decode_sequence(x: torch.Tensor, P: LayerWeights, cfg: DSV4Config) -> torch.Tensor:
+def decode_sequence(x: torch.Tensor, P: LayerWeights, cfg: DSV4Config, core=None) -> torch.Tensor:
     """Run :class:`LayerDecodeState` over every token of ``x [B, S, dim]`` → ``[B, S, dim]``."""
-    st = LayerDecodeState(cfg, P, x.shape[0])
+    st = LayerDecodeState(cfg, P, x.shape[0], core=core)
     return torch.stack([st.step(x[:, t]) for t in range(x.shape[1])], 1)
 
 
