@@ -12,8 +12,9 @@ declare -A groups=(
   [overlap]="overlapped_mainloop"
   [nvfp4]="test_nvfp4_kernel"
   [sparse]="sparse"
+  [layer]="test_dsv4_layer"
 )
-order=(${@:-d1 window split branch overlap nvfp4 sparse})
+order=(${@:-d1 window split branch overlap nvfp4 sparse layer})
 limit=${GROUP_TIMEOUT:-150}
 summary=""
 for g in "${order[@]}"; do
