@@ -235,6 +235,22 @@ def attention_branches(q, branches, *, sink=None, scale=None, return_lse=False):
     return (out, lse) if return_lse else out
 
 
+_AMAX_CACHE: dict[tuple, torch.Tensor] = {}
+
+
+def _amax_tensor(amax, device) -> torch.Tensor:
+    """A static amax as a device tensor: a tensor is used as is; a Python number is copied to the device once
+    and cached (a host→device copy per call would stall the host behind the GPU queue)."""
+    if isinstance(amax, torch.Tensor):
+        return amax.to(device=device, dtype=torch.float32)
+    key = (float(amax), str(device))
+    if key not in _AMAX_CACHE:
+        if len(_AMAX_CACHE) > 64:
+            _AMAX_CACHE.clear()
+        _AMAX_CACHE[key] = torch.tensor(float(amax), dtype=torch.float32, device=device)
+    return _AMAX_CACHE[key]
+
+
 def attention_nvfp4(q, k, v, out_global_amax, *, scale=None, causal=False, window=None, sink=None):
     """NVFP4-1.1: attention whose output leaves the kernel already quantized to NVFP4 (no bf16 round trip
     through HBM): returns ``(data uint8 [B, Sq, H, D/2], scales uint8 [B, Sq, H, D/16] (e4m3 bits),
@@ -248,7 +264,7 @@ def attention_nvfp4(q, k, v, out_global_amax, *, scale=None, causal=False, windo
     from cutlass import Float32, Int32
 
     from .reference.quant import nvfp4_global_encode_scale
-    amax = torch.as_tensor(out_global_amax, dtype=torch.float32, device=q.device)
+    amax = _amax_tensor(out_global_amax, q.device)
     if amax.numel() != 1:
         raise ValueError(f"out_global_amax must be a scalar, got shape {tuple(amax.shape)}")
     s_enc = nvfp4_global_encode_scale(amax.reshape(())).reshape(1).contiguous()

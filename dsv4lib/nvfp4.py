@@ -60,7 +60,8 @@ def quantize_nvfp4(x, global_amax=None, *, swizzle: bool = False):
     if global_amax is None:
         amax = x.abs().amax().float()
     else:
-        amax = torch.as_tensor(global_amax, dtype=torch.float32, device=x.device)
+        from .attention import _amax_tensor
+        amax = _amax_tensor(global_amax, x.device)
         if amax.numel() != 1:
             raise ValueError(f"global_amax must be a scalar, got shape {tuple(amax.shape)}")
         amax = amax.reshape(())
