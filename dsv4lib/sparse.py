@@ -35,15 +35,20 @@ def kernel_args(q, kv, indices, o, lse, sink, scale: float, window: int) -> tupl
             _rows_dynamic(lse), Float32(scale * math.log2(math.e)), Int32(window), _rows_dynamic(sink))
 
 
+# the two warpgroup schedules of the hd512 kernel (see its docstring); the default is chosen by measurement
+BALANCED = True
+
+
 def compiled(gather: bool, causal: bool, window: bool, sink: bool, has_lse: bool, split_kv: bool, args: tuple,
-             arch: str = "sm_90a"):
-    key = (gather, causal, window, sink, has_lse, split_kv, arch)
+             arch: str = "sm_90a", balanced: bool | None = None):
+    balanced = BALANCED if balanced is None else balanced
+    key = (gather, causal, window, sink, has_lse, split_kv, arch, balanced)
     if key not in _COMPILED:
         import cutlass.cute as cute
 
         from .kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
         kernel = SparseAttentionForwardSm90(gather=gather, causal=causal, window=window, sink=sink, has_lse=has_lse,
-                                            split_kv=split_kv)
+                                            split_kv=split_kv, balanced=balanced)
         _COMPILED[key] = cute.compile(kernel, *args, options=f"--gpu-arch {arch}")
     return _COMPILED[key]
 
@@ -177,7 +182,7 @@ def mqa512_attention(q, kv, *, scale=None, causal=False, window=None, sink=None,
                 num_splits=splits)
 
 
-def fake_args(gather: bool = True, split_kv: bool = False):
+def fake_args(gather: bool = True, split_kv: bool = False):  # noqa: D401
     """Runtime-typed stand-ins (CPU tensors) for a CPU build of the kernel."""
     o_dtype = torch.float32 if split_kv else torch.bfloat16
     return kernel_args(torch.empty(1, 3, 64, HEAD_DIM, dtype=torch.bfloat16), torch.empty(1, 100, HEAD_DIM, dtype=torch.bfloat16),

@@ -3,6 +3,7 @@ with and without split-KV.   python scripts/bench_sparse.py"""
 import torch
 
 import dsv4lib
+import dsv4lib.sparse
 from dsv4lib import bench
 
 
@@ -23,11 +24,14 @@ for H, K in ((64, 640), (128, 1152)):
                       torch.randint(0, Skv, (Sq, K), device="cuda", dtype=torch.int32, generator=gen))
         inputs = [mk() for _ in range(2)]
         flops = 2.0 * Sq * H * K * (512 + 512)
-        t = bench.time_cuda(lambda q, kv, i: dsv4lib.sparse_attention(q, kv, i, num_splits=1), inputs, iters=10)
+        res = {}
+        for balanced in (False, True):
+            dsv4lib.sparse.BALANCED = balanced
+            t = bench.time_cuda(lambda q, kv, i: dsv4lib.sparse_attention(q, kv, i, num_splits=1), inputs, iters=10)
+            res["balanced" if balanced else "columns"] = round(bench.tflops(flops, t.median_ms))
         small = [(q[:1024], kv, i[:1024]) for q, kv, i in inputs]
         tp = bench.time_cuda(lambda q, kv, i: torch_sparse(q, kv, i, 512 ** -0.5), small, iters=5)
-        print({"kind": "sparse-prefill", "H": H, "K": K, "Sq": Sq, "ms": round(t.median_ms, 3),
-               "tflops": round(bench.tflops(flops, t.median_ms)), "host_ms": round(t.host_ms, 3),
+        print({"kind": "sparse-prefill", "H": H, "K": K, "Sq": Sq, "tflops": res, "host_ms": round(t.host_ms, 3),
                "torch_tflops": round(bench.tflops(flops * 1024 / Sq, tp.median_ms))}, flush=True)
         del inputs, small
 for H in (64, 128):

@@ -21,18 +21,26 @@ def _build(gather, split_kv=False, **flags):
     (True, False, {"sink": True, "has_lse": True}),
     (True, True, {}),
     (False, False, {"causal": True, "window": True, "sink": True}),
+    (True, False, {"sink": True, "has_lse": True, "balanced": True}),
+    (False, True, {"causal": True, "balanced": True}),
 ])
 def test_hd512_kernel_builds_from_the_public_functions_arguments(gather, split_kv, flags):
     k = _build(gather, split_kv, **flags)
     assert k.ptx_target == "sm_90a"
-    # QK: 32 k-steps of m64n64k16 (SS); PV: 4 k-steps of m64n256k16 per half, RS in WG1 and SS in WG2
-    assert k.count(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16") == 512 // 16
     rs = k.count(r"wgmma\.mma_async\.sync\.aligned\.m64n256k16[^\n]*\},\s*\{%r")
     ss = k.count(r"wgmma\.mma_async\.sync\.aligned\.m64n256k16[^\n]*\},\s*%rd\d+,\s*%rd")
-    assert (rs, ss) == (4, 4), (rs, ss)
+    if flags.get("balanced"):
+        # QK: 32 k-steps of m64n32k16, one warpgroup's 32 keys; PV: 4 k-steps of m64n256k16 from the shared P
+        assert k.count(r"wgmma\.mma_async\.sync\.aligned\.m64n32k16\.f32\.bf16\.bf16") == 512 // 16
+        assert (rs, ss) == (0, 4), (rs, ss)
+        assert k.count(r"bar\.sync") >= 3                                         # MAX / P / SUM
+    else:
+        # QK: 32 k-steps of m64n64k16 (SS); PV: 4 k-steps of m64n256k16 per half, RS in WG1 and SS in WG2
+        assert k.count(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16") == 512 // 16
+        assert (rs, ss) == (4, 4), (rs, ss)
+        assert k.count(r"bar\.arrive") >= 3 and k.count(r"bar\.sync") >= 3         # P_FULL / P_EMPTY / FINAL
     assert k.count(r"cp\.async\.cg\.shared\.global[^\n]*16;") == 32 + 32         # Q rows + KV rows, 16 B each
     assert k.count(r"cp\.async\.mbarrier\.arrive\.noinc") == 1
-    assert k.count(r"bar\.arrive") >= 3 and k.count(r"bar\.sync") >= 3             # P_FULL / P_EMPTY / FINAL
     assert k.count("fence.proxy.async") >= 1                                        # P for the async proxy
     assert k.count(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+56") == 1
     assert k.count(r"\.local") == 0                                                 # no register spills
@@ -72,6 +80,14 @@ def test_hd512_attention_needs_mqa_with_k_equal_v():
         dsv4lib.attention(q, _bf(1, 8, 2, 512), _bf(1, 8, 2, 512))   # two KV heads
 
 
+@pytest.fixture(params=[False, True], ids=["columns", "balanced"])
+def schedule(request, monkeypatch):
+    """Both warpgroup schedules of the hd512 kernel run every GPU case."""
+    import dsv4lib.sparse
+    monkeypatch.setattr(dsv4lib.sparse, "BALANCED", request.param)
+    return request.param
+
+
 def _cos(a, b):
     return torch.nn.functional.cosine_similarity(a.double().flatten(), b.double().flatten(), 0).item()
 
@@ -84,7 +100,7 @@ def _cos(a, b):
     (3, 64, 20000, 2048, 4, True),       # decode: split over 4 CTAs, combined with the sink once
     (5, 64, 300, 64, None, False),       # heuristic splits
 ])
-def test_sparse_attention_matches_the_reference(Sq, H, Skv, K, splits, with_sink):
+def test_sparse_attention_matches_the_reference(Sq, H, Skv, K, splits, with_sink, schedule):
     gen = torch.Generator().manual_seed(Sq * 7 + K)
     q = torch.randn(Sq, H, 512, generator=gen).to("cuda", torch.bfloat16)
     kv = torch.randn(Skv, 512, generator=gen).to("cuda", torch.bfloat16)
@@ -114,7 +130,7 @@ def test_sparse_attention_matches_the_reference(Sq, H, Skv, K, splits, with_sink
     (2, 1, 9000, 64, False, None, True, None),      # decode, split-KV by the heuristic
     (1, 2, 5000, 64, True, 128, False, 3),          # MTP-style decode with a window, forced splits
 ])
-def test_hd512_mqa_attention_matches_the_reference(B, Sq, Skv, H, causal, window, with_sink, splits):
+def test_hd512_mqa_attention_matches_the_reference(B, Sq, Skv, H, causal, window, with_sink, splits, schedule):
     gen = torch.Generator().manual_seed(B * 100 + Sq + Skv)
     q = torch.randn(B, Sq, H, 512, generator=gen).to("cuda", torch.bfloat16)
     kv = torch.randn(B, Skv, 1, 512, generator=gen).to("cuda", torch.bfloat16)

@@ -24,6 +24,13 @@ very same shared buffer read MN-major (``composition`` with a transposing layout
 ``P_FULL[b]`` (WG1 arrives after writing buffer b, WG2 syncs) and ``P_EMPTY[b]`` (WG2 arrives once its wgmma
 on buffer b is done, WG1 syncs before overwriting it), ``FINAL`` (the row normalizers).
 
+**Balanced variant** (``balanced=True``): above, warpgroup 1 does three quarters of the MMA work (all of QK and
+half of PV) while warpgroup 2 waits for P.  Balanced, each warpgroup computes the scores of *its* 32 keys of
+the tile (``m64n32k16``), the two exchange their row maxima through shared memory (barrier ``MAX``), each
+writes its half of P to ``sP`` (barrier ``P``), and each runs ``O[:, its half] += P·V[:, its half]`` from the
+shared P (SS).  Both warpgroups then hold the same running max, so no rescale factors travel; the row sums
+are added once at the end (barrier ``SUM``).  Which variant is faster is measured, not assumed.
+
 Split-KV (``split_kv=True``, D2 decode): split s takes its share of the key tiles and writes an fp32 partial O
 normalized over its own keys plus its LSE; :class:`dsv4lib.kernels.combine.LSECombineKernel` merges them and
 applies the sink once.
@@ -46,6 +53,8 @@ TILE_N = 64            # keys per tile
 HALF = HEAD_DIM // 2   # output columns per consumer warpgroup
 # named barrier ids (0 is __syncthreads)
 P_FULL, P_EMPTY, FINAL = 1, 3, 5
+B_MAX, B_P, B_SUM = 1, 2, 3            # the balanced variant's barriers
+HALF_N = TILE_N // 2                   # keys per warpgroup in the balanced variant
 
 
 @cute.jit
@@ -64,7 +73,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
     PRODUCER_REGS, CONSUMER_REGS = 56, 224          # 128·(56 + 2·224) = 64 512 ≤ 65 536
 
     def __init__(self, *, gather: bool, causal: bool = False, window: bool = False, sink: bool = False,
-                 has_lse: bool = False, split_kv: bool = False, num_stages: int = 2):
+                 has_lse: bool = False, split_kv: bool = False, num_stages: int = 2, balanced: bool = False):
         if gather and (causal or window):
             raise ValueError("gathered keys come with their own index list: no causal / window mask on top")
         if split_kv and sink:
@@ -76,6 +85,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         self.has_lse = has_lse
         self.split_kv = split_kv
         self.num_stages = num_stages
+        self.balanced = balanced
         self.dtype = cutlass.BFloat16
 
     # ------------------------------------------------------------------------------ host side
@@ -87,9 +97,9 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         mQ, mKV, mO = as_global(mQ, 16), as_global(mKV, 16), as_global(mO, 16)     # 1 KiB / 2 KiB rows
         mIdx, mLSE, mSink = as_global(mIdx, 4), as_global(mLSE, 4), as_global(mSink, 4)
         mma = lambda a_source, n: sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.K if n == TILE_N else OperandMajorMode.MN,
+            self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.K if n <= TILE_N else OperandMajorMode.MN,
             Float32, (1, 1, 1), (TILE_H, n), a_source=a_source)
-        tiled_mma_qk = mma(warpgroup.OperandSource.SMEM, TILE_N)
+        tiled_mma_qk = mma(warpgroup.OperandSource.SMEM, HALF_N if const_expr(self.balanced) else TILE_N)
         tiled_mma_pv_rs = mma(warpgroup.OperandSource.RMEM, HALF)
         tiled_mma_pv_ss = mma(warpgroup.OperandSource.SMEM, HALF)
         sQ_layout = row_major_smem_layout(self.dtype, TILE_H, HEAD_DIM)
@@ -101,6 +111,8 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             mbar_KV: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
             sRowScale: cute.struct.MemRange[Float32, 2 * TILE_H]     # per sP buffer: O rescale of each row
             sRowInv: cute.struct.MemRange[Float32, TILE_H]           # final 1 / denominator of each row
+            sMax: cute.struct.MemRange[Float32, 2 * 2 * TILE_H]      # balanced: per buffer, per warpgroup
+            sSum: cute.struct.MemRange[Float32, 2 * TILE_H]          # balanced: each warpgroup's row sums
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
             sKV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
             sP: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sP_layout)], 1024]
@@ -139,6 +151,8 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         sVt = cute.composition(sKV, cute.make_ordered_layout((HEAD_DIM, TILE_N, self.num_stages), order=(1, 0, 2)))
         sRowScale = storage.sRowScale.get_tensor(cute.make_layout(2 * TILE_H))
         sRowInv = storage.sRowInv.get_tensor(cute.make_layout(TILE_H))
+        sMax = storage.sMax.get_tensor(cute.make_layout(4 * TILE_H))
+        sSum = storage.sSum.get_tensor(cute.make_layout(2 * TILE_H))
 
         # this query's key range: n_keys keys, key k is row key_lo + k (dense) or indices[k] (gather)
         seqlen_q = mQ.shape[1]
@@ -165,6 +179,11 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             cute.arch.setmaxregister_decrease(self.PRODUCER_REGS)
             self.load(mQ, mKV, mIdx, sQ, sKV, pipeline_kv, tidx, token, head_group, batch, key_lo, n_keys,
                       seqlen_k, tile_lo, tile_hi)
+        elif const_expr(self.balanced):
+            cute.arch.setmaxregister_increase(self.CONSUMER_REGS)
+            self.balanced_half(tidx // 128 - 1, tiled_mma_qk, tiled_mma_pv_ss, sQ, sKV, sVt, sP, sMax, sSum, mIdx,
+                               mO, mLSE, mSink, pipeline_kv, softmax_scale_log2, tidx % 128, token, head_group, batch,
+                               split, n_keys, seqlen_k, tile_lo, tile_hi)
         elif warp_idx < 8:
             cute.arch.setmaxregister_increase(self.CONSUMER_REGS)
             self.scores_and_left_half(tiled_mma_qk, tiled_mma_pv_rs, sQ, sKV, sVt, sP, sRowScale, sRowInv, mIdx,
@@ -250,14 +269,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         for i in cutlass.range(tile_hi - tile_lo, unroll=1):
             tile = tile_lo + i
             buf = i % 2
-            for c in cutlass.range_constexpr(n_cols):           # which of my 16 key columns are real keys
-                key = tile * TILE_N + tScS_rc[0, c][1]
-                ok = key < n_keys
-                if const_expr(self.gather):
-                    if ok:
-                        idx = mIdx[batch, token, key]
-                        ok = idx >= 0 and idx < seqlen_k
-                key_ok[c] = Int32(1) if ok else Int32(0)
+            self.key_mask(key_ok, tScS_rc, tile * TILE_N, mIdx, batch, token, n_keys, seqlen_k)
             pipeline_kv.consumer_wait(kv_state)
             acc_S = cute.make_rmem_tensor(thr_qk.partition_shape_C((TILE_H, TILE_N)), Float32)
             self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], True)
@@ -347,7 +359,123 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         self.store_half(thr_pv, acc_O, mO, split, batch, token, head_group, 1)
 
     @cute.jit
-    def store_half(self, thr_pv, acc_O, mO, split, batch, token, head_group, half: cutlass.Constexpr):
+    def key_mask(self, key_ok, tScS_rc, key0, mIdx, batch, token, n_keys, seqlen_k):
+        """1 for each of this thread's key columns that is a real key, 0 for padding / invalid indices (loaded
+        from global before the MMA so the latency hides under it)."""
+        for c in cutlass.range_constexpr(cute.size(key_ok)):
+            key = key0 + tScS_rc[0, c][1]
+            ok = key < n_keys
+            if const_expr(self.gather):
+                if ok:
+                    idx = mIdx[batch, token, key]
+                    ok = idx >= 0 and idx < seqlen_k
+            key_ok[c] = Int32(1) if ok else Int32(0)
+
+    @cute.jit
+    def balanced_half(self, w, tiled_mma_qk, tiled_mma_pv, sQ, sKV, sVt, sP, sMax, sSum, mIdx, mO, mLSE, mSink,
+                      pipeline_kv, softmax_scale_log2, wtid, token, head_group, batch, split, n_keys, seqlen_k,
+                      tile_lo, tile_hi):
+        """Warpgroup ``w`` (0 or 1) of the balanced variant: scores of keys 32w…32w+31, O columns 256w…256w+255."""
+        thr_qk = tiled_mma_qk.get_slice(wtid)
+        thr_pv = tiled_mma_pv.get_slice(wtid)
+        tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))                               # (MMA, 1, 32)
+        sK_mine = cute.local_tile(sKV, (HALF_N, HEAD_DIM, self.num_stages), (w, 0, 0))     # (32, 512, stages)
+        tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK_mine))                          # (MMA, 1, 32, stages)
+        sVt_mine = cute.local_tile(sVt, (HALF, TILE_N, self.num_stages), (w, 0, 0))        # (256, 64, stages)
+        tOrV = thr_pv.make_fragment_B(thr_pv.partition_B(sVt_mine))                         # (MMA, 1, 4, stages)
+        tOrP = thr_pv.make_fragment_A(thr_pv.partition_A(sP))                               # (MMA, 1, 4, 2)
+        acc_O = cute.make_rmem_tensor(thr_pv.partition_shape_C((TILE_H, HALF)), Float32)
+        acc_O.fill(0.0)
+        acc_O_rc = cute.make_tensor(acc_O.iterator, acc_layout_rows_cols(acc_O.layout))   # (2 rows, 64)
+        tScS = thr_qk.partition_C(cute.make_identity_tensor((TILE_H, HALF_N)))
+        tScS_rc = cute.make_tensor(tScS.iterator, acc_layout_rows_cols(tScS.layout))     # (2 rows, 8)
+        n_rows = cute.size(tScS_rc, mode=[0])
+        n_cols = cute.size(tScS_rc, mode=[1])
+        row_max = cute.make_rmem_tensor((n_rows,), Float32)
+        row_sum = cute.make_rmem_tensor((n_rows,), Float32)
+        key_ok = cute.make_rmem_tensor((n_cols,), Int32)
+        local_max = cute.make_rmem_tensor((n_rows,), Float32)
+        row_max.fill(-Float32.inf)
+        row_sum.fill(0.0)
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
+        for i in cutlass.range(tile_hi - tile_lo, unroll=1):
+            tile = tile_lo + i
+            buf = i % 2
+            self.key_mask(key_ok, tScS_rc, tile * TILE_N + w * HALF_N, mIdx, batch, token, n_keys, seqlen_k)
+            pipeline_kv.consumer_wait(kv_state)
+            acc_S = cute.make_rmem_tensor(thr_qk.partition_shape_C((TILE_H, HALF_N)), Float32)
+            self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], True)
+            acc_S_rc = cute.make_tensor(acc_S.iterator, acc_layout_rows_cols(acc_S.layout))
+            # my keys' row maxima → shared; the row max over the whole tile = max of both warpgroups'
+            for r in cutlass.range_constexpr(n_rows):
+                mx = -Float32.inf
+                for c in cutlass.range_constexpr(n_cols):
+                    if key_ok[c] == 0:
+                        acc_S_rc[r, c] = -Float32.inf
+                    mx = cute.arch.fmax(mx, acc_S_rc[r, c])
+                mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=2))
+                mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=1))
+                local_max[r] = mx
+                if wtid % 4 == 0:
+                    sMax[(buf * 2 + w) * TILE_H + tScS_rc[r, 0][0]] = mx
+            cute.arch.barrier(barrier_id=B_MAX, number_of_threads=256)
+            for r in cutlass.range_constexpr(n_rows):
+                other = sMax[(buf * 2 + 1 - w) * TILE_H + tScS_rc[r, 0][0]]
+                new_max = cute.arch.fmax(row_max[r], cute.arch.fmax(local_max[r], other))
+                base = new_max * softmax_scale_log2
+                if new_max == -Float32.inf:
+                    base = Float32(0.0)
+                correction = cute.arch.exp2(row_max[r] * softmax_scale_log2 - base)
+                row_max[r] = new_max
+                tile_sum = Float32(0.0)
+                for c in cutlass.range_constexpr(n_cols):
+                    p = cute.arch.exp2(acc_S_rc[r, c] * softmax_scale_log2 - base)
+                    acc_S_rc[r, c] = p
+                    tile_sum += p
+                row_sum[r] = row_sum[r] * correction + tile_sum
+                for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
+                    acc_O_rc[r, c] = acc_O_rc[r, c] * correction
+            rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
+            rP.store(acc_S.load().to(self.dtype))
+            sP_mine = cute.local_tile(sP[None, None, buf], (TILE_H, HALF_N), (0, w))          # (64, 32)
+            cute.autovec_copy(rP, thr_qk.partition_C(sP_mine))
+            cute.arch.fence_proxy("async.shared", space="cta")   # both halves of P feed both wgmmas (async proxy)
+            cute.arch.barrier(barrier_id=B_P, number_of_threads=256)
+            self.gemm(tiled_mma_pv, acc_O, tOrP[None, None, None, buf], tOrV[None, None, None, kv_state.index],
+                      False)
+            pipeline_kv.consumer_release(kv_state)
+            kv_state.advance()
+
+        # epilogue: my keys' row sums + the other warpgroup's, sink, LSE, my half of O
+        for r in cutlass.range_constexpr(n_rows):
+            s = row_sum[r]
+            s += cute.arch.shuffle_sync_bfly(s, offset=2)
+            s += cute.arch.shuffle_sync_bfly(s, offset=1)
+            row_sum[r] = s
+            if wtid % 4 == 0:
+                sSum[w * TILE_H + tScS_rc[r, 0][0]] = s
+        cute.arch.barrier(barrier_id=B_SUM, number_of_threads=256)
+        for r in cutlass.range_constexpr(n_rows):
+            m = tScS_rc[r, 0][0]
+            s = row_sum[r] + sSum[(1 - w) * TILE_H + m]
+            inv = Float32(0.0)
+            lse = -Float32.inf
+            if s > 0.0:
+                denom = s
+                if const_expr(self.has_sink):
+                    denom = s + cute.arch.exp2(mSink[head_group * TILE_H + m] * LOG2_E
+                                               - row_max[r] * softmax_scale_log2)
+                inv = 1.0 / denom
+                lse = (row_max[r] * softmax_scale_log2 + cute.math.log2(s)) * LN_2
+            if const_expr(self.has_lse or self.split_kv):
+                if w == 0 and wtid % 4 == 0:
+                    mLSE[split, batch, head_group * TILE_H + m, token] = lse
+            for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
+                acc_O_rc[r, c] = acc_O_rc[r, c] * inv
+        self.store_half(thr_pv, acc_O, mO, split, batch, token, head_group, w)
+
+    @cute.jit
+    def store_half(self, thr_pv, acc_O, mO, split, batch, token, head_group, half):
         """O half → global (bf16 output, or the fp32 partial of a split), straight from the accumulator."""
         gO = cute.local_tile(mO[split, batch, token, None, None], (TILE_H, HALF), (head_group, half))
         tOgO = thr_pv.partition_C(gO)
