@@ -35,8 +35,11 @@ def kernel_args(q, kv, indices, o, lse, sink, scale: float, window: int) -> tupl
             _rows_dynamic(lse), Float32(scale * math.log2(math.e)), Int32(window), _rows_dynamic(sink))
 
 
-# the two warpgroup schedules of the hd512 kernel (see its docstring); the default is chosen by measurement
-BALANCED = True
+# The two warpgroup schedules of the hd512 kernel (see its docstring), measured on the H200 (sparse prefill,
+# TFLOP/s over gathered pairs, columns vs balanced): h64 K640 S4k 367 vs 347, S16k 379 vs 360; h128 K1152 S4k
+# 427 vs 403, S16k 427 vs 404.  Splitting QK by keys doubles the Q reads from shared memory (each warpgroup
+# streams all of Q for half the keys) and adds a barrier per tile; it loses.  Columns it is.
+BALANCED = False
 
 
 def compiled(gather: bool, causal: bool, window: bool, sink: bool, has_lse: bool, split_kv: bool, args: tuple,
