@@ -65,11 +65,12 @@ def quantize_nvfp4(x, global_amax=None, *, swizzle: bool = False):
         if amax.numel() != 1:
             raise ValueError(f"global_amax must be a scalar, got shape {tuple(amax.shape)}")
         amax = amax.reshape(())
-    s_enc = ref.nvfp4_global_encode_scale(amax).reshape(1).contiguous()
+    s_enc = ref.nvfp4_global_encode_scale(amax).reshape(1)
+    scale_pair = torch.cat([s_enc, 1.0 / s_enc])                 # [S_enc, S_dec]: fp32 div.rn once, not per thread
     n_blocks = M * K // 16
     words = torch.empty(n_blocks, 2, dtype=torch.uint32, device=x.device)
     scales = torch.empty(n_blocks, dtype=torch.uint8, device=x.device)      # e4m3 bits
-    args = kernel_args(x.view(n_blocks, 16), words, scales, s_enc)
+    args = kernel_args(x.view(n_blocks, 16), words, scales, scale_pair)
     with torch.cuda.device(x.device):
         _kernel_for(x, args)(*args)
     data = words.view(torch.uint8).view(M, K // 2)

@@ -55,7 +55,7 @@ from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 from cutlass.utils import LayoutEnum
 
 from ..common import load_kv_tiles
-from ..nvfp4 import e2m1_code_sw, nvfp4_block_scale
+from ..nvfp4 import e2m1_code_magic, nvfp4_block_scale
 
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
@@ -409,6 +409,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
     def store_nvfp4(self, acc_O_rc, tOcO_rc, mData, mScales, s_enc, m_block, head, batch, seqlen_q):
         """O (fp32, normalized) → NVFP4 bytes from the registers that hold it.  Columns c..c+3 of a row are
         d0, d0+1, d0+8, d0+9 of one 16-column block (d0 = 16·block + 2·(lane % 4)): two packed bytes."""
+        s_dec = 1.0 / s_enc                                 # once per thread, not once per block
         for r in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[0])):
             for blk in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1]) // 4):
                 c0 = 4 * blk
@@ -417,9 +418,9 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                     vmax = cute.arch.fmax(vmax, cute.arch.fmax(acc_O_rc[r, c0 + k], -acc_O_rc[r, c0 + k]))
                 vmax = cute.arch.fmax(vmax, cute.arch.shuffle_sync_bfly(vmax, offset=2))   # the quad shares the block
                 vmax = cute.arch.fmax(vmax, cute.arch.shuffle_sync_bfly(vmax, offset=1))
-                sf_bits, enc = nvfp4_block_scale(vmax, s_enc)
-                byte_lo = e2m1_code_sw(acc_O_rc[r, c0] * enc) | (e2m1_code_sw(acc_O_rc[r, c0 + 1] * enc) << Uint32(4))
-                byte_hi = e2m1_code_sw(acc_O_rc[r, c0 + 2] * enc) | (e2m1_code_sw(acc_O_rc[r, c0 + 3] * enc) << Uint32(4))
+                sf_bits, enc = nvfp4_block_scale(vmax, s_enc, s_dec)
+                byte_lo = e2m1_code_magic(acc_O_rc[r, c0] * enc) | (e2m1_code_magic(acc_O_rc[r, c0 + 1] * enc) << Uint32(4))
+                byte_hi = e2m1_code_magic(acc_O_rc[r, c0 + 2] * enc) | (e2m1_code_magic(acc_O_rc[r, c0 + 3] * enc) << Uint32(4))
                 m, d0 = tOcO_rc[r, c0]
                 _, d2 = tOcO_rc[r, c0 + 2]
                 row = m_block * self.tile_m + m
