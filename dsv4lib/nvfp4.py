@@ -40,14 +40,15 @@ def _kernel_for(x: torch.Tensor, args: tuple):
     return _COMPILED[key]
 
 
-def kernel_args(blocks, words, scales, s_enc) -> tuple:
+def kernel_args(blocks, words, scales, amax, s_dec_out) -> tuple:
     """The kernel's arguments as CuTe tensors: only the block count is dynamic, the 16 values of a block and
     the two words stay static (the register copies need static shapes).  Works on CPU tensors too, which
     is how the CPU tests compile exactly what a GPU call compiles."""
     from cutlass.cute.runtime import from_dlpack
     rows = lambda t, align: from_dlpack(t, assumed_align=align).mark_compact_shape_dynamic(
         mode=0, stride_order=t.dim_order())
-    return rows(blocks, 16), rows(words, 8), rows(scales, 1), from_dlpack(s_enc, assumed_align=4)
+    return (rows(blocks, 16), rows(words, 8), rows(scales, 1), from_dlpack(amax, assumed_align=4),
+            from_dlpack(s_dec_out, assumed_align=4))
 
 
 def quantize_nvfp4(x, global_amax=None, *, swizzle: bool = False):
@@ -65,19 +66,18 @@ def quantize_nvfp4(x, global_amax=None, *, swizzle: bool = False):
         if amax.numel() != 1:
             raise ValueError(f"global_amax must be a scalar, got shape {tuple(amax.shape)}")
         amax = amax.reshape(())
-    s_enc = ref.nvfp4_global_encode_scale(amax).reshape(1)
-    scale_pair = torch.cat([s_enc, 1.0 / s_enc])                 # [S_enc, S_dec]: fp32 div.rn once, not per thread
     n_blocks = M * K // 16
     words = torch.empty(n_blocks, 2, dtype=torch.uint32, device=x.device)
     scales = torch.empty(n_blocks, dtype=torch.uint8, device=x.device)      # e4m3 bits
-    args = kernel_args(x.view(n_blocks, 16), words, scales, scale_pair)
+    s_dec = torch.empty(1, dtype=torch.float32, device=x.device)           # the kernel writes S_dec
+    args = kernel_args(x.view(n_blocks, 16), words, scales, amax.reshape(1), s_dec)
     with torch.cuda.device(x.device):
         _kernel_for(x, args)(*args)
     data = words.view(torch.uint8).view(M, K // 2)
     scale_bytes = scales.view(M, K // 16)
     if swizzle:
         scale_bytes = ref.swizzle_scales(scale_bytes)
-    return data, scale_bytes, (1.0 / s_enc).reshape(())
+    return data, scale_bytes, s_dec.reshape(())
 
 
 def dequantize_nvfp4(data, scales, global_scale, out_dtype=torch.bfloat16):

@@ -24,8 +24,8 @@ def test_sm90a_build_uses_the_software_encoder(dtype_name):
     # the magic encoder: per value one binade max and one saturating min (no threshold compares)
     assert k.count(r"max\.u32") == 16 * BLOCKS_PER_THREAD and k.count(r"min\.u32") == 16 * BLOCKS_PER_THREAD
     assert k.count(r"setp\.\w+\.u32") < 16                             # only the bounds checks
-    # IEEE reciprocal per block (enc = 1 / (sf · S_dec)), as TE; S_dec itself comes from the caller
-    assert k.count(r"rcp\.rn\.f32|div\.rn\.f32") == BLOCKS_PER_THREAD and k.count("rcp.approx") == 0
+    # IEEE divisions, as TE: S_enc and S_dec once per thread, enc = 1 / (sf · S_dec) per block
+    assert k.count(r"rcp\.rn\.f32|div\.rn\.f32") == BLOCKS_PER_THREAD + 2 and k.count("rcp.approx") == 0
     assert k.count(r"ld\.global\.v4") >= BLOCKS_PER_THREAD and k.count(r"st\.global\.v2\.b32") == BLOCKS_PER_THREAD
 
 
@@ -48,7 +48,7 @@ def test_the_public_functions_arguments_compile(dtype):
     from dsv4lib.nvfp4 import kernel_args
     n = 37
     args = kernel_args(torch.randn(n, 16).to(dtype), torch.empty(n, 2, dtype=torch.uint32),
-                       torch.empty(n, dtype=torch.uint8), torch.ones(2))
+                       torch.empty(n, dtype=torch.uint8), torch.ones(1), torch.empty(1))
     k = compile_for_arch(NVFP4QuantizeKernel(False), *args, arch="sm_90a")
     assert k.count(r"max\.u32") >= 16
 

@@ -27,6 +27,7 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 
 ONE_SIXTH_F32 = 0.16666667163372040                    # fl(1/6) = 0x3E2AAAAB, exactly representable
 FLT_MAX = 3.4028234663852886e38
+GLOBAL_ENCODE_NUMERATOR = 448.0 * 6.0            # S_enc = (e4m3 max · e2m1 max) / amax
 THREADS = 128
 BLOCKS_PER_THREAD = 4
 
@@ -82,8 +83,10 @@ def nvfp4_block_scale(vec_max: Float32, s_enc: Float32, s_dec: Float32 | None = 
 
 class NVFP4QuantizeKernel:
     """``x [n_blocks, 16]`` (bf16 / fp16 / fp32) → ``words [n_blocks, 2]`` uint32 (16 packed codes),
-    ``scales [n_blocks]`` uint8 (e4m3 bits); ``scale_pair`` = ``[S_enc, S_dec]`` fp32 on the device (the global
-    encode scale and its fp32 reciprocal, computed once by the caller instead of once per thread).
+    ``scales [n_blocks]`` uint8 (e4m3 bits); ``amax`` a one-element fp32 device tensor (the global amax): each
+    thread derives ``S_enc = min(2688 / amax, FLT_MAX)`` (1 when amax is 0 or S_enc underflows) and ``S_dec =
+    1 / S_enc`` itself — two divisions per thread instead of a string of tiny torch kernels per call — and
+    thread 0 writes ``S_dec`` to ``s_dec_out``.
 
     Each thread quantizes ``BLOCKS_PER_THREAD`` blocks, 128 threads apart (so every load and store of a warp stays
     contiguous), and issues all their loads before any math: more bytes in flight per thread."""
@@ -92,19 +95,26 @@ class NVFP4QuantizeKernel:
         self.hardware_cvt = hardware_cvt          # True only for sm_100a
 
     @cute.jit
-    def __call__(self, mX: cute.Tensor, mWords: cute.Tensor, mScales: cute.Tensor, mSenc: cute.Tensor):
+    def __call__(self, mX: cute.Tensor, mWords: cute.Tensor, mScales: cute.Tensor, mAmax: cute.Tensor,
+                 mSdec: cute.Tensor):
         n_blocks = cute.size(mX, mode=[0])
         per_cta = THREADS * BLOCKS_PER_THREAD
-        self.kernel(mX, mWords, mScales, mSenc).launch(grid=((n_blocks + per_cta - 1) // per_cta, 1, 1),
+        self.kernel(mX, mWords, mScales, mAmax, mSdec).launch(grid=((n_blocks + per_cta - 1) // per_cta, 1, 1),
                                                        block=(THREADS, 1, 1))
 
     @cute.kernel
-    def kernel(self, mX: cute.Tensor, mWords: cute.Tensor, mScales: cute.Tensor, mSenc: cute.Tensor):
+    def kernel(self, mX: cute.Tensor, mWords: cute.Tensor, mScales: cute.Tensor, mAmax: cute.Tensor,
+               mSdec: cute.Tensor):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         n_blocks = cute.size(mX, mode=[0])
-        s_enc = mSenc[0]
-        s_dec = mSenc[1]
+        amax = mAmax[0]
+        s_enc = cute.arch.fmin(Float32(GLOBAL_ENCODE_NUMERATOR) / amax, FLT_MAX)    # fp32 div.rn, as the reference
+        if amax == 0.0 or s_enc == 0.0:
+            s_enc = Float32(1.0)
+        s_dec = 1.0 / s_enc
+        if bidx == 0 and tidx == 0:
+            mSdec[0] = s_dec
         rX = cute.make_rmem_tensor(cute.make_ordered_layout((BLOCKS_PER_THREAD, 16), order=(1, 0)), mX.element_type)
         for j in cutlass.range_constexpr(BLOCKS_PER_THREAD):            # loads first
             blk = (bidx * BLOCKS_PER_THREAD + j) * THREADS + tidx
@@ -144,6 +154,7 @@ def fake_args(dtype=cutlass.BFloat16):
     return (make_fake_tensor(dtype, (n, 16), stride=(16, 1), assumed_align=16),
             make_fake_tensor(Uint32, (n, 2), stride=(2, 1), assumed_align=8),
             make_fake_tensor(Uint8, (n,), stride=(1,), assumed_align=1),
-            make_fake_tensor(Float32, (2,), stride=(1,), assumed_align=4))
+            make_fake_tensor(Float32, (1,), stride=(1,), assumed_align=4),
+            make_fake_tensor(Float32, (1,), stride=(1,), assumed_align=4))
 
 
