@@ -128,3 +128,15 @@ def test_fp8_and_fp4_ue8m0(gen):
 def test_bad_input(call, exc, match):
     with pytest.raises(exc, match=match):
         call()
+
+
+def test_global_encode_scale_is_one_correctly_rounded_division():
+    """S_enc = 2688 / amax in one IEEE fp32 division (TE's op), not reciprocal-then-multiply: torch's
+    ``scalar / tensor`` rounds twice and differs by an ulp for some amax (the GPU kernel divides with div.rn)."""
+    import numpy as np
+    amax = torch.rand(200_000, generator=torch.Generator().manual_seed(0)) * 1000 + 1e-3
+    want = (np.float32(2688.0) / amax.numpy().astype(np.float32)).astype(np.float32)
+    got = torch.stack([Q.nvfp4_global_encode_scale(a) for a in amax[:2000]]).numpy()
+    assert np.array_equal(got, want[:2000])
+    twice = (2688.0 / amax).numpy()                                   # what the double rounding gives
+    assert (twice != want).any()                                      # so the test can tell the two apart

@@ -96,8 +96,10 @@ def _e4m3_value(bits: torch.Tensor) -> torch.Tensor:
 def nvfp4_global_encode_scale(amax: torch.Tensor) -> torch.Tensor:
     """S_enc = 2688 / amax in fp32, clamped to FLT_MAX; 1.0 when amax is 0 or S_enc is 0 (amax = inf)."""
     amax = amax.to(torch.float32)
-    # a Python scalar numerator: no host→device copy (which would stall the host behind the GPU queue)
-    s = torch.clamp(float(FP8_MAX * FP4_MAX) / amax, max=FLT_MAX)
+    # a true fp32 division (TE: (fp8_max · fp4_max) / amax).  Not ``2688.0 / amax``: torch computes a scalar over
+    # a tensor as reciprocal-then-multiply, two roundings, off by an ulp for some amax.  full_like makes the
+    # numerator on the device (no host→device copy, which would stall the host behind the GPU queue).
+    s = torch.clamp(torch.full_like(amax, FP8_MAX * FP4_MAX) / amax, max=FLT_MAX)
     return torch.where((amax == 0) | (s == 0), torch.ones_like(s), s)
 
 
