@@ -180,6 +180,11 @@ if on_gpu:
                                                                                num_splits=1),
                                 inputs, iters=bench_iters)
             row["ours SMEM-P"] = bench.tflops(flops, t.median_ms)
+            # the intra-warpgroup overlap (QK(j+1) ∥ PV(j)), measured here to decide its default
+            t = bench.time_cuda(lambda q, k, v: dsv4lib.attention_with_p_path(q, k, v, causal=causal, p_path="rs",
+                                                                               num_splits=1, overlap=True),
+                                inputs, iters=bench_iters)
+            row["ours overlap"] = bench.tflops(flops, t.median_ms)
             for name, fn in peers.items():
                 try:
                     tp = bench.time_cuda(lambda q, k, v: fn(q, k, v, causal=causal), inputs, iters=bench_iters)
@@ -201,7 +206,8 @@ else:
 
 # %%
 if speed:
-    names = [n for n in ("ours", "ours SMEM-P", "FA4", "cuDNN SDPA", "FA2 SDPA") if any(r.get(n) for r in speed)]
+    names = [n for n in ("ours", "ours SMEM-P", "ours overlap", "FA4", "cuDNN SDPA", "FA2 SDPA")
+             if any(r.get(n) for r in speed)]
     fig, ax = plt.subplots(figsize=(10, 3.5))
     width = 0.8 / len(names)
     for i, n in enumerate(names):
