@@ -46,9 +46,12 @@ def _driver_version() -> str | None:
 
 
 def git_commit() -> str:
-    """The commit the results describe: git's short hash (``+dirty`` if the tree has edits), else the
-    ``DSV4_COMMIT`` environment variable (the GPU machine's copy of the tree has no git metadata)."""
+    """The commit the results describe: ``DSV4_COMMIT`` when set (the GPU machine's copy of the tree may carry
+    stale git metadata — a run there once reported a commit from a previous session), else git's short hash
+    (``+dirty`` if the tree has edits)."""
     env = os.environ.get("DSV4_COMMIT")
+    if env:
+        return env
     try:
         sha = subprocess.run(["git", "rev-parse", "--short=10", "HEAD"], cwd=REPO_ROOT, capture_output=True,
                              text=True, timeout=10)
@@ -60,7 +63,7 @@ def git_commit() -> str:
             return sha.stdout.strip() + ("+dirty" if dirty else "")
     except (OSError, subprocess.TimeoutExpired):
         pass
-    return env or "unknown"
+    return "unknown"
 
 
 def utc_now() -> str:
