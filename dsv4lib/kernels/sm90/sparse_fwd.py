@@ -252,19 +252,10 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sKV))               # (MMA, 1, 32, stages)
         sVt_left = cute.local_tile(sVt, (HALF, TILE_N, self.num_stages), (0, 0, 0))
         tOrV = thr_pv.make_fragment_B(thr_pv.partition_B(sVt_left))          # (MMA, 1, 4, stages)
-        acc_O = cute.make_rmem_tensor(thr_pv.partition_shape_C((TILE_H, HALF)), Float32)
-        acc_O.fill(0.0)
-        acc_O_rc = cute.make_tensor(acc_O.iterator, acc_layout_rows_cols(acc_O.layout))      # (2 rows, 64)
-        tScS = thr_qk.partition_C(cute.make_identity_tensor((TILE_H, TILE_N)))
-        tScS_rc = cute.make_tensor(tScS.iterator, acc_layout_rows_cols(tScS.layout))        # (2 rows, 16)
-        n_rows = cute.size(tScS_rc, mode=[0])
+        acc_O, acc_O_rc, tScS_rc, row_max, row_sum, key_ok = self.consumer_registers(thr_qk, thr_pv, TILE_N)
+        n_rows = cute.size(tScS_rc, mode=[0])                                 # 2 rows, 16 key columns
         n_cols = cute.size(tScS_rc, mode=[1])
-        row_max = cute.make_rmem_tensor((n_rows,), Float32)
-        row_sum = cute.make_rmem_tensor((n_rows,), Float32)
         corrections = cute.make_rmem_tensor((n_rows,), Float32)
-        key_ok = cute.make_rmem_tensor((n_cols,), Int32)
-        row_max.fill(-Float32.inf)
-        row_sum.fill(0.0)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
         for i in cutlass.range(tile_hi - tile_lo, unroll=1):
             tile = tile_lo + i
@@ -359,6 +350,22 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         self.store_half(thr_pv, acc_O, mO, split, batch, token, head_group, 1)
 
     @cute.jit
+    def consumer_registers(self, thr_qk, thr_pv, keys: cutlass.Constexpr):
+        """A consumer warpgroup's registers: its O half (64 × 256 fp32, zeroed) also viewed as (rows, cols), the
+        (head, key) coordinates of its ``64 × keys`` scores as (rows, cols), running row max / sum, key validity."""
+        acc_O = cute.make_rmem_tensor(thr_pv.partition_shape_C((TILE_H, HALF)), Float32)
+        acc_O.fill(0.0)
+        acc_O_rc = cute.make_tensor(acc_O.iterator, acc_layout_rows_cols(acc_O.layout))      # (2 rows, 64)
+        tScS = thr_qk.partition_C(cute.make_identity_tensor((TILE_H, keys)))
+        tScS_rc = cute.make_tensor(tScS.iterator, acc_layout_rows_cols(tScS.layout))        # (2 rows, keys / 4)
+        row_max = cute.make_rmem_tensor((cute.size(tScS_rc, mode=[0]),), Float32)
+        row_sum = cute.make_rmem_tensor((cute.size(tScS_rc, mode=[0]),), Float32)
+        key_ok = cute.make_rmem_tensor((cute.size(tScS_rc, mode=[1]),), Int32)
+        row_max.fill(-Float32.inf)
+        row_sum.fill(0.0)
+        return acc_O, acc_O_rc, tScS_rc, row_max, row_sum, key_ok
+
+    @cute.jit
     def key_mask(self, key_ok, tScS_rc, key0, mIdx, batch, token, n_keys, seqlen_k):
         """1 for each of this thread's key columns that is a real key, 0 for padding / invalid indices (loaded
         from global before the MMA so the latency hides under it)."""
@@ -384,19 +391,10 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         sVt_mine = cute.local_tile(sVt, (HALF, TILE_N, self.num_stages), (w, 0, 0))        # (256, 64, stages)
         tOrV = thr_pv.make_fragment_B(thr_pv.partition_B(sVt_mine))                         # (MMA, 1, 4, stages)
         tOrP = thr_pv.make_fragment_A(thr_pv.partition_A(sP))                               # (MMA, 1, 4, 2)
-        acc_O = cute.make_rmem_tensor(thr_pv.partition_shape_C((TILE_H, HALF)), Float32)
-        acc_O.fill(0.0)
-        acc_O_rc = cute.make_tensor(acc_O.iterator, acc_layout_rows_cols(acc_O.layout))   # (2 rows, 64)
-        tScS = thr_qk.partition_C(cute.make_identity_tensor((TILE_H, HALF_N)))
-        tScS_rc = cute.make_tensor(tScS.iterator, acc_layout_rows_cols(tScS.layout))     # (2 rows, 8)
-        n_rows = cute.size(tScS_rc, mode=[0])
+        acc_O, acc_O_rc, tScS_rc, row_max, row_sum, key_ok = self.consumer_registers(thr_qk, thr_pv, HALF_N)
+        n_rows = cute.size(tScS_rc, mode=[0])                                 # 2 rows, 8 key columns
         n_cols = cute.size(tScS_rc, mode=[1])
-        row_max = cute.make_rmem_tensor((n_rows,), Float32)
-        row_sum = cute.make_rmem_tensor((n_rows,), Float32)
-        key_ok = cute.make_rmem_tensor((n_cols,), Int32)
         local_max = cute.make_rmem_tensor((n_rows,), Float32)
-        row_max.fill(-Float32.inf)
-        row_sum.fill(0.0)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
         for i in cutlass.range(tile_hi - tile_lo, unroll=1):
             tile = tile_lo + i
