@@ -82,13 +82,20 @@ def _compiled_sm90(head_dim: int, causal: bool, has_lse: bool, p_path: str, wind
     return _COMPILED[key]
 
 
+# Columns per warp in the combine kernel (None: one warp per output row).  Chunking is built and PTX-checked,
+# not yet measured: set e.g. 128 to try it on the hd512 decode shape (64 rows, ~132 splits).
+COMBINE_COLS_PER_WARP: int | None = None
+
+
 def _compiled_combine(head_dim: int, has_sink: bool, args: tuple):
-    key = ("combine", head_dim, has_sink)
+    cols = COMBINE_COLS_PER_WARP if COMBINE_COLS_PER_WARP and head_dim % COMBINE_COLS_PER_WARP == 0 else None
+    key = ("combine", head_dim, has_sink, cols)
     if key not in _COMPILED:
         import cutlass.cute as cute
 
         from .kernels.combine import LSECombineKernel
-        _COMPILED[key] = cute.compile(LSECombineKernel(head_dim, has_sink=has_sink), *args, options="--gpu-arch sm_90a")
+        _COMPILED[key] = cute.compile(LSECombineKernel(head_dim, has_sink=has_sink, cols_per_warp=cols), *args,
+                                      options="--gpu-arch sm_90a")
     return _COMPILED[key]
 
 

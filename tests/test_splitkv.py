@@ -84,6 +84,22 @@ def test_combine_kernel_builds(arch, has_sink):
         LSECombineKernel(100, has_sink=False)
 
 
+@pytest.mark.compile
+def test_combine_kernel_column_chunks_build():
+    """hd512 in 128-column chunks: one warp per (row, chunk), each warp loads 4 columns per lane per split
+    instead of 16; only chunk 0 writes the LSE (a predicated store next to the O stores)."""
+    from dsv4lib.kernels.combine import LSECombineKernel, fake_args
+    from dsv4lib.kernels.compile import compile_for_arch
+    whole = compile_for_arch(LSECombineKernel(512, has_sink=True), *fake_args(512), arch="sm_90a")
+    chunked = compile_for_arch(LSECombineKernel(512, has_sink=True, cols_per_warp=128), *fake_args(512), arch="sm_90a")
+    loads = lambda k: k.count(r"ld\.global\.f32|ld\.global\.b32")
+    stores = lambda k: k.count(r"st\.global\.b16|st\.global\.u16")
+    assert stores(whole) == 512 // 32 and stores(chunked) == 128 // 32
+    assert loads(chunked) < loads(whole)
+    with pytest.raises(ValueError, match="cols_per_warp"):
+        LSECombineKernel(512, has_sink=False, cols_per_warp=96)
+
+
 @pytest.mark.parametrize("sq,sk,causal,window", [(1024, 1024, False, 128), (1000, 1500, True, None),
                                                    (700, 700, False, 300), (300, 2000, False, 1), (512, 512, False, None)])
 def test_tile_plan_covers_exactly_the_visible_pairs(sq, sk, causal, window):

@@ -8,6 +8,11 @@ its natural-log ``lse_i`` (``-inf`` for a split that saw no key).  The merge is
 — :func:`dsv4lib.reference.lse_merge` is the truth.  One warp per output row: every lane reads the
 ``num_splits`` LSEs (tiny), lane l accumulates columns ``l, l+32, …`` of O so each load of 32 lanes is one
 128-byte line.
+
+``cols_per_warp`` (default: the whole row) cuts a row into column chunks, one warp each — for few rows with
+many splits and a wide row (DSV4 decode: 64 rows × 132 splits × 512 columns is only 64 warps, each streaming
+~270 KB).  Each warp recomputes the row's LSE weights (cheap); only chunk 0 writes the LSE.  Built and
+PTX-checked; not yet measured on a GPU, so the default stays one warp per row.
 """
 from __future__ import annotations
 
@@ -26,15 +31,22 @@ class LSECombineKernel:
     """``O_partial (splits, B, Sq, H, D)`` fp32 and ``LSE_partial (splits, B, H, Sq)`` fp32 →
     ``O (B, Sq, H, D)`` (bf16) and ``LSE (B, H, Sq)`` fp32; optional ``sink [H]`` fp32 applied once."""
 
-    def __init__(self, head_dim: int, *, has_sink: bool):
+    def __init__(self, head_dim: int, *, has_sink: bool, cols_per_warp: int | None = None):
         if head_dim % 32:
             raise ValueError(f"head_dim must be a multiple of 32, got {head_dim}")
+        cols = head_dim if cols_per_warp is None else cols_per_warp
+        if cols % 32 or head_dim % cols:
+            raise ValueError(f"cols_per_warp must be a multiple of 32 dividing head_dim {head_dim}, got {cols}")
         self.head_dim = head_dim
         self.has_sink = has_sink
+        self.cols = cols                          # columns per warp
+        self.chunks = head_dim // cols            # warps per output row
 
     @cute.jit
     def __call__(self, mOp: cute.Tensor, mLSEp: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor, mSink: cute.Tensor):
         rows = cute.size(mO.shape[0]) * cute.size(mO.shape[1]) * cute.size(mO.shape[2])      # B * Sq * H
+        if const_expr(self.chunks > 1):
+            rows = rows * self.chunks                                 # one warp per (row, column chunk)
         self.kernel(mOp, mLSEp, mO, mLSE, mSink).launch(
             grid=((rows + WARPS_PER_CTA - 1) // WARPS_PER_CTA, 1, 1), block=(32 * WARPS_PER_CTA, 1, 1))
 
@@ -44,6 +56,10 @@ class LSECombineKernel:
         bidx, _, _ = cute.arch.block_idx()
         lane = tidx % 32
         row = bidx * WARPS_PER_CTA + tidx // 32
+        col0 = 0
+        if const_expr(self.chunks > 1):
+            col0 = (row % self.chunks) * self.cols
+            row = row // self.chunks
         num_splits = mOp.shape[0]
         B, Sq, H = mO.shape[0], mO.shape[1], mO.shape[2]
         if row < B * Sq * H:
@@ -70,16 +86,16 @@ class LSECombineKernel:
                 # e^L / (e^L + e^σ) = 1 / (1 + e^{σ - L}); an empty row stays 0 because its weights are 0
                 if total > 0.0:
                     gate = 1.0 / (1.0 + cute.arch.exp2((mSink[h] - lse) * LOG2_E))
-            acc = cute.make_rmem_tensor((self.head_dim // 32,), Float32)
+            acc = cute.make_rmem_tensor((self.cols // 32,), Float32)
             acc.fill(0.0)
             for i in cutlass.range(num_splits, unroll=1):
                 w = cute.arch.exp2(mLSEp[i, b, h, s] * LOG2_E - base) * inv_total
                 if w > 0.0:                                           # skip empty splits (and their memory)
-                    for j in cutlass.range_constexpr(self.head_dim // 32):
-                        acc[j] += w * mOp[i, b, s, h, lane + 32 * j]
-            for j in cutlass.range_constexpr(self.head_dim // 32):
-                mO[b, s, h, lane + 32 * j] = (acc[j] * gate).to(mO.element_type)
-            if lane == 0:
+                    for j in cutlass.range_constexpr(self.cols // 32):
+                        acc[j] += w * mOp[i, b, s, h, col0 + lane + 32 * j]
+            for j in cutlass.range_constexpr(self.cols // 32):
+                mO[b, s, h, col0 + lane + 32 * j] = (acc[j] * gate).to(mO.element_type)
+            if lane == 0 and col0 == 0:
                 mLSE[b, h, s] = lse
 
 
