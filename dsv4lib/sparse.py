@@ -43,15 +43,15 @@ BALANCED = False
 
 
 def compiled(gather: bool, causal: bool, window: bool, sink: bool, has_lse: bool, split_kv: bool, args: tuple,
-             arch: str = "sm_90a", balanced: bool | None = None):
+             arch: str = "sm_90a", balanced: bool | None = None, gather_only: bool = False):
     balanced = BALANCED if balanced is None else balanced
-    key = (gather, causal, window, sink, has_lse, split_kv, arch, balanced)
+    key = (gather, causal, window, sink, has_lse, split_kv, arch, balanced, gather_only)
     if key not in _COMPILED:
         import cutlass.cute as cute
 
         from .kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
         kernel = SparseAttentionForwardSm90(gather=gather, causal=causal, window=window, sink=sink, has_lse=has_lse,
-                                            split_kv=split_kv, balanced=balanced)
+                                            split_kv=split_kv, balanced=balanced, gather_only=gather_only)
         _COMPILED[key] = cute.compile(kernel, *args, options=f"--gpu-arch {arch}")
     return _COMPILED[key]
 
@@ -185,7 +185,19 @@ def mqa512_attention(q, kv, *, scale=None, causal=False, window=None, sink=None,
                 num_splits=splits)
 
 
-def fake_args(gather: bool = True, split_kv: bool = False):  # noqa: D401
+def gather_roof(q, kv, indices):
+    """Benchmark only: run the hd512 kernel's producer alone (consumers wait and release, no math, the output
+    is left unwritten) on ``sparse_attention``'s inputs — the time the gather by itself takes.  Returns nothing."""
+    Sq, H, _ = q.shape
+    out = torch.empty(1, 1, Sq, H, HEAD_DIM, dtype=torch.bfloat16, device=q.device)
+    lse = torch.empty(1, 1, H, Sq, dtype=torch.float32, device=q.device)
+    args = kernel_args(q.unsqueeze(0), kv.unsqueeze(0), indices.unsqueeze(0), out, lse,
+                       _placeholder(q.device, torch.float32, 0.0), HEAD_DIM ** -0.5, 0)
+    with torch.cuda.device(q.device):
+        compiled(True, False, False, False, True, False, args, gather_only=True)(*args)
+
+
+def fake_args(gather: bool = True, split_kv: bool = False):
     """Runtime-typed stand-ins (CPU tensors) for a CPU build of the kernel."""
     o_dtype = torch.float32 if split_kv else torch.bfloat16
     return kernel_args(torch.empty(1, 3, 64, HEAD_DIM, dtype=torch.bfloat16), torch.empty(1, 100, HEAD_DIM, dtype=torch.bfloat16),

@@ -31,6 +31,10 @@ for H, K in ((64, 640), (128, 1152)):
             res["balanced" if balanced else "columns"] = round(bench.tflops(flops, t.median_ms))
         small = [(q[:1024], kv, i[:1024]) for q, kv, i in inputs]
         tp = bench.time_cuda(lambda q, kv, i: torch_sparse(q, kv, i, 512 ** -0.5), small, iters=5)
+        # the gather alone (producer only): its bandwidth, and the TFLOP/s it would allow at H·4 FLOP per byte
+        tg = bench.time_cuda(lambda q, kv, i: dsv4lib.sparse.gather_roof(q, kv, i), inputs, iters=10)
+        res["gather_roof_tbps"] = round(Sq * K * 1024 / (tg.median_ms * 1e-3) / 1e12, 2)
+        res["gather_roof_tflops"] = round(bench.tflops(flops, tg.median_ms))
         print({"kind": "sparse-prefill", "H": H, "K": K, "Sq": Sq, "tflops": res, "host_ms": round(t.host_ms, 3),
                "torch_tflops": round(bench.tflops(flops * 1024 / Sq, tp.median_ms))}, flush=True)
         del inputs, small

@@ -47,6 +47,14 @@ def test_hd512_kernel_builds_from_the_public_functions_arguments(gather, split_k
 
 
 @pytest.mark.compile
+def test_gather_only_build_has_the_producer_and_no_math():
+    """The benchmark build that times the gather alone: the same cp.async producer, no wgmma at all."""
+    k = _build(True, gather_only=True)
+    assert k.count(r"cp\.async\.cg\.shared\.global[^\n]*16;") == 32 + 32
+    assert k.count("wgmma") == 0 and k.count(r"st\.global") == 0
+
+
+@pytest.mark.compile
 def test_gather_with_a_mask_is_refused():
     from dsv4lib.kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
     with pytest.raises(ValueError, match="index list"):

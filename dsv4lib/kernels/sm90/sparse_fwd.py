@@ -73,7 +73,8 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
     PRODUCER_REGS, CONSUMER_REGS = 56, 224          # 128·(56 + 2·224) = 64 512 ≤ 65 536
 
     def __init__(self, *, gather: bool, causal: bool = False, window: bool = False, sink: bool = False,
-                 has_lse: bool = False, split_kv: bool = False, num_stages: int = 2, balanced: bool = False):
+                 has_lse: bool = False, split_kv: bool = False, num_stages: int = 2, balanced: bool = False,
+                 gather_only: bool = False):
         if gather and (causal or window):
             raise ValueError("gathered keys come with their own index list: no causal / window mask on top")
         if split_kv and sink:
@@ -86,6 +87,9 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         self.split_kv = split_kv
         self.num_stages = num_stages
         self.balanced = balanced
+        # benchmark knob: the consumers only wait for and release each tile (no MMA, no output), so the run
+        # times the gather alone — the roof the producer sets for this kernel.  Never used for results.
+        self.gather_only = gather_only
         self.dtype = cutlass.BFloat16
 
     # ------------------------------------------------------------------------------ host side
@@ -179,6 +183,13 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             cute.arch.setmaxregister_decrease(self.PRODUCER_REGS)
             self.load(mQ, mKV, mIdx, sQ, sKV, pipeline_kv, tidx, token, head_group, batch, key_lo, n_keys,
                       seqlen_k, tile_lo, tile_hi)
+        elif const_expr(self.gather_only):
+            cute.arch.setmaxregister_increase(self.CONSUMER_REGS)
+            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
+            for _ in cutlass.range(tile_hi - tile_lo, unroll=1):
+                pipeline_kv.consumer_wait(kv_state)
+                pipeline_kv.consumer_release(kv_state)
+                kv_state.advance()
         elif const_expr(self.balanced):
             cute.arch.setmaxregister_increase(self.CONSUMER_REGS)
             self.balanced_half(tidx // 128 - 1, tiled_mma_qk, tiled_mma_pv_ss, sQ, sKV, sVt, sP, sMax, sSum, mIdx,
