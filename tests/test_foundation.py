@@ -70,6 +70,17 @@ def test_status_renders_what_results_say():
     assert cell_text(results["h200"]["stages"]["D1"]).endswith("`abc`")
 
 
+def test_speed_targets_show_met_and_missed_without_touching_the_verdict():
+    row = _row("PASS", cosine=0.99999, tflops=347.0, ratio_vs_peer=0.8, overhead=0.03, mode="gpu")
+    targets = {"tflops_min": 400.0, "ratio_vs_peer_min": 0.7, "overhead_max": 0.05, "absent_min": 1.0}
+    text = cell_text(row, targets)
+    assert "**PASS**" in text and "targets 2/3:" in text                    # the absent metric is not counted
+    assert "tflops 347 ≥ 400 ✗" in text and "ratio_vs_peer 0.8 ≥ 0.7 ✓" in text and "overhead 0.03 ≤ 0.05 ✓" in text
+    assert "targets" not in cell_text(dict(row, metrics=dict(row["metrics"], mode="compile")), targets)  # CPU rows: none
+    stages = load_registry()
+    assert next(s for s in stages if s.id == "D6").targets == {"tflops_min": 400.0}
+
+
 def test_registry_loads_and_points_at_notebooks():
     stages = load_registry()
     assert stages[0].id == "00-env"
