@@ -78,6 +78,26 @@ axes[-1].set_xlabel("raw token position covered by the key")
 fig.tight_layout()
 
 # %% [markdown]
+# ## K = V: one shared buffer, two wgmma operands
+#
+# A 64-key stage holds K once, `(key, dim)` with the 128 B swizzle.  QK reads it K-major (N = keys), PV reads the
+# same bytes MN-major as Vᵀ (N = dims, k = keys) through `composition(sKV, transposed_view(...))`.  Both canonical
+# wgmma forms are built from 1 KiB atoms of 8 rows × 128 B, and for this buffer they name the same atom: 8 keys ×
+# 64 consecutive dims.  Below, the kernel's real layouts evaluated at all 64 × 512 elements (traced by CuTeDSL on
+# the CPU), and the 16 B slot each chunk takes in its 128 B line — K reads along a row, Vᵀ down a column of 8
+# keys, and the XOR swizzle spreads those 8 over 8 different slots.
+
+# %%
+from dsv4lib.layouts import kv_alias, plot_kv_alias
+
+alias = kv_alias()
+alias_checks = alias.checks()
+print(alias.layout)
+print(alias_checks)
+plot_kv_alias(alias)
+record(metrics_path, kv_alias_checks_pass=all(alias_checks.values()))
+
+# %% [markdown]
 # ## The kernel builds for sm_90a (on any machine) with the instructions this design needs
 
 # %%
@@ -201,6 +221,7 @@ else:
 
 # %%
 assert build_ok, ptx_counts
+assert all(alias_checks.values()), alias_checks
 if on_gpu:
     assert all(r["same_indices"] for r in layer_rows)
     assert min(r["cosine"] for r in speed_rows) >= 0.9999

@@ -94,3 +94,18 @@ def test_atom_catalog_has_the_real_atoms():
     assert sm100["S accumulator in TMEM (lane<<16 | column)"] == "((128,128),1,1):((65536,1),0,0)"
     with pytest.raises(ValueError):
         atom_catalog("sm_80")
+
+
+def test_k_equals_v_buffer_serves_both_wgmma_operands():
+    """D6's K = V stage: the kernel's real layouts, evaluated at all 64 × 512 elements — a bijection, the V view
+    is K transposed, and the atoms are the 8 × 64 (1 KiB) shape both canonical forms (K-major, MN-major) need."""
+    from dsv4lib.layouts import kv_alias
+    checks = kv_alias().checks()
+    assert all(checks.values()), checks
+    slots = kv_alias().chunk_slots()
+    assert all(len(set(slots[k0:k0 + 8, c])) == 8 for k0 in range(0, 64, 8) for c in range(64))   # Vᵀ reads: 8 slots
+
+
+def test_kv_alias_checks_catch_a_wrong_view():
+    from dsv4lib.layouts import kv_alias
+    assert not kv_alias(view_order=(0, 1, 2)).checks()["v_view_is_k_transposed"]

@@ -88,6 +88,13 @@ def row_major_smem_layout(dtype, rows: int, cols: int, stages: int | None = None
     return cute.tile_to_shape(atom, shape, order=(0, 1) if stages is None else (0, 1, 2))
 
 
+def transposed_view(dims: int, rows: int, stages: int):
+    """``(dims, rows, stages) → (rows, dims, stages)`` coordinates: composed with a ``(rows, dims, stages)``
+    row-major buffer it reads that buffer as ``(dims, rows, stages)`` — V stored like K, seen MN-major by the PV
+    wgmma.  (``dsv4lib.layouts.kv_alias`` proves the composition puts every element where it belongs.)"""
+    return cute.make_ordered_layout((dims, rows, stages), order=(1, 0, 2))
+
+
 class Sm90AttentionOps:
     """The wgmma issue and the online softmax, shared by the Hopper attention kernels of this package."""
 
@@ -270,8 +277,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)     # (tile_m, D)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)     # (tile_n, D, stages)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)     # (tile_n, D, stages)
-        sVt = cute.composition(sV, cute.make_ordered_layout((self.head_dim, self.tile_n, self.num_stages),
-                                                            order=(1, 0, 2)))     # (D, tile_n, stages)
+        sVt = cute.composition(sV, transposed_view(self.head_dim, self.tile_n, self.num_stages))  # (D, tile_n, stages)
         sP = None
         if const_expr(self.p_in_smem):
             sP = storage.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner)  # (tile_m, tile_n)

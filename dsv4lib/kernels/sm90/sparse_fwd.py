@@ -45,7 +45,7 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from .flash_fwd import (LN_2, LOG2_E, Sm90AttentionOps, acc_layout_as_operand_a, acc_layout_rows_cols,
-                        row_major_smem_layout)
+                        row_major_smem_layout, transposed_view)
 
 HEAD_DIM = 512
 TILE_H = 64            # query heads per CTA = the MMA M
@@ -152,7 +152,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         sKV = storage.sKV.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)   # (64 keys, 512, stages)
         sP = storage.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner)       # (64 heads, 64 keys, 2)
         # V = K read MN-major: (512, 64 keys, stages) over the same bytes, one half per consumer warpgroup
-        sVt = cute.composition(sKV, cute.make_ordered_layout((HEAD_DIM, TILE_N, self.num_stages), order=(1, 0, 2)))
+        sVt = cute.composition(sKV, transposed_view(HEAD_DIM, TILE_N, self.num_stages))
         sRowScale = storage.sRowScale.get_tensor(cute.make_layout(2 * TILE_H))
         sRowInv = storage.sRowInv.get_tensor(cute.make_layout(TILE_H))
         sMax = storage.sMax.get_tensor(cute.make_layout(4 * TILE_H))
