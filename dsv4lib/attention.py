@@ -156,6 +156,9 @@ def attention_with_p_path(q, k, v, *, scale=None, causal=False, window=None, sin
         raise ValueError(f"p_path must be one of {P_PATHS + ('auto',)}, got {p_path!r}")
     if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1):
         raise ValueError(f"num_splits must be a positive int or None (heuristic), got {num_splits!r}")
+    if isinstance(q, torch.Tensor) and q.dim() == 4 and q.shape[3] == MQA_HEAD_DIM and (p_path != "auto" or overlap):
+        raise ValueError("head dim 512 has one path (P to registers and shared memory, see dsv4lib.sparse): "
+                         "p_path must be 'auto' and overlap None")
     _validate(q, k, v, window, sink)
     major, minor = torch.cuda.get_device_capability(q.device)
     if (major, minor) != (9, 0):
@@ -163,9 +166,6 @@ def attention_with_p_path(q, k, v, *, scale=None, causal=False, window=None, sin
                            "(sm_100a kernels are compiled, not run, in this project)")
     B, Sq, H, D = q.shape
     if D == MQA_HEAD_DIM:
-        if p_path != "auto" or overlap:
-            raise ValueError("head dim 512 has one path (P to registers and shared memory, see dsv4lib.sparse): "
-                             "p_path must be 'auto' and overlap None")
         from .sparse import mqa512_attention
         out, lse = mqa512_attention(q, k[:, :, 0], scale=scale, causal=causal, window=window, sink=sink,
                                     num_splits=num_splits)

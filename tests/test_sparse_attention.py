@@ -155,3 +155,22 @@ def test_hd512_mqa_attention_matches_the_reference(B, Sq, Skv, H, causal, window
     assert torch.isfinite(out).all()
     assert _cos(out, ref) >= 0.9999
     torch.testing.assert_close(lse.double(), ref_lse, atol=2e-3, rtol=1e-4)
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 2.0, "4"])
+def test_bad_num_splits_is_rejected(bad):
+    from dsv4lib.sparse import _splits
+    with pytest.raises(ValueError, match="num_splits"):
+        _splits(bad, 1, 4096, "cpu")
+
+
+def test_num_splits_is_clamped_to_the_key_tiles():
+    from dsv4lib.sparse import _splits
+    assert _splits(1000, 1, 300, "cpu") == 5          # 300 keys = 5 tiles of 64: at least one tile per split
+    assert _splits(3, 1, 300, "cpu") == 3
+
+
+def test_hd512_attention_rejects_a_p_path_or_overlap():
+    q, kv = _bf(1, 8, 64, 512), _bf(1, 8, 1, 512)
+    with pytest.raises(ValueError, match="p_path"):
+        dsv4lib.attention_with_p_path(q, kv, kv, p_path="rs")
