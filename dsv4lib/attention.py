@@ -59,25 +59,38 @@ P_PATHS = ("rs", "smem")
 # RS vs SMEM-P): hd64 433 vs 406 (causal 425 vs 372), hd128 564 vs 581 (causal 556 vs 526), hd256 586 vs 554
 # (causal 544 vs 539).  Registers win or tie everywhere, so RS is the default.
 DEFAULT_P_PATH = {64: "rs", 128: "rs", 256: "rs"}
-# Intra-warpgroup overlap (QK(j+1) ∥ PV(j)): built and PTX-checked, not yet measured on a GPU — off by default.
+# Intra-warpgroup overlap (QK(j+1) ∥ PV(j)).  Measured on the H200 at 353a49c765 (B4 H16 S8192, TFLOP/s,
+# default vs overlap): hd64 432 vs 478, hd128 568 vs 661, hd256 596 vs 651 (causal 421/425, 553/607, 573/644).
+# It wins everywhere; it becomes the default with the next recorded GPU run (flipping it now would leave every
+# recorded row describing code that no longer runs by default).
 DEFAULT_OVERLAP = {64: False, 128: False, 256: False}
+# GQA head packing (the q heads of one KV head folded into the 128 M rows, so each K/V tile is loaded once per
+# group): built and PTX-checked, GPU tests written, not yet run — off by default.
+DEFAULT_PACK_GQA = False
+
+
+def _pack_factor(pack_gqa, H: int, Hkv: int) -> int:
+    """q heads per KV head to pack into M: 1 (no packing) unless asked for (or defaulted) and it divides 128."""
+    want = DEFAULT_PACK_GQA if pack_gqa is None else bool(pack_gqa)
+    g = H // Hkv
+    return g if want and g > 1 and 128 % g == 0 else 1
 
 
 _WORKSPACE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 def _compiled_sm90(head_dim: int, causal: bool, has_lse: bool, p_path: str, window: bool, sink: bool,
-                   split_kv: bool, args: tuple, overlap: bool = False, nvfp4_out: bool = False):
-    """Compiled once per (head dim, causal, lse, P path, window?, sink?, split?), from the call's own runtime
+                   split_kv: bool, args: tuple, overlap: bool = False, nvfp4_out: bool = False, pack_gqa: int = 1):
+    """Compiled once per (head dim, causal, lse, P path, window?, sink?, split?, …), from the call's own runtime
     tensor types (every extent and stride dynamic): later calls of any B / S / H / W reuse it."""
-    key = ("fwd", head_dim, causal, has_lse, p_path, window, sink, split_kv, overlap, nvfp4_out)
+    key = ("fwd", head_dim, causal, has_lse, p_path, window, sink, split_kv, overlap, nvfp4_out, pack_gqa)
     if key not in _COMPILED:
         import cutlass.cute as cute
 
         from .kernels.sm90.flash_fwd import FlashAttentionForwardSm90
         kernel = FlashAttentionForwardSm90(head_dim, causal=causal, has_lse=has_lse, p_in_smem=p_path == "smem",
                                            window=window, sink=sink, split_kv=split_kv, overlap=overlap,
-                                           nvfp4_out=nvfp4_out)
+                                           nvfp4_out=nvfp4_out, pack_gqa=pack_gqa)
         _COMPILED[key] = cute.compile(kernel, *args, options="--gpu-arch sm_90a")
     return _COMPILED[key]
 
@@ -148,10 +161,11 @@ def attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, retu
 
 
 def attention_with_p_path(q, k, v, *, scale=None, causal=False, window=None, sink=None, return_lse=False,
-                          p_path="auto", num_splits=None, overlap=None):
+                          p_path="auto", num_splits=None, overlap=None, pack_gqa=None):
     """:func:`attention` with an explicit choice of where P lives: ``"rs"`` (registers, RS-wgmma),
-    ``"smem"`` (shared memory via the D1.3 mapping, SS-wgmma) or ``"auto"`` (per head dim, measured); and of
-    the intra-warpgroup overlap (``None``: per head dim default; only with P in registers)."""
+    ``"smem"`` (shared memory via the D1.3 mapping, SS-wgmma) or ``"auto"`` (per head dim, measured); of
+    the intra-warpgroup overlap (``None``: per head dim default; only with P in registers); and of GQA head
+    packing (``None``: default; packs when H / Hkv > 1 divides 128)."""
     if p_path not in P_PATHS + ("auto",):
         raise ValueError(f"p_path must be one of {P_PATHS + ('auto',)}, got {p_path!r}")
     if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1):
@@ -181,9 +195,10 @@ def attention_with_p_path(q, k, v, *, scale=None, causal=False, window=None, sin
     from .splitkv import num_splits_heuristic
     tile_m, tile_n = 128, (64 if D == 256 else 128)
     n_blocks = -(-k.shape[1] // tile_n)
+    pack = _pack_factor(pack_gqa, H, k.shape[2])
     if num_splits is None:
-        num_splits = num_splits_heuristic(B, H, -(-Sq // tile_m), n_blocks, torch.cuda.get_device_properties(
-            q.device).multi_processor_count)
+        num_splits = num_splits_heuristic(B, H // pack, -(-Sq * pack // tile_m), n_blocks,
+                                          torch.cuda.get_device_properties(q.device).multi_processor_count)
     num_splits = min(num_splits, n_blocks)                  # documented clamp: at most one KV tile per split
     sink_t = _sink_arg(sink, q.device)
     common = (Float32(scale * math.log2(math.e)), Int32(window or 0))
@@ -193,12 +208,13 @@ def attention_with_p_path(q, k, v, *, scale=None, causal=False, window=None, sin
             args = (_to_cute(q, 3), _to_cute(k, 3), _to_cute(v, 3), _to_cute(out, 3), _to_cute(lse, 2), *common,
                     _to_cute(sink_t, 0), *unused)
             _compiled_sm90(D, bool(causal), bool(return_lse), p_path, window is not None, sink is not None,
-                           False, args, overlap)(*args)
+                           False, args, overlap, pack_gqa=pack)(*args)
         else:
             o_part, lse_part = _workspace(num_splits, B, Sq, H, D, q.device)
             args = (_to_cute(q, 3), _to_cute(k, 3), _to_cute(v, 3), _to_cute(o_part, 4), _to_cute(lse_part, 3),
                     *common, _to_cute(sink_t, 0), *unused)
-            _compiled_sm90(D, bool(causal), True, p_path, window is not None, False, True, args, overlap)(*args)
+            _compiled_sm90(D, bool(causal), True, p_path, window is not None, False, True, args, overlap,
+                           pack_gqa=pack)(*args)
             cargs = (_to_cute(o_part, 4), _to_cute(lse_part, 3), _to_cute(out, 3), _to_cute(lse, 2), _to_cute(sink_t, 0))
             _compiled_combine(D, sink is not None, cargs)(*cargs)
     return (out, lse) if return_lse else out

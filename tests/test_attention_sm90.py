@@ -291,3 +291,52 @@ def test_bad_gpu_input_is_rejected(case, exc, match):
         kw = {"p_path": "tmem"}
     with pytest.raises(exc, match=match):
         dsv4lib.attention_with_p_path(q, k, v, **kw)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("head_dim,flags", [
+    (128, dict(causal=True, has_lse=True, pack_gqa=4)),
+    (64, dict(causal=False, has_lse=True, window=True, sink=True, pack_gqa=8)),
+])
+def test_gqa_packed_build_loads_q_with_a_5d_tma(head_dim, flags):
+    """Packed rows = (q head in group, token): Q's TMA box spans (D, G heads, tokens) of a 5-D view."""
+    from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
+    k = compile_for_arch(FlashAttentionForwardSm90(head_dim, **flags), *fake_attention_args(head_dim), arch="sm_90a")
+    assert k.count(r"cp\.async\.bulk\.tensor\.5d") >= 1 and k.count(r"cp\.async\.bulk\.tensor\.4d") >= 2
+    assert k.count(r"\.local") == 0
+
+
+def test_gqa_packing_needs_a_factor_dividing_the_tile():
+    from dsv4lib.attention import _pack_factor
+    from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90
+    with pytest.raises(ValueError, match="pack_gqa"):
+        FlashAttentionForwardSm90(128, causal=False, has_lse=False, pack_gqa=3)
+    with pytest.raises(ValueError, match="NVFP4"):
+        FlashAttentionForwardSm90(128, causal=False, has_lse=False, pack_gqa=2, nvfp4_out=True)
+    assert _pack_factor(True, 16, 2) == 8 and _pack_factor(True, 12, 2) == 1 and _pack_factor(True, 4, 4) == 1
+    assert _pack_factor(False, 16, 2) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,Sq,Sk,H,Hkv,D,causal,window,with_sink,splits,overlap", [
+    (2, 300, 300, 8, 2, 128, True, None, False, 1, False),
+    (1, 777, 1111, 16, 2, 64, False, 200, True, 1, False),       # G = 8, window + sink per row's own head
+    (1, 1, 9000, 32, 4, 128, False, None, True, None, False),    # decode, split by the heuristic
+    (1, 513, 513, 8, 1, 256, True, None, False, 1, True),        # MQA as G = 8, with the overlap
+    (2, 100, 1000, 4, 2, 128, True, 64, False, 3, False),        # forced splits with a window
+])
+def test_gqa_packed_matches_the_reference(B, Sq, Sk, H, Hkv, D, causal, window, with_sink, splits, overlap):
+    gen = torch.Generator().manual_seed(Sq * 3 + H)
+    q, k, v = _inputs(B, Sq, Sk, H, Hkv, D, gen)
+    sink = (torch.randn(H, generator=gen) * 2).cuda() if with_sink else None
+    out, lse = dsv4lib.attention_with_p_path(q, k, v, causal=causal, window=window, sink=sink, return_lse=True,
+                                             num_splits=splits, overlap=overlap, pack_gqa=True)
+    torch.cuda.synchronize()
+    ref, ref_lse = reference.attention(q.double(), k.double(), v.double(), causal=causal, window=window,
+                                       sink=None if sink is None else sink.double(), return_lse=True)
+    assert torch.isfinite(out).all()
+    cos = torch.nn.functional.cosine_similarity(out.double().flatten(), ref.flatten(), 0).item()
+    assert cos >= 0.9999, cos
+    ok = torch.isfinite(ref_lse)
+    torch.testing.assert_close(lse.double()[ok], ref_lse[ok], atol=2e-3, rtol=1e-4)

@@ -151,7 +151,11 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
 
     def __init__(self, head_dim: int, *, causal: bool, has_lse: bool, tile_n: int | None = None,
                  num_stages: int = 2, p_in_smem: bool = False, window: bool = False, sink: bool = False,
-                 split_kv: bool = False, overlap: bool = False, nvfp4_out: bool = False):
+                 split_kv: bool = False, overlap: bool = False, nvfp4_out: bool = False, pack_gqa: int = 1):
+        if pack_gqa < 1 or 128 % pack_gqa:
+            raise ValueError(f"pack_gqa (q heads per KV head packed into M) must divide the 128-row tile, got {pack_gqa}")
+        if pack_gqa > 1 and nvfp4_out:
+            raise ValueError("the NVFP4 epilogue is built for unpacked rows (pack_gqa=1)")
         if nvfp4_out and split_kv:
             raise ValueError("the NVFP4 output is written by the final kernel, not by split-KV partials")
         if overlap and p_in_smem:
@@ -172,6 +176,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         self.split_kv = split_kv
         self.overlap = overlap
         self.nvfp4_out = nvfp4_out
+        self.pack_gqa = pack_gqa
         self.dtype = cutlass.BFloat16
         # Debug knobs (compile-time), e.g. DSV4_D1_DEBUG="printf,noreg,notail": checkpoints printed by
         # block (0,0,0), no register reallocation, no producer tail.  Never set in normal runs.
@@ -180,6 +185,22 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                                                                  "notail" in knobs)
 
     # ------------------------------------------------------------------------------ host side
+    def token(self, row):
+        """The query token of an M row: rows are (q head within the group, token) with the head fastest when
+        the q heads of a KV head are packed (``pack_gqa`` > 1); otherwise a row is a token."""
+        if const_expr(self.pack_gqa > 1):
+            return row // self.pack_gqa
+        return row
+
+    def pack_heads(self, t: cute.Tensor, head_mode: int) -> cute.Tensor:
+        """``(s, …, h, …)`` → ``((G, s), …, h/G, …)``: the G q heads sharing a KV head become the fast part of the
+        row mode (G = ``pack_gqa``), so one CTA's 128 rows are 128/G tokens × G heads and read each K/V tile once."""
+        shape, stride = list(t.layout.shape), list(t.layout.stride)
+        g = self.pack_gqa
+        shape[0], stride[0] = (g, shape[0]), (stride[head_mode], stride[0])
+        shape[head_mode], stride[head_mode] = shape[head_mode] // g, stride[head_mode] * g
+        return cute.make_tensor(t.iterator, cute.make_layout(tuple(shape), stride=tuple(stride)))
+
     def _smem_layout(self, rows: int, stages: int | None, cols: int | None = None):
         return row_major_smem_layout(self.dtype, rows, cols or self.head_dim, stages)
 
@@ -198,6 +219,8 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             mLSE = cute.make_tensor(mLSE.iterator, cute.select(mLSE.layout, mode=[2, 1, 0]))   # (b,h,s) -> (s,h,b)
         if const_expr(self.nvfp4_out):   # scales (b, s, h, d/16) -> (s, d/16, h, b)
             mOutScales = cute.make_tensor(mOutScales.iterator, cute.select(mOutScales.layout, mode=[1, 3, 2, 0]))
+        if const_expr(self.pack_gqa > 1):    # rows = (q head in group, token); the head mode counts KV heads
+            mQ, mO, mLSE = self.pack_heads(mQ, 2), self.pack_heads(mO, 2), self.pack_heads(mLSE, 1)
         tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.K, Float32,
             (self.tile_m // 64, 1, 1), (64, self.tile_n))
@@ -283,17 +306,23 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             sP = storage.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner)  # (tile_m, tile_n)
 
         seqlen_q = mQ.shape[0]
+        rows_q = seqlen_q                                                        # M rows (= tokens unless packed)
         seqlen_k = mK.shape[0]
-        head_kv = head // (mQ.shape[2] // mK.shape[2])                           # GQA / MQA
+        if const_expr(self.pack_gqa > 1):
+            rows_q = cute.size(mQ, mode=[0])
+            seqlen_q = rows_q // self.pack_gqa
+            head_kv = head                                                       # the grid's y is the KV head
+        else:
+            head_kv = head // (mQ.shape[2] // mK.shape[2])                       # GQA / MQA
         n_block_max = cute.ceil_div(seqlen_k, self.tile_n)
         n_block_min = Int32(0)
         if const_expr(self.has_window):
             # the first key the first row of this block may see: t - W + 1 (tiles left of it are skipped)
-            first_key = m_block * self.tile_m + seqlen_k - seqlen_q - window_size + 1
+            first_key = self.token(m_block * self.tile_m) + seqlen_k - seqlen_q - window_size + 1
             n_block_min = cutlass.max(first_key, 0) // self.tile_n
         if const_expr(self.causal or self.has_window):
             # the last key the last row of this block may see (queries aligned to the end of the keys)
-            last_key = (m_block + 1) * self.tile_m - 1 + seqlen_k - seqlen_q
+            last_key = self.token((m_block + 1) * self.tile_m - 1) + seqlen_k - seqlen_q
             n_block_max = cutlass.min(n_block_max, cutlass.max(last_key // self.tile_n + 1, 0))
         if const_expr(self.split_kv):   # this split's share: ceil(n / splits) tiles (dsv4lib.splitkv.split_block_ranges)
             per_split = (cutlass.max(n_block_max - n_block_min, 0) + num_splits - 1) // num_splits
@@ -316,7 +345,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                 cute.arch.setmaxregister_increase(self.CONSUMER_REGS)
             self.consume(tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, sP, mO, mLSE, pipeline_q, pipeline_k, pipeline_v,
                          softmax_scale_log2, window_size, mSink, mOutScales, mSenc, tidx - 128, m_block, head, batch,
-                         split, seqlen_q, seqlen_k, n_block_min, n_block_max)
+                         split, seqlen_q, seqlen_k, n_block_min, n_block_max, rows_q)
 
     @cute.jit
     def load(self, tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV, pipeline_q, pipeline_k,
@@ -350,10 +379,11 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         the causal diagonal, the window's left edge."""
         needs_mask = (n_block + 1) * self.tile_n > seqlen_k
         if const_expr(self.causal or self.has_window):
-            needs_mask = needs_mask or ((n_block + 1) * self.tile_n - 1 > m_block * self.tile_m + causal_shift)
+            needs_mask = needs_mask or ((n_block + 1) * self.tile_n - 1 > self.token(m_block * self.tile_m)
+                                        + causal_shift)
         if const_expr(self.has_window):     # the window's left edge crosses this tile for some row
-            needs_mask = needs_mask or (n_block * self.tile_n <= (m_block + 1) * self.tile_m - 1 + causal_shift
-                                        - window_size)
+            needs_mask = needs_mask or (n_block * self.tile_n <= self.token((m_block + 1) * self.tile_m - 1)
+                                        + causal_shift - window_size)
         if needs_mask:
             for r in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[0])):
                 for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
@@ -361,9 +391,9 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                     col = n_block * self.tile_n + n
                     masked = col >= seqlen_k
                     if const_expr(self.causal or self.has_window):
-                        masked = masked or (col > m_block * self.tile_m + m + causal_shift)
+                        masked = masked or (col > self.token(m_block * self.tile_m + m) + causal_shift)
                     if const_expr(self.has_window):
-                        masked = masked or (col <= m_block * self.tile_m + m + causal_shift - window_size)
+                        masked = masked or (col <= self.token(m_block * self.tile_m + m) + causal_shift - window_size)
                     if masked:
                         acc_S_rc[r, c] = -Float32.inf
 
@@ -439,7 +469,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
     @cute.jit
     def consume(self, tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, sP, mO, mLSE, pipeline_q, pipeline_k, pipeline_v,
                 softmax_scale_log2, window_size, mSink, mOutScales, mSenc, ctidx, m_block, head, batch, split,
-                seqlen_q, seqlen_k, n_block_min, n_block_max):
+                seqlen_q, seqlen_k, n_block_min, n_block_max, rows_q):
         thr_qk = tiled_mma_qk.get_slice(ctidx)
         thr_pv = tiled_mma_pv.get_slice(ctidx)
         tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))              # (MMA, MMA_M, MMA_K)
@@ -525,7 +555,10 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                 denom = s
                 if const_expr(self.has_sink):
                     # the value-less sink joins the denominator once: exp(σ - m) in this row's max units
-                    denom = s + cute.arch.exp2(mSink[head] * LOG2_E - row_max[r] * softmax_scale_log2)
+                    q_head = head
+                    if const_expr(self.pack_gqa > 1):     # this row's own q head within the KV head's group
+                        q_head = head * self.pack_gqa + (m_block * self.tile_m + tOcO_rc[r, 0][0]) % self.pack_gqa
+                    denom = s + cute.arch.exp2(mSink[q_head] * LOG2_E - row_max[r] * softmax_scale_log2)
                 inv = 1.0 / denom
                 lse = (row_max[r] * softmax_scale_log2 + cute.math.log2(s)) * LN_2      # sink excluded
             for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
@@ -533,7 +566,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             if const_expr(self.has_lse or self.split_kv):
                 m, d = tOcO_rc[r, 0]
                 row = m_block * self.tile_m + m
-                if d == 0 and row < seqlen_q:
+                if d == 0 and row < rows_q:
                     if const_expr(self.split_kv):
                         mLSE[row, head, batch, split] = lse
                     else:
@@ -544,7 +577,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             rO = cute.make_rmem_tensor_like(acc_O, mO.element_type)        # bf16 out, or the fp32 partial
             rO.store(acc_O.load().to(mO.element_type))
             for i in cutlass.range_constexpr(cute.size(rO)):
-                if m_block * self.tile_m + tOcO[i][0] < seqlen_q:
+                if m_block * self.tile_m + tOcO[i][0] < rows_q:
                     tOgO[i] = rO[i]
         pipeline_q.consumer_release(q_state)
         if const_expr(dbg):
