@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
@@ -77,6 +78,31 @@ def _pack_factor(pack_gqa, H: int, Hkv: int) -> int:
 
 
 _WORKSPACE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+# The TVM-FFI call path (``DSV4_TVM_FFI=1``): the kernel is compiled once against symbolic tensor types
+# (``fake_attention_args``) with ``--enable-tvm-ffi`` and then called with the torch tensors themselves — no
+# ``from_dlpack`` / layout marking per call, which is most of today's ~0.45 ms of host time per call.  Built on
+# the CPU; not yet run on a GPU, so off by default.
+USE_TVM_FFI = os.environ.get("DSV4_TVM_FFI") == "1"
+
+
+def _compiled_sm90_tvm_ffi(head_dim: int, causal: bool, has_lse: bool, p_path: str, window: bool, sink: bool,
+                           split_kv: bool, overlap: bool = False, pack_gqa: int = 1, arch: str = "sm_90a"):
+    """The kernel built for the TVM-FFI call path from the symbolic argument types (every extent and stride
+    dynamic, unit stride last, 16 B aligned rows — what ``_validate`` guarantees)."""
+    key = ("fwd-tvm-ffi", head_dim, causal, has_lse, p_path, window, sink, split_kv, overlap, pack_gqa, arch)
+    if key not in _COMPILED:
+        import cutlass.cute as cute
+
+        from .kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args, fake_split_args
+        from .targets import cute_arch
+        kernel = FlashAttentionForwardSm90(head_dim, causal=causal, has_lse=has_lse, p_in_smem=p_path == "smem",
+                                           window=window, sink=sink, split_kv=split_kv, overlap=overlap,
+                                           pack_gqa=pack_gqa)
+        fake = (fake_split_args if split_kv else fake_attention_args)(head_dim)
+        with cute_arch(arch):
+            _COMPILED[key] = cute.compile(kernel, *fake, options=f"--gpu-arch {arch} --enable-tvm-ffi")
+    return _COMPILED[key]
 
 
 def _compiled_sm90(head_dim: int, causal: bool, has_lse: bool, p_path: str, window: bool, sink: bool,
@@ -201,6 +227,13 @@ def attention_with_p_path(q, k, v, *, scale=None, causal=False, window=None, sin
                                           torch.cuda.get_device_properties(q.device).multi_processor_count)
     num_splits = min(num_splits, n_blocks)                  # documented clamp: at most one KV tile per split
     sink_t = _sink_arg(sink, q.device)
+    if USE_TVM_FFI and num_splits == 1:
+        with torch.cuda.device(q.device):
+            _compiled_sm90_tvm_ffi(D, bool(causal), bool(return_lse), p_path, window is not None, sink is not None,
+                                   False, overlap, pack)(
+                q, k, v, out, lse, scale * math.log2(math.e), int(window or 0), sink_t,
+                _placeholder(q.device, "scales"), _placeholder(q.device, "s_enc"))
+        return (out, lse) if return_lse else out
     common = (Float32(scale * math.log2(math.e)), Int32(window or 0))
     unused = _unused_nvfp4_args(q.device)
     with torch.cuda.device(q.device):

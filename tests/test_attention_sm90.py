@@ -340,3 +340,23 @@ def test_gqa_packed_matches_the_reference(B, Sq, Sk, H, Hkv, D, causal, window, 
     assert cos >= 0.9999, cos
     ok = torch.isfinite(ref_lse)
     torch.testing.assert_close(lse.double()[ok], ref_lse[ok], atol=2e-3, rtol=1e-4)
+
+
+@pytest.mark.compile
+def test_tvm_ffi_call_path_builds():
+    """The prepared low-host-overhead path (DSV4_TVM_FFI=1): built from the symbolic argument types with
+    --enable-tvm-ffi, a function that takes torch tensors directly."""
+    from dsv4lib.attention import _compiled_sm90_tvm_ffi
+    f = _compiled_sm90_tvm_ffi(128, True, True, "rs", False, False, False)
+    assert "TVMFFI" in type(f).__name__
+
+
+@pytest.mark.gpu
+def test_tvm_ffi_call_path_matches_the_classic_path(monkeypatch):
+    import dsv4lib.attention
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = _inputs(2, 300, 500, 4, 2, 128, gen)
+    want = dsv4lib.attention(q, k, v, causal=True, num_splits=1)
+    monkeypatch.setattr(dsv4lib.attention, "USE_TVM_FFI", True)
+    got = dsv4lib.attention(q, k, v, causal=True, num_splits=1)
+    assert torch.equal(got, want)
