@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# One device-tool call that does a session's GPU work and brings everything back in ONE archive:
+#   run  carry [".device-a", ".device-b"]
+#        command: bash scripts/gpu_session.sh <commit> [what ...]
+# what: tests (scripts/gpu_check.sh), pipeline (every stage), bench (bench_sparse, bench_nvfp4, quick_bench);
+# default: all three — about 10 min, over the 600 s a call may take: run "tests pipeline" (~6.5 min) in one
+# call and "bench" (~3.5 min) in the next.  Results land in $OUT/session.tgz (stages/results/<gpu>.json, STATUS.md, stage logs and
+# metrics, test logs, bench output) — copy stages/results/<gpu>.json back from it.  Why one archive: the next
+# call re-syncs the tracked tree (overwriting the results this run wrote) and only a few files come back.
+set -u
+commit=${1:?usage: gpu_session.sh <commit> [tests|pipeline|bench ...]}; shift
+what=${*:-tests pipeline bench}
+source .device-a/activate.sh >/dev/null
+source .device-b/activate.sh >/dev/null
+export DSV4_COMMIT=$commit
+out=${OUT:-runs/gpu_session}; mkdir -p "$out/logs"
+for w in $what; do
+  case $w in
+    tests)    OUT="$out/logs" GROUP_TIMEOUT=${GROUP_TIMEOUT:-90} bash scripts/gpu_check.sh > "$out/logs/gpu_check.txt" 2>&1
+              tail -n 10 "$out/logs/gpu_check.txt" ;;
+    pipeline) timeout ${PIPELINE_TIMEOUT:-330} python -m dsv4lib.pipeline --timeout 200 > "$out/logs/pipeline.txt" 2>&1
+              tr '\r' '\n' < "$out/logs/pipeline.txt" | grep -E "^\s+\S+\s+(PASS|FAIL|COMPILED-ONLY|NOT RUN)" ;;
+    bench)    { timeout 120 python scripts/bench_sparse.py; timeout 60 python scripts/bench_nvfp4.py;
+                timeout 120 python scripts/quick_bench.py 64 128 256; } 2>&1 | grep "{" > "$out/logs/bench.txt"
+              cat "$out/logs/bench.txt" ;;
+  esac
+done
+tar czf "$out/session.tgz" stages/results STATUS.md runs/*/*.log runs/*/*.json -C "$out" logs 2>/dev/null
+rm -rf "$out/logs"
+ls -la "$out"
