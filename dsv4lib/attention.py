@@ -8,6 +8,7 @@ import os
 
 import torch
 
+from .launch import amax_tensor, check_num_splits, placeholder, sink_arg, to_cute, workspace
 from .reference.attention import check_attention_shapes, check_window
 
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
@@ -77,7 +78,6 @@ def _pack_factor(pack_gqa, H: int, Hkv: int) -> int:
     return g if want and g > 1 and 128 % g == 0 else 1
 
 
-_WORKSPACE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
 # The TVM-FFI call path (``DSV4_TVM_FFI=1``): the kernel is compiled once against symbolic tensor types
 # (``fake_attention_args``) with ``--enable-tvm-ffi`` and then called with the torch tensors themselves — no
@@ -138,42 +138,9 @@ def _compiled_combine(head_dim: int, has_sink: bool, args: tuple):
     return _COMPILED[key]
 
 
-def _workspace(splits: int, B: int, Sq: int, H: int, D: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 partial O and LSE for split-KV, allocated once per shape and reused."""
-    key = (splits, B, Sq, H, D, str(device))
-    if key not in _WORKSPACE:
-        _WORKSPACE[key] = (torch.empty(splits, B, Sq, H, D, dtype=torch.float32, device=device),
-                           torch.empty(splits, B, H, Sq, dtype=torch.float32, device=device))
-    return _WORKSPACE[key]
-
-
-_PLACEHOLDERS: dict[str, dict[str, torch.Tensor]] = {}
-_PLACEHOLDER_SPECS = {"sink": (torch.float32, 0.0), "scales": (torch.uint8, 0), "s_enc": (torch.float32, 1.0)}
-
-
-def _placeholder(device, name: str) -> torch.Tensor:
-    """One-element stand-ins for arguments a build does not use (no sink, no NVFP4 output), allocated once
-    per device so that calls in a timed loop allocate nothing for them."""
-    bank = _PLACEHOLDERS.setdefault(str(device), {})
-    if name not in bank:
-        dtype, value = _PLACEHOLDER_SPECS[name]
-        bank[name] = torch.full((1,), value, dtype=dtype, device=device)
-    return bank[name]
-
-
-def _sink_arg(sink, device) -> torch.Tensor:
-    return sink.contiguous() if sink is not None else _placeholder(device, "sink")
-
-
 def _unused_nvfp4_args(device) -> tuple:
     """Placeholders for the NVFP4-output arguments (scales, global encode scale) of the non-NVFP4 builds."""
-    return (_to_cute(_placeholder(device, "scales"), 0), _to_cute(_placeholder(device, "s_enc"), 0))
-
-
-def _to_cute(t: torch.Tensor, leading_dim: int):
-    from cutlass.cute.runtime import from_dlpack
-    align = 16 if t.data_ptr() % 16 == 0 else t.element_size()       # lets the compiler vectorize
-    return from_dlpack(t, assumed_align=align).mark_layout_dynamic(leading_dim=leading_dim)
+    return (to_cute(placeholder(device, "scales"), 0), to_cute(placeholder(device, "s_enc"), 0))
 
 
 def attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, return_lse=False, num_splits=None):
@@ -194,8 +161,7 @@ def attention_with_p_path(q, k, v, *, scale=None, causal=False, window=None, sin
     packing (``None``: default; packs when H / Hkv > 1 divides 128)."""
     if p_path not in P_PATHS + ("auto",):
         raise ValueError(f"p_path must be one of {P_PATHS + ('auto',)}, got {p_path!r}")
-    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1):
-        raise ValueError(f"num_splits must be a positive int or None (heuristic), got {num_splits!r}")
+    check_num_splits(num_splits)
     if isinstance(q, torch.Tensor) and q.dim() == 4 and q.shape[3] == MQA_HEAD_DIM and (p_path != "auto" or overlap):
         raise ValueError("head dim 512 has one path (P to registers and shared memory, see dsv4lib.sparse): "
                          "p_path must be 'auto' and overlap None")
@@ -226,29 +192,29 @@ def attention_with_p_path(q, k, v, *, scale=None, causal=False, window=None, sin
         num_splits = num_splits_heuristic(B, H // pack, -(-Sq * pack // tile_m), n_blocks,
                                           torch.cuda.get_device_properties(q.device).multi_processor_count)
     num_splits = min(num_splits, n_blocks)                  # documented clamp: at most one KV tile per split
-    sink_t = _sink_arg(sink, q.device)
+    sink_t = sink_arg(sink, q.device)
     if USE_TVM_FFI and num_splits == 1:
         with torch.cuda.device(q.device):
             _compiled_sm90_tvm_ffi(D, bool(causal), bool(return_lse), p_path, window is not None, sink is not None,
                                    False, overlap, pack)(
                 q, k, v, out, lse, scale * math.log2(math.e), int(window or 0), sink_t,
-                _placeholder(q.device, "scales"), _placeholder(q.device, "s_enc"))
+                placeholder(q.device, "scales"), placeholder(q.device, "s_enc"))
         return (out, lse) if return_lse else out
     common = (Float32(scale * math.log2(math.e)), Int32(window or 0))
     unused = _unused_nvfp4_args(q.device)
     with torch.cuda.device(q.device):
         if num_splits == 1:
-            args = (_to_cute(q, 3), _to_cute(k, 3), _to_cute(v, 3), _to_cute(out, 3), _to_cute(lse, 2), *common,
-                    _to_cute(sink_t, 0), *unused)
+            args = (to_cute(q, 3), to_cute(k, 3), to_cute(v, 3), to_cute(out, 3), to_cute(lse, 2), *common,
+                    to_cute(sink_t, 0), *unused)
             _compiled_sm90(D, bool(causal), bool(return_lse), p_path, window is not None, sink is not None,
                            False, args, overlap, pack_gqa=pack)(*args)
         else:
-            o_part, lse_part = _workspace(num_splits, B, Sq, H, D, q.device)
-            args = (_to_cute(q, 3), _to_cute(k, 3), _to_cute(v, 3), _to_cute(o_part, 4), _to_cute(lse_part, 3),
-                    *common, _to_cute(sink_t, 0), *unused)
+            o_part, lse_part = workspace(num_splits, B, Sq, H, D, q.device)
+            args = (to_cute(q, 3), to_cute(k, 3), to_cute(v, 3), to_cute(o_part, 4), to_cute(lse_part, 3),
+                    *common, to_cute(sink_t, 0), *unused)
             _compiled_sm90(D, bool(causal), True, p_path, window is not None, False, True, args, overlap,
                            pack_gqa=pack)(*args)
-            cargs = (_to_cute(o_part, 4), _to_cute(lse_part, 3), _to_cute(out, 3), _to_cute(lse, 2), _to_cute(sink_t, 0))
+            cargs = (to_cute(o_part, 4), to_cute(lse_part, 3), to_cute(out, 3), to_cute(lse, 2), to_cute(sink_t, 0))
             _compiled_combine(D, sink is not None, cargs)(*cargs)
     return (out, lse) if return_lse else out
 
@@ -274,37 +240,21 @@ def attention_branches(q, branches, *, sink=None, scale=None, return_lse=False):
     B, Sq, H, D = q.shape
     scale = D ** -0.5 if scale is None else float(scale)
     n = len(branches)
-    o_part, lse_part = _workspace(n, B, Sq, H, D, q.device)
+    o_part, lse_part = workspace(n, B, Sq, H, D, q.device)
     out = torch.empty_like(q)
     lse = torch.empty(B, H, Sq, dtype=torch.float32, device=q.device)
-    sink_t = _sink_arg(sink, q.device)
+    sink_t = sink_arg(sink, q.device)
     with torch.cuda.device(q.device):
         for i, br in enumerate(branches):
             window = br.get("window")
-            args = (_to_cute(q, 3), _to_cute(br["k"], 3), _to_cute(br["v"], 3), _to_cute(o_part[i:i + 1], 4),
-                    _to_cute(lse_part[i:i + 1], 3), Float32(scale * math.log2(math.e)), Int32(window or 0),
-                    _to_cute(sink_t, 0), *_unused_nvfp4_args(q.device))
+            args = (to_cute(q, 3), to_cute(br["k"], 3), to_cute(br["v"], 3), to_cute(o_part[i:i + 1], 4),
+                    to_cute(lse_part[i:i + 1], 3), Float32(scale * math.log2(math.e)), Int32(window or 0),
+                    to_cute(sink_t, 0), *_unused_nvfp4_args(q.device))
             _compiled_sm90(D, bool(br.get("causal", False)), True, DEFAULT_P_PATH[D], window is not None, False,
                            True, args)(*args)
-        cargs = (_to_cute(o_part, 4), _to_cute(lse_part, 3), _to_cute(out, 3), _to_cute(lse, 2), _to_cute(sink_t, 0))
+        cargs = (to_cute(o_part, 4), to_cute(lse_part, 3), to_cute(out, 3), to_cute(lse, 2), to_cute(sink_t, 0))
         _compiled_combine(D, sink is not None, cargs)(*cargs)
     return (out, lse) if return_lse else out
-
-
-_AMAX_CACHE: dict[tuple, torch.Tensor] = {}
-
-
-def _amax_tensor(amax, device) -> torch.Tensor:
-    """A static amax as a device tensor: a tensor is used as is; a Python number is copied to the device once
-    and cached (a host→device copy per call would stall the host behind the GPU queue)."""
-    if isinstance(amax, torch.Tensor):
-        return amax.to(device=device, dtype=torch.float32)
-    key = (float(amax), str(device))
-    if key not in _AMAX_CACHE:
-        if len(_AMAX_CACHE) > 64:
-            _AMAX_CACHE.clear()
-        _AMAX_CACHE[key] = torch.tensor(float(amax), dtype=torch.float32, device=device)
-    return _AMAX_CACHE[key]
 
 
 def attention_nvfp4(q, k, v, out_global_amax, *, scale=None, causal=False, window=None, sink=None):
@@ -320,7 +270,7 @@ def attention_nvfp4(q, k, v, out_global_amax, *, scale=None, causal=False, windo
     from cutlass import Float32, Int32
 
     from .reference.quant import nvfp4_global_encode_scale
-    amax = _amax_tensor(out_global_amax, q.device)
+    amax = amax_tensor(out_global_amax, q.device)
     if amax.numel() != 1:
         raise ValueError(f"out_global_amax must be a scalar, got shape {tuple(amax.shape)}")
     s_enc = nvfp4_global_encode_scale(amax.reshape(())).reshape(1).contiguous()
@@ -329,10 +279,10 @@ def attention_nvfp4(q, k, v, out_global_amax, *, scale=None, causal=False, windo
     data = torch.empty(B, Sq, H, D // 2, dtype=torch.uint8, device=q.device)
     scales = torch.empty(B, Sq, H, D // 16, dtype=torch.uint8, device=q.device)
     lse = torch.empty(B, H, Sq, dtype=torch.float32, device=q.device)
-    sink_t = _sink_arg(sink, q.device)
-    args = (_to_cute(q, 3), _to_cute(k, 3), _to_cute(v, 3), _to_cute(data, 3), _to_cute(lse, 2),
-            Float32(scale * math.log2(math.e)), Int32(window or 0), _to_cute(sink_t, 0), _to_cute(scales, 3),
-            _to_cute(s_enc, 0))
+    sink_t = sink_arg(sink, q.device)
+    args = (to_cute(q, 3), to_cute(k, 3), to_cute(v, 3), to_cute(data, 3), to_cute(lse, 2),
+            Float32(scale * math.log2(math.e)), Int32(window or 0), to_cute(sink_t, 0), to_cute(scales, 3),
+            to_cute(s_enc, 0))
     with torch.cuda.device(q.device):
         _compiled_sm90(D, bool(causal), False, "rs", window is not None, sink is not None, False, args,
                        nvfp4_out=True)(*args)
@@ -348,9 +298,9 @@ def attention_fp32(q, k, v, *, scale=None, causal=False, window=None):
     scale = D ** -0.5 if scale is None else float(scale)
     o_part = torch.empty(1, B, Sq, H, D, dtype=torch.float32, device=q.device)
     lse_part = torch.empty(1, B, H, Sq, dtype=torch.float32, device=q.device)
-    args = (_to_cute(q, 3), _to_cute(k, 3), _to_cute(v, 3), _to_cute(o_part, 4), _to_cute(lse_part, 3),
+    args = (to_cute(q, 3), to_cute(k, 3), to_cute(v, 3), to_cute(o_part, 4), to_cute(lse_part, 3),
             Float32(scale * math.log2(math.e)), Int32(window or 0),
-            _to_cute(_placeholder(q.device, "sink"), 0), *_unused_nvfp4_args(q.device))
+            to_cute(placeholder(q.device, "sink"), 0), *_unused_nvfp4_args(q.device))
     with torch.cuda.device(q.device):
         _compiled_sm90(D, bool(causal), True, "rs", window is not None, False, True, args)(*args)
     return o_part[0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from .launch import amax_tensor, rows_dynamic
 from .reference import quant as ref
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -44,11 +45,8 @@ def kernel_args(blocks, words, scales, amax, s_dec_out) -> tuple:
     """The kernel's arguments as CuTe tensors: only the block count is dynamic, the 16 values of a block and
     the two words stay static (the register copies need static shapes).  Works on CPU tensors too, which
     is how the CPU tests compile exactly what a GPU call compiles."""
-    from cutlass.cute.runtime import from_dlpack
-    rows = lambda t, align: from_dlpack(t, assumed_align=align).mark_compact_shape_dynamic(
-        mode=0, stride_order=t.dim_order())
-    return (rows(blocks, 16), rows(words, 8), rows(scales, 1), from_dlpack(amax, assumed_align=4),
-            from_dlpack(s_dec_out, assumed_align=4))
+    return (rows_dynamic(blocks, (1,), 16), rows_dynamic(words, (1,), 8), rows_dynamic(scales, (), 1),
+            rows_dynamic(amax, (0,), 4), rows_dynamic(s_dec_out, (0,), 4))
 
 
 def quantize_nvfp4(x, global_amax=None, *, swizzle: bool = False):
@@ -61,8 +59,7 @@ def quantize_nvfp4(x, global_amax=None, *, swizzle: bool = False):
     if global_amax is None:
         amax = x.abs().amax().float()
     else:
-        from .attention import _amax_tensor
-        amax = _amax_tensor(global_amax, x.device)
+        amax = amax_tensor(global_amax, x.device)
         if amax.numel() != 1:
             raise ValueError(f"global_amax must be a scalar, got shape {tuple(amax.shape)}")
         amax = amax.reshape(())

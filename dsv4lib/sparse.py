@@ -8,31 +8,17 @@ import math
 
 import torch
 
+from .launch import check_num_splits, placeholder, rows_dynamic, sink_arg, to_cute, workspace
+
 HEAD_DIM = 512
 HEADS_PER_CTA = 64
 _COMPILED: dict[tuple, object] = {}
-_WORKSPACE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-_PLACEHOLDERS: dict[tuple, torch.Tensor] = {}
-
-
-def _rows_dynamic(t: torch.Tensor, static_modes: tuple[int, ...] = ()):
-    """A contiguous torch tensor as a CuTe tensor whose extents are dynamic except ``static_modes`` (the head
-    dim stays static: the 16-byte row copies and the MMA tiling need it).  Works on CPU tensors too, which is
-    how the CPU tests compile exactly what a GPU call compiles."""
-    from cutlass.cute.runtime import from_dlpack
-    ct = from_dlpack(t, assumed_align=16 if t.element_size() * t.shape[-1] % 16 == 0 else t.element_size())
-    for mode in range(t.dim()):
-        if mode not in static_modes:
-            ct = ct.mark_compact_shape_dynamic(mode=mode, stride_order=t.dim_order())
-    return ct
-
-
 def kernel_args(q, kv, indices, o, lse, sink, scale: float, window: int) -> tuple:
     """q ``(B, Sq, H, 512)``, kv ``(B, Skv, 512)``, indices ``(B, Sq, K)`` int32, o ``(splits, B, Sq, H, 512)``,
     lse ``(splits, B, H, Sq)``, sink ``(H,)`` → the kernel's arguments."""
     from cutlass import Float32, Int32
-    return (_rows_dynamic(q, (3,)), _rows_dynamic(kv, (2,)), _rows_dynamic(indices), _rows_dynamic(o, (4,)),
-            _rows_dynamic(lse), Float32(scale * math.log2(math.e)), Int32(window), _rows_dynamic(sink))
+    return (rows_dynamic(q, (3,)), rows_dynamic(kv, (2,)), rows_dynamic(indices), rows_dynamic(o, (4,)),
+            rows_dynamic(lse), Float32(scale * math.log2(math.e)), Int32(window), rows_dynamic(sink))
 
 
 # The two warpgroup schedules of the hd512 kernel (see its docstring), measured on the H200 (sparse prefill,
@@ -54,13 +40,6 @@ def compiled(gather: bool, causal: bool, window: bool, sink: bool, has_lse: bool
                                             split_kv=split_kv, balanced=balanced, gather_only=gather_only)
         _COMPILED[key] = cute.compile(kernel, *args, options=f"--gpu-arch {arch}")
     return _COMPILED[key]
-
-
-def _placeholder(device, dtype, value) -> torch.Tensor:
-    key = (str(device), dtype)
-    if key not in _PLACEHOLDERS:
-        _PLACEHOLDERS[key] = torch.full((1,) * (3 if dtype == torch.int32 else 1), value, dtype=dtype, device=device)
-    return _PLACEHOLDERS[key]
 
 
 def _check_kind(name, t, dims, dtype=torch.bfloat16):
@@ -98,21 +77,13 @@ def _check_heads_and_sink(H, sink, device):
             raise ValueError(f"sink must be on {device}, got {sink.device}")
 
 
-def _workspace(splits, B, Sq, H, device):
-    key = (splits, B, Sq, H, str(device))
-    if key not in _WORKSPACE:
-        _WORKSPACE[key] = (torch.empty(splits, B, Sq, H, HEAD_DIM, dtype=torch.float32, device=device),
-                           torch.empty(splits, B, H, Sq, dtype=torch.float32, device=device))
-    return _WORKSPACE[key]
-
-
 def _run(q4, kv3, idx3, *, gather, causal, window, sink, scale, num_splits):
     """q4 (B, Sq, H, 512), kv3 (B, Skv, 512), idx3 (B, Sq, K) or None → out (B, Sq, H, 512), lse (B, H, Sq)."""
-    from .attention import _compiled_combine, _to_cute
+    from .attention import _compiled_combine
     B, Sq, H, _ = q4.shape
     device = q4.device
-    sink_t = sink.contiguous() if sink is not None else _placeholder(device, torch.float32, 0.0)
-    idx = idx3 if gather else _placeholder(device, torch.int32, -1)
+    sink_t = sink_arg(sink, device)
+    idx = idx3 if gather else placeholder(device, "indices")
     out = torch.empty_like(q4)
     lse = torch.empty(B, H, Sq, dtype=torch.float32, device=device)
     with torch.cuda.device(device):
@@ -120,18 +91,16 @@ def _run(q4, kv3, idx3, *, gather, causal, window, sink, scale, num_splits):
             args = kernel_args(q4, kv3, idx, out.unsqueeze(0), lse.unsqueeze(0), sink_t, scale, window or 0)
             compiled(gather, causal, window is not None, sink is not None, True, False, args)(*args)
         else:
-            o_part, lse_part = _workspace(num_splits, B, Sq, H, device)
+            o_part, lse_part = workspace(num_splits, B, Sq, H, HEAD_DIM, device)
             args = kernel_args(q4, kv3, idx, o_part, lse_part, sink_t, scale, window or 0)
             compiled(gather, causal, window is not None, False, True, True, args)(*args)
-            cargs = (_to_cute(o_part, 4), _to_cute(lse_part, 3), _to_cute(out, 3), _to_cute(lse, 2),
-                     _to_cute(sink_t, 0))
+            cargs = (to_cute(o_part, 4), to_cute(lse_part, 3), to_cute(out, 3), to_cute(lse, 2), to_cute(sink_t, 0))
             _compiled_combine(HEAD_DIM, sink is not None, cargs)(*cargs)
     return out, lse
 
 
 def _splits(num_splits, batch_ctas, n_keys, device):
-    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1):
-        raise ValueError(f"num_splits must be a positive int or None (heuristic), got {num_splits!r}")
+    check_num_splits(num_splits)
     n_tiles = max(1, -(-n_keys // 64))
     if num_splits is None:
         # one wave: each CTA moves 64 KiB per tile and does as much math as it loads (64 heads × 512), so
@@ -192,7 +161,7 @@ def gather_roof(q, kv, indices):
     out = torch.empty(1, 1, Sq, H, HEAD_DIM, dtype=torch.bfloat16, device=q.device)
     lse = torch.empty(1, 1, H, Sq, dtype=torch.float32, device=q.device)
     args = kernel_args(q.unsqueeze(0), kv.unsqueeze(0), indices.unsqueeze(0), out, lse,
-                       _placeholder(q.device, torch.float32, 0.0), HEAD_DIM ** -0.5, 0)
+                       placeholder(q.device, "sink"), HEAD_DIM ** -0.5, 0)
     with torch.cuda.device(q.device):
         compiled(True, False, False, False, True, False, args, gather_only=True)(*args)
 
