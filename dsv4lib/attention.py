@@ -8,7 +8,7 @@ import os
 
 import torch
 
-from .launch import amax_tensor, check_num_splits, placeholder, sink_arg, to_cute, workspace
+from .launch import amax_tensor, check_num_splits, placeholder, rows_dynamic, sink_arg, to_cute, workspace
 from .reference.attention import check_attention_shapes, check_window
 
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
@@ -62,10 +62,9 @@ P_PATHS = ("rs", "smem")
 # (causal 544 vs 539).  Registers win or tie everywhere, so RS is the default.
 DEFAULT_P_PATH = {64: "rs", 128: "rs", 256: "rs"}
 # Intra-warpgroup overlap (QK(j+1) ∥ PV(j)).  Measured on the H200 at 353a49c765 (B4 H16 S8192, TFLOP/s,
-# default vs overlap): hd64 432 vs 478, hd128 568 vs 661, hd256 596 vs 651 (causal 421/425, 553/607, 573/644).
-# It wins everywhere; it becomes the default with the next recorded GPU run (flipping it now would leave every
-# recorded row describing code that no longer runs by default).
-DEFAULT_OVERLAP = {64: False, 128: False, 256: False}
+# without vs with overlap): hd64 432 vs 478, hd128 568 vs 661, hd256 596 vs 651 (causal 421/425, 553/607, 573/644).
+# It wins everywhere, so it is the default (also for the D2 split and D5 window builds, which share the mainloop).
+DEFAULT_OVERLAP = {64: True, 128: True, 256: True}
 # GQA head packing (the q heads of one KV head folded into the 128 M rows, so each K/V tile is loaded once per
 # group): built and PTX-checked, GPU tests written, not yet run — off by default.
 DEFAULT_PACK_GQA = False
@@ -121,21 +120,24 @@ def _compiled_sm90(head_dim: int, causal: bool, has_lse: bool, p_path: str, wind
     return _COMPILED[key]
 
 
-# Columns per warp in the combine kernel (None: one warp per output row).  Chunking is built and PTX-checked,
-# not yet measured: set e.g. 128 to try it on the hd512 decode shape (64 rows, ~132 splits).
-COMBINE_COLS_PER_WARP: int | None = None
+def combine_args(o_part, lse_part, out, lse, sink_t) -> tuple:
+    """The combine kernel's arguments (works on CPU tensors too: the compile tests build exactly these)."""
+    return rows_dynamic(o_part, (4,)), to_cute(lse_part, 3), to_cute(out, 3), to_cute(lse, 2), to_cute(sink_t, 0)
 
 
-def _compiled_combine(head_dim: int, has_sink: bool, args: tuple):
-    cols = COMBINE_COLS_PER_WARP if COMBINE_COLS_PER_WARP and head_dim % COMBINE_COLS_PER_WARP == 0 else None
-    key = ("combine", head_dim, has_sink, cols)
+def combine_partials(o_part, lse_part, out, lse, sink_t, has_sink: bool) -> None:
+    """The LSE combine kernel (D2) on the split workspace: ``o_part (splits, B, Sq, H, D)`` fp32, ``lse_part
+    (splits, B, H, Sq)`` → ``out (B, Sq, H, D)`` bf16, ``lse (B, H, Sq)``; the sink once.  The partials are passed
+    with static D and compact strides so each lane's columns load as one vector."""
+    D = o_part.shape[-1]
+    args = combine_args(o_part, lse_part, out, lse, sink_t)
+    key = ("combine", D, has_sink)
     if key not in _COMPILED:
         import cutlass.cute as cute
 
         from .kernels.combine import LSECombineKernel
-        _COMPILED[key] = cute.compile(LSECombineKernel(head_dim, has_sink=has_sink, cols_per_warp=cols), *args,
-                                      options="--gpu-arch sm_90a")
-    return _COMPILED[key]
+        _COMPILED[key] = cute.compile(LSECombineKernel(D, has_sink=has_sink), *args, options="--gpu-arch sm_90a")
+    _COMPILED[key](*args)
 
 
 def _unused_nvfp4_args(device) -> tuple:
@@ -214,8 +216,7 @@ def attention_with_p_path(q, k, v, *, scale=None, causal=False, window=None, sin
                     *common, to_cute(sink_t, 0), *unused)
             _compiled_sm90(D, bool(causal), True, p_path, window is not None, False, True, args, overlap,
                            pack_gqa=pack)(*args)
-            cargs = (to_cute(o_part, 4), to_cute(lse_part, 3), to_cute(out, 3), to_cute(lse, 2), to_cute(sink_t, 0))
-            _compiled_combine(D, sink is not None, cargs)(*cargs)
+            combine_partials(o_part, lse_part, out, lse, sink_t, sink is not None)
     return (out, lse) if return_lse else out
 
 
@@ -252,8 +253,7 @@ def attention_branches(q, branches, *, sink=None, scale=None, return_lse=False):
                     to_cute(sink_t, 0), *_unused_nvfp4_args(q.device))
             _compiled_sm90(D, bool(br.get("causal", False)), True, DEFAULT_P_PATH[D], window is not None, False,
                            True, args)(*args)
-        cargs = (to_cute(o_part, 4), to_cute(lse_part, 3), to_cute(out, 3), to_cute(lse, 2), to_cute(sink_t, 0))
-        _compiled_combine(D, sink is not None, cargs)(*cargs)
+        combine_partials(o_part, lse_part, out, lse, sink_t, sink is not None)
     return (out, lse) if return_lse else out
 
 

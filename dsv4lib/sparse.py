@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from .launch import check_num_splits, placeholder, rows_dynamic, sink_arg, to_cute, workspace
+from .launch import check_num_splits, placeholder, rows_dynamic, sink_arg, workspace
 
 HEAD_DIM = 512
 HEADS_PER_CTA = 64
@@ -79,7 +79,7 @@ def _check_heads_and_sink(H, sink, device):
 
 def _run(q4, kv3, idx3, *, gather, causal, window, sink, scale, num_splits):
     """q4 (B, Sq, H, 512), kv3 (B, Skv, 512), idx3 (B, Sq, K) or None → out (B, Sq, H, 512), lse (B, H, Sq)."""
-    from .attention import _compiled_combine
+    from .attention import combine_partials
     B, Sq, H, _ = q4.shape
     device = q4.device
     sink_t = sink_arg(sink, device)
@@ -94,8 +94,7 @@ def _run(q4, kv3, idx3, *, gather, causal, window, sink, scale, num_splits):
             o_part, lse_part = workspace(num_splits, B, Sq, H, HEAD_DIM, device)
             args = kernel_args(q4, kv3, idx, o_part, lse_part, sink_t, scale, window or 0)
             compiled(gather, causal, window is not None, False, True, True, args)(*args)
-            cargs = (to_cute(o_part, 4), to_cute(lse_part, 3), to_cute(out, 3), to_cute(lse, 2), to_cute(sink_t, 0))
-            _compiled_combine(HEAD_DIM, sink is not None, cargs)(*cargs)
+            combine_partials(o_part, lse_part, out, lse, sink_t, sink is not None)
     return out, lse
 
 

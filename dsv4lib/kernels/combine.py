@@ -5,14 +5,19 @@ its natural-log ``lse_i`` (``-inf`` for a split that saw no key).  The merge is
 
     L = log Σ_i e^{lse_i},   O = Σ_i e^{lse_i - L} · O_i,   then the sink once:  O · e^L / (e^L + e^σ)
 
-— :func:`dsv4lib.reference.lse_merge` is the truth.  One warp per output row: every lane reads the
-``num_splits`` LSEs (tiny), lane l accumulates columns ``l, l+32, …`` of O so each load of 32 lanes is one
-128-byte line.
+— :func:`dsv4lib.reference.lse_merge` is the truth.
 
-``cols_per_warp`` (default: the whole row) cuts a row into column chunks, one warp each — for few rows with
-many splits and a wide row (DSV4 decode: 64 rows × 132 splits × 512 columns is only 64 warps, each streaming
-~270 KB).  Each warp recomputes the row's LSE weights (cheap); only chunk 0 writes the LSE.  Built and
-PTX-checked; not yet measured on a GPU, so the default stays one warp per row.
+Work split (why): the merge is a pure stream of the fp32 partials, so what matters is how many bytes are in
+flight per SM.  The first version gave one warp per output row and walked the splits one at a time; for the
+DSV4 decode shape (64 rows × ~132 splits × 512 columns) that is 64 warps on the whole GPU, each waiting on one
+load per split — 0.14 ms for what the copy bandwidth does in ~10 µs.  Now:
+
+* one CTA (4 warps) per (row, 128-column chunk); lane l owns ``cols/32`` contiguous columns, so each load is
+  one 16 B vector and a warp's load is 512 contiguous bytes;
+* the 4 warps share the splits (warp w takes splits w, w+4, …; the loop is unrolled so several loads are in
+  flight), and their sums meet in shared memory;
+* the LSE of the row is reduced lane-parallel (lane l reads splits l, l+32, … and a butterfly finishes), not
+  in a serial loop over the splits.
 """
 from __future__ import annotations
 
@@ -25,78 +30,103 @@ from cutlass import Float32, const_expr
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
 WARPS_PER_CTA = 4
+SPLIT_UNROLL = 4
 
 
 class LSECombineKernel:
     """``O_partial (splits, B, Sq, H, D)`` fp32 and ``LSE_partial (splits, B, H, Sq)`` fp32 →
-    ``O (B, Sq, H, D)`` (bf16) and ``LSE (B, H, Sq)`` fp32; optional ``sink [H]`` fp32 applied once."""
+    ``O (B, Sq, H, D)`` (bf16) and ``LSE (B, H, Sq)`` fp32; optional ``sink [H]`` fp32 applied once.
+    ``cols_per_cta``: columns of one row merged by one CTA (default ``min(D, 128)``: 4 fp32 per lane)."""
 
-    def __init__(self, head_dim: int, *, has_sink: bool, cols_per_warp: int | None = None):
+    def __init__(self, head_dim: int, *, has_sink: bool, cols_per_cta: int | None = None):
         if head_dim % 32:
             raise ValueError(f"head_dim must be a multiple of 32, got {head_dim}")
-        cols = head_dim if cols_per_warp is None else cols_per_warp
-        if cols % 32 or head_dim % cols:
-            raise ValueError(f"cols_per_warp must be a multiple of 32 dividing head_dim {head_dim}, got {cols}")
+        cols = min(head_dim, 128) if cols_per_cta is None else cols_per_cta
+        if cols % 32 or head_dim % cols or cols > 256:
+            raise ValueError(f"cols_per_cta must be a multiple of 32 dividing head_dim {head_dim} and at most 256, "
+                             f"got {cols}")
         self.head_dim = head_dim
         self.has_sink = has_sink
-        self.cols = cols                          # columns per warp
-        self.chunks = head_dim // cols            # warps per output row
+        self.cols = cols                          # columns per CTA
+        self.vec = cols // 32                     # contiguous fp32 columns per lane (one ≤ 32 B vector)
+        self.chunks = head_dim // cols            # CTAs per output row
 
     @cute.jit
     def __call__(self, mOp: cute.Tensor, mLSEp: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor, mSink: cute.Tensor):
         rows = cute.size(mO.shape[0]) * cute.size(mO.shape[1]) * cute.size(mO.shape[2])      # B * Sq * H
-        if const_expr(self.chunks > 1):
-            rows = rows * self.chunks                                 # one warp per (row, column chunk)
-        self.kernel(mOp, mLSEp, mO, mLSE, mSink).launch(
-            grid=((rows + WARPS_PER_CTA - 1) // WARPS_PER_CTA, 1, 1), block=(32 * WARPS_PER_CTA, 1, 1))
+        self.kernel(mOp, mLSEp, mO, mLSE, mSink).launch(grid=(rows * self.chunks, 1, 1),
+                                                        block=(32 * WARPS_PER_CTA, 1, 1))
+
+    @cute.jit
+    def butterfly(self, x: Float32, op) -> Float32:
+        for offset in cutlass.range_constexpr(5):
+            x = op(x, cute.arch.shuffle_sync_bfly(x, offset=16 >> offset))
+        return x
 
     @cute.kernel
     def kernel(self, mOp: cute.Tensor, mLSEp: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor, mSink: cute.Tensor):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         lane = tidx % 32
-        row = bidx * WARPS_PER_CTA + tidx // 32
-        col0 = 0
-        if const_expr(self.chunks > 1):
-            col0 = (row % self.chunks) * self.cols
-            row = row // self.chunks
+        warp = tidx // 32
+        row = bidx // self.chunks
+        chunk = bidx % self.chunks
         num_splits = mOp.shape[0]
-        B, Sq, H = mO.shape[0], mO.shape[1], mO.shape[2]
-        if row < B * Sq * H:
-            h = row % H
-            s = (row // H) % Sq
-            b = row // (H * Sq)
-            # L = logsumexp over the splits (computed in log2 units)
-            mx = -Float32.inf
-            for i in cutlass.range(num_splits, unroll=1):
-                mx = cute.arch.fmax(mx, mLSEp[i, b, h, s])
-            total = Float32(0.0)
-            base = mx * LOG2_E
-            if mx == -Float32.inf:
-                base = Float32(0.0)                                  # no split saw a key
-            for i in cutlass.range(num_splits, unroll=1):
-                total += cute.arch.exp2(mLSEp[i, b, h, s] * LOG2_E - base)
-            lse = -Float32.inf
-            inv_total = Float32(0.0)
+        H, Sq = mO.shape[2], mO.shape[1]
+        h = row % H
+        s = (row // H) % Sq
+        b = row // (H * Sq)
+        # sAcc (warps, cols) fp32: each warp's weighted sum over its share of the splits
+        sAcc = cutlass.utils.SmemAllocator().allocate_tensor(
+            Float32, cute.make_layout((WARPS_PER_CTA, self.cols), stride=(self.cols, 1)), byte_alignment=16)
+
+        # L = logsumexp over the splits (log2 units), every warp on its own, lane-parallel
+        mx = -Float32.inf
+        for i in cutlass.range(lane, num_splits, 32, unroll=1):
+            mx = cute.arch.fmax(mx, mLSEp[i, b, h, s])
+        mx = self.butterfly(mx, cute.arch.fmax)
+        base = mx * LOG2_E
+        if mx == -Float32.inf:
+            base = Float32(0.0)                                      # no split saw a key
+        total = Float32(0.0)
+        for i in cutlass.range(lane, num_splits, 32, unroll=1):
+            total += cute.arch.exp2(mLSEp[i, b, h, s] * LOG2_E - base)
+        total = self.butterfly(total, lambda x, y: x + y)
+        lse = -Float32.inf
+        inv_total = Float32(0.0)
+        if total > 0.0:
+            lse = (base + cute.math.log2(total)) * LN_2
+            inv_total = 1.0 / total
+
+        # this warp's splits: O_i (cols,) → lane's vec contiguous columns, one vector load per split
+        acc = cute.make_rmem_tensor((self.vec,), Float32)
+        acc.fill(0.0)
+        for i in cutlass.range(warp, num_splits, WARPS_PER_CTA, unroll=SPLIT_UNROLL):
+            w = cute.arch.exp2(mLSEp[i, b, h, s] * LOG2_E - base) * inv_total
+            gOi = cute.local_tile(mOp[i, b, s, h, None], (self.cols,), (chunk,))          # (cols,)
+            tOg = cute.local_tile(gOi, (self.vec,), (lane,))                               # (vec,)
+            tOr = cute.make_rmem_tensor((self.vec,), Float32)
+            cute.autovec_copy(tOg, tOr)
+            if w > 0.0:          # an empty split's partial is never read into the sum (it may be unwritten)
+                for j in cutlass.range_constexpr(self.vec):
+                    acc[j] += w * tOr[j]
+        cute.autovec_copy(acc, cute.local_tile(sAcc[warp, None], (self.vec,), (lane,)))
+        cute.arch.barrier()
+
+        gate = Float32(1.0)
+        if const_expr(self.has_sink):
+            # e^L / (e^L + e^σ) = 1 / (1 + e^{σ - L}); an empty row stays 0 because its weights are 0
             if total > 0.0:
-                lse = (base + cute.math.log2(total)) * LN_2
-                inv_total = 1.0 / total
-            gate = Float32(1.0)
-            if const_expr(self.has_sink):
-                # e^L / (e^L + e^σ) = 1 / (1 + e^{σ - L}); an empty row stays 0 because its weights are 0
-                if total > 0.0:
-                    gate = 1.0 / (1.0 + cute.arch.exp2((mSink[h] - lse) * LOG2_E))
-            acc = cute.make_rmem_tensor((self.cols // 32,), Float32)
-            acc.fill(0.0)
-            for i in cutlass.range(num_splits, unroll=1):
-                w = cute.arch.exp2(mLSEp[i, b, h, s] * LOG2_E - base) * inv_total
-                if w > 0.0:                                           # skip empty splits (and their memory)
-                    for j in cutlass.range_constexpr(self.cols // 32):
-                        acc[j] += w * mOp[i, b, s, h, col0 + lane + 32 * j]
-            for j in cutlass.range_constexpr(self.cols // 32):
-                mO[b, s, h, col0 + lane + 32 * j] = (acc[j] * gate).to(mO.element_type)
-            if lane == 0 and col0 == 0:
-                mLSE[b, h, s] = lse
+                gate = 1.0 / (1.0 + cute.arch.exp2((mSink[h] - lse) * LOG2_E))
+        for c in cutlass.range_constexpr((self.cols + 32 * WARPS_PER_CTA - 1) // (32 * WARPS_PER_CTA)):
+            col = c * 32 * WARPS_PER_CTA + tidx
+            if col < self.cols:
+                o = Float32(0.0)
+                for w in cutlass.range_constexpr(WARPS_PER_CTA):
+                    o += sAcc[w, col]
+                mO[b, s, h, chunk * self.cols + col] = (o * gate).to(mO.element_type)
+        if tidx == 0 and chunk == 0:
+            mLSE[b, h, s] = lse
 
 
 def fake_args(head_dim: int):
