@@ -93,3 +93,40 @@ if "sparse" in sections:
         show({"sparse": [H, K, Sq], "tflops": round(bench.tflops(flops, t.median_ms)),
               "gather_only_tflops_equiv": round(bench.tflops(flops, tg.median_ms)),
               "gather_tbps": round(Sq * K * 1024 / (tg.median_ms * 1e-3) / 1e12, 2)})
+
+if "roof" in sections:
+    # hd512 dense decode: the producer alone (no math, no epilogue) vs the whole split kernel
+    from dsv4lib.launch import placeholder, workspace
+    for H, Skv in ((64, 65536), (128, 65536)):
+        inputs = [(rnd(1, 1, H, 512), rnd(1, Skv, 1, 512)) for _ in range(4)]
+        res = {"roof512": [H, Skv]}
+        for splits in (66, 132):
+            def producer_only(q, kv):
+                o_part, lse_part = workspace(splits, 1, 1, H, 512, q.device)
+                args = dsv4lib.sparse.kernel_args(q, kv[:, :, 0], placeholder(q.device, "indices"), o_part, lse_part,
+                                                  placeholder(q.device, "sink"), 512 ** -0.5, 0)
+                dsv4lib.sparse.compiled(False, False, False, False, True, True, args, gather_only=True)(*args)
+            t = bench.time_cuda(producer_only, inputs, iters=20)
+            res[f"producer_only_{splits}"] = {"us": round(t.median_ms * 1e3, 1), "gbps": round(bench.gbps(Skv * 1024, t.median_ms))}
+        show(res)
+    x = torch.empty(2 ** 26 // 2, device="cuda", dtype=torch.bfloat16)
+    y = torch.empty_like(x)
+    t = bench.time_cuda(lambda: y.copy_(x), iters=30)
+    show({"copy_64MiB_gbps_read_plus_write": round(bench.gbps(2 * x.numel() * 2, t.median_ms)),
+          "read_only_sum_gbps": round(bench.gbps(x.numel() * 2, bench.time_cuda(lambda: x.sum(), iters=30).median_ms))})
+
+if "nvfp4" in sections:
+    amax = torch.tensor(4.0, device="cuda")
+    for M, K in ((4096, 4096), (16384, 7168), (65536, 512)):
+        xs = [(torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=gen),) for _ in range(2)]
+        nbytes = M * K * 2 + M * K // 2 + M * K // 16
+        res = {"nvfp4": [M, K]}
+        for bpt in (2, 4, 8):
+            for enc in (True, False):
+                t = bench.time_cuda(lambda a: dsv4lib.quantize_nvfp4(a, amax, _blocks_per_thread=bpt, _encode=enc),
+                                    xs, iters=30)
+                res[f"bpt{bpt}{'' if enc else '_noenc'}"] = round(bench.gbps(nbytes, t.median_ms))
+        dst = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda")
+        src = [(torch.randn(nbytes // 2, device="cuda").bfloat16(),) for _ in range(2)]
+        res["copy"] = round(bench.gbps(2 * nbytes, bench.time_cuda(lambda s: dst.copy_(s), src, iters=30).median_ms))
+        show(res)
