@@ -39,8 +39,14 @@ def test_hd512_kernel_builds_from_the_public_functions_arguments(gather, split_k
         assert k.count(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16") == 512 // 16
         assert (rs, ss) == (4, 4), (rs, ss)
         assert k.count(r"bar\.arrive") >= 3 and k.count(r"bar\.sync") >= 3         # P_FULL / P_EMPTY / FINAL
-    assert k.count(r"cp\.async\.cg\.shared\.global[^\n]*16;") == 32 + 32         # Q rows + KV rows, 16 B each
-    assert k.count(r"cp\.async\.mbarrier\.arrive\.noinc") == 1
+    if gather:   # gathered rows: cp.async, 16 B each (Q rows + KV rows), arriving on the stage's mbarrier
+        assert k.count(r"cp\.async\.cg\.shared\.global[^\n]*16;") == 32 + 32
+        assert k.count(r"cp\.async\.mbarrier\.arrive\.noinc") == 1
+        assert k.count(r"cp\.async\.bulk\.tensor") == 0
+    else:        # dense rows: TMA, 8 boxes of 64 × 64 for Q and 8 per KV tile, no cp.async
+        assert k.count(r"cp\.async\.bulk\.tensor\.4d\.shared::cta\.global\.tile\.mbarrier") == 8     # Q
+        assert k.count(r"cp\.async\.bulk\.tensor\.3d\.shared::cta\.global\.tile\.mbarrier") == 8     # KV tile
+        assert k.count(r"cp\.async\.cg") == 0
     assert k.count("fence.proxy.async") >= 1                                        # P for the async proxy
     assert k.count(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+56") == 1
     assert k.count(r"\.local") == 0                                                 # no register spills
