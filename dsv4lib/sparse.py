@@ -98,14 +98,20 @@ def _run(q4, kv3, idx3, *, gather, causal, window, sink, scale, num_splits):
     return out, lse
 
 
+MAX_SPLITS = 64
+
+
 def _splits(num_splits, batch_ctas, n_keys, device):
     check_num_splits(num_splits)
     n_tiles = max(1, -(-n_keys // 64))
     if num_splits is None:
         # one wave: each CTA moves 64 KiB per tile and does as much math as it loads (64 heads × 512), so
         # every SM has to take part; at least 4 tiles per split keep the fp32 partials small next to the keys
+        # At most MAX_SPLITS: the fp32 partials (splits × 64 heads × 2 KiB) are written and read again, and past
+        # ~64 splits that costs more in the combine than the extra CTAs win (H100, H64 KV 64k: 66 splits
+        # 35 + 8 µs, 132 splits 36 + 13 µs; the split kernel reads at ~1.9 TB/s either way).
         sms = torch.cuda.get_device_properties(device).multi_processor_count
-        num_splits = 1 if batch_ctas >= sms else max(1, min(-(-sms // batch_ctas), n_tiles // 4))
+        num_splits = 1 if batch_ctas >= sms else max(1, min(-(-sms // batch_ctas), n_tiles // 4, MAX_SPLITS))
     return min(num_splits, n_tiles)                      # documented clamp: at least one key tile per split
 
 
