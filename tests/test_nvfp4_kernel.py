@@ -142,12 +142,13 @@ def test_pv_accumulator_column_structure_behind_the_fused_epilogue():
 
 
 @pytest.mark.compile
-def test_fused_nvfp4_epilogue_builds():
+@pytest.mark.parametrize("overlap", [False, True])       # attention_nvfp4 builds the default mainloop (overlap)
+def test_fused_nvfp4_epilogue_builds(overlap):
     import collections
     import re
     from dsv4lib.kernels.compile import compile_for_arch
     from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_nvfp4_args
-    k = compile_for_arch(FlashAttentionForwardSm90(128, causal=False, has_lse=False, nvfp4_out=True),
+    k = compile_for_arch(FlashAttentionForwardSm90(128, causal=False, has_lse=False, nvfp4_out=True, overlap=overlap),
                          *fake_nvfp4_args(128), arch="sm_90a")
     stores = collections.Counter(re.findall(r"\bst\.global\.[\w.]+", k.ptx))
     assert stores == {"st.global.b8": 48}                 # 16 blocks/thread × (2 packed bytes + 1 scale byte)
