@@ -80,11 +80,57 @@ def quantize_nvfp4(x, global_amax=None, *, swizzle: bool = False, _blocks_per_th
     return data, scale_bytes, s_dec.reshape(())
 
 
+_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def dequantize_args(words, scales, global_scale, y) -> tuple:
+    """The dequantize kernel's arguments (block count dynamic; works on CPU tensors for the compile tests)."""
+    return (rows_dynamic(words, (1,), 8), rows_dynamic(scales, (), 1), rows_dynamic(global_scale, (0,), 4),
+            rows_dynamic(y, (1,), 16))
+
+
 def dequantize_nvfp4(data, scales, global_scale, out_dtype=torch.bfloat16):
-    """``e2m1 · e4m3_scale · global_scale`` → ``[M, K]`` in ``out_dtype`` (torch ops on the tensors' device;
-    a CuTeDSL dequantize kernel is still to come).  ``scales`` in the plain ``[M, K/16]`` layout."""
+    """``(e2m1 · e4m3_scale) · global_scale`` → ``[M, K]`` in ``out_dtype`` (bf16 / fp16 / fp32), bit-equal to
+    :func:`dsv4lib.reference.quant.nvfp4_dequantize`.  CUDA tensors run the CuTeDSL kernel
+    (:class:`dsv4lib.kernels.nvfp4.NVFP4DequantizeKernel`, one 1×16 block per thread); CPU tensors take the
+    reference.  ``data`` uint8 ``[M, K/2]``, ``scales`` uint8 ``[M, K/16]`` (the plain layout, not swizzled),
+    ``global_scale`` a scalar (Python number or one-element tensor, e.g. the third output of
+    :func:`quantize_nvfp4`)."""
     if not isinstance(data, torch.Tensor) or not isinstance(scales, torch.Tensor):
         raise TypeError("data and scales must be torch tensors")
+    if data.dtype != torch.uint8 or scales.dtype != torch.uint8:
+        raise TypeError(f"data and scales must be uint8, got {data.dtype}, {scales.dtype}")
     if data.dim() != 2 or scales.dim() != 2:
         raise ValueError(f"data [M, K/2] and scales [M, K/16] must be 2-D, got {tuple(data.shape)}, {tuple(scales.shape)}")
-    return ref.nvfp4_dequantize(data, scales, global_scale, out_dtype=out_dtype)
+    if data.shape[0] != scales.shape[0] or data.shape[1] != scales.shape[1] * 8 or data.shape[1] < 8:
+        raise ValueError(f"data [M, K/2] {tuple(data.shape)} and scales [M, K/16] {tuple(scales.shape)} disagree")
+    if out_dtype not in _OUT_DTYPES:
+        raise TypeError(f"out_dtype must be bfloat16, float16 or float32, got {out_dtype}")
+    if data.device != scales.device:
+        raise ValueError(f"data and scales must be on the same device, got {data.device} and {scales.device}")
+    if not data.is_cuda:
+        return ref.nvfp4_dequantize(data, scales, global_scale, out_dtype=out_dtype)
+    gs = amax_tensor(global_scale, data.device)
+    if gs.numel() != 1:
+        raise ValueError(f"global_scale must be a scalar, got shape {tuple(gs.shape)}")
+    major, minor = torch.cuda.get_device_capability(data.device)
+    if (major, minor) not in ((9, 0), (10, 0)):
+        raise RuntimeError(f"dequantize_nvfp4 needs sm_90a or sm_100a, this GPU is sm_{major}{minor}")
+    M, half_k = data.shape
+    n_blocks = M * half_k // 8
+    data = data.contiguous()
+    if data.data_ptr() % 8:
+        data = data.clone()                                    # the kernel loads a block's 8 bytes as one vector
+    words = data.view(torch.uint32).view(n_blocks, 2)
+    y = torch.empty(n_blocks, 16, dtype=out_dtype, device=data.device)
+    args = dequantize_args(words, scales.contiguous().view(n_blocks), gs.reshape(1), y)
+    arch = "sm_90a" if major == 9 else "sm_100a"
+    key = ("dequantize", out_dtype, arch)
+    with torch.cuda.device(data.device):
+        if key not in _COMPILED:
+            import cutlass.cute as cute
+
+            from .kernels.nvfp4 import NVFP4DequantizeKernel
+            _COMPILED[key] = cute.compile(NVFP4DequantizeKernel(), *args, options=f"--gpu-arch {arch}")
+        _COMPILED[key](*args)
+    return y.view(M, half_k * 2)

@@ -201,3 +201,66 @@ def test_magic_e2m1_encoder_equals_the_reference_on_every_tested_fp32():
     bad = np.nonzero(got != want)[0]
     assert bad.size == 0, [(float(y[i]), int(got[i]), int(want[i])) for i in bad[:8]]
     assert y.size > 10_000_000
+
+
+# ---------------------------------------------------------------------------- dequantize kernel
+@pytest.mark.compile
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_dequantize_kernel_builds_from_the_public_functions_arguments(out_dtype):
+    """What ``dequantize_nvfp4`` passes (CPU stand-ins of the same shapes): one 8-byte load of the codes, the
+    scale byte, the global scale; 16 values as 16-byte vector stores; (e2m1 · sf) · gs as two fp32 multiplies
+    per value (16 more for the subnormal codes' ``m · 0.5``), no fused multiply-add that would skip a rounding."""
+    import re
+    from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.nvfp4 import NVFP4DequantizeKernel
+    from dsv4lib.nvfp4 import dequantize_args
+    n = 4096
+    args = dequantize_args(torch.zeros(n, 2, dtype=torch.uint32), torch.zeros(n, dtype=torch.uint8),
+                           torch.ones(1), torch.empty(n, 16, dtype=out_dtype))
+    for arch in ("sm_90a", "sm_100a"):
+        k = compile_for_arch(NVFP4DequantizeKernel(), *args, arch=arch)
+        assert k.count(r"ld\.global\.v2\.(u32|b32)") == 1
+        stores = set(re.findall(r"st\.global\.\S+", k.ptx))
+        assert stores == {"st.global.v4.b32"}, stores
+        assert k.count(r"st\.global\.v4\.b32") == 16 * out_dtype.itemsize // 16
+        assert k.count(r"\bmul\.(rn\.)?f32") == 48 and k.count(r"\bfma\.") == 0
+
+
+@pytest.mark.parametrize("make,exc,match", [
+    (lambda: (torch.zeros(4, 8, dtype=torch.int8), torch.zeros(4, 1, dtype=torch.uint8)), TypeError, "uint8"),
+    (lambda: (torch.zeros(32, dtype=torch.uint8), torch.zeros(4, 1, dtype=torch.uint8)), ValueError, "2-D"),
+    (lambda: (torch.zeros(4, 8, dtype=torch.uint8), torch.zeros(4, 2, dtype=torch.uint8)), ValueError, "disagree"),
+    (lambda: (torch.zeros(4, 8, dtype=torch.uint8), torch.zeros(3, 1, dtype=torch.uint8)), ValueError, "disagree"),
+])
+def test_dequantize_rejects_bad_input(make, exc, match):
+    data, sf = make()
+    with pytest.raises(exc, match=match):
+        dsv4lib.dequantize_nvfp4(data, sf, 1.0)
+
+
+def test_dequantize_rejects_an_unsupported_out_dtype():
+    with pytest.raises(TypeError, match="out_dtype"):
+        dsv4lib.dequantize_nvfp4(torch.zeros(4, 8, dtype=torch.uint8), torch.zeros(4, 1, dtype=torch.uint8), 1.0,
+                                 out_dtype=torch.int32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_dequantize_kernel_equals_the_reference_bit_for_bit(out_dtype):
+    """Every code in every nibble, every finite e4m3 scale byte, global scales that round (1/3, a quantize
+    run's S_dec) — the kernel's output bits equal the reference's."""
+    gen = torch.Generator().manual_seed(11)
+    M, K = 512, 1024
+    data = torch.randint(0, 256, (M, K // 2), generator=gen, dtype=torch.uint8)
+    data[0, :128] = torch.arange(128, dtype=torch.uint8) * 2 + (torch.arange(128) % 2).to(torch.uint8)  # all codes
+    sf = torch.randint(0, 256, (M, K // 16), generator=gen, dtype=torch.uint8)
+    sf[(sf & 0x7F) == 0x7F] = 0x38                                    # e4m3 NaN bytes → 1.0
+    sf.view(-1)[:254] = torch.tensor([b for b in range(256) if b & 0x7F != 0x7F], dtype=torch.uint8)
+    x = torch.randn(64, 256, generator=gen).cuda().bfloat16()
+    _, _, s_dec = dsv4lib.quantize_nvfp4(x)
+    for gs in (1.0, 1.0 / 3.0, s_dec, torch.tensor(7.5e-5)):
+        got = dsv4lib.dequantize_nvfp4(data.cuda(), sf.cuda(), gs, out_dtype=out_dtype)
+        want = ref.nvfp4_dequantize(data, sf, gs.cpu() if isinstance(gs, torch.Tensor) else gs, out_dtype=out_dtype)
+        torch.cuda.synchronize()
+        bits = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}[out_dtype]
+        assert torch.equal(got.cpu().view(bits), want.view(bits)), (got.cpu().view(bits) != want.view(bits)).sum()

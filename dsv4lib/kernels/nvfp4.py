@@ -187,3 +187,63 @@ def fake_args(dtype=cutlass.BFloat16):
             make_fake_tensor(Float32, (1,), stride=(1,), assumed_align=4))
 
 
+
+
+@cute.jit
+def e2m1_value(code: Uint32) -> Float32:
+    """4-bit e2m1 code → its fp32 value, exactly.  Magnitudes 2…7 are normal numbers (exponent ``m >> 1``,
+    one mantissa bit ``m & 1``): their fp32 bits are written directly; 0 and 1 (0 and 0.5) are ``m · 0.5``.
+    Bit 3 is the sign (``0x8`` → ``-0.0``)."""
+    m = code & Uint32(7)
+    normal = f32_from_bits((((m >> Uint32(1)) + Uint32(126)) << Uint32(23)) | ((m & Uint32(1)) << Uint32(22)))
+    v = Float32(m) * 0.5
+    if m >= Uint32(2):
+        v = normal
+    return f32_from_bits(f32_bits(v) | ((code & Uint32(8)) << Uint32(28)))
+
+
+class NVFP4DequantizeKernel:
+    """``words [n_blocks, 2]`` uint32 (16 packed e2m1 codes, element 2i in the low nibble of byte i),
+    ``scales [n_blocks]`` uint8 (e4m3 bits), ``global_scale`` a one-element fp32 tensor → ``y [n_blocks, 16]``
+    (bf16 / fp16 / fp32): ``(e2m1 · e4m3) · global_scale`` in fp32 — the first product is exact, the second is the
+    one rounding — then the cast, the order of :func:`dsv4lib.reference.quant.nvfp4_dequantize`.  One block per
+    thread: 9 bytes in, 16 values out as vector stores."""
+
+    @cute.jit
+    def __call__(self, mWords: cute.Tensor, mScales: cute.Tensor, mGlobal: cute.Tensor, mY: cute.Tensor):
+        n_blocks = cute.size(mWords, mode=[0])
+        self.kernel(mWords, mScales, mGlobal, mY).launch(grid=((n_blocks + THREADS - 1) // THREADS, 1, 1),
+                                                        block=(THREADS, 1, 1))
+
+    @cute.kernel
+    def kernel(self, mWords: cute.Tensor, mScales: cute.Tensor, mGlobal: cute.Tensor, mY: cute.Tensor):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        blk = bidx * THREADS + tidx
+        if blk < cute.size(mWords, mode=[0]):
+            rW = cute.make_rmem_tensor((2,), Uint32)
+            cute.autovec_copy(mWords[blk, None], rW)                      # one 8-byte load
+            # the scale byte as e4m3, widened exactly to fp32
+            rS = cute.make_rmem_tensor((2,), Uint8)
+            rS[0] = mScales[blk]
+            rS[1] = Uint8(0)
+            sf = cute.make_tensor(cute.recast_ptr(rS.iterator, dtype=cutlass.Float8E4M3FN),
+                                  cute.make_layout(2)).load().to(Float32)[0]
+            gs = mGlobal[0]
+            rY = cute.make_rmem_tensor((16,), Float32)
+            for w in cutlass.range_constexpr(2):
+                for i in cutlass.range_constexpr(8):
+                    code = (rW[w] >> Uint32(4 * i)) & Uint32(0xF)
+                    rY[8 * w + i] = (e2m1_value(code) * sf) * gs
+            rOut = cute.make_rmem_tensor((16,), mY.element_type)
+            rOut.store(rY.load().to(mY.element_type))
+            cute.autovec_copy(rOut, mY[blk, None])
+
+
+def fake_dequantize_args(dtype=cutlass.BFloat16):
+    from cutlass.cute.runtime import make_fake_tensor
+    n = cute.sym_int()
+    return (make_fake_tensor(Uint32, (n, 2), stride=(2, 1), assumed_align=8),
+            make_fake_tensor(Uint8, (n,), stride=(1,), assumed_align=1),
+            make_fake_tensor(Float32, (1,), stride=(1,), assumed_align=4),
+            make_fake_tensor(dtype, (n, 16), stride=(16, 1), assumed_align=16))
