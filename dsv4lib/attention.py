@@ -81,8 +81,9 @@ def _pack_factor(pack_gqa, H: int, Hkv: int) -> int:
 
 # The TVM-FFI call path (``DSV4_TVM_FFI=1``): the kernel is compiled once against symbolic tensor types
 # (``fake_attention_args``) with ``--enable-tvm-ffi`` and then called with the torch tensors themselves — no
-# ``from_dlpack`` / layout marking per call, which is most of today's ~0.45 ms of host time per call.  Built on
-# the CPU; not yet run on a GPU, so off by default.
+# ``from_dlpack`` / layout marking per call.  Run on the H100 at aba8575f39: same bytes as the classic path, but
+# host time per call only 0.32 → 0.28 ms (B1 S128 H16 hd128) — the marshalling is not where the host time goes
+# (validation, allocation and the device context are), so it stays off by default.
 USE_TVM_FFI = os.environ.get("DSV4_TVM_FFI") == "1"
 
 

@@ -62,6 +62,11 @@ fig.tight_layout()
 
 # %% [markdown]
 # ## The combine kernel builds for both archs
+# The merge streams the fp32 partials, so it is built for bytes in flight: one CTA (4 warps) per (output row,
+# 128-column chunk), each lane owning 4 contiguous columns (one 16-byte load per split), the 4 warps sharing the
+# splits with the loop unrolled, and the row's LSE reduced lane-parallel with butterfly shuffles.  The first
+# version (one warp per row, splits walked one load at a time) took ~0.1 ms on the DSV4 decode shape
+# (64 rows × 132 splits × 512 columns); this one 5–13 µs on the H100.
 
 # %%
 from dsv4lib.kernels.combine import LSECombineKernel, fake_args
