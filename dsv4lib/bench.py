@@ -2,6 +2,12 @@
 inputs and an L2 flush before every timed run (so no run is served from a warm 50 MB L2), plus FLOP and
 byte counters for attention.  Peers (FA4, cuDNN / flash SDPA) are timed with the same function.
 
+The L2 flush *reads* a 256 MiB buffer.  It used to overwrite one (``zero_()``), which left the 50 MB L2 full of
+dirty lines: the timed kernel then paid their write-back (tens of MB of extra DRAM traffic) as soon as its own
+loads evicted them — a tax that hit the memory-bound kernels (decode, quantize) hardest and small shapes most,
+and that the 1 GiB copy of stage 00 barely feels.  A read leaves the L2 full of clean, unrelated lines: nothing
+of the kernel's inputs is cached (no flattering), nothing is owed to DRAM.
+
 The events measure GPU time only: before each run the GPU is kept busy (``torch.cuda._sleep``) for longer than
 the host needs to enqueue the call, so the start event cannot fire while the GPU sits idle waiting for
 Python.  Without that, a call whose host side is slower than its kernel (small decode shapes, a 0.05 ms
@@ -30,19 +36,26 @@ class Timing:
     times_ms: list[float] = field(repr=False, default_factory=list)
 
 
+def flush_l2_by_reading(buffer: torch.Tensor) -> torch.Tensor:
+    """Evict the L2 by streaming ``buffer`` through it (a max over its 64-bit words; the contents do not matter)
+    without leaving dirty lines behind.  Returns the (meaningless) one-element result."""
+    return buffer.view(torch.int64).amax()
+
+
 def time_cuda(fn: Callable[..., Any], inputs: Sequence[tuple] | None = None, *, warmup: int = 5, iters: int = 30,
               flush_l2: bool = True) -> Timing:
     """Median time of ``fn(*inputs[i % len(inputs)])`` over ``iters`` runs (after ``warmup``).
 
     ``inputs``: several argument tuples made beforehand from fresh random data; rotating through them
-    keeps one buffer from staying hot.  ``flush_l2`` overwrites a 256 MiB buffer before each run.
+    keeps one buffer from staying hot.  ``flush_l2`` reads a 256 MiB buffer before each run (see the module
+    docstring: a read, not a write).
     """
     if not torch.cuda.is_available():
         raise RuntimeError("time_cuda needs a CUDA device")
     if iters < 1:
         raise ValueError("iters must be >= 1")
     inputs = list(inputs) if inputs else [()]
-    flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda") if flush_l2 else None
+    flush = torch.zeros(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda") if flush_l2 else None
     host = []
     for i in range(max(warmup, 1)):
         torch.cuda.synchronize()
@@ -56,7 +69,7 @@ def time_cuda(fn: Callable[..., Any], inputs: Sequence[tuple] | None = None, *, 
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     for i in range(iters):
         if flush is not None:
-            flush.zero_()
+            flush_l2_by_reading(flush)
         torch.cuda._sleep(lead_cycles)          # GPU busy while the host enqueues the events and the call
         starts[i].record()
         fn(*inputs[i % len(inputs)])

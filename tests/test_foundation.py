@@ -124,3 +124,18 @@ def test_metrics(gen):
     assert metrics.max_abs(y, x) > 0
     with pytest.raises(ValueError):
         metrics.cosine(x, x[:10])
+
+
+def test_bench_counters_and_the_read_only_l2_flush():
+    """The FLOP / byte counters, and the L2 flush that reads its buffer (a write flush leaves dirty lines whose
+    write-back the timed kernel would pay): the buffer is unchanged and the whole of it is read."""
+    from dsv4lib import bench
+    assert bench.attention_flops(1, 1, 128, 128, 64) == 4 * 128 * 128 * 64
+    assert bench.visible_pairs(256, 256, causal=True) == 256 * 257 // 2
+    assert bench.visible_pairs(300, 300, causal=True, window=128) == sum(min(t + 1, 128) for t in range(300))
+    assert bench.tflops(2e12, 1000.0) == 2.0 and bench.gbps(1e9, 1.0) == 1000.0
+    buf = torch.arange(4096, dtype=torch.uint8).repeat(4)
+    before = buf.clone()
+    out = bench.flush_l2_by_reading(buf)
+    assert torch.equal(buf, before) and out.numel() == 1
+    assert out.item() == buf.view(torch.int64).max().item()         # every word was read
