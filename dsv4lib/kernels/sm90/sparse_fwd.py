@@ -190,25 +190,8 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         sMax = storage.sMax.get_tensor(cute.make_layout(4 * TILE_H))
         sSum = storage.sSum.get_tensor(cute.make_layout(2 * TILE_H))
 
-        # this query's key range: n_keys keys, key k is row key_lo + k (dense) or indices[k] (gather)
-        seqlen_q = mQ.shape[1]
         seqlen_k = mKV.shape[1]
-        key_lo = Int32(0)
-        n_keys = Int32(0)
-        if const_expr(self.gather):
-            n_keys = mIdx.shape[2]
-        else:
-            pos = token + seqlen_k - seqlen_q                 # queries aligned to the end of the keys
-            key_hi = seqlen_k - 1
-            if const_expr(self.causal or self.has_window):
-                key_hi = cutlass.min(pos, seqlen_k - 1)
-            if const_expr(self.has_window):
-                key_lo = cutlass.max(pos - window_size + 1, 0)
-            n_keys = cutlass.max(key_hi - key_lo + 1, 0)
-        n_tiles = (n_keys + TILE_N - 1) // TILE_N
-        per_split = (n_tiles + num_splits - 1) // num_splits
-        tile_lo = cutlass.min(split * per_split, n_tiles)
-        tile_hi = cutlass.min(tile_lo + per_split, n_tiles)
+        key_lo, n_keys, tile_lo, tile_hi = self.key_range(mQ, mKV, mIdx, token, window_size, num_splits, split)
         pipeline_init_wait(cluster_shape_mn=(1, 1))
 
         if warp_idx < 4:
@@ -244,6 +227,30 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             cute.arch.setmaxregister_increase(self.CONSUMER_REGS)
             self.right_half(tiled_mma_pv_ss, sVt, sP, sRowScale, sRowInv, mO, pipeline_kv, tidx - 256, token,
                             head_group, batch, split, tile_lo, tile_hi)
+
+    @cute.jit
+    def key_range(self, mQ, mKV, mIdx, token, window_size, num_splits, split):
+        """This query's keys: ``n_keys`` of them, key k is row ``key_lo + k`` (dense) or ``indices[k]`` (gather);
+        this split's share is the 64-key tiles ``[tile_lo, tile_hi)``."""
+        seqlen_q = mQ.shape[1]
+        seqlen_k = mKV.shape[1]
+        key_lo = Int32(0)
+        n_keys = Int32(0)
+        if const_expr(self.gather):
+            n_keys = mIdx.shape[2]
+        else:
+            pos = token + seqlen_k - seqlen_q                 # queries aligned to the end of the keys
+            key_hi = seqlen_k - 1
+            if const_expr(self.causal or self.has_window):
+                key_hi = cutlass.min(pos, seqlen_k - 1)
+            if const_expr(self.has_window):
+                key_lo = cutlass.max(pos - window_size + 1, 0)
+            n_keys = cutlass.max(key_hi - key_lo + 1, 0)
+        n_tiles = (n_keys + TILE_N - 1) // TILE_N
+        per_split = (n_tiles + num_splits - 1) // num_splits
+        tile_lo = cutlass.min(split * per_split, n_tiles)
+        tile_hi = cutlass.min(tile_lo + per_split, n_tiles)
+        return key_lo, n_keys, tile_lo, tile_hi
 
     @cute.jit
     def wait_q(self, pipeline_q, tile_lo, tile_hi):
@@ -303,28 +310,36 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
         for tile in cutlass.range(tile_lo, tile_hi, unroll=1):
             pipeline_kv.producer_acquire(state)
-            if tile == tile_lo:     # Q once, completed by the first stage's barrier with the first KV tile
-                for i in cutlass.range_constexpr(TILE_H // 4):
-                    r = warp * (TILE_H // 4) + i
-                    gQ_row = mQ[batch, token, head_group * TILE_H + r, None]                   # (512,)
-                    for half in cutlass.range_constexpr(2):
-                        c = lane + 32 * half
-                        cute.copy(copy_atom, cute.local_tile(gQ_row, (8,), (c,)),
-                                  cute.local_tile(sQ[r, None], (8,), (c,)))
-            rows = cute.make_rmem_tensor((TILE_N // 4,), Int32)
-            for i in cutlass.range_constexpr(TILE_N // 4):       # all index loads first: one latency, not 16
-                rows[i] = self.key_row(mIdx, batch, token, tile * TILE_N + warp * (TILE_N // 4) + i, key_lo,
-                                       n_keys, seqlen_k)
-            for i in cutlass.range_constexpr(TILE_N // 4):
-                r = warp * (TILE_N // 4) + i
-                gKV_row = mKV[batch, rows[i], None]                                           # (512,)
-                for half in cutlass.range_constexpr(2):
-                    c = lane + 32 * half
-                    cute.copy(copy_atom, cute.local_tile(gKV_row, (8,), (c,)),
-                              cute.local_tile(sKV[r, None, state.index], (8,), (c,)))
+            self.copy_tile_rows(copy_atom, mQ, mKV, mIdx, sQ, sKV, state.index, warp, lane, token, head_group, batch,
+                                tile, tile == tile_lo, key_lo, n_keys, seqlen_k)
             pipeline_kv.producer_commit(state)                    # arrives when this thread's copies land
             state.advance()
         pipeline_kv.producer_tail(state)
+
+    @cute.jit
+    def copy_tile_rows(self, copy_atom, mQ, mKV, mIdx, sQ, sKV, stage, warp, lane, token, head_group, batch, tile,
+                       with_q, key_lo, n_keys, seqlen_k):
+        """One producer thread's cp.async share of a tile (and of Q with the first one): warp w (of 4) copies
+        rows 16w … 16w+15, lane l their 16 B chunks l and l+32."""
+        if with_q:     # Q once, completed by the first stage's barrier with the first KV tile
+            for i in cutlass.range_constexpr(TILE_H // 4):
+                r = warp * (TILE_H // 4) + i
+                gQ_row = mQ[batch, token, head_group * TILE_H + r, None]                   # (512,)
+                for half in cutlass.range_constexpr(2):
+                    c = lane + 32 * half
+                    cute.copy(copy_atom, cute.local_tile(gQ_row, (8,), (c,)),
+                              cute.local_tile(sQ[r, None], (8,), (c,)))
+        rows = cute.make_rmem_tensor((TILE_N // 4,), Int32)
+        for i in cutlass.range_constexpr(TILE_N // 4):       # all index loads first: one latency, not 16
+            rows[i] = self.key_row(mIdx, batch, token, tile * TILE_N + warp * (TILE_N // 4) + i, key_lo,
+                                   n_keys, seqlen_k)
+        for i in cutlass.range_constexpr(TILE_N // 4):
+            r = warp * (TILE_N // 4) + i
+            gKV_row = mKV[batch, rows[i], None]                                           # (512,)
+            for half in cutlass.range_constexpr(2):
+                c = lane + 32 * half
+                cute.copy(copy_atom, cute.local_tile(gKV_row, (8,), (c,)),
+                          cute.local_tile(sKV[r, None, stage], (8,), (c,)))
 
     @cute.jit
     def scores_and_left_half(self, tiled_mma_qk, tiled_mma_pv, sQ, sKV, sVt, sP, sRowScale, sRowInv, mIdx, mO,
