@@ -109,3 +109,13 @@ def test_k_equals_v_buffer_serves_both_wgmma_operands():
 def test_kv_alias_checks_catch_a_wrong_view():
     from dsv4lib.layouts import kv_alias
     assert not kv_alias(view_order=(0, 1, 2)).checks()["v_view_is_k_transposed"]
+
+
+@pytest.mark.compile
+def test_sm100_hd512_tmem_plan():
+    """The sm100 hd512 twin's tensor memory, from its own layouts: O (M=64, Layout F at lane base 0) fills the 512
+    columns, S sits at lane base 16 without touching a cell of O, and a softmax thread reads one row's 32
+    consecutive columns from its own warp's lanes."""
+    from dsv4lib.layouts import tmem_plan
+    checks = tmem_plan().checks()
+    assert all(checks.values()), checks

@@ -176,3 +176,35 @@ def test_hd512_attention_rejects_a_p_path_or_overlap():
     q, kv = _bf(1, 8, 64, 512), _bf(1, 8, 1, 512)
     with pytest.raises(ValueError, match="p_path"):
         dsv4lib.attention_with_p_path(q, kv, kv, p_path="rs")
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("gather,split_kv,flags", [
+    (True, False, {"sink": True, "has_lse": True}),           # sparse prefill (FlashMLA form)
+    (False, True, {"has_lse": True}),                         # decode partials for the combine
+    (False, False, {"causal": True, "window": True, "sink": True}),
+])
+def test_sm100_twin_builds_with_tmem_accumulators(gather, split_kv, flags):
+    """The Blackwell twin (compiled, not run): 32 QK UMMAs (M=64, N=64, k16) + 2 × 4 PV UMMAs (M=64, N=256) from
+    shared memory, S at TMEM lane 16 (+ 16 << 16 on the TMEM address), every tcgen05.ld waited on, the O rescale's
+    stores waited on, cp.async stages published behind a proxy fence, no spills."""
+    import re
+    from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.sm100.sparse_fwd import SparseAttentionForwardSm100
+    from dsv4lib.sparse import fake_args
+    k = compile_for_arch(SparseAttentionForwardSm100(gather=gather, split_kv=split_kv, **flags),
+                         *fake_args(gather, split_kv), arch="sm_100a")
+    assert k.ptx_target == "sm_100a"
+    assert set(re.findall(r"tcgen05\.mma\.\S+", k.ptx)) == {"tcgen05.mma.cta_group::1.kind::f16.collector::a::discard"}
+    assert k.count(r"tcgen05\.mma\.") == 32 + 2 * 4
+    assert k.count(r"tcgen05\.mma\.[^\n]*\[%r\d+\], \[") == 0                     # no TMEM A operand (P is in smem)
+    assert k.count(r"\b1048576\b") >= 1                                          # S at lane base 16
+    loads = k.count(r"tcgen05\.ld\.sync\.aligned\.16x32bx2\.x32\.b32")
+    assert loads == 1 + 8 + 8                                                   # S, O rescale, O epilogue
+    assert k.count(r"tcgen05\.wait::ld") == loads
+    assert k.count(r"tcgen05\.st\.sync\.aligned\.16x32bx2\.x32\.b32") == 8 and k.count(r"tcgen05\.wait::st") >= 1
+    assert k.count(r"tcgen05\.commit") == 4                                      # S full, P free, KV free, O full
+    assert k.count(r"cp\.async\.cg\.shared\.global[^\n]*16;") == 32 + 32
+    assert k.count(r"cp\.async\.wait_group") == 2 and k.count("fence.proxy.async") >= 3
+    assert k.count(r"tcgen05\.alloc") == 1 and k.count(r"tcgen05\.dealloc") == 1
+    assert k.count(r"\.local") == 0
