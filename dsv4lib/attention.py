@@ -127,11 +127,22 @@ def combine_args(o_part, lse_part, out, lse, sink_t) -> tuple:
     return rows_dynamic(o_part, (4,)), to_cute(lse_part, 3), to_cute(out, 3), to_cute(lse, 2), to_cute(sink_t, 0)
 
 
-def combine_partials(o_part, lse_part, out, lse, sink_t, has_sink: bool) -> None:
+def combine_partials(o_part, lse_part, out, lse, sink_t, has_sink: bool, tvm_ffi: bool = False) -> None:
     """The LSE combine kernel (D2) on the split workspace: ``o_part (splits, B, Sq, H, D)`` fp32, ``lse_part
     (splits, B, H, Sq)`` → ``out (B, Sq, H, D)`` bf16, ``lse (B, H, Sq)``; the sink once.  The partials are passed
-    with static D and compact strides so each lane's columns load as one vector."""
+    with static D and compact strides so each lane's columns load as one vector.  ``tvm_ffi``: the build from
+    symbolic types (``kernels.combine.fake_args``), called with the torch tensors (no per-call marking)."""
     D = o_part.shape[-1]
+    if tvm_ffi:
+        key = ("combine-tvm-ffi", D, has_sink)
+        if key not in _COMPILED:
+            import cutlass.cute as cute
+
+            from .kernels.combine import LSECombineKernel, fake_args
+            _COMPILED[key] = cute.compile(LSECombineKernel(D, has_sink=has_sink), *fake_args(D),
+                                          options="--gpu-arch sm_90a --enable-tvm-ffi")
+        _COMPILED[key](o_part, lse_part, out, lse, sink_t)
+        return
     args = combine_args(o_part, lse_part, out, lse, sink_t)
     key = ("combine", D, has_sink)
     if key not in _COMPILED:

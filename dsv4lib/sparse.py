@@ -5,6 +5,7 @@ dim 512 with K = V, 64 query heads per CTA packed as the MMA M dimension
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
@@ -39,6 +40,48 @@ def compiled(gather: bool, causal: bool, window: bool, sink: bool, has_lse: bool
         kernel = SparseAttentionForwardSm90(gather=gather, causal=causal, window=window, sink=sink, has_lse=has_lse,
                                             split_kv=split_kv, balanced=balanced, gather_only=gather_only)
         _COMPILED[key] = cute.compile(kernel, *args, options=f"--gpu-arch {arch}")
+    return _COMPILED[key]
+
+
+# The TVM-FFI call path (``DSV4_TVM_FFI=1``): each build compiled once from symbolic argument types
+# (:func:`fake_tvm_args`) with ``--enable-tvm-ffi`` and called with the torch tensors themselves.  Here it matters
+# more than for ``attention``: ``kernel_args`` marks every mode of five tensors compact-dynamic, ~0.4 ms per call on
+# this project's CPU — most of the ~0.9 ms of host time a DSV4 decode step costs.  Built and compile-tested on the
+# CPU, GPU test written, not yet run: off by default.
+USE_TVM_FFI = os.environ.get("DSV4_TVM_FFI") == "1"
+
+
+def fake_tvm_args(split_kv: bool = False):
+    """Symbolic stand-ins for the kernel's arguments as ``_run`` passes them: every extent dynamic but the head
+    dim, strides dynamic with 512-element divisibility (rows of 1 KiB / 2 KiB, 16 B aligned), unit stride last."""
+    import cutlass.cute as cute
+    from cutlass import BFloat16, Float32, Int32
+    from cutlass.cute.runtime import make_fake_tensor
+    b, sq, h, skv, k, sp = (cute.sym_int() for _ in range(6))
+    row = lambda: cute.sym_int(divisibility=HEAD_DIM)
+    q = make_fake_tensor(BFloat16, (b, sq, h, HEAD_DIM), stride=(row(), row(), HEAD_DIM, 1), assumed_align=16)
+    kv = make_fake_tensor(BFloat16, (b, skv, HEAD_DIM), stride=(row(), HEAD_DIM, 1), assumed_align=16)
+    idx = make_fake_tensor(Int32, (b, sq, k), stride=(cute.sym_int(), cute.sym_int(), 1), assumed_align=4)
+    o = make_fake_tensor(Float32 if split_kv else BFloat16, (sp, b, sq, h, HEAD_DIM),
+                         stride=(row(), row(), row(), HEAD_DIM, 1), assumed_align=16)
+    lse = make_fake_tensor(Float32, (sp, b, h, sq), stride=(cute.sym_int(), cute.sym_int(), cute.sym_int(), 1),
+                           assumed_align=4)
+    sink = make_fake_tensor(Float32, (cute.sym_int(),), stride=(1,), assumed_align=4)
+    return q, kv, idx, o, lse, Float32(1.0), Int32(0), sink
+
+
+def compiled_tvm_ffi(gather: bool, causal: bool, window: bool, sink: bool, split_kv: bool, arch: str = "sm_90a"):
+    key = ("tvm-ffi", gather, causal, window, sink, split_kv, arch, BALANCED)
+    if key not in _COMPILED:
+        import cutlass.cute as cute
+
+        from .kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
+        from .targets import cute_arch
+        kernel = SparseAttentionForwardSm90(gather=gather, causal=causal, window=window, sink=sink, has_lse=True,
+                                            split_kv=split_kv, balanced=BALANCED)
+        with cute_arch(arch):
+            _COMPILED[key] = cute.compile(kernel, *fake_tvm_args(split_kv),
+                                          options=f"--gpu-arch {arch} --enable-tvm-ffi")
     return _COMPILED[key]
 
 
@@ -88,13 +131,22 @@ def _run(q4, kv3, idx3, *, gather, causal, window, sink, scale, num_splits):
     lse = torch.empty(B, H, Sq, dtype=torch.float32, device=device)
     with torch.cuda.device(device):
         if num_splits == 1:
-            args = kernel_args(q4, kv3, idx, out.unsqueeze(0), lse.unsqueeze(0), sink_t, scale, window or 0)
-            compiled(gather, causal, window is not None, sink is not None, True, False, args)(*args)
+            if USE_TVM_FFI:
+                compiled_tvm_ffi(gather, causal, window is not None, sink is not None, False)(
+                    q4, kv3, idx, out.unsqueeze(0), lse.unsqueeze(0), scale * math.log2(math.e), int(window or 0),
+                    sink_t)
+            else:
+                args = kernel_args(q4, kv3, idx, out.unsqueeze(0), lse.unsqueeze(0), sink_t, scale, window or 0)
+                compiled(gather, causal, window is not None, sink is not None, True, False, args)(*args)
         else:
             o_part, lse_part = workspace(num_splits, B, Sq, H, HEAD_DIM, device)
-            args = kernel_args(q4, kv3, idx, o_part, lse_part, sink_t, scale, window or 0)
-            compiled(gather, causal, window is not None, False, True, True, args)(*args)
-            combine_partials(o_part, lse_part, out, lse, sink_t, sink is not None)
+            if USE_TVM_FFI:
+                compiled_tvm_ffi(gather, causal, window is not None, False, True)(
+                    q4, kv3, idx, o_part, lse_part, scale * math.log2(math.e), int(window or 0), sink_t)
+            else:
+                args = kernel_args(q4, kv3, idx, o_part, lse_part, sink_t, scale, window or 0)
+                compiled(gather, causal, window is not None, False, True, True, args)(*args)
+            combine_partials(o_part, lse_part, out, lse, sink_t, sink is not None, tvm_ffi=USE_TVM_FFI)
     return out, lse
 
 

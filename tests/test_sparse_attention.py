@@ -208,3 +208,40 @@ def test_sm100_twin_builds_with_tmem_accumulators(gather, split_kv, flags):
     assert k.count(r"cp\.async\.wait_group") == 2 and k.count("fence.proxy.async") >= 3
     assert k.count(r"tcgen05\.alloc") == 1 and k.count(r"tcgen05\.dealloc") == 1
     assert k.count(r"\.local") == 0
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("gather,split_kv", [(True, False), (False, True)])
+def test_tvm_ffi_builds_of_the_hd512_kernel_and_the_combine(gather, split_kv):
+    """The prepared low-host-overhead path (DSV4_TVM_FFI=1): built from symbolic argument types with
+    --enable-tvm-ffi — functions that take the torch tensors themselves (no per-call ``kernel_args``)."""
+    from dsv4lib.sparse import compiled_tvm_ffi
+    f = compiled_tvm_ffi(gather, False, False, False, split_kv)
+    assert "TVMFFI" in type(f).__name__
+    if split_kv:
+        import cutlass.cute as cute
+        from dsv4lib.kernels.combine import LSECombineKernel, fake_args
+        c = cute.compile(LSECombineKernel(512, has_sink=True), *fake_args(512),
+                         options="--gpu-arch sm_90a --enable-tvm-ffi")
+        assert "TVMFFI" in type(c).__name__
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("split", [1, 6])
+def test_tvm_ffi_path_matches_the_classic_path(split, monkeypatch):
+    import importlib
+    sparse = importlib.import_module("dsv4lib.sparse")
+    gen = torch.Generator().manual_seed(21)
+    q = torch.randn(5, 64, 512, generator=gen).to("cuda", torch.bfloat16)
+    kv = torch.randn(3000, 512, generator=gen).to("cuda", torch.bfloat16)
+    idx = torch.randint(-1, 3000, (5, 700), generator=gen, dtype=torch.int32).cuda()
+    sink = torch.randn(64, generator=gen).cuda()
+    want = dsv4lib.sparse_attention(q, kv, idx, sink=sink, return_lse=True, num_splits=split)
+    qd = torch.randn(1, 1, 64, 512, generator=gen).to("cuda", torch.bfloat16)
+    kvd = torch.randn(1, 9000, 1, 512, generator=gen).to("cuda", torch.bfloat16)
+    want_dense = dsv4lib.attention(qd, kvd, kvd, num_splits=split)
+    monkeypatch.setattr(sparse, "USE_TVM_FFI", True)
+    got = dsv4lib.sparse_attention(q, kv, idx, sink=sink, return_lse=True, num_splits=split)
+    got_dense = dsv4lib.attention(qd, kvd, kvd, num_splits=split)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert torch.equal(got_dense, want_dense)
