@@ -30,15 +30,16 @@ BALANCED = False
 
 
 def compiled(gather: bool, causal: bool, window: bool, sink: bool, has_lse: bool, split_kv: bool, args: tuple,
-             arch: str = "sm_90a", balanced: bool | None = None, gather_only: bool = False):
+             arch: str = "sm_90a", balanced: bool | None = None, gather_only: bool = False, skip_mma: str | None = None):
     balanced = BALANCED if balanced is None else balanced
-    key = (gather, causal, window, sink, has_lse, split_kv, arch, balanced, gather_only)
+    key = (gather, causal, window, sink, has_lse, split_kv, arch, balanced, gather_only, skip_mma)
     if key not in _COMPILED:
         import cutlass.cute as cute
 
         from .kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
         kernel = SparseAttentionForwardSm90(gather=gather, causal=causal, window=window, sink=sink, has_lse=has_lse,
-                                            split_kv=split_kv, balanced=balanced, gather_only=gather_only)
+                                            split_kv=split_kv, balanced=balanced, gather_only=gather_only,
+                                            skip_mma=skip_mma)
         _COMPILED[key] = cute.compile(kernel, *args, options=f"--gpu-arch {arch}")
     return _COMPILED[key]
 
@@ -209,6 +210,18 @@ def mqa512_attention(q, kv, *, scale=None, causal=False, window=None, sink=None,
     splits = _splits(num_splits, B * Sq * H // HEADS_PER_CTA, min(kv.shape[1], window or kv.shape[1]), q.device)
     return _run(q, kv, None, gather=False, causal=bool(causal), window=window, sink=sink, scale=scale,
                 num_splits=splits)
+
+
+def time_parts(q, kv, indices, skip_mma: str | None):
+    """Benchmark only: ``sparse_attention``'s kernel with one MMA left out (``"qk"`` or ``"pv"``, see
+    ``SparseAttentionForwardSm90.skip_mma``) — wrong output, for attributing the kernel's time.  Returns nothing."""
+    Sq, H, _ = q.shape
+    out = torch.empty(1, 1, Sq, H, HEAD_DIM, dtype=torch.bfloat16, device=q.device)
+    lse = torch.empty(1, 1, H, Sq, dtype=torch.float32, device=q.device)
+    args = kernel_args(q.unsqueeze(0), kv.unsqueeze(0), indices.unsqueeze(0), out, lse,
+                       placeholder(q.device, "sink"), HEAD_DIM ** -0.5, 0)
+    with torch.cuda.device(q.device):
+        compiled(True, False, False, False, True, False, args, skip_mma=skip_mma)(*args)
 
 
 def gather_roof(q, kv, indices):

@@ -1,7 +1,9 @@
 """Exploratory GPU timings that decide defaults (not recorded results): per-kernel device times from the torch
 profiler next to whole-call medians.   python scripts/explore.py [section ...]
 sections: decode (hd512 DSV4 decode: splits and the combine), d2 (hd128 decode), gqa (head packing),
-tvm (host time with the TVM-FFI call path), sparse (prefill: kernel vs gather roof)."""
+tvm (host time with the TVM-FFI call path), sparse (prefill: kernel vs gather roof), roof (hd512 decode producer
+alone, copy), nvfp4 (quantize variants), d6parts (sparse prefill with QK or PV left out: where the time goes),
+tvm512 (host time of the hd512 decode step with and without the TVM-FFI path)."""
 import json
 import os
 import sys
@@ -133,3 +135,27 @@ if "nvfp4" in sections:
         src = [(torch.randn(nbytes // 2, device="cuda").bfloat16(),) for _ in range(2)]
         res["copy"] = round(bench.gbps(2 * nbytes, bench.time_cuda(lambda s: dst.copy_(s), src, iters=30).median_ms))
         show(res)
+
+if "d6parts" in sections:
+    for H, K, Sq in ((64, 640, 16384), (128, 1152, 16384)):
+        inputs = [(rnd(Sq, H, 512), rnd(Sq, 512), torch.randint(0, Sq, (Sq, K), device="cuda", dtype=torch.int32,
+                                                                  generator=gen)) for _ in range(2)]
+        res = {"d6parts": [H, K, Sq]}
+        t = bench.time_cuda(lambda q, kv, i: dsv4lib.sparse_attention(q, kv, i, num_splits=1), inputs, iters=10)
+        res["full_ms"] = round(t.median_ms, 3)
+        for skip in ("qk", "pv"):
+            t = bench.time_cuda(lambda q, kv, i: dsv4lib.sparse.time_parts(q, kv, i, skip), inputs, iters=10)
+            res[f"no_{skip}_ms"] = round(t.median_ms, 3)
+        res["gather_only_ms"] = round(bench.time_cuda(lambda q, kv, i: dsv4lib.sparse.gather_roof(q, kv, i),
+                                                      inputs, iters=10).median_ms, 3)
+        show(res)
+
+if "tvm512" in sections:
+    inputs = [(rnd(1, 1, 64, 512), rnd(1, 65536, 1, 512)) for _ in range(3)]
+    res = {"tvm512": "B1 H64 KV64k decode"}
+    for ffi in (False, True):
+        dsv4lib.sparse.USE_TVM_FFI = ffi
+        t = bench.time_cuda(lambda q, kv: dsv4lib.attention(q, kv, kv), inputs, iters=30)
+        res[f"ffi={ffi}"] = {"host_ms": round(t.host_ms, 4), "us": round(t.median_ms * 1e3, 1)}
+    dsv4lib.sparse.USE_TVM_FFI = False
+    show(res)

@@ -245,3 +245,23 @@ def test_tvm_ffi_path_matches_the_classic_path(split, monkeypatch):
     got_dense = dsv4lib.attention(qd, kvd, kvd, num_splits=split)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert torch.equal(got_dense, want_dense)
+
+
+@pytest.mark.compile
+def test_skip_mma_builds_leave_out_exactly_one_mma():
+    """The benchmark builds that attribute the kernel's time: without QK there are no m64n64k16 wgmmas, without
+    PV no m64n256k16 ones; the barriers stay."""
+    full = _build(True, sink=True, has_lse=True)
+    no_qk = _build(True, sink=True, has_lse=True, skip_mma="qk")
+    no_pv = _build(True, sink=True, has_lse=True, skip_mma="pv")
+    qk = lambda k: k.count(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16")
+    pv = lambda k: k.count(r"wgmma\.mma_async\.sync\.aligned\.m64n256k16")
+    assert (qk(no_qk), pv(no_qk)) == (0, pv(full)) and (qk(no_pv), pv(no_pv)) == (qk(full), 0)
+    assert k_bars(no_qk) == k_bars(full) == k_bars(no_pv)
+    from dsv4lib.kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
+    with pytest.raises(ValueError, match="skip_mma"):
+        SparseAttentionForwardSm90(gather=True, skip_mma="softmax")
+
+
+def k_bars(k):
+    return k.count(r"bar\.(arrive|sync)")

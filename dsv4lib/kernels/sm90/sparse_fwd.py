@@ -74,7 +74,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
 
     def __init__(self, *, gather: bool, causal: bool = False, window: bool = False, sink: bool = False,
                  has_lse: bool = False, split_kv: bool = False, num_stages: int = 2, balanced: bool = False,
-                 gather_only: bool = False):
+                 gather_only: bool = False, skip_mma: str | None = None):
         if gather and (causal or window):
             raise ValueError("gathered keys come with their own index list: no causal / window mask on top")
         if split_kv and sink:
@@ -90,6 +90,12 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         # benchmark knob: the consumers only wait for and release each tile (no MMA, no output), so the run
         # times the gather alone — the roof the producer sets for this kernel.  Never used for results.
         self.gather_only = gather_only
+        # benchmark knob, like gather_only: "qk" leaves S = 0 (no QK wgmma), "pv" skips both PV wgmmas; every
+        # barrier and pipeline step still happens, so the time lost against the full kernel is what that MMA costs
+        # on the critical path.  Wrong results by construction; never used for results.
+        if skip_mma not in (None, "qk", "pv"):
+            raise ValueError(f"skip_mma must be None, 'qk' or 'pv', got {skip_mma!r}")
+        self.skip_mma = skip_mma
         # dense keys (gather=False: a causal / windowed / whole range of consecutive rows) come by TMA — one
         # instruction per 64 × 64 box instead of 4096 cp.async per tile; measured on the H100, the cp.async
         # producer alone streamed 1.93 TB/s on the decode shape.  Gathered rows keep cp.async (no TMA gather
@@ -362,7 +368,10 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             self.key_mask(key_ok, tScS_rc, tile * TILE_N, mIdx, batch, token, n_keys, seqlen_k)
             pipeline_kv.consumer_wait(kv_state)
             acc_S = cute.make_rmem_tensor(thr_qk.partition_shape_C((TILE_H, TILE_N)), Float32)
-            self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], True)
+            if const_expr(self.skip_mma == "qk"):
+                acc_S.fill(0.0)
+            else:
+                self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], True)
             acc_S_rc = cute.make_tensor(acc_S.iterator, acc_layout_rows_cols(acc_S.layout))
             for c in cutlass.range_constexpr(n_cols):
                 if key_ok[c] == 0:
@@ -384,7 +393,8 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                     acc_O_rc[r, c] = acc_O_rc[r, c] * corrections[r]
             # the same bf16 registers, re-viewed as the RS operand (D1.3: a same-thread re-view for bf16)
             tOrP = cute.make_tensor(rP.iterator, acc_layout_as_operand_a(rP.layout))
-            self.gemm(tiled_mma_pv, acc_O, tOrP, tOrV[None, None, None, kv_state.index], False)
+            if const_expr(self.skip_mma != "pv"):
+                self.gemm(tiled_mma_pv, acc_O, tOrP, tOrV[None, None, None, kv_state.index], False)
             pipeline_kv.consumer_release(kv_state)
             kv_state.advance()
 
@@ -435,8 +445,9 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                 correction = sRowScale[buf * TILE_H + tOcO_rc[r, 0][0]]
                 for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
                     acc_O_rc[r, c] = acc_O_rc[r, c] * correction
-            self.gemm(tiled_mma_pv, acc_O, tOrP[None, None, None, buf], tOrV[None, None, None, kv_state.index],
-                      False)
+            if const_expr(self.skip_mma != "pv"):
+                self.gemm(tiled_mma_pv, acc_O, tOrP[None, None, None, buf], tOrV[None, None, None, kv_state.index],
+                          False)
             if i + 2 < n_tiles:                                    # WG1 will write this buffer again
                 cute.arch.barrier_arrive(barrier_id=P_EMPTY + buf, number_of_threads=256)
             pipeline_kv.consumer_release(kv_state)
