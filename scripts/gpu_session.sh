@@ -2,7 +2,8 @@
 # One device-tool call that does a session's GPU work and brings everything back in ONE archive:
 #   run  carry [".device-a", ".device-b"]
 #        command: bash scripts/gpu_session.sh <commit> [what ...]
-# what: tests (scripts/gpu_check.sh), pipeline (every stage), bench (bench_sparse, bench_nvfp4, quick_bench);
+# what: tests (scripts/gpu_check.sh), pipeline (every stage), bench (bench_sparse, bench_nvfp4, quick_bench),
+# explore (scripts/explore.py sections, $EXPLORE; default: the timings that decide the next defaults);
 # default: all three — about 10 min, over the 600 s a call may take: run "tests pipeline" (~6.5 min) in one
 # call and "bench" (~3.5 min) in the next.  Results land in $OUT/session.tgz (stages/results/<gpu>.json, STATUS.md, stage logs and
 # metrics, test logs, bench output) — copy stages/results/<gpu>.json back from it.  Why one archive: the next
@@ -20,6 +21,8 @@ for w in $what; do
               tail -n 10 "$out/logs/gpu_check.txt" ;;
     pipeline) timeout ${PIPELINE_TIMEOUT:-330} python -m dsv4lib.pipeline --timeout 200 > "$out/logs/pipeline.txt" 2>&1
               tr '\r' '\n' < "$out/logs/pipeline.txt" | grep -E "^\s+\S+\s+(PASS|FAIL|COMPILED-ONLY|NOT RUN)" ;;
+    explore)  timeout ${EXPLORE_TIMEOUT:-240} python scripts/explore.py ${EXPLORE:-d6parts tvm512 decode roof nvfp4} 2>&1 \
+                | grep "^{" > "$out/logs/explore.txt"; cat "$out/logs/explore.txt" ;;
     bench)    { timeout 120 python scripts/bench_sparse.py; timeout 60 python scripts/bench_nvfp4.py;
                 timeout 120 python scripts/quick_bench.py 64 128 256; } 2>&1 | grep "{" > "$out/logs/bench.txt"
               cat "$out/logs/bench.txt" ;;
