@@ -212,28 +212,27 @@ def mqa512_attention(q, kv, *, scale=None, causal=False, window=None, sink=None,
                 num_splits=splits)
 
 
-def time_parts(q, kv, indices, skip_mma: str | None):
-    """Benchmark only: ``sparse_attention``'s kernel with one MMA left out (``"qk"`` or ``"pv"``, see
-    ``SparseAttentionForwardSm90.skip_mma``) — wrong output, for attributing the kernel's time.  Returns nothing."""
+def _run_benchmark_build(q, kv, indices, **knobs):
+    """``sparse_attention``'s kernel built with a benchmark knob (``gather_only`` / ``skip_mma``) on its inputs."""
     Sq, H, _ = q.shape
     out = torch.empty(1, 1, Sq, H, HEAD_DIM, dtype=torch.bfloat16, device=q.device)
     lse = torch.empty(1, 1, H, Sq, dtype=torch.float32, device=q.device)
     args = kernel_args(q.unsqueeze(0), kv.unsqueeze(0), indices.unsqueeze(0), out, lse,
                        placeholder(q.device, "sink"), HEAD_DIM ** -0.5, 0)
     with torch.cuda.device(q.device):
-        compiled(True, False, False, False, True, False, args, skip_mma=skip_mma)(*args)
+        compiled(True, False, False, False, True, False, args, **knobs)(*args)
+
+
+def time_parts(q, kv, indices, skip_mma: str | None):
+    """Benchmark only: ``sparse_attention``'s kernel with one MMA left out (``"qk"`` or ``"pv"``, see
+    ``SparseAttentionForwardSm90.skip_mma``) — wrong output, for attributing the kernel's time.  Returns nothing."""
+    _run_benchmark_build(q, kv, indices, skip_mma=skip_mma)
 
 
 def gather_roof(q, kv, indices):
     """Benchmark only: run the hd512 kernel's producer alone (consumers wait and release, no math, the output
     is left unwritten) on ``sparse_attention``'s inputs — the time the gather by itself takes.  Returns nothing."""
-    Sq, H, _ = q.shape
-    out = torch.empty(1, 1, Sq, H, HEAD_DIM, dtype=torch.bfloat16, device=q.device)
-    lse = torch.empty(1, 1, H, Sq, dtype=torch.float32, device=q.device)
-    args = kernel_args(q.unsqueeze(0), kv.unsqueeze(0), indices.unsqueeze(0), out, lse,
-                       placeholder(q.device, "sink"), HEAD_DIM ** -0.5, 0)
-    with torch.cuda.device(q.device):
-        compiled(True, False, False, False, True, False, args, gather_only=True)(*args)
+    _run_benchmark_build(q, kv, indices, gather_only=True)
 
 
 def fake_args(gather: bool = True, split_kv: bool = False):

@@ -24,3 +24,47 @@ def load_kv_tiles(tma_atom_K: cute.CopyAtom, tKgK: cute.Tensor, tKsK: cute.Tenso
                   tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
         kv_state.advance()
     return kv_state
+
+
+@cute.jit
+def sm100_softmax_handshakes(storage, mma_thread, softmax_threads):
+    """The three UMMA ↔ softmax pipelines of the sm100 attention kernels: S (UMMA → softmax), P (softmax → UMMA;
+    released by the commit of the MMA that read P) and O (UMMA → softmax, once, for the epilogue).  ``storage``
+    needs ``mbar_S``, ``mbar_P`` and ``mbar_O`` of two barriers each."""
+    pipe_s = pipeline.PipelineUmmaAsync.create(num_stages=1, producer_group=mma_thread, consumer_group=softmax_threads,
+                                               barrier_storage=storage.mbar_S.data_ptr())
+    pipe_p = pipeline.PipelineAsyncUmma.create(num_stages=1, producer_group=softmax_threads, consumer_group=mma_thread,
+                                               barrier_storage=storage.mbar_P.data_ptr())
+    pipe_o = pipeline.PipelineUmmaAsync.create(num_stages=1, producer_group=mma_thread, consumer_group=softmax_threads,
+                                               barrier_storage=storage.mbar_O.data_ptr())
+    return pipe_s, pipe_p, pipe_o
+
+
+@cute.jit
+def sm100_allocate_tmem(storage, num_threads: cutlass.Constexpr, columns: cutlass.Constexpr):
+    """TMEM allocated by warp 0, its address shared through shared memory once every warp reached named barrier
+    1; returns the allocator (for ``relinquish_alloc_permit`` / ``free``) and the fp32 TMEM pointer."""
+    tmem = cutlass.utils.TmemAllocator(storage.tmem_holding_buf,
+                                       barrier_for_retrieve=pipeline.NamedBarrier(barrier_id=1, num_threads=num_threads))
+    tmem.allocate(columns)
+    tmem.wait_for_alloc()
+    return tmem, tmem.retrieve_ptr(cutlass.Float32)
+
+
+@cute.jit
+def online_softmax_row(rS: cute.Tensor, tile_max, row_max, row_sum, softmax_scale_log2):
+    """One online-softmax step for a row whose scores ``rS`` this thread holds (``tile_max``: the tile's row max,
+    partner lanes already folded in).  The max stays in raw-score units, the scale goes inside exp2; ``rS`` becomes
+    the unnormalized probabilities.  Returns ``(new row max, new running sum of this thread's columns,
+    correction e^(old max − new max))`` — the factor O must be rescaled by."""
+    new_max = cute.arch.fmax(row_max, tile_max)
+    base = new_max * softmax_scale_log2
+    if new_max == -cutlass.Float32.inf:
+        base = cutlass.Float32(0.0)
+    correction = cute.arch.exp2(row_max * softmax_scale_log2 - base)
+    tile_sum = cutlass.Float32(0.0)
+    for c in cutlass.range_constexpr(cute.size(rS)):
+        p = cute.arch.exp2(rS[c] * softmax_scale_log2 - base)
+        rS[c] = p
+        tile_sum += p
+    return new_max, row_sum * correction + tile_sum, correction

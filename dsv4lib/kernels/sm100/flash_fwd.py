@@ -27,7 +27,7 @@ import cutlass.utils.blackwell_helpers as sm100_utils
 from cutlass import Float32, Int32, const_expr, pipeline
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, tcgen05
 
-from ..common import load_kv_tiles
+from ..common import load_kv_tiles, online_softmax_row, sm100_allocate_tmem, sm100_softmax_handshakes
 
 LN_2 = math.log(2.0)
 
@@ -121,20 +121,8 @@ class FlashAttentionForwardSm100:
                                                  tx_count=bytes_kv, barrier_storage=storage.mbar_K.data_ptr())
         pipe_v = pipeline.PipelineTmaUmma.create(num_stages=self.num_stages, producer_group=one, consumer_group=one,
                                                  tx_count=bytes_kv, barrier_storage=storage.mbar_V.data_ptr())
-        pipe_s = pipeline.PipelineUmmaAsync.create(num_stages=1, producer_group=one, consumer_group=softmax_threads,
-                                                   barrier_storage=storage.mbar_S.data_ptr())
-        pipe_p = pipeline.PipelineAsyncUmma.create(num_stages=1, producer_group=softmax_threads, consumer_group=one,
-                                                   barrier_storage=storage.mbar_P.data_ptr())
-        pipe_o = pipeline.PipelineUmmaAsync.create(num_stages=1, producer_group=one, consumer_group=softmax_threads,
-                                                   barrier_storage=storage.mbar_O.data_ptr())
-
-        # TMEM: allocated by warp 0, pointer shared through smem once every warp reached the barrier
-        tmem = cutlass.utils.TmemAllocator(storage.tmem_holding_buf,
-                                           barrier_for_retrieve=pipeline.NamedBarrier(barrier_id=1,
-                                                                                      num_threads=self.NUM_THREADS))
-        tmem.allocate(self.TMEM_COLS)
-        tmem.wait_for_alloc()
-        tmem_ptr = tmem.retrieve_ptr(Float32)
+        pipe_s, pipe_p, pipe_o = sm100_softmax_handshakes(storage, one, softmax_threads)
+        tmem, tmem_ptr = sm100_allocate_tmem(storage, self.NUM_THREADS, self.TMEM_COLS)
 
         thr_qk = mma_qk.get_slice(0)
         thr_pv = mma_pv.get_slice(0)
@@ -271,18 +259,7 @@ class FlashAttentionForwardSm100:
                 if masked:
                     rS[c] = -Float32.inf
                 mx = cute.arch.fmax(mx, rS[c])
-            new_max = cute.arch.fmax(row_max, mx)
-            base = new_max * softmax_scale_log2
-            if new_max == -Float32.inf:
-                base = Float32(0.0)
-            correction = cute.arch.exp2(row_max * softmax_scale_log2 - base)
-            row_max = new_max
-            tile_sum = Float32(0.0)
-            for c in cutlass.range_constexpr(cute.size(rS)):
-                p = cute.arch.exp2(rS[c] * softmax_scale_log2 - base)
-                rS[c] = p
-                tile_sum += p
-            row_sum = row_sum * correction + tile_sum
+            row_max, row_sum, correction = online_softmax_row(rS, mx, row_max, row_sum, softmax_scale_log2)
             rP.store(rS.load().to(self.dtype))
             pipe_p.producer_acquire(p_state)                           # the previous PV MMA has completed
             if i > 0:                                                  # rescale O in TMEM: ld → mul → st

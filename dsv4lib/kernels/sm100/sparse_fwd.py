@@ -37,6 +37,7 @@ import cutlass.utils.blackwell_helpers as sm100_utils
 from cutlass import Float32, Int32, const_expr, pipeline
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, tcgen05
 
+from ..common import online_softmax_row, sm100_allocate_tmem, sm100_softmax_handshakes
 from ..sm90.flash_fwd import LN_2, LOG2_E, row_major_smem_layout, transposed_view
 from ..sm90.sparse_fwd import HALF, HEAD_DIM, TILE_H, TILE_N, SparseAttentionForwardSm90, as_global
 
@@ -110,20 +111,8 @@ class SparseAttentionForwardSm100(SparseAttentionForwardSm90):
         four_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, 128)
         pipe_kv = pipeline.PipelineAsyncUmma.create(num_stages=self.num_stages, producer_group=four_warps,
                                                     consumer_group=one, barrier_storage=storage.mbar_KV.data_ptr())
-        pipe_s = pipeline.PipelineUmmaAsync.create(num_stages=1, producer_group=one, consumer_group=four_warps,
-                                                   barrier_storage=storage.mbar_S.data_ptr())
-        pipe_p = pipeline.PipelineAsyncUmma.create(num_stages=1, producer_group=four_warps, consumer_group=one,
-                                                   barrier_storage=storage.mbar_P.data_ptr())
-        pipe_o = pipeline.PipelineUmmaAsync.create(num_stages=1, producer_group=one, consumer_group=four_warps,
-                                                   barrier_storage=storage.mbar_O.data_ptr())
-
-        # TMEM: allocated by warp 0, its address shared through shared memory once every warp reached the barrier
-        tmem = cutlass.utils.TmemAllocator(storage.tmem_holding_buf,
-                                           barrier_for_retrieve=pipeline.NamedBarrier(barrier_id=1,
-                                                                                      num_threads=self.NUM_THREADS))
-        tmem.allocate(self.TMEM_COLS)
-        tmem.wait_for_alloc()
-        tmem_ptr = tmem.retrieve_ptr(Float32)
+        pipe_s, pipe_p, pipe_o = sm100_softmax_handshakes(storage, one, four_warps)
+        tmem, tmem_ptr = sm100_allocate_tmem(storage, self.NUM_THREADS, self.TMEM_COLS)
 
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)       # (64 heads, 512)
         sKV = storage.sKV.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)   # (64 keys, 512, stages)
@@ -274,18 +263,7 @@ class SparseAttentionForwardSm100(SparseAttentionForwardSm90):
                     rS[c] = -Float32.inf
                 mx = cute.arch.fmax(mx, rS[c])
             mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=16))     # the row's other half
-            new_max = cute.arch.fmax(row_max, mx)
-            base = new_max * softmax_scale_log2
-            if new_max == -Float32.inf:
-                base = Float32(0.0)
-            correction = cute.arch.exp2(row_max * softmax_scale_log2 - base)
-            row_max = new_max
-            tile_sum = Float32(0.0)
-            for c in cutlass.range_constexpr(cute.size(rS)):
-                p = cute.arch.exp2(rS[c] * softmax_scale_log2 - base)
-                rS[c] = p
-                tile_sum += p
-            row_sum = row_sum * correction + tile_sum
+            row_max, row_sum, correction = online_softmax_row(rS, mx, row_max, row_sum, softmax_scale_log2)
             rP.store(rS.load().to(self.dtype))
             pipe_p.producer_acquire(p_state)                  # the previous PV MMAs completed: sP and O are ours
             if i > 0:
