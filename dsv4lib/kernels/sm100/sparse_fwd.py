@@ -101,10 +101,7 @@ class SparseAttentionForwardSm100(SparseAttentionForwardSm90):
                mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, SharedStorage: cutlass.Constexpr):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
-        token, head_group, batch = cute.arch.block_idx()
-        num_splits = mO.shape[0]
-        split = batch % num_splits
-        batch = batch // num_splits
+        token, head_group, batch, split, num_splits = self.cta_coords(mO)
         storage = cutlass.utils.SmemAllocator().allocate(SharedStorage)
 
         one = pipeline.CooperativeGroup(pipeline.Agent.Thread)

@@ -160,10 +160,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                SharedStorage: cutlass.Constexpr, tma_atom_Q, tma_Q, tma_atom_KV, tma_KV):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
-        token, head_group, batch = cute.arch.block_idx()
-        num_splits = mO.shape[0]
-        split = batch % num_splits
-        batch = batch // num_splits
+        token, head_group, batch, split, num_splits = self.cta_coords(mO)
 
         storage = cutlass.utils.SmemAllocator().allocate(SharedStorage)
         pipeline_q = None
@@ -233,6 +230,16 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             cute.arch.setmaxregister_increase(self.CONSUMER_REGS)
             self.right_half(tiled_mma_pv_ss, sVt, sP, sRowScale, sRowInv, mO, pipeline_kv, tidx - 256, token,
                             head_group, batch, split, tile_lo, tile_hi)
+
+    @cute.jit
+    def cta_coords(self, mO):
+        """This CTA's query token, head group, batch, split (``blockIdx.z = batch·splits + split``), and the split
+        count."""
+        token, head_group, batch = cute.arch.block_idx()
+        num_splits = mO.shape[0]
+        split = batch % num_splits
+        batch = batch // num_splits
+        return token, head_group, batch, split, num_splits
 
     @cute.jit
     def key_range(self, mQ, mKV, mIdx, token, window_size, num_splits, split):
