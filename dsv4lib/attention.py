@@ -8,7 +8,8 @@ import os
 
 import torch
 
-from .launch import amax_tensor, check_num_splits, placeholder, rows_dynamic, sink_arg, to_cute, workspace
+from .launch import (amax_tensor, check_num_splits, current_stream, placeholder, rows_dynamic, sink_arg, to_cute,
+                     tvm_ffi_stream, workspace)
 from .reference.attention import check_attention_shapes, check_window
 
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
@@ -102,7 +103,7 @@ def _compiled_sm90_tvm_ffi(head_dim: int, causal: bool, has_lse: bool, p_path: s
                                            pack_gqa=pack_gqa)
         fake = (fake_split_args if split_kv else fake_attention_args)(head_dim)
         with cute_arch(arch):
-            _COMPILED[key] = cute.compile(kernel, *fake, options=f"--gpu-arch {arch} --enable-tvm-ffi")
+            _COMPILED[key] = cute.compile(kernel, *fake, tvm_ffi_stream(), options=f"--gpu-arch {arch} --enable-tvm-ffi")
     return _COMPILED[key]
 
 
@@ -122,9 +123,11 @@ def _compiled_sm90(head_dim: int, causal: bool, has_lse: bool, p_path: str, wind
     return _COMPILED[key]
 
 
-def combine_args(o_part, lse_part, out, lse, sink_t) -> tuple:
-    """The combine kernel's arguments (works on CPU tensors too: the compile tests build exactly these)."""
-    return rows_dynamic(o_part, (4,)), to_cute(lse_part, 3), to_cute(out, 3), to_cute(lse, 2), to_cute(sink_t, 0)
+def combine_args(o_part, lse_part, out, lse, sink_t, stream=None) -> tuple:
+    """The combine kernel's arguments (works on CPU tensors too: the compile tests build exactly these, without
+    the stream)."""
+    args = (rows_dynamic(o_part, (4,)), to_cute(lse_part, 3), to_cute(out, 3), to_cute(lse, 2), to_cute(sink_t, 0))
+    return args if stream is None else args + (stream,)
 
 
 def combine_partials(o_part, lse_part, out, lse, sink_t, has_sink: bool, tvm_ffi: bool = False) -> None:
@@ -139,11 +142,11 @@ def combine_partials(o_part, lse_part, out, lse, sink_t, has_sink: bool, tvm_ffi
             import cutlass.cute as cute
 
             from .kernels.combine import LSECombineKernel, fake_args
-            _COMPILED[key] = cute.compile(LSECombineKernel(D, has_sink=has_sink), *fake_args(D),
+            _COMPILED[key] = cute.compile(LSECombineKernel(D, has_sink=has_sink), *fake_args(D), tvm_ffi_stream(),
                                           options="--gpu-arch sm_90a --enable-tvm-ffi")
         _COMPILED[key](o_part, lse_part, out, lse, sink_t)
         return
-    args = combine_args(o_part, lse_part, out, lse, sink_t)
+    args = combine_args(o_part, lse_part, out, lse, sink_t, current_stream(out.device))
     key = ("combine", D, has_sink)
     if key not in _COMPILED:
         import cutlass.cute as cute
@@ -220,13 +223,13 @@ def attention_with_p_path(q, k, v, *, scale=None, causal=False, window=None, sin
     with torch.cuda.device(q.device):
         if num_splits == 1:
             args = (to_cute(q, 3), to_cute(k, 3), to_cute(v, 3), to_cute(out, 3), to_cute(lse, 2), *common,
-                    to_cute(sink_t, 0), *unused)
+                    to_cute(sink_t, 0), *unused, current_stream(q.device))
             _compiled_sm90(D, bool(causal), bool(return_lse), p_path, window is not None, sink is not None,
                            False, args, overlap, pack_gqa=pack)(*args)
         else:
             o_part, lse_part = workspace(num_splits, B, Sq, H, D, q.device)
             args = (to_cute(q, 3), to_cute(k, 3), to_cute(v, 3), to_cute(o_part, 4), to_cute(lse_part, 3),
-                    *common, to_cute(sink_t, 0), *unused)
+                    *common, to_cute(sink_t, 0), *unused, current_stream(q.device))
             _compiled_sm90(D, bool(causal), True, p_path, window is not None, False, True, args, overlap,
                            pack_gqa=pack)(*args)
             combine_partials(o_part, lse_part, out, lse, sink_t, sink is not None)
@@ -263,7 +266,7 @@ def attention_branches(q, branches, *, sink=None, scale=None, return_lse=False):
             window = br.get("window")
             args = (to_cute(q, 3), to_cute(br["k"], 3), to_cute(br["v"], 3), to_cute(o_part[i:i + 1], 4),
                     to_cute(lse_part[i:i + 1], 3), Float32(scale * math.log2(math.e)), Int32(window or 0),
-                    to_cute(sink_t, 0), *_unused_nvfp4_args(q.device))
+                    to_cute(sink_t, 0), *_unused_nvfp4_args(q.device), current_stream(q.device))
             _compiled_sm90(D, bool(br.get("causal", False)), True, DEFAULT_P_PATH[D], window is not None, False,
                            True, args)(*args)
         combine_partials(o_part, lse_part, out, lse, sink_t, sink is not None)
@@ -295,7 +298,7 @@ def attention_nvfp4(q, k, v, out_global_amax, *, scale=None, causal=False, windo
     sink_t = sink_arg(sink, q.device)
     args = (to_cute(q, 3), to_cute(k, 3), to_cute(v, 3), to_cute(data, 3), to_cute(lse, 2),
             Float32(scale * math.log2(math.e)), Int32(window or 0), to_cute(sink_t, 0), to_cute(scales, 3),
-            to_cute(s_enc, 0))
+            to_cute(s_enc, 0), current_stream(q.device))
     with torch.cuda.device(q.device):
         # the same mainloop as plain attention (overlap by default), so the comparison isolates the epilogue
         _compiled_sm90(D, bool(causal), False, "rs", window is not None, sink is not None, False, args,
@@ -314,7 +317,7 @@ def attention_fp32(q, k, v, *, scale=None, causal=False, window=None):
     lse_part = torch.empty(1, B, H, Sq, dtype=torch.float32, device=q.device)
     args = (to_cute(q, 3), to_cute(k, 3), to_cute(v, 3), to_cute(o_part, 4), to_cute(lse_part, 3),
             Float32(scale * math.log2(math.e)), Int32(window or 0),
-            to_cute(placeholder(q.device, "sink"), 0), *_unused_nvfp4_args(q.device))
+            to_cute(placeholder(q.device, "sink"), 0), *_unused_nvfp4_args(q.device), current_stream(q.device))
     with torch.cuda.device(q.device):
         _compiled_sm90(D, bool(causal), True, "rs", window is not None, False, True, args)(*args)
     return o_part[0]

@@ -7,6 +7,19 @@ from __future__ import annotations
 import torch
 
 
+def current_stream(device):
+    """torch's current stream on ``device`` as the CUDA driver handle a compiled kernel launches on: the kernel is
+    ordered with the torch work around it (side streams included) and can be captured in a CUDA graph."""
+    import cuda.bindings.driver as cuda
+    return cuda.CUstream(torch.cuda.current_stream(device).cuda_stream)
+
+
+def tvm_ffi_stream():
+    """The stream argument of a TVM-FFI build: taken at call time from the environment (torch's current stream)."""
+    import cutlass.cute as cute
+    return cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+
+
 def to_cute(t: torch.Tensor, leading_dim: int):
     """Every extent and stride dynamic, unit stride at ``leading_dim``; 16 B alignment assumed when true."""
     from cutlass.cute.runtime import from_dlpack

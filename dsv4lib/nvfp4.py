@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .launch import amax_tensor, rows_dynamic
+from .launch import amax_tensor, current_stream, rows_dynamic
 from .reference import quant as ref
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -42,12 +42,13 @@ def _kernel_for(x: torch.Tensor, args: tuple, blocks_per_thread: int | None = No
     return _COMPILED[key]
 
 
-def kernel_args(blocks, words, scales, amax, s_dec_out) -> tuple:
+def kernel_args(blocks, words, scales, amax, s_dec_out, stream=None) -> tuple:
     """The kernel's arguments as CuTe tensors: only the block count is dynamic, the 16 values of a block and
     the two words stay static (the register copies need static shapes).  Works on CPU tensors too, which
     is how the CPU tests compile exactly what a GPU call compiles."""
-    return (rows_dynamic(blocks, (1,), 16), rows_dynamic(words, (1,), 8), rows_dynamic(scales, (), 1),
+    args = (rows_dynamic(blocks, (1,), 16), rows_dynamic(words, (1,), 8), rows_dynamic(scales, (), 1),
             rows_dynamic(amax, (0,), 4), rows_dynamic(s_dec_out, (0,), 4))
+    return args if stream is None else args + (stream,)
 
 
 def quantize_nvfp4(x, global_amax=None, *, swizzle: bool = False, _blocks_per_thread=None, _encode=True,
@@ -70,7 +71,7 @@ def quantize_nvfp4(x, global_amax=None, *, swizzle: bool = False, _blocks_per_th
     words = torch.empty(n_blocks, 2, dtype=torch.uint32, device=x.device)
     scales = torch.empty(n_blocks, dtype=torch.uint8, device=x.device)      # e4m3 bits
     s_dec = torch.empty(1, dtype=torch.float32, device=x.device)           # the kernel writes S_dec
-    args = kernel_args(x.view(n_blocks, 16), words, scales, amax.reshape(1), s_dec)
+    args = kernel_args(x.view(n_blocks, 16), words, scales, amax.reshape(1), s_dec, current_stream(x.device))
     with torch.cuda.device(x.device):
         _kernel_for(x, args, _blocks_per_thread, _encode, _threads, _adjacent)(*args)
     data = words.view(torch.uint8).view(M, K // 2)
@@ -83,10 +84,12 @@ def quantize_nvfp4(x, global_amax=None, *, swizzle: bool = False, _blocks_per_th
 _OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def dequantize_args(words, scales, global_scale, y) -> tuple:
-    """The dequantize kernel's arguments (block count dynamic; works on CPU tensors for the compile tests)."""
-    return (rows_dynamic(words, (1,), 8), rows_dynamic(scales, (), 1), rows_dynamic(global_scale, (0,), 4),
+def dequantize_args(words, scales, global_scale, y, stream=None) -> tuple:
+    """The dequantize kernel's arguments (block count dynamic; works on CPU tensors for the compile tests, which
+    leave the stream out)."""
+    args = (rows_dynamic(words, (1,), 8), rows_dynamic(scales, (), 1), rows_dynamic(global_scale, (0,), 4),
             rows_dynamic(y, (1,), 16))
+    return args if stream is None else args + (stream,)
 
 
 def dequantize_nvfp4(data, scales, global_scale, out_dtype=torch.bfloat16):
@@ -123,7 +126,7 @@ def dequantize_nvfp4(data, scales, global_scale, out_dtype=torch.bfloat16):
         data = data.clone()                                    # the kernel loads a block's 8 bytes as one vector
     words = data.view(torch.uint32).view(n_blocks, 2)
     y = torch.empty(n_blocks, 16, dtype=out_dtype, device=data.device)
-    args = dequantize_args(words, scales.contiguous().view(n_blocks), gs.reshape(1), y)
+    args = dequantize_args(words, scales.contiguous().view(n_blocks), gs.reshape(1), y, current_stream(data.device))
     arch = "sm_90a" if major == 9 else "sm_100a"
     key = ("dequantize", out_dtype, arch)
     with torch.cuda.device(data.device):

@@ -9,17 +9,19 @@ import os
 
 import torch
 
-from .launch import check_num_splits, placeholder, rows_dynamic, sink_arg, workspace
+from .launch import check_num_splits, current_stream, placeholder, rows_dynamic, sink_arg, tvm_ffi_stream, workspace
 
 HEAD_DIM = 512
 HEADS_PER_CTA = 64
 _COMPILED: dict[tuple, object] = {}
-def kernel_args(q, kv, indices, o, lse, sink, scale: float, window: int) -> tuple:
+def kernel_args(q, kv, indices, o, lse, sink, scale: float, window: int, stream=None) -> tuple:
     """q ``(B, Sq, H, 512)``, kv ``(B, Skv, 512)``, indices ``(B, Sq, K)`` int32, o ``(splits, B, Sq, H, 512)``,
-    lse ``(splits, B, H, Sq)``, sink ``(H,)`` → the kernel's arguments."""
+    lse ``(splits, B, H, Sq)``, sink ``(H,)`` → the kernel's arguments (+ the launch stream when given; CPU
+    compile tests leave it out)."""
     from cutlass import Float32, Int32
-    return (rows_dynamic(q, (3,)), rows_dynamic(kv, (2,)), rows_dynamic(indices), rows_dynamic(o, (4,)),
+    args = (rows_dynamic(q, (3,)), rows_dynamic(kv, (2,)), rows_dynamic(indices), rows_dynamic(o, (4,)),
             rows_dynamic(lse), Float32(scale * math.log2(math.e)), Int32(window), rows_dynamic(sink))
+    return args if stream is None else args + (stream,)
 
 
 # The two warpgroup schedules of the hd512 kernel (see its docstring), measured on the H200 (sparse prefill,
@@ -81,7 +83,7 @@ def compiled_tvm_ffi(gather: bool, causal: bool, window: bool, sink: bool, split
         kernel = SparseAttentionForwardSm90(gather=gather, causal=causal, window=window, sink=sink, has_lse=True,
                                             split_kv=split_kv, balanced=BALANCED)
         with cute_arch(arch):
-            _COMPILED[key] = cute.compile(kernel, *fake_tvm_args(split_kv),
+            _COMPILED[key] = cute.compile(kernel, *fake_tvm_args(split_kv), tvm_ffi_stream(),
                                           options=f"--gpu-arch {arch} --enable-tvm-ffi")
     return _COMPILED[key]
 
@@ -137,7 +139,8 @@ def _run(q4, kv3, idx3, *, gather, causal, window, sink, scale, num_splits):
                     q4, kv3, idx, out.unsqueeze(0), lse.unsqueeze(0), scale * math.log2(math.e), int(window or 0),
                     sink_t)
             else:
-                args = kernel_args(q4, kv3, idx, out.unsqueeze(0), lse.unsqueeze(0), sink_t, scale, window or 0)
+                args = kernel_args(q4, kv3, idx, out.unsqueeze(0), lse.unsqueeze(0), sink_t, scale, window or 0,
+                                   current_stream(device))
                 compiled(gather, causal, window is not None, sink is not None, True, False, args)(*args)
         else:
             o_part, lse_part = workspace(num_splits, B, Sq, H, HEAD_DIM, device)
@@ -145,7 +148,7 @@ def _run(q4, kv3, idx3, *, gather, causal, window, sink, scale, num_splits):
                 compiled_tvm_ffi(gather, causal, window is not None, False, True)(
                     q4, kv3, idx, o_part, lse_part, scale * math.log2(math.e), int(window or 0), sink_t)
             else:
-                args = kernel_args(q4, kv3, idx, o_part, lse_part, sink_t, scale, window or 0)
+                args = kernel_args(q4, kv3, idx, o_part, lse_part, sink_t, scale, window or 0, current_stream(device))
                 compiled(gather, causal, window is not None, False, True, True, args)(*args)
             combine_partials(o_part, lse_part, out, lse, sink_t, sink is not None, tvm_ffi=USE_TVM_FFI)
     return out, lse
@@ -218,7 +221,7 @@ def _run_benchmark_build(q, kv, indices, **knobs):
     out = torch.empty(1, 1, Sq, H, HEAD_DIM, dtype=torch.bfloat16, device=q.device)
     lse = torch.empty(1, 1, H, Sq, dtype=torch.float32, device=q.device)
     args = kernel_args(q.unsqueeze(0), kv.unsqueeze(0), indices.unsqueeze(0), out, lse,
-                       placeholder(q.device, "sink"), HEAD_DIM ** -0.5, 0)
+                       placeholder(q.device, "sink"), HEAD_DIM ** -0.5, 0, current_stream(q.device))
     with torch.cuda.device(q.device):
         compiled(True, False, False, False, True, False, args, **knobs)(*args)
 

@@ -13,8 +13,9 @@ declare -A groups=(
   [nvfp4]="test_nvfp4_kernel"
   [sparse]="sparse"
   [layer]="test_dsv4_layer"
+  [streams]="test_streams"
 )
-order=(${@:-d1 window split branch overlap nvfp4 sparse layer})
+order=(${@:-d1 window split branch overlap nvfp4 sparse layer streams})
 limit=${GROUP_TIMEOUT:-150}
 summary=""
 for g in "${order[@]}"; do

@@ -23,9 +23,12 @@ from __future__ import annotations
 
 import math
 
+import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, const_expr
+
+from .common import launch_stream
 
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
@@ -52,10 +55,11 @@ class LSECombineKernel:
         self.chunks = head_dim // cols            # CTAs per output row
 
     @cute.jit
-    def __call__(self, mOp: cute.Tensor, mLSEp: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor, mSink: cute.Tensor):
+    def __call__(self, mOp: cute.Tensor, mLSEp: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor, mSink: cute.Tensor,
+                 stream: cuda.CUstream = None):
         rows = cute.size(mO.shape[0]) * cute.size(mO.shape[1]) * cute.size(mO.shape[2])      # B * Sq * H
         self.kernel(mOp, mLSEp, mO, mLSE, mSink).launch(grid=(rows * self.chunks, 1, 1),
-                                                        block=(32 * WARPS_PER_CTA, 1, 1))
+                                                        block=(32 * WARPS_PER_CTA, 1, 1), **launch_stream(stream))
 
     @cute.jit
     def butterfly(self, x: Float32, op) -> Float32:

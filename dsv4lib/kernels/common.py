@@ -1,9 +1,17 @@
 """Pieces shared by the attention kernels of both archs."""
 from __future__ import annotations
 
+import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import pipeline
+
+
+def launch_stream(stream: cuda.CUstream | None) -> dict:
+    """``.launch(**launch_stream(stream))``: the caller's stream (``dsv4lib.launch.current_stream``: torch's current
+    stream, so the kernel is ordered with the torch work around it and can be captured in a CUDA graph); ``None``
+    — builds that are only compiled, never launched — leaves the launch on the default stream."""
+    return {} if stream is None else {"stream": stream}
 
 
 @cute.jit

@@ -19,11 +19,14 @@ E2M1 encoding differs by arch:
 """
 from __future__ import annotations
 
+import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Uint8, Uint32, const_expr
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
+
+from .common import launch_stream
 
 ONE_SIXTH_F32 = 0.16666667163372040                    # fl(1/6) = 0x3E2AAAAB, exactly representable
 FLT_MAX = 3.4028234663852886e38
@@ -109,11 +112,11 @@ class NVFP4QuantizeKernel:
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mWords: cute.Tensor, mScales: cute.Tensor, mAmax: cute.Tensor,
-                 mSdec: cute.Tensor):
+                 mSdec: cute.Tensor, stream: cuda.CUstream = None):
         n_blocks = cute.size(mX, mode=[0])
         per_cta = self.threads * self.blocks_per_thread
         self.kernel(mX, mWords, mScales, mAmax, mSdec).launch(grid=((n_blocks + per_cta - 1) // per_cta, 1, 1),
-                                                              block=(self.threads, 1, 1))
+                                                              block=(self.threads, 1, 1), **launch_stream(stream))
 
     @cute.jit
     def block_of(self, bidx, tidx, j):
@@ -210,10 +213,11 @@ class NVFP4DequantizeKernel:
     thread: 9 bytes in, 16 values out as vector stores."""
 
     @cute.jit
-    def __call__(self, mWords: cute.Tensor, mScales: cute.Tensor, mGlobal: cute.Tensor, mY: cute.Tensor):
+    def __call__(self, mWords: cute.Tensor, mScales: cute.Tensor, mGlobal: cute.Tensor, mY: cute.Tensor,
+                 stream: cuda.CUstream = None):
         n_blocks = cute.size(mWords, mode=[0])
         self.kernel(mWords, mScales, mGlobal, mY).launch(grid=((n_blocks + THREADS - 1) // THREADS, 1, 1),
-                                                        block=(THREADS, 1, 1))
+                                                        block=(THREADS, 1, 1), **launch_stream(stream))
 
     @cute.kernel
     def kernel(self, mWords: cute.Tensor, mScales: cute.Tensor, mGlobal: cute.Tensor, mY: cute.Tensor):

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import math
 
+import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils.blackwell_helpers as sm100_utils
 from cutlass import Float32, Int32, const_expr, pipeline
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, tcgen05
 
-from ..common import load_kv_tiles, online_softmax_row, sm100_allocate_tmem, sm100_softmax_handshakes
+from ..common import launch_stream, load_kv_tiles, online_softmax_row, sm100_allocate_tmem, sm100_softmax_handshakes
 
 LN_2 = math.log(2.0)
 
@@ -54,7 +55,7 @@ class FlashAttentionForwardSm100:
 
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
-                 softmax_scale_log2: Float32):
+                 softmax_scale_log2: Float32, stream: cuda.CUstream = None):
         mQ, mK, mV, mO = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
                           for t in (mQ, mK, mV, mO)]                               # (s, d, h, b)
         mLSE = cute.make_tensor(mLSE.iterator, cute.select(mLSE.layout, mode=[2, 1, 0]))   # (s, h, b)
@@ -95,7 +96,7 @@ class FlashAttentionForwardSm100:
         grid = (cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m), cute.size(mQ.shape[2]), cute.size(mQ.shape[3]))
         self.kernel(mma_qk, mma_pv, tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, mO, mLSE,
                     softmax_scale_log2, sQ_layout, sK_layout, sV_layout, sP_layout, SharedStorage).launch(
-            grid=grid, block=[self.NUM_THREADS, 1, 1])
+            grid=grid, block=[self.NUM_THREADS, 1, 1], **launch_stream(stream))
 
     @cute.kernel
     def kernel(self, mma_qk: cute.TiledMma, mma_pv: cute.TiledMma, tma_atom_Q: cute.CopyAtom, mQ: cute.Tensor,

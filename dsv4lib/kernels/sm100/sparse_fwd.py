@@ -31,13 +31,14 @@ followed by its ``wait::ld`` / ``wait::st``.
 """
 from __future__ import annotations
 
+import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils.blackwell_helpers as sm100_utils
 from cutlass import Float32, Int32, const_expr, pipeline
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, tcgen05
 
-from ..common import online_softmax_row, sm100_allocate_tmem, sm100_softmax_handshakes
+from ..common import launch_stream, online_softmax_row, sm100_allocate_tmem, sm100_softmax_handshakes
 from ..sm90.flash_fwd import LN_2, LOG2_E, row_major_smem_layout, transposed_view
 from ..sm90.sparse_fwd import HALF, HEAD_DIM, TILE_H, TILE_N, SparseAttentionForwardSm90, as_global
 
@@ -63,7 +64,7 @@ class SparseAttentionForwardSm100(SparseAttentionForwardSm90):
     # ------------------------------------------------------------------------------ host side
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mKV: cute.Tensor, mIdx: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
-                 softmax_scale_log2: Float32, window_size: Int32, mSink: cute.Tensor):
+                 softmax_scale_log2: Float32, window_size: Int32, mSink: cute.Tensor, stream: cuda.CUstream = None):
         # mQ (B, Sq, H, 512)  mKV (B, Skv, 512)  mIdx (B, Sq, K) int32  mO (splits, B, Sq, H, 512)
         # mLSE (splits, B, H, Sq)  mSink (H,) — the Hopper kernel's arguments
         mQ, mKV, mO = as_global(mQ, 16), as_global(mKV, 16), as_global(mO, 16)
@@ -91,7 +92,8 @@ class SparseAttentionForwardSm100(SparseAttentionForwardSm90):
         grid = (cute.size(mQ.shape[1]), cute.size(mQ.shape[2]) // TILE_H,
                 cute.size(mQ.shape[0]) * cute.size(mO.shape[0]))
         self.kernel(mQ, mKV, mIdx, mO, mLSE, softmax_scale_log2, window_size, mSink, sQ_layout, sKV_layout,
-                    sP_layout, mma_qk, mma_pv, SharedStorage).launch(grid=grid, block=[self.NUM_THREADS, 1, 1])
+                    sP_layout, mma_qk, mma_pv, SharedStorage).launch(grid=grid, block=[self.NUM_THREADS, 1, 1],
+                                                                     **launch_stream(stream))
 
     # ---------------------------------------------------------------------------- device side
     @cute.kernel

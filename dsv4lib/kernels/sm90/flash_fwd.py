@@ -46,6 +46,7 @@ from __future__ import annotations
 import math
 import os
 
+import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
@@ -54,7 +55,7 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 from cutlass.utils import LayoutEnum
 
-from ..common import load_kv_tiles
+from ..common import launch_stream, load_kv_tiles
 from ..nvfp4 import e2m1_code_magic, nvfp4_block_scale
 
 LOG2_E = math.log2(math.e)
@@ -207,7 +208,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
                  softmax_scale_log2: Float32, window_size: Int32, mSink: cute.Tensor, mOutScales: cute.Tensor,
-                 mSenc: cute.Tensor):
+                 mSenc: cute.Tensor, stream: cuda.CUstream = None):
         # torch (b, s, h, d) -> (s, d, h, b): the TMA tiles the first two modes
         mQ, mK, mV = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0])) for t in (mQ, mK, mV)]
         if const_expr(self.split_kv):
@@ -258,7 +259,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         self.kernel(tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, mO, mLSE, softmax_scale_log2,
                     window_size, mSink, mOutScales, mSenc,
                     sQ_layout, sK_layout, sV_layout, sP_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage).launch(
-            grid=grid, block=[self.NUM_THREADS, 1, 1], min_blocks_per_mp=1)
+            grid=grid, block=[self.NUM_THREADS, 1, 1], min_blocks_per_mp=1, **launch_stream(stream))
 
     # ---------------------------------------------------------------------------- device side
     @cute.kernel

@@ -37,6 +37,7 @@ applies the sink once.
 """
 from __future__ import annotations
 
+import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
@@ -44,6 +45,7 @@ from cutlass import Float32, Int32, const_expr, pipeline
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
+from ..common import launch_stream
 from .flash_fwd import (LN_2, LOG2_E, Sm90AttentionOps, acc_layout_as_operand_a, acc_layout_rows_cols,
                         row_major_smem_layout, transposed_view)
 
@@ -106,7 +108,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
     # ------------------------------------------------------------------------------ host side
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mKV: cute.Tensor, mIdx: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
-                 softmax_scale_log2: Float32, window_size: Int32, mSink: cute.Tensor):
+                 softmax_scale_log2: Float32, window_size: Int32, mSink: cute.Tensor, stream: cuda.CUstream = None):
         # mQ (B, Sq, H, 512)  mKV (B, Skv, 512)  mIdx (B, Sq, K) int32  mO (splits, B, Sq, H, 512)
         # mLSE (splits, B, H, Sq)  mSink (H,).  All global (a CPU build gets generic pointers from DLPack).
         mQ, mKV, mO = as_global(mQ, 16), as_global(mKV, 16), as_global(mO, 16)     # 1 KiB / 2 KiB rows
@@ -149,7 +151,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         self.kernel(mQ, mKV, mIdx, mO, mLSE, softmax_scale_log2, window_size, mSink, sQ_layout, sKV_layout,
                     sP_layout, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, SharedStorage,
                     tma_atom_Q, tma_Q, tma_atom_KV, tma_KV).launch(
-            grid=grid, block=[self.NUM_THREADS, 1, 1], min_blocks_per_mp=1)
+            grid=grid, block=[self.NUM_THREADS, 1, 1], min_blocks_per_mp=1, **launch_stream(stream))
 
     # ---------------------------------------------------------------------------- device side
     @cute.kernel

@@ -1,0 +1,71 @@
+"""The kernels launch on torch's current stream: ordered with the torch work around them on a side stream, and
+capturable in a CUDA graph (how a decode loop gets rid of the per-call host time).  GPU only."""
+import pytest
+import torch
+
+import dsv4lib
+from dsv4lib import reference
+
+
+def _cos(a, b):
+    return torch.nn.functional.cosine_similarity(a.double().flatten(), b.double().flatten(), 0).item()
+
+
+@pytest.mark.gpu
+def test_kernels_wait_for_the_side_stream_work_before_them():
+    """On a side stream: a long GPU sleep, then the copy that fills q, then the kernels.  Launched on the default
+    stream instead, they would read q before the copy lands (zeros) and the outputs would be wrong."""
+    gen = torch.Generator().manual_seed(3)
+    q_src = torch.randn(1, 1, 64, 512, generator=gen).to("cuda", torch.bfloat16)
+    kv = torch.randn(1, 3000, 1, 512, generator=gen).to("cuda", torch.bfloat16)
+    q128_src = torch.randn(1, 1, 16, 128, generator=gen).to("cuda", torch.bfloat16)
+    k128 = torch.randn(1, 5000, 16, 128, generator=gen).to("cuda", torch.bfloat16)
+    x_src = torch.randn(256, 512, generator=gen).to("cuda", torch.bfloat16)
+    dsv4lib.attention(q_src, kv, kv, num_splits=4)          # compile everything before timing-sensitive work
+    dsv4lib.attention(q128_src, k128, k128, num_splits=4)
+    dsv4lib.quantize_nvfp4(x_src, 4.0)
+    torch.cuda.synchronize()
+    q, q128, x = torch.zeros_like(q_src), torch.zeros_like(q128_src), torch.zeros_like(x_src)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)                       # ~0.1 s of GPU time before q is written
+        q.copy_(q_src)
+        q128.copy_(q128_src)
+        x.copy_(x_src)
+        out = dsv4lib.attention(q, kv, kv, num_splits=4)
+        out128 = dsv4lib.attention(q128, k128, k128, num_splits=4)
+        data, sf, gs = dsv4lib.quantize_nvfp4(x, 4.0)
+    torch.cuda.synchronize()
+    assert _cos(out, reference.attention(q_src.double(), kv.double(), kv.double())) >= 0.9999
+    assert _cos(out128, reference.attention(q128_src.double(), k128.double(), k128.double())) >= 0.9999
+    want = reference.quant.nvfp4_quantize(x_src.cpu(), torch.tensor(4.0))
+    assert torch.equal(data.cpu(), want[0]) and torch.equal(sf.cpu(), want[1])
+
+
+@pytest.mark.gpu
+def test_decode_step_captured_in_a_cuda_graph_replays_on_new_inputs():
+    """hd128 split-KV decode (split kernel + combine) and the DSV4 hd512 MQA decode captured once, replayed after
+    the inputs changed in place: equal to eager calls on the new inputs."""
+    gen = torch.Generator().manual_seed(4)
+    q = torch.randn(2, 1, 16, 128, generator=gen).to("cuda", torch.bfloat16)
+    k = torch.randn(2, 8000, 16, 128, generator=gen).to("cuda", torch.bfloat16)
+    v = torch.randn(2, 8000, 16, 128, generator=gen).to("cuda", torch.bfloat16)
+    qd = torch.randn(1, 1, 64, 512, generator=gen).to("cuda", torch.bfloat16)
+    kv = torch.randn(1, 9000, 1, 512, generator=gen).to("cuda", torch.bfloat16)
+    sink = torch.randn(64, generator=gen).cuda()
+    step = lambda: (dsv4lib.attention(q, k, v, num_splits=8), dsv4lib.attention(qd, kv, kv, sink=sink, num_splits=16))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):                      # warm-up: compiles, workspaces, placeholders
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out128, out512 = step()
+    q.copy_(torch.randn(q.shape, generator=gen).to("cuda", torch.bfloat16))
+    qd.copy_(torch.randn(qd.shape, generator=gen).to("cuda", torch.bfloat16))
+    graph.replay()
+    torch.cuda.synchronize()
+    want128, want512 = step()
+    torch.cuda.synchronize()
+    assert torch.equal(out128, want128) and torch.equal(out512, want512)
