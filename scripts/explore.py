@@ -98,7 +98,7 @@ if "sparse" in sections:
 
 if "roof" in sections:
     # hd512 dense decode: the producer alone (no math, no epilogue) vs the whole split kernel
-    from dsv4lib.launch import placeholder, workspace
+    from dsv4lib.launch import current_stream, placeholder, workspace
     for H, Skv in ((64, 65536), (128, 65536)):
         inputs = [(rnd(1, 1, H, 512), rnd(1, Skv, 1, 512)) for _ in range(4)]
         res = {"roof512": [H, Skv]}
@@ -106,7 +106,7 @@ if "roof" in sections:
             def producer_only(q, kv):
                 o_part, lse_part = workspace(splits, 1, 1, H, 512, q.device)
                 args = dsv4lib.sparse.kernel_args(q, kv[:, :, 0], placeholder(q.device, "indices"), o_part, lse_part,
-                                                  placeholder(q.device, "sink"), 512 ** -0.5, 0)
+                                                  placeholder(q.device, "sink"), 512 ** -0.5, 0, current_stream(q.device))
                 dsv4lib.sparse.compiled(False, False, False, False, True, True, args, gather_only=True)(*args)
             t = bench.time_cuda(producer_only, inputs, iters=20)
             res[f"producer_only_{splits}"] = {"us": round(t.median_ms * 1e3, 1), "gbps": round(bench.gbps(Skv * 1024, t.median_ms))}
