@@ -123,14 +123,11 @@ if "nvfp4" in sections:
         xs = [(torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=gen),) for _ in range(2)]
         nbytes = M * K * 2 + M * K // 2 + M * K // 16
         res = {"nvfp4": [M, K]}
-        variants = {"s4x128": (4, 128, False, True), "s2x128": (2, 128, False, True), "s1x128": (1, 128, False, True),
-                    "s1x256": (1, 256, False, True), "s2x256": (2, 256, False, True), "a2x128": (2, 128, True, True),
-                    "a2x256": (2, 256, True, True), "s1x256_noenc": (1, 256, False, False),
-                    "s2x128_noenc": (2, 128, False, False), "a2x256_noenc": (2, 256, True, False)}
-        for name, (bpt, threads, adjacent, enc) in variants.items():
-            t = bench.time_cuda(lambda a: dsv4lib.quantize_nvfp4(a, amax, _blocks_per_thread=bpt, _encode=enc,
-                                                                 _threads=threads, _adjacent=adjacent), xs, iters=30)
-            res[name] = round(bench.gbps(nbytes, t.median_ms))
+        for bpt in (1, 2, 4):                       # blocks per thread; "_noenc": the same traffic, no encoder
+            for enc in (True, False):
+                t = bench.time_cuda(lambda a: dsv4lib.quantize_nvfp4(a, amax, _blocks_per_thread=bpt, _encode=enc),
+                                    xs, iters=30)
+                res[f"bpt{bpt}{'' if enc else '_noenc'}"] = round(bench.gbps(nbytes, t.median_ms))
         dst = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda")
         src = [(torch.randn(nbytes // 2, device="cuda").bfloat16(),) for _ in range(2)]
         res["copy"] = round(bench.gbps(2 * nbytes, bench.time_cuda(lambda s: dst.copy_(s), src, iters=30).median_ms))

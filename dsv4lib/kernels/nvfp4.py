@@ -99,13 +99,9 @@ class NVFP4QuantizeKernel:
     Each thread quantizes ``blocks_per_thread`` blocks, 128 threads apart (so every load and store of a warp stays
     contiguous), and issues all their loads before any math: more bytes in flight per thread."""
 
-    def __init__(self, hardware_cvt: bool, blocks_per_thread: int = BLOCKS_PER_THREAD, encode: bool = True,
-                 threads: int = THREADS, adjacent: bool = False):
+    def __init__(self, hardware_cvt: bool, blocks_per_thread: int = BLOCKS_PER_THREAD, encode: bool = True):
         self.hardware_cvt = hardware_cvt          # True only for sm_100a
         self.blocks_per_thread = blocks_per_thread
-        self.threads = threads
-        # adjacent: a thread's blocks are neighbours (one 32·bpt-byte run) instead of `threads` blocks apart
-        self.adjacent = adjacent
         # encode=False is for benchmarks only: same loads and stores, the words are the input bits folded
         # together (no scale, no e2m1) — the memory roof of this access pattern
         self.encode = encode
@@ -114,16 +110,9 @@ class NVFP4QuantizeKernel:
     def __call__(self, mX: cute.Tensor, mWords: cute.Tensor, mScales: cute.Tensor, mAmax: cute.Tensor,
                  mSdec: cute.Tensor, stream: cuda.CUstream = None):
         n_blocks = cute.size(mX, mode=[0])
-        per_cta = self.threads * self.blocks_per_thread
+        per_cta = THREADS * self.blocks_per_thread
         self.kernel(mX, mWords, mScales, mAmax, mSdec).launch(grid=((n_blocks + per_cta - 1) // per_cta, 1, 1),
-                                                              block=(self.threads, 1, 1), **launch_stream(stream))
-
-    @cute.jit
-    def block_of(self, bidx, tidx, j):
-        """The block index of this thread's j-th block."""
-        if const_expr(self.adjacent):
-            return (bidx * self.threads + tidx) * self.blocks_per_thread + j
-        return (bidx * self.blocks_per_thread + j) * self.threads + tidx
+                                                              block=(THREADS, 1, 1), **launch_stream(stream))
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mWords: cute.Tensor, mScales: cute.Tensor, mAmax: cute.Tensor,
@@ -141,11 +130,11 @@ class NVFP4QuantizeKernel:
         bpt = self.blocks_per_thread
         rX = cute.make_rmem_tensor(cute.make_ordered_layout((bpt, 16), order=(1, 0)), mX.element_type)
         for j in cutlass.range_constexpr(bpt):                          # loads first
-            blk = self.block_of(bidx, tidx, j)
+            blk = (bidx * bpt + j) * THREADS + tidx          # blocks THREADS apart: warp accesses stay contiguous
             if blk < n_blocks:
                 cute.autovec_copy(mX[blk, None], rX[j, None])              # 32 or 64 contiguous bytes
         for j in cutlass.range_constexpr(bpt):
-            blk = self.block_of(bidx, tidx, j)
+            blk = (bidx * bpt + j) * THREADS + tidx          # blocks THREADS apart: warp accesses stay contiguous
             if const_expr(not self.encode):
                 if blk < n_blocks:
                     rB = cute.make_tensor(cute.recast_ptr(rX[j, None].iterator, dtype=Uint32), cute.make_layout(8))

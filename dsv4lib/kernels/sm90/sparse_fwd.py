@@ -360,12 +360,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
     def scores_and_left_half(self, tiled_mma_qk, tiled_mma_pv, sQ, sKV, sVt, sP, sRowScale, sRowInv, mIdx, mO,
                              mLSE, mSink, pipeline_kv, softmax_scale_log2, wtid, token, head_group, batch, split,
                              key_lo, n_keys, seqlen_k, tile_lo, tile_hi):
-        thr_qk = tiled_mma_qk.get_slice(wtid)
-        thr_pv = tiled_mma_pv.get_slice(wtid)
-        tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))                # (MMA, 1, 32)
-        tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sKV))               # (MMA, 1, 32, stages)
-        sVt_left = cute.local_tile(sVt, (HALF, TILE_N, self.num_stages), (0, 0, 0))
-        tOrV = thr_pv.make_fragment_B(thr_pv.partition_B(sVt_left))          # (MMA, 1, 4, stages)
+        thr_qk, thr_pv, tSrQ, tSrK, tOrV = self.consumer_operands(tiled_mma_qk, tiled_mma_pv, sQ, sKV, sVt, 0, wtid)
         acc_O, acc_O_rc, tScS_rc, row_max, row_sum, key_ok = self.consumer_registers(thr_qk, thr_pv, TILE_N)
         n_rows = cute.size(tScS_rc, mode=[0])                                 # 2 rows, 16 key columns
         n_cols = cute.size(tScS_rc, mode=[1])
@@ -469,6 +464,18 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         self.store_half(thr_pv, acc_O, mO, split, batch, token, head_group, 1)
 
     @cute.jit
+    def consumer_operands(self, tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, half, wtid):
+        """A consumer warpgroup's wgmma operands: Q (A of QK), its keys ``sK`` (B of QK: the whole stage, or the
+        balanced variant's 32 keys) and V's output-column half ``half`` (B of PV, read MN-major)."""
+        thr_qk = tiled_mma_qk.get_slice(wtid)
+        thr_pv = tiled_mma_pv.get_slice(wtid)
+        tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))                               # (MMA, 1, 32)
+        tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))                               # (MMA, 1, 32, stages)
+        sVt_half = cute.local_tile(sVt, (HALF, TILE_N, self.num_stages), (half, 0, 0))     # (256, 64, stages)
+        tOrV = thr_pv.make_fragment_B(thr_pv.partition_B(sVt_half))                         # (MMA, 1, 4, stages)
+        return thr_qk, thr_pv, tSrQ, tSrK, tOrV
+
+    @cute.jit
     def consumer_registers(self, thr_qk, thr_pv, keys: cutlass.Constexpr):
         """A consumer warpgroup's registers: its O half (64 × 256 fp32, zeroed) also viewed as (rows, cols), the
         (head, key) coordinates of its ``64 × keys`` scores as (rows, cols), running row max / sum, key validity."""
@@ -502,13 +509,9 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                       pipeline_kv, softmax_scale_log2, wtid, token, head_group, batch, split, n_keys, seqlen_k,
                       tile_lo, tile_hi):
         """Warpgroup ``w`` (0 or 1) of the balanced variant: scores of keys 32w…32w+31, O columns 256w…256w+255."""
-        thr_qk = tiled_mma_qk.get_slice(wtid)
-        thr_pv = tiled_mma_pv.get_slice(wtid)
-        tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))                               # (MMA, 1, 32)
         sK_mine = cute.local_tile(sKV, (HALF_N, HEAD_DIM, self.num_stages), (w, 0, 0))     # (32, 512, stages)
-        tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK_mine))                          # (MMA, 1, 32, stages)
-        sVt_mine = cute.local_tile(sVt, (HALF, TILE_N, self.num_stages), (w, 0, 0))        # (256, 64, stages)
-        tOrV = thr_pv.make_fragment_B(thr_pv.partition_B(sVt_mine))                         # (MMA, 1, 4, stages)
+        thr_qk, thr_pv, tSrQ, tSrK, tOrV = self.consumer_operands(tiled_mma_qk, tiled_mma_pv, sQ, sK_mine, sVt, w,
+                                                                  wtid)
         tOrP = thr_pv.make_fragment_A(thr_pv.partition_A(sP))                               # (MMA, 1, 4, 2)
         acc_O, acc_O_rc, tScS_rc, row_max, row_sum, key_ok = self.consumer_registers(thr_qk, thr_pv, HALF_N)
         n_rows = cute.size(tScS_rc, mode=[0])                                 # 2 rows, 8 key columns
