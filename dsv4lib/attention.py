@@ -72,6 +72,24 @@ DEFAULT_OVERLAP = {64: True, 128: True, 256: True}
 DEFAULT_PACK_GQA = True
 
 
+# Shape knobs of the overlapped mainloop (P in registers) per head dim, on top of the 128-row tile and the default
+# tile_n: ``tile_m`` 192 (three consumer warpgroups), ``tile_n``, ``wg_pingpong`` (consumer warpgroups take
+# turns issuing MMAs), ``rescale_o_early`` (O rescaled while QK is in flight).  See FlashAttentionForwardSm90.
+SM90_TUNING: dict[int, dict] = {64: {}, 128: {}, 256: {}}
+
+
+def sm90_kernel_shape(D: int, overlap: bool, pack: int = 1, nvfp4_out: bool = False) -> dict:
+    """The tile sizes and schedule knobs of the D1 kernel build for head dim ``D``: defaults, plus
+    :data:`SM90_TUNING` for the overlapped mainloop (a 192-row tile falls back to 128 when the GQA pack does
+    not divide it)."""
+    shape = {"tile_m": 128, "tile_n": 64 if D == 256 else 128}
+    if overlap and not nvfp4_out:
+        shape.update(SM90_TUNING.get(D, {}))
+        if shape["tile_m"] % pack:
+            shape["tile_m"] = 128
+    return shape
+
+
 def _pack_factor(pack_gqa, H: int, Hkv: int) -> int:
     """q heads per KV head to pack into M: 1 (no packing) unless asked for (or defaulted) and it divides 128."""
     want = DEFAULT_PACK_GQA if pack_gqa is None else bool(pack_gqa)
@@ -92,7 +110,9 @@ def _compiled_sm90_tvm_ffi(head_dim: int, causal: bool, has_lse: bool, p_path: s
                            split_kv: bool, overlap: bool = False, pack_gqa: int = 1, arch: str = "sm_90a"):
     """The kernel built for the TVM-FFI call path from the symbolic argument types (every extent and stride
     dynamic, unit stride last, 16 B aligned rows — what ``_validate`` guarantees)."""
-    key = ("fwd-tvm-ffi", head_dim, causal, has_lse, p_path, window, sink, split_kv, overlap, pack_gqa, arch)
+    shape = sm90_kernel_shape(head_dim, overlap, pack_gqa)
+    key = ("fwd-tvm-ffi", head_dim, causal, has_lse, p_path, window, sink, split_kv, overlap, pack_gqa, arch,
+           tuple(sorted(shape.items())))
     if key not in _COMPILED:
         import cutlass.cute as cute
 
@@ -100,7 +120,7 @@ def _compiled_sm90_tvm_ffi(head_dim: int, causal: bool, has_lse: bool, p_path: s
         from .targets import cute_arch
         kernel = FlashAttentionForwardSm90(head_dim, causal=causal, has_lse=has_lse, p_in_smem=p_path == "smem",
                                            window=window, sink=sink, split_kv=split_kv, overlap=overlap,
-                                           pack_gqa=pack_gqa)
+                                           pack_gqa=pack_gqa, **shape)
         fake = (fake_split_args if split_kv else fake_attention_args)(head_dim)
         with cute_arch(arch):
             _COMPILED[key] = cute.compile(kernel, *fake, tvm_ffi_stream(), options=f"--gpu-arch {arch} --enable-tvm-ffi")
@@ -111,14 +131,16 @@ def _compiled_sm90(head_dim: int, causal: bool, has_lse: bool, p_path: str, wind
                    split_kv: bool, args: tuple, overlap: bool = False, nvfp4_out: bool = False, pack_gqa: int = 1):
     """Compiled once per (head dim, causal, lse, P path, window?, sink?, split?, …), from the call's own runtime
     tensor types (every extent and stride dynamic): later calls of any B / S / H / W reuse it."""
-    key = ("fwd", head_dim, causal, has_lse, p_path, window, sink, split_kv, overlap, nvfp4_out, pack_gqa)
+    shape = sm90_kernel_shape(head_dim, overlap, pack_gqa, nvfp4_out)
+    key = ("fwd", head_dim, causal, has_lse, p_path, window, sink, split_kv, overlap, nvfp4_out, pack_gqa,
+           tuple(sorted(shape.items())))
     if key not in _COMPILED:
         import cutlass.cute as cute
 
         from .kernels.sm90.flash_fwd import FlashAttentionForwardSm90
         kernel = FlashAttentionForwardSm90(head_dim, causal=causal, has_lse=has_lse, p_in_smem=p_path == "smem",
                                            window=window, sink=sink, split_kv=split_kv, overlap=overlap,
-                                           nvfp4_out=nvfp4_out, pack_gqa=pack_gqa)
+                                           nvfp4_out=nvfp4_out, pack_gqa=pack_gqa, **shape)
         _COMPILED[key] = cute.compile(kernel, *args, options="--gpu-arch sm_90a")
     return _COMPILED[key]
 
@@ -203,9 +225,10 @@ def attention_with_p_path(q, k, v, *, scale=None, causal=False, window=None, sin
     lse = torch.empty(B, H, Sq, dtype=torch.float32, device=q.device)
     from cutlass import Float32, Int32
     from .splitkv import num_splits_heuristic
-    tile_m, tile_n = 128, (64 if D == 256 else 128)
-    n_blocks = -(-k.shape[1] // tile_n)
     pack = _pack_factor(pack_gqa, H, k.shape[2])
+    shape = sm90_kernel_shape(D, overlap, pack)
+    tile_m, tile_n = shape["tile_m"], shape["tile_n"]
+    n_blocks = -(-k.shape[1] // tile_n)
     if num_splits is None:
         num_splits = num_splits_heuristic(B, H // pack, -(-Sq * pack // tile_m), n_blocks,
                                           torch.cuda.get_device_properties(q.device).multi_processor_count)

@@ -3,7 +3,8 @@ profiler next to whole-call medians.   python scripts/explore.py [section ...]
 sections: decode (hd512 DSV4 decode: splits and the combine), d2 (hd128 decode), gqa (head packing),
 tvm (host time with the TVM-FFI call path), sparse (prefill: kernel vs gather roof), roof (hd512 decode producer
 alone, copy), nvfp4 (quantize variants), d6parts (sparse prefill with QK or PV left out: where the time goes),
-tvm512 (host time of the hd512 decode step with and without the TVM-FFI path)."""
+tvm512 (host time of the hd512 decode step with and without the TVM-FFI path), d1tune (D1 schedule knobs vs FA4:
+pingpong, 192-row tiles, early O rescale, tile_n; D5 shapes too)."""
 import json
 import os
 import sys
@@ -156,3 +157,53 @@ if "tvm512" in sections:
         res[f"ffi={ffi}"] = {"host_ms": round(t.host_ms, 4), "us": round(t.median_ms * 1e3, 1)}
     dsv4lib.sparse.USE_TVM_FFI = False
     show(res)
+
+if "d1tune" in sections:
+    # D1 schedule knobs (dsv4lib.attention.SM90_TUNING): correctness on a ragged shape first (a barrier mistake
+    # would hang or corrupt here), then B4 H16 S8192 TFLOP/s next to FA4 in the same run.
+    from dsv4lib import metrics, reference
+    from dsv4lib.peers import attention_peers
+    fa4 = attention_peers().get("FA4")
+    variants = {64: [{}, {"wg_pingpong": True}, {"tile_m": 192}, {"tile_m": 192, "wg_pingpong": True}],
+                128: [{}, {"wg_pingpong": True}, {"rescale_o_early": True}, {"wg_pingpong": True, "rescale_o_early": True}],
+                256: [{}, {"rescale_o_early": True}, {"tile_n": 80}, {"tile_n": 80, "rescale_o_early": True},
+                      {"wg_pingpong": True}]}
+    only = os.environ.get("D1TUNE_DIMS")
+    for D in [int(x) for x in only.split(",")] if only else (64, 128, 256):
+        for causal in (False, True):
+            inputs = [tuple(rnd(4, 8192, 16, D) for _ in range(3)) for _ in range(2)]
+            flops = bench.attention_flops(4, 16, 8192, 8192, D, causal=causal)
+            row = {"d1tune": [D, causal]}
+            if fa4 is not None:
+                row["FA4"] = round(bench.tflops(flops, bench.time_cuda(lambda q, k, v: fa4(q, k, v, causal=causal),
+                                                                         inputs, iters=20).median_ms))
+            for var in variants[D]:
+                if causal and var.get("tile_n") == 80 and not var.get("rescale_o_early"):
+                    continue
+                A.SM90_TUNING[D] = dict(var)
+                name = ",".join(f"{k}={v}" for k, v in var.items()) or "default"
+                q, k, v = (rnd(1, 1000, 2, D) for _ in range(3))
+                ref = reference.attention(q.double(), k.double(), v.double(), causal=causal)
+                cos = metrics.cosine(dsv4lib.attention(q, k, v, causal=causal, num_splits=1), ref)
+                t = bench.time_cuda(lambda q, k, v: dsv4lib.attention(q, k, v, causal=causal, num_splits=1), inputs,
+                                    iters=20)
+                row[name] = [round(bench.tflops(flops, t.median_ms)), round(cos, 6)]
+            A.SM90_TUNING[D] = {}
+            show(row)
+    # D5 shapes (window + sink) with the same knobs at hd128
+    sink = torch.randn(16, device="cuda", dtype=torch.float32)
+    inputs = [tuple(rnd(2, 16384, 16, 128) for _ in range(3)) for _ in range(2)]
+    for W in (128, 4096):
+        row = {"d5tune": W}
+        if fa4 is not None:
+            from flash_attn.cute import flash_attn_func
+            row["FA4_us"] = round(bench.time_cuda(lambda q, k, v: flash_attn_func(q, k, v, window_size=(W - 1, 0),
+                                                                                 learnable_sink=sink), inputs,
+                                                  iters=20).median_ms * 1e3, 1)
+        for var in ({}, {"wg_pingpong": True}, {"wg_pingpong": True, "rescale_o_early": True}):
+            A.SM90_TUNING[128] = dict(var)
+            name = ",".join(f"{k}={v}" for k, v in var.items()) or "default"
+            row[name + "_us"] = round(bench.time_cuda(lambda q, k, v: dsv4lib.attention(q, k, v, window=W, sink=sink),
+                                                      inputs, iters=20).median_ms * 1e3, 1)
+        A.SM90_TUNING[128] = {}
+        show(row)

@@ -1,10 +1,11 @@
 """D1 on Hopper: flash-attention forward in CuTeDSL with P kept on chip (RS-wgmma).
 
-One CTA computes a ``tile_m = 128``-row block of queries for one (batch, query head):
+One CTA computes a ``tile_m``-row block of queries (128, or 192 with three consumer warpgroups) for one
+(batch, query head):
 
 * warpgroup 0 is the **producer**: warp 0 issues the TMA loads (Q once, then K and V tiles through two
   ``num_stages``-deep mbarrier pipelines); it gives its registers away (``setmaxnreg.dec``).
-* warpgroups 1 and 2 are **consumers**, 64 query rows each: ``S = Q·Kᵀ`` with an SS-wgmma, masking,
+* warpgroups 1, 2 (and 3 when ``tile_m = 192``) are **consumers**, 64 query rows each: ``S = Q·Kᵀ`` with an SS-wgmma, masking,
   online softmax on the accumulator registers, ``P`` converted to bf16 *in the registers that hold S*
   (the D1.3 proof: for bf16 the accumulator and the RS operand share one thread/value layout), and
   ``O += P·V`` with an RS-wgmma.  P never touches shared memory.
@@ -147,14 +148,22 @@ class Sm90AttentionOps:
 class FlashAttentionForwardSm90(Sm90AttentionOps):
     """Hopper forward attention, P in registers.  ``head_dim`` 64 / 128 / 256 (Dv = D), bf16."""
 
-    NUM_THREADS = 384                    # producer warpgroup + 2 consumer warpgroups
-    PRODUCER_REGS, CONSUMER_REGS = 24, 240
+    # (producer, consumer) registers per thread after setmaxnreg, by number of consumer warpgroups: the whole
+    # 64K-register file is shared out (128·24 + 256·240 = 128·32 + 384·160 = 64K)
+    REGS_BY_CONSUMER_WARPGROUPS = {2: (24, 240), 3: (32, 160)}
+    SCHEDULER_BARRIER_BASE = 4           # named barriers 4.. order the consumer warpgroups' MMA issue (1..3: SMEM-P)
 
     def __init__(self, head_dim: int, *, causal: bool, has_lse: bool, tile_n: int | None = None,
                  num_stages: int = 2, p_in_smem: bool = False, window: bool = False, sink: bool = False,
-                 split_kv: bool = False, overlap: bool = False, nvfp4_out: bool = False, pack_gqa: int = 1):
-        if pack_gqa < 1 or 128 % pack_gqa:
-            raise ValueError(f"pack_gqa (q heads per KV head packed into M) must divide the 128-row tile, got {pack_gqa}")
+                 split_kv: bool = False, overlap: bool = False, nvfp4_out: bool = False, pack_gqa: int = 1,
+                 tile_m: int = 128, wg_pingpong: bool = False, rescale_o_early: bool = False):
+        if tile_m not in (128, 192):
+            raise ValueError(f"tile_m must be 128 (2 consumer warpgroups) or 192 (3), got {tile_m}")
+        if pack_gqa < 1 or tile_m % pack_gqa:
+            raise ValueError(f"pack_gqa (q heads per KV head packed into M) must divide the {tile_m}-row tile, "
+                             f"got {pack_gqa}")
+        if (wg_pingpong or rescale_o_early) and not overlap:
+            raise ValueError("wg_pingpong / rescale_o_early shape the overlapped mainloop: they need overlap=True")
         if pack_gqa > 1 and nvfp4_out:
             raise ValueError("the NVFP4 epilogue is built for unpacked rows (pack_gqa=1)")
         if nvfp4_out and split_kv:
@@ -168,8 +177,17 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         self.head_dim = head_dim
         self.causal = causal
         self.has_lse = has_lse
-        self.tile_m = 128
+        self.tile_m = tile_m
         self.tile_n = tile_n or (64 if head_dim == 256 else 128)
+        self.consumer_warpgroups = tile_m // 64
+        self.NUM_THREADS = 128 * (1 + self.consumer_warpgroups)    # producer warpgroup + consumer warpgroups
+        self.PRODUCER_REGS, self.CONSUMER_REGS = self.REGS_BY_CONSUMER_WARPGROUPS[self.consumer_warpgroups]
+        # Ping-pong: the consumer warpgroups take turns issuing their QK + PV wgmmas (named barriers), so one's
+        # softmax runs while the other's MMAs own the tensor cores instead of both colliding.
+        self.wg_pingpong = wg_pingpong
+        # Rescale O by the previous tile's correction while QK(j+1) is in flight, before PV(j) is issued (instead
+        # of after PV(j) retires, where the multiplies sit between two MMA issues).
+        self.rescale_o_early = rescale_o_early
         self.num_stages = num_stages
         self.p_in_smem = p_in_smem
         self.has_window = window
@@ -399,10 +417,32 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                         acc_S_rc[r, c] = -Float32.inf
 
     @cute.jit
+    def scheduler_wait(self, wg_idx):
+        """Ping-pong: block until it is this consumer warpgroup's turn to issue MMAs."""
+        if const_expr(self.wg_pingpong):
+            cute.arch.barrier(barrier_id=self.SCHEDULER_BARRIER_BASE + wg_idx, number_of_threads=256)
+
+    @cute.jit
+    def scheduler_pass(self, wg_idx):
+        """Ping-pong: hand the turn to the next consumer warpgroup (arrive on its barrier, do not wait)."""
+        if const_expr(self.wg_pingpong):
+            nxt = wg_idx + 1
+            if nxt == self.consumer_warpgroups:
+                nxt = 0
+            cute.arch.barrier_arrive(barrier_id=self.SCHEDULER_BARRIER_BASE + nxt, number_of_threads=256)
+
+    @cute.jit
+    def rescale_rows(self, acc_O_rc, corrections):
+        for r in cutlass.range_constexpr(cute.size(corrections)):
+            for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
+                acc_O_rc[r, c] = acc_O_rc[r, c] * corrections[r]
+
+    @cute.jit
     def mainloop_overlapped(self, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_O, acc_O_rc, tScS_rc, row_max,
                             row_sum, pipeline_k, pipeline_v, kv_state, softmax_scale_log2, window_size, m_block,
-                            seqlen_k, causal_shift, n_block_min, n_block_max):
-        """QK(j+1) ∥ PV(j): one S buffer, one P buffer, the O rescale deferred past the in-flight PV."""
+                            seqlen_k, causal_shift, n_block_min, n_block_max, wg_idx):
+        """QK(j+1) ∥ PV(j): one S buffer, one P buffer, the O rescale deferred past the in-flight PV (or, with
+        ``rescale_o_early``, done while QK(j+1) is in flight, before PV(j) is issued)."""
         thr_qk = tiled_mma_qk.get_slice(0)
         acc_S = cute.make_rmem_tensor(thr_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
         acc_S_rc = cute.make_tensor(acc_S.iterator, acc_layout_rows_cols(acc_S.layout))
@@ -411,33 +451,42 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         corrections = cute.make_rmem_tensor((cute.size(row_max),), Float32)
         v_state = kv_state.clone()                                           # one tile behind kv_state
         n_iter = n_block_max - n_block_min
+        if const_expr(self.wg_pingpong):
+            if wg_idx == 0:          # the first consumer warpgroup holds the first turn
+                cute.arch.barrier_arrive(barrier_id=self.SCHEDULER_BARRIER_BASE, number_of_threads=256)
         if n_iter > 0:
             # prologue: the first tile alone (O is still zero, so rescaling it now is free)
             pipeline_k.consumer_wait(kv_state)
             self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], True)
             pipeline_k.consumer_release(kv_state)
             self.mask_scores(acc_S_rc, tScS_rc, n_block_max - 1, m_block, seqlen_k, causal_shift, window_size)
-            self.online_softmax(acc_S_rc, row_max, row_sum, softmax_scale_log2, acc_O_rc, None, True)
+            self.online_softmax(acc_S_rc, row_max, row_sum, softmax_scale_log2, acc_O_rc, corrections,
+                                not self.rescale_o_early)
             tOrP.store(tOrP_view.load().to(self.dtype))
             kv_state.advance()
             for i in cutlass.range(1, n_iter, unroll=1):
                 n_block = n_block_max - 1 - i
                 pipeline_k.consumer_wait(kv_state)
+                self.scheduler_wait(wg_idx)
                 self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], True, False)
+                if const_expr(self.rescale_o_early):
+                    self.rescale_rows(acc_O_rc, corrections)                 # O·corr(j) before O += P(j)·V(j)
                 pipeline_v.consumer_wait(v_state)
                 self.gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, v_state.index], False, False)
+                self.scheduler_pass(wg_idx)
                 warpgroup.wait_group(1)                                      # S of tile n_block is ready
                 pipeline_k.consumer_release(kv_state)
                 self.mask_scores(acc_S_rc, tScS_rc, n_block, m_block, seqlen_k, causal_shift, window_size)
                 self.online_softmax(acc_S_rc, row_max, row_sum, softmax_scale_log2, acc_O_rc, corrections, False)
                 warpgroup.wait_group(0)                                      # PV done: O and P are ours again
                 pipeline_v.consumer_release(v_state)
-                for r in cutlass.range_constexpr(cute.size(row_max)):
-                    for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
-                        acc_O_rc[r, c] = acc_O_rc[r, c] * corrections[r]
+                if const_expr(not self.rescale_o_early):
+                    self.rescale_rows(acc_O_rc, corrections)
                 tOrP.store(tOrP_view.load().to(self.dtype))
                 v_state.advance()
                 kv_state.advance()
+            if const_expr(self.rescale_o_early):
+                self.rescale_rows(acc_O_rc, corrections)
             pipeline_v.consumer_wait(v_state)                                # the last tile's PV
             self.gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, v_state.index], False)
             pipeline_v.consumer_release(v_state)
@@ -503,7 +552,8 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         if const_expr(self.overlap):
             self.mainloop_overlapped(tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_O, acc_O_rc, tScS_rc,
                                      row_max, row_sum, pipeline_k, pipeline_v, kv_state, softmax_scale_log2,
-                                     window_size, m_block, seqlen_k, causal_shift, n_block_min, n_block_max)
+                                     window_size, m_block, seqlen_k, causal_shift, n_block_min, n_block_max,
+                                     ctidx // 128)
         else:
             for i in cutlass.range(n_block_max - n_block_min, unroll=1):
                 n_block = n_block_max - 1 - i
