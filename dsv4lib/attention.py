@@ -75,7 +75,15 @@ DEFAULT_PACK_GQA = True
 # Shape knobs of the overlapped mainloop (P in registers) per head dim, on top of the 128-row tile and the default
 # tile_n: ``tile_m`` 192 (three consumer warpgroups), ``tile_n``, ``wg_pingpong`` (consumer warpgroups take
 # turns issuing MMAs), ``rescale_o_early`` (O rescaled while QK is in flight).  See FlashAttentionForwardSm90.
-SM90_TUNING: dict[int, dict] = {64: {}, 128: {}, 256: {}}
+# Measured on the H200 at 599ccd5+ (scripts/explore.py d1tune, B4 H16 S8192, TFLOP/s, two runs; FA4 in the same
+# runs 718-763; run-to-run noise ~5 %):
+#   hd256  default 658/659 (causal 622/627) · tile_n 80 + early rescale 688/689 (causal 651/670)  → adopted
+#   hd128  default 635/668 (causal 614/608) · ping-pong + early rescale 668/660 (609/594) · early 658/656   → no
+#          consistent win, default kept (D5 hd128 W4096: 1702 → 1650 µs with both, a 3 % gain, not enough alone)
+#   hd64   default 478/467 (causal 426/423) · ping-pong 468/451 · tile_n 192 + early 486 (429) · tile_m 192 178:
+#          three consumer warpgroups at 160 registers spill (580 B/thread) — FA4's 192-row tile needs a leaner
+#          consumer than ours.  Default kept.
+SM90_TUNING: dict[int, dict] = {64: {}, 128: {}, 256: {"tile_n": 80, "rescale_o_early": True}}
 
 
 def sm90_kernel_shape(D: int, overlap: bool, pack: int = 1, nvfp4_out: bool = False) -> dict:

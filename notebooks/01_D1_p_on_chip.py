@@ -30,6 +30,7 @@ metrics_path = ""
 seed = 0
 head_dims = [64, 128, 256]
 seqlens = [128, 1000, 4096, 16384]      # correctness sweep (B=1, H=2; tails included)
+mqa512_seqlens = [128, 1000, 4096]      # hd512 MQA (DSV4: H=64 query heads, one KV head, K = V)
 bench_batch = 4
 bench_heads = 16
 bench_seqlen = 8192
@@ -121,6 +122,7 @@ record(metrics_path, sm100a="COMPILED-ONLY" if sm100_ok else "FAILED TO BUILD", 
 
 # %% [markdown]
 # ## Correctness sweep against the float64 reference
+# hd 64/128/256 (B=1, H=2) and DSV4's hd512 MQA shape (H=64, one KV head, K = V).
 # Fresh random inputs per config, a poisoned output buffer from the previous config, and the FA4 test rule:
 # `max|out − ref| ≤ 2 · max|bf16 torch − ref| + 2 · (bf16 rounding of ref)`; `margin` is the left side over
 # the right (≤ 1 passes).
@@ -149,6 +151,22 @@ if on_gpu:
                     row["margin_smem_p"] = (out_s.double() - ref).abs().max().item() / (2 * (pt - ref).abs().max().item() + atol)
                 sweep.append(row)
                 del q, k, v, out, ref, pt
+    # hd512: DSV4's MQA shape (one KV head, K = V) through the hd512 kernel (dsv4lib.sparse, P in registers and
+    # shared memory); 64 query heads packed into the MMA's M rows
+    for S in mqa512_seqlens:
+        for causal in (False, True):
+            q = torch.randn(1, S, 64, 512, generator=gen).cuda().bfloat16()
+            kv = torch.randn(1, S, 1, 512, generator=gen).cuda().bfloat16()
+            out = dsv4lib.attention(q, kv, kv, causal=causal, num_splits=1)
+            torch.cuda.synchronize()
+            ref = reference.attention(q.double(), kv.double(), kv.double(), causal=causal)
+            pt = reference.attention(q, kv, kv, causal=causal).bfloat16().double()
+            r32 = ref.float()
+            atol = 2 * (r32.bfloat16().float() - r32).abs().max().item()
+            margin = (out.double() - ref).abs().max().item() / (2 * (pt - ref).abs().max().item() + atol)
+            sweep.append(dict(D=512, S=S, causal=causal, cosine=metrics.cosine(out, ref), margin=margin))
+            del q, kv, out, ref, pt
+            torch.cuda.empty_cache()
     worst = min(min(s["cosine"], s.get("cosine_smem_p", 1.0)) for s in sweep)
     record(metrics_path, cosine=worst, fa4_rule_margin=max(max(s["margin"], s.get("margin_smem_p", 0.0)) for s in sweep),
            sweep=sweep)
@@ -221,6 +239,26 @@ if speed:
     ax.set_title(f"{tgt.device}: B{bench_batch} H{bench_heads} S{bench_seqlen}", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
+
+# %% [markdown]
+# ## What limits us (H200 measurements, `scripts/explore.py d1tune`)
+# * **Registers.** Two consumer warpgroups get 240 registers each after `setmaxnreg` (the producer keeps 24);
+#   ptxas reports no spills for the 128-row tiles at hd 64/128/256.  FA4's hd64 tile is 192 rows (three consumer
+#   warpgroups at 160 registers): ours spills 580 B per thread there and drops to 178 TFLOP/s, so hd64 keeps 128
+#   rows — and is where we trail FA4 most: at hd64 the softmax (one `exp2` per score, 16 per clock per SM) costs
+#   about as much as the two MMAs, and a 128-row tile has too little MMA work to hide it behind.
+# * **Pipeline depth.** Two K and two V stages: at hd256 with `tile_n = 80` the buffers take 224 of the 227 KB of
+#   shared memory, so deeper pipelines mean smaller tiles; at hd128 a third stage would fit (160 → 224 KB), not
+#   tried yet.
+# * **Barrier stalls / MMA issue order.** The intra-warpgroup overlap (QK of tile j+1 issued with PV of tile j) is
+#   worth 8–16 % ("ours no overlap" column).  Warpgroup ping-pong (FA3's named-barrier turns) measured no consistent
+#   gain at hd128 (within the ~5 % run-to-run noise), so it is built (`SM90_TUNING`, `wg_pingpong`) but off.
+#   hd256 takes `tile_n = 80` with O rescaled while QK is in flight: +5 % (non-causal and causal).
+# * **A ptxas trap.** `.to(BFloat16)` on a tile that is not 128 wide converts one value at a time; the RS wgmma then
+#   reads registers assembled from 16-bit halves after its fence and ptxas injects extra `warpgroup.arrive`
+#   (warning C7519), serializing the MMAs.  P is converted pairwise (`cvt.rn.bf16x2.f32`) into whole registers.
+# * **Not yet done:** a persistent scheduler with the epilogue of one tile overlapped with the next tile's loads,
+#   and an smem + TMA store epilogue (FA4 has both).
 
 # %%
 assert compiled_ok, ptx_checks

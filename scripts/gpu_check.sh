@@ -5,7 +5,7 @@
 set -u
 out=${OUT:-runs/gpu_check}; mkdir -p "$out"
 declare -A groups=(
-  [d1]="matches_float64 or smem_p_twin or fully_written or bad_gpu_input or smoke_runs or gqa_packed or tvm_ffi"
+  [d1]="matches_float64 or smem_p_twin or fully_written or bad_gpu_input or smoke_runs or gqa_packed or tvm_ffi or schedule_knobs"
   [window]="window_and_sink"
   [split]="split_kv"
   [branch]="branch_merge"

@@ -230,6 +230,60 @@ def test_overlap_build_issues_qk_and_pv_back_to_back():
         FlashAttentionForwardSm90(128, causal=False, has_lse=False, overlap=True, p_in_smem=True)
 
 
+@pytest.mark.compile
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_default_tuned_build_feeds_whole_registers_to_the_rs_wgmma(head_dim):
+    """The build the public function uses (overlap + SM90_TUNING): P is converted two values per instruction
+    into whole 32-bit registers (no scalar cvt.rn.bf16.f32), the PV RS-wgmma takes K = tile_n in 16-steps."""
+    from dsv4lib.attention import sm90_kernel_shape
+    from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
+    shape = sm90_kernel_shape(head_dim, True)
+    k = compile_for_arch(FlashAttentionForwardSm90(head_dim, causal=True, has_lse=True, overlap=True, **shape),
+                         *fake_attention_args(head_dim), arch="sm_90a")
+    assert k.count(r"cvt\.rn\.bf16\.f32") == 0 and k.count(r"cvt\.rn\.bf16x2\.f32") > 0
+    rs = k.count(rf"wgmma\.mma_async\.sync\.aligned\.m64n{head_dim}k16\.f32\.bf16\.bf16\s+\{{[^}}]*\}},\s*\{{%r")
+    assert rs == 2 * shape["tile_n"] // 16, rs                        # the loop's PV and the tail's PV
+    assert k.count(r"\.local") == 0                                    # no local-memory arrays in the PTX
+
+
+@pytest.mark.compile
+def test_schedule_knobs_build_and_are_checked():
+    from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
+    pp = compile_for_arch(FlashAttentionForwardSm90(128, causal=False, has_lse=False, overlap=True, wg_pingpong=True),
+                          *fake_attention_args(128), arch="sm_90a")
+    # ping-pong: the first warpgroup's initial arrive + one pass per loop iteration; a wait before each QK issue
+    assert pp.count(r"bar\.arrive") == 2 and pp.count(r"barrier\.sync|bar\.sync") >= 2
+    wide = compile_for_arch(FlashAttentionForwardSm90(64, causal=False, has_lse=False, overlap=True, tile_m=192),
+                            *fake_attention_args(64), arch="sm_90a")
+    assert wide.count(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+160;") == 1     # three consumer warpgroups
+    for bad, match in [(dict(tile_m=256), "tile_m"), (dict(wg_pingpong=True), "overlap"),
+                       (dict(tile_m=192, pack_gqa=128), "pack_gqa")]:
+        with pytest.raises(ValueError, match=match):
+            FlashAttentionForwardSm90(64, causal=False, has_lse=False, **bad)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D,knobs,causal,window", [
+    (64, {"wg_pingpong": True}, True, None), (64, {"tile_m": 192}, False, None),
+    (64, {"tile_n": 192, "rescale_o_early": True}, True, None),
+    (128, {"wg_pingpong": True, "rescale_o_early": True}, True, None),
+    (128, {"wg_pingpong": True}, False, 200), (256, {"tile_n": 80, "rescale_o_early": True}, False, 300),
+    (256, {"tile_n": 80}, True, None),
+])
+def test_schedule_knobs_match_the_reference(monkeypatch, D, knobs, causal, window):
+    import sys
+    attention_module = sys.modules["dsv4lib.attention"]
+    monkeypatch.setitem(attention_module.SM90_TUNING, D, knobs)
+    gen = torch.Generator().manual_seed(D + len(knobs))
+    q, k, v = _inputs(1, 777, 1100, 4, 2, D, gen)
+    out, lse = dsv4lib.attention(q, k, v, causal=causal, window=window, return_lse=True, num_splits=1)
+    ref, ref_lse = reference.attention(q.double(), k.double(), v.double(), causal=causal, window=window,
+                                       return_lse=True)
+    _assert_matches(out, lse, ref, ref_lse)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("B,Sq,Sk,H,Hkv,D,causal,window", [
     (2, 1000, 1000, 4, 2, 128, True, None), (1, 777, 1300, 2, 1, 64, False, None),

@@ -4,7 +4,9 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import pipeline
+from cutlass import Float32, Uint32, pipeline
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
 
 
 def launch_stream(stream: cuda.CUstream | None) -> dict:
@@ -76,3 +78,22 @@ def online_softmax_row(rS: cute.Tensor, tile_max, row_max, row_sum, softmax_scal
         rS[c] = p
         tile_sum += p
     return new_max, row_sum * correction + tile_sum, correction
+
+
+@dsl_user_op
+def cvt_bf16x2(lo: Float32, hi: Float32, *, loc=None, ip=None) -> Uint32:
+    """Two fp32 → one 32-bit word of two bf16 (round to nearest even), ``lo`` in the low half."""
+    return Uint32(llvm.inline_asm(T.i32(), [Float32(lo).ir_value(loc=loc, ip=ip), Float32(hi).ir_value(loc=loc, ip=ip)],
+                                  "cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,f,f", has_side_effects=False,
+                                  is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
+@cute.jit
+def convert_to_bf16_pairs(src: cute.Tensor, dst: cute.Tensor):
+    """fp32 ``src`` → bf16 ``dst`` (same logical shape, ``dst`` compact), two elements per instruction, each
+    32-bit register of ``dst`` written whole.  ``.to(BFloat16)`` converts one element at a time when the tile
+    is not 128 wide (e.g. ``tile_n = 80``), and the RS wgmma then reads registers assembled from 16-bit halves
+    after its fence — ptxas answers with extra ``warpgroup.arrive`` (C7519) that serialize the MMAs."""
+    dst32 = cute.recast_tensor(dst, Uint32)
+    for i in cutlass.range_constexpr(cute.size(dst32)):
+        dst32[i] = cvt_bf16x2(src[2 * i], src[2 * i + 1])

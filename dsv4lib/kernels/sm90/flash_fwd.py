@@ -56,7 +56,7 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 from cutlass.utils import LayoutEnum
 
-from ..common import launch_stream, load_kv_tiles
+from ..common import convert_to_bf16_pairs, launch_stream, load_kv_tiles
 from ..nvfp4 import e2m1_code_magic, nvfp4_block_scale
 
 LOG2_E = math.log2(math.e)
@@ -462,7 +462,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             self.mask_scores(acc_S_rc, tScS_rc, n_block_max - 1, m_block, seqlen_k, causal_shift, window_size)
             self.online_softmax(acc_S_rc, row_max, row_sum, softmax_scale_log2, acc_O_rc, corrections,
                                 not self.rescale_o_early)
-            tOrP.store(tOrP_view.load().to(self.dtype))
+            convert_to_bf16_pairs(tOrP_view, tOrP)
             kv_state.advance()
             for i in cutlass.range(1, n_iter, unroll=1):
                 n_block = n_block_max - 1 - i
@@ -482,7 +482,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                 pipeline_v.consumer_release(v_state)
                 if const_expr(not self.rescale_o_early):
                     self.rescale_rows(acc_O_rc, corrections)
-                tOrP.store(tOrP_view.load().to(self.dtype))
+                convert_to_bf16_pairs(tOrP_view, tOrP)
                 v_state.advance()
                 kv_state.advance()
             if const_expr(self.rescale_o_early):
