@@ -219,6 +219,7 @@ if on_gpu:
     peer = "FA4" if headline.get("FA4") else "cuDNN SDPA"
     record(metrics_path, mode="gpu", time_ms=headline["ours_ms"], tflops=headline["ours"], peer=peer,
            ratio_vs_peer=headline["ours"] / headline[peer], speed=speed,
+           ratio_vs_peer_worst=min(r["ours"] / r[peer] for r in speed if r.get(peer)),
            notes=f"headline B{B} H{H} S{S} hd128 non-causal; peers timed in the same run: {', '.join(peers)}")
     for r in speed:
         print("  ".join(f"{k} {v:.0f}" if isinstance(v, float) else f"{k} {v}" for k, v in r.items()))

@@ -115,6 +115,14 @@ if on_gpu:
 #
 # One CTA per (token, 64 heads) — a single CTA for B = 1 — so split-KV is what brings the other SMs in.  The
 # kernel is D6's (`SparseAttentionForwardSm90`, dense key range); bytes = the KV rows read once (K = V: 1 KiB a row).
+#
+# Where the time goes (H200, B1 H64 KV 64k, `scripts/explore.py decode roof`, µs): the whole call 43; the split
+# kernel 32 (66 splits), the combine 7, launch gaps ~4.  The split kernel's *producer alone* (no math) takes 19.5
+# (3.4 TB/s, 0.81 of the 1 GiB copy), so the 80 % bar leaves no room for anything else: it needs the math fully
+# hidden behind the loads (13 µs exposed today), the combine folded into the split kernel (cluster / DSMEM
+# reduction) and no launch gap.  Arithmetic intensity of this shape: 64 heads × 2 MMAs × 2 flop per KV element
+# (2 bytes) = 128 flop/byte, against the H200's ridge of ~190 — memory-bound, but the MMAs at M = 64 need ~55 % of the
+# tensor peak to keep up with 80 % of the bandwidth.
 
 # %%
 dsv4_rows = []

@@ -173,6 +173,13 @@ if on_gpu:
 # Keys: the query's real window (raw rows t−127…t) and random compressed entries among the ready ones
 # (m = 4: j < (t+1)/4), in one pool `cat(raw, compressed)`.  Cosine against the float64 reference on
 # `check_rows` random queries of each run.
+#
+# Where the time goes (H200, `scripts/explore.py d6parts`, random indices, S 16k, ms): Flash h64 / 640 keys — the
+# kernel 3.63; with the QK MMA left out 3.07, with the PV MMA left out 3.28; the producer alone (the gather, no
+# math) 1.68.  Pro h128 / 1152 keys — 11.50; 9.26; 10.24; 5.76.  Neither the gather nor one MMA dominates: each
+# part left out saves only 10–20 %, so the time is the *chain* per 64-key tile (gather wait → QK → softmax → P to
+# shared memory → PV) not overlapping enough across tiles — the next lever is a deeper, decoupled schedule (the
+# two consumer warpgroups alternating whole tiles, so one's softmax hides the other's MMAs), not a faster gather.
 
 
 # %%
