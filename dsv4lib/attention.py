@@ -90,7 +90,8 @@ def sm90_kernel_shape(D: int, overlap: bool, pack: int = 1, nvfp4_out: bool = Fa
     """The tile sizes and schedule knobs of the D1 kernel build for head dim ``D``: defaults, plus
     :data:`SM90_TUNING` for the overlapped mainloop (a 192-row tile falls back to 128 when the GQA pack does
     not divide it)."""
-    shape = {"tile_m": 128, "tile_n": 64 if D == 256 else 128}
+    from .kernels.sm90.flash_fwd import default_tile_n
+    shape = {"tile_m": 128, "tile_n": default_tile_n(D)}
     if overlap and not nvfp4_out:
         shape.update(SM90_TUNING.get(D, {}))
         if shape["tile_m"] % pack:

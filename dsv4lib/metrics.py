@@ -42,6 +42,17 @@ def sqnr_db(out: torch.Tensor, ref: torch.Tensor) -> float:
     return math.inf if err == 0 else float(20 * torch.log10(b.norm() / err))
 
 
+def fa4_rule_margin(out: torch.Tensor, ref: torch.Tensor, bf16_ref: torch.Tensor) -> float:
+    """FA4's test rule as a ratio (≤ 1 passes): ``max|out − ref|`` over ``2·max|bf16_ref − ref| + atol``, with
+    ``atol`` twice the bf16 rounding of the fp32 reference.  ``ref`` float64 truth, ``bf16_ref`` the same math run
+    by torch in bf16."""
+    a, b = _pair(out, ref)
+    r32 = ref.float()
+    atol = 2 * (r32.bfloat16().float() - r32).abs().max().item()
+    torch_err = (bf16_ref.double().to(ref.device) - ref).abs().max().item()
+    return float((a - b).abs().max()) / (2 * torch_err + atol)
+
+
 def all_metrics(out: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
     return {"cosine": cosine(out, ref), "rel_l2": rel_l2(out, ref), "max_abs": max_abs(out, ref),
             "sqnr_db": sqnr_db(out, ref)}

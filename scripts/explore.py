@@ -34,6 +34,10 @@ def kernels(fn, *args, reps=5):
     return out
 
 
+def knob_name(knobs: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in knobs.items()) or "plain"      # {}: no knobs (not SM90_TUNING's default)
+
+
 def show(d):
     print(json.dumps(d), flush=True)
 
@@ -169,6 +173,7 @@ if "d1tune" in sections:
                      {"tile_n": 192, "rescale_o_early": True}],
                 128: [{}, {"wg_pingpong": True, "rescale_o_early": True}, {"rescale_o_early": True}],
                 256: [{}, {"rescale_o_early": True}, {"tile_n": 80}, {"tile_n": 80, "rescale_o_early": True}]}
+    shipped = {d: dict(v) for d, v in A.SM90_TUNING.items()}            # restored after each sweep
     only = os.environ.get("D1TUNE_DIMS")
     for D in [int(x) for x in only.split(",")] if only else (64, 128, 256):
         for causal in (False, True):
@@ -180,14 +185,14 @@ if "d1tune" in sections:
                                                                          inputs, iters=20).median_ms))
             for var in variants[D]:
                 A.SM90_TUNING[D] = dict(var)
-                name = ",".join(f"{k}={v}" for k, v in var.items()) or "default"
+                name = knob_name(var)
                 q, k, v = (rnd(1, 1000, 2, D) for _ in range(3))
                 ref = reference.attention(q.double(), k.double(), v.double(), causal=causal)
                 cos = metrics.cosine(dsv4lib.attention(q, k, v, causal=causal, num_splits=1), ref)
                 t = bench.time_cuda(lambda q, k, v: dsv4lib.attention(q, k, v, causal=causal, num_splits=1), inputs,
                                     iters=20)
                 row[name] = [round(bench.tflops(flops, t.median_ms)), round(cos, 6)]
-            A.SM90_TUNING[D] = {}
+            A.SM90_TUNING[D] = dict(shipped[D])
             show(row)
     # D5 shapes (window + sink) with the same knobs at hd128
     sink = torch.randn(16, device="cuda", dtype=torch.float32)
@@ -201,8 +206,7 @@ if "d1tune" in sections:
                                                   iters=20).median_ms * 1e3, 1)
         for var in ({}, {"wg_pingpong": True}, {"wg_pingpong": True, "rescale_o_early": True}):
             A.SM90_TUNING[128] = dict(var)
-            name = ",".join(f"{k}={v}" for k, v in var.items()) or "default"
-            row[name + "_us"] = round(bench.time_cuda(lambda q, k, v: dsv4lib.attention(q, k, v, window=W, sink=sink),
+            row[knob_name(var) + "_us"] = round(bench.time_cuda(lambda q, k, v: dsv4lib.attention(q, k, v, window=W, sink=sink),
                                                       inputs, iters=20).median_ms * 1e3, 1)
-        A.SM90_TUNING[128] = {}
+        A.SM90_TUNING[128] = dict(shipped[128])
         show(row)

@@ -126,6 +126,20 @@ def test_metrics(gen):
         metrics.cosine(x, x[:10])
 
 
+def test_fa4_rule_margin(gen):
+    """≤ 1 exactly when the error is within twice the bf16 torch baseline's plus the rounding allowance."""
+    ref = torch.randn(4, 64, generator=gen, dtype=torch.float64)
+    bf16_ref = ref.bfloat16()                                       # rounding only
+    r32 = ref.float()
+    allowance = 2 * (bf16_ref.double() - ref).abs().max().item() + 2 * (r32.bfloat16().float() - r32).abs().max().item()
+    assert metrics.fa4_rule_margin(ref, ref, bf16_ref) == 0.0
+    bump = torch.zeros_like(ref)
+    bump[1, 3] = 0.5 * allowance
+    assert metrics.fa4_rule_margin(ref + bump, ref, bf16_ref) == pytest.approx(0.5)
+    bump[1, 3] = 3 * allowance
+    assert metrics.fa4_rule_margin(ref + bump, ref, bf16_ref) == pytest.approx(3.0)
+
+
 def test_bench_counters_and_the_read_only_l2_flush():
     """The FLOP / byte counters, and the L2 flush that reads its buffer (a write flush leaves dirty lines whose
     write-back the timed kernel would pay): the buffer is unchanged and the whole of it is read."""

@@ -97,6 +97,11 @@ def transposed_view(dims: int, rows: int, stages: int):
     return cute.make_ordered_layout((dims, rows, stages), order=(1, 0, 2))
 
 
+def default_tile_n(head_dim: int) -> int:
+    """KV tile width of a plain build: 128, or 64 at hd256 (where 128 would not leave two K/V stages in smem)."""
+    return 64 if head_dim == 256 else 128
+
+
 class Sm90AttentionOps:
     """The wgmma issue and the online softmax, shared by the Hopper attention kernels of this package."""
 
@@ -178,7 +183,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         self.causal = causal
         self.has_lse = has_lse
         self.tile_m = tile_m
-        self.tile_n = tile_n or (64 if head_dim == 256 else 128)
+        self.tile_n = tile_n or default_tile_n(head_dim)
         self.consumer_warpgroups = tile_m // 64
         self.NUM_THREADS = 128 * (1 + self.consumer_warpgroups)    # producer warpgroup + consumer warpgroups
         self.PRODUCER_REGS, self.CONSUMER_REGS = self.REGS_BY_CONSUMER_WARPGROUPS[self.consumer_warpgroups]
@@ -452,7 +457,9 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         v_state = kv_state.clone()                                           # one tile behind kv_state
         n_iter = n_block_max - n_block_min
         if const_expr(self.wg_pingpong):
-            if wg_idx == 0:          # the first consumer warpgroup holds the first turn
+            # the first consumer warpgroup holds the first turn; the last warpgroup's final pass is never waited on
+            # (its barrier is left half-arrived at exit, as in FA3/FA4's non-persistent kernels)
+            if wg_idx == 0:
                 cute.arch.barrier_arrive(barrier_id=self.SCHEDULER_BARRIER_BASE, number_of_threads=256)
         if n_iter > 0:
             # prologue: the first tile alone (O is still zero, so rescaling it now is free)
