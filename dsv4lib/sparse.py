@@ -28,19 +28,20 @@ def kernel_args(q, kv, indices, o, lse, sink, scale: float, window: int, stream=
 # TFLOP/s over gathered pairs, columns vs balanced): h64 K640 S4k 367 vs 347, S16k 379 vs 360; h128 K1152 S4k
 # 427 vs 403, S16k 427 vs 404.  Splitting QK by keys doubles the Q reads from shared memory (each warpgroup
 # streams all of Q for half the keys) and adds a barrier per tile; it loses.  Columns it is.
-BALANCED = False
+SCHEDULE = "columns"
 
 
 def compiled(gather: bool, causal: bool, window: bool, sink: bool, has_lse: bool, split_kv: bool, args: tuple,
-             arch: str = "sm_90a", balanced: bool | None = None, gather_only: bool = False, skip_mma: str | None = None):
-    balanced = BALANCED if balanced is None else balanced
-    key = (gather, causal, window, sink, has_lse, split_kv, arch, balanced, gather_only, skip_mma)
+             arch: str = "sm_90a", schedule: str | None = None, gather_only: bool = False,
+             skip_mma: str | None = None):
+    schedule = SCHEDULE if schedule is None else schedule
+    key = (gather, causal, window, sink, has_lse, split_kv, arch, schedule, gather_only, skip_mma)
     if key not in _COMPILED:
         import cutlass.cute as cute
 
         from .kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
         kernel = SparseAttentionForwardSm90(gather=gather, causal=causal, window=window, sink=sink, has_lse=has_lse,
-                                            split_kv=split_kv, balanced=balanced, gather_only=gather_only,
+                                            split_kv=split_kv, schedule=schedule, gather_only=gather_only,
                                             skip_mma=skip_mma)
         _COMPILED[key] = cute.compile(kernel, *args, options=f"--gpu-arch {arch}")
     return _COMPILED[key]
@@ -74,14 +75,14 @@ def fake_tvm_args(split_kv: bool = False):
 
 
 def compiled_tvm_ffi(gather: bool, causal: bool, window: bool, sink: bool, split_kv: bool, arch: str = "sm_90a"):
-    key = ("tvm-ffi", gather, causal, window, sink, split_kv, arch, BALANCED)
+    key = ("tvm-ffi", gather, causal, window, sink, split_kv, arch, SCHEDULE)
     if key not in _COMPILED:
         import cutlass.cute as cute
 
         from .kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
         from .targets import cute_arch
         kernel = SparseAttentionForwardSm90(gather=gather, causal=causal, window=window, sink=sink, has_lse=True,
-                                            split_kv=split_kv, balanced=BALANCED)
+                                            split_kv=split_kv, schedule=SCHEDULE)
         with cute_arch(arch):
             _COMPILED[key] = cute.compile(kernel, *fake_tvm_args(split_kv), tvm_ffi_stream(),
                                           options=f"--gpu-arch {arch} --enable-tvm-ffi")

@@ -25,10 +25,12 @@ for H, K in ((64, 640), (128, 1152)):
         inputs = [mk() for _ in range(2)]
         flops = 2.0 * Sq * H * K * (512 + 512)
         res = {}
-        for balanced in (False, True):
-            dsv4lib.sparse.BALANCED = balanced
+        shipped = dsv4lib.sparse.SCHEDULE
+        for schedule in ("columns", "balanced", "paired"):
+            dsv4lib.sparse.SCHEDULE = schedule
             t = bench.time_cuda(lambda q, kv, i: dsv4lib.sparse_attention(q, kv, i, num_splits=1), inputs, iters=10)
-            res["balanced" if balanced else "columns"] = round(bench.tflops(flops, t.median_ms))
+            res[schedule] = round(bench.tflops(flops, t.median_ms))
+        dsv4lib.sparse.SCHEDULE = shipped
         small = [(q[:1024], kv, i[:1024]) for q, kv, i in inputs]
         tp = bench.time_cuda(lambda q, kv, i: torch_sparse(q, kv, i, 512 ** -0.5), small, iters=5)
         # the gather alone (producer only): its bandwidth, and the TFLOP/s it would allow at H·4 FLOP per byte

@@ -21,15 +21,34 @@ def _build(gather, split_kv=False, **flags):
     (True, False, {"sink": True, "has_lse": True}),
     (True, True, {}),
     (False, False, {"causal": True, "window": True, "sink": True}),
-    (True, False, {"sink": True, "has_lse": True, "balanced": True}),
-    (False, True, {"causal": True, "balanced": True}),
+    (True, False, {"sink": True, "has_lse": True, "schedule": "balanced"}),
+    (False, True, {"causal": True, "schedule": "balanced"}),
+    (True, False, {"sink": True, "has_lse": True, "schedule": "paired"}),
+    (True, True, {"schedule": "paired"}),
+    (False, False, {"causal": True, "window": True, "sink": True, "schedule": "paired"}),
 ])
 def test_hd512_kernel_builds_from_the_public_functions_arguments(gather, split_kv, flags):
     k = _build(gather, split_kv, **flags)
     assert k.ptx_target == "sm_90a"
     rs = k.count(r"wgmma\.mma_async\.sync\.aligned\.m64n256k16[^\n]*\},\s*\{%r")
     ss = k.count(r"wgmma\.mma_async\.sync\.aligned\.m64n256k16[^\n]*\},\s*%rd\d+,\s*%rd")
-    if flags.get("balanced"):
+    schedule = flags.get("schedule", "columns")
+    if schedule == "paired":
+        # each warpgroup: QK of its own tile (32 k-steps of m64n64k16, in two column halves), PV of its column
+        # half for both tiles — its own P from registers (RS), the other's from shared memory (SS)
+        assert k.count(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16") == 2 * 512 // 16
+        assert (rs, ss) == (8, 8), (rs, ss)
+        assert k.count(r"bar\.arrive") >= 4 and k.count(r"bar\.sync") >= 5    # M0 M1 S0 S1 one way, SUM
+        # every key row by cp.async into four half-tile pipelines (4 rows × 4 segments per half), Q by TMA
+        assert k.count(r"cp\.async\.cg\.shared\.global[^\n]*16;") == 4 * 16
+        assert k.count(r"cp\.async\.mbarrier\.arrive\.noinc") == 4
+        assert k.count(r"cp\.async\.bulk\.tensor\.4d\.shared::cta\.global\.tile\.mbarrier") == 8     # Q
+        assert k.count(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+72") == 1
+        assert k.count(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+216") == 1
+        assert k.count("fence.proxy.async") >= 1
+        assert k.count(r"\.local") == 0
+        return
+    if schedule == "balanced":
         # QK: 32 k-steps of m64n32k16, one warpgroup's 32 keys; PV: 4 k-steps of m64n256k16 from the shared P
         assert k.count(r"wgmma\.mma_async\.sync\.aligned\.m64n32k16\.f32\.bf16\.bf16") == 512 // 16
         assert (rs, ss) == (0, 4), (rs, ss)
@@ -67,6 +86,26 @@ def test_gather_with_a_mask_is_refused():
         SparseAttentionForwardSm90(gather=True, causal=True)
 
 
+@pytest.mark.compile
+def test_schedule_knobs_are_checked():
+    from dsv4lib.kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
+    with pytest.raises(ValueError, match="schedule must be one of"):
+        SparseAttentionForwardSm90(gather=True, schedule="pingpong")
+    with pytest.raises(ValueError, match="skip_mma"):
+        SparseAttentionForwardSm90(gather=True, schedule="paired", skip_mma="qk")
+    with pytest.raises(ValueError, match="two KV buffers"):
+        SparseAttentionForwardSm90(gather=True, schedule="paired", num_stages=3)
+
+
+@pytest.mark.compile
+def test_paired_gather_only_build_frees_every_half_tile():
+    """The paired producer timed alone: four half-tile pipelines filled by cp.async, Q by TMA, no math."""
+    k = _build(True, gather_only=True, schedule="paired")
+    assert k.count(r"cp\.async\.cg\.shared\.global[^\n]*16;") == 4 * 16
+    assert k.count(r"cp\.async\.mbarrier\.arrive\.noinc") == 4
+    assert k.count("wgmma") == 0 and k.count(r"st\.global") == 0
+
+
 def _bf(*shape):
     return torch.randn(*shape).to(torch.bfloat16)
 
@@ -94,11 +133,11 @@ def test_hd512_attention_needs_mqa_with_k_equal_v():
         dsv4lib.attention(q, _bf(1, 8, 2, 512), _bf(1, 8, 2, 512))   # two KV heads
 
 
-@pytest.fixture(params=[False, True], ids=["columns", "balanced"])
+@pytest.fixture(params=["columns", "balanced", "paired"])
 def schedule(request, monkeypatch):
-    """Both warpgroup schedules of the hd512 kernel run every GPU case."""
+    """Every warpgroup schedule of the hd512 kernel runs every GPU case."""
     import dsv4lib.sparse
-    monkeypatch.setattr(dsv4lib.sparse, "BALANCED", request.param)
+    monkeypatch.setattr(dsv4lib.sparse, "SCHEDULE", request.param)
     return request.param
 
 

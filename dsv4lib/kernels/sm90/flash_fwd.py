@@ -107,12 +107,16 @@ class Sm90AttentionOps:
 
     @cute.jit
     def gemm(self, tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor, tCrB: cute.Tensor,
-             zero_init: cutlass.Constexpr, wait: cutlass.Constexpr = True):
-        """acc (+)= A·B over every k-block as one wgmma group; then wait for it unless ``wait=False``."""
+             zero_init: cutlass.Constexpr, wait: cutlass.Constexpr = True, k_blocks: cutlass.Constexpr = None):
+        """acc (+)= A·B over every k-block (or the ``k_blocks = (lo, hi)`` range of them) as one wgmma group;
+        then wait for it unless ``wait=False``."""
         warpgroup.fence()
         atom = cute.make_mma_atom(tiled_mma.op)
         atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
-        for k in cutlass.range_constexpr(cute.size(tCrA.shape[2])):
+        k_range = k_blocks
+        if const_expr(k_blocks is None):
+            k_range = (0, cute.size(tCrA.shape[2]))
+        for k in cutlass.range_constexpr(k_range[0], k_range[1]):
             cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
             atom.set(warpgroup.Field.ACCUMULATE, True)
         warpgroup.commit_group()
@@ -120,11 +124,18 @@ class Sm90AttentionOps:
             warpgroup.wait_group(0)
 
     @cute.jit
+    def rescale_rows(self, acc_O_rc, corrections):
+        for r in cutlass.range_constexpr(cute.size(corrections)):
+            for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
+                acc_O_rc[r, c] = acc_O_rc[r, c] * corrections[r]
+
+    @cute.jit
     def online_softmax(self, acc_S_rc, row_max, row_sum, softmax_scale_log2, acc_O_rc, corrections,
-                       rescale_now: cutlass.Constexpr):
+                       rescale_now: cutlass.Constexpr, floor_max=None):
         """Scores → unnormalized probabilities in place, one row at a time (a row is shared by the 4 threads
         of a quad).  The max stays in raw-score units; the scale lives inside exp2.  With ``rescale_now`` O is
-        rescaled right away; otherwise the corrections are kept for after the in-flight PV wgmma."""
+        rescaled right away; otherwise the corrections are kept for after the in-flight PV wgmma.  ``floor_max``
+        (per row, optional): a max the new one may not fall below (another warpgroup's, already ahead)."""
         for r in cutlass.range_constexpr(cute.size(row_max)):
             mx = acc_S_rc[r, 0]
             for c in cutlass.range_constexpr(1, cute.size(acc_S_rc, mode=[1])):
@@ -132,6 +143,8 @@ class Sm90AttentionOps:
             mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=2))
             mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=1))
             new_max = cute.arch.fmax(row_max[r], mx)
+            if const_expr(floor_max is not None):
+                new_max = cute.arch.fmax(new_max, floor_max[r])
             base = new_max * softmax_scale_log2
             if new_max == -Float32.inf:
                 base = Float32(0.0)                                   # nothing visible yet: keep zeros
@@ -435,12 +448,6 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             if nxt == self.consumer_warpgroups:
                 nxt = 0
             cute.arch.barrier_arrive(barrier_id=self.SCHEDULER_BARRIER_BASE + nxt, number_of_threads=256)
-
-    @cute.jit
-    def rescale_rows(self, acc_O_rc, corrections):
-        for r in cutlass.range_constexpr(cute.size(corrections)):
-            for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
-                acc_O_rc[r, c] = acc_O_rc[r, c] * corrections[r]
 
     @cute.jit
     def mainloop_overlapped(self, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_O, acc_O_rc, tScS_rc, row_max,

@@ -31,6 +31,18 @@ writes its half of P to ``sP`` (barrier ``P``), and each runs ``O[:, its half] +
 shared P (SS).  Both warpgroups then hold the same running max, so no rescale factors travel; the row sums
 are added once at the end (barrier ``SUM``).  Which variant is faster is measured, not assumed.
 
+**Paired variant** (``schedule="paired"``): the two consumer warpgroups take *whole tiles* in turn — warpgroup
+0 the even tiles, warpgroup 1 the odd ones — so the score work is split evenly without narrowing the QK wgmma.
+Per pair of tiles: each warpgroup computes its tile's scores (m64n64, k = 512); warpgroup 0 does its softmax
+first and publishes its running max (barrier ``M0``); warpgroup 1 folds it into its own (so its max is the
+max over both tiles) and publishes that (``M1``); warpgroup 0 rescales its P and O by the difference.  Each
+warpgroup then owns one column half of O for *both* tiles: its own tile's P straight from registers (RS) and
+the other's P from shared memory (SS, barriers ``S0`` / ``S1``).  While one warpgroup runs its softmax the
+other's wgmmas keep the tensor cores busy.  The KV stages are split into column halves with their own
+barriers (four one-stage pipelines), filled in the order they are freed, so the gather of the next pair
+starts while the current one is still being multiplied: the left half of the even tile is free as soon as
+warpgroup 0's RS product is done.  Q comes by TMA.  A tile count that is not even gets one masked tile.
+
 Split-KV (``split_kv=True``, D2 decode): split s takes its share of the key tiles and writes an fp32 partial O
 normalized over its own keys plus its LSE; :class:`dsv4lib.kernels.combine.LSECombineKernel` merges them and
 applies the sink once.
@@ -45,7 +57,7 @@ from cutlass import Float32, Int32, const_expr, pipeline
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
-from ..common import launch_stream
+from ..common import convert_to_bf16_pairs, launch_stream
 from .flash_fwd import (LN_2, LOG2_E, Sm90AttentionOps, acc_layout_as_operand_a, acc_layout_rows_cols,
                         row_major_smem_layout, transposed_view)
 
@@ -56,6 +68,10 @@ HALF = HEAD_DIM // 2   # output columns per consumer warpgroup
 # named barrier ids (0 is __syncthreads)
 P_FULL, P_EMPTY, FINAL = 1, 3, 5
 B_MAX, B_P, B_SUM = 1, 2, 3            # the balanced variant's barriers
+PAIR_MAX, PAIR_P, PAIR_SUM = 1, 3, 5   # the paired variant's: + warpgroup (M0 / M1, S0 / S1), then the row sums
+SCHEDULES = ("columns", "balanced", "paired")
+ROW_GROUPS = 16                        # paired producer: 16 groups of 8 threads, a group copies a 128 B segment
+HALF_TILE_ORDER = ((0, 0), (1, 1), (0, 1), (1, 0))   # paired producer: (tile buffer, column half), order freed
 HALF_N = TILE_N // 2                   # keys per warpgroup in the balanced variant
 
 
@@ -67,15 +83,26 @@ def as_global(t: cute.Tensor, align: cutlass.Constexpr) -> cute.Tensor:
     return cute.make_tensor(ptr, t.layout)
 
 
+def half_tile_pipelines(barriers) -> tuple:
+    """The paired schedule's four single-stage cp.async pipelines, index ``2 b + h`` = (tile buffer b, column half
+    h), each with its (full, empty) mbarrier pair at ``barriers + 2 i``: 128 producer threads, 128 consumer threads
+    (the one warpgroup that frees it).  Plain Python, so the four are built at trace time."""
+    return tuple(pipeline.PipelineCpAsync.create(
+        barrier_storage=barriers + 2 * i, num_stages=1,
+        producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128),
+        consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128), defer_sync=True) for i in range(4))
+
+
 class SparseAttentionForwardSm90(Sm90AttentionOps):
     """MQA attention with head dim 512 and K = V.  ``gather=True``: keys listed per query in ``indices``
     (``-1`` = none); ``gather=False``: the dense key range of the query (all keys, ``causal``, ``window``)."""
 
     NUM_THREADS = 384
     PRODUCER_REGS, CONSUMER_REGS = 56, 224          # 128·(56 + 2·224) = 64 512 ≤ 65 536
+    PAIRED_PRODUCER_REGS, PAIRED_CONSUMER_REGS = 72, 216   # 128·(72 + 2·216) = 64 512
 
     def __init__(self, *, gather: bool, causal: bool = False, window: bool = False, sink: bool = False,
-                 has_lse: bool = False, split_kv: bool = False, num_stages: int = 2, balanced: bool = False,
+                 has_lse: bool = False, split_kv: bool = False, num_stages: int = 2, schedule: str = "columns",
                  gather_only: bool = False, skip_mma: str | None = None):
         if gather and (causal or window):
             raise ValueError("gathered keys come with their own index list: no causal / window mask on top")
@@ -88,7 +115,13 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         self.has_lse = has_lse
         self.split_kv = split_kv
         self.num_stages = num_stages
-        self.balanced = balanced
+        if schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+        self.schedule = schedule
+        self.balanced = schedule == "balanced"
+        self.paired = schedule == "paired"
+        if self.paired and num_stages != 2:
+            raise ValueError("the paired schedule has exactly two KV buffers (one per warpgroup)")
         # benchmark knob: the consumers only wait for and release each tile (no MMA, no output), so the run
         # times the gather alone — the roof the producer sets for this kernel.  Never used for results.
         self.gather_only = gather_only
@@ -97,12 +130,21 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         # on the critical path.  Wrong results by construction; never used for results.
         if skip_mma not in (None, "qk", "pv"):
             raise ValueError(f"skip_mma must be None, 'qk' or 'pv', got {skip_mma!r}")
+        if skip_mma is not None and self.paired:
+            raise ValueError("skip_mma is a knob of the columns / balanced schedules")
         self.skip_mma = skip_mma
         # dense keys (gather=False: a causal / windowed / whole range of consecutive rows) come by TMA — one
         # instruction per 64 × 64 box instead of 4096 cp.async per tile; measured on the H100, the cp.async
         # producer alone streamed 1.93 TB/s on the decode shape.  Gathered rows keep cp.async (no TMA gather
         # on sm_90).
-        self.use_tma = not gather
+        # The paired schedule takes every key row by cp.async (its half-tile buffers are filled out of order)
+        # and Q by TMA (both warpgroups wait for it; no KV stage carries it).
+        self.use_tma = not gather and not self.paired
+        self.q_by_tma = self.use_tma or self.paired
+        # the paired producer keeps 8 row indices and their addresses live across four half-tile fills: at 56
+        # (or 64) registers ptxas spills ~30 B; its consumers need fewer than 216
+        self.producer_regs = self.PAIRED_PRODUCER_REGS if self.paired else self.PRODUCER_REGS
+        self.consumer_regs = self.PAIRED_CONSUMER_REGS if self.paired else self.CONSUMER_REGS
         self.dtype = cutlass.BFloat16
 
     # ------------------------------------------------------------------------------ host side
@@ -125,7 +167,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
 
         @cute.struct
         class SharedStorage:
-            mbar_KV: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
+            mbar_KV: cute.struct.MemRange[cutlass.Int64, 8 if self.paired else self.num_stages * 2]
             sRowScale: cute.struct.MemRange[Float32, 2 * TILE_H]     # per sP buffer: O rescale of each row
             sRowInv: cute.struct.MemRange[Float32, TILE_H]           # final 1 / denominator of each row
             sMax: cute.struct.MemRange[Float32, 2 * 2 * TILE_H]      # balanced: per buffer, per warpgroup
@@ -136,12 +178,13 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             mbar_Q: cute.struct.MemRange[cutlass.Int64, 2]
 
         tma_atom_Q = tma_Q = tma_atom_KV = tma_KV = None
-        if const_expr(self.use_tma):
+        op = cpasync.CopyBulkTensorTileG2SOp()
+        if const_expr(self.q_by_tma):
             # (B, Sq, H, 512) -> (H, 512, Sq, B) and (B, Skv, 512) -> (Skv, 512, B): the TMA tiles the first two
-            op = cpasync.CopyBulkTensorTileG2SOp()
             tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(
                 op, cute.make_tensor(mQ.iterator, cute.select(mQ.layout, mode=[2, 3, 1, 0])), sQ_layout,
                 (TILE_H, HEAD_DIM))
+        if const_expr(self.use_tma):
             tma_atom_KV, tma_KV = cpasync.make_tiled_tma_atom(
                 op, cute.make_tensor(mKV.iterator, cute.select(mKV.layout, mode=[1, 2, 0])),
                 cute.select(sKV_layout, mode=[0, 1]), (TILE_N, HEAD_DIM))
@@ -166,19 +209,26 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
 
         storage = cutlass.utils.SmemAllocator().allocate(SharedStorage)
         pipeline_q = None
+        one_thread = pipeline.CooperativeGroup(pipeline.Agent.Thread)
+        consumer_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, 8)     # both consumer warpgroups
         if const_expr(self.use_tma):
             if warp_idx == 0:
                 cpasync.prefetch_descriptor(tma_atom_Q)
                 cpasync.prefetch_descriptor(tma_atom_KV)
-            one_thread = pipeline.CooperativeGroup(pipeline.Agent.Thread)
-            consumer_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, 8)     # both consumer warpgroups
             pipeline_kv = pipeline.PipelineTmaAsync.create(
                 barrier_storage=storage.mbar_KV.data_ptr(), num_stages=self.num_stages, producer_group=one_thread,
                 consumer_group=consumer_warps, tx_count=TILE_N * HEAD_DIM * self.dtype.width // 8, defer_sync=True)
+        if const_expr(self.q_by_tma):
             pipeline_q = pipeline.PipelineTmaAsync.create(
                 barrier_storage=storage.mbar_Q.data_ptr(), num_stages=1, producer_group=one_thread,
                 consumer_group=consumer_warps, tx_count=TILE_H * HEAD_DIM * self.dtype.width // 8, defer_sync=True)
-        else:
+        if const_expr(self.paired):
+            if warp_idx == 0:
+                cpasync.prefetch_descriptor(tma_atom_Q)
+            # one single-stage pipeline per (tile buffer b, column half h), index 2 b + h; each released by the one
+            # warpgroup that reads it last (see paired_half)
+            pipeline_kv = half_tile_pipelines(storage.mbar_KV.data_ptr())
+        elif const_expr(not self.use_tma):
             pipeline_kv = pipeline.PipelineCpAsync.create(
                 barrier_storage=storage.mbar_KV.data_ptr(), num_stages=self.num_stages,
                 producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128),
@@ -200,8 +250,11 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         pipeline_init_wait(cluster_shape_mn=(1, 1))
 
         if warp_idx < 4:
-            cute.arch.setmaxregister_decrease(self.PRODUCER_REGS)
-            if const_expr(self.use_tma):
+            cute.arch.setmaxregister_decrease(self.producer_regs)
+            if const_expr(self.paired):
+                self.load_paired(tma_atom_Q, tma_Q, mKV, mIdx, sQ, sKV, pipeline_q, pipeline_kv, warp_idx, tidx,
+                                 token, head_group, batch, key_lo, n_keys, seqlen_k, tile_lo, tile_hi)
+            elif const_expr(self.use_tma):
                 if warp_idx == 0:
                     self.load_tma(tma_atom_Q, tma_Q, tma_atom_KV, tma_KV, sQ, sKV, pipeline_q, pipeline_kv, token,
                                   head_group, batch, key_lo, tile_lo, tile_hi)
@@ -209,27 +262,51 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                 self.load(mQ, mKV, mIdx, sQ, sKV, pipeline_kv, tidx, token, head_group, batch, key_lo, n_keys,
                           seqlen_k, tile_lo, tile_hi)
         elif const_expr(self.gather_only):
-            cute.arch.setmaxregister_increase(self.CONSUMER_REGS)
+            cute.arch.setmaxregister_increase(self.consumer_regs)
             self.wait_q(pipeline_q, tile_lo, tile_hi)            # no TMA left in flight when the CTA exits
-            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
-            for _ in cutlass.range(tile_hi - tile_lo, unroll=1):
-                pipeline_kv.consumer_wait(kv_state)
-                pipeline_kv.consumer_release(kv_state)
-                kv_state.advance()
+            if const_expr(self.paired):          # each warpgroup frees the two half-buffers it frees in paired_half
+                w = tidx // 128 - 1
+                pair_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+                for _ in cutlass.range((tile_hi - tile_lo + 1) // 2, unroll=1):
+                    for b in cutlass.range_constexpr(2):
+                        if w == 0:
+                            pipeline_kv[2 * b].consumer_wait(pair_state)
+                            pipeline_kv[2 * b].consumer_release(pair_state)
+                        else:
+                            pipeline_kv[2 * b + 1].consumer_wait(pair_state)
+                            pipeline_kv[2 * b + 1].consumer_release(pair_state)
+                    pair_state.advance()
+            else:
+                kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
+                for _ in cutlass.range(tile_hi - tile_lo, unroll=1):
+                    pipeline_kv.consumer_wait(kv_state)
+                    pipeline_kv.consumer_release(kv_state)
+                    kv_state.advance()
+        elif const_expr(self.paired):
+            cute.arch.setmaxregister_increase(self.consumer_regs)
+            self.wait_q(pipeline_q, tile_lo, tile_hi)
+            if warp_idx < 8:
+                self.paired_half(0, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sKV, sVt, sP, sMax, sSum,
+                                 mIdx, mO, mLSE, mSink, pipeline_kv, softmax_scale_log2, tidx - 128, token,
+                                 head_group, batch, split, n_keys, seqlen_k, tile_lo, tile_hi)
+            else:
+                self.paired_half(1, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sKV, sVt, sP, sMax, sSum,
+                                 mIdx, mO, mLSE, mSink, pipeline_kv, softmax_scale_log2, tidx - 256, token,
+                                 head_group, batch, split, n_keys, seqlen_k, tile_lo, tile_hi)
         elif const_expr(self.balanced):
-            cute.arch.setmaxregister_increase(self.CONSUMER_REGS)
+            cute.arch.setmaxregister_increase(self.consumer_regs)
             self.wait_q(pipeline_q, tile_lo, tile_hi)
             self.balanced_half(tidx // 128 - 1, tiled_mma_qk, tiled_mma_pv_ss, sQ, sKV, sVt, sP, sMax, sSum, mIdx,
                                mO, mLSE, mSink, pipeline_kv, softmax_scale_log2, tidx % 128, token, head_group, batch,
                                split, n_keys, seqlen_k, tile_lo, tile_hi)
         elif warp_idx < 8:
-            cute.arch.setmaxregister_increase(self.CONSUMER_REGS)
+            cute.arch.setmaxregister_increase(self.consumer_regs)
             self.wait_q(pipeline_q, tile_lo, tile_hi)
             self.scores_and_left_half(tiled_mma_qk, tiled_mma_pv_rs, sQ, sKV, sVt, sP, sRowScale, sRowInv, mIdx,
                                       mO, mLSE, mSink, pipeline_kv, softmax_scale_log2, tidx - 128, token,
                                       head_group, batch, split, key_lo, n_keys, seqlen_k, tile_lo, tile_hi)
         else:
-            cute.arch.setmaxregister_increase(self.CONSUMER_REGS)
+            cute.arch.setmaxregister_increase(self.consumer_regs)
             self.right_half(tiled_mma_pv_ss, sVt, sP, sRowScale, sRowInv, mO, pipeline_kv, tidx - 256, token,
                             head_group, batch, split, tile_lo, tile_hi)
 
@@ -270,7 +347,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
     @cute.jit
     def wait_q(self, pipeline_q, tile_lo, tile_hi):
         """TMA path: Q has its own barrier (the cp.async path lands Q with the first KV stage instead)."""
-        if const_expr(self.use_tma):
+        if const_expr(self.q_by_tma):
             if tile_hi > tile_lo:
                 pipeline_q.consumer_wait(pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
 
@@ -281,17 +358,11 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         k of this query is row ``key_lo + k`` (``domain_offset``), so tile t starts at row ``key_lo + 64 t`` — a
         window's first row need not be 64-aligned.  Rows past the tensor come back as zeros; rows past this
         query's range but inside the tensor (other queries' keys, finite data) are loaded and masked."""
-        gQ = cute.local_tile(mQ[None, None, token, batch], (TILE_H, HEAD_DIM), (head_group, 0))     # (64, 512)
         gKV = cute.local_tile(cute.domain_offset((key_lo, 0), mKV[None, None, batch]), (TILE_N, HEAD_DIM),
                               (None, 0))                                                          # (64, 512, n)
-        tQsQ, tQgQ = cpasync.tma_partition(tma_atom_Q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
-                                           cute.group_modes(gQ, 0, 2))
         tKsK, tKgK = cpasync.tma_partition(tma_atom_KV, 0, cute.make_layout(1), cute.group_modes(sKV, 0, 2),
                                            cute.group_modes(gKV, 0, 2))
-        if tile_hi > tile_lo:
-            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-            pipeline_q.producer_acquire(q_state)
-            cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
+        self.load_q_tma(tma_atom_Q, mQ, sQ, pipeline_q, token, head_group, batch, tile_lo, tile_hi)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
         for tile in cutlass.range(tile_lo, tile_hi, unroll=1):
             pipeline_kv.producer_acquire(state)
@@ -299,6 +370,57 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                       tma_bar_ptr=pipeline_kv.producer_get_barrier(state))
             state.advance()
         pipeline_kv.producer_tail(state)
+
+    @cute.jit
+    def load_q_tma(self, tma_atom_Q, mQ, sQ, pipeline_q, token, head_group, batch, tile_lo, tile_hi):
+        """One warp: this CTA's 64 heads × 512 of Q by TMA, on Q's own barrier (none when there is no key)."""
+        gQ = cute.local_tile(mQ[None, None, token, batch], (TILE_H, HEAD_DIM), (head_group, 0))     # (64, 512)
+        tQsQ, tQgQ = cpasync.tma_partition(tma_atom_Q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
+                                           cute.group_modes(gQ, 0, 2))
+        if tile_hi > tile_lo:
+            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+            pipeline_q.producer_acquire(q_state)
+            cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
+
+    @cute.jit
+    def load_paired(self, tma_atom_Q, mQ, mKV, mIdx, sQ, sKV, pipeline_q, kv_pipes, warp_idx, tidx, token, head_group,
+                    batch, key_lo, n_keys, seqlen_k, tile_lo, tile_hi):
+        """Producer of the paired schedule: Q by TMA (warp 0), then per pair of tiles the four half-tiles in the
+        order the consumers free them — (even, left), (odd, right), (even, right), (odd, left).  Thread t copies
+        16 B chunk ``t % 8`` of each 128 B segment of rows ``t // 8 + 16 k`` (k < 4): a group of 8 threads reads
+        128 contiguous bytes of one row, and each thread needs only 4 row indices per tile."""
+        if warp_idx == 0:
+            self.load_q_tma(tma_atom_Q, mQ, sQ, pipeline_q, token, head_group, batch, tile_lo, tile_hi)
+        copy_atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), self.dtype,
+                                        num_bits_per_copy=128)
+        group = tidx // 8
+        chunk = tidx % 8
+        rows_per_group = TILE_N // ROW_GROUPS
+        segments = HALF // 64                                     # 128 B segments per half row
+        rows = cute.make_rmem_tensor((2 * rows_per_group,), Int32)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        for p in cutlass.range((tile_hi - tile_lo + 1) // 2, unroll=1):
+            for b in cutlass.range_constexpr(2):                  # all 8 index loads first: one latency
+                for k in cutlass.range_constexpr(rows_per_group):
+                    rows[b * rows_per_group + k] = self.key_row(
+                        mIdx, batch, token, (tile_lo + 2 * p + b) * TILE_N + group + ROW_GROUPS * k, key_lo, n_keys,
+                        seqlen_k)
+            for j in cutlass.range_constexpr(4):
+                b, h = HALF_TILE_ORDER[j]
+                kv_pipes[2 * b + h].producer_acquire(state)
+                for k in cutlass.range_constexpr(rows_per_group):
+                    r = group + ROW_GROUPS * k
+                    gKV_row = mKV[batch, rows[b * rows_per_group + k], None]                   # (512,)
+                    for seg in cutlass.range_constexpr(segments):
+                        c = (h * segments + seg) * 8 + chunk                                   # 16 B chunk of the row
+                        cute.copy(copy_atom, cute.local_tile(gKV_row, (8,), (c,)),
+                                  cute.local_tile(sKV[r, None, b], (8,), (c,)))
+                kv_pipes[2 * b + h].producer_commit(state)          # arrives when this thread's copies land
+            state.advance()
+        # the tail of a one-stage pipeline: wait until the last fill is freed (no mbarrier arrive after exit);
+        # producer_tail itself loops over a stage count that is a runtime value once the tuple crossed an if
+        for pipe in kv_pipes:
+            pipe.producer_acquire(state)
 
     @cute.jit
     def key_row(self, mIdx, batch, token, key, key_lo, n_keys, seqlen_k) -> Int32:
@@ -566,7 +688,16 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             pipeline_kv.consumer_release(kv_state)
             kv_state.advance()
 
-        # epilogue: my keys' row sums + the other warpgroup's, sink, LSE, my half of O
+        self.finish_shared_max(w, thr_pv, acc_O, acc_O_rc, tScS_rc, row_max, row_sum, sSum, mO, mLSE, mSink,
+                               softmax_scale_log2, wtid, token, head_group, batch, split, B_SUM)
+
+    @cute.jit
+    def finish_shared_max(self, w, thr_pv, acc_O, acc_O_rc, tScS_rc, row_max, row_sum, sSum, mO,
+                          mLSE, mSink, softmax_scale_log2, wtid, token, head_group, batch, split,
+                          sum_barrier: cutlass.Constexpr):
+        """Epilogue of the schedules whose two warpgroups end with the same row max (balanced, paired): my row
+        sums + the other warpgroup's, sink, LSE, my half of O."""
+        n_rows = cute.size(tScS_rc, mode=[0])
         for r in cutlass.range_constexpr(n_rows):
             s = row_sum[r]
             s += cute.arch.shuffle_sync_bfly(s, offset=2)
@@ -574,7 +705,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             row_sum[r] = s
             if wtid % 4 == 0:
                 sSum[w * TILE_H + tScS_rc[r, 0][0]] = s
-        cute.arch.barrier(barrier_id=B_SUM, number_of_threads=256)
+        cute.arch.barrier(barrier_id=sum_barrier, number_of_threads=256)
         for r in cutlass.range_constexpr(n_rows):
             m = tScS_rc[r, 0][0]
             s = row_sum[r] + sSum[(1 - w) * TILE_H + m]
@@ -593,6 +724,93 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
                 acc_O_rc[r, c] = acc_O_rc[r, c] * inv
         self.store_half(thr_pv, acc_O, mO, split, batch, token, head_group, w)
+
+    @cute.jit
+    def paired_half(self, w: cutlass.Constexpr, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sKV, sVt, sP,
+                    sMax, sSum, mIdx, mO, mLSE, mSink, kv_pipes, softmax_scale_log2, wtid, token, head_group, batch,
+                    split, n_keys, seqlen_k, tile_lo, tile_hi):
+        """Warpgroup ``w`` of the paired schedule: the scores of tiles ``tile_lo + 2p + w`` and O columns
+        ``256w … 256w+255`` of every tile (module docstring).  Half-buffer ``2b + h`` = tile buffer b, columns h."""
+        thr_qk, thr_pv, tSrQ, tSrK, tOrV = self.consumer_operands(tiled_mma_qk, tiled_mma_pv_rs, sQ, sKV, sVt, w,
+                                                                  wtid)
+        thr_pv_ss = tiled_mma_pv_ss.get_slice(wtid)
+        tOsP = thr_pv_ss.make_fragment_A(thr_pv_ss.partition_A(sP))                        # (MMA, 1, 4, 2 bufs)
+        sVt_mine = cute.local_tile(sVt, (HALF, TILE_N, self.num_stages), (w, 0, 0))          # (256, 64, 2 bufs)
+        tOsV = thr_pv_ss.make_fragment_B(thr_pv_ss.partition_B(sVt_mine))                   # (MMA, 1, 4, 2 bufs)
+        acc_O, acc_O_rc, tScS_rc, row_max, row_sum, key_ok = self.consumer_registers(thr_qk, thr_pv, TILE_N)
+        n_rows = cute.size(tScS_rc, mode=[0])                                 # 2 rows, 16 key columns
+        n_cols = cute.size(tScS_rc, mode=[1])
+        acc_S = cute.make_rmem_tensor(thr_qk.partition_shape_C((TILE_H, TILE_N)), Float32)
+        acc_S_rc = cute.make_tensor(acc_S.iterator, acc_layout_rows_cols(acc_S.layout))
+        rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
+        tOrP = cute.make_tensor(rP.iterator, acc_layout_as_operand_a(rP.layout))   # D1.3 same-thread re-view
+        other_max = cute.make_rmem_tensor((n_rows,), Float32)
+        corrections = cute.make_rmem_tensor((n_rows,), Float32)
+        k_half = cute.size(tSrQ.shape[2]) // 2                              # k-blocks per column half of Q·Kᵀ
+        key_end = cutlass.min(n_keys, tile_hi * TILE_N)     # a padding tile (odd count) / the next split: masked
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        for p in cutlass.range((tile_hi - tile_lo + 1) // 2, unroll=1):
+            self.key_mask(key_ok, tScS_rc, (tile_lo + 2 * p + w) * TILE_N, mIdx, batch, token, key_end, seqlen_k)
+            # S = Q·Kᵀ of my tile, the half that arrives first first (WG0: left, WG1: right)
+            kv_pipes[2 * w + w].consumer_wait(state)
+            self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, w], True, wait=False,
+                      k_blocks=(w * k_half, (w + 1) * k_half))
+            kv_pipes[2 * w + 1 - w].consumer_wait(state)
+            self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, w], False,
+                      k_blocks=((1 - w) * k_half, (2 - w) * k_half))
+            for c in cutlass.range_constexpr(n_cols):
+                if key_ok[c] == 0:
+                    for r in cutlass.range_constexpr(n_rows):
+                        acc_S_rc[r, c] = -Float32.inf
+            if const_expr(w == 0):
+                self.online_softmax(acc_S_rc, row_max, row_sum, softmax_scale_log2, acc_O_rc, corrections, True)
+            else:          # WG0's max of this pair is a floor for mine: mine becomes the max over both tiles
+                cute.arch.barrier(barrier_id=PAIR_MAX, number_of_threads=256)
+                for r in cutlass.range_constexpr(n_rows):
+                    other_max[r] = sMax[tScS_rc[r, 0][0]]
+                self.online_softmax(acc_S_rc, row_max, row_sum, softmax_scale_log2, acc_O_rc, corrections, True,
+                                    floor_max=other_max)
+            if wtid % 4 == 0:
+                for r in cutlass.range_constexpr(n_rows):
+                    sMax[w * TILE_H + tScS_rc[r, 0][0]] = row_max[r]
+            convert_to_bf16_pairs(acc_S, rP)
+            if const_expr(w == 0):
+                cute.arch.barrier_arrive(barrier_id=PAIR_MAX, number_of_threads=256)
+                self.gemm(tiled_mma_pv_rs, acc_O, tOrP, tOrV[None, None, None, 0], False)
+                kv_pipes[0].consumer_release(state)                       # (even, left): nobody reads it again
+                # WG1's max (over both tiles) → my P and O move to it; P goes to shared memory for WG1
+                cute.arch.barrier(barrier_id=PAIR_MAX + 1, number_of_threads=256)
+                for r in cutlass.range_constexpr(n_rows):
+                    new_max = sMax[TILE_H + tScS_rc[r, 0][0]]
+                    base = new_max * softmax_scale_log2
+                    if new_max == -Float32.inf:
+                        base = Float32(0.0)
+                    corrections[r] = cute.arch.exp2(row_max[r] * softmax_scale_log2 - base)
+                    row_max[r] = new_max
+                    row_sum[r] = row_sum[r] * corrections[r]
+                    for c in cutlass.range_constexpr(n_cols):
+                        acc_S_rc[r, c] = acc_S_rc[r, c] * corrections[r]
+                convert_to_bf16_pairs(acc_S, rP)
+                cute.autovec_copy(rP, thr_qk.partition_C(sP[None, None, 0]))
+                cute.arch.fence_proxy("async.shared", space="cta")          # read by WG1's wgmma (async proxy)
+                cute.arch.barrier_arrive(barrier_id=PAIR_P, number_of_threads=256)
+                self.rescale_rows(acc_O_rc, corrections)
+                cute.arch.barrier(barrier_id=PAIR_P + 1, number_of_threads=256)
+                self.gemm(tiled_mma_pv_ss, acc_O, tOsP[None, None, None, 1], tOsV[None, None, None, 1], False)
+                kv_pipes[2].consumer_release(state)                       # (odd, left)
+            else:
+                cute.arch.barrier_arrive(barrier_id=PAIR_MAX + 1, number_of_threads=256)
+                self.gemm(tiled_mma_pv_rs, acc_O, tOrP, tOrV[None, None, None, 1], False, wait=False)
+                cute.autovec_copy(rP, thr_qk.partition_C(sP[None, None, 1]))   # the RS wgmma only reads rP
+                cute.arch.fence_proxy("async.shared", space="cta")
+                cute.arch.barrier_arrive(barrier_id=PAIR_P + 1, number_of_threads=256)
+                cute.arch.barrier(barrier_id=PAIR_P, number_of_threads=256)
+                self.gemm(tiled_mma_pv_ss, acc_O, tOsP[None, None, None, 0], tOsV[None, None, None, 0], False)
+                kv_pipes[3].consumer_release(state)                       # (odd, right)
+                kv_pipes[1].consumer_release(state)                       # (even, right)
+            state.advance()
+        self.finish_shared_max(w, thr_pv, acc_O, acc_O_rc, tScS_rc, row_max, row_sum, sSum, mO, mLSE, mSink,
+                               softmax_scale_log2, wtid, token, head_group, batch, split, PAIR_SUM)
 
     @cute.jit
     def store_half(self, thr_pv, acc_O, mO, split, batch, token, head_group, half):
