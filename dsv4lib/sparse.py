@@ -24,24 +24,33 @@ def kernel_args(q, kv, indices, o, lse, sink, scale: float, window: int, stream=
     return args if stream is None else args + (stream,)
 
 
-# The two warpgroup schedules of the hd512 kernel (see its docstring), measured on the H200 (sparse prefill,
-# TFLOP/s over gathered pairs, columns vs balanced): h64 K640 S4k 367 vs 347, S16k 379 vs 360; h128 K1152 S4k
-# 427 vs 403, S16k 427 vs 404.  Splitting QK by keys doubles the Q reads from shared memory (each warpgroup
-# streams all of Q for half the keys) and adds a barrier per tile; it loses.  Columns it is.
-SCHEDULE = "columns"
+# The warpgroup schedules of the hd512 kernel (see its docstring), measured on the H200, TFLOP/s over gathered
+# pairs, random indices, columns / balanced / paired: h64 K640 S4k 369 / 351 / 423, S16k 382 / 360 / 436; h128
+# K1152 S4k 429 / 404 / 502, S16k 423 / 404 / 471.  Balanced (QK split by keys) doubles the Q reads from shared
+# memory and adds a barrier per tile; paired (whole tiles in turn, half-tile pipelines) wins for gathered keys.
+# Dense decode with split-KV (few tiles per split), µs, columns / paired: H64 KV8k 23.3 / 20.9, KV64k 44.2 / 47.8;
+# H128 KV8k 24.3 / 21.7, KV64k 47.7 / 50.5 — columns stays there (the long-KV decode is the D2 target).
+DEFAULT_SCHEDULE = {True: "paired", False: "columns"}     # by key source: gathered (True) / dense (False)
+SCHEDULE: str | None = None      # one schedule for every build (tests, benchmarks); None = DEFAULT_SCHEDULE
+PREFETCH_SCORES = True           # paired: warpgroup 0 issues the next pair's QK behind its last PV
+
+
+def schedule_for(gather: bool) -> str:
+    return SCHEDULE or DEFAULT_SCHEDULE[gather]
 
 
 def compiled(gather: bool, causal: bool, window: bool, sink: bool, has_lse: bool, split_kv: bool, args: tuple,
              arch: str = "sm_90a", schedule: str | None = None, gather_only: bool = False,
              skip_mma: str | None = None):
-    schedule = SCHEDULE if schedule is None else schedule
-    key = (gather, causal, window, sink, has_lse, split_kv, arch, schedule, gather_only, skip_mma)
+    schedule = schedule_for(gather) if schedule is None else schedule
+    key = (gather, causal, window, sink, has_lse, split_kv, arch, schedule, gather_only, skip_mma, PREFETCH_SCORES)
     if key not in _COMPILED:
         import cutlass.cute as cute
 
         from .kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
         kernel = SparseAttentionForwardSm90(gather=gather, causal=causal, window=window, sink=sink, has_lse=has_lse,
                                             split_kv=split_kv, schedule=schedule, gather_only=gather_only,
+                                            prefetch_scores=PREFETCH_SCORES,
                                             skip_mma=skip_mma)
         _COMPILED[key] = cute.compile(kernel, *args, options=f"--gpu-arch {arch}")
     return _COMPILED[key]
@@ -75,14 +84,15 @@ def fake_tvm_args(split_kv: bool = False):
 
 
 def compiled_tvm_ffi(gather: bool, causal: bool, window: bool, sink: bool, split_kv: bool, arch: str = "sm_90a"):
-    key = ("tvm-ffi", gather, causal, window, sink, split_kv, arch, SCHEDULE)
+    key = ("tvm-ffi", gather, causal, window, sink, split_kv, arch, schedule_for(gather), PREFETCH_SCORES)
     if key not in _COMPILED:
         import cutlass.cute as cute
 
         from .kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
         from .targets import cute_arch
         kernel = SparseAttentionForwardSm90(gather=gather, causal=causal, window=window, sink=sink, has_lse=True,
-                                            split_kv=split_kv, schedule=SCHEDULE)
+                                            split_kv=split_kv, schedule=schedule_for(gather),
+                                            prefetch_scores=PREFETCH_SCORES)
         with cute_arch(arch):
             _COMPILED[key] = cute.compile(kernel, *fake_tvm_args(split_kv), tvm_ffi_stream(),
                                           options=f"--gpu-arch {arch} --enable-tvm-ffi")
@@ -229,8 +239,9 @@ def _run_benchmark_build(q, kv, indices, **knobs):
 
 def time_parts(q, kv, indices, skip_mma: str | None):
     """Benchmark only: ``sparse_attention``'s kernel with one MMA left out (``"qk"`` or ``"pv"``, see
-    ``SparseAttentionForwardSm90.skip_mma``) — wrong output, for attributing the kernel's time.  Returns nothing."""
-    _run_benchmark_build(q, kv, indices, skip_mma=skip_mma)
+    ``SparseAttentionForwardSm90.skip_mma``) — wrong output, for attributing the kernel's time.  A knob of the
+    columns schedule (the paired one has no such build).  Returns nothing."""
+    _run_benchmark_build(q, kv, indices, skip_mma=skip_mma, schedule="columns")
 
 
 def gather_roof(q, kv, indices):

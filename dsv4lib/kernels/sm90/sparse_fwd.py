@@ -103,7 +103,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
 
     def __init__(self, *, gather: bool, causal: bool = False, window: bool = False, sink: bool = False,
                  has_lse: bool = False, split_kv: bool = False, num_stages: int = 2, schedule: str = "columns",
-                 gather_only: bool = False, skip_mma: str | None = None):
+                 gather_only: bool = False, skip_mma: str | None = None, prefetch_scores: bool = True):
         if gather and (causal or window):
             raise ValueError("gathered keys come with their own index list: no causal / window mask on top")
         if split_kv and sink:
@@ -145,6 +145,8 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         # (or 64) registers ptxas spills ~30 B; its consumers need fewer than 216
         self.producer_regs = self.PAIRED_PRODUCER_REGS if self.paired else self.PRODUCER_REGS
         self.consumer_regs = self.PAIRED_CONSUMER_REGS if self.paired else self.CONSUMER_REGS
+        # paired: warpgroup 0 issues the next pair's scores behind its last PV of this pair (FA3-style overlap)
+        self.prefetch_scores = prefetch_scores
         self.dtype = cutlass.BFloat16
 
     # ------------------------------------------------------------------------------ host side
@@ -614,6 +616,23 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         return acc_O, acc_O_rc, tScS_rc, row_max, row_sum, key_ok
 
     @cute.jit
+    def key_mask_bits(self, n_cols: cutlass.Constexpr, tScS_rc, key0, mIdx, batch, token, n_keys,
+                      seqlen_k) -> Int32:
+        """:meth:`key_mask` as one register: bit c set for each real key column c (the paired schedule keeps it
+        live across a whole pair, next to an accumulator in flight)."""
+        bits = Int32(0)
+        for c in cutlass.range_constexpr(n_cols):
+            key = key0 + tScS_rc[0, c][1]
+            ok = key < n_keys
+            if const_expr(self.gather):
+                if ok:
+                    idx = mIdx[batch, token, key]
+                    ok = idx >= 0 and idx < seqlen_k
+            if ok:
+                bits = bits | Int32(1 << c)
+        return bits
+
+    @cute.jit
     def key_mask(self, key_ok, tScS_rc, key0, mIdx, batch, token, n_keys, seqlen_k):
         """1 for each of this thread's key columns that is a real key, 0 for padding / invalid indices (loaded
         from global before the MMA so the latency hides under it)."""
@@ -737,7 +756,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         tOsP = thr_pv_ss.make_fragment_A(thr_pv_ss.partition_A(sP))                        # (MMA, 1, 4, 2 bufs)
         sVt_mine = cute.local_tile(sVt, (HALF, TILE_N, self.num_stages), (w, 0, 0))          # (256, 64, 2 bufs)
         tOsV = thr_pv_ss.make_fragment_B(thr_pv_ss.partition_B(sVt_mine))                   # (MMA, 1, 4, 2 bufs)
-        acc_O, acc_O_rc, tScS_rc, row_max, row_sum, key_ok = self.consumer_registers(thr_qk, thr_pv, TILE_N)
+        acc_O, acc_O_rc, tScS_rc, row_max, row_sum, _ = self.consumer_registers(thr_qk, thr_pv, TILE_N)
         n_rows = cute.size(tScS_rc, mode=[0])                                 # 2 rows, 16 key columns
         n_cols = cute.size(tScS_rc, mode=[1])
         acc_S = cute.make_rmem_tensor(thr_qk.partition_shape_C((TILE_H, TILE_N)), Float32)
@@ -748,18 +767,22 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         corrections = cute.make_rmem_tensor((n_rows,), Float32)
         k_half = cute.size(tSrQ.shape[2]) // 2                              # k-blocks per column half of Q·Kᵀ
         key_end = cutlass.min(n_keys, tile_hi * TILE_N)     # a padding tile (odd count) / the next split: masked
+        n_pairs = (tile_hi - tile_lo + 1) // 2
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-        for p in cutlass.range((tile_hi - tile_lo + 1) // 2, unroll=1):
-            self.key_mask(key_ok, tScS_rc, (tile_lo + 2 * p + w) * TILE_N, mIdx, batch, token, key_end, seqlen_k)
-            # S = Q·Kᵀ of my tile, the half that arrives first first (WG0: left, WG1: right)
-            kv_pipes[2 * w + w].consumer_wait(state)
-            self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, w], True, wait=False,
-                      k_blocks=(w * k_half, (w + 1) * k_half))
-            kv_pipes[2 * w + 1 - w].consumer_wait(state)
-            self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, w], False,
-                      k_blocks=((1 - w) * k_half, (2 - w) * k_half))
+        ahead = const_expr(w == 0 and self.prefetch_scores)
+        key_bits = Int32(0)
+        if const_expr(ahead):
+            if n_pairs > 0:
+                key_bits = self.issue_scores(w, 0, state, tiled_mma_qk, acc_S, tSrQ, tSrK, k_half, tScS_rc, kv_pipes,
+                                             mIdx, batch, token, key_end, seqlen_k, tile_lo, True)
+        for p in cutlass.range(n_pairs, unroll=1):
+            if const_expr(ahead):
+                warpgroup.wait_group(0)                           # this pair's scores, issued during the last
+            else:
+                key_bits = self.issue_scores(w, p, state, tiled_mma_qk, acc_S, tSrQ, tSrK, k_half, tScS_rc,
+                                             kv_pipes, mIdx, batch, token, key_end, seqlen_k, tile_lo, False)
             for c in cutlass.range_constexpr(n_cols):
-                if key_ok[c] == 0:
+                if (key_bits & (1 << c)) == 0:
                     for r in cutlass.range_constexpr(n_rows):
                         acc_S_rc[r, c] = -Float32.inf
             if const_expr(w == 0):
@@ -796,7 +819,17 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                 cute.arch.barrier_arrive(barrier_id=PAIR_P, number_of_threads=256)
                 self.rescale_rows(acc_O_rc, corrections)
                 cute.arch.barrier(barrier_id=PAIR_P + 1, number_of_threads=256)
-                self.gemm(tiled_mma_pv_ss, acc_O, tOsP[None, None, None, 1], tOsV[None, None, None, 1], False)
+                self.gemm(tiled_mma_pv_ss, acc_O, tOsP[None, None, None, 1], tOsV[None, None, None, 1], False,
+                          wait=not ahead)
+                if const_expr(ahead):       # the next pair's scores go in behind this PV, then it is waited for
+                    if p + 1 < n_pairs:
+                        next_state = state.clone()
+                        next_state.advance()
+                        key_bits = self.issue_scores(w, p + 1, next_state, tiled_mma_qk, acc_S, tSrQ, tSrK, k_half,
+                                                     tScS_rc, kv_pipes, mIdx, batch, token, key_end, seqlen_k,
+                                                     tile_lo, True, pv_in_flight=True)
+                    else:
+                        warpgroup.wait_group(0)
                 kv_pipes[2].consumer_release(state)                       # (odd, left)
             else:
                 cute.arch.barrier_arrive(barrier_id=PAIR_MAX + 1, number_of_threads=256)
@@ -805,12 +838,34 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                 cute.arch.fence_proxy("async.shared", space="cta")
                 cute.arch.barrier_arrive(barrier_id=PAIR_P + 1, number_of_threads=256)
                 cute.arch.barrier(barrier_id=PAIR_P, number_of_threads=256)
-                self.gemm(tiled_mma_pv_ss, acc_O, tOsP[None, None, None, 0], tOsV[None, None, None, 0], False)
-                kv_pipes[3].consumer_release(state)                       # (odd, right)
+                self.gemm(tiled_mma_pv_ss, acc_O, tOsP[None, None, None, 0], tOsV[None, None, None, 0], False,
+                          wait=False)
+                warpgroup.wait_group(1)                                   # my own tile's PV: (odd, right) free,
+                kv_pipes[3].consumer_release(state)                       # the producer's next fill after (even, left)
+                warpgroup.wait_group(0)
                 kv_pipes[1].consumer_release(state)                       # (even, right)
             state.advance()
         self.finish_shared_max(w, thr_pv, acc_O, acc_O_rc, tScS_rc, row_max, row_sum, sSum, mO, mLSE, mSink,
                                softmax_scale_log2, wtid, token, head_group, batch, split, PAIR_SUM)
+
+    @cute.jit
+    def issue_scores(self, w: cutlass.Constexpr, p, state, tiled_mma_qk, acc_S, tSrQ, tSrK, k_half, tScS_rc, kv_pipes, mIdx, batch, token, key_end, seqlen_k, tile_lo, leave_in_flight: cutlass.Constexpr,
+                     pv_in_flight: cutlass.Constexpr = False):
+        """Paired schedule: the key mask of pair ``p``'s tile of warpgroup ``w`` and ``S = Q·Kᵀ`` over it, the half
+        that arrives first first (WG0: left, WG1: right).  ``leave_in_flight``: return with the wgmmas still
+        running.  ``pv_in_flight``: one PV group was committed before, and is waited for (then released by the
+        caller) once the first half of the scores is issued.  Returns the tile's key-validity bits."""
+        key_bits = self.key_mask_bits(cute.size(tScS_rc, mode=[1]), tScS_rc, (tile_lo + 2 * p + w) * TILE_N, mIdx,
+                                      batch, token, key_end, seqlen_k)
+        kv_pipes[2 * w + w].consumer_wait(state)
+        self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, w], True, wait=False,
+                  k_blocks=(w * k_half, (w + 1) * k_half))
+        if const_expr(pv_in_flight):
+            warpgroup.wait_group(1)
+        kv_pipes[2 * w + 1 - w].consumer_wait(state)
+        self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, w], False, wait=not leave_in_flight,
+                  k_blocks=((1 - w) * k_half, (2 - w) * k_half))
+        return key_bits
 
     @cute.jit
     def store_half(self, thr_pv, acc_O, mO, split, batch, token, head_group, half):
