@@ -827,10 +827,12 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                         next_state.advance()
                         key_bits = self.issue_scores(w, p + 1, next_state, tiled_mma_qk, acc_S, tSrQ, tSrK, k_half,
                                                      tScS_rc, kv_pipes, mIdx, batch, token, key_end, seqlen_k,
-                                                     tile_lo, True, pv_in_flight=True)
+                                                     tile_lo, True, pv_in_flight=True, release_state=state)
                     else:
                         warpgroup.wait_group(0)
-                kv_pipes[2].consumer_release(state)                       # (odd, left)
+                        kv_pipes[2].consumer_release(state)               # (odd, left)
+                else:
+                    kv_pipes[2].consumer_release(state)                   # (odd, left)
             else:
                 cute.arch.barrier_arrive(barrier_id=PAIR_MAX + 1, number_of_threads=256)
                 self.gemm(tiled_mma_pv_rs, acc_O, tOrP, tOrV[None, None, None, 1], False, wait=False)
@@ -850,11 +852,13 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
 
     @cute.jit
     def issue_scores(self, w: cutlass.Constexpr, p, state, tiled_mma_qk, acc_S, tSrQ, tSrK, k_half, tScS_rc, kv_pipes, mIdx, batch, token, key_end, seqlen_k, tile_lo, leave_in_flight: cutlass.Constexpr,
-                     pv_in_flight: cutlass.Constexpr = False):
+                     pv_in_flight: cutlass.Constexpr = False, release_state=None):
         """Paired schedule: the key mask of pair ``p``'s tile of warpgroup ``w`` and ``S = Q·Kᵀ`` over it, the half
         that arrives first first (WG0: left, WG1: right).  ``leave_in_flight``: return with the wgmmas still
-        running.  ``pv_in_flight``: one PV group was committed before, and is waited for (then released by the
-        caller) once the first half of the scores is issued.  Returns the tile's key-validity bits."""
+        running.  ``pv_in_flight``: warpgroup 0's PV on (odd, left) was committed before; it is waited for once
+        the first half of the scores is issued, and (odd, left) freed (``release_state``) before the wait for the
+        second half — the producer refills the halves in a fixed order, and (odd, left) comes before the next
+        (even, right) only once it is free.  Returns the tile's key-validity bits."""
         key_bits = self.key_mask_bits(cute.size(tScS_rc, mode=[1]), tScS_rc, (tile_lo + 2 * p + w) * TILE_N, mIdx,
                                       batch, token, key_end, seqlen_k)
         kv_pipes[2 * w + w].consumer_wait(state)
@@ -862,6 +866,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                   k_blocks=(w * k_half, (w + 1) * k_half))
         if const_expr(pv_in_flight):
             warpgroup.wait_group(1)
+            kv_pipes[2].consumer_release(release_state)           # (odd, left): before waiting for more keys
         kv_pipes[2 * w + 1 - w].consumer_wait(state)
         self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, w], False, wait=not leave_in_flight,
                   k_blocks=((1 - w) * k_half, (2 - w) * k_half))
