@@ -21,5 +21,5 @@ for H, K, Sq in shapes:
         dsv4lib.sparse.SCHEDULE, dsv4lib.sparse.PREFETCH_SCORES = schedule, prefetch
         t = bench.time_cuda(lambda q, kv, i: dsv4lib.sparse_attention(q, kv, i, num_splits=1), inputs, iters=10)
         res[name] = round(bench.tflops(flops, t.median_ms))
-    dsv4lib.sparse.SCHEDULE, dsv4lib.sparse.PREFETCH_SCORES = None, True
+    dsv4lib.sparse.SCHEDULE, dsv4lib.sparse.PREFETCH_SCORES = None, False
     print(res, flush=True)

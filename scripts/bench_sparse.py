@@ -30,7 +30,7 @@ for H, K in ((64, 640), (128, 1152)):
             dsv4lib.sparse.SCHEDULE, dsv4lib.sparse.PREFETCH_SCORES = schedule, prefetch
             t = bench.time_cuda(lambda q, kv, i: dsv4lib.sparse_attention(q, kv, i, num_splits=1), inputs, iters=10)
             res[name] = round(bench.tflops(flops, t.median_ms))
-        dsv4lib.sparse.SCHEDULE, dsv4lib.sparse.PREFETCH_SCORES = None, True            # the shipped defaults
+        dsv4lib.sparse.SCHEDULE, dsv4lib.sparse.PREFETCH_SCORES = None, False            # the shipped defaults
         small = [(q[:1024], kv, i[:1024]) for q, kv, i in inputs]
         tp = bench.time_cuda(lambda q, kv, i: torch_sparse(q, kv, i, 512 ** -0.5), small, iters=5)
         # the gather alone (producer only): its bandwidth, and the TFLOP/s it would allow at H·4 FLOP per byte

@@ -34,18 +34,18 @@ def test_hd512_kernel_builds_from_the_public_functions_arguments(gather, split_k
     ss = k.count(r"wgmma\.mma_async\.sync\.aligned\.m64n256k16[^\n]*\},\s*%rd\d+,\s*%rd")
     schedule = flags.get("schedule", "columns")
     if schedule == "paired":
-        # each warpgroup: QK of its own tile (32 k-steps of m64n64k16, in two column halves; warpgroup 0 issues
-        # its first pair's before the loop and every later one behind its last PV: 3 copies in all), PV of its
-        # column half for both tiles — its own P from registers (RS), the other's from shared memory (SS)
-        assert k.count(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16") == 3 * 512 // 16
+        # each warpgroup: QK of its own tile (32 k-steps of m64n64k16, in two column halves), PV of its column
+        # half for both tiles — its own P from registers (RS), the other's from shared memory (SS)
+        assert k.count(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16") == 2 * 512 // 16
         assert (rs, ss) == (8, 8), (rs, ss)
         assert k.count(r"bar\.arrive") >= 4 and k.count(r"bar\.sync") >= 5    # M0 M1 S0 S1 one way, SUM
         # every key row by cp.async into four half-tile pipelines (4 rows × 4 segments per half), Q by TMA
-        assert k.count(r"cp\.async\.cg\.shared\.global[^\n]*16;") == 4 * 16
+        # ... each with a src-size operand: a row that is no key is zero-filled, not read
+        assert k.count(r"cp\.async\.cg\.shared\.global[^\n]*, 16, %r\d+;") == 4 * 16
         assert k.count(r"cp\.async\.mbarrier\.arrive\.noinc") == 4
         assert k.count(r"cp\.async\.bulk\.tensor\.4d\.shared::cta\.global\.tile\.mbarrier") == 8     # Q
-        assert k.count(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+72") == 1
-        assert k.count(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+216") == 1
+        assert k.count(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+88") == 1
+        assert k.count(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+208") == 1
         assert k.count("fence.proxy.async") >= 1
         assert k.count(r"\.local") == 0
         return
@@ -99,10 +99,19 @@ def test_schedule_knobs_are_checked():
 
 
 @pytest.mark.compile
+def test_paired_prefetch_knob_issues_the_next_scores_early():
+    """``prefetch_scores`` (measured slower, off): warpgroup 0 issues its first pair's scores before the loop and
+    every later pair's behind its last PV — a third copy of the 32 QK k-steps."""
+    k = _build(True, schedule="paired", prefetch_scores=True)
+    assert k.count(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16") == 3 * 512 // 16
+    assert k.count(r"wgmma\.wait_group\.sync\.aligned\s+1;") >= 2
+
+
+@pytest.mark.compile
 def test_paired_gather_only_build_frees_every_half_tile():
     """The paired producer timed alone: four half-tile pipelines filled by cp.async, Q by TMA, no math."""
     k = _build(True, gather_only=True, schedule="paired")
-    assert k.count(r"cp\.async\.cg\.shared\.global[^\n]*16;") == 4 * 16
+    assert k.count(r"cp\.async\.cg\.shared\.global[^\n]*, 16, %r\d+;") == 4 * 16
     assert k.count(r"cp\.async\.mbarrier\.arrive\.noinc") == 4
     assert k.count("wgmma") == 0 and k.count(r"st\.global") == 0
 

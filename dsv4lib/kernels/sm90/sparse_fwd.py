@@ -99,11 +99,11 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
 
     NUM_THREADS = 384
     PRODUCER_REGS, CONSUMER_REGS = 56, 224          # 128·(56 + 2·224) = 64 512 ≤ 65 536
-    PAIRED_PRODUCER_REGS, PAIRED_CONSUMER_REGS = 72, 216   # 128·(72 + 2·216) = 64 512
+    PAIRED_PRODUCER_REGS, PAIRED_CONSUMER_REGS = 88, 208   # 128·(88 + 2·208) = 64 512
 
     def __init__(self, *, gather: bool, causal: bool = False, window: bool = False, sink: bool = False,
                  has_lse: bool = False, split_kv: bool = False, num_stages: int = 2, schedule: str = "columns",
-                 gather_only: bool = False, skip_mma: str | None = None, prefetch_scores: bool = True):
+                 gather_only: bool = False, skip_mma: str | None = None, prefetch_scores: bool = False):
         if gather and (causal or window):
             raise ValueError("gathered keys come with their own index list: no causal / window mask on top")
         if split_kv and sink:
@@ -141,8 +141,8 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         # and Q by TMA (both warpgroups wait for it; no KV stage carries it).
         self.use_tma = not gather and not self.paired
         self.q_by_tma = self.use_tma or self.paired
-        # the paired producer keeps 8 row indices and their addresses live across four half-tile fills: at 56
-        # (or 64) registers ptxas spills ~30 B; its consumers need fewer than 216
+        # the paired producer keeps 8 row indices, their addresses and zero-fill predicates live across four
+        # half-tile fills: at 56 / 72 registers ptxas spills 30–60 B (ptxas -v); its consumers fit in 208
         self.producer_regs = self.PAIRED_PRODUCER_REGS if self.paired else self.PRODUCER_REGS
         self.consumer_regs = self.PAIRED_CONSUMER_REGS if self.paired else self.CONSUMER_REGS
         # paired: warpgroup 0 issues the next pair's scores behind its last PV of this pair (FA3-style overlap)
@@ -404,7 +404,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         for p in cutlass.range((tile_hi - tile_lo + 1) // 2, unroll=1):
             for b in cutlass.range_constexpr(2):                  # all 8 index loads first: one latency
                 for k in cutlass.range_constexpr(rows_per_group):
-                    rows[b * rows_per_group + k] = self.key_row(
+                    rows[b * rows_per_group + k] = self.key_row_or_none(
                         mIdx, batch, token, (tile_lo + 2 * p + b) * TILE_N + group + ROW_GROUPS * k, key_lo, n_keys,
                         seqlen_k)
             for j in cutlass.range_constexpr(4):
@@ -412,17 +412,35 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                 kv_pipes[2 * b + h].producer_acquire(state)
                 for k in cutlass.range_constexpr(rows_per_group):
                     r = group + ROW_GROUPS * k
-                    gKV_row = mKV[batch, rows[b * rows_per_group + k], None]                   # (512,)
+                    row = rows[b * rows_per_group + k]
+                    # no key: the copy reads nothing and zero-fills (src-size 0) — no traffic, and no hot spot
+                    # where every CTA would fetch the same stand-in row; the consumers mask the column anyway
+                    real = cute.make_rmem_tensor(cute.make_layout((1, 1), stride=(0, 0)), cutlass.Boolean)
+                    real[0] = row >= 0
+                    gKV_row = mKV[batch, cutlass.max(row, 0), None]                              # (512,)
                     for seg in cutlass.range_constexpr(segments):
                         c = (h * segments + seg) * 8 + chunk                                   # 16 B chunk of the row
-                        cute.copy(copy_atom, cute.local_tile(gKV_row, (8,), (c,)),
-                                  cute.local_tile(sKV[r, None, b], (8,), (c,)))
+                        cute.copy(copy_atom, cute.logical_divide(cute.local_tile(gKV_row, (8,), (c,)), (8,)),
+                                  cute.logical_divide(cute.local_tile(sKV[r, None, b], (8,), (c,)), (8,)), pred=real)
                 kv_pipes[2 * b + h].producer_commit(state)          # arrives when this thread's copies land
             state.advance()
         # the tail of a one-stage pipeline: wait until the last fill is freed (no mbarrier arrive after exit);
         # producer_tail itself loops over a stage count that is a runtime value once the tuple crossed an if
         for pipe in kv_pipes:
             pipe.producer_acquire(state)
+
+    @cute.jit
+    def key_row_or_none(self, mIdx, batch, token, key, key_lo, n_keys, seqlen_k) -> Int32:
+        """The KV row of key ``key`` of this query, or -1 when it is no key (padding, an invalid index)."""
+        row = Int32(-1)
+        if key < n_keys:
+            if const_expr(self.gather):
+                idx = mIdx[batch, token, key]
+                if idx >= 0 and idx < seqlen_k:
+                    row = idx
+            else:
+                row = key_lo + key
+        return row
 
     @cute.jit
     def key_row(self, mIdx, batch, token, key, key_lo, n_keys, seqlen_k) -> Int32:
