@@ -174,13 +174,21 @@ if on_gpu:
 # (m = 4: j < (t+1)/4), in one pool `cat(raw, compressed)`.  Cosine against the float64 reference on
 # `check_rows` random queries of each run.
 #
-# Where the time goes (H200, `scripts/explore.py d6parts`, random indices, S 16k, ms): Flash h64 / 640 keys — the
-# kernel 3.63; with the QK MMA left out 3.07, with the PV MMA left out 3.28; the producer alone (the gather, no
-# math) 1.68.  Pro h128 / 1152 keys — 11.50; 9.26; 10.24; 5.76.  Neither the gather nor one MMA dominates: each
-# part left out saves only 10–20 %, so the time is the *chain* per 64-key tile (gather wait → QK → softmax → P to
-# shared memory → PV) not overlapping enough across tiles — the next lever is a deeper, decoupled schedule (the
-# two consumer warpgroups alternating whole tiles, so one's softmax hides the other's MMAs), not a faster gather.
-
+# Where the time went, and what changed it (H200, S 16k).  With the first schedule ("columns": warpgroup 1 computes
+# every tile's scores and the left half of O, warpgroup 2 waits for P and does the right half),
+# `scripts/explore.py d6parts` (random indices, ms) gave: Flash h64 / 640 keys — the kernel 3.63; QK MMA left out
+# 3.07, PV MMA left out 3.28; the producer alone (the gather, no math) 1.68.  Each part left out saved only
+# 10–20 %: the time was the *chain* per 64-key tile (gather wait → QK → softmax → P to shared memory → PV).
+#
+# The shipped schedule for gathered keys is **paired** (the kernel's docstring): the two warpgroups take whole
+# tiles in turn and hand the running max over once per pair, so one's softmax runs under the other's MMAs; the
+# KV buffers are four half-tile pipelines refilled in the order they are freed; and a key slot that holds no key
+# (`-1`) is zero-filled by the copy (src-size 0) instead of every CTA fetching the same stand-in row — on these
+# indices (the window's first rows, the compressed entries not yet ready) that hot spot was the difference
+# between random and real indices.  `scripts/bench_paired.py` on random indices, TFLOP/s, columns / paired:
+# h64 378 / 436, h128 431 / 482.  Issuing warpgroup 0's next scores behind its last PV (FA3-style,
+# `prefetch_scores`) measured *slower* (318): it delays warpgroup 1, which is the pair's critical path.
+# The producer alone now streams 7.6 TB/s (L2 hits) — more than twice what the kernel needs.
 
 # %%
 def dsv4_indices(S, topk, gen):
