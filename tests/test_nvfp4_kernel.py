@@ -30,6 +30,18 @@ def test_sm90a_build_uses_the_software_encoder(dtype_name):
 
 
 @pytest.mark.compile
+def test_block_loads_are_issued_before_the_amax_round_trip():
+    """The x loads come first in the kernel, ahead of the amax load and the s_dec store (which the compiler must
+    assume may alias x): otherwise every 4 KiB CTA waits for two memory round trips in a row."""
+    import re
+    k = _build("sm_90a", False)
+    accesses = [m.group(0) for m in re.finditer(r"(ld|st)\.global[.\w]*", k.ptx)]
+    first_scalar = accesses.index("ld.global.b32")                          # amax
+    assert accesses[:first_scalar] == ["ld.global.v4.b32"] * 2, accesses    # the block's 32 bytes, as 2 × 16 B
+    assert accesses.index("st.global.b32") > first_scalar                   # s_dec after both
+
+
+@pytest.mark.compile
 def test_sm100a_build_uses_the_hardware_cvt():
     k = _build("sm_100a", True)
     assert k.ptx_target == "sm_100a"

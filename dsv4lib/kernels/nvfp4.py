@@ -120,6 +120,15 @@ class NVFP4QuantizeKernel:
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         n_blocks = cute.size(mX, mode=[0])
+        bpt = self.blocks_per_thread
+        rX = cute.make_rmem_tensor(cute.make_ordered_layout((bpt, 16), order=(1, 0)), mX.element_type)
+        # the block loads go out first, before the amax load and the s_dec store: a CTA moves only 4 KiB, and
+        # behind the store (which may alias x, as far as the compiler knows) they would wait for a second
+        # round trip to memory in every CTA
+        for j in cutlass.range_constexpr(bpt):
+            blk = (bidx * bpt + j) * THREADS + tidx          # blocks THREADS apart: warp accesses stay contiguous
+            if blk < n_blocks:
+                cute.autovec_copy(mX[blk, None], rX[j, None])              # 32 or 64 contiguous bytes
         amax = mAmax[0]
         s_enc = cute.arch.fmin(Float32(GLOBAL_ENCODE_NUMERATOR) / amax, FLT_MAX)    # fp32 div.rn, as the reference
         if amax == 0.0 or s_enc == 0.0:
@@ -127,12 +136,6 @@ class NVFP4QuantizeKernel:
         s_dec = 1.0 / s_enc
         if bidx == 0 and tidx == 0:
             mSdec[0] = s_dec
-        bpt = self.blocks_per_thread
-        rX = cute.make_rmem_tensor(cute.make_ordered_layout((bpt, 16), order=(1, 0)), mX.element_type)
-        for j in cutlass.range_constexpr(bpt):                          # loads first
-            blk = (bidx * bpt + j) * THREADS + tidx          # blocks THREADS apart: warp accesses stay contiguous
-            if blk < n_blocks:
-                cute.autovec_copy(mX[blk, None], rX[j, None])              # 32 or 64 contiguous bytes
         for j in cutlass.range_constexpr(bpt):
             blk = (bidx * bpt + j) * THREADS + tidx          # blocks THREADS apart: warp accesses stay contiguous
             if const_expr(not self.encode):
