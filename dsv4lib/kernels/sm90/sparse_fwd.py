@@ -640,27 +640,26 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         live across a whole pair, next to an accumulator in flight)."""
         bits = Int32(0)
         for c in cutlass.range_constexpr(n_cols):
-            key = key0 + tScS_rc[0, c][1]
-            ok = key < n_keys
-            if const_expr(self.gather):
-                if ok:
-                    idx = mIdx[batch, token, key]
-                    ok = idx >= 0 and idx < seqlen_k
-            if ok:
+            if self.is_real_key(key0 + tScS_rc[0, c][1], mIdx, batch, token, n_keys, seqlen_k):
                 bits = bits | Int32(1 << c)
         return bits
+
+    @cute.jit
+    def is_real_key(self, key, mIdx, batch, token, n_keys, seqlen_k):
+        """Key ``key`` of this query exists: inside the key count and, gathered, a valid index."""
+        ok = key < n_keys
+        if const_expr(self.gather):
+            if ok:
+                idx = mIdx[batch, token, key]
+                ok = idx >= 0 and idx < seqlen_k
+        return ok
 
     @cute.jit
     def key_mask(self, key_ok, tScS_rc, key0, mIdx, batch, token, n_keys, seqlen_k):
         """1 for each of this thread's key columns that is a real key, 0 for padding / invalid indices (loaded
         from global before the MMA so the latency hides under it)."""
         for c in cutlass.range_constexpr(cute.size(key_ok)):
-            key = key0 + tScS_rc[0, c][1]
-            ok = key < n_keys
-            if const_expr(self.gather):
-                if ok:
-                    idx = mIdx[batch, token, key]
-                    ok = idx >= 0 and idx < seqlen_k
+            ok = self.is_real_key(key0 + tScS_rc[0, c][1], mIdx, batch, token, n_keys, seqlen_k)
             key_ok[c] = Int32(1) if ok else Int32(0)
 
     @cute.jit
