@@ -24,7 +24,7 @@ very same shared buffer read MN-major (``composition`` with a transposing layout
 ``P_FULL[b]`` (WG1 arrives after writing buffer b, WG2 syncs) and ``P_EMPTY[b]`` (WG2 arrives once its wgmma
 on buffer b is done, WG1 syncs before overwriting it), ``FINAL`` (the row normalizers).
 
-**Balanced variant** (``balanced=True``): above, warpgroup 1 does three quarters of the MMA work (all of QK and
+**Balanced variant** (``schedule="balanced"``): above, warpgroup 1 does three quarters of the MMA work (all of QK and
 half of PV) while warpgroup 2 waits for P.  Balanced, each warpgroup computes the scores of *its* 32 keys of
 the tile (``m64n32k16``), the two exchange their row maxima through shared memory (barrier ``MAX``), each
 writes its half of P to ``sP`` (barrier ``P``), and each runs ``O[:, its half] += P·V[:, its half]`` from the
