@@ -86,17 +86,34 @@ DEFAULT_PACK_GQA = True
 SM90_TUNING: dict[int, dict] = {64: {}, 128: {}, 256: {"tile_n": 80, "rescale_o_early": True}}
 
 
-def sm90_kernel_shape(D: int, overlap: bool, pack: int = 1, nvfp4_out: bool = False) -> dict:
+# D5, small windows (W <= SMALL_WINDOW_MAX): a query tile then visits only 2-3 KV tiles, so the kernel is bound by
+# loading Q and K/V and storing O, not by the MMAs, and a CTA spends most of its life in its prologue and
+# epilogue.  A 64-row tile (one consumer warpgroup, 83 KB of shared memory at hd128) lets two CTAs share an SM,
+# so one CTA's loads and stores overlap the other's MMAs; 64-wide KV tiles also cut the masked waste of a
+# 128-key window (3 tiles of 64 instead of 2 of 128 per 64 query rows).  hd256 keeps the 128-row tile: its
+# 64-row build needs more than the 128 registers a thread may hold when two CTAs share an SM.
+SMALL_WINDOW_MAX = 256
+SM90_SMALL_WINDOW_TUNING: dict[int, dict] = {64: {"tile_m": 64, "tile_n": 64}, 128: {"tile_m": 64, "tile_n": 64}}
+
+
+def sm90_kernel_shape(D: int, overlap: bool, pack: int = 1, nvfp4_out: bool = False,
+                      small_window: bool = False) -> dict:
     """The tile sizes and schedule knobs of the D1 kernel build for head dim ``D``: defaults, plus
-    :data:`SM90_TUNING` for the overlapped mainloop (a 192-row tile falls back to 128 when the GQA pack does
-    not divide it)."""
+    :data:`SM90_TUNING` for the overlapped mainloop, plus :data:`SM90_SMALL_WINDOW_TUNING` for a window of at most
+    :data:`SMALL_WINDOW_MAX` keys (a 64- or 192-row tile falls back to 128 when the GQA pack does not divide it)."""
     from .kernels.sm90.flash_fwd import default_tile_n
     shape = {"tile_m": 128, "tile_n": default_tile_n(D)}
     if overlap and not nvfp4_out:
         shape.update(SM90_TUNING.get(D, {}))
+        if small_window:
+            shape.update(SM90_SMALL_WINDOW_TUNING.get(D, {}))
         if shape["tile_m"] % pack:
             shape["tile_m"] = 128
     return shape
+
+
+def is_small_window(window) -> bool:
+    return window is not None and int(window) <= SMALL_WINDOW_MAX
 
 
 def _pack_factor(pack_gqa, H: int, Hkv: int) -> int:
@@ -116,10 +133,11 @@ USE_TVM_FFI = os.environ.get("DSV4_TVM_FFI") == "1"
 
 
 def _compiled_sm90_tvm_ffi(head_dim: int, causal: bool, has_lse: bool, p_path: str, window: bool, sink: bool,
-                           split_kv: bool, overlap: bool = False, pack_gqa: int = 1, arch: str = "sm_90a"):
+                           split_kv: bool, overlap: bool = False, pack_gqa: int = 1, arch: str = "sm_90a",
+                           small_window: bool = False):
     """The kernel built for the TVM-FFI call path from the symbolic argument types (every extent and stride
     dynamic, unit stride last, 16 B aligned rows — what ``_validate`` guarantees)."""
-    shape = sm90_kernel_shape(head_dim, overlap, pack_gqa)
+    shape = sm90_kernel_shape(head_dim, overlap, pack_gqa, small_window=small_window)
     key = ("fwd-tvm-ffi", head_dim, causal, has_lse, p_path, window, sink, split_kv, overlap, pack_gqa, arch,
            tuple(sorted(shape.items())))
     if key not in _COMPILED:
@@ -137,10 +155,11 @@ def _compiled_sm90_tvm_ffi(head_dim: int, causal: bool, has_lse: bool, p_path: s
 
 
 def _compiled_sm90(head_dim: int, causal: bool, has_lse: bool, p_path: str, window: bool, sink: bool,
-                   split_kv: bool, args: tuple, overlap: bool = False, nvfp4_out: bool = False, pack_gqa: int = 1):
-    """Compiled once per (head dim, causal, lse, P path, window?, sink?, split?, …), from the call's own runtime
-    tensor types (every extent and stride dynamic): later calls of any B / S / H / W reuse it."""
-    shape = sm90_kernel_shape(head_dim, overlap, pack_gqa, nvfp4_out)
+                   split_kv: bool, args: tuple, overlap: bool = False, nvfp4_out: bool = False, pack_gqa: int = 1,
+                   small_window: bool = False):
+    """Compiled once per (head dim, causal, lse, P path, window?, sink?, split?, …, tile shape), from the call's own
+    runtime tensor types (every extent and stride dynamic): later calls of any B / S / H / W reuse it."""
+    shape = sm90_kernel_shape(head_dim, overlap, pack_gqa, nvfp4_out, small_window)
     key = ("fwd", head_dim, causal, has_lse, p_path, window, sink, split_kv, overlap, nvfp4_out, pack_gqa,
            tuple(sorted(shape.items())))
     if key not in _COMPILED:
@@ -235,7 +254,8 @@ def attention_with_p_path(q, k, v, *, scale=None, causal=False, window=None, sin
     from cutlass import Float32, Int32
     from .splitkv import num_splits_heuristic
     pack = _pack_factor(pack_gqa, H, k.shape[2])
-    shape = sm90_kernel_shape(D, overlap, pack)
+    small = is_small_window(window)
+    shape = sm90_kernel_shape(D, overlap, pack, small_window=small)
     tile_m, tile_n = shape["tile_m"], shape["tile_n"]
     n_blocks = -(-k.shape[1] // tile_n)
     if num_splits is None:
@@ -246,7 +266,7 @@ def attention_with_p_path(q, k, v, *, scale=None, causal=False, window=None, sin
     if USE_TVM_FFI and num_splits == 1:
         with torch.cuda.device(q.device):
             _compiled_sm90_tvm_ffi(D, bool(causal), bool(return_lse), p_path, window is not None, sink is not None,
-                                   False, overlap, pack)(
+                                   False, overlap, pack, small_window=small)(
                 q, k, v, out, lse, scale * math.log2(math.e), int(window or 0), sink_t,
                 placeholder(q.device, "scales"), placeholder(q.device, "s_enc"))
         return (out, lse) if return_lse else out
@@ -257,13 +277,13 @@ def attention_with_p_path(q, k, v, *, scale=None, causal=False, window=None, sin
             args = (to_cute(q, 3), to_cute(k, 3), to_cute(v, 3), to_cute(out, 3), to_cute(lse, 2), *common,
                     to_cute(sink_t, 0), *unused, current_stream(q.device))
             _compiled_sm90(D, bool(causal), bool(return_lse), p_path, window is not None, sink is not None,
-                           False, args, overlap, pack_gqa=pack)(*args)
+                           False, args, overlap, pack_gqa=pack, small_window=small)(*args)
         else:
             o_part, lse_part = workspace(num_splits, B, Sq, H, D, q.device)
             args = (to_cute(q, 3), to_cute(k, 3), to_cute(v, 3), to_cute(o_part, 4), to_cute(lse_part, 3),
                     *common, to_cute(sink_t, 0), *unused, current_stream(q.device))
             _compiled_sm90(D, bool(causal), True, p_path, window is not None, False, True, args, overlap,
-                           pack_gqa=pack)(*args)
+                           pack_gqa=pack, small_window=small)(*args)
             combine_partials(o_part, lse_part, out, lse, sink_t, sink is not None)
     return (out, lse) if return_lse else out
 

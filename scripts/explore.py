@@ -4,7 +4,8 @@ sections: decode (hd512 DSV4 decode: splits and the combine), d2 (hd128 decode),
 tvm (host time with the TVM-FFI call path), sparse (prefill: kernel vs gather roof), roof (hd512 decode producer
 alone, copy), nvfp4 (quantize variants), d6parts (sparse prefill with QK or PV left out: where the time goes),
 tvm512 (host time of the hd512 decode step with and without the TVM-FFI path), d1tune (D1 schedule knobs vs FA4:
-pingpong, 192-row tiles, early O rescale, tile_n; D5 shapes too)."""
+pingpong, 192-row tiles, early O rescale, tile_n; D5 shapes too), d5win (small-window builds: 64-row tiles
+at two CTAs per SM, the TMA-store epilogue, vs FA4 at the D5 shapes)."""
 import json
 import os
 import sys
@@ -211,4 +212,64 @@ if "d1tune" in sections:
             row[knob_name(var) + "_us"] = round(bench.time_cuda(lambda q, k, v: dsv4lib.attention(q, k, v, window=W, sink=sink),
                                                       inputs, iters=20).median_ms * 1e3, 1)
         A.SM90_TUNING[128] = dict(shipped[128])
+        show(row)
+
+if "d5win" in sections:
+    # D5 small windows: tile shapes (SM90_SMALL_WINDOW_TUNING) and the O epilogue (tma_store_o) vs FA4, after a
+    # ragged correctness check of each build.  B2 H16 S16k, TFLOP/s over visible pairs, µs.
+    from dsv4lib import metrics, reference
+    from dsv4lib.peers import attention_peers
+    fa4 = attention_peers().get("FA4")
+    small = {d: dict(v) for d, v in A.SM90_SMALL_WINDOW_TUNING.items()}
+    tuned = {d: dict(v) for d, v in A.SM90_TUNING.items()}
+    variants = {128: [{"tile_m": 128, "tile_n": 128, "tma_store_o": False}, {"tile_m": 128, "tile_n": 128},
+                      {"tile_m": 64, "tile_n": 64, "tma_store_o": False}, {"tile_m": 64, "tile_n": 64},
+                      {"tile_m": 64, "tile_n": 128, "num_stages": 1}, {"tile_m": 64, "tile_n": 64, "num_stages": 1}],
+                64: [{"tile_m": 128, "tile_n": 128, "tma_store_o": False}, {"tile_m": 128, "tile_n": 128},
+                     {"tile_m": 64, "tile_n": 64}, {"tile_m": 64, "tile_n": 128}],
+                256: [{"tma_store_o": False}, {}]}
+    only = os.environ.get("D5WIN_DIMS")
+    for D in [int(x) for x in only.split(",")] if only else (128, 64, 256):
+        sink = torch.randn(16, device="cuda", dtype=torch.float32)
+        inputs = [tuple(rnd(2, 16384, 16, D) for _ in range(3)) for _ in range(2)]
+        for W in ((128, 4096) if D == 128 else (128,)):
+            flops = bench.attention_flops(2, 16, 16384, 16384, D, window=W)
+            row = {"d5win": [D, W]}
+            if fa4 is not None:
+                from flash_attn.cute import flash_attn_func
+                t = bench.time_cuda(lambda q, k, v: flash_attn_func(q, k, v, window_size=(W - 1, 0),
+                                                                    learnable_sink=sink), inputs, iters=20)
+                row["FA4"] = [round(bench.tflops(flops, t.median_ms)), round(t.median_ms * 1e3, 1)]
+            for var in variants[D] if W <= A.SMALL_WINDOW_MAX else [{"tma_store_o": False}, {}]:
+                if W <= A.SMALL_WINDOW_MAX and D in small:
+                    A.SM90_SMALL_WINDOW_TUNING[D] = dict(var)
+                else:
+                    A.SM90_TUNING[D] = {**tuned[D], **var}
+                q, k, v = (rnd(2, 1000, 4, D) for _ in range(3))
+                s4 = torch.randn(4, device="cuda", dtype=torch.float32)
+                ref = reference.attention(q.double(), k.double(), v.double(), window=W, sink=s4.double())
+                try:
+                    cos = metrics.cosine(dsv4lib.attention(q, k, v, window=W, sink=s4, num_splits=1), ref)
+                    t = bench.time_cuda(lambda q, k, v: dsv4lib.attention(q, k, v, window=W, sink=sink), inputs,
+                                        iters=20)
+                    row[knob_name(var)] = [round(bench.tflops(flops, t.median_ms)), round(t.median_ms * 1e3, 1),
+                                           round(cos, 6)]
+                except Exception as exc:  # noqa: BLE001 - a variant that fails is reported, the sweep goes on
+                    row[knob_name(var)] = f"{type(exc).__name__}: {str(exc)[:100]}"
+                A.SM90_SMALL_WINDOW_TUNING.clear(); A.SM90_SMALL_WINDOW_TUNING.update({d: dict(v) for d, v in small.items()})
+                A.SM90_TUNING[D] = dict(tuned[D])
+            show(row)
+    # D1 headline shape with and without the TMA-store epilogue
+    for D in (128, 64):
+        inputs = [tuple(rnd(4, 8192, 16, D) for _ in range(3)) for _ in range(2)]
+        flops = bench.attention_flops(4, 16, 8192, 8192, D)
+        row = {"d1epi": D}
+        if fa4 is not None:
+            row["FA4"] = round(bench.tflops(flops, bench.time_cuda(lambda q, k, v: fa4(q, k, v), inputs,
+                                                                     iters=20).median_ms))
+        for var in ({"tma_store_o": False}, {}):
+            A.SM90_TUNING[D] = {**tuned[D], **var}
+            row[knob_name(var)] = round(bench.tflops(flops, bench.time_cuda(
+                lambda q, k, v: dsv4lib.attention(q, k, v, num_splits=1), inputs, iters=20).median_ms))
+            A.SM90_TUNING[D] = dict(tuned[D])
         show(row)

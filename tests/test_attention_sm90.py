@@ -1,5 +1,6 @@
 """D1: the Hopper attention kernel — compile checks on the CPU, correctness on the GPU, input validation."""
 import math
+import re
 
 import pytest
 import torch
@@ -32,7 +33,14 @@ def test_sm90_kernel_compiles_with_rs_wgmma(head_dim, causal):
     assert ss == head_dim // 16 and rs == tile_n // 16, (ss, rs)
     assert k.count(r"cp\.async\.bulk\.tensor") >= 3                   # TMA for Q, K, V
     assert k.count(r"setmaxnreg\.dec") == 1 and k.count(r"setmaxnreg\.inc") == 1
-    assert k.count(r"st\.shared") == 0 and k.count("stmatrix") == 0      # P never goes through smem (RS path)
+    assert k.count(r"st\.shared") == 0                                  # P never goes through smem (RS path)
+    # O leaves by stmatrix into the dead Q buffer (a 64-row × D slice per warpgroup, 16 columns per x4) and one
+    # TMA store of the tile; no register stores to global memory
+    assert k.count(r"stmatrix\.sync\.aligned\.m8n8\.x4\.shared\.b16") == head_dim // 16
+    assert k.count(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta") == head_dim // 64   # 64-column boxes
+    assert k.count(r"cp\.async\.bulk\.wait_group\.read\s+0") == 1
+    stores = set(re.findall(r"\bst\.global\.\S+", k.ptx))
+    assert k.count(r"\bst\.global") == 2, stores          # only the LSE of its 2 rows (O stores were 32 b32)
 
 
 @pytest.mark.compile
@@ -126,6 +134,47 @@ def test_window_and_sink_build():
     # the sink adds one exp2 per row to the epilogue; the window adds the left-edge compares
     assert local.count(r"ex2\.approx") == plain.count(r"ex2\.approx") + 2
     assert local.count(r"setp\.") > plain.count(r"setp\.")
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_small_window_build_shares_its_sm_with_a_second_cta(head_dim):
+    """D5 small windows: the 64-row tile (one consumer warpgroup) is built for two CTAs per SM — ptxas held to
+    128 registers a thread (no spills), 232 for the consumer after setmaxnreg, shared memory under half an SM."""
+    import shutil
+    import subprocess
+    import tempfile
+    from dsv4lib.attention import SMALL_WINDOW_MAX, is_small_window, sm90_kernel_shape
+    from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
+    shape = sm90_kernel_shape(head_dim, True, small_window=True)
+    assert shape["tile_m"] == 64 and is_small_window(128) and not is_small_window(SMALL_WINDOW_MAX + 1)
+    assert not is_small_window(None)
+    kernel = FlashAttentionForwardSm90(head_dim, causal=False, has_lse=True, window=True, sink=True, overlap=True,
+                                       **shape)
+    assert 2 * (kernel.smem_bytes() + 1024) <= kernel.SMEM_PER_SM
+    k = compile_for_arch(kernel, *fake_attention_args(head_dim), arch="sm_90a")
+    assert k.count(r"\.minnctapersm\s+2") == 1
+    assert k.count(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+232;") == 1
+    assert k.count(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;") == 1
+    assert k.count(r"stmatrix\.sync\.aligned\.m8n8\.x4\.shared\.b16") == head_dim // 16
+    ptxas = shutil.which("ptxas")
+    if ptxas is None:
+        pytest.skip("no ptxas on this machine to count registers (the PTX checks above ran)")
+    with tempfile.TemporaryDirectory() as tmp:
+        open(f"{tmp}/k.ptx", "w").write(k.ptx)
+        info = subprocess.run([ptxas, "-arch=sm_90a", "-v", f"{tmp}/k.ptx", "-o", f"{tmp}/k.cubin"],
+                              capture_output=True, text=True).stderr
+    assert "Used 128 registers" in info and "0 bytes spill stores" in info, info[-400:]
+
+
+@pytest.mark.compile
+def test_small_tile_is_refused_where_it_cannot_fit():
+    from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90
+    with pytest.raises(ValueError, match="head_dim 256"):
+        FlashAttentionForwardSm90(256, causal=False, has_lse=False, overlap=True, tile_m=64, tile_n=64)
+    with pytest.raises(ValueError, match="do not fit an SM"):        # 16 + 2·2·32 KB + 1 KB > 113 KB
+        FlashAttentionForwardSm90(128, causal=False, has_lse=False, overlap=True, tile_m=64, tile_n=128)
 
 
 @pytest.mark.gpu

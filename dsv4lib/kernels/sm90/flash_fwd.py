@@ -166,17 +166,24 @@ class Sm90AttentionOps:
 class FlashAttentionForwardSm90(Sm90AttentionOps):
     """Hopper forward attention, P in registers.  ``head_dim`` 64 / 128 / 256 (Dv = D), bf16."""
 
-    # (producer, consumer) registers per thread after setmaxnreg, by number of consumer warpgroups: the whole
-    # 64K-register file is shared out (128·24 + 256·240 = 128·32 + 384·160 = 64K)
-    REGS_BY_CONSUMER_WARPGROUPS = {2: (24, 240), 3: (32, 160)}
+    # (producer, consumer) registers per thread after setmaxnreg, by number of consumer warpgroups: the whole (128·24 + 256·240 = 128·32 + 384·160 = 64K)
+    # 64K-register file is shared out (128·24 + 256·240 = 128·32 + 384·160 = 64K); a 64-row tile (one consumer
+    # warpgroup) takes half of it, so that two CTAs share an SM: 128·24 + 128·232 = 32K
+    REGS_BY_CONSUMER_WARPGROUPS = {1: (24, 232), 2: (24, 240), 3: (32, 160)}
     SCHEDULER_BARRIER_BASE = 4           # named barriers 4.. order the consumer warpgroups' MMA issue (1..3: SMEM-P)
+    EPILOGUE_BARRIER = 7                 # every consumer thread has put its O rows in shared memory
 
     def __init__(self, head_dim: int, *, causal: bool, has_lse: bool, tile_n: int | None = None,
                  num_stages: int = 2, p_in_smem: bool = False, window: bool = False, sink: bool = False,
                  split_kv: bool = False, overlap: bool = False, nvfp4_out: bool = False, pack_gqa: int = 1,
-                 tile_m: int = 128, wg_pingpong: bool = False, rescale_o_early: bool = False):
-        if tile_m not in (128, 192):
-            raise ValueError(f"tile_m must be 128 (2 consumer warpgroups) or 192 (3), got {tile_m}")
+                 tile_m: int = 128, wg_pingpong: bool = False, rescale_o_early: bool = False,
+                 tma_store_o: bool = True):
+        if tile_m not in (64, 128, 192):
+            raise ValueError(f"tile_m must be 64 (1 consumer warpgroup, two CTAs per SM), 128 (2) or 192 (3), "
+                             f"got {tile_m}")
+        if tile_m == 64 and head_dim > 128:
+            raise ValueError(f"a 64-row tile shares its SM with a second CTA (at most 128 registers a thread at "
+                             f"launch): head_dim {head_dim} does not fit; use tile_m=128")
         if pack_gqa < 1 or tile_m % pack_gqa:
             raise ValueError(f"pack_gqa (q heads per KV head packed into M) must divide the {tile_m}-row tile, "
                              f"got {pack_gqa}")
@@ -198,6 +205,8 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         self.tile_m = tile_m
         self.tile_n = tile_n or default_tile_n(head_dim)
         self.consumer_warpgroups = tile_m // 64
+        # a 64-row tile is built to share its SM with a second CTA (registers halved, shared memory checked below)
+        self.ctas_per_sm = 2 if tile_m == 64 else 1
         self.NUM_THREADS = 128 * (1 + self.consumer_warpgroups)    # producer warpgroup + consumer warpgroups
         self.PRODUCER_REGS, self.CONSUMER_REGS = self.REGS_BY_CONSUMER_WARPGROUPS[self.consumer_warpgroups]
         # Ping-pong: the consumer warpgroups take turns issuing their QK + PV wgmmas (named barriers), so one's
@@ -214,12 +223,28 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         self.overlap = overlap
         self.nvfp4_out = nvfp4_out
         self.pack_gqa = pack_gqa
+        # bf16 O leaves through shared memory (stmatrix into the dead Q buffer, one TMA store per tile) instead of
+        # 4 B register stores; the fp32 split partials and the NVFP4 bytes keep their register stores.
+        self.tma_store_o = tma_store_o and not split_kv and not nvfp4_out
         self.dtype = cutlass.BFloat16
+        if self.ctas_per_sm * (self.smem_bytes() + 1024) > self.SMEM_PER_SM:
+            raise ValueError(f"{self.smem_bytes()} B of shared memory per CTA: {self.ctas_per_sm} CTAs do not fit an "
+                             f"SM (tile_m {tile_m}, tile_n {self.tile_n}, {num_stages} stages, head_dim {head_dim})")
         # Debug knobs (compile-time), e.g. DSV4_D1_DEBUG="printf,noreg,notail": checkpoints printed by
         # block (0,0,0), no register reallocation, no producer tail.  Never set in normal runs.
         knobs = set(filter(None, os.environ.get("DSV4_D1_DEBUG", "").split(",")))
         self.debug_printf, self.debug_noreg, self.debug_notail = ("printf" in knobs, "noreg" in knobs,
                                                                  "notail" in knobs)
+
+    SMEM_PER_SM = 228 * 1024             # H100/H200; the driver keeps 1 KB of it per CTA
+
+    def smem_bytes(self) -> int:
+        """Shared memory of one CTA: Q, the K and V stages, P (SMEM-P only), the mbarriers, 1 KB alignment each."""
+        elem = 2
+        q = self.tile_m * self.head_dim * elem
+        kv = 2 * self.num_stages * self.tile_n * self.head_dim * elem
+        p = self.tile_m * self.tile_n * elem if self.p_in_smem else 0
+        return 1024 + q + kv + p
 
     # ------------------------------------------------------------------------------ host side
     def token(self, row):
@@ -277,6 +302,10 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                                                         (self.tile_n, self.head_dim), 1)
         tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(tma_load, mV, cute.select(sV_layout, mode=[0, 1]),
                                                         (self.tile_n, self.head_dim), 1)
+        tma_atom_O = None
+        if const_expr(self.tma_store_o):   # O shares Q's tile shape and buffer layout
+            tma_atom_O, mO = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mO, sQ_layout,
+                                                         (self.tile_m, self.head_dim))
 
         @cute.struct
         class SharedStorage:
@@ -292,15 +321,17 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         if const_expr(self.split_kv):
             batch_and_splits = batch_and_splits * cute.size(mO.shape[4])
         grid = (cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m), cute.size(mQ.shape[2]), batch_and_splits)
-        self.kernel(tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, mO, mLSE, softmax_scale_log2,
+        self.kernel(tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, tma_atom_O, mO, mLSE, softmax_scale_log2,
                     window_size, mSink, mOutScales, mSenc,
                     sQ_layout, sK_layout, sV_layout, sP_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage).launch(
-            grid=grid, block=[self.NUM_THREADS, 1, 1], min_blocks_per_mp=1, **launch_stream(stream))
+            grid=grid, block=[self.NUM_THREADS, 1, 1], min_blocks_per_mp=self.ctas_per_sm,
+            # two CTAs per SM need the whole 228 KB carve-out (100 %), not the driver's pick for one CTA's size
+            **({"preferred_smem_carveout": 100} if self.ctas_per_sm > 1 else {}), **launch_stream(stream))
 
     # ---------------------------------------------------------------------------- device side
     @cute.kernel
     def kernel(self, tma_atom_Q: cute.CopyAtom, mQ: cute.Tensor, tma_atom_K: cute.CopyAtom, mK: cute.Tensor,
-               tma_atom_V: cute.CopyAtom, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+               tma_atom_V: cute.CopyAtom, mV: cute.Tensor, tma_atom_O: cute.CopyAtom, mO: cute.Tensor, mLSE: cute.Tensor,
                softmax_scale_log2: Float32, window_size: Int32, mSink: cute.Tensor, mOutScales: cute.Tensor,
                mSenc: cute.Tensor, sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
                sV_layout: cute.ComposedLayout, sP_layout: cute.ComposedLayout, tiled_mma_qk: cute.TiledMma,
@@ -316,6 +347,8 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         if warp_idx == 0:
             for atom in (tma_atom_Q, tma_atom_K, tma_atom_V):
                 cpasync.prefetch_descriptor(atom)
+            if const_expr(self.tma_store_o):
+                cpasync.prefetch_descriptor(tma_atom_O)
 
         storage = cutlass.utils.SmemAllocator().allocate(SharedStorage)
         one_thread = pipeline.CooperativeGroup(pipeline.Agent.Thread)
@@ -380,7 +413,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         else:
             if const_expr(not self.debug_noreg):
                 cute.arch.setmaxregister_increase(self.CONSUMER_REGS)
-            self.consume(tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, sP, mO, mLSE, pipeline_q, pipeline_k, pipeline_v,
+            self.consume(tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, sP, tma_atom_O, mO, mLSE, pipeline_q, pipeline_k, pipeline_v,
                          softmax_scale_log2, window_size, mSink, mOutScales, mSenc, tidx - 128, m_block, head, batch,
                          split, seqlen_q, seqlen_k, n_block_min, n_block_max, rows_q)
 
@@ -531,7 +564,26 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                         mScales[row, d0 // 16, head, batch] = Uint8(sf_bits)
 
     @cute.jit
-    def consume(self, tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, sP, mO, mLSE, pipeline_q, pipeline_k, pipeline_v,
+    def store_o_tma(self, acc_O, tiled_mma_pv, sO, tma_atom_O, gO, ctidx):
+        """bf16 O → shared memory by stmatrix, then one TMA store of the whole tile.  The buffer is Q's: each
+        warpgroup writes only the 64 rows its own QK wgmmas read, all of them retired, so no barrier is needed
+        before the writes; rows past the end of the sequence are clipped by the TMA unit."""
+        rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
+        rO.store(acc_O.load().to(self.dtype))
+        stmatrix = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
+        thr_copy_O = cute.make_tiled_copy_C(stmatrix, tiled_mma_pv).get_slice(ctidx)
+        cute.copy(stmatrix, thr_copy_O.retile(rO), thr_copy_O.partition_D(sO))
+        cute.arch.fence_proxy("async.shared", space="cta")                 # generic-proxy writes → TMA reads
+        cute.arch.barrier(barrier_id=self.EPILOGUE_BARRIER, number_of_threads=128 * self.consumer_warpgroups)
+        if ctidx < 32:
+            tOsO, tOgO = cpasync.tma_partition(tma_atom_O, 0, cute.make_layout(1), cute.group_modes(sO, 0, 2),
+                                               cute.group_modes(gO, 0, 2))
+            cute.copy(tma_atom_O, tOsO, tOgO)
+            cute.arch.cp_async_bulk_commit_group()
+            cute.arch.cp_async_bulk_wait_group(0, read=True)                # the buffer must outlive the reads
+
+    @cute.jit
+    def consume(self, tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, sP, tma_atom_O, mO, mLSE, pipeline_q, pipeline_k, pipeline_v,
                 softmax_scale_log2, window_size, mSink, mOutScales, mSenc, ctidx, m_block, head, batch, split,
                 seqlen_q, seqlen_k, n_block_min, n_block_max, rows_q):
         thr_qk = tiled_mma_qk.get_slice(ctidx)
@@ -638,6 +690,8 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                         mLSE[row, head, batch] = lse
         if const_expr(self.nvfp4_out):
             self.store_nvfp4(acc_O_rc, tOcO_rc, mO, mOutScales, mSenc[0], m_block, head, batch, seqlen_q)
+        elif const_expr(self.tma_store_o):
+            self.store_o_tma(acc_O, tiled_mma_pv, sQ, tma_atom_O, gO, ctidx)
         else:
             rO = cute.make_rmem_tensor_like(acc_O, mO.element_type)        # bf16 out, or the fp32 partial
             rO.store(acc_O.load().to(mO.element_type))
