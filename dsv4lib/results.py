@@ -83,3 +83,11 @@ def load_all_results(results_dir: Path = RESULTS_DIR) -> dict[str, dict[str, Any
         data = json.loads(p.read_text())
         out[data.get("target", p.stem)] = data
     return out
+
+
+def recorded_copy_gbps(target: str, default: float = 4300.0, results_dir: Path = RESULTS_DIR) -> float:
+    """The device-to-device copy bandwidth stage 00 measured on ``target`` (the pipeline runs it first, so within a
+    pipeline run it is this run's); ``default`` when the target has no stage-00 row yet."""
+    metrics = load_results(target, results_dir)["stages"].get("00-env", {}).get("metrics", {})
+    value = _as_float(metrics.get("copy_gbps", default))
+    return default if math.isnan(value) else value

@@ -138,9 +138,8 @@ if on_gpu:
         rows.append({"M": Mq, "K": Kq, "ms": t.median_ms, "gbps": bench.gbps(nbytes, t.median_ms),
                      "copy_same_bytes_gbps": bench.gbps(nbytes, t_copy.median_ms)})
         print(rows[-1])
-    import json, pathlib
-    h = json.loads((pathlib.Path("stages/results") / f"{tgt.name}.json").read_text()) if (pathlib.Path("stages/results") / f"{tgt.name}.json").exists() else {}
-    copy_gbps = float(h.get("stages", {}).get("00-env", {}).get("metrics", {}).get("copy_gbps", 4300.0))
+    from dsv4lib.results import recorded_copy_gbps
+    copy_gbps = recorded_copy_gbps(tgt.name)
     best = max(r["gbps"] for r in rows)
     worst = min(r["gbps"] for r in rows)
     for r in rows:

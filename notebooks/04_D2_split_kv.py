@@ -22,9 +22,6 @@ head_dim = 128
 bench_iters = 20
 
 # %%
-import json
-import pathlib
-
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
@@ -33,6 +30,7 @@ import dsv4lib
 from dsv4lib import bench, metrics, reference
 from dsv4lib.nb import setup
 from dsv4lib.record import record
+from dsv4lib.results import recorded_copy_gbps
 from dsv4lib.splitkv import num_splits_heuristic, split_block_ranges
 
 tgt = setup(target, seed)
@@ -83,10 +81,7 @@ record(metrics_path, compiled=build_ok, sm100a="COMPILED-ONLY" if build_ok else 
 # %%
 rows = []
 if on_gpu:
-    res_file = pathlib.Path("stages/results") / f"{tgt.name}.json"
-    copy_gbps = 4300.0
-    if res_file.exists():
-        copy_gbps = float(json.loads(res_file.read_text())["stages"].get("00-env", {}).get("metrics", {}).get("copy_gbps", copy_gbps))
+    copy_gbps = recorded_copy_gbps(tgt.name)
     gen = torch.Generator(device="cuda").manual_seed(seed)
     for B in batches:
         for S in kv_lens:

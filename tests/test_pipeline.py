@@ -45,3 +45,12 @@ def test_failures_are_recorded_and_the_pipeline_goes_on(tmp_path):
         assert key in saved["ok"], key
     status = (tmp_path / "STATUS.md").read_text()
     assert "| ok ok | **PASS**" in status and "| hangs hangs | **FAIL**" in status
+
+
+def test_recorded_copy_bandwidth_comes_from_stage_00(tmp_path):
+    from dsv4lib.results import merge_results, recorded_copy_gbps
+    assert recorded_copy_gbps("h200", default=1234.0, results_dir=tmp_path) == 1234.0      # no file yet
+    merge_results("h200", {"00-env": {"metrics": {"copy_gbps": 4265.5}}}, results_dir=tmp_path)
+    assert recorded_copy_gbps("h200", results_dir=tmp_path) == 4265.5
+    merge_results("h100", {"00-env": {"metrics": {"copy_gbps": "n/a"}}}, results_dir=tmp_path)
+    assert recorded_copy_gbps("h100", default=3000.0, results_dir=tmp_path) == 3000.0      # not a number
