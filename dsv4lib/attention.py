@@ -92,7 +92,12 @@ SM90_TUNING: dict[int, dict] = {64: {}, 128: {}, 256: {"tile_n": 80, "rescale_o_
 # so one CTA's loads and stores overlap the other's MMAs; 64-wide KV tiles also cut the masked waste of a
 # 128-key window (3 tiles of 64 instead of 2 of 128 per 64 query rows).  hd256 keeps the 128-row tile: its
 # 64-row build needs more than the 128 registers a thread may hold when two CTAs share an SM.
-SMALL_WINDOW_MAX = 256
+# Measured on the H100 at d58d48a (scripts/explore.py d5win, B2 H16 S16k W128 + sink, TFLOP/s over visible
+# pairs; FA4 in the same run): hd128 FA4 148 · 128×128 with register stores 83 · 128×128 + TMA-store epilogue 123
+# · 64×64 (2 stages) 163 · 64×128 (1 stage) 140 · 64×64 (1 stage) 148; hd64 FA4 92 · 128×128 79 · 64×64 112 ·
+# 64×128 96.  At 163 the hd128 kernel moves Q+K+V+O at 2.56 TB/s, 85 % of the H100's copy bandwidth.
+# DSV4's window (128) is the shape measured; wider windows keep the 128-row tile until measured.
+SMALL_WINDOW_MAX = 128
 SM90_SMALL_WINDOW_TUNING: dict[int, dict] = {64: {"tile_m": 64, "tile_n": 64}, 128: {"tile_m": 64, "tile_n": 64}}
 
 

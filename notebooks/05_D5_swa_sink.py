@@ -7,7 +7,7 @@
 #
 # * KV tiles wholly left of a query tile's window are **skipped** — never loaded, never multiplied — and only
 #   the tiles that cross the window's edges are masked;
-# * a **small window** (W ≤ 256) makes the kernel a stream: each query tile meets only 2-3 KV tiles, so the time
+# * a **small window** (W ≤ 128, DSV4's) makes the kernel a stream: each query tile meets only 2-3 KV tiles, so the time
 #   goes into loading Q, K, V and storing O, not into the MMAs.  Such windows get a 64-row tile with 64-wide KV
 #   tiles (`dsv4lib.attention.SM90_SMALL_WINDOW_TUNING`): one consumer warpgroup, 83 KB of shared memory and
 #   at most 128 registers a thread, so **two CTAs share an SM** and one's loads and stores overlap the other's

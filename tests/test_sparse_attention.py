@@ -33,6 +33,14 @@ def test_hd512_kernel_builds_from_the_public_functions_arguments(gather, split_k
     rs = k.count(r"wgmma\.mma_async\.sync\.aligned\.m64n256k16[^\n]*\},\s*\{%r")
     ss = k.count(r"wgmma\.mma_async\.sync\.aligned\.m64n256k16[^\n]*\},\s*%rd\d+,\s*%rd")
     schedule = flags.get("schedule", "columns")
+    o_stores = k.count(r"cp\.async\.bulk\.tensor\.4d\.global\.shared::cta")
+    if schedule != "columns" and not split_kv:
+        # bf16 O: each warpgroup puts its 64 × 256 half in the dead Q buffer as value pairs (64 st.shared.b32 a
+        # thread), then one TMA store of 8 boxes of 64 × 64, waited on before exit; O never leaves from registers
+        assert o_stores == 8 and k.count(r"cp\.async\.bulk\.wait_group\.read\s+0") == 1
+        assert k.count(r"st\.global\.b32") == (2 if flags.get("has_lse") else 0)     # the LSE of its 2 rows
+    else:
+        assert o_stores == 0                                  # fp32 partials / the columns schedule: registers
     if schedule == "paired":
         # each warpgroup: QK of its own tile (32 k-steps of m64n64k16, in two column halves), PV of its column
         # half for both tiles — its own P from registers (RS), the other's from shared memory (SS)
@@ -62,7 +70,7 @@ def test_hd512_kernel_builds_from_the_public_functions_arguments(gather, split_k
     if gather:   # gathered rows: cp.async, 16 B each (Q rows + KV rows), arriving on the stage's mbarrier
         assert k.count(r"cp\.async\.cg\.shared\.global[^\n]*16;") == 32 + 32
         assert k.count(r"cp\.async\.mbarrier\.arrive\.noinc") == 1
-        assert k.count(r"cp\.async\.bulk\.tensor") == 0
+        assert k.count(r"cp\.async\.bulk\.tensor\.\dd\.shared::cta\.global") == 0            # no TMA loads
     else:        # dense rows: TMA, 8 boxes of 64 × 64 for Q and 8 per KV tile, no cp.async
         assert k.count(r"cp\.async\.bulk\.tensor\.4d\.shared::cta\.global\.tile\.mbarrier") == 8     # Q
         assert k.count(r"cp\.async\.bulk\.tensor\.3d\.shared::cta\.global\.tile\.mbarrier") == 8     # KV tile

@@ -69,6 +69,7 @@ HALF = HEAD_DIM // 2   # output columns per consumer warpgroup
 P_FULL, P_EMPTY, FINAL = 1, 3, 5
 B_MAX, B_P, B_SUM = 1, 2, 3            # the balanced variant's barriers
 PAIR_MAX, PAIR_P, PAIR_SUM = 1, 3, 5   # the paired variant's: + warpgroup (M0 / M1, S0 / S1), then the row sums
+O_IN_SMEM = 6                          # balanced / paired, bf16 out: both halves of O are in the dead Q buffer
 SCHEDULES = ("columns", "balanced", "paired")
 ROW_GROUPS = 16                        # paired producer: 16 groups of 8 threads, a group copies a 128 B segment
 HALF_TILE_ORDER = ((0, 0), (1, 1), (0, 1), (1, 0))   # paired producer: (tile buffer, column half), order freed
@@ -147,6 +148,10 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         self.consumer_regs = self.PAIRED_CONSUMER_REGS if self.paired else self.CONSUMER_REGS
         # paired: warpgroup 0 issues the next pair's scores behind its last PV of this pair (FA3-style overlap)
         self.prefetch_scores = prefetch_scores
+        # bf16 O of the balanced / paired schedules leaves by stmatrix into the Q buffer (dead once both warpgroups
+        # passed the row-sum barrier: every QK wgmma has retired) and one TMA store of the 64 × 512 tile; the fp32
+        # split partials and the columns schedule keep their register stores
+        self.tma_store_o = not split_kv and schedule in ("balanced", "paired")
         self.dtype = cutlass.BFloat16
 
     # ------------------------------------------------------------------------------ host side
@@ -191,11 +196,18 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                 op, cute.make_tensor(mKV.iterator, cute.select(mKV.layout, mode=[1, 2, 0])),
                 cute.select(sKV_layout, mode=[0, 1]), (TILE_N, HEAD_DIM))
 
+        tma_atom_O = tma_O = None
+        if const_expr(self.tma_store_o):
+            # (1, B, Sq, H, 512) -> (H, 512, Sq, B), like Q (one split: its index is always 0)
+            tma_atom_O, tma_O = cpasync.make_tiled_tma_atom(
+                cpasync.CopyBulkTensorTileS2GOp(), cute.make_tensor(mO.iterator, cute.select(mO.layout, mode=[3, 4, 2, 1])),
+                sQ_layout, (TILE_H, HEAD_DIM))
+
         grid = (cute.size(mQ.shape[1]), cute.size(mQ.shape[2]) // TILE_H,
                 cute.size(mQ.shape[0]) * cute.size(mO.shape[0]))
         self.kernel(mQ, mKV, mIdx, mO, mLSE, softmax_scale_log2, window_size, mSink, sQ_layout, sKV_layout,
                     sP_layout, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, SharedStorage,
-                    tma_atom_Q, tma_Q, tma_atom_KV, tma_KV).launch(
+                    tma_atom_Q, tma_Q, tma_atom_KV, tma_KV, tma_atom_O, tma_O).launch(
             grid=grid, block=[self.NUM_THREADS, 1, 1], min_blocks_per_mp=1, **launch_stream(stream))
 
     # ---------------------------------------------------------------------------- device side
@@ -204,7 +216,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                softmax_scale_log2: Float32, window_size: Int32, mSink: cute.Tensor,
                sQ_layout: cute.ComposedLayout, sKV_layout: cute.ComposedLayout, sP_layout: cute.ComposedLayout,
                tiled_mma_qk: cute.TiledMma, tiled_mma_pv_rs: cute.TiledMma, tiled_mma_pv_ss: cute.TiledMma,
-               SharedStorage: cutlass.Constexpr, tma_atom_Q, tma_Q, tma_atom_KV, tma_KV):
+               SharedStorage: cutlass.Constexpr, tma_atom_Q, tma_Q, tma_atom_KV, tma_KV, tma_atom_O, tma_O):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
         token, head_group, batch, split, num_splits = self.cta_coords(mO)
@@ -224,6 +236,9 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             pipeline_q = pipeline.PipelineTmaAsync.create(
                 barrier_storage=storage.mbar_Q.data_ptr(), num_stages=1, producer_group=one_thread,
                 consumer_group=consumer_warps, tx_count=TILE_H * HEAD_DIM * self.dtype.width // 8, defer_sync=True)
+        if const_expr(self.tma_store_o):
+            if warp_idx == 0:
+                cpasync.prefetch_descriptor(tma_atom_O)
         if const_expr(self.paired):
             if warp_idx == 0:
                 cpasync.prefetch_descriptor(tma_atom_Q)
@@ -290,17 +305,17 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             if warp_idx < 8:
                 self.paired_half(0, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sKV, sVt, sP, sMax, sSum,
                                  mIdx, mO, mLSE, mSink, pipeline_kv, softmax_scale_log2, tidx - 128, token,
-                                 head_group, batch, split, n_keys, seqlen_k, tile_lo, tile_hi)
+                                 head_group, batch, split, n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O)
             else:
                 self.paired_half(1, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sKV, sVt, sP, sMax, sSum,
                                  mIdx, mO, mLSE, mSink, pipeline_kv, softmax_scale_log2, tidx - 256, token,
-                                 head_group, batch, split, n_keys, seqlen_k, tile_lo, tile_hi)
+                                 head_group, batch, split, n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O)
         elif const_expr(self.balanced):
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.wait_q(pipeline_q, tile_lo, tile_hi)
             self.balanced_half(tidx // 128 - 1, tiled_mma_qk, tiled_mma_pv_ss, sQ, sKV, sVt, sP, sMax, sSum, mIdx,
                                mO, mLSE, mSink, pipeline_kv, softmax_scale_log2, tidx % 128, token, head_group, batch,
-                               split, n_keys, seqlen_k, tile_lo, tile_hi)
+                               split, n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O)
         elif warp_idx < 8:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.wait_q(pipeline_q, tile_lo, tile_hi)
@@ -665,7 +680,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
     @cute.jit
     def balanced_half(self, w, tiled_mma_qk, tiled_mma_pv, sQ, sKV, sVt, sP, sMax, sSum, mIdx, mO, mLSE, mSink,
                       pipeline_kv, softmax_scale_log2, wtid, token, head_group, batch, split, n_keys, seqlen_k,
-                      tile_lo, tile_hi):
+                      tile_lo, tile_hi, tma_atom_O, tma_O):
         """Warpgroup ``w`` (0 or 1) of the balanced variant: scores of keys 32w…32w+31, O columns 256w…256w+255."""
         sK_mine = cute.local_tile(sKV, (HALF_N, HEAD_DIM, self.num_stages), (w, 0, 0))     # (32, 512, stages)
         thr_qk, thr_pv, tSrQ, tSrK, tOrV = self.consumer_operands(tiled_mma_qk, tiled_mma_pv, sQ, sK_mine, sVt, w,
@@ -725,12 +740,13 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             kv_state.advance()
 
         self.finish_shared_max(w, thr_pv, acc_O, acc_O_rc, tScS_rc, row_max, row_sum, sSum, mO, mLSE, mSink,
-                               softmax_scale_log2, wtid, token, head_group, batch, split, B_SUM)
+                               softmax_scale_log2, wtid, token, head_group, batch, split, B_SUM,
+                               tiled_mma_pv, sQ, tma_atom_O, tma_O)
 
     @cute.jit
     def finish_shared_max(self, w, thr_pv, acc_O, acc_O_rc, tScS_rc, row_max, row_sum, sSum, mO,
                           mLSE, mSink, softmax_scale_log2, wtid, token, head_group, batch, split,
-                          sum_barrier: cutlass.Constexpr):
+                          sum_barrier: cutlass.Constexpr, tiled_mma_pv, sQ, tma_atom_O, tma_O):
         """Epilogue of the schedules whose two warpgroups end with the same row max (balanced, paired): my row
         sums + the other warpgroup's, sink, LSE, my half of O."""
         n_rows = cute.size(tScS_rc, mode=[0])
@@ -759,12 +775,35 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                     mLSE[split, batch, head_group * TILE_H + m, token] = lse
             for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
                 acc_O_rc[r, c] = acc_O_rc[r, c] * inv
-        self.store_half(thr_pv, acc_O, mO, split, batch, token, head_group, w)
+        if const_expr(self.tma_store_o):
+            self.store_o_tma(w, tiled_mma_pv, acc_O, sQ, tma_atom_O, tma_O, wtid, token, head_group, batch)
+        else:
+            self.store_half(thr_pv, acc_O, mO, split, batch, token, head_group, w)
+
+    @cute.jit
+    def store_o_tma(self, w, tiled_mma_pv, acc_O, sQ, tma_atom_O, tma_O, wtid, token, head_group, batch):
+        """My column half of O (bf16) → the Q buffer as 32-bit value pairs (the accumulator's own layout through
+        ``partition_C``, swizzled like the buffer); once both halves are there, one thread stores the 64 × 512 tile
+        by TMA and waits until the buffer has been read (the CTA may not exit before).  Not stmatrix: at the paired
+        schedule's 208 registers its operand packing spilled 20 B (ptxas -v), the pair stores spill nothing."""
+        sO_half = cute.local_tile(sQ, (TILE_H, HALF), (0, w))                        # (64 heads, 256), swizzled
+        rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
+        rO.store(acc_O.load().to(self.dtype))
+        cute.autovec_copy(rO, tiled_mma_pv.get_slice(wtid).partition_C(sO_half))
+        cute.arch.fence_proxy("async.shared", space="cta")                          # generic writes → TMA reads
+        cute.arch.barrier(barrier_id=O_IN_SMEM, number_of_threads=256)
+        if w == 0 and wtid < 32:
+            gO = cute.local_tile(tma_O[None, None, token, batch], (TILE_H, HEAD_DIM), (head_group, 0))   # (64, 512)
+            tOsO, tOgO = cpasync.tma_partition(tma_atom_O, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
+                                               cute.group_modes(gO, 0, 2))
+            cute.copy(tma_atom_O, tOsO, tOgO)
+            cute.arch.cp_async_bulk_commit_group()
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
     def paired_half(self, w: cutlass.Constexpr, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sKV, sVt, sP,
                     sMax, sSum, mIdx, mO, mLSE, mSink, kv_pipes, softmax_scale_log2, wtid, token, head_group, batch,
-                    split, n_keys, seqlen_k, tile_lo, tile_hi):
+                    split, n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O):
         """Warpgroup ``w`` of the paired schedule: the scores of tiles ``tile_lo + 2p + w`` and O columns
         ``256w … 256w+255`` of every tile (module docstring).  Half-buffer ``2b + h`` = tile buffer b, columns h."""
         thr_qk, thr_pv, tSrQ, tSrK, tOrV = self.consumer_operands(tiled_mma_qk, tiled_mma_pv_rs, sQ, sKV, sVt, w,
@@ -865,7 +904,8 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                 kv_pipes[1].consumer_release(state)                       # (even, right)
             state.advance()
         self.finish_shared_max(w, thr_pv, acc_O, acc_O_rc, tScS_rc, row_max, row_sum, sSum, mO, mLSE, mSink,
-                               softmax_scale_log2, wtid, token, head_group, batch, split, PAIR_SUM)
+                               softmax_scale_log2, wtid, token, head_group, batch, split, PAIR_SUM,
+                               tiled_mma_pv_rs, sQ, tma_atom_O, tma_O)
 
     @cute.jit
     def issue_scores(self, w: cutlass.Constexpr, p, state, tiled_mma_qk, acc_S, tSrQ, tSrK, k_half, tScS_rc, kv_pipes, mIdx, batch, token, key_end, seqlen_k, tile_lo, leave_in_flight: cutlass.Constexpr,
