@@ -224,15 +224,19 @@ if "d5win" in sections:
     tuned = {d: dict(v) for d, v in A.SM90_TUNING.items()}
     variants = {128: [{"tile_m": 128, "tile_n": 128, "tma_store_o": False}, {"tile_m": 128, "tile_n": 128},
                       {"tile_m": 64, "tile_n": 64, "tma_store_o": False}, {"tile_m": 64, "tile_n": 64},
-                      {"tile_m": 64, "tile_n": 128, "num_stages": 1}, {"tile_m": 64, "tile_n": 64, "num_stages": 1}],
+                      {"tile_m": 64, "tile_n": 128, "num_stages": 1}, {"tile_m": 64, "tile_n": 64, "num_stages": 1},
+                      {"tile_m": 64, "tile_n": 64, "num_stages": 3}],
                 64: [{"tile_m": 128, "tile_n": 128, "tma_store_o": False}, {"tile_m": 128, "tile_n": 128},
-                     {"tile_m": 64, "tile_n": 64}, {"tile_m": 64, "tile_n": 128}],
+                     {"tile_m": 64, "tile_n": 64}, {"tile_m": 64, "tile_n": 128}, {"tile_m": 64, "tile_n": 64, "num_stages": 3}],
                 256: [{"tma_store_o": False}, {}]}
-    only = os.environ.get("D5WIN_DIMS")
+    quick = os.environ.get("D5WIN_QUICK") == "1"     # only the 64 × 64 small-window builds, 2 vs 3 stages
+    if quick:
+        variants = {d: [{"tile_m": 64, "tile_n": 64, "num_stages": n} for n in (2, 3)] for d in (64, 128)}
+    only = os.environ.get("D5WIN_DIMS") or ("128,64" if quick else None)
     for D in [int(x) for x in only.split(",")] if only else (128, 64, 256):
         sink = torch.randn(16, device="cuda", dtype=torch.float32)
         inputs = [tuple(rnd(2, 16384, 16, D) for _ in range(3)) for _ in range(2)]
-        for W in ((128, 4096) if D == 128 else (128,)):
+        for W in ((128, 4096) if D == 128 and not quick else (128,)):
             flops = bench.attention_flops(2, 16, 16384, 16384, D, window=W)
             row = {"d5win": [D, W]}
             if fa4 is not None:
@@ -260,7 +264,7 @@ if "d5win" in sections:
                 A.SM90_TUNING[D] = dict(tuned[D])
             show(row)
     # D1 headline shape with and without the TMA-store epilogue
-    for D in (128, 64):
+    for D in () if quick else (128, 64):
         inputs = [tuple(rnd(4, 8192, 16, D) for _ in range(3)) for _ in range(2)]
         flops = bench.attention_flops(4, 16, 8192, 8192, D)
         row = {"d1epi": D}
