@@ -98,10 +98,11 @@ SM90_TUNING: dict[int, dict] = {64: {}, 128: {}, 256: {"tile_n": 80, "rescale_o_
 # 64×128 96.  At 163 the hd128 kernel moves Q+K+V+O at 2.56 TB/s, 85 % of the H100's copy bandwidth.
 # DSV4's window (128) is the shape measured; wider windows keep the 128-row tile until measured.
 SMALL_WINDOW_MAX = 128
-# Three KV stages (hd128: 16 + 3·32 + 1 KB = 113 KB, two CTAs fill the 228 KB of an SM exactly): the three 64-key
-# tiles a 64-row query tile meets under W = 128 are all requested at once, in one memory latency.
-SM90_SMALL_WINDOW_TUNING: dict[int, dict] = {64: {"tile_m": 64, "tile_n": 64, "num_stages": 3},
-                                             128: {"tile_m": 64, "tile_n": 64, "num_stages": 3}}
+# Three KV stages instead of two (hd128: 16 + 3·32 + 1 KB = 113 KB, two CTAs fill the 228 KB of an SM exactly, and
+# all three 64-key tiles of a W = 128 query tile are requested at once) measured a tie on the H200 at d0d2163
+# (D5WIN_QUICK=1 scripts/explore.py d5win, TFLOP/s, FA4 154 / 93 in the same run): hd128 175 vs 177, hd64 111 vs
+# 111.  Two stages stay: the same speed with 32 KB of shared memory to spare.
+SM90_SMALL_WINDOW_TUNING: dict[int, dict] = {64: {"tile_m": 64, "tile_n": 64}, 128: {"tile_m": 64, "tile_n": 64}}
 
 
 def sm90_kernel_shape(D: int, overlap: bool, pack: int = 1, nvfp4_out: bool = False,
