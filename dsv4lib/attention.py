@@ -357,9 +357,10 @@ def attention_nvfp4(q, k, v, out_global_amax, *, scale=None, causal=False, windo
     scales = torch.empty(B, Sq, H, D // 16, dtype=torch.uint8, device=q.device)
     lse = torch.empty(B, H, Sq, dtype=torch.float32, device=q.device)
     sink_t = sink_arg(sink, q.device)
-    args = (to_cute(q, 3), to_cute(k, 3), to_cute(v, 3), to_cute(data, 3), to_cute(lse, 2),
-            Float32(scale * math.log2(math.e)), Int32(window or 0), to_cute(sink_t, 0), to_cute(scales, 3),
-            to_cute(s_enc, 0), current_stream(q.device))
+    # the kernel writes whole 32-bit words (a quad assembles each block's 8 bytes, the scale bytes go 4 at a time)
+    args = (to_cute(q, 3), to_cute(k, 3), to_cute(v, 3), to_cute(data.view(torch.int32), 3), to_cute(lse, 2),
+            Float32(scale * math.log2(math.e)), Int32(window or 0), to_cute(sink_t, 0),
+            to_cute(scales.view(torch.int32), 3), to_cute(s_enc, 0), current_stream(q.device))
     with torch.cuda.device(q.device):
         # the same mainloop as plain attention (overlap by default), so the comparison isolates the epilogue
         _compiled_sm90(D, bool(causal), False, "rs", window is not None, sink is not None, False, args,

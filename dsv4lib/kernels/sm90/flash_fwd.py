@@ -51,7 +51,7 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import Float32, Int32, Uint8, Uint32, const_expr, pipeline
+from cutlass import Float32, Int32, Int64, Uint8, Uint32, const_expr, pipeline
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 from cutlass.utils import LayoutEnum
@@ -540,11 +540,22 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
 
     @cute.jit
     def store_nvfp4(self, acc_O_rc, tOcO_rc, mData, mScales, s_enc, m_block, head, batch, seqlen_q):
-        """O (fp32, normalized) → NVFP4 bytes from the registers that hold it.  Columns c..c+3 of a row are
-        d0, d0+1, d0+8, d0+9 of one 16-column block (d0 = 16·block + 2·(lane % 4)): two packed bytes."""
+        """O (fp32, normalized) → NVFP4 from the registers that hold it.  Columns c..c+3 of a row are d0, d0+1,
+        d0+8, d0+9 of one 16-column block (d0 = 16·block + 2t, t = lane % 4): thread t packs bytes t and 4 + t of
+        the block's 8.  The quad ORs its bytes into the block's two 32-bit words (butterfly shuffles), so every
+        thread of the quad ends the row holding the whole packed row (D/2 bytes); thread t stores the t-th quarter
+        of it with one vector store, so each store instruction writes D/8 contiguous bytes of 8 rows (byte stores
+        wrote 4).  The row's scale bytes, known to the whole quad, leave as 32-bit words.  ``mData`` /
+        ``mScales`` are 32-bit views of the byte tensors: (s, D/8, h, b) and (s, D/64, h, b), rows contiguous."""
         s_dec = 1.0 / s_enc                                 # once per thread, not once per block
+        t = cute.arch.lane_idx() % 4
+        n_blocks = cute.size(acc_O_rc, mode=[1]) // 4
+        per_lane = n_blocks // 2                            # data words a quad lane stores per row (2 per block)
         for r in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[0])):
-            for blk in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1]) // 4):
+            row = m_block * self.tile_m + tOcO_rc[r, 0][0]
+            words = []                                      # the packed row, word 2·block (+1), in every quad lane
+            scale_words = [Uint32(0) for _ in range((n_blocks + 3) // 4)]
+            for blk in cutlass.range_constexpr(n_blocks):
                 c0 = 4 * blk
                 vmax = Float32(0.0)
                 for k in cutlass.range_constexpr(4):
@@ -554,14 +565,28 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                 sf_bits, enc = nvfp4_block_scale(vmax, s_enc, s_dec)
                 byte_lo = e2m1_code_magic(acc_O_rc[r, c0] * enc) | (e2m1_code_magic(acc_O_rc[r, c0 + 1] * enc) << Uint32(4))
                 byte_hi = e2m1_code_magic(acc_O_rc[r, c0 + 2] * enc) | (e2m1_code_magic(acc_O_rc[r, c0 + 3] * enc) << Uint32(4))
-                m, d0 = tOcO_rc[r, c0]
-                _, d2 = tOcO_rc[r, c0 + 2]
-                row = m_block * self.tile_m + m
-                if row < seqlen_q:
-                    mData[row, d0 // 2, head, batch] = Uint8(byte_lo)
-                    mData[row, d2 // 2, head, batch] = Uint8(byte_hi)
-                    if d0 % 16 == 0:
-                        mScales[row, d0 // 16, head, batch] = Uint8(sf_bits)
+                for word in (byte_lo << (Uint32(8) * Uint32(t)), byte_hi << (Uint32(8) * Uint32(t))):
+                    for offset in (1, 2):                   # bytes 0..3 (lo) / 4..7 (hi) of the block, one per lane
+                        word = word | Uint32(cute.arch.shuffle_sync_bfly(Int32(word), offset=offset))
+                    words.append(word)
+                scale_words[blk // 4] = scale_words[blk // 4] | (sf_bits << Uint32(8 * (blk % 4)))
+            rW = cute.make_rmem_tensor((per_lane,), Int32)
+            for k in cutlass.range_constexpr(per_lane):     # my quarter of the row: words per_lane·t + k
+                mine_k = Int32(words[k])
+                for g in cutlass.range_constexpr(1, 4):
+                    if t == g:
+                        mine_k = Int32(words[g * per_lane + k])
+                rW[k] = mine_k
+            if row < seqlen_q:
+                row_words = mData[row, None, head, batch]                                   # (D/8,) contiguous
+                mine = cute.make_tensor(
+                    cute.make_ptr(Int32, row_words.iterator.toint() + Int64(4 * per_lane) * Int64(t),
+                                  cute.AddressSpace.gmem, assumed_align=4 * per_lane),
+                    cute.make_layout(per_lane))
+                cute.autovec_copy(rW, mine)
+                for sw in cutlass.range_constexpr(len(scale_words)):
+                    if t == sw % 4:
+                        mScales[row, sw, head, batch] = Int32(scale_words[sw])
 
     @cute.jit
     def store_o_tma(self, acc_O, tiled_mma_pv, sO, tma_atom_O, gO, ctidx):
@@ -717,13 +742,14 @@ def fake_split_args(head_dim: int):
 
 
 def fake_nvfp4_args(head_dim: int):
-    """Fake args of an ``nvfp4_out`` build: O as bytes (b, s, h, d/2), scales (b, s, h, d/16)."""
+    """Fake args of an ``nvfp4_out`` build: O's bytes (b, s, h, d/2) and the scale bytes (b, s, h, d/16), both as
+    32-bit words — (b, s, h, d/8) and (b, s, h, d/64) — the views ``dsv4lib.attention_nvfp4`` passes."""
     from cutlass.cute.runtime import make_fake_tensor
     q, k, v, _, lse, scale, window, sink, _, s_enc = fake_attention_args(head_dim)
     b, s, h = (cute.sym_int() for _ in range(3))
-    data = make_fake_tensor(Uint8, (b, s, h, head_dim // 2), stride=(cute.sym_int(), cute.sym_int(), cute.sym_int(), 1),
+    data = make_fake_tensor(Int32, (b, s, h, head_dim // 8), stride=(cute.sym_int(), cute.sym_int(), cute.sym_int(), 1),
                             assumed_align=16)
-    scales = make_fake_tensor(Uint8, (b, s, h, head_dim // 16), stride=(cute.sym_int(), cute.sym_int(), cute.sym_int(), 1),
+    scales = make_fake_tensor(Int32, (b, s, h, head_dim // 64), stride=(cute.sym_int(), cute.sym_int(), cute.sym_int(), 1),
                               assumed_align=4)
     return q, k, v, data, lse, scale, window, sink, scales, s_enc
 
