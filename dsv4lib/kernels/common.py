@@ -4,7 +4,7 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Uint32, pipeline
+from cutlass import Float32, Uint32, const_expr, pipeline
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
@@ -19,11 +19,13 @@ def launch_stream(stream: cuda.CUstream | None) -> dict:
 @cute.jit
 def load_kv_tiles(tma_atom_K: cute.CopyAtom, tKgK: cute.Tensor, tKsK: cute.Tensor, pipe_k,
                   tma_atom_V: cute.CopyAtom, tVgV: cute.Tensor, tVsV: cute.Tensor, pipe_v,
-                  n_block_min, n_block_max, num_stages: cutlass.Constexpr):
+                  n_block_min, n_block_max, num_stages: cutlass.Constexpr, kv_state=None):
     """The producer loop: TMA K and V tiles ``n_block_max - 1`` down to ``n_block_min`` into the next stages.
     The global tile follows the loop's block index (the seed's stuck-on-tile-0 bug).  Returns the
-    producer state after the last load, for the pipeline tails."""
-    kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, num_stages)
+    producer state after the last load, for the pipeline tails (or the next block of a persistent CTA, which
+    passes its running ``kv_state`` in)."""
+    if const_expr(kv_state is None):
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, num_stages)
     for i in cutlass.range(n_block_max - n_block_min, unroll=1):
         n_block = n_block_max - 1 - i
         pipe_k.producer_acquire(kv_state)

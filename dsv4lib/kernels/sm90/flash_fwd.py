@@ -384,16 +384,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             head_kv = head                                                       # the grid's y is the KV head
         else:
             head_kv = head // (mQ.shape[2] // mK.shape[2])                       # GQA / MQA
-        n_block_max = cute.ceil_div(seqlen_k, self.tile_n)
-        n_block_min = Int32(0)
-        if const_expr(self.has_window):
-            # the first key the first row of this block may see: t - W + 1 (tiles left of it are skipped)
-            first_key = self.token(m_block * self.tile_m) + seqlen_k - seqlen_q - window_size + 1
-            n_block_min = cutlass.max(first_key, 0) // self.tile_n
-        if const_expr(self.causal or self.has_window):
-            # the last key the last row of this block may see (queries aligned to the end of the keys)
-            last_key = self.token((m_block + 1) * self.tile_m - 1) + seqlen_k - seqlen_q
-            n_block_max = cutlass.min(n_block_max, cutlass.max(last_key // self.tile_n + 1, 0))
+        n_block_min, n_block_max = self.block_range(m_block, seqlen_q, seqlen_k, window_size)
         if const_expr(self.split_kv):   # this split's share: ceil(n / splits) tiles (dsv4lib.splitkv.split_block_ranges)
             per_split = (cutlass.max(n_block_max - n_block_min, 0) + num_splits - 1) // num_splits
             lo = cutlass.min(n_block_min + split * per_split, n_block_max)
@@ -416,6 +407,22 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             self.consume(tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, sP, tma_atom_O, mO, mLSE, pipeline_q, pipeline_k, pipeline_v,
                          softmax_scale_log2, window_size, mSink, mOutScales, mSenc, tidx - 128, m_block, head, batch,
                          split, seqlen_q, seqlen_k, n_block_min, n_block_max, rows_q)
+
+    @cute.jit
+    def block_range(self, m_block, seqlen_q, seqlen_k, window_size):
+        """The KV tiles ``[n_block_min, n_block_max)`` query block ``m_block`` visits: all of them, or those the
+        causal diagonal / the window leaves visible (tiles wholly outside are skipped, not masked)."""
+        n_block_max = cute.ceil_div(seqlen_k, self.tile_n)
+        n_block_min = Int32(0)
+        if const_expr(self.has_window):
+            # the first key the first row of this block may see: t - W + 1 (tiles left of it are skipped)
+            first_key = self.token(m_block * self.tile_m) + seqlen_k - seqlen_q - window_size + 1
+            n_block_min = cutlass.max(first_key, 0) // self.tile_n
+        if const_expr(self.causal or self.has_window):
+            # the last key the last row of this block may see (queries aligned to the end of the keys)
+            last_key = self.token((m_block + 1) * self.tile_m - 1) + seqlen_k - seqlen_q
+            n_block_max = cutlass.min(n_block_max, cutlass.max(last_key // self.tile_n + 1, 0))
+        return n_block_min, n_block_max
 
     @cute.jit
     def load(self, tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV, pipeline_q, pipeline_k,
@@ -537,6 +544,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             pipeline_v.consumer_wait(v_state)                                # the last tile's PV
             self.gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, v_state.index], False)
             pipeline_v.consumer_release(v_state)
+        return kv_state                          # advanced past this block's tiles (the persistent loop goes on)
 
     @cute.jit
     def store_nvfp4(self, acc_O_rc, tOcO_rc, mData, mScales, s_enc, m_block, head, batch, seqlen_q):
@@ -606,6 +614,38 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             cute.copy(tma_atom_O, tOsO, tOgO)
             cute.arch.cp_async_bulk_commit_group()
             cute.arch.cp_async_bulk_wait_group(0, read=True)                # the buffer must outlive the reads
+
+    @cute.jit
+    def finish_rows(self, acc_O_rc, tOcO_rc, row_max, row_sum, mSink, mLSE, softmax_scale_log2, m_block, head, batch,
+                    split, rows_q):
+        """Epilogue, rows: the row sums finished across the quad, the sink added to the denominator, O normalized
+        in place, the LSE (sink excluded) written by the thread holding column 0."""
+        for r in cutlass.range_constexpr(cute.size(row_sum)):
+            s = row_sum[r]
+            s += cute.arch.shuffle_sync_bfly(s, offset=2)
+            s += cute.arch.shuffle_sync_bfly(s, offset=1)
+            inv = Float32(0.0)
+            lse = -Float32.inf
+            if s > 0.0:
+                denom = s
+                if const_expr(self.has_sink):
+                    # the value-less sink joins the denominator once: exp(σ - m) in this row's max units
+                    q_head = head
+                    if const_expr(self.pack_gqa > 1):     # this row's own q head within the KV head's group
+                        q_head = head * self.pack_gqa + (m_block * self.tile_m + tOcO_rc[r, 0][0]) % self.pack_gqa
+                    denom = s + cute.arch.exp2(mSink[q_head] * LOG2_E - row_max[r] * softmax_scale_log2)
+                inv = 1.0 / denom
+                lse = (row_max[r] * softmax_scale_log2 + cute.math.log2(s)) * LN_2      # sink excluded
+            for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
+                acc_O_rc[r, c] = acc_O_rc[r, c] * inv
+            if const_expr(self.has_lse or self.split_kv):
+                m, d = tOcO_rc[r, 0]
+                row = m_block * self.tile_m + m
+                if d == 0 and row < rows_q:
+                    if const_expr(self.split_kv):
+                        mLSE[row, head, batch, split] = lse
+                    else:
+                        mLSE[row, head, batch] = lse
 
     @cute.jit
     def consume(self, tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, sP, tma_atom_O, mO, mLSE, pipeline_q, pipeline_k, pipeline_v,
@@ -687,32 +727,8 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         tOgO = thr_pv.partition_C(gO)
         tOcO = thr_pv.partition_C(cute.make_identity_tensor((self.tile_m, self.head_dim)))
         tOcO_rc = cute.make_tensor(tOcO.iterator, acc_layout_rows_cols(tOcO.layout))
-        for r in cutlass.range_constexpr(n_rows):
-            s = row_sum[r]
-            s += cute.arch.shuffle_sync_bfly(s, offset=2)
-            s += cute.arch.shuffle_sync_bfly(s, offset=1)
-            inv = Float32(0.0)
-            lse = -Float32.inf
-            if s > 0.0:
-                denom = s
-                if const_expr(self.has_sink):
-                    # the value-less sink joins the denominator once: exp(σ - m) in this row's max units
-                    q_head = head
-                    if const_expr(self.pack_gqa > 1):     # this row's own q head within the KV head's group
-                        q_head = head * self.pack_gqa + (m_block * self.tile_m + tOcO_rc[r, 0][0]) % self.pack_gqa
-                    denom = s + cute.arch.exp2(mSink[q_head] * LOG2_E - row_max[r] * softmax_scale_log2)
-                inv = 1.0 / denom
-                lse = (row_max[r] * softmax_scale_log2 + cute.math.log2(s)) * LN_2      # sink excluded
-            for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
-                acc_O_rc[r, c] = acc_O_rc[r, c] * inv
-            if const_expr(self.has_lse or self.split_kv):
-                m, d = tOcO_rc[r, 0]
-                row = m_block * self.tile_m + m
-                if d == 0 and row < rows_q:
-                    if const_expr(self.split_kv):
-                        mLSE[row, head, batch, split] = lse
-                    else:
-                        mLSE[row, head, batch] = lse
+        self.finish_rows(acc_O_rc, tOcO_rc, row_max, row_sum, mSink, mLSE, softmax_scale_log2, m_block, head, batch,
+                         split, rows_q)
         if const_expr(self.nvfp4_out):
             self.store_nvfp4(acc_O_rc, tOcO_rc, mO, mOutScales, mSenc[0], m_block, head, batch, seqlen_q)
         elif const_expr(self.tma_store_o):
