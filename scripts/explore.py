@@ -5,7 +5,8 @@ tvm (host time with the TVM-FFI call path), sparse (prefill: kernel vs gather ro
 alone, copy), nvfp4 (quantize variants), d6parts (sparse prefill with QK or PV left out: where the time goes),
 tvm512 (host time of the hd512 decode step with and without the TVM-FFI path), d1tune (D1 schedule knobs vs FA4:
 pingpong, 192-row tiles, early O rescale, tile_n; D5 shapes too), d5win (small-window builds: 64-row tiles
-at two CTAs per SM, the TMA-store epilogue, vs FA4 at the D5 shapes)."""
+at two CTAs per SM, the TMA-store epilogue, persistent CTAs, vs FA4 at the D5 shapes; D5WIN_QUICK=1: plain vs
+persistent only)."""
 import json
 import os
 import sys
@@ -229,9 +230,10 @@ if "d5win" in sections:
                 64: [{"tile_m": 128, "tile_n": 128, "tma_store_o": False}, {"tile_m": 128, "tile_n": 128},
                      {"tile_m": 64, "tile_n": 64}, {"tile_m": 64, "tile_n": 128}, {"tile_m": 64, "tile_n": 64, "num_stages": 3}],
                 256: [{"tma_store_o": False}, {}]}
-    quick = os.environ.get("D5WIN_QUICK") == "1"     # only the 64 × 64 small-window builds, 2 vs 3 stages
+    quick = os.environ.get("D5WIN_QUICK") == "1"     # only the 64 × 64 small-window builds: plain vs persistent
     if quick:
-        variants = {d: [{"tile_m": 64, "tile_n": 64, "num_stages": n} for n in (2, 3)] for d in (64, 128)}
+        variants = {d: [{"tile_m": 64, "tile_n": 64}, {"tile_m": 64, "tile_n": 64, "persistent": True}]
+                    for d in (64, 128)}
     only = os.environ.get("D5WIN_DIMS") or ("128,64" if quick else None)
     for D in [int(x) for x in only.split(",")] if only else (128, 64, 256):
         sink = torch.randn(16, device="cuda", dtype=torch.float32)
@@ -263,15 +265,15 @@ if "d5win" in sections:
                 A.SM90_SMALL_WINDOW_TUNING.clear(); A.SM90_SMALL_WINDOW_TUNING.update({d: dict(v) for d, v in small.items()})
                 A.SM90_TUNING[D] = dict(tuned[D])
             show(row)
-    # D1 headline shape with and without the TMA-store epilogue
-    for D in () if quick else (128, 64):
+    # D1 headline shape: the epilogue through registers / TMA store, and persistent CTAs
+    for D in (128, 64):
         inputs = [tuple(rnd(4, 8192, 16, D) for _ in range(3)) for _ in range(2)]
         flops = bench.attention_flops(4, 16, 8192, 8192, D)
         row = {"d1epi": D}
         if fa4 is not None:
             row["FA4"] = round(bench.tflops(flops, bench.time_cuda(lambda q, k, v: fa4(q, k, v), inputs,
                                                                      iters=20).median_ms))
-        for var in ({"tma_store_o": False}, {}):
+        for var in ({}, {"persistent": True}) if quick else ({"tma_store_o": False}, {}, {"persistent": True}):
             A.SM90_TUNING[D] = {**tuned[D], **var}
             row[knob_name(var)] = round(bench.tflops(flops, bench.time_cuda(
                 lambda q, k, v: dsv4lib.attention(q, k, v, num_splits=1), inputs, iters=20).median_ms))

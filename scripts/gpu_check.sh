@@ -14,8 +14,9 @@ declare -A groups=(
   [sparse]="sparse"
   [layer]="test_dsv4_layer"
   [streams]="test_streams"
+  [persistent]="persistent"
 )
-order=(${@:-d1 window split branch overlap nvfp4 sparse layer streams})
+order=(${@:-d1 window split branch overlap nvfp4 sparse layer streams persistent})
 limit=${GROUP_TIMEOUT:-150}
 summary=""
 for g in "${order[@]}"; do

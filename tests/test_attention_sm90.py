@@ -169,6 +169,57 @@ def test_small_window_build_shares_its_sm_with_a_second_cta(head_dim):
 
 
 @pytest.mark.compile
+@pytest.mark.parametrize("head_dim,small_window", [(128, True), (64, True), (128, False)])
+def test_persistent_build_walks_blocks_and_overlaps_the_o_store(head_dim, small_window):
+    """Persistent CTAs (opt-in knob, not yet the default): two Q stages, O through its own buffer; the TMA store of
+    a block is left in flight and waited for only before the next block's O overwrites the buffer and once at the
+    end (two read-waits, no wait right behind the store); shared memory still fits the CTAs per SM."""
+    import re
+    from dsv4lib.attention import sm90_kernel_shape
+    from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
+    shape = sm90_kernel_shape(head_dim, True, small_window=small_window)
+    kernel = FlashAttentionForwardSm90(head_dim, causal=not small_window, has_lse=True, window=small_window,
+                                       sink=small_window, overlap=True, persistent=True, **shape)
+    assert kernel.ctas_per_sm * (kernel.smem_bytes() + 1024) <= kernel.SMEM_PER_SM
+    k = compile_for_arch(kernel, *fake_attention_args(head_dim), arch="sm_90a")
+    assert k.count(r"cp\.async\.bulk\.wait_group\.read\s+0") == 2
+    assert k.count(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta") == head_dim // 64    # O's boxes
+    store = k.ptx.index("cp.async.bulk.commit_group")
+    assert not re.match(r"\s*cp\.async\.bulk\.wait_group", k.ptx[store + len("cp.async.bulk.commit_group;"):])
+    assert k.count(r"\.minnctapersm\s+%d" % kernel.ctas_per_sm) == 1 and k.count(r"\.local") == 0
+    for bad in (dict(split_kv=True), dict(p_in_smem=True, overlap=False), dict(overlap=False)):
+        with pytest.raises(ValueError, match="persistent"):
+            FlashAttentionForwardSm90(head_dim, causal=False, has_lse=True, persistent=True, **{"overlap": True, **bad})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,Sq,Sk,H,Hkv,D,window,causal,small", [
+    (2, 1000, 1000, 4, 2, 128, 128, False, True),    # DSV4's window, GQA packed 2 into the 64-row tile
+    (1, 777, 1200, 2, 1, 64, 1, False, True),        # window 1, Sq < Sk, ragged
+    (1, 500, 200, 2, 2, 128, 64, False, True),       # Sq > Sk: blocks that see nothing
+    (2, 1111, 1111, 4, 4, 128, None, True, False),   # D1 causal, 128-row persistent
+    (1, 900, 1300, 2, 2, 64, None, False, False),
+])
+def test_persistent_ctas_match_the_reference(monkeypatch, B, Sq, Sk, H, Hkv, D, window, causal, small):
+    """Many more blocks than CTAs (each CTA walks several; the pipeline states run on across blocks)."""
+    import sys
+    attention_module = sys.modules["dsv4lib.attention"]
+    if small:
+        monkeypatch.setitem(attention_module.SM90_SMALL_WINDOW_TUNING, D,
+                            {**attention_module.SM90_SMALL_WINDOW_TUNING[D], "persistent": True})
+    else:
+        monkeypatch.setitem(attention_module.SM90_TUNING, D, {**attention_module.SM90_TUNING[D], "persistent": True})
+    gen = torch.Generator().manual_seed(Sq + Sk + D)
+    q, k, v = _inputs(B, Sq, Sk, H, Hkv, D, gen)
+    sink = torch.randn(H, generator=gen).cuda()
+    out, lse = dsv4lib.attention(q, k, v, causal=causal, window=window, sink=sink, return_lse=True, num_splits=1)
+    ref, ref_lse = reference.attention(q.double(), k.double(), v.double(), causal=causal, window=window,
+                                       sink=sink.double(), return_lse=True)
+    _assert_matches(out, lse, ref, ref_lse, empty_rows_exact=True)
+
+
+@pytest.mark.compile
 def test_small_tile_is_refused_where_it_cannot_fit():
     from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90
     with pytest.raises(ValueError, match="head_dim 256"):

@@ -36,6 +36,19 @@ writes the e4m3 scale byte.  Numerics: TE order from the fp32 O (not from a bf16
 split i takes its share of the visible KV tiles (``dsv4lib.splitkv.split_block_ranges``) and writes an fp32
 partial O normalized over its own keys plus its LSE — no sink: the combine kernel applies it once.
 
+**Epilogue.**  bf16 O leaves by ``stmatrix`` into the Q buffer (each warpgroup's 64 rows are the rows its own QK
+read, all retired) and one TMA store of the tile, not by 4-byte register stores (D5 W128 hd128 on the H100: 83 →
+123 TFLOP/s; D1 hd128 665 → 690).
+
+**64-row tile** (``tile_m=64``): one consumer warpgroup, built for two CTAs per SM (``minnctapersm 2``: 128
+registers a thread at launch, 24 / 232 after setmaxnreg; the shared memory is checked to fit half an SM).  The
+small-window default (``dsv4lib.attention.SM90_SMALL_WINDOW_TUNING``): there one CTA's loads and stores overlap
+the other's MMAs.
+
+**Persistent CTAs** (``persistent=True``, a knob, not a default until measured): ``ctas_per_sm · num_sms`` CTAs
+walk the query blocks; two Q stages and a separate O buffer let the producer load the next block while the
+consumers finish this one, and the O store of a block is waited for only when the next block needs the buffer.
+
 KV tiles are visited from the last to the first, so the tiles that need masking (the ragged end of the
 keys, the causal diagonal) come first.  The running row max is kept in raw-score units and the softmax
 scale is applied inside ``exp2`` (the seed's double-scaling trap); O is rescaled by
@@ -177,7 +190,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                  num_stages: int = 2, p_in_smem: bool = False, window: bool = False, sink: bool = False,
                  split_kv: bool = False, overlap: bool = False, nvfp4_out: bool = False, pack_gqa: int = 1,
                  tile_m: int = 128, wg_pingpong: bool = False, rescale_o_early: bool = False,
-                 tma_store_o: bool = True):
+                 tma_store_o: bool = True, persistent: bool = False, num_sms: int = 132):
         if tile_m not in (64, 128, 192):
             raise ValueError(f"tile_m must be 64 (1 consumer warpgroup, two CTAs per SM), 128 (2) or 192 (3), "
                              f"got {tile_m}")
@@ -226,6 +239,17 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         # bf16 O leaves through shared memory (stmatrix into the dead Q buffer, one TMA store per tile) instead of
         # 4 B register stores; the fp32 split partials and the NVFP4 bytes keep their register stores.
         self.tma_store_o = tma_store_o and not split_kv and not nvfp4_out
+        # Persistent CTAs (``persistent``): a grid of ``ctas_per_sm · num_sms`` CTAs, each walking query blocks
+        # blockIdx.x, + gridDim.x, …; the producer loads the next block's Q (two Q stages) and K/V while the consumers
+        # still work on this one, and O leaves through its own buffer ``sO`` by a TMA store nobody waits for until
+        # the next block's O needs the buffer.  What a CTA spends on its prologue and epilogue is then hidden
+        # behind the neighbouring blocks' loads and MMAs — the small-window case, where a block has 2-3 KV tiles.
+        if persistent and not (overlap and self.tma_store_o and not p_in_smem and not wg_pingpong):
+            raise ValueError("persistent CTAs are built for the overlapped RS mainloop with the bf16 TMA-store "
+                             "epilogue (no split-KV, NVFP4, SMEM-P or ping-pong)")
+        self.persistent = persistent
+        self.num_sms = num_sms
+        self.q_stages = 2 if persistent else 1
         self.dtype = cutlass.BFloat16
         if self.ctas_per_sm * (self.smem_bytes() + 1024) > self.SMEM_PER_SM:
             raise ValueError(f"{self.smem_bytes()} B of shared memory per CTA: {self.ctas_per_sm} CTAs do not fit an "
@@ -239,12 +263,14 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
     SMEM_PER_SM = 228 * 1024             # H100/H200; the driver keeps 1 KB of it per CTA
 
     def smem_bytes(self) -> int:
-        """Shared memory of one CTA: Q, the K and V stages, P (SMEM-P only), the mbarriers, 1 KB alignment each."""
+        """Shared memory of one CTA: Q (two stages when persistent), the K and V stages, P (SMEM-P only), O (persistent
+        only), the mbarriers, 1 KB alignment each."""
         elem = 2
-        q = self.tile_m * self.head_dim * elem
+        q = self.q_stages * self.tile_m * self.head_dim * elem
         kv = 2 * self.num_stages * self.tile_n * self.head_dim * elem
         p = self.tile_m * self.tile_n * elem if self.p_in_smem else 0
-        return 1024 + q + kv + p
+        o = self.tile_m * self.head_dim * elem if self.persistent else 0
+        return 1024 + q + kv + p + o
 
     # ------------------------------------------------------------------------------ host side
     def token(self, row):
@@ -290,37 +316,42 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.MN, Float32,
             (self.tile_m // 64, 1, 1), (64, self.head_dim),
             a_source=warpgroup.OperandSource.SMEM if self.p_in_smem else warpgroup.OperandSource.RMEM)
-        sQ_layout = self._smem_layout(self.tile_m, None)
+        sQ_layout = self._smem_layout(self.tile_m, self.q_stages if const_expr(self.persistent) else None)
+        sO_layout = self._smem_layout(self.tile_m, None)                 # O's tile (its own buffer when persistent)
         sK_layout = self._smem_layout(self.tile_n, self.num_stages)
         sV_layout = self._smem_layout(self.tile_n, self.num_stages)
         # P: (tile_m, tile_n), K-major (the PV MMA's K is the KV column) — only allocated for SMEM-P
         sP_layout = self._smem_layout(self.tile_m, None, cols=self.tile_n)
         p_elems = cute.cosize(sP_layout) if const_expr(self.p_in_smem) else 0
         tma_load = cpasync.CopyBulkTensorTileG2SOp()
-        tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(tma_load, mQ, sQ_layout, (self.tile_m, self.head_dim))
+        tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(tma_load, mQ, sO_layout, (self.tile_m, self.head_dim))
         tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(tma_load, mK, cute.select(sK_layout, mode=[0, 1]),
                                                         (self.tile_n, self.head_dim), 1)
         tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(tma_load, mV, cute.select(sV_layout, mode=[0, 1]),
                                                         (self.tile_n, self.head_dim), 1)
         tma_atom_O = None
         if const_expr(self.tma_store_o):   # O shares Q's tile shape and buffer layout
-            tma_atom_O, mO = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mO, sQ_layout,
+            tma_atom_O, mO = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mO, sO_layout,
                                                          (self.tile_m, self.head_dim))
+        o_elems = cute.cosize(sO_layout) if const_expr(self.persistent) else 0
 
         @cute.struct
         class SharedStorage:
-            mbar_Q: cute.struct.MemRange[cutlass.Int64, 2]
+            mbar_Q: cute.struct.MemRange[cutlass.Int64, self.q_stages * 2]
             mbar_K: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
             mbar_V: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
             sP: cute.struct.Align[cute.struct.MemRange[self.dtype, p_elems], 1024]
+            sO: cute.struct.Align[cute.struct.MemRange[self.dtype, o_elems], 1024]
 
         batch_and_splits = cute.size(mQ.shape[3])
         if const_expr(self.split_kv):
             batch_and_splits = batch_and_splits * cute.size(mO.shape[4])
         grid = (cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m), cute.size(mQ.shape[2]), batch_and_splits)
+        if const_expr(self.persistent):   # one CTA per slot: ctas_per_sm on every SM, or fewer if there is less work
+            grid = (cutlass.min(grid[0] * grid[1] * grid[2], self.num_sms * self.ctas_per_sm), 1, 1)
         self.kernel(tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, tma_atom_O, mO, mLSE, softmax_scale_log2,
                     window_size, mSink, mOutScales, mSenc,
                     sQ_layout, sK_layout, sV_layout, sP_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage).launch(
@@ -356,7 +387,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         tile_bytes_q = self.tile_m * self.head_dim * self.dtype.width // 8
         tile_bytes_kv = self.tile_n * self.head_dim * self.dtype.width // 8
         pipeline_q = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.mbar_Q.data_ptr(), num_stages=1, producer_group=one_thread,
+            barrier_storage=storage.mbar_Q.data_ptr(), num_stages=self.q_stages, producer_group=one_thread,
             consumer_group=consumer_warps, tx_count=tile_bytes_q, defer_sync=True)
         pipeline_k = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.mbar_K.data_ptr(), num_stages=self.num_stages, producer_group=one_thread,
@@ -367,7 +398,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
 
         # Swizzles go into the pointers: the hardware swizzles byte addresses (see dsv4lib.layouts)
-        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)     # (tile_m, D)
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)     # (tile_m, D[, 2 stages])
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)     # (tile_n, D, stages)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)     # (tile_n, D, stages)
         sVt = cute.composition(sV, transposed_view(self.head_dim, self.tile_n, self.num_stages))  # (D, tile_n, stages)
@@ -399,14 +430,124 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             if const_expr(not self.debug_noreg):
                 cute.arch.setmaxregister_decrease(self.PRODUCER_REGS)
             if warp_idx == 0:
-                self.load(tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV, pipeline_q, pipeline_k,
-                          pipeline_v, m_block, head, head_kv, batch, n_block_min, n_block_max)
+                if const_expr(self.persistent):
+                    self.load_persistent(tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV, pipeline_q,
+                                         pipeline_k, pipeline_v, seqlen_q, seqlen_k, window_size)
+                else:
+                    self.load(tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV, pipeline_q, pipeline_k,
+                              pipeline_v, m_block, head, head_kv, batch, n_block_min, n_block_max)
+        elif const_expr(self.persistent):
+            if const_expr(not self.debug_noreg):
+                cute.arch.setmaxregister_increase(self.CONSUMER_REGS)
+            sO_layout = self._smem_layout(self.tile_m, None)
+            sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)                   # (tile_m, D)
+            self.consume_persistent(tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, sO, tma_atom_O, mO, mLSE, mQ, pipeline_q,
+                                    pipeline_k, pipeline_v, softmax_scale_log2, window_size, mSink, tidx - 128,
+                                    seqlen_q, seqlen_k, rows_q)
         else:
             if const_expr(not self.debug_noreg):
                 cute.arch.setmaxregister_increase(self.CONSUMER_REGS)
             self.consume(tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, sP, tma_atom_O, mO, mLSE, pipeline_q, pipeline_k, pipeline_v,
                          softmax_scale_log2, window_size, mSink, mOutScales, mSenc, tidx - 128, m_block, head, batch,
                          split, seqlen_q, seqlen_k, n_block_min, n_block_max, rows_q)
+
+    @cute.jit
+    def work_coords(self, work, mQ):
+        """Persistent CTAs: work item → (query block, head, batch), the query block fastest (so the CTAs running at
+        once take neighbouring blocks of one head and share its K/V tiles through L2)."""
+        m_blocks = cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m)
+        n_heads = cute.size(mQ.shape[2])
+        return work % m_blocks, (work // m_blocks) % n_heads, work // (m_blocks * n_heads)
+
+    @cute.jit
+    def work_items(self, mQ):
+        """Persistent CTAs: the number of work items (query blocks × heads × batch)."""
+        return cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m) * cute.size(mQ.shape[2]) * cute.size(mQ.shape[3])
+
+    @cute.jit
+    def kv_head(self, head, mQ, mK):
+        """The KV head of grid head ``head``: itself when the q heads of a KV head are packed into M, else GQA."""
+        head_kv = head
+        if const_expr(self.pack_gqa == 1):
+            head_kv = head // (mQ.shape[2] // mK.shape[2])
+        return head_kv
+
+    @cute.jit
+    def load_persistent(self, tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV, pipeline_q, pipeline_k,
+                        pipeline_v, seqlen_q, seqlen_k, window_size):
+        """Producer of a persistent CTA: per work item, Q into the next of two Q stages, then its K/V tiles into
+        the running K/V stages — the next item's loads start as soon as stages free up, while the consumers still
+        finish the current one."""
+        bidx, _, _ = cute.arch.block_idx()
+        gdim, _, _ = cute.arch.grid_dim()
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.q_stages)
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
+        for work in cutlass.range(bidx, self.work_items(mQ), gdim, unroll=1):
+            m_block, head, batch = self.work_coords(work, mQ)
+            head_kv = self.kv_head(head, mQ, mK)
+            n_block_min, n_block_max = self.block_range(m_block, seqlen_q, seqlen_k, window_size)
+            gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, self.head_dim), (m_block, 0))
+            gK = cute.local_tile(mK[None, None, head_kv, batch], (self.tile_n, self.head_dim), (None, 0))
+            gV = cute.local_tile(mV[None, None, head_kv, batch], (self.tile_n, self.head_dim), (None, 0))
+            tQsQ, tQgQ = cpasync.tma_partition(tma_atom_Q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
+                                               cute.group_modes(gQ, 0, 2))                    # (TMA, stages)
+            tKsK, tKgK = cpasync.tma_partition(tma_atom_K, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
+                                               cute.group_modes(gK, 0, 2))
+            tVsV, tVgV = cpasync.tma_partition(tma_atom_V, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
+                                               cute.group_modes(gV, 0, 2))
+            pipeline_q.producer_acquire(q_state)
+            cute.copy(tma_atom_Q, tQgQ, tQsQ[None, q_state.index], tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
+            q_state.advance()
+            kv_state = load_kv_tiles(tma_atom_K, tKgK, tKsK, pipeline_k, tma_atom_V, tVgV, tVsV, pipeline_v,
+                                     n_block_min, n_block_max, self.num_stages, kv_state)
+        pipeline_q.producer_tail(q_state)
+        pipeline_k.producer_tail(kv_state.clone())
+        pipeline_v.producer_tail(kv_state.clone())
+
+    @cute.jit
+    def consume_persistent(self, tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, sO, tma_atom_O, mO, mLSE, mQ, pipeline_q,
+                           pipeline_k, pipeline_v, softmax_scale_log2, window_size, mSink, ctidx, seqlen_q, seqlen_k,
+                           rows_q):
+        """Consumers of a persistent CTA: per work item, the overlapped mainloop on its Q stage and K/V tiles (the
+        pipeline states run on from item to item), Q's stage freed as soon as its last QK retired, the rows
+        finished, O stored by TMA from ``sO`` (the previous item's store must have read it first)."""
+        bidx, _, _ = cute.arch.block_idx()
+        gdim, _, _ = cute.arch.grid_dim()
+        thr_qk = tiled_mma_qk.get_slice(ctidx)
+        thr_pv = tiled_mma_pv.get_slice(ctidx)
+        tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))              # (MMA, MMA_M, MMA_K, Q stages)
+        tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))              # (MMA, MMA_N, MMA_K, stages)
+        tOrVt = thr_pv.make_fragment_B(thr_pv.partition_B(sVt))            # (MMA, MMA_D, MMA_K, stages)
+        acc_O = cute.make_rmem_tensor(thr_pv.partition_shape_C((self.tile_m, self.head_dim)), Float32)
+        acc_O_rc = cute.make_tensor(acc_O.iterator, acc_layout_rows_cols(acc_O.layout))    # (rows, cols)
+        tScS = thr_qk.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
+        tScS_rc = cute.make_tensor(tScS.iterator, acc_layout_rows_cols(tScS.layout))
+        tOcO = thr_pv.partition_C(cute.make_identity_tensor((self.tile_m, self.head_dim)))
+        tOcO_rc = cute.make_tensor(tOcO.iterator, acc_layout_rows_cols(tOcO.layout))
+        row_max = cute.make_rmem_tensor((cute.size(acc_O_rc, mode=[0]),), Float32)
+        row_sum = cute.make_rmem_tensor((cute.size(acc_O_rc, mode=[0]),), Float32)
+        causal_shift = seqlen_k - seqlen_q
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.q_stages)
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
+        for work in cutlass.range(bidx, self.work_items(mQ), gdim, unroll=1):
+            m_block, head, batch = self.work_coords(work, mQ)
+            n_block_min, n_block_max = self.block_range(m_block, seqlen_q, seqlen_k, window_size)
+            acc_O.fill(0.0)
+            row_max.fill(-Float32.inf)
+            row_sum.fill(0.0)
+            pipeline_q.consumer_wait(q_state)
+            kv_state = self.mainloop_overlapped(tiled_mma_qk, tiled_mma_pv, tSrQ[None, None, None, q_state.index],
+                                                tSrK, tOrVt, acc_O, acc_O_rc, tScS_rc, row_max, row_sum, pipeline_k,
+                                                pipeline_v, kv_state, softmax_scale_log2, window_size, m_block,
+                                                seqlen_k, causal_shift, n_block_min, n_block_max, ctidx // 128)
+            pipeline_q.consumer_release(q_state)                           # every QK of this block has retired
+            q_state.advance()
+            self.finish_rows(acc_O_rc, tOcO_rc, row_max, row_sum, mSink, mLSE, softmax_scale_log2, m_block, head,
+                             batch, Int32(0), rows_q)
+            gO = cute.local_tile(mO[None, None, head, batch], (self.tile_m, self.head_dim), (m_block, 0))
+            self.store_o_tma(acc_O, tiled_mma_pv, sO, tma_atom_O, gO, ctidx, reuse=True)
+        if ctidx < 32:
+            cute.arch.cp_async_bulk_wait_group(0, read=True)                # sO must outlive the last store's reads
 
     @cute.jit
     def block_range(self, m_block, seqlen_q, seqlen_k, window_size):
@@ -597,10 +738,16 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                         mScales[row, sw, head, batch] = Int32(scale_words[sw])
 
     @cute.jit
-    def store_o_tma(self, acc_O, tiled_mma_pv, sO, tma_atom_O, gO, ctidx):
+    def store_o_tma(self, acc_O, tiled_mma_pv, sO, tma_atom_O, gO, ctidx, reuse: cutlass.Constexpr = False):
         """bf16 O → shared memory by stmatrix, then one TMA store of the whole tile.  The buffer is Q's: each
         warpgroup writes only the 64 rows its own QK wgmmas read, all of them retired, so no barrier is needed
-        before the writes; rows past the end of the sequence are clipped by the TMA unit."""
+        before the writes; rows past the end of the sequence are clipped by the TMA unit.  ``reuse`` (persistent
+        CTAs, O's own buffer): first wait until the previous block's store has read the buffer, and leave this
+        store in flight (the next block, or the end of the CTA, waits for it)."""
+        if const_expr(reuse):
+            if ctidx < 32:
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+            cute.arch.barrier(barrier_id=self.EPILOGUE_BARRIER, number_of_threads=128 * self.consumer_warpgroups)
         rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
         rO.store(acc_O.load().to(self.dtype))
         stmatrix = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
@@ -613,7 +760,8 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                                                cute.group_modes(gO, 0, 2))
             cute.copy(tma_atom_O, tOsO, tOgO)
             cute.arch.cp_async_bulk_commit_group()
-            cute.arch.cp_async_bulk_wait_group(0, read=True)                # the buffer must outlive the reads
+            if const_expr(not reuse):
+                cute.arch.cp_async_bulk_wait_group(0, read=True)            # the buffer must outlive the reads
 
     @cute.jit
     def finish_rows(self, acc_O_rc, tOcO_rc, row_max, row_sum, mSink, mLSE, softmax_scale_log2, m_block, head, batch,
