@@ -148,7 +148,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         self.consumer_regs = self.PAIRED_CONSUMER_REGS if self.paired else self.CONSUMER_REGS
         # paired: warpgroup 0 issues the next pair's scores behind its last PV of this pair (FA3-style overlap)
         self.prefetch_scores = prefetch_scores
-        # bf16 O of the balanced / paired schedules leaves by stmatrix into the Q buffer (dead once both warpgroups
+        # bf16 O of the balanced / paired schedules leaves as value pairs into the Q buffer (dead once both warpgroups
         # passed the row-sum barrier: every QK wgmma has retired) and one TMA store of the 64 × 512 tile; the fp32
         # split partials and the columns schedule keep their register stores
         self.tma_store_o = not split_kv and schedule in ("balanced", "paired")
