@@ -43,6 +43,10 @@ barriers (four one-stage pipelines), filled in the order they are freed, so the 
 starts while the current one is still being multiplied: the left half of the even tile is free as soon as
 warpgroup 0's RS product is done.  Q comes by TMA.  A tile count that is not even gets one masked tile.
 
+**Epilogue** (balanced / paired, bf16 out): once both warpgroups passed the row-sum barrier every QK has retired,
+so each writes its normalized column half of O into the Q buffer (value pairs through the accumulator's own
+``partition_C``) and one thread stores the 64 × 512 tile by TMA (H200, D6 shapes: h64 436 → 490 TFLOP/s).
+
 Split-KV (``split_kv=True``, D2 decode): split s takes its share of the key tiles and writes an fp32 partial O
 normalized over its own keys plus its LSE; :class:`dsv4lib.kernels.combine.LSECombineKernel` merges them and
 applies the sink once.
