@@ -6,6 +6,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Uint32, const_expr, pipeline
 from cutlass._mlir.dialects import llvm
+from cutlass.cute.nvgpu import cpasync
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 
@@ -36,6 +37,19 @@ def load_kv_tiles(tma_atom_K: cute.CopyAtom, tKgK: cute.Tensor, tKsK: cute.Tenso
                   tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
         kv_state.advance()
     return kv_state
+
+
+@cute.jit
+def tma_store_tile(tma_atom: cute.CopyAtom, sO: cute.Tensor, gO: cute.Tensor, wait: cutlass.Constexpr = True):
+    """One TMA store of a whole ``(rows, cols)`` shared-memory tile to its global tile (call from one warp; the
+    copy elects a lane).  ``wait``: block until the shared memory has been read, which must happen before the
+    buffer is written again or the CTA exits (persistent kernels wait later, before the next reuse)."""
+    tOsO, tOgO = cpasync.tma_partition(tma_atom, 0, cute.make_layout(1), cute.group_modes(sO, 0, 2),
+                                       cute.group_modes(gO, 0, 2))
+    cute.copy(tma_atom, tOsO, tOgO)
+    cute.arch.cp_async_bulk_commit_group()
+    if const_expr(wait):
+        cute.arch.cp_async_bulk_wait_group(0, read=True)
 
 
 @cute.jit

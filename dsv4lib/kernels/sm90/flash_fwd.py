@@ -69,7 +69,7 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 from cutlass.utils import LayoutEnum
 
-from ..common import convert_to_bf16_pairs, launch_stream, load_kv_tiles
+from ..common import convert_to_bf16_pairs, launch_stream, load_kv_tiles, tma_store_tile
 from ..nvfp4 import e2m1_code_magic, nvfp4_block_scale
 
 LOG2_E = math.log2(math.e)
@@ -179,7 +179,7 @@ class Sm90AttentionOps:
 class FlashAttentionForwardSm90(Sm90AttentionOps):
     """Hopper forward attention, P in registers.  ``head_dim`` 64 / 128 / 256 (Dv = D), bf16."""
 
-    # (producer, consumer) registers per thread after setmaxnreg, by number of consumer warpgroups: the whole (128·24 + 256·240 = 128·32 + 384·160 = 64K)
+    # (producer, consumer) registers per thread after setmaxnreg, by number of consumer warpgroups: the whole
     # 64K-register file is shared out (128·24 + 256·240 = 128·32 + 384·160 = 64K); a 64-row tile (one consumer
     # warpgroup) takes half of it, so that two CTAs share an SM: 128·24 + 128·232 = 32K
     REGS_BY_CONSUMER_WARPGROUPS = {1: (24, 232), 2: (24, 240), 3: (32, 160)}
@@ -351,7 +351,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             batch_and_splits = batch_and_splits * cute.size(mO.shape[4])
         grid = (cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m), cute.size(mQ.shape[2]), batch_and_splits)
         if const_expr(self.persistent):   # one CTA per slot: ctas_per_sm on every SM, or fewer if there is less work
-            grid = (cutlass.min(grid[0] * grid[1] * grid[2], self.num_sms * self.ctas_per_sm), 1, 1)
+            grid = (cutlass.min(self.work_items(mQ), self.num_sms * self.ctas_per_sm), 1, 1)
         self.kernel(tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, tma_atom_O, mO, mLSE, softmax_scale_log2,
                     window_size, mSink, mOutScales, mSenc,
                     sQ_layout, sK_layout, sV_layout, sP_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage).launch(
@@ -412,9 +412,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         if const_expr(self.pack_gqa > 1):
             rows_q = cute.size(mQ, mode=[0])
             seqlen_q = rows_q // self.pack_gqa
-            head_kv = head                                                       # the grid's y is the KV head
-        else:
-            head_kv = head // (mQ.shape[2] // mK.shape[2])                       # GQA / MQA
+        head_kv = self.kv_head(head, mQ, mK)
         n_block_min, n_block_max = self.block_range(m_block, seqlen_q, seqlen_k, window_size)
         if const_expr(self.split_kv):   # this split's share: ceil(n / splits) tiles (dsv4lib.splitkv.split_block_ranges)
             per_split = (cutlass.max(n_block_max - n_block_min, 0) + num_splits - 1) // num_splits
@@ -466,7 +464,8 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
 
     @cute.jit
     def kv_head(self, head, mQ, mK):
-        """The KV head of grid head ``head``: itself when the q heads of a KV head are packed into M, else GQA."""
+        """The KV head of grid head ``head``: itself when the q heads of a KV head are packed into M (the grid's
+        heads are then KV heads), else GQA / MQA."""
         head_kv = head
         if const_expr(self.pack_gqa == 1):
             head_kv = head // (mQ.shape[2] // mK.shape[2])
@@ -513,19 +512,10 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         finished, O stored by TMA from ``sO`` (the previous item's store must have read it first)."""
         bidx, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
-        thr_qk = tiled_mma_qk.get_slice(ctidx)
-        thr_pv = tiled_mma_pv.get_slice(ctidx)
-        tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))              # (MMA, MMA_M, MMA_K, Q stages)
-        tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))              # (MMA, MMA_N, MMA_K, stages)
-        tOrVt = thr_pv.make_fragment_B(thr_pv.partition_B(sVt))            # (MMA, MMA_D, MMA_K, stages)
-        acc_O = cute.make_rmem_tensor(thr_pv.partition_shape_C((self.tile_m, self.head_dim)), Float32)
-        acc_O_rc = cute.make_tensor(acc_O.iterator, acc_layout_rows_cols(acc_O.layout))    # (rows, cols)
-        tScS = thr_qk.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
-        tScS_rc = cute.make_tensor(tScS.iterator, acc_layout_rows_cols(tScS.layout))
+        (thr_qk, thr_pv, tSrQ, tSrK, tOrVt, acc_O, acc_O_rc, tScS_rc, row_max,
+         row_sum) = self.consumer_fragments(tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, ctidx)
         tOcO = thr_pv.partition_C(cute.make_identity_tensor((self.tile_m, self.head_dim)))
         tOcO_rc = cute.make_tensor(tOcO.iterator, acc_layout_rows_cols(tOcO.layout))
-        row_max = cute.make_rmem_tensor((cute.size(acc_O_rc, mode=[0]),), Float32)
-        row_sum = cute.make_rmem_tensor((cute.size(acc_O_rc, mode=[0]),), Float32)
         causal_shift = seqlen_k - seqlen_q
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.q_stages)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
@@ -756,12 +746,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         cute.arch.fence_proxy("async.shared", space="cta")                 # generic-proxy writes → TMA reads
         cute.arch.barrier(barrier_id=self.EPILOGUE_BARRIER, number_of_threads=128 * self.consumer_warpgroups)
         if ctidx < 32:
-            tOsO, tOgO = cpasync.tma_partition(tma_atom_O, 0, cute.make_layout(1), cute.group_modes(sO, 0, 2),
-                                               cute.group_modes(gO, 0, 2))
-            cute.copy(tma_atom_O, tOsO, tOgO)
-            cute.arch.cp_async_bulk_commit_group()
-            if const_expr(not reuse):
-                cute.arch.cp_async_bulk_wait_group(0, read=True)            # the buffer must outlive the reads
+            tma_store_tile(tma_atom_O, sO, gO, wait=not reuse)
 
     @cute.jit
     def finish_rows(self, acc_O_rc, tOcO_rc, row_max, row_sum, mSink, mLSE, softmax_scale_log2, m_block, head, batch,
@@ -796,26 +781,35 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                         mLSE[row, head, batch] = lse
 
     @cute.jit
+    def consumer_fragments(self, tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, ctidx):
+        """A consumer thread's MMA views and registers: its slices of the two MMAs, the Q / K / Vᵀ operand fragments
+        (Q with a stage mode when persistent), the O accumulator and its (rows, cols) view, the (m, n) coordinate
+        of every score it holds, and its rows' running max and sum (not initialized)."""
+        thr_qk = tiled_mma_qk.get_slice(ctidx)
+        thr_pv = tiled_mma_pv.get_slice(ctidx)
+        tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))              # (MMA, MMA_M, MMA_K[, Q stages])
+        tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))              # (MMA, MMA_N, MMA_K, stages)
+        tOrVt = thr_pv.make_fragment_B(thr_pv.partition_B(sVt))            # (MMA, MMA_D, MMA_K, stages)
+        acc_O = cute.make_rmem_tensor(thr_pv.partition_shape_C((self.tile_m, self.head_dim)), Float32)
+        acc_O_rc = cute.make_tensor(acc_O.iterator, acc_layout_rows_cols(acc_O.layout))    # (rows, cols)
+        tScS = thr_qk.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))   # (m, n) per element
+        tScS_rc = cute.make_tensor(tScS.iterator, acc_layout_rows_cols(tScS.layout))
+        row_max = cute.make_rmem_tensor((cute.size(acc_O_rc, mode=[0]),), Float32)
+        row_sum = cute.make_rmem_tensor((cute.size(acc_O_rc, mode=[0]),), Float32)
+        return thr_qk, thr_pv, tSrQ, tSrK, tOrVt, acc_O, acc_O_rc, tScS_rc, row_max, row_sum
+
+    @cute.jit
     def consume(self, tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, sP, tma_atom_O, mO, mLSE, pipeline_q, pipeline_k, pipeline_v,
                 softmax_scale_log2, window_size, mSink, mOutScales, mSenc, ctidx, m_block, head, batch, split,
                 seqlen_q, seqlen_k, n_block_min, n_block_max, rows_q):
-        thr_qk = tiled_mma_qk.get_slice(ctidx)
-        thr_pv = tiled_mma_pv.get_slice(ctidx)
-        tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))              # (MMA, MMA_M, MMA_K)
-        tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))              # (MMA, MMA_N, MMA_K, stages)
-        tOrVt = thr_pv.make_fragment_B(thr_pv.partition_B(sVt))            # (MMA, MMA_D, MMA_K, stages)
+        (thr_qk, thr_pv, tSrQ, tSrK, tOrVt, acc_O, acc_O_rc, tScS_rc, row_max,
+         row_sum) = self.consumer_fragments(tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, ctidx)
         if const_expr(self.p_in_smem):
             tSsP = thr_qk.partition_C(sP)            # where each accumulator element goes = composition(sP, tv_C)
             tOrP_smem = thr_pv.make_fragment_A(thr_pv.partition_A(sP))       # the PV MMA's view of the same buffer
             warpgroup_idx = ctidx // 128
-        acc_O = cute.make_rmem_tensor(thr_pv.partition_shape_C((self.tile_m, self.head_dim)), Float32)
-        acc_O.fill(0.0)
-        acc_O_rc = cute.make_tensor(acc_O.iterator, acc_layout_rows_cols(acc_O.layout))    # (rows, cols)
-        tScS = thr_qk.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))   # (m, n) per element
-        tScS_rc = cute.make_tensor(tScS.iterator, acc_layout_rows_cols(tScS.layout))
         n_rows = cute.size(acc_O_rc, mode=[0])                              # rows this thread owns (2)
-        row_max = cute.make_rmem_tensor((n_rows,), Float32)
-        row_sum = cute.make_rmem_tensor((n_rows,), Float32)
+        acc_O.fill(0.0)
         row_max.fill(-Float32.inf)
         row_sum.fill(0.0)
 

@@ -61,7 +61,7 @@ from cutlass import Float32, Int32, const_expr, pipeline
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
-from ..common import convert_to_bf16_pairs, launch_stream
+from ..common import convert_to_bf16_pairs, launch_stream, tma_store_tile
 from .flash_fwd import (LN_2, LOG2_E, Sm90AttentionOps, acc_layout_as_operand_a, acc_layout_rows_cols,
                         row_major_smem_layout, transposed_view)
 
@@ -798,11 +798,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         cute.arch.barrier(barrier_id=O_IN_SMEM, number_of_threads=256)
         if w == 0 and wtid < 32:
             gO = cute.local_tile(tma_O[None, None, token, batch], (TILE_H, HEAD_DIM), (head_group, 0))   # (64, 512)
-            tOsO, tOgO = cpasync.tma_partition(tma_atom_O, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
-                                               cute.group_modes(gO, 0, 2))
-            cute.copy(tma_atom_O, tOsO, tOgO)
-            cute.arch.cp_async_bulk_commit_group()
-            cute.arch.cp_async_bulk_wait_group(0, read=True)
+            tma_store_tile(tma_atom_O, sQ, gO)
 
     @cute.jit
     def paired_half(self, w: cutlass.Constexpr, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sKV, sVt, sP,
