@@ -102,14 +102,21 @@ SMALL_WINDOW_MAX = 128
 # all three 64-key tiles of a W = 128 query tile are requested at once) measured a tie on the H200 at d0d2163
 # (D5WIN_QUICK=1 scripts/explore.py d5win, TFLOP/s, FA4 154 / 93 in the same run): hd128 175 vs 177, hd64 111 vs
 # 111.  Two stages stay: the same speed with 32 KB of shared memory to spare.
-SM90_SMALL_WINDOW_TUNING: dict[int, dict] = {64: {"tile_m": 64, "tile_n": 64}, 128: {"tile_m": 64, "tile_n": 64}}
+# Persistent CTAs (a grid of 2 CTAs per SM walking the query blocks, the next block's Q and K/V loaded while this
+# one computes, O stored by TMA without waiting) measured on the H200 at a2026b4 (D5WIN_QUICK=1 scripts/explore.py
+# d5win, B2 H16 S16k W128 + sink, TFLOP/s over visible pairs, FA4 in the same run): hd128 FA4 154 · 64×64 175 ·
+# persistent 208; hd64 FA4 93 · 111 · 135.  Split-KV builds (D5b branches, explicit num_splits) stay one CTA per
+# block: their fp32 partials leave by register stores.
+SM90_SMALL_WINDOW_TUNING: dict[int, dict] = {64: {"tile_m": 64, "tile_n": 64, "persistent": True},
+                                             128: {"tile_m": 64, "tile_n": 64, "persistent": True}}
 
 
 def sm90_kernel_shape(D: int, overlap: bool, pack: int = 1, nvfp4_out: bool = False,
-                      small_window: bool = False) -> dict:
+                      small_window: bool = False, split_kv: bool = False) -> dict:
     """The tile sizes and schedule knobs of the D1 kernel build for head dim ``D``: defaults, plus
     :data:`SM90_TUNING` for the overlapped mainloop, plus :data:`SM90_SMALL_WINDOW_TUNING` for a window of at most
-    :data:`SMALL_WINDOW_MAX` keys (a 64- or 192-row tile falls back to 128 when the GQA pack does not divide it)."""
+    :data:`SMALL_WINDOW_MAX` keys (a 64- or 192-row tile falls back to 128 when the GQA pack does not divide it).
+    Persistent CTAs only for the bf16 output of an unsplit call (the kernel refuses them otherwise)."""
     from .kernels.sm90.flash_fwd import default_tile_n
     shape = {"tile_m": 128, "tile_n": default_tile_n(D)}
     if overlap and not nvfp4_out:
@@ -118,6 +125,16 @@ def sm90_kernel_shape(D: int, overlap: bool, pack: int = 1, nvfp4_out: bool = Fa
             shape.update(SM90_SMALL_WINDOW_TUNING.get(D, {}))
         if shape["tile_m"] % pack:
             shape["tile_m"] = 128
+    if split_kv:
+        shape.pop("persistent", None)
+    return shape
+
+
+def _with_device_sms(shape: dict) -> dict:
+    """A persistent build sizes its grid by the SM count of the current device (132 when there is none: a CPU
+    compile)."""
+    if shape.get("persistent") and torch.cuda.is_available():
+        shape = dict(shape, num_sms=torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count)
     return shape
 
 
@@ -146,7 +163,8 @@ def _compiled_sm90_tvm_ffi(head_dim: int, causal: bool, has_lse: bool, p_path: s
                            small_window: bool = False):
     """The kernel built for the TVM-FFI call path from the symbolic argument types (every extent and stride
     dynamic, unit stride last, 16 B aligned rows — what ``_validate`` guarantees)."""
-    shape = sm90_kernel_shape(head_dim, overlap, pack_gqa, small_window=small_window)
+    shape = _with_device_sms(sm90_kernel_shape(head_dim, overlap, pack_gqa, small_window=small_window,
+                                               split_kv=split_kv))
     key = ("fwd-tvm-ffi", head_dim, causal, has_lse, p_path, window, sink, split_kv, overlap, pack_gqa, arch,
            tuple(sorted(shape.items())))
     if key not in _COMPILED:
@@ -168,7 +186,7 @@ def _compiled_sm90(head_dim: int, causal: bool, has_lse: bool, p_path: str, wind
                    small_window: bool = False):
     """Compiled once per (head dim, causal, lse, P path, window?, sink?, split?, …, tile shape), from the call's own
     runtime tensor types (every extent and stride dynamic): later calls of any B / S / H / W reuse it."""
-    shape = sm90_kernel_shape(head_dim, overlap, pack_gqa, nvfp4_out, small_window)
+    shape = _with_device_sms(sm90_kernel_shape(head_dim, overlap, pack_gqa, nvfp4_out, small_window, split_kv))
     key = ("fwd", head_dim, causal, has_lse, p_path, window, sink, split_kv, overlap, nvfp4_out, pack_gqa,
            tuple(sorted(shape.items())))
     if key not in _COMPILED:

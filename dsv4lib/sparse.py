@@ -14,14 +14,39 @@ from .launch import check_num_splits, current_stream, placeholder, rows_dynamic,
 HEAD_DIM = 512
 HEADS_PER_CTA = 64
 _COMPILED: dict[tuple, object] = {}
-def kernel_args(q, kv, indices, o, lse, sink, scale: float, window: int, stream=None) -> tuple:
+def kernel_args(q, kv, indices, o, lse, sink, scale: float, window: int, stream=None, merge=None) -> tuple:
     """q ``(B, Sq, H, 512)``, kv ``(B, Skv, 512)``, indices ``(B, Sq, K)`` int32, o ``(splits, B, Sq, H, 512)``,
     lse ``(splits, B, H, Sq)``, sink ``(H,)`` → the kernel's arguments (+ the launch stream when given; CPU
-    compile tests leave it out)."""
+    compile tests leave it out).  ``merge``: the fused merge's ``(out (B, Sq, H, 512) bf16, lse (B, H, Sq),
+    counters (B, Sq, H / 64, 2) int32)``, after the stream (``None`` on the CPU)."""
     from cutlass import Float32, Int32
     args = (rows_dynamic(q, (3,)), rows_dynamic(kv, (2,)), rows_dynamic(indices), rows_dynamic(o, (4,)),
             rows_dynamic(lse), Float32(scale * math.log2(math.e)), Int32(window), rows_dynamic(sink))
+    if merge is not None:
+        out, lse_out, counters = merge
+        return args + (stream, rows_dynamic(out, (3,)), rows_dynamic(lse_out), rows_dynamic(counters, (3,), align=8))
     return args if stream is None else args + (stream,)
+
+
+# Fused merge (the decode's splits merge their partials themselves, no combine kernel): used when every CTA of the
+# launch fits on the GPU at once (one per SM), which the cooperative launch needs.
+FUSED_MERGE = True
+_COUNTERS: dict[tuple, torch.Tensor] = {}
+
+
+def merge_counters(B: int, Sq: int, groups: int, device) -> torch.Tensor:
+    """The fused merge's (arrived, left) counters per (batch, token, 64-head group), zeroed once: every launch
+    leaves them at zero again."""
+    key = (B, Sq, groups, str(device))
+    if key not in _COUNTERS:
+        _COUNTERS[key] = torch.zeros(B, Sq, groups, 2, dtype=torch.int32, device=device)
+    return _COUNTERS[key]
+
+
+def fuses_merge(ctas: int, device) -> bool:
+    """Whether a split launch of ``ctas`` CTAs merges in-kernel: the knob, and every CTA resident at once (one per
+    SM: ~210 KB of shared memory each)."""
+    return FUSED_MERGE and not USE_TVM_FFI and ctas <= torch.cuda.get_device_properties(device).multi_processor_count
 
 
 # The warpgroup schedules of the hd512 kernel (see its docstring), measured on the H200, TFLOP/s over gathered
@@ -41,9 +66,10 @@ def schedule_for(gather: bool) -> str:
 
 def compiled(gather: bool, causal: bool, window: bool, sink: bool, has_lse: bool, split_kv: bool, args: tuple,
              arch: str = "sm_90a", schedule: str | None = None, gather_only: bool = False,
-             skip_mma: str | None = None):
+             skip_mma: str | None = None, fused_merge: bool = False):
     schedule = schedule_for(gather) if schedule is None else schedule
-    key = (gather, causal, window, sink, has_lse, split_kv, arch, schedule, gather_only, skip_mma, PREFETCH_SCORES)
+    key = (gather, causal, window, sink, has_lse, split_kv, arch, schedule, gather_only, skip_mma, PREFETCH_SCORES,
+           fused_merge)
     if key not in _COMPILED:
         import cutlass.cute as cute
 
@@ -51,7 +77,7 @@ def compiled(gather: bool, causal: bool, window: bool, sink: bool, has_lse: bool
         kernel = SparseAttentionForwardSm90(gather=gather, causal=causal, window=window, sink=sink, has_lse=has_lse,
                                             split_kv=split_kv, schedule=schedule, gather_only=gather_only,
                                             prefetch_scores=PREFETCH_SCORES,
-                                            skip_mma=skip_mma)
+                                            skip_mma=skip_mma, fused_merge=fused_merge)
         _COMPILED[key] = cute.compile(kernel, *args, options=f"--gpu-arch {arch}")
     return _COMPILED[key]
 
@@ -153,6 +179,11 @@ def _run(q4, kv3, idx3, *, gather, causal, window, sink, scale, num_splits):
                 args = kernel_args(q4, kv3, idx, out.unsqueeze(0), lse.unsqueeze(0), sink_t, scale, window or 0,
                                    current_stream(device))
                 compiled(gather, causal, window is not None, sink is not None, True, False, args)(*args)
+        elif fuses_merge(B * Sq * (H // HEADS_PER_CTA) * num_splits, device):
+            o_part, lse_part = workspace(num_splits, B, Sq, H, HEAD_DIM, device)
+            args = kernel_args(q4, kv3, idx, o_part, lse_part, sink_t, scale, window or 0, current_stream(device),
+                               merge=(out, lse, merge_counters(B, Sq, H // HEADS_PER_CTA, device)))
+            compiled(gather, causal, window is not None, sink is not None, True, True, args, fused_merge=True)(*args)
         else:
             o_part, lse_part = workspace(num_splits, B, Sq, H, HEAD_DIM, device)
             if USE_TVM_FFI:
@@ -250,10 +281,15 @@ def gather_roof(q, kv, indices):
     _run_benchmark_build(q, kv, indices, gather_only=True)
 
 
-def fake_args(gather: bool = True, split_kv: bool = False):
+def fake_args(gather: bool = True, split_kv: bool = False, fused_merge: bool = False):
     """Runtime-typed stand-ins (CPU tensors) for a CPU build of the kernel."""
     o_dtype = torch.float32 if split_kv else torch.bfloat16
+    merge = None
+    if fused_merge:
+        merge = (torch.empty(1, 3, 64, HEAD_DIM, dtype=torch.bfloat16), torch.empty(1, 64, 3),
+                 torch.zeros(1, 3, 1, 2, dtype=torch.int32))
     return kernel_args(torch.empty(1, 3, 64, HEAD_DIM, dtype=torch.bfloat16), torch.empty(1, 100, HEAD_DIM, dtype=torch.bfloat16),
                        torch.empty(1, 3, 128 if gather else 1, dtype=torch.int32),
                        torch.empty(2 if split_kv else 1, 1, 3, 64, HEAD_DIM, dtype=o_dtype),
-                       torch.empty(2 if split_kv else 1, 1, 64, 3, dtype=torch.float32), torch.empty(64), 1.0, 0)
+                       torch.empty(2 if split_kv else 1, 1, 64, 3, dtype=torch.float32), torch.empty(64), 1.0, 0,
+                       merge=merge)

@@ -52,12 +52,14 @@ if "decode" in sections:
     for H in (64, 128):
         for Skv in (8192, 65536):
             inputs = [(rnd(1, 1, H, 512), rnd(1, Skv, 1, 512)) for _ in range(4)]
-            for splits in (33, 66, None):
+            for splits, fused in ((66, False), (33, True), (66, True), (132, True), (None, True)):
+                dsv4lib.sparse.FUSED_MERGE = fused          # True: the splits merge in-kernel (when they all fit)
                 f = lambda q, kv: dsv4lib.attention(q, kv, kv, num_splits=splits)
                 t = bench.time_cuda(f, inputs, iters=20)
-                show({"decode512": [H, Skv, splits], "us": round(t.median_ms * 1e3, 1),
+                show({"decode512": [H, Skv, splits, "fused" if fused else "combine"], "us": round(t.median_ms * 1e3, 1),
                       "gbps": round(bench.gbps(Skv * 1024, t.median_ms)), "host_ms": round(t.host_ms, 3),
                       "kernels": kernels(f, *inputs[0])})
+            dsv4lib.sparse.FUSED_MERGE = True
 
 if "d2" in sections:
     for B, Skv in ((1, 65536), (4, 16384)):
@@ -232,8 +234,8 @@ if "d5win" in sections:
                 256: [{"tma_store_o": False}, {}]}
     quick = os.environ.get("D5WIN_QUICK") == "1"     # only the 64 × 64 small-window builds: plain vs persistent
     if quick:
-        variants = {d: [{"tile_m": 64, "tile_n": 64}, {"tile_m": 64, "tile_n": 64, "persistent": True}]
-                    for d in (64, 128)}
+        variants = {d: [{"tile_m": 64, "tile_n": 64}, {"tile_m": 64, "tile_n": 64, "persistent": True},
+                        {"tile_m": 128, "tile_n": 64, "persistent": True}] for d in (64, 128)}
     only = os.environ.get("D5WIN_DIMS") or ("128,64" if quick else None)
     for D in [int(x) for x in only.split(",")] if only else (128, 64, 256):
         sink = torch.randn(16, device="cuda", dtype=torch.float32)
@@ -266,16 +268,16 @@ if "d5win" in sections:
                 A.SM90_TUNING[D] = dict(tuned[D])
             show(row)
     # D1 headline shape: the epilogue through registers / TMA store, and persistent CTAs
-    for D in (128, 64):
+    for D, causal in ((128, False), (64, False), (128, True), (64, True)):
         inputs = [tuple(rnd(4, 8192, 16, D) for _ in range(3)) for _ in range(2)]
-        flops = bench.attention_flops(4, 16, 8192, 8192, D)
-        row = {"d1epi": D}
+        flops = bench.attention_flops(4, 16, 8192, 8192, D, causal=causal)
+        row = {"d1epi": [D, causal]}
         if fa4 is not None:
-            row["FA4"] = round(bench.tflops(flops, bench.time_cuda(lambda q, k, v: fa4(q, k, v), inputs,
-                                                                     iters=20).median_ms))
+            row["FA4"] = round(bench.tflops(flops, bench.time_cuda(lambda q, k, v: fa4(q, k, v, causal=causal),
+                                                                     inputs, iters=20).median_ms))
         for var in ({}, {"persistent": True}) if quick else ({"tma_store_o": False}, {}, {"persistent": True}):
             A.SM90_TUNING[D] = {**tuned[D], **var}
             row[knob_name(var)] = round(bench.tflops(flops, bench.time_cuda(
-                lambda q, k, v: dsv4lib.attention(q, k, v, num_splits=1), inputs, iters=20).median_ms))
+                lambda q, k, v: dsv4lib.attention(q, k, v, causal=causal, num_splits=1), inputs, iters=20).median_ms))
             A.SM90_TUNING[D] = dict(tuned[D])
         show(row)

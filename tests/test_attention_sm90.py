@@ -171,7 +171,7 @@ def test_small_window_build_shares_its_sm_with_a_second_cta(head_dim):
 @pytest.mark.compile
 @pytest.mark.parametrize("head_dim,small_window", [(128, True), (64, True), (128, False)])
 def test_persistent_build_walks_blocks_and_overlaps_the_o_store(head_dim, small_window):
-    """Persistent CTAs (opt-in knob, not yet the default): two Q stages, O through its own buffer; the TMA store of
+    """Persistent CTAs (the small-window default, a knob elsewhere): two Q stages, O through its own buffer; the TMA store of
     a block is left in flight and waited for only before the next block's O overwrites the buffer and once at the
     end (two read-waits, no wait right behind the store); shared memory still fits the CTAs per SM."""
     import re
@@ -180,7 +180,7 @@ def test_persistent_build_walks_blocks_and_overlaps_the_o_store(head_dim, small_
     from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
     shape = sm90_kernel_shape(head_dim, True, small_window=small_window)
     kernel = FlashAttentionForwardSm90(head_dim, causal=not small_window, has_lse=True, window=small_window,
-                                       sink=small_window, overlap=True, persistent=True, **shape)
+                                       sink=small_window, overlap=True, **{**shape, "persistent": True})
     assert kernel.ctas_per_sm * (kernel.smem_bytes() + 1024) <= kernel.SMEM_PER_SM
     k = compile_for_arch(kernel, *fake_attention_args(head_dim), arch="sm_90a")
     assert k.count(r"cp\.async\.bulk\.wait_group\.read\s+0") == 2
@@ -191,6 +191,23 @@ def test_persistent_build_walks_blocks_and_overlaps_the_o_store(head_dim, small_
     for bad in (dict(split_kv=True), dict(p_in_smem=True, overlap=False), dict(overlap=False)):
         with pytest.raises(ValueError, match="persistent"):
             FlashAttentionForwardSm90(head_dim, causal=False, has_lse=True, persistent=True, **{"overlap": True, **bad})
+
+
+@pytest.mark.compile
+def test_persistent_is_the_small_window_default_but_never_for_split_kv():
+    """Small windows build persistent CTAs; a split-KV build of the same shape (D5b branches, explicit num_splits)
+    does not (its fp32 partials leave by register stores), and the grid never leaves a one-CTA tail round."""
+    from dsv4lib.attention import sm90_kernel_shape
+    from dsv4lib.kernels.sm90.flash_fwd import persistent_grid
+    for D in (64, 128):
+        assert sm90_kernel_shape(D, True, small_window=True).get("persistent") is True
+        assert "persistent" not in sm90_kernel_shape(D, True, small_window=True, split_kv=True)
+        assert "persistent" not in sm90_kernel_shape(D, True)
+    assert persistent_grid(8192, 264) == 256                 # 32 rounds: 256 CTAs, not 264 with 8 doing a 32nd
+    for work in (1, 263, 264, 265, 8192, 10_000):
+        grid = persistent_grid(work, 264)
+        rounds = -(-work // grid)
+        assert grid <= 264 and rounds == -(-work // min(work, 264)) and grid * rounds >= work
 
 
 @pytest.mark.gpu

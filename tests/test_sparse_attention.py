@@ -216,6 +216,66 @@ def test_hd512_mqa_attention_matches_the_reference(B, Sq, Skv, H, causal, window
     torch.testing.assert_close(lse.double(), ref_lse, atol=2e-3, rtol=1e-4)
 
 
+@pytest.mark.compile
+def test_fused_merge_build_waits_for_its_splits_and_merges_in_kernel():
+    """The fused merge (D2 decode without a combine kernel): one thread releases the split's arrival and spins on an
+    acquire load, the last to leave zeroes the counters, both consumer warpgroups merge chunks behind their own
+    barriers; the splits leave the sink to the merge; refused without split-KV."""
+    from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
+    from dsv4lib.sparse import fake_args
+    kernel = SparseAttentionForwardSm90(gather=False, sink=True, has_lse=True, split_kv=True, fused_merge=True)
+    assert kernel.merge_sink and not kernel.has_sink
+    k = compile_for_arch(kernel, *fake_args(False, True, True), arch="sm_90a")
+    assert k.count(r"atom\.global\.release\.add\.u32") == 1 and k.count(r"ld\.acquire\.gpu\.global\.b32") >= 1
+    assert k.count(r"fence\.acq_rel\.gpu") == 2 and k.count(r"st\.global\.v2\.b32\s+\[%rd\d+\],\s*\{0,\s*0\}") == 1
+    assert k.count(r"bar\.sync\s+7,\s*256") == 2
+    assert k.count(r"bar\.sync\s+8,\s*128") >= 2 and k.count(r"bar\.sync\s+9,\s*128") >= 2
+    assert k.count(r"\.local") == 0
+    plain = compile_for_arch(SparseAttentionForwardSm90(gather=False, has_lse=True, split_kv=True),
+                             *fake_args(False, True), arch="sm_90a")
+    assert plain.count(r"ld\.acquire\.gpu") == 0 and plain.count(r"atom\.global") == 0
+    with pytest.raises(ValueError, match="split_kv"):
+        SparseAttentionForwardSm90(gather=False, fused_merge=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,Sq,H,Skv,splits,with_sink", [
+    (1, 1, 64, 65536, 64, True),      # the D2 DSV4 decode shape
+    (2, 1, 128, 20000, 33, True),     # two batches × two head groups × 33 splits = 132 CTAs, all resident
+    (1, 2, 64, 576, 4, False),        # 9 tiles over 4 splits: the last split is empty
+    (2, 2, 128, 9000, 40, True),      # 320 CTAs: more than the SMs, so the combine kernel merges instead
+])
+def test_fused_merge_matches_the_combine_kernel_and_the_reference(monkeypatch, B, Sq, H, Skv, splits, with_sink):
+    """Fused merge vs the two-kernel path vs float64, three calls in a row (the counters must come back to zero:
+    a leftover count would let the next launch read partials before they are written, or never finish)."""
+    import dsv4lib.sparse as sparse
+    gen = torch.Generator().manual_seed(B * 1000 + Skv + splits)
+    q = torch.randn(B, Sq, H, 512, generator=gen).to("cuda", torch.bfloat16)
+    kv = torch.randn(B, Skv, 1, 512, generator=gen).to("cuda", torch.bfloat16)
+    sink = (torch.randn(H, generator=gen) * 2).cuda() if with_sink else None
+    ref, ref_lse = reference.attention(q.double(), kv.double(), kv.double(),
+                                       sink=None if sink is None else sink.double(), return_lse=True)
+    fused = sparse.fuses_merge(B * Sq * (H // 64) * splits, q.device)
+    assert fused == (B * Sq * (H // 64) * splits <= torch.cuda.get_device_properties(0).multi_processor_count)
+    outs = []
+    for _ in range(3):
+        out, lse = dsv4lib.attention(q, kv, kv, sink=sink, return_lse=True, num_splits=splits)
+        torch.cuda.synchronize()
+        outs.append((out.clone(), lse.clone()))
+    if fused:
+        counters = sparse.merge_counters(B, Sq, H // 64, q.device)
+        assert counters.abs().sum().item() == 0                           # left at zero for the next launch
+    for out, lse in outs:
+        assert torch.isfinite(out).all() and _cos(out, ref) >= 0.9999
+        torch.testing.assert_close(lse.double(), ref_lse, atol=2e-3, rtol=1e-4)
+        assert torch.equal(out, outs[0][0])                              # the same bits every call
+    monkeypatch.setattr(sparse, "FUSED_MERGE", False)
+    out2, lse2 = dsv4lib.attention(q, kv, kv, sink=sink, return_lse=True, num_splits=splits)
+    torch.cuda.synchronize()
+    assert torch.equal(out2, outs[0][0]) and torch.equal(lse2, outs[0][1])   # same partials, same merge code
+
+
 @pytest.mark.parametrize("bad", [0, -1, True, 2.0, "4"])
 def test_bad_num_splits_is_rejected(bad):
     from dsv4lib.sparse import _splits

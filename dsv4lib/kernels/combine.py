@@ -61,76 +61,86 @@ class LSECombineKernel:
         self.kernel(mOp, mLSEp, mO, mLSE, mSink).launch(grid=(rows * self.chunks, 1, 1),
                                                         block=(32 * WARPS_PER_CTA, 1, 1), **launch_stream(stream))
 
-    @cute.jit
-    def butterfly(self, x: Float32, op) -> Float32:
-        for offset in cutlass.range_constexpr(5):
-            x = op(x, cute.arch.shuffle_sync_bfly(x, offset=16 >> offset))
-        return x
-
     @cute.kernel
     def kernel(self, mOp: cute.Tensor, mLSEp: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor, mSink: cute.Tensor):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
-        lane = tidx % 32
-        warp = tidx // 32
         row = bidx // self.chunks
         chunk = bidx % self.chunks
-        num_splits = mOp.shape[0]
         H, Sq = mO.shape[2], mO.shape[1]
-        h = row % H
-        s = (row // H) % Sq
-        b = row // (H * Sq)
         # sAcc (warps, cols) fp32: each warp's weighted sum over its share of the splits
         sAcc = cutlass.utils.SmemAllocator().allocate_tensor(
             Float32, cute.make_layout((WARPS_PER_CTA, self.cols), stride=(self.cols, 1)), byte_alignment=16)
+        merge_chunk(mOp, mLSEp, mO, mLSE, mSink, row // (H * Sq), (row // H) % Sq, row % H, chunk, tidx, sAcc,
+                    self.cols, self.has_sink, 0, SPLIT_UNROLL)
 
-        # L = logsumexp over the splits (log2 units), every warp on its own, lane-parallel
-        mx = -Float32.inf
-        for i in cutlass.range(lane, num_splits, 32, unroll=1):
-            mx = cute.arch.fmax(mx, mLSEp[i, b, h, s])
-        mx = self.butterfly(mx, cute.arch.fmax)
-        base = mx * LOG2_E
-        if mx == -Float32.inf:
-            base = Float32(0.0)                                      # no split saw a key
-        total = Float32(0.0)
-        for i in cutlass.range(lane, num_splits, 32, unroll=1):
-            total += cute.arch.exp2(mLSEp[i, b, h, s] * LOG2_E - base)
-        total = self.butterfly(total, lambda x, y: x + y)
-        lse = -Float32.inf
-        inv_total = Float32(0.0)
+
+@cute.jit
+def butterfly(x: Float32, op) -> Float32:
+    for offset in cutlass.range_constexpr(5):
+        x = op(x, cute.arch.shuffle_sync_bfly(x, offset=16 >> offset))
+    return x
+
+
+@cute.jit
+def merge_chunk(mOp: cute.Tensor, mLSEp: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor, mSink: cute.Tensor, b, s, h,
+                chunk, tidx, sAcc: cute.Tensor, cols: cutlass.Constexpr, has_sink: cutlass.Constexpr,
+                barrier_id: cutlass.Constexpr, unroll: cutlass.Constexpr):
+    """Merge columns ``[chunk·cols, (chunk+1)·cols)`` of output row (b, s, h) over every split, by one group of
+    ``WARPS_PER_CTA`` warps (``tidx`` in [0, 128)): the combine kernel's CTA, or a consumer warpgroup of a split
+    kernel that merges its own splits (the hd512 decode, ``fused_merge``).  ``sAcc (warps, cols)`` fp32 scratch;
+    ``barrier_id``: the named barrier of these 128 threads.  Writes the bf16 columns and, for chunk 0, the LSE."""
+    lane = tidx % 32
+    warp = tidx // 32
+    vec = cols // 32
+    num_splits = mOp.shape[0]
+    # L = logsumexp over the splits (log2 units), every warp on its own, lane-parallel
+    mx = -Float32.inf
+    for i in cutlass.range(lane, num_splits, 32, unroll=1):
+        mx = cute.arch.fmax(mx, mLSEp[i, b, h, s])
+    mx = butterfly(mx, cute.arch.fmax)
+    base = mx * LOG2_E
+    if mx == -Float32.inf:
+        base = Float32(0.0)                                      # no split saw a key
+    total = Float32(0.0)
+    for i in cutlass.range(lane, num_splits, 32, unroll=1):
+        total += cute.arch.exp2(mLSEp[i, b, h, s] * LOG2_E - base)
+    total = butterfly(total, lambda x, y: x + y)
+    lse = -Float32.inf
+    inv_total = Float32(0.0)
+    if total > 0.0:
+        lse = (base + cute.math.log2(total)) * LN_2
+        inv_total = 1.0 / total
+
+    # this warp's splits: O_i (cols,) → lane's vec contiguous columns, one vector load per split
+    acc = cute.make_rmem_tensor((vec,), Float32)
+    acc.fill(0.0)
+    for i in cutlass.range(warp, num_splits, WARPS_PER_CTA, unroll=unroll):
+        w = cute.arch.exp2(mLSEp[i, b, h, s] * LOG2_E - base) * inv_total
+        gOi = cute.local_tile(mOp[i, b, s, h, None], (cols,), (chunk,))              # (cols,)
+        tOg = cute.local_tile(gOi, (vec,), (lane,))                                   # (vec,)
+        tOr = cute.make_rmem_tensor((vec,), Float32)
+        cute.autovec_copy(tOg, tOr)
+        if w > 0.0:          # an empty split's partial is never read into the sum (it may be unwritten)
+            for j in cutlass.range_constexpr(vec):
+                acc[j] += w * tOr[j]
+    cute.autovec_copy(acc, cute.local_tile(sAcc[warp, None], (vec,), (lane,)))
+    cute.arch.barrier(barrier_id=barrier_id, number_of_threads=32 * WARPS_PER_CTA)
+
+    gate = Float32(1.0)
+    if const_expr(has_sink):
+        # e^L / (e^L + e^σ) = 1 / (1 + e^{σ - L}); an empty row stays 0 because its weights are 0
         if total > 0.0:
-            lse = (base + cute.math.log2(total)) * LN_2
-            inv_total = 1.0 / total
-
-        # this warp's splits: O_i (cols,) → lane's vec contiguous columns, one vector load per split
-        acc = cute.make_rmem_tensor((self.vec,), Float32)
-        acc.fill(0.0)
-        for i in cutlass.range(warp, num_splits, WARPS_PER_CTA, unroll=SPLIT_UNROLL):
-            w = cute.arch.exp2(mLSEp[i, b, h, s] * LOG2_E - base) * inv_total
-            gOi = cute.local_tile(mOp[i, b, s, h, None], (self.cols,), (chunk,))          # (cols,)
-            tOg = cute.local_tile(gOi, (self.vec,), (lane,))                               # (vec,)
-            tOr = cute.make_rmem_tensor((self.vec,), Float32)
-            cute.autovec_copy(tOg, tOr)
-            if w > 0.0:          # an empty split's partial is never read into the sum (it may be unwritten)
-                for j in cutlass.range_constexpr(self.vec):
-                    acc[j] += w * tOr[j]
-        cute.autovec_copy(acc, cute.local_tile(sAcc[warp, None], (self.vec,), (lane,)))
-        cute.arch.barrier()
-
-        gate = Float32(1.0)
-        if const_expr(self.has_sink):
-            # e^L / (e^L + e^σ) = 1 / (1 + e^{σ - L}); an empty row stays 0 because its weights are 0
-            if total > 0.0:
-                gate = 1.0 / (1.0 + cute.arch.exp2((mSink[h] - lse) * LOG2_E))
-        for c in cutlass.range_constexpr((self.cols + 32 * WARPS_PER_CTA - 1) // (32 * WARPS_PER_CTA)):
-            col = c * 32 * WARPS_PER_CTA + tidx
-            if col < self.cols:
-                o = Float32(0.0)
-                for w in cutlass.range_constexpr(WARPS_PER_CTA):
-                    o += sAcc[w, col]
-                mO[b, s, h, chunk * self.cols + col] = (o * gate).to(mO.element_type)
-        if tidx == 0 and chunk == 0:
-            mLSE[b, h, s] = lse
+            gate = 1.0 / (1.0 + cute.arch.exp2((mSink[h] - lse) * LOG2_E))
+    for c in cutlass.range_constexpr((cols + 32 * WARPS_PER_CTA - 1) // (32 * WARPS_PER_CTA)):
+        col = c * 32 * WARPS_PER_CTA + tidx
+        if col < cols:
+            o = Float32(0.0)
+            for w in cutlass.range_constexpr(WARPS_PER_CTA):
+                o += sAcc[w, col]
+            mO[b, s, h, chunk * cols + col] = (o * gate).to(mO.element_type)
+    if tidx == 0 and chunk == 0:
+        mLSE[b, h, s] = lse
 
 
 def fake_args(head_dim: int):

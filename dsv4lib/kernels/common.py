@@ -4,7 +4,7 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Uint32, const_expr, pipeline
+from cutlass import Float32, Int32, Uint32, const_expr, pipeline
 from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync
 from cutlass.cutlass_dsl import T, dsl_user_op
@@ -102,6 +102,15 @@ def cvt_bf16x2(lo: Float32, hi: Float32, *, loc=None, ip=None) -> Uint32:
     return Uint32(llvm.inline_asm(T.i32(), [Float32(lo).ir_value(loc=loc, ip=ip), Float32(hi).ir_value(loc=loc, ip=ip)],
                                   "cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,f,f", has_side_effects=False,
                                   is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
+@dsl_user_op
+def load_acquire_gpu(ptr: cute.Pointer, *, loc=None, ip=None) -> Int32:
+    """``ld.acquire.gpu`` of one 32-bit word of global memory: what other CTAs released before it is visible to the
+    loads that follow (a spin-wait on a counter they bump)."""
+    return Int32(llvm.inline_asm(T.i32(), [ptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip)],
+                                 "ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", has_side_effects=True,
+                                 is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
 
 
 @cute.jit

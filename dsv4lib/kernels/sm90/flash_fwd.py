@@ -176,6 +176,15 @@ class Sm90AttentionOps:
                 corrections[r] = correction
 
 
+def persistent_grid(work_items, slots):
+    """CTAs of a persistent launch: at most ``slots`` (ctas_per_sm on every SM), and no more than needed for the
+    same number of rounds — 8192 blocks on 264 slots take 32 rounds either way, but 264 CTAs leave 8 of them a
+    32nd block while the rest idle (a 3 % tail), where 256 CTAs all finish after 32.  Works on Python ints and on
+    the kernel's dynamic Int32s."""
+    rounds = cutlass.max((work_items + slots - 1) // slots, 1)
+    return (work_items + rounds - 1) // rounds
+
+
 class FlashAttentionForwardSm90(Sm90AttentionOps):
     """Hopper forward attention, P in registers.  ``head_dim`` 64 / 128 / 256 (Dv = D), bf16."""
 
@@ -350,8 +359,8 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         if const_expr(self.split_kv):
             batch_and_splits = batch_and_splits * cute.size(mO.shape[4])
         grid = (cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m), cute.size(mQ.shape[2]), batch_and_splits)
-        if const_expr(self.persistent):   # one CTA per slot: ctas_per_sm on every SM, or fewer if there is less work
-            grid = (cutlass.min(self.work_items(mQ), self.num_sms * self.ctas_per_sm), 1, 1)
+        if const_expr(self.persistent):
+            grid = (persistent_grid(self.work_items(mQ), self.num_sms * self.ctas_per_sm), 1, 1)
         self.kernel(tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, tma_atom_O, mO, mLSE, softmax_scale_log2,
                     window_size, mSink, mOutScales, mSenc,
                     sQ_layout, sK_layout, sV_layout, sP_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage).launch(

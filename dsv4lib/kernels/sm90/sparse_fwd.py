@@ -50,6 +50,14 @@ so each writes its normalized column half of O into the Q buffer (value pairs th
 Split-KV (``split_kv=True``, D2 decode): split s takes its share of the key tiles and writes an fp32 partial O
 normalized over its own keys plus its LSE; :class:`dsv4lib.kernels.combine.LSECombineKernel` merges them and
 applies the sink once.
+
+**Fused merge** (``fused_merge=True``, split-KV only): no combine kernel.  Launched cooperatively (every CTA
+resident at once, or the launch fails — never a hang), each split, once its partial is written, bumps its query's
+arrival counter (release) and waits until all splits of that query have arrived (acquire); then the splits share
+the merge: 64 heads × 4 column chunks of 128, one chunk per consumer warpgroup at a time
+(:func:`dsv4lib.kernels.combine.merge_chunk`, the combine kernel's own code), reading the partials back from L2,
+and the sink applied once.  The last split to leave resets the counters for the next launch.  What it saves on the
+decode shape: the combine launch, the gap before it, and the combine's own ramp-up.
 """
 from __future__ import annotations
 
@@ -61,7 +69,8 @@ from cutlass import Float32, Int32, const_expr, pipeline
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
-from ..common import convert_to_bf16_pairs, launch_stream, tma_store_tile
+from ..combine import WARPS_PER_CTA, merge_chunk
+from ..common import convert_to_bf16_pairs, launch_stream, load_acquire_gpu, tma_store_tile
 from .flash_fwd import (LN_2, LOG2_E, Sm90AttentionOps, acc_layout_as_operand_a, acc_layout_rows_cols,
                         row_major_smem_layout, transposed_view)
 
@@ -74,6 +83,9 @@ P_FULL, P_EMPTY, FINAL = 1, 3, 5
 B_MAX, B_P, B_SUM = 1, 2, 3            # the balanced variant's barriers
 PAIR_MAX, PAIR_P, PAIR_SUM = 1, 3, 5   # the paired variant's: + warpgroup (M0 / M1, S0 / S1), then the row sums
 O_IN_SMEM = 6                          # balanced / paired, bf16 out: both halves of O are in the dead Q buffer
+MERGE, MERGE_WG = 7, 8                 # fused merge: both consumer warpgroups' partial stores done; + warpgroup
+MERGE_COLS = 128                       # fused merge: output columns of one chunk (4 fp32 per lane)
+MERGE_UNROLL = 8                       # fused merge: partial loads a warp keeps in flight
 SCHEDULES = ("columns", "balanced", "paired")
 ROW_GROUPS = 16                        # paired producer: 16 groups of 8 threads, a group copies a 128 B segment
 HALF_TILE_ORDER = ((0, 0), (1, 1), (0, 1), (1, 0))   # paired producer: (tile buffer, column half), order freed
@@ -108,15 +120,21 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
 
     def __init__(self, *, gather: bool, causal: bool = False, window: bool = False, sink: bool = False,
                  has_lse: bool = False, split_kv: bool = False, num_stages: int = 2, schedule: str = "columns",
-                 gather_only: bool = False, skip_mma: str | None = None, prefetch_scores: bool = False):
+                 gather_only: bool = False, skip_mma: str | None = None, prefetch_scores: bool = False,
+                 fused_merge: bool = False):
         if gather and (causal or window):
             raise ValueError("gathered keys come with their own index list: no causal / window mask on top")
-        if split_kv and sink:
+        if split_kv and sink and not fused_merge:
             raise ValueError("with split-KV the sink belongs to the combine kernel, not to the splits")
+        if fused_merge and not split_kv:
+            raise ValueError("fused_merge merges split-KV partials: it needs split_kv=True")
         self.gather = gather
         self.causal = causal
         self.has_window = window
-        self.has_sink = sink
+        # fused merge: the splits' partials leave the sink out, the merge applies it once
+        self.fused_merge = fused_merge
+        self.merge_sink = sink and fused_merge
+        self.has_sink = sink and not fused_merge
         self.has_lse = has_lse
         self.split_kv = split_kv
         self.num_stages = num_stages
@@ -161,11 +179,18 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
     # ------------------------------------------------------------------------------ host side
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mKV: cute.Tensor, mIdx: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
-                 softmax_scale_log2: Float32, window_size: Int32, mSink: cute.Tensor, stream: cuda.CUstream = None):
+                 softmax_scale_log2: Float32, window_size: Int32, mSink: cute.Tensor, stream: cuda.CUstream = None,
+                 mOut: cute.Tensor = None, mLSEOut: cute.Tensor = None, mSem: cute.Tensor = None):
         # mQ (B, Sq, H, 512)  mKV (B, Skv, 512)  mIdx (B, Sq, K) int32  mO (splits, B, Sq, H, 512)
         # mLSE (splits, B, H, Sq)  mSink (H,).  All global (a CPU build gets generic pointers from DLPack).
+        # Fused merge only: mOut (B, Sq, H, 512) bf16, mLSEOut (B, H, Sq), mSem (B, Sq, H / 64, 2) int32 counters
+        # (arrived, left), zero before the launch and left zero after it.
         mQ, mKV, mO = as_global(mQ, 16), as_global(mKV, 16), as_global(mO, 16)     # 1 KiB / 2 KiB rows
         mIdx, mLSE, mSink = as_global(mIdx, 4), as_global(mLSE, 4), as_global(mSink, 4)
+        if const_expr(self.fused_merge):
+            mOut, mLSEOut, mSem = as_global(mOut, 16), as_global(mLSEOut, 4), as_global(mSem, 8)
+        else:
+            mOut, mLSEOut, mSem = mO, mLSE, mLSE          # unused
         mma = lambda a_source, n: sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.K if n <= TILE_N else OperandMajorMode.MN,
             Float32, (1, 1, 1), (TILE_H, n), a_source=a_source)
@@ -175,6 +200,8 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         sQ_layout = row_major_smem_layout(self.dtype, TILE_H, HEAD_DIM)
         sKV_layout = row_major_smem_layout(self.dtype, TILE_N, HEAD_DIM, self.num_stages)
         sP_layout = row_major_smem_layout(self.dtype, TILE_H, TILE_N, 2)
+
+        merge_elems = 2 * WARPS_PER_CTA * MERGE_COLS if const_expr(self.fused_merge) else 0   # per warpgroup, per warp
 
         @cute.struct
         class SharedStorage:
@@ -187,6 +214,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             sKV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
             sP: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sP_layout)], 1024]
             mbar_Q: cute.struct.MemRange[cutlass.Int64, 2]
+            sMerge: cute.struct.Align[cute.struct.MemRange[Float32, merge_elems], 16]
 
         tma_atom_Q = tma_Q = tma_atom_KV = tma_KV = None
         op = cpasync.CopyBulkTensorTileG2SOp()
@@ -211,8 +239,10 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                 cute.size(mQ.shape[0]) * cute.size(mO.shape[0]))
         self.kernel(mQ, mKV, mIdx, mO, mLSE, softmax_scale_log2, window_size, mSink, sQ_layout, sKV_layout,
                     sP_layout, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, SharedStorage,
-                    tma_atom_Q, tma_Q, tma_atom_KV, tma_KV, tma_atom_O, tma_O).launch(
-            grid=grid, block=[self.NUM_THREADS, 1, 1], min_blocks_per_mp=1, **launch_stream(stream))
+                    tma_atom_Q, tma_Q, tma_atom_KV, tma_KV, tma_atom_O, tma_O, mOut, mLSEOut, mSem).launch(
+            grid=grid, block=[self.NUM_THREADS, 1, 1], min_blocks_per_mp=1,
+            # the fused merge waits for every split of its query: all CTAs must be resident at once
+            cooperative=self.fused_merge, **launch_stream(stream))
 
     # ---------------------------------------------------------------------------- device side
     @cute.kernel
@@ -220,7 +250,8 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                softmax_scale_log2: Float32, window_size: Int32, mSink: cute.Tensor,
                sQ_layout: cute.ComposedLayout, sKV_layout: cute.ComposedLayout, sP_layout: cute.ComposedLayout,
                tiled_mma_qk: cute.TiledMma, tiled_mma_pv_rs: cute.TiledMma, tiled_mma_pv_ss: cute.TiledMma,
-               SharedStorage: cutlass.Constexpr, tma_atom_Q, tma_Q, tma_atom_KV, tma_KV, tma_atom_O, tma_O):
+               SharedStorage: cutlass.Constexpr, tma_atom_Q, tma_Q, tma_atom_KV, tma_KV, tma_atom_O, tma_O,
+               mOut: cute.Tensor, mLSEOut: cute.Tensor, mSem: cute.Tensor):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
         token, head_group, batch, split, num_splits = self.cta_coords(mO)
@@ -330,6 +361,49 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.right_half(tiled_mma_pv_ss, sVt, sP, sRowScale, sRowInv, mO, pipeline_kv, tidx - 256, token,
                             head_group, batch, split, tile_lo, tile_hi)
+        if const_expr(self.fused_merge):
+            if warp_idx >= 4:
+                sMerge = storage.sMerge.get_tensor(cute.make_layout((2 * WARPS_PER_CTA, MERGE_COLS),
+                                                                    stride=(MERGE_COLS, 1)))
+                self.merge_splits(mO, mLSE, mOut, mLSEOut, mSink, mSem, sMerge, token, head_group, batch, split,
+                                  num_splits, tidx - 128)
+
+    @cute.jit
+    def merge_splits(self, mO, mLSE, mOut, mLSEOut, mSink, mSem, sMerge, token, head_group, batch, split, num_splits,
+                     ctid):
+        """Fused merge, both consumer warpgroups (``ctid`` in [0, 256)): arrive, wait for every split of this query,
+        then merge chunks ``split·2 + warpgroup``, + 2·splits, … of its 64 heads × 4 column chunks."""
+        cute.arch.barrier(barrier_id=MERGE, number_of_threads=256)          # this split's partial is written
+        if ctid == 0:
+            arrived = mSem[batch, token, head_group, None].iterator          # (arrived, left)
+            cute.arch.fence_acq_rel_gpu()        # the CTA's partial stores (ordered by the barrier) before the arrival
+            cute.arch.atomic_add(arrived, Int32(1), sem="release", scope="gpu")
+            seen = load_acquire_gpu(arrived)
+            while seen < num_splits:
+                seen = load_acquire_gpu(arrived)
+            cute.arch.fence_acq_rel_gpu()        # as grid.sync: the barrier below hands the acquire to every thread
+            if cute.arch.atomic_add(arrived + 1, Int32(1), sem="relaxed", scope="gpu") == num_splits - 1:
+                # the last to leave: everyone is past the wait, so the counters go back to 0 for the next launch
+                mSem[batch, token, head_group, 0] = Int32(0)
+                mSem[batch, token, head_group, 1] = Int32(0)
+        cute.arch.barrier(barrier_id=MERGE, number_of_threads=256)          # every partial of the query is visible
+        if ctid < 128:
+            self.merge_chunks(0, mO, mLSE, mOut, mLSEOut, mSink, sMerge, token, head_group, batch, split,
+                              num_splits, ctid)
+        else:
+            self.merge_chunks(1, mO, mLSE, mOut, mLSEOut, mSink, sMerge, token, head_group, batch, split,
+                              num_splits, ctid - 128)
+
+    @cute.jit
+    def merge_chunks(self, wg: cutlass.Constexpr, mO, mLSE, mOut, mLSEOut, mSink, sMerge, token, head_group, batch,
+                     split, num_splits, wtid):
+        """Consumer warpgroup ``wg``'s share of the fused merge, one (head, 128-column chunk) at a time."""
+        chunks = HEAD_DIM // MERGE_COLS
+        sAcc = cute.local_tile(sMerge, (WARPS_PER_CTA, MERGE_COLS), (wg, 0))               # (4 warps, 128)
+        for unit in cutlass.range(split * 2 + wg, TILE_H * chunks, num_splits * 2, unroll=1):
+            merge_chunk(mO, mLSE, mOut, mLSEOut, mSink, batch, token, head_group * TILE_H + unit // chunks,
+                        unit % chunks, wtid, sAcc, MERGE_COLS, self.merge_sink, MERGE_WG + wg, MERGE_UNROLL)
+            cute.arch.barrier(barrier_id=MERGE_WG + wg, number_of_threads=128)   # sAcc is read before it is reused
 
     @cute.jit
     def cta_coords(self, mO):
