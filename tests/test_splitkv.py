@@ -75,12 +75,13 @@ def test_heuristic():
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 @pytest.mark.parametrize("has_sink", [False, True])
 def test_combine_kernel_builds(arch, has_sink):
-    from dsv4lib.kernels.combine import SPLIT_UNROLL, LSECombineKernel, fake_args
+    from dsv4lib.kernels.combine import LSE_SLOTS, SPLIT_UNROLL, LSECombineKernel, fake_args
     from dsv4lib.kernels.compile import compile_for_arch
     k = compile_for_arch(LSECombineKernel(128, has_sink=has_sink), *fake_args(128), arch=arch)
     assert k.ptx_target == arch
-    # the row total, the unrolled split weights (and the sink gate)
-    assert k.count(r"ex2\.approx") == 1 + SPLIT_UNROLL + (1 if has_sink else 0)
+    # the row total (the LSEs held in registers + the loop over any beyond them), the unrolled split weights (and
+    # the sink gate)
+    assert k.count(r"ex2\.approx") == LSE_SLOTS + 1 + SPLIT_UNROLL + (1 if has_sink else 0)
     with pytest.raises(ValueError):
         LSECombineKernel(100, has_sink=False)
 

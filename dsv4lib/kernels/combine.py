@@ -34,6 +34,7 @@ LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
 WARPS_PER_CTA = 4
 SPLIT_UNROLL = 4
+LSE_SLOTS = 5            # splits' LSEs a lane keeps in registers: 160 splits (the decode uses at most 132)
 
 
 class LSECombineKernel:
@@ -94,16 +95,27 @@ def merge_chunk(mOp: cute.Tensor, mLSEp: cute.Tensor, mO: cute.Tensor, mLSE: cut
     warp = tidx // 32
     vec = cols // 32
     num_splits = mOp.shape[0]
-    # L = logsumexp over the splits (log2 units), every warp on its own, lane-parallel
+    # L = logsumexp over the splits (log2 units), every warp on its own, lane-parallel.  Lane l holds splits l,
+    # l + 32, … (the first LSE_SLOTS of them in registers, all loaded at once: one latency, not one per pass; more
+    # splits than that are walked by a loop that is usually empty).
+    lse_r = cute.make_rmem_tensor((LSE_SLOTS,), Float32)
+    for j in cutlass.range_constexpr(LSE_SLOTS):
+        lse_r[j] = -Float32.inf
+        if lane + 32 * j < num_splits:
+            lse_r[j] = mLSEp[lane + 32 * j, b, h, s]
     mx = -Float32.inf
-    for i in cutlass.range(lane, num_splits, 32, unroll=1):
+    for j in cutlass.range_constexpr(LSE_SLOTS):
+        mx = cute.arch.fmax(mx, lse_r[j])
+    for i in cutlass.range(lane + 32 * LSE_SLOTS, num_splits, 32, unroll=1):
         mx = cute.arch.fmax(mx, mLSEp[i, b, h, s])
     mx = butterfly(mx, cute.arch.fmax)
     base = mx * LOG2_E
     if mx == -Float32.inf:
         base = Float32(0.0)                                      # no split saw a key
     total = Float32(0.0)
-    for i in cutlass.range(lane, num_splits, 32, unroll=1):
+    for j in cutlass.range_constexpr(LSE_SLOTS):
+        total += cute.arch.exp2(lse_r[j] * LOG2_E - base)        # exp2(-inf) = 0: missing splits add nothing
+    for i in cutlass.range(lane + 32 * LSE_SLOTS, num_splits, 32, unroll=1):
         total += cute.arch.exp2(mLSEp[i, b, h, s] * LOG2_E - base)
     total = butterfly(total, lambda x, y: x + y)
     lse = -Float32.inf

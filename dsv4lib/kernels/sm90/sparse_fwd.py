@@ -54,7 +54,7 @@ applies the sink once.
 **Fused merge** (``fused_merge=True``, split-KV only): no combine kernel.  Launched cooperatively (every CTA
 resident at once, or the launch fails — never a hang), each split, once its partial is written, bumps its query's
 arrival counter (release) and waits until all splits of that query have arrived (acquire); then the splits share
-the merge: 64 heads × 4 column chunks of 128, one chunk per consumer warpgroup at a time
+the merge: 64 heads × 2 column chunks of 256, one chunk per consumer warpgroup at a time
 (:func:`dsv4lib.kernels.combine.merge_chunk`, the combine kernel's own code), reading the partials back from L2,
 and the sink applied once.  The last split to leave resets the counters for the next launch.  What it saves on the
 decode shape: the combine launch, the gap before it, and the combine's own ramp-up.
@@ -84,7 +84,8 @@ B_MAX, B_P, B_SUM = 1, 2, 3            # the balanced variant's barriers
 PAIR_MAX, PAIR_P, PAIR_SUM = 1, 3, 5   # the paired variant's: + warpgroup (M0 / M1, S0 / S1), then the row sums
 O_IN_SMEM = 6                          # balanced / paired, bf16 out: both halves of O are in the dead Q buffer
 MERGE, MERGE_WG = 7, 8                 # fused merge: both consumer warpgroups' partial stores done; + warpgroup
-MERGE_COLS = 128                       # fused merge: output columns of one chunk (4 fp32 per lane)
+MERGE_COLS = 256                       # fused merge: output columns of one chunk (8 fp32 per lane): 64 heads × 2
+                                       # chunks = 128 = the consumer warpgroups of 64 splits, one chunk each
 MERGE_UNROLL = 8                       # fused merge: partial loads a warp keeps in flight
 SCHEDULES = ("columns", "balanced", "paired")
 ROW_GROUPS = 16                        # paired producer: 16 groups of 8 threads, a group copies a 128 B segment
@@ -372,7 +373,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
     def merge_splits(self, mO, mLSE, mOut, mLSEOut, mSink, mSem, sMerge, token, head_group, batch, split, num_splits,
                      ctid):
         """Fused merge, both consumer warpgroups (``ctid`` in [0, 256)): arrive, wait for every split of this query,
-        then merge chunks ``split·2 + warpgroup``, + 2·splits, … of its 64 heads × 4 column chunks."""
+        then merge chunks ``split·2 + warpgroup``, + 2·splits, … of its 64 heads × 2 column chunks."""
         cute.arch.barrier(barrier_id=MERGE, number_of_threads=256)          # this split's partial is written
         if ctid == 0:
             arrived = mSem[batch, token, head_group, None].iterator          # (arrived, left)
@@ -397,9 +398,9 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
     @cute.jit
     def merge_chunks(self, wg: cutlass.Constexpr, mO, mLSE, mOut, mLSEOut, mSink, sMerge, token, head_group, batch,
                      split, num_splits, wtid):
-        """Consumer warpgroup ``wg``'s share of the fused merge, one (head, 128-column chunk) at a time."""
+        """Consumer warpgroup ``wg``'s share of the fused merge, one (head, 256-column chunk) at a time."""
         chunks = HEAD_DIM // MERGE_COLS
-        sAcc = cute.local_tile(sMerge, (WARPS_PER_CTA, MERGE_COLS), (wg, 0))               # (4 warps, 128)
+        sAcc = cute.local_tile(sMerge, (WARPS_PER_CTA, MERGE_COLS), (wg, 0))               # (4 warps, 256)
         for unit in cutlass.range(split * 2 + wg, TILE_H * chunks, num_splits * 2, unroll=1):
             merge_chunk(mO, mLSE, mOut, mLSEOut, mSink, batch, token, head_group * TILE_H + unit // chunks,
                         unit % chunks, wtid, sAcc, MERGE_COLS, self.merge_sink, MERGE_WG + wg, MERGE_UNROLL)
