@@ -124,18 +124,29 @@ def merge_chunk(mOp: cute.Tensor, mLSEp: cute.Tensor, mO: cute.Tensor, mLSE: cut
         lse = (base + cute.math.log2(total)) * LN_2
         inv_total = 1.0 / total
 
-    # this warp's splits: O_i (cols,) → lane's vec contiguous columns, one vector load per split
+    # this warp's splits i = warp, warp + 4, …: O_i (cols,) → lane's vec contiguous columns, one vector load each.
+    # In batches of ``unroll`` splits whose loads are all issued before any is used: no branch between them (a
+    # split past the end loads split ``warp``'s row again and gets weight 0), because a branch per split — the
+    # early exit of an unrolled loop with a run-time trip count, or an ``if w > 0`` — keeps ptxas from issuing
+    # the next loads before this one's arrive (measured in the hd512 decode: the loads then run one L2 latency at
+    # a time, ~8 µs for 16 splits a warp).
     acc = cute.make_rmem_tensor((vec,), Float32)
     acc.fill(0.0)
-    for i in cutlass.range(warp, num_splits, WARPS_PER_CTA, unroll=unroll):
-        w = cute.arch.exp2(mLSEp[i, b, h, s] * LOG2_E - base) * inv_total
-        gOi = cute.local_tile(mOp[i, b, s, h, None], (cols,), (chunk,))              # (cols,)
-        tOg = cute.local_tile(gOi, (vec,), (lane,))                                   # (vec,)
-        tOr = cute.make_rmem_tensor((vec,), Float32)
-        cute.autovec_copy(tOg, tOr)
-        if w > 0.0:          # an empty split's partial is never read into the sum (it may be unwritten)
+    tOr = cute.make_rmem_tensor(cute.make_layout((unroll, vec), stride=(vec, 1)), Float32)   # a split's row contiguous
+    lse_i = cute.make_rmem_tensor((unroll,), Float32)
+    for i0 in cutlass.range(warp, num_splits, WARPS_PER_CTA * unroll, unroll=1):
+        for k in cutlass.range_constexpr(unroll):
+            i = i0 + WARPS_PER_CTA * k
+            i_safe = i if i < num_splits else warp            # a select; split `warp` always exists
+            lse_i[k] = mLSEp[i_safe, b, h, s]
+            gOi = cute.local_tile(mOp[i_safe, b, s, h, None], (cols,), (chunk,))           # (cols,)
+            cute.autovec_copy(cute.local_tile(gOi, (vec,), (lane,)), tOr[k, None])
+        for k in cutlass.range_constexpr(unroll):
+            w = cute.arch.exp2(lse_i[k] * LOG2_E - base) * inv_total
+            # a split past the end, or an empty split (w = 0: its partial may be unwritten, NaN bits) adds nothing
+            w = w if i0 + WARPS_PER_CTA * k < num_splits else Float32(0.0)
             for j in cutlass.range_constexpr(vec):
-                acc[j] += w * tOr[j]
+                acc[j] += w * (tOr[k, j] if w > 0.0 else Float32(0.0))
     cute.autovec_copy(acc, cute.local_tile(sAcc[warp, None], (vec,), (lane,)))
     cute.arch.barrier(barrier_id=barrier_id, number_of_threads=32 * WARPS_PER_CTA)
 

@@ -61,6 +61,8 @@ decode shape: the combine launch, the gap before it, and the combine's own ramp-
 """
 from __future__ import annotations
 
+import os
+
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
@@ -134,6 +136,11 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         self.has_window = window
         # fused merge: the splits' partials leave the sink out, the merge applies it once
         self.fused_merge = fused_merge
+        # timing knobs of the fused merge, never set in normal runs (wrong results): DSV4_MERGE_DEBUG="nowait" (no
+        # spin on the arrivals), "nomerge" (arrive and wait, no merge)
+        knobs = set(filter(None, os.environ.get("DSV4_MERGE_DEBUG", "").split(",")))
+        self.merge_nowait, self.merge_nomerge = "nowait" in knobs, "nomerge" in knobs
+        self.merge_dynskip = "dynskip" in knobs      # the merge code is built but skipped at run time
         self.merge_sink = sink and fused_merge
         self.has_sink = sink and not fused_merge
         self.has_lse = has_lse
@@ -380,6 +387,8 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             cute.arch.fence_acq_rel_gpu()        # the CTA's partial stores (ordered by the barrier) before the arrival
             cute.arch.atomic_add(arrived, Int32(1), sem="release", scope="gpu")
             seen = load_acquire_gpu(arrived)
+            if const_expr(self.merge_nowait):
+                seen = num_splits
             while seen < num_splits:
                 seen = load_acquire_gpu(arrived)
             cute.arch.fence_acq_rel_gpu()        # as grid.sync: the barrier below hands the acquire to every thread
@@ -388,7 +397,14 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                 mSem[batch, token, head_group, 0] = Int32(0)
                 mSem[batch, token, head_group, 1] = Int32(0)
         cute.arch.barrier(barrier_id=MERGE, number_of_threads=256)          # every partial of the query is visible
-        if ctid < 128:
+        skip = Int32(0)
+        if const_expr(self.merge_dynskip):
+            skip = num_splits > 0
+        if const_expr(self.merge_nomerge):
+            pass
+        elif skip:
+            pass
+        elif ctid < 128:
             self.merge_chunks(0, mO, mLSE, mOut, mLSEOut, mSink, sMerge, token, head_group, batch, split,
                               num_splits, ctid)
         else:
