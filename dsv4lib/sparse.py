@@ -31,9 +31,6 @@ def kernel_args(q, kv, indices, o, lse, sink, scale: float, window: int, stream=
 # Fused merge (the decode's splits merge their partials themselves, no combine kernel): used when every CTA of the
 # launch fits on the GPU at once (one per SM), which the cooperative launch needs.
 FUSED_MERGE = True
-# The fused merge's partial O: bf16 (each split's O normalized over its own keys, rounded once more before the
-# merge — an error the size of the output's own bf16 rounding) halves the bytes written and read back through L2.
-FUSED_MERGE_PARTIALS = torch.bfloat16
 _COUNTERS: dict[tuple, torch.Tensor] = {}
 
 
@@ -183,7 +180,7 @@ def _run(q4, kv3, idx3, *, gather, causal, window, sink, scale, num_splits):
                                    current_stream(device))
                 compiled(gather, causal, window is not None, sink is not None, True, False, args)(*args)
         elif fuses_merge(B * Sq * (H // HEADS_PER_CTA) * num_splits, device):
-            o_part, lse_part = workspace(num_splits, B, Sq, H, HEAD_DIM, device, FUSED_MERGE_PARTIALS)
+            o_part, lse_part = workspace(num_splits, B, Sq, H, HEAD_DIM, device)
             args = kernel_args(q4, kv3, idx, o_part, lse_part, sink_t, scale, window or 0, current_stream(device),
                                merge=(out, lse, merge_counters(B, Sq, H // HEADS_PER_CTA, device)))
             compiled(gather, causal, window is not None, sink is not None, True, True, args, fused_merge=True)(*args)
@@ -291,7 +288,6 @@ def fake_args(gather: bool = True, split_kv: bool = False, fused_merge: bool = F
     if fused_merge:
         merge = (torch.empty(1, 3, 64, HEAD_DIM, dtype=torch.bfloat16), torch.empty(1, 64, 3),
                  torch.zeros(1, 3, 1, 2, dtype=torch.int32))
-        o_dtype = FUSED_MERGE_PARTIALS
     return kernel_args(torch.empty(1, 3, 64, HEAD_DIM, dtype=torch.bfloat16), torch.empty(1, 100, HEAD_DIM, dtype=torch.bfloat16),
                        torch.empty(1, 3, 128 if gather else 1, dtype=torch.int32),
                        torch.empty(2 if split_kv else 1, 1, 3, 64, HEAD_DIM, dtype=o_dtype),

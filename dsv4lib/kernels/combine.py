@@ -132,8 +132,7 @@ def merge_chunk(mOp: cute.Tensor, mLSEp: cute.Tensor, mO: cute.Tensor, mLSE: cut
     # a time, ~8 µs for 16 splits a warp).
     acc = cute.make_rmem_tensor((vec,), Float32)
     acc.fill(0.0)
-    # a split's row contiguous; fp32 partials, or bf16 ones (the hd512 fused merge: half the bytes to read back)
-    tOr = cute.make_rmem_tensor(cute.make_layout((unroll, vec), stride=(vec, 1)), mOp.element_type)
+    tOr = cute.make_rmem_tensor(cute.make_layout((unroll, vec), stride=(vec, 1)), Float32)   # a split's row contiguous
     lse_i = cute.make_rmem_tensor((unroll,), Float32)
     for i0 in cutlass.range(warp, num_splits, WARPS_PER_CTA * unroll, unroll=1):
         for k in cutlass.range_constexpr(unroll):
@@ -147,7 +146,7 @@ def merge_chunk(mOp: cute.Tensor, mLSEp: cute.Tensor, mO: cute.Tensor, mLSE: cut
             # a split past the end, or an empty split (w = 0: its partial may be unwritten, NaN bits) adds nothing
             w = w if i0 + WARPS_PER_CTA * k < num_splits else Float32(0.0)
             for j in cutlass.range_constexpr(vec):
-                acc[j] += w * (Float32(tOr[k, j]) if w > 0.0 else Float32(0.0))
+                acc[j] += w * (tOr[k, j] if w > 0.0 else Float32(0.0))
     cute.autovec_copy(acc, cute.local_tile(sAcc[warp, None], (vec,), (lane,)))
     cute.arch.barrier(barrier_id=barrier_id, number_of_threads=32 * WARPS_PER_CTA)
 

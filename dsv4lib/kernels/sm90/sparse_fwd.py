@@ -88,7 +88,7 @@ O_IN_SMEM = 6                          # balanced / paired, bf16 out: both halve
 MERGE, MERGE_WG = 7, 8                 # fused merge: both consumer warpgroups' partial stores done; + warpgroup
 MERGE_COLS = 256                       # fused merge: output columns of one chunk (8 fp32 per lane): 64 heads × 2
                                        # chunks = 128 = the consumer warpgroups of 64 splits, one chunk each
-MERGE_UNROLL = 16                      # fused merge: partial loads a warp keeps in flight (bf16: 4 regs each)
+MERGE_UNROLL = 8                       # fused merge: partial loads a warp keeps in flight
 SCHEDULES = ("columns", "balanced", "paired")
 ROW_GROUPS = 16                        # paired producer: 16 groups of 8 threads, a group copies a 128 B segment
 HALF_TILE_ORDER = ((0, 0), (1, 1), (0, 1), (1, 0))   # paired producer: (tile buffer, column half), order freed
