@@ -28,9 +28,15 @@ def kernel_args(q, kv, indices, o, lse, sink, scale: float, window: int, stream=
     return args if stream is None else args + (stream,)
 
 
-# Fused merge (the decode's splits merge their partials themselves, no combine kernel): used when every CTA of the
-# launch fits on the GPU at once (one per SM), which the cooperative launch needs.
-FUSED_MERGE = True
+# Fused merge (the decode's splits merge their partials themselves, no combine kernel; used when every CTA of the
+# launch fits on the GPU at once, one per SM, which the cooperative launch needs).  A knob, off: measured on the
+# H200 at 39fadd6+ (scripts/explore.py decode, µs end to end, combine path = split kernel + combine kernel):
+# H64 KV64k combine 44.4 (split 32.2 + combine 6.6) · fused 66 splits 44.0 · 132 splits 41.4-43.2; KV8k combine
+# 22.1 · fused 21.2-23.6; H128 KV64k 46.4 vs 45.0-47.4 — a tie, not the win the arithmetic promises.  The wait
+# itself is cheap (DSV4_MERGE_DEBUG probes, scripts/merge_probe.py: no wait 14.5 vs 15.0 µs at KV8k), but the merge
+# after it costs 6.5-8.5 µs — as much as the whole combine kernel, and the same with bf16 partials (half the bytes),
+# so it is neither the launch nor L2 bandwidth.  Next: timestamp the merge's phases (globaltimer) per CTA.
+FUSED_MERGE = False
 _COUNTERS: dict[tuple, torch.Tensor] = {}
 
 

@@ -59,7 +59,7 @@ if "decode" in sections:
                 show({"decode512": [H, Skv, splits, "fused" if fused else "combine"], "us": round(t.median_ms * 1e3, 1),
                       "gbps": round(bench.gbps(Skv * 1024, t.median_ms)), "host_ms": round(t.host_ms, 3),
                       "kernels": kernels(f, *inputs[0])})
-            dsv4lib.sparse.FUSED_MERGE = True
+            dsv4lib.sparse.FUSED_MERGE = False
 
 if "d2" in sections:
     for B, Skv in ((1, 65536), (4, 16384)):

@@ -5,8 +5,10 @@ import os
 import torch
 
 import dsv4lib
+import dsv4lib.sparse
 from dsv4lib import bench
 
+dsv4lib.sparse.FUSED_MERGE = True            # the knob under study (off by default)
 gen = torch.Generator(device="cuda").manual_seed(0)
 for Skv in (8192, 65536):
     inputs = [(torch.randn(1, 1, 64, 512, device="cuda", dtype=torch.bfloat16, generator=gen),

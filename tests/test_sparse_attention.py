@@ -250,6 +250,7 @@ def test_fused_merge_matches_the_combine_kernel_and_the_reference(monkeypatch, B
     """Fused merge vs the two-kernel path vs float64, three calls in a row (the counters must come back to zero:
     a leftover count would let the next launch read partials before they are written, or never finish)."""
     import dsv4lib.sparse as sparse
+    monkeypatch.setattr(sparse, "FUSED_MERGE", True)           # a knob, off by default (see dsv4lib.sparse)
     gen = torch.Generator().manual_seed(B * 1000 + Skv + splits)
     q = torch.randn(B, Sq, H, 512, generator=gen).to("cuda", torch.bfloat16)
     kv = torch.randn(B, Skv, 1, 512, generator=gen).to("cuda", torch.bfloat16)

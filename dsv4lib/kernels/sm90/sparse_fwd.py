@@ -56,8 +56,9 @@ resident at once, or the launch fails — never a hang), each split, once its pa
 arrival counter (release) and waits until all splits of that query have arrived (acquire); then the splits share
 the merge: 64 heads × 2 column chunks of 256, one chunk per consumer warpgroup at a time
 (:func:`dsv4lib.kernels.combine.merge_chunk`, the combine kernel's own code), reading the partials back from L2,
-and the sink applied once.  The last split to leave resets the counters for the next launch.  What it saves on the
-decode shape: the combine launch, the gap before it, and the combine's own ramp-up.
+and the sink applied once.  The last split to leave resets the counters for the next launch.  Meant to save the
+combine launch and the gap before it; measured a tie with the two-kernel path (``dsv4lib.sparse.FUSED_MERGE``,
+off by default, says where the time goes).
 """
 from __future__ import annotations
 
