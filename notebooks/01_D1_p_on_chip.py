@@ -253,8 +253,11 @@ if speed:
 # * **A ptxas trap.** `.to(BFloat16)` on a tile that is not 128 wide converts one value at a time; the RS wgmma then
 #   reads registers assembled from 16-bit halves after its fence and ptxas injects extra `warpgroup.arrive`
 #   (warning C7519), serializing the MMAs.  P is converted pairwise (`cvt.rn.bf16x2.f32`) into whole registers.
-# * **Not yet done:** a persistent scheduler with the epilogue of one tile overlapped with the next tile's loads,
-#   and an smem + TMA store epilogue (FA4 has both).
+# * **The epilogue** goes through shared memory: `stmatrix` into the dead Q buffer, one TMA store.  **Persistent
+#   CTAs** (`persistent=True`: the next block's Q and K/V load while this one computes, O stored without waiting)
+#   are built and are the small-window default (D5), but not D1's: on the H200 (B4 H16 S8k) hd128 695 → 676,
+#   hd64 485 → 506, and causal collapses (hd128 632 → 355) — blocks are dealt round-robin, query block fastest,
+#   so a causal CTA's share is not balanced.  A causal persistent schedule needs heavy-first ordering (FA3's).
 
 # %%
 assert compiled_ok, ptx_checks

@@ -11,7 +11,11 @@
 #   goes into loading Q, K, V and storing O, not into the MMAs.  Such windows get a 64-row tile with 64-wide KV
 #   tiles (`dsv4lib.attention.SM90_SMALL_WINDOW_TUNING`): one consumer warpgroup, 83 KB of shared memory and
 #   at most 128 registers a thread, so **two CTAs share an SM** and one's loads and stores overlap the other's
-#   MMAs.  O leaves every build by `stmatrix` into the dead Q buffer and one TMA store;
+#   MMAs.  And the CTAs are **persistent**: 2 per SM walk the query blocks (neighbouring blocks at once, so a K/V
+#   tile read by three of them comes from L2), the producer loads the next block's Q (two Q stages) and K/V while
+#   the consumer still works on this one, and O leaves through its own buffer by a TMA store nobody waits for
+#   until the buffer is needed again (H200 hd128: 175 → 206 TFLOP/s).  The other builds put O by `stmatrix` into
+#   the dead Q buffer and one TMA store;
 # * the sink joins the final denominator: `O = Σ e^{ℓ} v / (Σ e^{ℓ} + e^{σ})`, the LSE excludes it.
 #
 # D5b: the compressed branch (CSA/HCA entries) is a second key set; `dsv4lib.attention_branches` runs each
