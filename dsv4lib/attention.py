@@ -130,11 +130,21 @@ def sm90_kernel_shape(D: int, overlap: bool, pack: int = 1, nvfp4_out: bool = Fa
     return shape
 
 
+# GPUs on which persistent small-window CTAs were measured to win (device name contains one of these).  The H200
+# (HBM3e, 4.3 TB/s copy) gains 175 → 206 TFLOP/s at D5's shape; the H100 (HBM3, 3.0 TB/s) loses 163 → 149 (D5 stage,
+# 07aa11b vs 5998f50: there the plain 64-row build already moves 0.84 of the copy bandwidth).  Elsewhere: plain.
+PERSISTENT_GPUS: tuple[str, ...] = ("H200",)
+
+
 def _with_device_sms(shape: dict) -> dict:
-    """A persistent build sizes its grid by the SM count of the current device (132 when there is none: a CPU
-    compile)."""
+    """A persistent build only on a GPU of :data:`PERSISTENT_GPUS`, its grid sized by the device's SM count (a CPU
+    compile keeps it, with 132 SMs)."""
     if shape.get("persistent") and torch.cuda.is_available():
-        shape = dict(shape, num_sms=torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count)
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        if any(gpu in props.name for gpu in PERSISTENT_GPUS):
+            shape = dict(shape, num_sms=props.multi_processor_count)
+        else:
+            shape = {k: v for k, v in shape.items() if k != "persistent"}
     return shape
 
 
