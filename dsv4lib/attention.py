@@ -130,18 +130,20 @@ def sm90_kernel_shape(D: int, overlap: bool, pack: int = 1, nvfp4_out: bool = Fa
     return shape
 
 
-# GPUs on which persistent small-window CTAs were measured to win (device name contains one of these).  The H200
-# (HBM3e, 4.3 TB/s copy) gains 175 → 206 TFLOP/s at D5's shape; the H100 (HBM3, 3.0 TB/s) loses 163 → 149 (D5 stage,
-# 07aa11b vs 5998f50: there the plain 64-row build already moves 0.84 of the copy bandwidth).  Elsewhere: plain.
-PERSISTENT_GPUS: tuple[str, ...] = ("H200",)
+# GPUs (device name contains one of these), per head dim, on which persistent small-window CTAs were measured to
+# win (D5WIN_QUICK=1 scripts/explore.py d5win, B2 H16 S16k W128 + sink, TFLOP/s plain → persistent, FA4 in the same
+# run): H200 at a2026b4 hd128 175 → 208 (FA4 154), hd64 111 → 135 (FA4 93); H100 at 5afb452 hd128 163 → 152 (FA4
+# 149: there the plain 64-row build already moves 0.84 of the copy bandwidth), hd64 111 → 132 (FA4 93).
+# Elsewhere: one block per CTA.
+PERSISTENT_GPUS: dict[int, tuple[str, ...]] = {64: ("H100", "H200"), 128: ("H200",)}
 
 
-def _with_device_sms(shape: dict) -> dict:
+def _with_device_sms(shape: dict, head_dim: int) -> dict:
     """A persistent build only on a GPU of :data:`PERSISTENT_GPUS`, its grid sized by the device's SM count (a CPU
     compile keeps it, with 132 SMs)."""
     if shape.get("persistent") and torch.cuda.is_available():
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
-        if any(gpu in props.name for gpu in PERSISTENT_GPUS):
+        if any(gpu in props.name for gpu in PERSISTENT_GPUS.get(head_dim, ())):
             shape = dict(shape, num_sms=props.multi_processor_count)
         else:
             shape = {k: v for k, v in shape.items() if k != "persistent"}
@@ -174,7 +176,7 @@ def _compiled_sm90_tvm_ffi(head_dim: int, causal: bool, has_lse: bool, p_path: s
     """The kernel built for the TVM-FFI call path from the symbolic argument types (every extent and stride
     dynamic, unit stride last, 16 B aligned rows — what ``_validate`` guarantees)."""
     shape = _with_device_sms(sm90_kernel_shape(head_dim, overlap, pack_gqa, small_window=small_window,
-                                               split_kv=split_kv))
+                                               split_kv=split_kv), head_dim)
     key = ("fwd-tvm-ffi", head_dim, causal, has_lse, p_path, window, sink, split_kv, overlap, pack_gqa, arch,
            tuple(sorted(shape.items())))
     if key not in _COMPILED:
@@ -196,7 +198,8 @@ def _compiled_sm90(head_dim: int, causal: bool, has_lse: bool, p_path: str, wind
                    small_window: bool = False):
     """Compiled once per (head dim, causal, lse, P path, window?, sink?, split?, …, tile shape), from the call's own
     runtime tensor types (every extent and stride dynamic): later calls of any B / S / H / W reuse it."""
-    shape = _with_device_sms(sm90_kernel_shape(head_dim, overlap, pack_gqa, nvfp4_out, small_window, split_kv))
+    shape = _with_device_sms(sm90_kernel_shape(head_dim, overlap, pack_gqa, nvfp4_out, small_window, split_kv),
+                             head_dim)
     key = ("fwd", head_dim, causal, has_lse, p_path, window, sink, split_kv, overlap, nvfp4_out, pack_gqa,
            tuple(sorted(shape.items())))
     if key not in _COMPILED:

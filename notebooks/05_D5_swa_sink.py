@@ -14,8 +14,8 @@
 #   MMAs.  And the CTAs are **persistent**: 2 per SM walk the query blocks (neighbouring blocks at once, so a K/V
 #   tile read by three of them comes from L2), the producer loads the next block's Q (two Q stages) and K/V while
 #   the consumer still works on this one, and O leaves through its own buffer by a TMA store nobody waits for
-#   until the buffer is needed again (H200 hd128: 175 → 206 TFLOP/s; on the H100 it loses, 163 → 149, so there the
-#   64-row build stays one block per CTA: `dsv4lib.attention.PERSISTENT_GPUS`).  The other builds put O by `stmatrix` into
+#   until the buffer is needed again (H200 hd128: 175 → 206 TFLOP/s; on the H100 hd128 loses, 163 → 152, so there
+#   hd128 stays one block per CTA, hd64 goes persistent: `dsv4lib.attention.PERSISTENT_GPUS`).  The other builds put O by `stmatrix` into
 #   the dead Q buffer and one TMA store;
 # * the sink joins the final denominator: `O = Σ e^{ℓ} v / (Σ e^{ℓ} + e^{σ})`, the LSE excludes it.
 #

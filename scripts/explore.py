@@ -232,7 +232,7 @@ if "d5win" in sections:
                 64: [{"tile_m": 128, "tile_n": 128, "tma_store_o": False}, {"tile_m": 128, "tile_n": 128},
                      {"tile_m": 64, "tile_n": 64}, {"tile_m": 64, "tile_n": 128}, {"tile_m": 64, "tile_n": 64, "num_stages": 3}],
                 256: [{"tma_store_o": False}, {}]}
-    A.PERSISTENT_GPUS = ("",)                         # persistent variants are measured on every GPU
+    A.PERSISTENT_GPUS = {64: ("",), 128: ("",)}      # persistent variants are measured on every GPU
     quick = os.environ.get("D5WIN_QUICK") == "1"     # only the 64 × 64 small-window builds: plain vs persistent
     if quick:
         variants = {d: [{"tile_m": 64, "tile_n": 64}, {"tile_m": 64, "tile_n": 64, "persistent": True},

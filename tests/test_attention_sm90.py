@@ -222,7 +222,7 @@ def test_persistent_ctas_match_the_reference(monkeypatch, B, Sq, Sk, H, Hkv, D, 
     """Many more blocks than CTAs (each CTA walks several; the pipeline states run on across blocks)."""
     import sys
     attention_module = sys.modules["dsv4lib.attention"]
-    monkeypatch.setattr(attention_module, "PERSISTENT_GPUS", ("",))       # every GPU: the build is what is tested
+    monkeypatch.setattr(attention_module, "PERSISTENT_GPUS", {D: ("",)})   # every GPU: the build is what is tested
     if small:
         monkeypatch.setitem(attention_module.SM90_SMALL_WINDOW_TUNING, D,
                             {**attention_module.SM90_SMALL_WINDOW_TUNING[D], "persistent": True})
