@@ -46,6 +46,18 @@ def show(d):
 
 gen = torch.Generator(device="cuda").manual_seed(0)
 rnd = lambda *s: torch.randn(*s, device="cuda", dtype=torch.bfloat16, generator=gen)
+def d1_headline_row(tag, D, causal, fa4):
+    """D1's headline shape (B4 H16 S8k) at head dim ``D``: fresh inputs, the FLOPs over visible pairs, and a result
+    row that starts with FA4's TFLOP/s (when FA4 is installed) timed on the same inputs."""
+    inputs = [tuple(rnd(4, 8192, 16, D) for _ in range(3)) for _ in range(2)]
+    flops = bench.attention_flops(4, 16, 8192, 8192, D, causal=causal)
+    row = {tag: [D, causal]}
+    if fa4 is not None:
+        row["FA4"] = round(bench.tflops(flops, bench.time_cuda(lambda q, k, v: fa4(q, k, v, causal=causal), inputs,
+                                                                 iters=20).median_ms))
+    return inputs, flops, row
+
+
 sections = sys.argv[1:] or ["decode", "d2", "gqa", "tvm", "sparse"]
 
 if "decode" in sections:
@@ -183,12 +195,7 @@ if "d1tune" in sections:
     only = os.environ.get("D1TUNE_DIMS")
     for D in [int(x) for x in only.split(",")] if only else (64, 128, 256):
         for causal in (False, True):
-            inputs = [tuple(rnd(4, 8192, 16, D) for _ in range(3)) for _ in range(2)]
-            flops = bench.attention_flops(4, 16, 8192, 8192, D, causal=causal)
-            row = {"d1tune": [D, causal]}
-            if fa4 is not None:
-                row["FA4"] = round(bench.tflops(flops, bench.time_cuda(lambda q, k, v: fa4(q, k, v, causal=causal),
-                                                                         inputs, iters=20).median_ms))
+            inputs, flops, row = d1_headline_row("d1tune", D, causal, fa4)
             for var in variants[D]:
                 A.SM90_TUNING[D] = dict(var)
                 name = knob_name(var)
@@ -270,12 +277,7 @@ if "d5win" in sections:
             show(row)
     # D1 headline shape: the epilogue through registers / TMA store, and persistent CTAs
     for D, causal in ((128, False), (64, False), (128, True), (64, True)):
-        inputs = [tuple(rnd(4, 8192, 16, D) for _ in range(3)) for _ in range(2)]
-        flops = bench.attention_flops(4, 16, 8192, 8192, D, causal=causal)
-        row = {"d1epi": [D, causal]}
-        if fa4 is not None:
-            row["FA4"] = round(bench.tflops(flops, bench.time_cuda(lambda q, k, v: fa4(q, k, v, causal=causal),
-                                                                     inputs, iters=20).median_ms))
+        inputs, flops, row = d1_headline_row("d1epi", D, causal, fa4)
         for var in ({}, {"persistent": True}) if quick else ({"tma_store_o": False}, {}, {"persistent": True}):
             A.SM90_TUNING[D] = {**tuned[D], **var}
             row[knob_name(var)] = round(bench.tflops(flops, bench.time_cuda(

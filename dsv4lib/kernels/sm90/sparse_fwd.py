@@ -141,7 +141,6 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         # spin on the arrivals), "nomerge" (arrive and wait, no merge)
         knobs = set(filter(None, os.environ.get("DSV4_MERGE_DEBUG", "").split(",")))
         self.merge_nowait, self.merge_nomerge = "nowait" in knobs, "nomerge" in knobs
-        self.merge_dynskip = "dynskip" in knobs      # the merge code is built but skipped at run time
         self.merge_sink = sink and fused_merge
         self.has_sink = sink and not fused_merge
         self.has_lse = has_lse
@@ -398,12 +397,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                 mSem[batch, token, head_group, 0] = Int32(0)
                 mSem[batch, token, head_group, 1] = Int32(0)
         cute.arch.barrier(barrier_id=MERGE, number_of_threads=256)          # every partial of the query is visible
-        skip = Int32(0)
-        if const_expr(self.merge_dynskip):
-            skip = num_splits > 0
         if const_expr(self.merge_nomerge):
-            pass
-        elif skip:
             pass
         elif ctid < 128:
             self.merge_chunks(0, mO, mLSE, mOut, mLSEOut, mSink, sMerge, token, head_group, batch, split,
