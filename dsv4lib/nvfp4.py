@@ -26,18 +26,23 @@ def _validate(x) -> None:
                          "dsv4lib.reference.quant.nvfp4_quantize runs anywhere")
 
 
-def _kernel_for(x: torch.Tensor, args: tuple, blocks_per_thread: int | None = None, encode: bool = True):
+def _kernel_for(x: torch.Tensor, args: tuple, depth: int | None = None, ctas_per_sm: int | None = None,
+                encode: bool = True, encoder: str | None = None):
     major, minor = torch.cuda.get_device_capability(x.device)
     if (major, minor) not in ((9, 0), (10, 0)):
         raise RuntimeError(f"quantize_nvfp4 needs sm_90a or sm_100a, this GPU is sm_{major}{minor}")
     arch = "sm_90a" if major == 9 else "sm_100a"
-    from .kernels.nvfp4 import BLOCKS_PER_THREAD, NVFP4QuantizeKernel
-    bpt = blocks_per_thread or BLOCKS_PER_THREAD
-    key = (x.dtype, arch, bpt, encode)
+    from .kernels import nvfp4 as K
+    depth = depth or K.DEPTH
+    ctas_per_sm = K.CTAS_PER_SM if ctas_per_sm is None else ctas_per_sm
+    max_ctas = ctas_per_sm * torch.cuda.get_device_properties(x.device).multi_processor_count
+    encoder = encoder or K.ENCODER
+    key = (x.dtype, arch, depth, max_ctas, encode, encoder)
     if key not in _COMPILED:
         import cutlass.cute as cute
-        _COMPILED[key] = cute.compile(NVFP4QuantizeKernel(hardware_cvt=arch == "sm_100a", blocks_per_thread=bpt,
-                                                          encode=encode), *args, options=f"--gpu-arch {arch}")
+        _COMPILED[key] = cute.compile(K.NVFP4QuantizeKernel(hardware_cvt=arch == "sm_100a", depth=depth,
+                                                            max_ctas=max_ctas, encode=encode, encoder=encoder),
+                                      *args, options=f"--gpu-arch {arch}")
     return _COMPILED[key]
 
 
@@ -50,11 +55,13 @@ def kernel_args(blocks, words, scales, amax, s_dec_out, stream=None) -> tuple:
     return args if stream is None else args + (stream,)
 
 
-def quantize_nvfp4(x, global_amax=None, *, swizzle: bool = False, _blocks_per_thread=None, _encode=True):
+def quantize_nvfp4(x, global_amax=None, *, swizzle: bool = False, _depth=None, _ctas_per_sm=None, _encode=True,
+                   _encoder=None):
     """x ``[M, K]`` (K % 16 == 0) → ``(data uint8 [M, K/2], scales uint8 [M, K/16] e4m3 bits (or the flat
     128×4 swizzled layout with ``swizzle=True``), global_scale fp32 scalar = S_dec ≈ amax / (6·448))``.
-    ``global_amax``: a static amax; by default ``max|x|`` (one extra torch reduction).  ``_blocks_per_thread`` and
-    ``_encode=False`` (same memory traffic, no quantization: wrong bytes) are benchmark knobs."""
+    ``global_amax``: a static amax; by default ``max|x|`` (one extra torch reduction).  ``_depth`` (tiles in
+    flight per thread), ``_ctas_per_sm`` (grid cap; 0: no cap), ``_encoder`` (``"lines"`` / ``"magic"``) and ``_encode=False`` (same memory traffic, no
+    quantization: wrong bytes) are benchmark knobs."""
     _validate(x)
     x = x.contiguous()
     M, K = x.shape
@@ -71,7 +78,7 @@ def quantize_nvfp4(x, global_amax=None, *, swizzle: bool = False, _blocks_per_th
     s_dec = torch.empty(1, dtype=torch.float32, device=x.device)           # the kernel writes S_dec
     args = kernel_args(x.view(n_blocks, 16), words, scales, amax.reshape(1), s_dec, current_stream(x.device))
     with torch.cuda.device(x.device):
-        _kernel_for(x, args, _blocks_per_thread, _encode)(*args)
+        _kernel_for(x, args, _depth, _ctas_per_sm, _encode, _encoder)(*args)
     data = words.view(torch.uint8).view(M, K // 2)
     scale_bytes = scales.view(M, K // 16)
     if swizzle:

@@ -7,47 +7,82 @@ import dsv4lib
 from dsv4lib.reference import quant as ref
 
 
-def _build(arch, hardware_cvt, dtype_name="BFloat16"):
+def _build(arch, hardware_cvt, dtype_name="BFloat16", **knobs):
     import cutlass
     from dsv4lib.kernels.compile import compile_for_arch
     from dsv4lib.kernels.nvfp4 import NVFP4QuantizeKernel, fake_args
-    return compile_for_arch(NVFP4QuantizeKernel(hardware_cvt), *fake_args(getattr(cutlass, dtype_name)), arch=arch)
+    return compile_for_arch(NVFP4QuantizeKernel(hardware_cvt, **knobs), *fake_args(getattr(cutlass, dtype_name)),
+                            arch=arch)
+
+
+def _common_sm90a_checks(k):
+    assert k.count(r"cvt\.rn\.satfinite\.e2m1x2") == 0                 # sm_90a has no FP4 conversion
+    assert k.count(r"cvt\.rn\.satfinite\.e4m3x2\.f32") == 1               # the block scale: hardware e4m3
+    # IEEE divisions, as TE: S_enc and S_dec once per thread, enc = 1 / (sf · S_dec) per block
+    assert k.count(r"rcp\.rn\.f32|div\.rn\.f32") == 3 and k.count("rcp.approx") == 0
+    assert k.count(r"ld\.global\.v4") >= 2 and k.count(r"st\.global\.v2\.b32") == 1
 
 
 @pytest.mark.compile
 @pytest.mark.parametrize("dtype_name", ["BFloat16", "Float16", "Float32"])
-def test_sm90a_build_uses_the_software_encoder(dtype_name):
-    k = _build("sm_90a", False, dtype_name)
-    from dsv4lib.kernels.nvfp4 import BLOCKS_PER_THREAD
-    assert k.count(r"cvt\.rn\.satfinite\.e2m1x2") == 0                 # sm_90a has no FP4 conversion
-    assert k.count(r"cvt\.rn\.satfinite\.e4m3x2\.f32") == BLOCKS_PER_THREAD    # block scales: hardware e4m3
-    # the magic encoder: per value one binade max and one saturating min (no threshold compares)
-    assert k.count(r"max\.u32") == 16 * BLOCKS_PER_THREAD and k.count(r"min\.u32") == 16 * BLOCKS_PER_THREAD
+def test_sm90a_build_uses_the_line_encoder(dtype_name):
+    """The default sm_90a encoder (``quantize_block_lines``): per value one IEEE multiply, three single-rounding
+    FMAs (the lines 2a, a + 2, a/2 + 4 onto 2^23), three fp32 mins (the clamp at 6 and two) and one IMAD that
+    packs the code, and no integer min/max, shift-per-value or compare; signs by prmt (sign-replicate), 4 per
+    word from packed pairs, 6 from fp32 words."""
+    k = _build("sm_90a", False, dtype_name, depth=1)
+    _common_sm90a_checks(k)
+    assert k.count(r"fma\.rn\.f32") == 3 * 16
+    assert k.count(r"min\.f32") == 3 * 16 + 3                     # clamp + 2 per value; S_enc's, the scale's two
+    assert k.count(r"mad\.lo\.u32") == 16
+    assert k.count(r"mul\.rn\.f32") == 16                                 # fl(|x| · enc)
+    assert k.count(r"(max|min)\.u32") == 0 and k.count(r"setp\.\w+\.u32") < 4
+    assert k.count(r"prmt\.b32") == (12 if dtype_name == "Float32" else 8)
+    if dtype_name != "Float32":                                             # the block max: 7 packed max-abs
+        assert k.count(r"max\.xorsign\.abs\.(bf16|f16)x2") == 7
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("dtype_name", ["BFloat16", "Float32"])
+def test_sm90a_magic_encoder_build(dtype_name):
+    """The first encoder (``encoder="magic"``), kept as a knob: per value one binade max and one saturating min on
+    the integer ALU (no threshold compares)."""
+    k = _build("sm_90a", False, dtype_name, encoder="magic", depth=1)
+    _common_sm90a_checks(k)
+    assert k.count(r"max\.u32") == 16 and k.count(r"min\.u32") == 16
     assert k.count(r"setp\.\w+\.u32") < 16                             # only the bounds checks
-    # IEEE divisions, as TE: S_enc and S_dec once per thread, enc = 1 / (sf · S_dec) per block
-    assert k.count(r"rcp\.rn\.f32|div\.rn\.f32") == BLOCKS_PER_THREAD + 2 and k.count("rcp.approx") == 0
-    assert k.count(r"ld\.global\.v4") >= BLOCKS_PER_THREAD and k.count(r"st\.global\.v2\.b32") == BLOCKS_PER_THREAD
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("depth", [2, 4])
+def test_register_pipeline_build(depth):
+    """``depth`` tiles in flight per thread: ``depth`` block loads up front plus ``depth`` refills in the loop,
+    ``depth`` encoded blocks per round, one dynamic loop over rounds."""
+    k = _build("sm_90a", False, depth=depth, max_ctas=1056)
+    assert k.count(r"ld\.global\.v4\.b32") == 2 * 2 * depth                # 32 B per block: 2 × 16 B loads
+    assert k.count(r"st\.global\.v2\.b32") == depth
+    assert k.count(r"cvt\.rn\.satfinite\.e4m3x2\.f32") == depth
 
 
 @pytest.mark.compile
 def test_block_loads_are_issued_before_the_amax_round_trip():
     """The x loads come first in the kernel, ahead of the amax load and the s_dec store (which the compiler must
-    assume may alias x), so no 4 KiB CTA waits for two memory round trips in a row (no measurable gain on the
-    H200, but the order is the intent and is kept)."""
+    assume may alias x), so no CTA waits for two memory round trips in a row (no measurable gain on the
+    H200, but the order is the intent and is kept): all ``DEPTH`` blocks of the first round."""
     import re
+    from dsv4lib.kernels.nvfp4 import DEPTH
     k = _build("sm_90a", False)
     accesses = [m.group(0) for m in re.finditer(r"(ld|st)\.global[.\w]*", k.ptx)]
     first_scalar = accesses.index("ld.global.b32")                          # amax
-    assert accesses[:first_scalar] == ["ld.global.v4.b32"] * 2, accesses    # the block's 32 bytes, as 2 × 16 B
+    assert accesses[:first_scalar] == ["ld.global.v4.b32"] * 2 * DEPTH, accesses    # 32 B per block: 2 × 16 B
     assert accesses.index("st.global.b32") > first_scalar                   # s_dec after both
 
 
 @pytest.mark.compile
 def test_sm100a_build_uses_the_hardware_cvt():
-    k = _build("sm_100a", True)
+    k = _build("sm_100a", True, depth=1)
     assert k.ptx_target == "sm_100a"
-    from dsv4lib.kernels.nvfp4 import BLOCKS_PER_THREAD
-    assert k.count(r"cvt\.rn\.satfinite\.e2m1x2\.f32") == 8 * BLOCKS_PER_THREAD   # 16 values, two per instruction
+    assert k.count(r"cvt\.rn\.satfinite\.e2m1x2\.f32") == 8             # 16 values, two per instruction
     assert k.count("rcp.approx") == 0
 
 
@@ -63,7 +98,7 @@ def test_the_public_functions_arguments_compile(dtype):
     args = kernel_args(torch.randn(n, 16).to(dtype), torch.empty(n, 2, dtype=torch.uint32),
                        torch.empty(n, dtype=torch.uint8), torch.ones(1), torch.empty(1))
     k = compile_for_arch(NVFP4QuantizeKernel(False), *args, arch="sm_90a")
-    assert k.count(r"max\.u32") >= 16
+    assert k.count(r"mad\.lo\.u32") >= 16                          # the line encoder's code packing
 
 
 @pytest.mark.compile
@@ -94,6 +129,14 @@ def _hard_inputs(M, K, gen):
     mids = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0])
     x[3, :16] = torch.cat([mids, -mids])                              # ties at every midpoint
     x[4, :] = -0.0
+    # rows of exact ties: a block of 6 · 2^k and midpoints · 2^k, shuffled, random signs; with amax 2688 (S_enc
+    # = 1) the scale is 2^k exactly, so every x · enc lands on an e2m1 midpoint
+    ties = torch.cat([torch.tensor([6.0]), mids[:-1], mids]).repeat(M, K // 16)
+    ties = ties.gather(1, torch.argsort(torch.rand(M, K, generator=gen), dim=1))
+    ties[:, ::16] = 6.0
+    scale = 2.0 ** torch.randint(-6, 9, (M, K // 16), generator=gen).float().repeat_interleave(16, 1)
+    sign = torch.where(torch.rand(M, K, generator=gen) < 0.5, -1.0, 1.0)
+    x[5::3] = (ties * scale * sign)[5::3]
     return x
 
 
@@ -109,6 +152,25 @@ def test_bytes_equal_the_reference(dtype, M, K):
         assert torch.equal(data.cpu(), rd), (data.cpu() != rd).sum()
         assert torch.equal(sf.cpu(), rs), (sf.cpu() != rs).sum()
         assert gs.item() == rgs.item()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("encoder,depth,ctas_per_sm", [("lines", 1, 0), ("magic", 1, 0), ("lines", 2, 0),
+                                                       ("lines", 4, 8), ("magic", 4, 8)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_every_encoder_and_pipeline_depth_gives_the_reference_bytes(dtype, encoder, depth, ctas_per_sm):
+    """Both sm_90a encoders and the register pipeline (tiles in flight per thread, capped grid: CTAs loop over
+    several rounds, the last one part-filled) give the reference's bytes."""
+    gen = torch.Generator().manual_seed(7)
+    for M, K in ((301, 1040), (2000, 4096)):
+        x = _hard_inputs(M, K, gen).to(dtype)
+        for amax in (None, 2688.0):
+            data, sf, gs = dsv4lib.quantize_nvfp4(x.cuda(), amax, _encoder=encoder, _depth=depth,
+                                                  _ctas_per_sm=ctas_per_sm)
+            rd, rs, rgs = ref.nvfp4_quantize(x, amax)
+            assert torch.equal(data.cpu(), rd), (data.cpu() != rd).sum()
+            assert torch.equal(sf.cpu(), rs), (sf.cpu() != rs).sum()
+            assert gs.item() == rgs.item()
 
 
 @pytest.mark.gpu
@@ -199,10 +261,24 @@ def _e2m1_magic_numpy(y: "np.ndarray") -> "np.ndarray":
     return (code | ((bits >> np.uint32(28)) & np.uint32(8))).astype(np.uint8)
 
 
-def test_magic_e2m1_encoder_equals_the_reference_on_every_tested_fp32():
-    """The adder-rounding encoder against the reference's threshold encoder: every 61st fp32 bit pattern
-    below 16.0, ±2048 ulps around every threshold, grid value and binade edge, both signs, zeros, denormals,
-    huge values and inf."""
+def _e2m1_lines_numpy(y):
+    """``dsv4lib.kernels.nvfp4.e2m1_code_lines`` (plus the prmt sign) in numpy: clamp |y| at 6, each line's exact
+    value (float64 holds it: 2a, a + 2^23 + 2, a/2 + 2^23 + 4 need < 53 bits for |y| ≤ 6) rounded once to fp32 —
+    what one fma.rn does — then the min, the code read off the fp32 bits."""
+    import numpy as np
+    bits = y.view(np.uint32)
+    a = np.minimum(np.abs(y), np.float32(6.0)).astype(np.float64)
+    magic = 2.0 ** 23
+    lines = [(a * 2 + magic).astype(np.float32), (a + (magic + 2)).astype(np.float32),
+             (a * 0.5 + (magic + 4)).astype(np.float32)]
+    t = np.minimum(np.minimum(lines[0], lines[1]), lines[2])
+    code = t.view(np.uint32) - np.uint32(0x4B000000)
+    return (code | ((bits >> np.uint32(28)) & np.uint32(8))).astype(np.uint8)
+
+
+def _encoder_test_values():
+    """Every 61st fp32 bit pattern below 16.0, ±2048 ulps around every threshold, grid value and binade edge,
+    both signs, zeros, denormals, huge values and inf."""
     import numpy as np
     top = np.array([16.0], dtype=np.float32).view(np.uint32)[0]
     pats = [np.arange(0, top, 61, dtype=np.uint32)]
@@ -211,7 +287,24 @@ def test_magic_e2m1_encoder_equals_the_reference_on_every_tested_fp32():
         pats.append(np.arange(max(c - 2048, 0), c + 2048, dtype=np.int64).astype(np.uint32))
     pats.append(np.array([1, 0x7FFFFF, 0x7F7FFFFF, 0x7F800000, 0x5F000000, 0x4B7FFFFF], dtype=np.uint32))
     mags = np.concatenate(pats)
-    y = np.concatenate([mags, mags | np.uint32(0x80000000)]).view(np.float32)
+    return np.concatenate([mags, mags | np.uint32(0x80000000)]).view(np.float32)
+
+
+def test_line_e2m1_encoder_equals_the_reference_on_every_tested_fp32():
+    """The line encoder against the reference's threshold encoder on the same > 10 M values as the magic one."""
+    import numpy as np
+    y = _encoder_test_values()
+    got = _e2m1_lines_numpy(y)
+    want = ref.e2m1_encode(torch.from_numpy(y.copy())).numpy()
+    bad = np.nonzero(got != want)[0]
+    assert bad.size == 0, [(float(y[i]), int(got[i]), int(want[i])) for i in bad[:8]]
+    assert y.size > 10_000_000
+
+
+def test_magic_e2m1_encoder_equals_the_reference_on_every_tested_fp32():
+    """The adder-rounding encoder against the reference's threshold encoder (values: ``_encoder_test_values``)."""
+    import numpy as np
+    y = _encoder_test_values()
     got = _e2m1_magic_numpy(y)
     want = ref.e2m1_encode(torch.from_numpy(y.copy())).numpy()
     bad = np.nonzero(got != want)[0]
