@@ -33,7 +33,7 @@ def _kernel_for(x: torch.Tensor, args: tuple, depth: int | None = None, ctas_per
         raise RuntimeError(f"quantize_nvfp4 needs sm_90a or sm_100a, this GPU is sm_{major}{minor}")
     arch = "sm_90a" if major == 9 else "sm_100a"
     from .kernels import nvfp4 as K
-    depth = depth or K.DEPTH
+    depth = depth or (K.DEPTH_FP32 if x.dtype == torch.float32 else K.DEPTH)
     ctas_per_sm = K.CTAS_PER_SM if ctas_per_sm is None else ctas_per_sm
     max_ctas = ctas_per_sm * torch.cuda.get_device_properties(x.device).multi_processor_count
     encoder = encoder or K.ENCODER

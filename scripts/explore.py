@@ -171,6 +171,18 @@ if "nvfp4" in sections:
                                                                                iters=10).median_ms))}
     show(res)
 
+if "nvfp4dtypes" in sections:   # the register pipeline's depth per input dtype (fp32 blocks are 64 B, not 32)
+    amax = torch.tensor(4.0, device="cuda")
+    for dtype in (torch.float16, torch.float32):
+        for M, K in ((4096, 4096), (16384, 7168)):
+            xs = [(torch.randn(M, K, device="cuda", dtype=dtype, generator=gen),) for _ in range(2)]
+            nbytes = M * K * xs[0][0].element_size() + M * K // 2 + M * K // 16
+            res = {"nvfp4dtypes": [str(dtype), M, K]}
+            for d in (1, 2, 3, 4):
+                t = bench.time_cuda(lambda a: dsv4lib.quantize_nvfp4(a, amax, _depth=d), xs, iters=30)
+                res[f"d{d}"] = round(bench.gbps(nbytes, t.median_ms))
+            show(res)
+
 if "d6parts" in sections:       # the columns schedule (the one with the skip_mma builds), whatever ships
     dsv4lib.sparse.SCHEDULE = "columns"
     for H, K, Sq in ((64, 640, 16384), (128, 1152, 16384)):

@@ -38,8 +38,11 @@ THREADS = 128
 # 65536×512; copy of 1 GiB: 4262), line encoder: depth 1 2868 / 3794 / 3357; 2: 2802 / 3870 / 3359;
 # **3: 2886 / 4131 / 3517**; 4: 2739 / 4105 / 3414.  Capping the grid at the CTAs that fit (1 round = 16 CTAs/SM at
 # depth 1 … 7 at depth 4, each CTA looping) was no better: 2892 / 3978 / 3436 at best.  The same loads and stores
-# with no encoding: 3187 / 4287 / 3850 — the small shapes are launch and ramp, not the encoder.
+# with no encoding: 3187 / 4287 / 3850 — the small shapes are launch and ramp, not the encoder.  fp16 the same
+# (depth 3: 2914 / 4127).  fp32 blocks are 64 B and carry half the encoding work per byte: depth 1 is best
+# (4096², 16384×7168: depth 1 3638 / 4346, 2: 3554 / 4330, 3: 3467 / 4292).
 DEPTH = 3
+DEPTH_FP32 = 1
 CTAS_PER_SM = 0
 ENCODER = "lines"        # sm_90a: "lines" (quantize_block_lines) or "magic" (e2m1_code_magic per value)
 
