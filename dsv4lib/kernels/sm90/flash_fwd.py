@@ -130,7 +130,8 @@ class Sm90AttentionOps:
         if const_expr(k_blocks is None):
             k_range = (0, cute.size(tCrA.shape[2]))
         for k in cutlass.range_constexpr(k_range[0], k_range[1]):
-            cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
+            if const_expr(not getattr(self, "debug_nomma", False)):
+                cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
             atom.set(warpgroup.Field.ACCUMULATE, True)
         warpgroup.commit_group()
         if const_expr(wait):
@@ -264,8 +265,11 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             raise ValueError(f"{self.smem_bytes()} B of shared memory per CTA: {self.ctas_per_sm} CTAs do not fit an "
                              f"SM (tile_m {tile_m}, tile_n {self.tile_n}, {num_stages} stages, head_dim {head_dim})")
         # Debug knobs (compile-time), e.g. DSV4_D1_DEBUG="printf,noreg,notail": checkpoints printed by
-        # block (0,0,0), no register reallocation, no producer tail.  Never set in normal runs.
+        # block (0,0,0), no register reallocation, no producer tail; "nomma" and "lightfirst" are timing probes
+        # (scripts/d5probe.py, scripts/d1causal.py).  Never set in normal runs.
         knobs = set(filter(None, os.environ.get("DSV4_D1_DEBUG", "").split(",")))
+        self.debug_nomma = "nomma" in knobs       # timing probe: every wgmma left out (garbage O), loads and waits kept
+        self.debug_lightfirst = "lightfirst" in knobs    # A/B probe: causal blocks in launch order (light first)
         self.debug_printf, self.debug_noreg, self.debug_notail = ("printf" in knobs, "noreg" in knobs,
                                                                  "notail" in knobs)
 
@@ -379,6 +383,11 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
+        if const_expr(self.causal and not self.debug_lightfirst):
+            # heaviest query blocks first (blocks launch x-fastest): causal work grows with m_block, and the blocks
+            # launched last should be the short ones, not the full-length rows of the last head
+            m_blocks, _, _ = cute.arch.grid_dim()
+            m_block = m_blocks - 1 - m_block
         split = Int32(0)
         if const_expr(self.split_kv):
             num_splits = mO.shape[4]
