@@ -290,22 +290,13 @@ def _encoder_test_values():
     return np.concatenate([mags, mags | np.uint32(0x80000000)]).view(np.float32)
 
 
-def test_line_e2m1_encoder_equals_the_reference_on_every_tested_fp32():
-    """The line encoder against the reference's threshold encoder on the same > 10 M values as the magic one."""
+@pytest.mark.parametrize("encoder", ["lines", "magic"])
+def test_e2m1_encoder_equals_the_reference_on_every_tested_fp32(encoder):
+    """Both sm_90a encoders, step by step in numpy, against the reference's threshold encoder on the same
+    > 10 M values (``_encoder_test_values``)."""
     import numpy as np
     y = _encoder_test_values()
-    got = _e2m1_lines_numpy(y)
-    want = ref.e2m1_encode(torch.from_numpy(y.copy())).numpy()
-    bad = np.nonzero(got != want)[0]
-    assert bad.size == 0, [(float(y[i]), int(got[i]), int(want[i])) for i in bad[:8]]
-    assert y.size > 10_000_000
-
-
-def test_magic_e2m1_encoder_equals_the_reference_on_every_tested_fp32():
-    """The adder-rounding encoder against the reference's threshold encoder (values: ``_encoder_test_values``)."""
-    import numpy as np
-    y = _encoder_test_values()
-    got = _e2m1_magic_numpy(y)
+    got = {"lines": _e2m1_lines_numpy, "magic": _e2m1_magic_numpy}[encoder](y)
     want = ref.e2m1_encode(torch.from_numpy(y.copy())).numpy()
     bad = np.nonzero(got != want)[0]
     assert bad.size == 0, [(float(y[i]), int(got[i]), int(want[i])) for i in bad[:8]]
