@@ -1,12 +1,13 @@
 """Exploratory GPU timings that decide defaults (not recorded results): per-kernel device times from the torch
 profiler next to whole-call medians.   python scripts/explore.py [section ...]
-sections: decode (hd512 DSV4 decode: splits and the combine), d2 (hd128 decode), gqa (head packing),
-tvm (host time with the TVM-FFI call path), sparse (prefill: kernel vs gather roof), roof (hd512 decode producer
-alone, copy), nvfp4 (quantize variants), d6parts (sparse prefill with QK or PV left out: where the time goes),
-tvm512 (host time of the hd512 decode step with and without the TVM-FFI path), d1tune (D1 schedule knobs vs FA4:
-pingpong, 192-row tiles, early O rescale, tile_n; D5 shapes too), d5win (small-window builds: 64-row tiles
-at two CTAs per SM, the TMA-store epilogue, persistent CTAs, vs FA4 at the D5 shapes; D5WIN_QUICK=1: plain vs
-persistent only)."""
+sections: decode (hd512 DSV4 decode: splits and the combine), d2 (hd128 decode), gqa (head packing), tvm (host time
+with the TVM-FFI call path), sparse (prefill: kernel vs gather roof), roof (hd512 decode producer alone, copy),
+nvfp4 (quantize: encoders, register-pipeline depths, grid caps), d6parts (sparse prefill with QK or PV left out:
+where the time goes), tvm512 (host time of the hd512 decode step with and without the TVM-FFI path), d1tune (D1
+schedule knobs vs FA4: pingpong, 192-row tiles, early O rescale, tile_n; D5 shapes too), d5win (small-window builds:
+64-row tiles at two CTAs per SM, the TMA-store epilogue, persistent CTAs, vs FA4 at the D5 shapes; D5WIN_QUICK=1:
+plain vs persistent only), nvfp4dtypes (the quantize pipeline depth per input dtype), d1causal (causal launch order,
+DSV4_D1_DEBUG=lightfirst for the A/B), d5probe (the W128 data path alone: DSV4_D1_DEBUG=nomma)."""
 import json
 import os
 import sys
@@ -182,6 +183,26 @@ if "nvfp4dtypes" in sections:   # the register pipeline's depth per input dtype 
                 t = bench.time_cuda(lambda a: dsv4lib.quantize_nvfp4(a, amax, _depth=d), xs, iters=30)
                 res[f"d{d}"] = round(bench.gbps(nbytes, t.median_ms))
             show(res)
+
+if "d1causal" in sections:     # D1 causal at the headline shape; A/B the launch order with DSV4_D1_DEBUG=lightfirst
+    from dsv4lib.peers import attention_peers
+    fa4 = attention_peers().get("FA4")
+    for D in (64, 128, 256):
+        inputs, flops, row = d1_headline_row("d1causal", D, True, fa4)
+        t = bench.time_cuda(lambda q, k, v: dsv4lib.attention(q, k, v, causal=True, num_splits=1), inputs, iters=20)
+        row["ours"] = round(bench.tflops(flops, t.median_ms))
+        row["debug"] = os.environ.get("DSV4_D1_DEBUG", "")
+        show(row)
+
+if "d5probe" in sections:      # D5 W128 + sink, B2 H16 S16k: µs, TFLOP/s, GB/s of Q+K+V+O; with DSV4_D1_DEBUG=nomma
+    for D in (128, 64):        # (every wgmma left out, wrong O) what loads, softmax and stores alone cost
+        inputs = [tuple(rnd(2, 16384, 16, D) for _ in range(3)) for _ in range(2)]
+        sink = torch.randn(16, device="cuda", dtype=torch.float32)
+        flops = bench.attention_flops(2, 16, 16384, 16384, D, window=128)
+        t = bench.time_cuda(lambda q, k, v: dsv4lib.attention(q, k, v, window=128, sink=sink), inputs, iters=30)
+        show({"d5probe": D, "debug": os.environ.get("DSV4_D1_DEBUG", ""), "us": round(t.median_ms * 1e3, 1),
+              "tflops": round(bench.tflops(flops, t.median_ms)),
+              "gbps": round(bench.gbps(4 * 2 * 16384 * 16 * D * 2, t.median_ms))})
 
 if "d6parts" in sections:       # the columns schedule (the one with the skip_mma builds), whatever ships
     dsv4lib.sparse.SCHEDULE = "columns"

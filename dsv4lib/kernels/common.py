@@ -96,21 +96,26 @@ def online_softmax_row(rS: cute.Tensor, tile_max, row_max, row_sum, softmax_scal
     return new_max, row_sum * correction + tile_sum, correction
 
 
+def inline_ptx(ret, wrap, args, text: str, constraints: str, loc, ip, side_effects: bool = False):
+    """Inline PTX inside a ``@dsl_user_op``: its operands are ``args`` (DSL numbers), its result the ``ret`` MLIR
+    type wrapped as the DSL number type ``wrap``."""
+    return wrap(llvm.inline_asm(ret, [a.ir_value(loc=loc, ip=ip) for a in args], text, constraints,
+                                has_side_effects=side_effects, is_align_stack=False,
+                                asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
 @dsl_user_op
 def cvt_bf16x2(lo: Float32, hi: Float32, *, loc=None, ip=None) -> Uint32:
     """Two fp32 → one 32-bit word of two bf16 (round to nearest even), ``lo`` in the low half."""
-    return Uint32(llvm.inline_asm(T.i32(), [Float32(lo).ir_value(loc=loc, ip=ip), Float32(hi).ir_value(loc=loc, ip=ip)],
-                                  "cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,f,f", has_side_effects=False,
-                                  is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
+    return inline_ptx(T.i32(), Uint32, [Float32(lo), Float32(hi)], "cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,f,f", loc, ip)
 
 
 @dsl_user_op
 def load_acquire_gpu(ptr: cute.Pointer, *, loc=None, ip=None) -> Int32:
     """``ld.acquire.gpu`` of one 32-bit word of global memory: what other CTAs released before it is visible to the
     loads that follow (a spin-wait on a counter they bump)."""
-    return Int32(llvm.inline_asm(T.i32(), [ptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip)],
-                                 "ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", has_side_effects=True,
-                                 is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
+    return inline_ptx(T.i32(), Int32, [ptr.toint(loc=loc, ip=ip)], "ld.acquire.gpu.global.b32 $0, [$1];", "=r,l",
+                      loc, ip, side_effects=True)
 
 
 @cute.jit

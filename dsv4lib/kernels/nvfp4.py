@@ -24,10 +24,9 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Uint8, Uint32, const_expr
-from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from .common import launch_stream
+from .common import inline_ptx, launch_stream
 
 ONE_SIXTH_F32 = 0.16666667163372040                    # fl(1/6) = 0x3E2AAAAB, exactly representable
 FLT_MAX = 3.4028234663852886e38
@@ -50,15 +49,13 @@ ENCODER = "lines"        # sm_90a: "lines" (quantize_block_lines) or "magic" (e2
 @dsl_user_op
 def f32_bits(x: Float32, *, loc=None, ip=None) -> Uint32:
     """The bit pattern of an fp32 value (a register move, no conversion)."""
-    return Uint32(llvm.inline_asm(T.i32(), [Float32(x).ir_value(loc=loc, ip=ip)], "mov.b32 $0, $1;", "=r,f",
-                                  has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
+    return inline_ptx(T.i32(), Uint32, [Float32(x)], "mov.b32 $0, $1;", "=r,f", loc, ip)
 
 
 @dsl_user_op
 def f32_from_bits(b: Uint32, *, loc=None, ip=None) -> Float32:
     """The fp32 value with bit pattern ``b`` (a register move)."""
-    return Float32(llvm.inline_asm(T.f32(), [Uint32(b).ir_value(loc=loc, ip=ip)], "mov.b32 $0, $1;", "=f,r",
-                                   has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
+    return inline_ptx(T.f32(), Float32, [Uint32(b)], "mov.b32 $0, $1;", "=f,r", loc, ip)
 
 
 MAGIC_BASE_BITS = 0x4A800000           # 2^22: in [2^22, 2^23) fp32 steps by 0.5, the e2m1 spacing below 2
@@ -96,12 +93,6 @@ def nvfp4_block_scale(vec_max: Float32, s_enc: Float32, s_dec: Float32 | None = 
     return Uint32(sf_byte[0]), enc
 
 
-def _asm(ret, wrap, args, text: str, constraints: str, loc, ip):
-    """One inline-PTX instruction: its operands are ``args`` (DSL numbers), its result a ``wrap`` number."""
-    return wrap(llvm.inline_asm(ret, [a.ir_value(loc=loc, ip=ip) for a in args], text, constraints,
-                                has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
-
-
 def _f32_imm(v: float) -> str:
     """An fp32 PTX immediate, bit-exact (``0f3F800000`` = 1.0)."""
     import struct
@@ -112,39 +103,39 @@ def _f32_imm(v: float) -> str:
 def prmt(a: Uint32, b: Uint32, selector: int, *, loc=None, ip=None) -> Uint32:
     """``prmt.b32``: byte k of the result is source byte ``sel_k & 7`` of ``b:a``, or that byte's sign bit replicated
     over all 8 bits when ``sel_k & 8`` (``sel_k`` = nibble k of ``selector``)."""
-    return _asm(T.i32(), Uint32, [Uint32(a), Uint32(b)], f"prmt.b32 $0, $1, $2, {selector:#06x};", "=r,r,r", loc, ip)
+    return inline_ptx(T.i32(), Uint32, [Uint32(a), Uint32(b)], f"prmt.b32 $0, $1, $2, {selector:#06x};", "=r,r,r", loc, ip)
 
 
 @dsl_user_op
 def abs_mul_rn(x: Float32, y: Float32, *, loc=None, ip=None) -> Float32:
     """``fl(|x| · y)``: one IEEE multiply (``.rn``: never contracted into an FMA with a later add)."""
-    return _asm(T.f32(), Float32, [Float32(x), Float32(y)], "{ .reg .f32 t; abs.f32 t, $1; mul.rn.f32 $0, t, $2; }",
+    return inline_ptx(T.f32(), Float32, [Float32(x), Float32(y)], "{ .reg .f32 t; abs.f32 t, $1; mul.rn.f32 $0, t, $2; }",
                 "=f,f,f", loc, ip)
 
 
 @dsl_user_op
 def fma_rn_imm(a: Float32, b: float, c: float, *, loc=None, ip=None) -> Float32:
     """``fl(a · b + c)`` with one rounding; ``b`` and ``c`` compile-time constants."""
-    return _asm(T.f32(), Float32, [Float32(a)], f"fma.rn.f32 $0, $1, {_f32_imm(b)}, {_f32_imm(c)};", "=f,f", loc, ip)
+    return inline_ptx(T.f32(), Float32, [Float32(a)], f"fma.rn.f32 $0, $1, {_f32_imm(b)}, {_f32_imm(c)};", "=f,f", loc, ip)
 
 
 @dsl_user_op
 def mad_lo_imm(a: Uint32, b: int, c: Uint32, *, loc=None, ip=None) -> Uint32:
     """``a · b + c`` mod 2^32, ``b`` a constant (an IMAD: the FMA pipe, not the integer ALU)."""
-    return _asm(T.i32(), Uint32, [Uint32(a), Uint32(c)], f"mad.lo.u32 $0, $1, {b}, $2;", "=r,r,r", loc, ip)
+    return inline_ptx(T.i32(), Uint32, [Uint32(a), Uint32(c)], f"mad.lo.u32 $0, $1, {b}, $2;", "=r,r,r", loc, ip)
 
 
 @dsl_user_op
 def max_abs_x2(a: Uint32, b: Uint32, kind: str, *, loc=None, ip=None) -> Uint32:
     """Per 16-bit lane ``max(|a|, |b|)`` of two packed pairs (``kind`` ``bf16x2`` or ``f16x2``); the lanes' sign bits
     come out as the xor of the inputs' (callers take ``|·|`` again)."""
-    return _asm(T.i32(), Uint32, [Uint32(a), Uint32(b)], f"max.xorsign.abs.{kind} $0, $1, $2;", "=r,r,r", loc, ip)
+    return inline_ptx(T.i32(), Uint32, [Uint32(a), Uint32(b)], f"max.xorsign.abs.{kind} $0, $1, $2;", "=r,r,r", loc, ip)
 
 
 @dsl_user_op
 def f16_lane_to_f32(w: Uint32, high: bool, *, loc=None, ip=None) -> Float32:
     """The fp16 in the low (``high=False``) or high half of ``w``, widened exactly to fp32."""
-    return _asm(T.f32(), Float32, [Uint32(w)],
+    return inline_ptx(T.f32(), Float32, [Uint32(w)],
                 "{ .reg .b16 l, h; mov.b32 {l, h}, $1; cvt.f32.f16 $0, %s; }" % ("h" if high else "l"), "=f,r", loc, ip)
 
 

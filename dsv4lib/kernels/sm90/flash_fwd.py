@@ -118,6 +118,8 @@ def default_tile_n(head_dim: int) -> int:
 class Sm90AttentionOps:
     """The wgmma issue and the online softmax, shared by the Hopper attention kernels of this package."""
 
+    debug_nomma = False          # timing probe (DSV4_D1_DEBUG=nomma in the D1 kernel): the wgmmas left out
+
     @cute.jit
     def gemm(self, tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor, tCrB: cute.Tensor,
              zero_init: cutlass.Constexpr, wait: cutlass.Constexpr = True, k_blocks: cutlass.Constexpr = None):
@@ -130,7 +132,7 @@ class Sm90AttentionOps:
         if const_expr(k_blocks is None):
             k_range = (0, cute.size(tCrA.shape[2]))
         for k in cutlass.range_constexpr(k_range[0], k_range[1]):
-            if const_expr(not getattr(self, "debug_nomma", False)):
+            if const_expr(not self.debug_nomma):
                 cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
             atom.set(warpgroup.Field.ACCUMULATE, True)
         warpgroup.commit_group()
@@ -266,7 +268,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                              f"SM (tile_m {tile_m}, tile_n {self.tile_n}, {num_stages} stages, head_dim {head_dim})")
         # Debug knobs (compile-time), e.g. DSV4_D1_DEBUG="printf,noreg,notail": checkpoints printed by
         # block (0,0,0), no register reallocation, no producer tail; "nomma" and "lightfirst" are timing probes
-        # (scripts/d5probe.py, scripts/d1causal.py).  Never set in normal runs.
+        # (scripts/explore.py d5probe / d1causal).  Never set in normal runs.
         knobs = set(filter(None, os.environ.get("DSV4_D1_DEBUG", "").split(",")))
         self.debug_nomma = "nomma" in knobs       # timing probe: every wgmma left out (garbage O), loads and waits kept
         self.debug_lightfirst = "lightfirst" in knobs    # A/B probe: causal blocks in launch order (light first)
