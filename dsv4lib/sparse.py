@@ -49,6 +49,36 @@ def merge_counters(B: int, Sq: int, groups: int, device) -> torch.Tensor:
     return _COUNTERS[key]
 
 
+# Cluster-reduced split partials (``SparseAttentionForwardSm90(cluster_splits=C)``): C consecutive splits of a query
+# merge on chip through DSMEM, so only one fp32 partial in C is written and read back by the combine.  Dense keys
+# (the columns schedule) only; C is the largest of CLUSTER_SPLITS, …, 2 that divides the split count.
+CLUSTER_SPLITS = 8
+MIN_TILES_PER_CLUSTERED_SPLIT = 2
+_ACTIVE_CLUSTERS: dict[tuple, int] = {}
+
+
+def active_clusters(cluster: int, device) -> int:
+    """How many (1, 1, ``cluster``) clusters of one-CTA-per-SM blocks the GPU holds at once (a cluster lives in
+    one GPC, so this is not simply SMs / cluster)."""
+    key = (cluster, str(device))
+    if key not in _ACTIVE_CLUSTERS:
+        from cutlass.utils import HardwareInfo
+        with torch.cuda.device(device):
+            _ACTIVE_CLUSTERS[key] = HardwareInfo(torch.cuda.current_device()).get_max_active_clusters(cluster)
+    return _ACTIVE_CLUSTERS[key]
+
+
+def cluster_for(num_splits: int, gather: bool) -> int:
+    """The cluster size a split launch of ``num_splits`` splits uses: 1 (no cluster) for gathered keys, the fused
+    merge, the TVM-FFI path, or a split count no size in (CLUSTER_SPLITS, …, 2) divides."""
+    if num_splits < 2 or gather or schedule_for(gather) != "columns" or FUSED_MERGE or USE_TVM_FFI:
+        return 1
+    c = CLUSTER_SPLITS
+    while c > 1 and num_splits % c:
+        c //= 2
+    return c
+
+
 def fuses_merge(ctas: int, device) -> bool:
     """Whether a split launch of ``ctas`` CTAs merges in-kernel: the knob, and every CTA resident at once (one per
     SM: ~210 KB of shared memory each)."""
@@ -72,10 +102,10 @@ def schedule_for(gather: bool) -> str:
 
 def compiled(gather: bool, causal: bool, window: bool, sink: bool, has_lse: bool, split_kv: bool, args: tuple,
              arch: str = "sm_90a", schedule: str | None = None, gather_only: bool = False,
-             skip_mma: str | None = None, fused_merge: bool = False):
+             skip_mma: str | None = None, fused_merge: bool = False, cluster_splits: int = 1):
     schedule = schedule_for(gather) if schedule is None else schedule
     key = (gather, causal, window, sink, has_lse, split_kv, arch, schedule, gather_only, skip_mma, PREFETCH_SCORES,
-           fused_merge)
+           fused_merge, cluster_splits)
     if key not in _COMPILED:
         import cutlass.cute as cute
 
@@ -83,7 +113,8 @@ def compiled(gather: bool, causal: bool, window: bool, sink: bool, has_lse: bool
         kernel = SparseAttentionForwardSm90(gather=gather, causal=causal, window=window, sink=sink, has_lse=has_lse,
                                             split_kv=split_kv, schedule=schedule, gather_only=gather_only,
                                             prefetch_scores=PREFETCH_SCORES,
-                                            skip_mma=skip_mma, fused_merge=fused_merge)
+                                            skip_mma=skip_mma, fused_merge=fused_merge,
+                                            cluster_splits=cluster_splits)
         _COMPILED[key] = cute.compile(kernel, *args, options=f"--gpu-arch {arch}")
     return _COMPILED[key]
 
@@ -185,6 +216,11 @@ def _run(q4, kv3, idx3, *, gather, causal, window, sink, scale, num_splits):
                 args = kernel_args(q4, kv3, idx, out.unsqueeze(0), lse.unsqueeze(0), sink_t, scale, window or 0,
                                    current_stream(device))
                 compiled(gather, causal, window is not None, sink is not None, True, False, args)(*args)
+        elif (cluster := cluster_for(num_splits, gather)) > 1:
+            o_part, lse_part = workspace(num_splits // cluster, B, Sq, H, HEAD_DIM, device)
+            args = kernel_args(q4, kv3, idx, o_part, lse_part, sink_t, scale, window or 0, current_stream(device))
+            compiled(gather, causal, window is not None, False, True, True, args, cluster_splits=cluster)(*args)
+            combine_partials(o_part, lse_part, out, lse, sink_t, sink is not None)
         elif fuses_merge(B * Sq * (H // HEADS_PER_CTA) * num_splits, device):
             o_part, lse_part = workspace(num_splits, B, Sq, H, HEAD_DIM, device)
             args = kernel_args(q4, kv3, idx, o_part, lse_part, sink_t, scale, window or 0, current_stream(device),
@@ -205,9 +241,17 @@ def _run(q4, kv3, idx3, *, gather, causal, window, sink, scale, num_splits):
 MAX_SPLITS = 64
 
 
-def _splits(num_splits, batch_ctas, n_keys, device):
+def _splits(num_splits, batch_ctas, n_keys, device, gather=True):
     check_num_splits(num_splits)
     n_tiles = max(1, -(-n_keys // 64))
+    if num_splits is None and CLUSTER_SPLITS > 1 and cluster_for(CLUSTER_SPLITS, gather) == CLUSTER_SPLITS:
+        # clustered partials cost 1/C of the plain ones: fill every cluster slot the GPU has (one CTA per SM),
+        # at least MIN_TILES_PER_CLUSTERED_SPLIT tiles a split, a multiple of C splits per query
+        c = CLUSTER_SPLITS
+        per_query = active_clusters(c, device) // batch_ctas * c
+        splits = min(per_query, n_tiles // MIN_TILES_PER_CLUSTERED_SPLIT // c * c)
+        if splits >= c:
+            return splits
     if num_splits is None:
         # one wave: each CTA moves 64 KiB per tile and does as much math as it loads (64 heads × 512), so
         # every SM has to take part; at least 4 tiles per split keep the fp32 partials small next to the keys
@@ -258,7 +302,8 @@ def mqa512_attention(q, kv, *, scale=None, causal=False, window=None, sink=None,
     if not q.is_contiguous() or not kv.is_contiguous():
         raise ValueError("the hd512 MQA path needs contiguous q and k (= v)")
     scale = D ** -0.5 if scale is None else float(scale)
-    splits = _splits(num_splits, B * Sq * H // HEADS_PER_CTA, min(kv.shape[1], window or kv.shape[1]), q.device)
+    splits = _splits(num_splits, B * Sq * H // HEADS_PER_CTA, min(kv.shape[1], window or kv.shape[1]), q.device,
+                     gather=False)
     return _run(q, kv, None, gather=False, causal=bool(causal), window=window, sink=sink, scale=scale,
                 num_splits=splits)
 

@@ -7,7 +7,8 @@ where the time goes), tvm512 (host time of the hd512 decode step with and withou
 schedule knobs vs FA4: pingpong, 192-row tiles, early O rescale, tile_n; D5 shapes too), d5win (small-window builds:
 64-row tiles at two CTAs per SM, the TMA-store epilogue, persistent CTAs, vs FA4 at the D5 shapes; D5WIN_QUICK=1:
 plain vs persistent only), nvfp4dtypes (the quantize pipeline depth per input dtype), d1causal (causal launch order,
-DSV4_D1_DEBUG=lightfirst for the A/B), d5probe (the W128 data path alone: DSV4_D1_DEBUG=nomma)."""
+DSV4_D1_DEBUG=lightfirst for the A/B), d5probe (the W128 data path alone: DSV4_D1_DEBUG=nomma), decodeparts (the hd512 decode's split kernel by parts:
+splits, producer alone, QK or PV left out, the combine), decodecluster (cluster sizes × split counts)."""
 import json
 import os
 import sys
@@ -203,6 +204,41 @@ if "d5probe" in sections:      # D5 W128 + sink, B2 H16 S16k: µs, TFLOP/s, GB/s
         show({"d5probe": D, "debug": os.environ.get("DSV4_D1_DEBUG", ""), "us": round(t.median_ms * 1e3, 1),
               "tflops": round(bench.tflops(flops, t.median_ms)),
               "gbps": round(bench.gbps(4 * 2 * 16384 * 16 * D * 2, t.median_ms))})
+
+if "decodeparts" in sections:   # H64 KV64k hd512 decode: device µs of the split kernel (full / producer only /
+    from dsv4lib.launch import current_stream, placeholder, workspace     # no QK / no PV) and of the combine
+    for Skv in (65536,):
+        inputs = [(rnd(1, 1, 64, 512), rnd(1, Skv, 512)) for _ in range(4)]
+        for splits in (64, 128, 132):
+            res = {"decodeparts": [64, Skv, splits]}
+            f = lambda q, kv: dsv4lib.attention(q, kv.unsqueeze(2), kv.unsqueeze(2), num_splits=splits)
+            t = bench.time_cuda(f, inputs, iters=20)
+            res["e2e_us"] = round(t.median_ms * 1e3, 1)
+            res["kernels"] = kernels(f, *inputs[0])
+            for knobs in ({}, {"gather_only": True}, {"skip_mma": "qk"}, {"skip_mma": "pv"}):
+                def split_only(q, kv, knobs=knobs):
+                    o_part, lse_part = workspace(splits, 1, 1, 64, 512, q.device)
+                    args = dsv4lib.sparse.kernel_args(q, kv, placeholder(q.device, "indices"), o_part, lse_part,
+                                                      placeholder(q.device, "sink"), 512 ** -0.5, 0,
+                                                      current_stream(q.device))
+                    dsv4lib.sparse.compiled(False, False, False, False, True, True, args, **knobs)(*args)
+                t = bench.time_cuda(split_only, inputs, iters=20)
+                res["split_" + knob_name(knobs)] = round(t.median_ms * 1e3, 1)
+            show(res)
+
+if "decodecluster" in sections:  # hd512 decode with cluster-reduced partials: C (CLUSTER_SPLITS) × splits, µs
+    for H, Skv in ((64, 65536), (64, 16384), (128, 65536)):
+        inputs = [(rnd(1, 1, H, 512), rnd(1, Skv, 1, 512)) for _ in range(4)]
+        for c in (1, 2, 4, 8):
+            dsv4lib.sparse.CLUSTER_SPLITS = c
+            slots = dsv4lib.sparse.active_clusters(c, "cuda") * c // (H // 64)
+            for splits in sorted({None, slots, slots // 2 // c * c or c} if c > 1 else {64, 128}, key=str):
+                f = lambda q, kv: dsv4lib.attention(q, kv, kv, num_splits=splits)
+                t = bench.time_cuda(f, inputs, iters=30)
+                show({"decodecluster": [H, Skv, c, splits], "active_clusters": slots // c,
+                      "us": round(t.median_ms * 1e3, 1), "bw_frac": round(bench.gbps(Skv * 1024, t.median_ms) / 4258, 3),
+                      "kernels": kernels(f, *inputs[0])})
+    dsv4lib.sparse.CLUSTER_SPLITS = 8
 
 if "d6parts" in sections:       # the columns schedule (the one with the skip_mma builds), whatever ships
     dsv4lib.sparse.SCHEDULE = "columns"

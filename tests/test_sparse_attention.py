@@ -272,9 +272,82 @@ def test_fused_merge_matches_the_combine_kernel_and_the_reference(monkeypatch, B
         torch.testing.assert_close(lse.double(), ref_lse, atol=2e-3, rtol=1e-4)
         assert torch.equal(out, outs[0][0])                              # the same bits every call
     monkeypatch.setattr(sparse, "FUSED_MERGE", False)
+    monkeypatch.setattr(sparse, "CLUSTER_SPLITS", 1)           # the plain two-kernel path: every partial to global
     out2, lse2 = dsv4lib.attention(q, kv, kv, sink=sink, return_lse=True, num_splits=splits)
     torch.cuda.synchronize()
     assert torch.equal(out2, outs[0][0]) and torch.equal(lse2, outs[0][1])   # same partials, same merge code
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,Sq,H,Skv,window,splits,cluster,expect_c,with_sink", [
+    (1, 1, 64, 65536, None, None, 8, 8, True),   # the D2 DSV4 decode shape, split count from the heuristic
+    (2, 1, 128, 9000, None, 16, 8, 8, True),     # two batches × two head groups, 141 tiles over 16 splits
+    (1, 2, 64, 576, None, 8, 8, 8, False),       # 9 tiles over 8 splits: three splits of the cluster are empty
+    (1, 2, 64, 576, None, 8, 2, 2, True),        # ... and with pairs, two whole clusters see no key
+    (1, 3, 64, 5000, 128, 2, 8, 2, True),        # a window: 2 tiles, 2 splits, so a cluster of 2
+    (1, 1, 64, 4096, None, 12, 8, 4, False),     # 12 splits: 8 does not divide, 4 does
+])
+def test_cluster_reduced_partials_match_the_reference(monkeypatch, B, Sq, H, Skv, window, splits, cluster,
+                                                      expect_c, with_sink):
+    """Split-KV whose C splits merge on chip through DSMEM (``cluster_splits``) vs float64 and vs the plain split
+    path (every partial to global): the same answer up to bf16 rounding of a different summation order."""
+    import dsv4lib.sparse as sparse
+    monkeypatch.setattr(sparse, "CLUSTER_SPLITS", cluster)
+    gen = torch.Generator().manual_seed(B * 1000 + Skv + (splits or 0) + cluster)
+    q = torch.randn(B, Sq, H, 512, generator=gen).to("cuda", torch.bfloat16)
+    kv = torch.randn(B, Skv, 1, 512, generator=gen).to("cuda", torch.bfloat16)
+    sink = (torch.randn(H, generator=gen) * 2).cuda() if with_sink else None
+    n_keys = min(Skv, window or Skv)
+    used = sparse._splits(splits, B * Sq * H // 64, n_keys, q.device, gather=False)
+    assert sparse.cluster_for(used, gather=False) == expect_c
+    if splits is None:
+        assert used % cluster == 0 and used >= 2 * cluster             # the heuristic fills cluster slots
+    ref, ref_lse = reference.attention(q.double(), kv.double(), kv.double(), window=window,
+                                       sink=None if sink is None else sink.double(), return_lse=True)
+    out, lse = dsv4lib.attention(q, kv, kv, window=window, sink=sink, return_lse=True, num_splits=splits)
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all() and _cos(out, ref) >= 0.9999
+    torch.testing.assert_close(lse.double(), ref_lse, atol=2e-3, rtol=1e-4)
+    monkeypatch.setattr(sparse, "CLUSTER_SPLITS", 1)
+    plain, plain_lse = dsv4lib.attention(q, kv, kv, window=window, sink=sink, return_lse=True, num_splits=used)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out.float(), plain.float(), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(lse, plain_lse, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.compile
+def test_cluster_reduced_build_merges_through_dsmem():
+    """The cluster build: three cluster barriers for every thread (producer included), the peers' LSEs and O slices
+    read with ``ld.shared::cluster`` (16 B vectors for O), one 16 B global store per slice step, no local memory;
+    it lets the combine (programmatic dependent launch, which waits on ``griddepcontrol.wait``) start early;
+    refused outside split-KV on the columns schedule."""
+    from dsv4lib.kernels.combine import LSECombineKernel, fake_args as combine_fake_args
+    from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
+    from dsv4lib.sparse import fake_args
+    k = compile_for_arch(SparseAttentionForwardSm90(gather=False, has_lse=True, split_kv=True, cluster_splits=8),
+                         *fake_args(False, True), arch="sm_90a")
+    assert k.count(r"barrier\.cluster\.arrive") == 9 and k.count(r"barrier\.cluster\.wait") == 9
+    assert k.count(r"ld\.shared::cluster\.v4\.b32") == 2 * 4 * 8        # 2 warpgroups × 4 steps × 8 peers
+    assert k.count(r"ld\.shared::cluster\.(b32|f32)") == 2 * 2 * 8      # 2 warpgroups × 2 rows × 8 peers' LSEs
+    assert k.count(r"st\.global\.v4\.(b32|f32)") == 2 * 4 and k.count(r"\.local") == 0
+    assert k.count(r"griddepcontrol\.launch_dependents") == 1
+    plain = compile_for_arch(SparseAttentionForwardSm90(gather=False, has_lse=True, split_kv=True),
+                             *fake_args(False, True), arch="sm_90a")
+    assert plain.count(r"barrier\.cluster") == 0 and plain.count(r"shared::cluster") == 0
+    combine = compile_for_arch(LSECombineKernel(512, has_sink=True), *combine_fake_args(512), arch="sm_90a")
+    assert combine.count(r"griddepcontrol\.wait") == 1
+    for bad in (dict(split_kv=False, cluster_splits=2), dict(split_kv=True, cluster_splits=3),
+                dict(split_kv=True, cluster_splits=2, schedule="paired"),
+                dict(split_kv=True, cluster_splits=2, gather_only=True)):
+        with pytest.raises(ValueError, match="cluster_splits|gather_only"):
+            SparseAttentionForwardSm90(gather=False, **bad)
+
+
+def test_cluster_size_follows_the_split_count():
+    from dsv4lib import sparse
+    assert [sparse.cluster_for(n, gather=False) for n in (1, 2, 3, 6, 12, 16, 128, 132)] == [1, 2, 1, 2, 4, 8, 8, 4]
+    assert sparse.cluster_for(16, gather=True) == 1                    # gathered keys: the paired schedule
 
 
 @pytest.mark.parametrize("bad", [0, -1, True, 2.0, "4"])

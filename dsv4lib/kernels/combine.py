@@ -17,7 +17,10 @@ load per split — 0.14 ms for what the copy bandwidth does in ~10 µs.  Now:
 * the 4 warps share the splits (warp w takes splits w, w+4, …; the loop is unrolled so several loads are in
   flight), and their sums meet in shared memory;
 * the LSE of the row is reduced lane-parallel (lane l reads splits l, l+32, … and a butterfly finishes), not
-  in a serial loop over the splits.
+  in a serial loop over the splits;
+* launched with programmatic dependent launch (PDL): a split kernel that executes
+  ``griddepcontrol.launch_dependents`` lets this grid be scheduled before it ends, hiding the launch latency;
+  ``griddepcontrol.wait`` at the top keeps every read behind the split kernel's completion.
 """
 from __future__ import annotations
 
@@ -60,10 +63,14 @@ class LSECombineKernel:
                  stream: cuda.CUstream = None):
         rows = cute.size(mO.shape[0]) * cute.size(mO.shape[1]) * cute.size(mO.shape[2])      # B * Sq * H
         self.kernel(mOp, mLSEp, mO, mLSE, mSink).launch(grid=(rows * self.chunks, 1, 1),
-                                                        block=(32 * WARPS_PER_CTA, 1, 1), **launch_stream(stream))
+                                                        block=(32 * WARPS_PER_CTA, 1, 1), use_pdl=True,
+                                                        **launch_stream(stream))
 
     @cute.kernel
     def kernel(self, mOp: cute.Tensor, mLSEp: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor, mSink: cute.Tensor):
+        # launched with programmatic dependent launch: the CTAs may start while the split kernel still runs (it
+        # lets its dependents go early), so they wait here until it has finished and its partials are visible
+        cute.arch.griddepcontrol_wait()
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         row = bidx // self.chunks

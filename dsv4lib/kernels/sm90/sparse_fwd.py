@@ -51,6 +51,17 @@ Split-KV (``split_kv=True``, D2 decode): split s takes its share of the key tile
 normalized over its own keys plus its LSE; :class:`dsv4lib.kernels.combine.LSECombineKernel` merges them and
 applies the sink once.
 
+**Cluster-reduced partials** (``cluster_splits=C > 1``, split-KV, columns schedule): the C consecutive splits of a
+query form a thread-block cluster and merge their partials on chip before anything leaves the SMs.  Each CTA puts
+its rows' LSEs in shared memory; after a cluster barrier every thread reads its rows' C LSEs from the peers
+(``ld.shared::cluster``), weighs its normalized O half by ``e^{lse_own - lse_cluster}`` and writes it, fp32, into
+its own dead Q + KV buffers (``sRed``, rows padded to 520 floats so the accumulator's 8 B pairs land two wavefronts
+per warp); after a second barrier CTA r sums column slice r (``512 / C`` columns × 64 heads) over the C peers'
+``sRed`` and stores it as the cluster's partial; a third barrier keeps every CTA alive until its peers have read
+its buffer.  So one partial in C reaches global memory: the fp32 round trip (128 KB a split, written and read back
+by the combine) was most of what the decode lost to the producer-only roof (H200, H64 KV64k, 128 splits: split
+kernel 27.4 µs vs 19.9 producer only, combine 9.5 µs).  The combine then merges ``splits / C`` partials.
+
 **Fused merge** (``fused_merge=True``, split-KV only): no combine kernel.  Launched cooperatively (every CTA
 resident at once, or the launch fails — never a hang), each split, once its partial is written, bumps its query's
 arrival counter (release) and waits until all splits of that query have arrived (acquire); then the splits share
@@ -89,6 +100,8 @@ O_IN_SMEM = 6                          # balanced / paired, bf16 out: both halve
 MERGE, MERGE_WG = 7, 8                 # fused merge: both consumer warpgroups' partial stores done; + warpgroup
 MERGE_COLS = 256                       # fused merge: output columns of one chunk (8 fp32 per lane): 64 heads × 2
                                        # chunks = 128 = the consumer warpgroups of 64 splits, one chunk each
+RED_PAD = 8                            # cluster_splits: sRed row pad in floats (rows 2080 B: the accumulator's 8 B
+                                       # pairs of 8 rows fall in two wavefronts, the minimum for a warp's 256 B)
 MERGE_UNROLL = 8                       # fused merge: partial loads a warp keeps in flight
 SCHEDULES = ("columns", "balanced", "paired")
 ROW_GROUPS = 16                        # paired producer: 16 groups of 8 threads, a group copies a 128 B segment
@@ -125,13 +138,20 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
     def __init__(self, *, gather: bool, causal: bool = False, window: bool = False, sink: bool = False,
                  has_lse: bool = False, split_kv: bool = False, num_stages: int = 2, schedule: str = "columns",
                  gather_only: bool = False, skip_mma: str | None = None, prefetch_scores: bool = False,
-                 fused_merge: bool = False):
+                 fused_merge: bool = False, cluster_splits: int = 1):
         if gather and (causal or window):
             raise ValueError("gathered keys come with their own index list: no causal / window mask on top")
         if split_kv and sink and not fused_merge:
             raise ValueError("with split-KV the sink belongs to the combine kernel, not to the splits")
         if fused_merge and not split_kv:
             raise ValueError("fused_merge merges split-KV partials: it needs split_kv=True")
+        if cluster_splits not in (1, 2, 4, 8):
+            raise ValueError(f"cluster_splits must be 1, 2, 4 or 8 (a portable cluster), got {cluster_splits}")
+        if cluster_splits > 1 and (not split_kv or schedule != "columns" or fused_merge):
+            raise ValueError("cluster_splits reduces the split partials of the columns schedule (split_kv=True, "
+                             "schedule='columns', no fused_merge)")
+        # C consecutive splits of a query are one cluster and merge their partials through DSMEM (docstring)
+        self.cluster_splits = cluster_splits
         self.gather = gather
         self.causal = causal
         self.has_window = window
@@ -156,6 +176,8 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         # benchmark knob: the consumers only wait for and release each tile (no MMA, no output), so the run
         # times the gather alone — the roof the producer sets for this kernel.  Never used for results.
         self.gather_only = gather_only
+        if gather_only and cluster_splits > 1:
+            raise ValueError("gather_only builds write nothing: no cluster_splits")
         # benchmark knob, like gather_only: "qk" leaves S = 0 (no QK wgmma), "pv" skips both PV wgmmas; every
         # barrier and pipeline step still happens, so the time lost against the full kernel is what that MMA costs
         # on the critical path.  Wrong results by construction; never used for results.
@@ -218,6 +240,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             sRowInv: cute.struct.MemRange[Float32, TILE_H]           # final 1 / denominator of each row
             sMax: cute.struct.MemRange[Float32, 2 * 2 * TILE_H]      # balanced: per buffer, per warpgroup
             sSum: cute.struct.MemRange[Float32, 2 * TILE_H]          # balanced: each warpgroup's row sums
+            sLSE: cute.struct.MemRange[Float32, TILE_H]              # cluster_splits: this split's row LSEs
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
             sKV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
             sP: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sP_layout)], 1024]
@@ -243,12 +266,14 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                 cpasync.CopyBulkTensorTileS2GOp(), cute.make_tensor(mO.iterator, cute.select(mO.layout, mode=[3, 4, 2, 1])),
                 sQ_layout, (TILE_H, HEAD_DIM))
 
+        # mO holds one partial per cluster: splits = its count × cluster_splits
         grid = (cute.size(mQ.shape[1]), cute.size(mQ.shape[2]) // TILE_H,
-                cute.size(mQ.shape[0]) * cute.size(mO.shape[0]))
+                cute.size(mQ.shape[0]) * cute.size(mO.shape[0]) * self.cluster_splits)
         self.kernel(mQ, mKV, mIdx, mO, mLSE, softmax_scale_log2, window_size, mSink, sQ_layout, sKV_layout,
                     sP_layout, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, SharedStorage,
                     tma_atom_Q, tma_Q, tma_atom_KV, tma_KV, tma_atom_O, tma_O, mOut, mLSEOut, mSem).launch(
             grid=grid, block=[self.NUM_THREADS, 1, 1], min_blocks_per_mp=1,
+            cluster=(1, 1, self.cluster_splits) if const_expr(self.cluster_splits > 1) else None,
             # the fused merge waits for every split of its query: all CTAs must be resident at once
             cooperative=self.fused_merge, **launch_stream(stream))
 
@@ -264,6 +289,10 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         tidx, _, _ = cute.arch.thread_idx()
         token, head_group, batch, split, num_splits = self.cta_coords(mO)
 
+        if const_expr(self.split_kv and not self.fused_merge):
+            # the combine kernel (programmatic dependent launch) may be scheduled now: its CTAs wait on
+            # griddepcontrol.wait for this grid's end, but their launch latency hides behind this kernel
+            cute.arch.griddepcontrol_launch_dependents()
         storage = cutlass.utils.SmemAllocator().allocate(SharedStorage)
         pipeline_q = None
         one_thread = pipeline.CooperativeGroup(pipeline.Agent.Thread)
@@ -304,6 +333,11 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         sRowInv = storage.sRowInv.get_tensor(cute.make_layout(TILE_H))
         sMax = storage.sMax.get_tensor(cute.make_layout(4 * TILE_H))
         sSum = storage.sSum.get_tensor(cute.make_layout(2 * TILE_H))
+        sLSE = storage.sLSE.get_tensor(cute.make_layout(TILE_H))
+        # cluster_splits: the weighted fp32 O (64 heads × 512, padded rows) over the dead Q and KV buffers (192 KB,
+        # contiguous: sKV follows sQ); written only after the last wgmma / TMA of the CTA retired
+        sRed = cute.make_tensor(cute.recast_ptr(storage.sQ.data_ptr(), dtype=Float32),
+                                cute.make_layout((TILE_H, HEAD_DIM), stride=(HEAD_DIM + RED_PAD, 1)))
 
         seqlen_k = mKV.shape[1]
         key_lo, n_keys, tile_lo, tile_hi = self.key_range(mQ, mKV, mIdx, token, window_size, num_splits, split)
@@ -321,6 +355,10 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             else:
                 self.load(mQ, mKV, mIdx, sQ, sKV, pipeline_kv, tidx, token, head_group, batch, key_lo, n_keys,
                           seqlen_k, tile_lo, tile_hi)
+            if const_expr(self.cluster_splits > 1):
+                for _ in cutlass.range_constexpr(3):        # the consumers' three cluster barriers, every thread
+                    cute.arch.cluster_arrive()
+                    cute.arch.cluster_wait()
         elif const_expr(self.gather_only):
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.wait_q(pipeline_q, tile_lo, tile_hi)            # no TMA left in flight when the CTA exits
@@ -364,11 +402,12 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             self.wait_q(pipeline_q, tile_lo, tile_hi)
             self.scores_and_left_half(tiled_mma_qk, tiled_mma_pv_rs, sQ, sKV, sVt, sP, sRowScale, sRowInv, mIdx,
                                       mO, mLSE, mSink, pipeline_kv, softmax_scale_log2, tidx - 128, token,
-                                      head_group, batch, split, key_lo, n_keys, seqlen_k, tile_lo, tile_hi)
+                                      head_group, batch, split, key_lo, n_keys, seqlen_k, tile_lo, tile_hi, sLSE,
+                                      sRed)
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.right_half(tiled_mma_pv_ss, sVt, sP, sRowScale, sRowInv, mO, pipeline_kv, tidx - 256, token,
-                            head_group, batch, split, tile_lo, tile_hi)
+                            head_group, batch, split, tile_lo, tile_hi, mLSE, sLSE, sRed)
         if const_expr(self.fused_merge):
             if warp_idx >= 4:
                 sMerge = storage.sMerge.get_tensor(cute.make_layout((2 * WARPS_PER_CTA, MERGE_COLS),
@@ -420,9 +459,9 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
     @cute.jit
     def cta_coords(self, mO):
         """This CTA's query token, head group, batch, split (``blockIdx.z = batch·splits + split``), and the split
-        count."""
+        count (with ``cluster_splits`` C, mO has one partial per C splits: split s is rank s % C of cluster s / C)."""
         token, head_group, batch = cute.arch.block_idx()
-        num_splits = mO.shape[0]
+        num_splits = mO.shape[0] * self.cluster_splits
         split = batch % num_splits
         batch = batch // num_splits
         return token, head_group, batch, split, num_splits
@@ -606,7 +645,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
     @cute.jit
     def scores_and_left_half(self, tiled_mma_qk, tiled_mma_pv, sQ, sKV, sVt, sP, sRowScale, sRowInv, mIdx, mO,
                              mLSE, mSink, pipeline_kv, softmax_scale_log2, wtid, token, head_group, batch, split,
-                             key_lo, n_keys, seqlen_k, tile_lo, tile_hi):
+                             key_lo, n_keys, seqlen_k, tile_lo, tile_hi, sLSE, sRed):
         thr_qk, thr_pv, tSrQ, tSrK, tOrV = self.consumer_operands(tiled_mma_qk, tiled_mma_pv, sQ, sKV, sVt, 0, wtid)
         acc_O, acc_O_rc, tScS_rc, row_max, row_sum, key_ok = self.consumer_registers(thr_qk, thr_pv, TILE_N)
         n_rows = cute.size(tScS_rc, mode=[0])                                 # 2 rows, 16 key columns
@@ -666,16 +705,21 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                 lse = (row_max[r] * softmax_scale_log2 + cute.math.log2(s)) * LN_2          # sink excluded
             if wtid % 4 == 0:
                 sRowInv[m] = inv
-                if const_expr(self.has_lse or self.split_kv):
+                if const_expr(self.cluster_splits > 1):
+                    sLSE[m] = lse                     # merged with the cluster's peers in cluster_reduce_half
+                elif const_expr(self.has_lse or self.split_kv):
                     mLSE[split, batch, head_group * TILE_H + m, token] = lse
             for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
                 acc_O_rc[r, c] = acc_O_rc[r, c] * inv
         cute.arch.barrier_arrive(barrier_id=FINAL, number_of_threads=256)
-        self.store_half(thr_pv, acc_O, mO, split, batch, token, head_group, 0)
+        if const_expr(self.cluster_splits > 1):
+            self.cluster_reduce_half(0, thr_pv, acc_O, mO, mLSE, sLSE, sRed, wtid, token, head_group, batch, split)
+        else:
+            self.store_half(thr_pv, acc_O, mO, split, batch, token, head_group, 0)
 
     @cute.jit
     def right_half(self, tiled_mma_pv, sVt, sP, sRowScale, sRowInv, mO, pipeline_kv, wtid, token, head_group,
-                   batch, split, tile_lo, tile_hi):
+                   batch, split, tile_lo, tile_hi, mLSE, sLSE, sRed):
         thr_pv = tiled_mma_pv.get_slice(wtid)
         tOrP = thr_pv.make_fragment_A(thr_pv.partition_A(sP))               # (MMA, 1, 4, 2 buffers)
         sVt_right = cute.local_tile(sVt, (HALF, TILE_N, self.num_stages), (1, 0, 0))
@@ -708,7 +752,10 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             inv = sRowInv[tOcO_rc[r, 0][0]]
             for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
                 acc_O_rc[r, c] = acc_O_rc[r, c] * inv
-        self.store_half(thr_pv, acc_O, mO, split, batch, token, head_group, 1)
+        if const_expr(self.cluster_splits > 1):
+            self.cluster_reduce_half(1, thr_pv, acc_O, mO, mLSE, sLSE, sRed, wtid, token, head_group, batch, split)
+        else:
+            self.store_half(thr_pv, acc_O, mO, split, batch, token, head_group, 1)
 
     @cute.jit
     def consumer_operands(self, tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, half, wtid):
@@ -1014,6 +1061,68 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, w], False, wait=not leave_in_flight,
                   k_blocks=((1 - w) * k_half, (2 - w) * k_half))
         return key_bits
+
+    @cute.jit
+    def cluster_reduce_half(self, half: cutlass.Constexpr, thr_pv, acc_O, mO, mLSE, sLSE, sRed, wtid, token,
+                            head_group, batch, split):
+        """``cluster_splits``: consumer warpgroup ``half``'s share of merging the cluster's C partials on chip (see
+        the module docstring); ``acc_O`` is its O half normalized over this split's keys.  Ends with the third
+        cluster barrier (the producer warps take part in all three)."""
+        C = self.cluster_splits
+        rank = split % C                    # = the CTA's rank in its (1, 1, C) cluster
+        part = split // C                   # this cluster's partial in mO / mLSE
+        acc_O_rc = cute.make_tensor(acc_O.iterator, acc_layout_rows_cols(acc_O.layout))
+        tOcO = thr_pv.partition_C(cute.make_identity_tensor((TILE_H, HALF)))
+        tOcO_rc = cute.make_tensor(tOcO.iterator, acc_layout_rows_cols(tOcO.layout))
+        sLSE_peer = [cute.make_tensor(cute.arch.map_dsmem_ptr(sLSE.iterator, p), sLSE.layout)
+                     for p in range(C)]
+        cute.arch.cluster_arrive()                     # [1] every split's row LSEs are in its sLSE
+        cute.arch.cluster_wait()
+        lse_p = cute.make_rmem_tensor(cute.make_layout((C, 1), stride=(1, 1)), Float32)
+        for r in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[0])):
+            m = tOcO_rc[r, 0][0]
+            for p in cutlass.range_constexpr(C):      # (a DSMEM tensor is read by copies, not by indexing)
+                cute.autovec_copy(cute.local_tile(sLSE_peer[p], (1,), (m,)), lse_p[p, None])
+            mx = lse_p[0, 0]
+            for p in cutlass.range_constexpr(1, C):
+                mx = cute.arch.fmax(mx, lse_p[p, 0])
+            weight = Float32(0.0)          # a row no split of the cluster saw: O stays 0, its LSE -inf
+            lse_cluster = -Float32.inf
+            if mx > -Float32.inf:
+                total = Float32(0.0)
+                for p in cutlass.range_constexpr(C):
+                    total += cute.arch.exp2((lse_p[p, 0] - mx) * LOG2_E)   # exp2(-inf) = 0: an empty split adds 0
+                lse_cluster = mx + cute.math.log2(total) * LN_2
+                weight = cute.arch.exp2((sLSE[m] - lse_cluster) * LOG2_E)
+            for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
+                acc_O_rc[r, c] = acc_O_rc[r, c] * weight
+            if const_expr(half == 0):
+                if rank == 0 and wtid % 4 == 0:
+                    mLSE[part, batch, head_group * TILE_H + m, token] = lse_cluster
+        cute.autovec_copy(acc_O, thr_pv.partition_C(cute.local_tile(sRed, (TILE_H, HALF), (0, half))))
+        cute.arch.cluster_arrive()                     # [2] every split's weighted O is in its sRed
+        cute.arch.cluster_wait()
+        # column slice `rank` (512 / C columns × 64 heads) summed over the C peers, 4 floats per thread and step
+        width = HEAD_DIM // C
+        vecs_per_row = width // 4
+        ctid = half * 128 + wtid
+        sRed_peer = [cute.make_tensor(cute.arch.map_dsmem_ptr(sRed.iterator, p), sRed.layout) for p in range(C)]
+        gO = mO[part, batch, token, None, None]                                          # (H, 512)
+        parts = cute.make_rmem_tensor(cute.make_layout((C, 4), stride=(4, 1)), Float32)
+        total4 = cute.make_rmem_tensor((4,), Float32)
+        for step in cutlass.range_constexpr(TILE_H * vecs_per_row // 256):
+            v = step * 256 + ctid
+            row = v // vecs_per_row
+            col4 = rank * vecs_per_row + v % vecs_per_row                             # in 4-float units
+            for p in cutlass.range_constexpr(C):
+                cute.autovec_copy(cute.local_tile(sRed_peer[p][row, None], (4,), (col4,)), parts[p, None])
+            for j in cutlass.range_constexpr(4):
+                total4[j] = parts[0, j]
+                for p in cutlass.range_constexpr(1, C):
+                    total4[j] += parts[p, j]
+            cute.autovec_copy(total4, cute.local_tile(gO[head_group * TILE_H + row, None], (4,), (col4,)))
+        cute.arch.cluster_arrive()                     # [3] no CTA exits while a peer still reads its sRed
+        cute.arch.cluster_wait()
 
     @cute.jit
     def store_half(self, thr_pv, acc_O, mO, split, batch, token, head_group, half):
