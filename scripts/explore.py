@@ -8,7 +8,8 @@ schedule knobs vs FA4: pingpong, 192-row tiles, early O rescale, tile_n; D5 shap
 64-row tiles at two CTAs per SM, the TMA-store epilogue, persistent CTAs, vs FA4 at the D5 shapes; D5WIN_QUICK=1:
 plain vs persistent only), nvfp4dtypes (the quantize pipeline depth per input dtype), d1causal (causal launch order,
 DSV4_D1_DEBUG=lightfirst for the A/B), d5probe (the W128 data path alone: DSV4_D1_DEBUG=nomma), decodeparts (the hd512 decode's split kernel by parts:
-splits, producer alone, QK or PV left out, the combine), decodecluster (cluster sizes × split counts)."""
+splits, producer alone, QK or PV left out, the combine), decodecluster (cluster sizes × split counts), decodepf
+(the default decode with DSV4_L2_PREFETCH tiles of L2 prefetch)."""
 import json
 import os
 import sys
@@ -239,6 +240,15 @@ if "decodecluster" in sections:  # hd512 decode with cluster-reduced partials: C
                       "us": round(t.median_ms * 1e3, 1), "bw_frac": round(bench.gbps(Skv * 1024, t.median_ms) / 4258, 3),
                       "kernels": kernels(f, *inputs[0])})
     dsv4lib.sparse.CLUSTER_SPLITS = 8
+
+if "decodepf" in sections:      # hd512 decode at the default split / cluster choice; run with DSV4_L2_PREFETCH=0,1,2,..
+    for H, Skv in ((64, 65536), (64, 16384), (128, 65536)):
+        inputs = [(rnd(1, 1, H, 512), rnd(1, Skv, 1, 512)) for _ in range(4)]
+        f = lambda q, kv: dsv4lib.attention(q, kv, kv)
+        t = bench.time_cuda(f, inputs, iters=30)
+        show({"decodepf": [H, Skv], "l2_prefetch": os.environ.get("DSV4_L2_PREFETCH", "0"),
+              "us": round(t.median_ms * 1e3, 1), "bw_frac": round(bench.gbps(Skv * 1024, t.median_ms) / 4258, 3),
+              "kernels": kernels(f, *inputs[0])})
 
 if "d6parts" in sections:       # the columns schedule (the one with the skip_mma builds), whatever ships
     dsv4lib.sparse.SCHEDULE = "columns"

@@ -100,6 +100,7 @@ O_IN_SMEM = 6                          # balanced / paired, bf16 out: both halve
 MERGE, MERGE_WG = 7, 8                 # fused merge: both consumer warpgroups' partial stores done; + warpgroup
 MERGE_COLS = 256                       # fused merge: output columns of one chunk (8 fp32 per lane): 64 heads × 2
                                        # chunks = 128 = the consumer warpgroups of 64 splits, one chunk each
+L2_PREFETCH_TILES = int(os.environ.get("DSV4_L2_PREFETCH", "0"))   # dense TMA producer: L2 prefetch depth (tiles)
 RED_PAD = 8                            # cluster_splits: sRed row pad in floats (rows 2080 B: the accumulator's 8 B
                                        # pairs of 8 rows fall in two wavefronts, the minimum for a warp's 256 B)
 MERGE_UNROLL = 8                       # fused merge: partial loads a warp keeps in flight
@@ -150,6 +151,9 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         if cluster_splits > 1 and (not split_kv or schedule != "columns" or fused_merge):
             raise ValueError("cluster_splits reduces the split partials of the columns schedule (split_kv=True, "
                              "schedule='columns', no fused_merge)")
+        # dense keys by TMA: tiles that far past the ones in the stages are prefetched into L2 (cp.async.bulk.prefetch),
+        # more bytes in flight than two 64 KB stages next to the 64 KB Q allow
+        self.l2_prefetch = L2_PREFETCH_TILES
         # C consecutive splits of a query are one cluster and merge their partials through DSMEM (docstring)
         self.cluster_splits = cluster_splits
         self.gather = gather
@@ -510,7 +514,15 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                                            cute.group_modes(gKV, 0, 2))
         self.load_q_tma(tma_atom_Q, mQ, sQ, pipeline_q, token, head_group, batch, tile_lo, tile_hi)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
+        ahead = self.num_stages          # tiles past the ones the stages hold get an L2 prefetch, l2_prefetch deep
+        if const_expr(self.l2_prefetch > 0):
+            for j in cutlass.range_constexpr(self.l2_prefetch):
+                if tile_lo + ahead + j < tile_hi:
+                    cute.prefetch(tma_atom_KV, tKgK[None, tile_lo + ahead + j])
         for tile in cutlass.range(tile_lo, tile_hi, unroll=1):
+            if const_expr(self.l2_prefetch > 0):
+                if tile + ahead + self.l2_prefetch < tile_hi:
+                    cute.prefetch(tma_atom_KV, tKgK[None, tile + ahead + self.l2_prefetch])
             pipeline_kv.producer_acquire(state)
             cute.copy(tma_atom_KV, tKgK[None, tile], tKsK[None, state.index],
                       tma_bar_ptr=pipeline_kv.producer_get_barrier(state))
