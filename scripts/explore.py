@@ -9,7 +9,8 @@ schedule knobs vs FA4: pingpong, 192-row tiles, early O rescale, tile_n; D5 shap
 plain vs persistent only), nvfp4dtypes (the quantize pipeline depth per input dtype), d1causal (causal launch order,
 DSV4_D1_DEBUG=lightfirst for the A/B), d5probe (the W128 data path alone: DSV4_D1_DEBUG=nomma), decodeparts (the hd512 decode's split kernel by parts:
 splits, producer alone, QK or PV left out, the combine), decodecluster (cluster sizes × split counts), decodepf
-(the default decode with DSV4_L2_PREFETCH tiles of L2 prefetch)."""
+(the default decode with DSV4_L2_PREFETCH tiles of L2 prefetch), decodetimes (DSV4_PHASE_TIMES=1: per-CTA phase
+stamps of the split kernel, min / median / max µs)."""
 import json
 import os
 import sys
@@ -249,6 +250,33 @@ if "decodepf" in sections:      # hd512 decode at the default split / cluster ch
         show({"decodepf": [H, Skv], "l2_prefetch": os.environ.get("DSV4_L2_PREFETCH", "0"),
               "us": round(t.median_ms * 1e3, 1), "bw_frac": round(bench.gbps(Skv * 1024, t.median_ms) / 4258, 3),
               "kernels": kernels(f, *inputs[0])})
+
+if "decodetimes" in sections:   # run with DSV4_PHASE_TIMES=1: per-CTA %globaltimer stamps of the hd512 split kernel
+    from dsv4lib.launch import current_stream, placeholder, workspace
+    names = ["start", "q_landed", "tile0_landed", "wg1_loop_end", "wg1_done", "wg2_loop_end", "wg2_done", "producer_done"]
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    for Skv, splits, c in ((65536, 120, 8), (65536, 128, 1), (16384, 120, 8), (16384, 128, 1)):
+        q, kv = rnd(1, 1, 64, 512), rnd(1, Skv, 512)
+        o_part, lse_part = workspace(splits // c, 1, 1, 64, 512, q.device)
+        times = torch.zeros(splits, 8, dtype=torch.int64, device="cuda")
+        dummy = (torch.empty(1, 1, 64, 512, dtype=torch.bfloat16, device="cuda"),
+                 torch.empty(1, 64, 1, device="cuda"), times)
+        args = dsv4lib.sparse.kernel_args(q, kv, placeholder(q.device, "indices"), o_part, lse_part,
+                                          placeholder(q.device, "sink"), 512 ** -0.5, 0, current_stream(q.device),
+                                          merge=dummy)
+        k = dsv4lib.sparse.compiled(False, False, False, False, True, True, args, cluster_splits=c)
+        res = {"decodetimes": [64, Skv, splits, c]}
+        for rep in range(3):
+            flush.view(torch.int64).amax()
+            torch.cuda._sleep(2_000_000)
+            times.zero_()
+            k(*args)
+            torch.cuda.synchronize()
+        t = (times - times[:, 0].min()).double() / 1e3                                 # µs from the first start
+        for j, n in enumerate(names):
+            col = t[:, j]
+            res[n] = [round(col.min().item(), 2), round(col.median().item(), 2), round(col.max().item(), 2)]
+        show(res)
 
 if "d6parts" in sections:       # the columns schedule (the one with the skip_mma builds), whatever ships
     dsv4lib.sparse.SCHEDULE = "columns"

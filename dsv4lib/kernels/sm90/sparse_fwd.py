@@ -165,6 +165,9 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         # spin on the arrivals), "nomerge" (arrive and wait, no merge)
         knobs = set(filter(None, os.environ.get("DSV4_MERGE_DEBUG", "").split(",")))
         self.merge_nowait, self.merge_nomerge = "nowait" in knobs, "nomerge" in knobs
+        # timing knob of the columns schedule (DSV4_PHASE_TIMES=1, never in normal runs): %globaltimer stamps per CTA
+        # into an int64 (CTAs, 8) buffer passed in the fused merge's counter slot — see phase_stamp
+        self.phase_times = os.environ.get("DSV4_PHASE_TIMES") == "1" and not fused_merge and schedule == "columns"
         self.merge_sink = sink and fused_merge
         self.has_sink = sink and not fused_merge
         self.has_lse = has_lse
@@ -223,6 +226,8 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         mIdx, mLSE, mSink = as_global(mIdx, 4), as_global(mLSE, 4), as_global(mSink, 4)
         if const_expr(self.fused_merge):
             mOut, mLSEOut, mSem = as_global(mOut, 16), as_global(mLSEOut, 4), as_global(mSem, 8)
+        elif const_expr(self.phase_times):
+            mOut, mLSEOut, mSem = mO, mLSE, as_global(mSem, 8)   # mSem: the (CTAs, 8) int64 phase stamps
         else:
             mOut, mLSEOut, mSem = mO, mLSE, mLSE          # unused
         mma = lambda a_source, n: sm90_utils.make_trivial_tiled_mma(
@@ -297,6 +302,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             # the combine kernel (programmatic dependent launch) may be scheduled now: its CTAs wait on
             # griddepcontrol.wait for this grid's end, but their launch latency hides behind this kernel
             cute.arch.griddepcontrol_launch_dependents()
+        self.phase_stamp(mSem, 0, tidx == 0)                          # 0: the CTA starts
         storage = cutlass.utils.SmemAllocator().allocate(SharedStorage)
         pipeline_q = None
         one_thread = pipeline.CooperativeGroup(pipeline.Agent.Thread)
@@ -359,6 +365,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             else:
                 self.load(mQ, mKV, mIdx, sQ, sKV, pipeline_kv, tidx, token, head_group, batch, key_lo, n_keys,
                           seqlen_k, tile_lo, tile_hi)
+            self.phase_stamp(mSem, 7, tidx == 0)                      # 7: the producer's last stage released
             if const_expr(self.cluster_splits > 1):
                 for _ in cutlass.range_constexpr(3):        # the consumers' three cluster barriers, every thread
                     cute.arch.cluster_arrive()
@@ -404,14 +411,17 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         elif warp_idx < 8:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.wait_q(pipeline_q, tile_lo, tile_hi)
+            self.phase_stamp(mSem, 1, tidx == 128)                    # 1: Q has landed
             self.scores_and_left_half(tiled_mma_qk, tiled_mma_pv_rs, sQ, sKV, sVt, sP, sRowScale, sRowInv, mIdx,
                                       mO, mLSE, mSink, pipeline_kv, softmax_scale_log2, tidx - 128, token,
                                       head_group, batch, split, key_lo, n_keys, seqlen_k, tile_lo, tile_hi, sLSE,
-                                      sRed)
+                                      sRed, mSem)
+            self.phase_stamp(mSem, 4, tidx == 128)                    # 4: WG1's epilogue is done
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.right_half(tiled_mma_pv_ss, sVt, sP, sRowScale, sRowInv, mO, pipeline_kv, tidx - 256, token,
-                            head_group, batch, split, tile_lo, tile_hi, mLSE, sLSE, sRed)
+                            head_group, batch, split, tile_lo, tile_hi, mLSE, sLSE, sRed, mSem)
+            self.phase_stamp(mSem, 6, tidx == 256)                    # 6: WG2's epilogue is done
         if const_expr(self.fused_merge):
             if warp_idx >= 4:
                 sMerge = storage.sMerge.get_tensor(cute.make_layout((2 * WARPS_PER_CTA, MERGE_COLS),
@@ -657,7 +667,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
     @cute.jit
     def scores_and_left_half(self, tiled_mma_qk, tiled_mma_pv, sQ, sKV, sVt, sP, sRowScale, sRowInv, mIdx, mO,
                              mLSE, mSink, pipeline_kv, softmax_scale_log2, wtid, token, head_group, batch, split,
-                             key_lo, n_keys, seqlen_k, tile_lo, tile_hi, sLSE, sRed):
+                             key_lo, n_keys, seqlen_k, tile_lo, tile_hi, sLSE, sRed, mTimes):
         thr_qk, thr_pv, tSrQ, tSrK, tOrV = self.consumer_operands(tiled_mma_qk, tiled_mma_pv, sQ, sKV, sVt, 0, wtid)
         acc_O, acc_O_rc, tScS_rc, row_max, row_sum, key_ok = self.consumer_registers(thr_qk, thr_pv, TILE_N)
         n_rows = cute.size(tScS_rc, mode=[0])                                 # 2 rows, 16 key columns
@@ -669,6 +679,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             buf = i % 2
             self.key_mask(key_ok, tScS_rc, tile * TILE_N, mIdx, batch, token, n_keys, seqlen_k)
             pipeline_kv.consumer_wait(kv_state)
+            self.phase_stamp(mTimes, 2, wtid == 0 and i == 0)             # 2: the first KV tile has landed
             acc_S = cute.make_rmem_tensor(thr_qk.partition_shape_C((TILE_H, TILE_N)), Float32)
             if const_expr(self.skip_mma == "qk"):
                 acc_S.fill(0.0)
@@ -700,6 +711,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             pipeline_kv.consumer_release(kv_state)
             kv_state.advance()
 
+        self.phase_stamp(mTimes, 3, wtid == 0)                            # 3: WG1's main loop is done
         # epilogue: row sums across the quad, sink, normalizers for WG2, LSE, the left half of O
         for r in cutlass.range_constexpr(n_rows):
             s = row_sum[r]
@@ -731,7 +743,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
 
     @cute.jit
     def right_half(self, tiled_mma_pv, sVt, sP, sRowScale, sRowInv, mO, pipeline_kv, wtid, token, head_group,
-                   batch, split, tile_lo, tile_hi, mLSE, sLSE, sRed):
+                   batch, split, tile_lo, tile_hi, mLSE, sLSE, sRed, mTimes):
         thr_pv = tiled_mma_pv.get_slice(wtid)
         tOrP = thr_pv.make_fragment_A(thr_pv.partition_A(sP))               # (MMA, 1, 4, 2 buffers)
         sVt_right = cute.local_tile(sVt, (HALF, TILE_N, self.num_stages), (1, 0, 0))
@@ -759,6 +771,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                 cute.arch.barrier_arrive(barrier_id=P_EMPTY + buf, number_of_threads=256)
             pipeline_kv.consumer_release(kv_state)
             kv_state.advance()
+        self.phase_stamp(mTimes, 5, wtid == 0)                            # 5: WG2's main loop is done
         cute.arch.barrier(barrier_id=FINAL, number_of_threads=256)
         for r in cutlass.range_constexpr(n_rows):
             inv = sRowInv[tOcO_rc[r, 0][0]]
@@ -1073,6 +1086,16 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, w], False, wait=not leave_in_flight,
                   k_blocks=((1 - w) * k_half, (2 - w) * k_half))
         return key_bits
+
+    @cute.jit
+    def phase_stamp(self, mTimes, k: cutlass.Constexpr, cond):
+        """DSV4_PHASE_TIMES builds only: ``mTimes[cta, k] = %globaltimer`` (ns) where ``cond`` holds; ``cta`` the
+        linear block index (x fastest)."""
+        if const_expr(self.phase_times):
+            if cond:
+                bx, by, bz = cute.arch.block_idx()
+                gx, gy, _ = cute.arch.grid_dim()
+                mTimes[(bz * gy + by) * gx + bx, k] = cute.arch.globaltimer()
 
     @cute.jit
     def cluster_reduce_half(self, half: cutlass.Constexpr, thr_pv, acc_O, mO, mLSE, sLSE, sRed, wtid, token,
