@@ -10,7 +10,8 @@ plain vs persistent only), nvfp4dtypes (the quantize pipeline depth per input dt
 DSV4_D1_DEBUG=lightfirst for the A/B), d5probe (the W128 data path alone: DSV4_D1_DEBUG=nomma), decodeparts (the hd512 decode's split kernel by parts:
 splits, producer alone, QK or PV left out, the combine), decodecluster (cluster sizes × split counts), decodepf
 (the default decode with DSV4_L2_PREFETCH tiles of L2 prefetch), decodetimes (DSV4_PHASE_TIMES=1: per-CTA phase
-stamps of the split kernel, min / median / max µs)."""
+stamps of the split kernel, min / median / max µs), decodestaged (plain partials through shared memory vs clusters;
+DSV4_COMBINE_UNROLL, DSV4_STAGED_PARTIALS)."""
 import json
 import os
 import sys
@@ -277,6 +278,18 @@ if "decodetimes" in sections:   # run with DSV4_PHASE_TIMES=1: per-CTA %globalti
             col = t[:, j]
             res[n] = [round(col.min().item(), 2), round(col.median().item(), 2), round(col.max().item(), 2)]
         show(res)
+
+if "decodestaged" in sections:  # hd512 decode: plain split partials (staged stores) vs clusters; DSV4_COMBINE_UNROLL
+    for H, Skv in ((64, 65536), (64, 16384), (128, 65536)):
+        inputs = [(rnd(1, 1, H, 512), rnd(1, Skv, 1, 512)) for _ in range(4)]
+        for c, splits in ((1, 64 * 64 // H), (1, 128 * 64 // H), (8, None)):
+            dsv4lib.sparse.CLUSTER_SPLITS = c
+            f = lambda q, kv: dsv4lib.attention(q, kv, kv, num_splits=splits)
+            t = bench.time_cuda(f, inputs, iters=30)
+            show({"decodestaged": [H, Skv, c, splits], "unroll": os.environ.get("DSV4_COMBINE_UNROLL", "4"),
+                  "staged": os.environ.get("DSV4_STAGED_PARTIALS", "1"), "us": round(t.median_ms * 1e3, 1),
+                  "bw_frac": round(bench.gbps(Skv * 1024, t.median_ms) / 4258, 3), "kernels": kernels(f, *inputs[0])})
+    dsv4lib.sparse.CLUSTER_SPLITS = 8
 
 if "d6parts" in sections:       # the columns schedule (the one with the skip_mma builds), whatever ships
     dsv4lib.sparse.SCHEDULE = "columns"

@@ -25,6 +25,7 @@ load per split — 0.14 ms for what the copy bandwidth does in ~10 µs.  Now:
 from __future__ import annotations
 
 import math
+import os
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -36,7 +37,7 @@ from .common import launch_stream
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
 WARPS_PER_CTA = 4
-SPLIT_UNROLL = 4
+SPLIT_UNROLL = int(os.environ.get("DSV4_COMBINE_UNROLL", "4"))   # split loads a warp keeps in flight
 LSE_SLOTS = 5            # splits' LSEs a lane keeps in registers: 160 splits (the decode uses at most 132)
 
 

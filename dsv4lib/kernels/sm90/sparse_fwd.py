@@ -97,10 +97,12 @@ P_FULL, P_EMPTY, FINAL = 1, 3, 5
 B_MAX, B_P, B_SUM = 1, 2, 3            # the balanced variant's barriers
 PAIR_MAX, PAIR_P, PAIR_SUM = 1, 3, 5   # the paired variant's: + warpgroup (M0 / M1, S0 / S1), then the row sums
 O_IN_SMEM = 6                          # balanced / paired, bf16 out: both halves of O are in the dead Q buffer
+STAGED = 6                             # columns, split partials through sRed: both consumer warpgroups
 MERGE, MERGE_WG = 7, 8                 # fused merge: both consumer warpgroups' partial stores done; + warpgroup
 MERGE_COLS = 256                       # fused merge: output columns of one chunk (8 fp32 per lane): 64 heads × 2
                                        # chunks = 128 = the consumer warpgroups of 64 splits, one chunk each
 L2_PREFETCH_TILES = int(os.environ.get("DSV4_L2_PREFETCH", "0"))   # dense TMA producer: L2 prefetch depth (tiles)
+STAGED_PARTIALS = os.environ.get("DSV4_STAGED_PARTIALS", "1") == "1"   # see cluster_reduce_half
 RED_PAD = 8                            # cluster_splits: sRed row pad in floats (rows 2080 B: the accumulator's 8 B
                                        # pairs of 8 rows fall in two wavefronts, the minimum for a warp's 256 B)
 MERGE_UNROLL = 8                       # fused merge: partial loads a warp keeps in flight
@@ -154,6 +156,9 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         # dense keys by TMA: tiles that far past the ones in the stages are prefetched into L2 (cp.async.bulk.prefetch),
         # more bytes in flight than two 64 KB stages next to the 64 KB Q allow
         self.l2_prefetch = L2_PREFETCH_TILES
+        # columns, split-KV, no cluster: the fp32 partial leaves through sRed as row-contiguous 16 B stores
+        self.staged_partials = (STAGED_PARTIALS and split_kv and schedule == "columns" and not fused_merge
+                                and cluster_splits == 1)
         # C consecutive splits of a query are one cluster and merge their partials through DSMEM (docstring)
         self.cluster_splits = cluster_splits
         self.gather = gather
@@ -736,7 +741,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
                 acc_O_rc[r, c] = acc_O_rc[r, c] * inv
         cute.arch.barrier_arrive(barrier_id=FINAL, number_of_threads=256)
-        if const_expr(self.cluster_splits > 1):
+        if const_expr(self.cluster_splits > 1 or self.staged_partials):
             self.cluster_reduce_half(0, thr_pv, acc_O, mO, mLSE, sLSE, sRed, wtid, token, head_group, batch, split)
         else:
             self.store_half(thr_pv, acc_O, mO, split, batch, token, head_group, 0)
@@ -777,7 +782,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             inv = sRowInv[tOcO_rc[r, 0][0]]
             for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
                 acc_O_rc[r, c] = acc_O_rc[r, c] * inv
-        if const_expr(self.cluster_splits > 1):
+        if const_expr(self.cluster_splits > 1 or self.staged_partials):
             self.cluster_reduce_half(1, thr_pv, acc_O, mO, mLSE, sLSE, sRed, wtid, token, head_group, batch, split)
         else:
             self.store_half(thr_pv, acc_O, mO, split, batch, token, head_group, 1)
@@ -1100,48 +1105,61 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
     @cute.jit
     def cluster_reduce_half(self, half: cutlass.Constexpr, thr_pv, acc_O, mO, mLSE, sLSE, sRed, wtid, token,
                             head_group, batch, split):
-        """``cluster_splits``: consumer warpgroup ``half``'s share of merging the cluster's C partials on chip (see
-        the module docstring); ``acc_O`` is its O half normalized over this split's keys.  Ends with the third
-        cluster barrier (the producer warps take part in all three)."""
+        """Consumer warpgroup ``half``'s share of writing the split partial through shared memory (``acc_O``: its O
+        half normalized over this split's keys).  ``cluster_splits`` C > 1: merge the cluster's C partials on chip
+        first (module docstring) — cluster barriers, in which the producer warps take part too.  C = 1
+        (``staged_partials``): the two consumer warpgroups meet at named barriers, and the fp32 tile leaves as
+        row-contiguous 16 B stores (a warp writes 512 B of one row pair) instead of the accumulator's scattered
+        8 B pairs (H200 decode, 128 KB a CTA: ~3 µs of store time, DSV4_PHASE_TIMES)."""
         C = self.cluster_splits
         rank = split % C                    # = the CTA's rank in its (1, 1, C) cluster
         part = split // C                   # this cluster's partial in mO / mLSE
         acc_O_rc = cute.make_tensor(acc_O.iterator, acc_layout_rows_cols(acc_O.layout))
         tOcO = thr_pv.partition_C(cute.make_identity_tensor((TILE_H, HALF)))
         tOcO_rc = cute.make_tensor(tOcO.iterator, acc_layout_rows_cols(tOcO.layout))
-        sLSE_peer = [cute.make_tensor(cute.arch.map_dsmem_ptr(sLSE.iterator, p), sLSE.layout)
-                     for p in range(C)]
-        cute.arch.cluster_arrive()                     # [1] every split's row LSEs are in its sLSE
-        cute.arch.cluster_wait()
-        lse_p = cute.make_rmem_tensor(cute.make_layout((C, 1), stride=(1, 1)), Float32)
-        for r in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[0])):
-            m = tOcO_rc[r, 0][0]
-            for p in cutlass.range_constexpr(C):      # (a DSMEM tensor is read by copies, not by indexing)
-                cute.autovec_copy(cute.local_tile(sLSE_peer[p], (1,), (m,)), lse_p[p, None])
-            mx = lse_p[0, 0]
-            for p in cutlass.range_constexpr(1, C):
-                mx = cute.arch.fmax(mx, lse_p[p, 0])
-            weight = Float32(0.0)          # a row no split of the cluster saw: O stays 0, its LSE -inf
-            lse_cluster = -Float32.inf
-            if mx > -Float32.inf:
-                total = Float32(0.0)
-                for p in cutlass.range_constexpr(C):
-                    total += cute.arch.exp2((lse_p[p, 0] - mx) * LOG2_E)   # exp2(-inf) = 0: an empty split adds 0
-                lse_cluster = mx + cute.math.log2(total) * LN_2
-                weight = cute.arch.exp2((sLSE[m] - lse_cluster) * LOG2_E)
-            for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
-                acc_O_rc[r, c] = acc_O_rc[r, c] * weight
-            if const_expr(half == 0):
-                if rank == 0 and wtid % 4 == 0:
-                    mLSE[part, batch, head_group * TILE_H + m, token] = lse_cluster
+        if const_expr(C > 1):
+            sLSE_peer = [cute.make_tensor(cute.arch.map_dsmem_ptr(sLSE.iterator, p), sLSE.layout)
+                         for p in range(C)]
+            cute.arch.cluster_arrive()                 # [1] every split's row LSEs are in its sLSE
+            cute.arch.cluster_wait()
+            lse_p = cute.make_rmem_tensor(cute.make_layout((C, 1), stride=(1, 1)), Float32)
+            for r in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[0])):
+                m = tOcO_rc[r, 0][0]
+                for p in cutlass.range_constexpr(C):  # (a DSMEM tensor is read by copies, not by indexing)
+                    cute.autovec_copy(cute.local_tile(sLSE_peer[p], (1,), (m,)), lse_p[p, None])
+                mx = lse_p[0, 0]
+                for p in cutlass.range_constexpr(1, C):
+                    mx = cute.arch.fmax(mx, lse_p[p, 0])
+                weight = Float32(0.0)      # a row no split of the cluster saw: O stays 0, its LSE -inf
+                lse_cluster = -Float32.inf
+                if mx > -Float32.inf:
+                    total = Float32(0.0)
+                    for p in cutlass.range_constexpr(C):
+                        total += cute.arch.exp2((lse_p[p, 0] - mx) * LOG2_E)   # exp2(-inf) = 0: empty adds 0
+                    lse_cluster = mx + cute.math.log2(total) * LN_2
+                    weight = cute.arch.exp2((sLSE[m] - lse_cluster) * LOG2_E)
+                for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
+                    acc_O_rc[r, c] = acc_O_rc[r, c] * weight
+                if const_expr(half == 0):
+                    if rank == 0 and wtid % 4 == 0:
+                        mLSE[part, batch, head_group * TILE_H + m, token] = lse_cluster
+        else:
+            # WG1 may not overwrite the KV stages before WG2's last PV wgmma has read them
+            cute.arch.barrier(barrier_id=STAGED, number_of_threads=256)
         cute.autovec_copy(acc_O, thr_pv.partition_C(cute.local_tile(sRed, (TILE_H, HALF), (0, half))))
-        cute.arch.cluster_arrive()                     # [2] every split's weighted O is in its sRed
-        cute.arch.cluster_wait()
+        if const_expr(C > 1):
+            cute.arch.cluster_arrive()                 # [2] every split's weighted O is in its sRed
+            cute.arch.cluster_wait()
+        else:
+            cute.arch.barrier(barrier_id=STAGED, number_of_threads=256)
         # column slice `rank` (512 / C columns × 64 heads) summed over the C peers, 4 floats per thread and step
         width = HEAD_DIM // C
         vecs_per_row = width // 4
         ctid = half * 128 + wtid
-        sRed_peer = [cute.make_tensor(cute.arch.map_dsmem_ptr(sRed.iterator, p), sRed.layout) for p in range(C)]
+        sRed_peer = [sRed]
+        if const_expr(C > 1):
+            sRed_peer = [cute.make_tensor(cute.arch.map_dsmem_ptr(sRed.iterator, p), sRed.layout)
+                         for p in range(C)]
         gO = mO[part, batch, token, None, None]                                          # (H, 512)
         parts = cute.make_rmem_tensor(cute.make_layout((C, 4), stride=(4, 1)), Float32)
         total4 = cute.make_rmem_tensor((4,), Float32)
@@ -1156,8 +1174,9 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                 for p in cutlass.range_constexpr(1, C):
                     total4[j] += parts[p, j]
             cute.autovec_copy(total4, cute.local_tile(gO[head_group * TILE_H + row, None], (4,), (col4,)))
-        cute.arch.cluster_arrive()                     # [3] no CTA exits while a peer still reads its sRed
-        cute.arch.cluster_wait()
+        if const_expr(C > 1):
+            cute.arch.cluster_arrive()                 # [3] no CTA exits while a peer still reads its sRed
+            cute.arch.cluster_wait()
 
     @cute.jit
     def store_half(self, thr_pv, acc_O, mO, split, batch, token, head_group, half):
