@@ -282,7 +282,7 @@ if "decodetimes" in sections:   # run with DSV4_PHASE_TIMES=1: per-CTA %globalti
 if "decodestaged" in sections:  # hd512 decode: plain split partials (staged stores) vs clusters; DSV4_COMBINE_UNROLL
     for H, Skv in ((64, 65536), (64, 16384), (128, 65536)):
         inputs = [(rnd(1, 1, H, 512), rnd(1, Skv, 1, 512)) for _ in range(4)]
-        for c, splits in ((1, 64 * 64 // H), (1, 128 * 64 // H), (8, None)):
+        for c, splits in ((1, 64 * 64 // H), (1, 128 * 64 // H), (2, None), (4, None), (8, None)):
             dsv4lib.sparse.CLUSTER_SPLITS = c
             f = lambda q, kv: dsv4lib.attention(q, kv, kv, num_splits=splits)
             t = bench.time_cuda(f, inputs, iters=30)

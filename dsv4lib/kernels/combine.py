@@ -18,9 +18,11 @@ load per split — 0.14 ms for what the copy bandwidth does in ~10 µs.  Now:
   flight), and their sums meet in shared memory;
 * the LSE of the row is reduced lane-parallel (lane l reads splits l, l+32, … and a butterfly finishes), not
   in a serial loop over the splits;
-* launched with programmatic dependent launch (PDL): a split kernel that executes
-  ``griddepcontrol.launch_dependents`` lets this grid be scheduled before it ends, hiding the launch latency;
-  ``griddepcontrol.wait`` at the top keeps every read behind the split kernel's completion.
+* programmatic dependent launch (``PDL``, off): tried to hide the launch behind the hd512 split kernel, which let
+  its dependents go at its start.  It made the combine slower: the split kernel fills every SM it runs on (one
+  CTA, ~all registers), so the early combine CTAs all pile onto the few idle SMs (H200, 128 splits on 132 SMs:
+  64 of the 256 CTAs on 4 SMs) and merge from there — combine 9.6 µs, decode 43 µs end to end, the same as
+  without the cluster work it was meant to help.
 """
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
 WARPS_PER_CTA = 4
 SPLIT_UNROLL = int(os.environ.get("DSV4_COMBINE_UNROLL", "4"))   # split loads a warp keeps in flight
+PDL = os.environ.get("DSV4_COMBINE_PDL") == "1"                  # see the module docstring: off
 LSE_SLOTS = 5            # splits' LSEs a lane keeps in registers: 160 splits (the decode uses at most 132)
 
 
@@ -64,14 +67,14 @@ class LSECombineKernel:
                  stream: cuda.CUstream = None):
         rows = cute.size(mO.shape[0]) * cute.size(mO.shape[1]) * cute.size(mO.shape[2])      # B * Sq * H
         self.kernel(mOp, mLSEp, mO, mLSE, mSink).launch(grid=(rows * self.chunks, 1, 1),
-                                                        block=(32 * WARPS_PER_CTA, 1, 1), use_pdl=True,
+                                                        block=(32 * WARPS_PER_CTA, 1, 1), use_pdl=PDL,
                                                         **launch_stream(stream))
 
     @cute.kernel
     def kernel(self, mOp: cute.Tensor, mLSEp: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor, mSink: cute.Tensor):
-        # launched with programmatic dependent launch: the CTAs may start while the split kernel still runs (it
-        # lets its dependents go early), so they wait here until it has finished and its partials are visible
-        cute.arch.griddepcontrol_wait()
+        if const_expr(PDL):
+            # the CTAs may start while the split kernel still runs: wait for its end and its partials
+            cute.arch.griddepcontrol_wait()
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         row = bidx // self.chunks

@@ -83,6 +83,7 @@ from cutlass import Float32, Int32, const_expr, pipeline
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
+from ..combine import PDL as COMBINE_PDL
 from ..combine import WARPS_PER_CTA, merge_chunk
 from ..common import convert_to_bf16_pairs, launch_stream, load_acquire_gpu, tma_store_tile
 from .flash_fwd import (LN_2, LOG2_E, Sm90AttentionOps, acc_layout_as_operand_a, acc_layout_rows_cols,
@@ -303,9 +304,8 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         tidx, _, _ = cute.arch.thread_idx()
         token, head_group, batch, split, num_splits = self.cta_coords(mO)
 
-        if const_expr(self.split_kv and not self.fused_merge):
-            # the combine kernel (programmatic dependent launch) may be scheduled now: its CTAs wait on
-            # griddepcontrol.wait for this grid's end, but their launch latency hides behind this kernel
+        if const_expr(self.split_kv and not self.fused_merge and COMBINE_PDL):
+            # the combine kernel (programmatic dependent launch, a knob: see kernels.combine) may be scheduled now
             cute.arch.griddepcontrol_launch_dependents()
         self.phase_stamp(mSem, 0, tidx == 0)                          # 0: the CTA starts
         storage = cutlass.utils.SmemAllocator().allocate(SharedStorage)
