@@ -52,7 +52,7 @@ def merge_counters(B: int, Sq: int, groups: int, device) -> torch.Tensor:
 # Cluster-reduced split partials (``SparseAttentionForwardSm90(cluster_splits=C)``): C consecutive splits of a query
 # merge on chip through DSMEM, so only one fp32 partial in C is written and read back by the combine.  Dense keys
 # (the columns schedule) only; C is the largest of CLUSTER_SPLITS, …, 2 that divides the split count.
-CLUSTER_SPLITS = 8
+CLUSTER_SPLITS = 4
 MIN_TILES_PER_CLUSTERED_SPLIT = 2
 _ACTIVE_CLUSTERS: dict[tuple, int] = {}
 

@@ -54,10 +54,11 @@ applies the sink once.
 **Cluster-reduced partials** (``cluster_splits=C > 1``, split-KV, columns schedule): the C consecutive splits of a
 query form a thread-block cluster and merge their partials on chip before anything leaves the SMs.  Each CTA puts
 its rows' LSEs in shared memory; after a cluster barrier every thread reads its rows' C LSEs from the peers
-(``ld.shared::cluster``), weighs its normalized O half by ``e^{lse_own - lse_cluster}`` and writes it, fp32, into
-its own dead Q + KV buffers (``sRed``, rows padded to 520 floats so the accumulator's 8 B pairs land two wavefronts
-per warp); after a second barrier CTA r sums column slice r (``512 / C`` columns × 64 heads) over the C peers'
-``sRed`` and stores it as the cluster's partial; a third barrier keeps every CTA alive until its peers have read
+(``ld.shared::cluster``), weighs its normalized O half by ``e^{lse_own - lse_cluster}`` and writes it, bf16, into
+its own dead Q + KV buffers (``sRed``, rows padded to 520 elements so the accumulator's pairs hit distinct banks);
+after a second barrier CTA r sums column slice r (``512 / C`` columns × 64 heads) in fp32 over the C peers'
+``sRed`` and stores it as the cluster's fp32 partial (bf16 between the CTAs because the SM-to-SM network, not
+the math, is the cost: 7/8 of a 128 KB fp32 tile pulled by every CTA took ~7 µs, DSV4_PHASE_TIMES); a third barrier keeps every CTA alive until its peers have read
 its buffer.  So one partial in C reaches global memory: the fp32 round trip (128 KB a split, written and read back
 by the combine) was most of what the decode lost to the producer-only roof (H200, H64 KV64k, 128 splits: split
 kernel 27.4 µs vs 19.9 producer only, combine 9.5 µs).  The combine then merges ``splits / C`` partials.
@@ -104,8 +105,9 @@ MERGE_COLS = 256                       # fused merge: output columns of one chun
                                        # chunks = 128 = the consumer warpgroups of 64 splits, one chunk each
 L2_PREFETCH_TILES = int(os.environ.get("DSV4_L2_PREFETCH", "0"))   # dense TMA producer: L2 prefetch depth (tiles)
 STAGED_PARTIALS = os.environ.get("DSV4_STAGED_PARTIALS", "1") == "1"   # see cluster_reduce_half
-RED_PAD = 8                            # cluster_splits: sRed row pad in floats (rows 2080 B: the accumulator's 8 B
-                                       # pairs of 8 rows fall in two wavefronts, the minimum for a warp's 256 B)
+RED_PAD = 8                            # sRed row pad in elements.  fp32 rows of 2080 B: the accumulator's 8 B pairs of
+                                       # 8 rows fall in two wavefronts, the minimum for a warp's 256 B; bf16 rows of
+                                       # 1040 B: its 4 B pairs of 8 rows hit 32 different banks
 MERGE_UNROLL = 8                       # fused merge: partial loads a warp keeps in flight
 SCHEDULES = ("columns", "balanced", "paired")
 ROW_GROUPS = 16                        # paired producer: 16 groups of 8 threads, a group copies a 128 B segment
@@ -351,7 +353,9 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         sLSE = storage.sLSE.get_tensor(cute.make_layout(TILE_H))
         # cluster_splits: the weighted fp32 O (64 heads × 512, padded rows) over the dead Q and KV buffers (192 KB,
         # contiguous: sKV follows sQ); written only after the last wgmma / TMA of the CTA retired
-        sRed = cute.make_tensor(cute.recast_ptr(storage.sQ.data_ptr(), dtype=Float32),
+        # (bf16 between the CTAs of a cluster: DSMEM carries half the bytes; see cluster_reduce_half)
+        red_dtype = self.dtype if const_expr(self.cluster_splits > 1) else Float32
+        sRed = cute.make_tensor(cute.recast_ptr(storage.sQ.data_ptr(), dtype=red_dtype),
                                 cute.make_layout((TILE_H, HEAD_DIM), stride=(HEAD_DIM + RED_PAD, 1)))
 
         seqlen_k = mKV.shape[1]
@@ -1146,34 +1150,42 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         else:
             # WG1 may not overwrite the KV stages before WG2's last PV wgmma has read them
             cute.arch.barrier(barrier_id=STAGED, number_of_threads=256)
-        cute.autovec_copy(acc_O, thr_pv.partition_C(cute.local_tile(sRed, (TILE_H, HALF), (0, half))))
+        tOsR = thr_pv.partition_C(cute.local_tile(sRed, (TILE_H, HALF), (0, half)))
+        if const_expr(sRed.element_type == Float32):
+            cute.autovec_copy(acc_O, tOsR)
+        else:
+            rO = cute.make_rmem_tensor_like(acc_O, sRed.element_type)
+            rO.store(acc_O.load().to(sRed.element_type))
+            cute.autovec_copy(rO, tOsR)
         if const_expr(C > 1):
             cute.arch.cluster_arrive()                 # [2] every split's weighted O is in its sRed
             cute.arch.cluster_wait()
         else:
             cute.arch.barrier(barrier_id=STAGED, number_of_threads=256)
-        # column slice `rank` (512 / C columns × 64 heads) summed over the C peers, 4 floats per thread and step
+        # column slice `rank` (512 / C columns × 64 heads) summed in fp32 over the C peers, one 16 B vector (4 fp32
+        # or 8 bf16) per peer, thread and step
+        vec = 128 // sRed.element_type.width
         width = HEAD_DIM // C
-        vecs_per_row = width // 4
+        vecs_per_row = width // vec
         ctid = half * 128 + wtid
         sRed_peer = [sRed]
         if const_expr(C > 1):
             sRed_peer = [cute.make_tensor(cute.arch.map_dsmem_ptr(sRed.iterator, p), sRed.layout)
                          for p in range(C)]
         gO = mO[part, batch, token, None, None]                                          # (H, 512)
-        parts = cute.make_rmem_tensor(cute.make_layout((C, 4), stride=(4, 1)), Float32)
-        total4 = cute.make_rmem_tensor((4,), Float32)
+        parts = cute.make_rmem_tensor(cute.make_layout((C, vec), stride=(vec, 1)), sRed.element_type)
+        total = cute.make_rmem_tensor((vec,), Float32)
         for step in cutlass.range_constexpr(TILE_H * vecs_per_row // 256):
             v = step * 256 + ctid
             row = v // vecs_per_row
-            col4 = rank * vecs_per_row + v % vecs_per_row                             # in 4-float units
+            colv = rank * vecs_per_row + v % vecs_per_row                             # in vector units
             for p in cutlass.range_constexpr(C):
-                cute.autovec_copy(cute.local_tile(sRed_peer[p][row, None], (4,), (col4,)), parts[p, None])
-            for j in cutlass.range_constexpr(4):
-                total4[j] = parts[0, j]
+                cute.autovec_copy(cute.local_tile(sRed_peer[p][row, None], (vec,), (colv,)), parts[p, None])
+            for j in cutlass.range_constexpr(vec):
+                total[j] = Float32(parts[0, j])
                 for p in cutlass.range_constexpr(1, C):
-                    total4[j] += parts[p, j]
-            cute.autovec_copy(total4, cute.local_tile(gO[head_group * TILE_H + row, None], (4,), (col4,)))
+                    total[j] += Float32(parts[p, j])
+            cute.autovec_copy(total, cute.local_tile(gO[head_group * TILE_H + row, None], (vec,), (colv,)))
         if const_expr(C > 1):
             cute.arch.cluster_arrive()                 # [3] no CTA exits while a peer still reads its sRed
             cute.arch.cluster_wait()
