@@ -41,6 +41,7 @@ LN_2 = math.log(2.0)
 WARPS_PER_CTA = 4
 SPLIT_UNROLL = int(os.environ.get("DSV4_COMBINE_UNROLL", "4"))   # split loads a warp keeps in flight
 PDL = os.environ.get("DSV4_COMBINE_PDL") == "1"                  # see the module docstring: off
+PDL_SMEM = 96 << 10      # PDL: shared memory a CTA reserves, so at most two wait on any SM the split kernel left idle
 LSE_SLOTS = 5            # splits' LSEs a lane keeps in registers: 160 splits (the decode uses at most 132)
 
 
@@ -68,6 +69,7 @@ class LSECombineKernel:
         rows = cute.size(mO.shape[0]) * cute.size(mO.shape[1]) * cute.size(mO.shape[2])      # B * Sq * H
         self.kernel(mOp, mLSEp, mO, mLSE, mSink).launch(grid=(rows * self.chunks, 1, 1),
                                                         block=(32 * WARPS_PER_CTA, 1, 1), use_pdl=PDL,
+                                                        **({"smem": PDL_SMEM} if PDL else {}),
                                                         **launch_stream(stream))
 
     @cute.kernel

@@ -306,9 +306,6 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         tidx, _, _ = cute.arch.thread_idx()
         token, head_group, batch, split, num_splits = self.cta_coords(mO)
 
-        if const_expr(self.split_kv and not self.fused_merge and COMBINE_PDL):
-            # the combine kernel (programmatic dependent launch, a knob: see kernels.combine) may be scheduled now
-            cute.arch.griddepcontrol_launch_dependents()
         self.phase_stamp(mSem, 0, tidx == 0)                          # 0: the CTA starts
         storage = cutlass.utils.SmemAllocator().allocate(SharedStorage)
         pipeline_q = None
@@ -721,6 +718,11 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             kv_state.advance()
 
         self.phase_stamp(mTimes, 3, wtid == 0)                            # 3: WG1's main loop is done
+        if const_expr(self.split_kv and COMBINE_PDL):
+            # the combine kernel (programmatic dependent launch, a knob: see kernels.combine) may be scheduled once
+            # every CTA is past its main loop
+            if wtid == 0:
+                cute.arch.griddepcontrol_launch_dependents()
         # epilogue: row sums across the quad, sink, normalizers for WG2, LSE, the left half of O
         for r in cutlass.range_constexpr(n_rows):
             s = row_sum[r]
@@ -746,7 +748,8 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                 acc_O_rc[r, c] = acc_O_rc[r, c] * inv
         cute.arch.barrier_arrive(barrier_id=FINAL, number_of_threads=256)
         if const_expr(self.cluster_splits > 1 or self.staged_partials):
-            self.cluster_reduce_half(0, thr_pv, acc_O, mO, mLSE, sLSE, sRed, wtid, token, head_group, batch, split)
+            self.cluster_reduce_half(0, thr_pv, acc_O, mO, mLSE, sLSE, sRed, wtid, token, head_group, batch, split,
+                                     mTimes)
         else:
             self.store_half(thr_pv, acc_O, mO, split, batch, token, head_group, 0)
 
@@ -787,7 +790,8 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
                 acc_O_rc[r, c] = acc_O_rc[r, c] * inv
         if const_expr(self.cluster_splits > 1 or self.staged_partials):
-            self.cluster_reduce_half(1, thr_pv, acc_O, mO, mLSE, sLSE, sRed, wtid, token, head_group, batch, split)
+            self.cluster_reduce_half(1, thr_pv, acc_O, mO, mLSE, sLSE, sRed, wtid, token, head_group, batch, split,
+                                     mTimes)
         else:
             self.store_half(thr_pv, acc_O, mO, split, batch, token, head_group, 1)
 
@@ -1099,7 +1103,9 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
     @cute.jit
     def phase_stamp(self, mTimes, k: cutlass.Constexpr, cond):
         """DSV4_PHASE_TIMES builds only: ``mTimes[cta, k] = %globaltimer`` (ns) where ``cond`` holds; ``cta`` the
-        linear block index (x fastest)."""
+        linear block index (x fastest).  Stamps: 0 start, 1 Q landed, 2 first tile landed, 3 / 5 WG1 / WG2 main loop
+        done, 4 / 6 their epilogues done, 7 producer done; split partials through sRed: 8 cluster barrier 1, 9 sRed
+        written everywhere, 10 slice stored."""
         if const_expr(self.phase_times):
             if cond:
                 bx, by, bz = cute.arch.block_idx()
@@ -1108,7 +1114,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
 
     @cute.jit
     def cluster_reduce_half(self, half: cutlass.Constexpr, thr_pv, acc_O, mO, mLSE, sLSE, sRed, wtid, token,
-                            head_group, batch, split):
+                            head_group, batch, split, mTimes):
         """Consumer warpgroup ``half``'s share of writing the split partial through shared memory (``acc_O``: its O
         half normalized over this split's keys).  ``cluster_splits`` C > 1: merge the cluster's C partials on chip
         first (module docstring) — cluster barriers, in which the producer warps take part too.  C = 1
@@ -1116,6 +1122,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         row-contiguous 16 B stores (a warp writes 512 B of one row pair) instead of the accumulator's scattered
         8 B pairs (H200 decode, 128 KB a CTA: ~3 µs of store time, DSV4_PHASE_TIMES)."""
         C = self.cluster_splits
+        ctid = half * 128 + wtid
         rank = split % C                    # = the CTA's rank in its (1, 1, C) cluster
         part = split // C                   # this cluster's partial in mO / mLSE
         acc_O_rc = cute.make_tensor(acc_O.iterator, acc_layout_rows_cols(acc_O.layout))
@@ -1126,6 +1133,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                          for p in range(C)]
             cute.arch.cluster_arrive()                 # [1] every split's row LSEs are in its sLSE
             cute.arch.cluster_wait()
+            self.phase_stamp(mTimes, 8, ctid == 0)                        # 8: cluster barrier 1 passed
             lse_p = cute.make_rmem_tensor(cute.make_layout((C, 1), stride=(1, 1)), Float32)
             for r in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[0])):
                 m = tOcO_rc[r, 0][0]
@@ -1162,12 +1170,12 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             cute.arch.cluster_wait()
         else:
             cute.arch.barrier(barrier_id=STAGED, number_of_threads=256)
+        self.phase_stamp(mTimes, 9, ctid == 0)                            # 9: sRed written everywhere
         # column slice `rank` (512 / C columns × 64 heads) summed in fp32 over the C peers, one 16 B vector (4 fp32
         # or 8 bf16) per peer, thread and step
         vec = 128 // sRed.element_type.width
         width = HEAD_DIM // C
         vecs_per_row = width // vec
-        ctid = half * 128 + wtid
         sRed_peer = [sRed]
         if const_expr(C > 1):
             sRed_peer = [cute.make_tensor(cute.arch.map_dsmem_ptr(sRed.iterator, p), sRed.layout)
@@ -1186,6 +1194,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                 for p in cutlass.range_constexpr(1, C):
                     total[j] += Float32(parts[p, j])
             cute.autovec_copy(total, cute.local_tile(gO[head_group * TILE_H + row, None], (vec,), (colv,)))
+        self.phase_stamp(mTimes, 10, ctid == 0)                           # 10: slice summed and stored
         if const_expr(C > 1):
             cute.arch.cluster_arrive()                 # [3] no CTA exits while a peer still reads its sRed
             cute.arch.cluster_wait()
