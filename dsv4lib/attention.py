@@ -220,11 +220,13 @@ def combine_args(o_part, lse_part, out, lse, sink_t, stream=None) -> tuple:
     return args if stream is None else args + (stream,)
 
 
-def combine_partials(o_part, lse_part, out, lse, sink_t, has_sink: bool, tvm_ffi: bool = False) -> None:
+def combine_partials(o_part, lse_part, out, lse, sink_t, has_sink: bool, tvm_ffi: bool = False,
+                     pdl: bool = False) -> None:
     """The LSE combine kernel (D2) on the split workspace: ``o_part (splits, B, Sq, H, D)`` fp32, ``lse_part
     (splits, B, H, Sq)`` → ``out (B, Sq, H, D)`` bf16, ``lse (B, H, Sq)``; the sink once.  The partials are passed
     with static D and compact strides so each lane's columns load as one vector.  ``tvm_ffi``: the build from
-    symbolic types (``kernels.combine.fake_args``), called with the torch tensors (no per-call marking)."""
+    symbolic types (``kernels.combine.fake_args``), called with the torch tensors (no per-call marking).  ``pdl``:
+    launched with programmatic dependent launch behind a split kernel that lets it go early (the hd512 decode)."""
     D = o_part.shape[-1]
     if tvm_ffi:
         key = ("combine-tvm-ffi", D, has_sink)
@@ -237,12 +239,13 @@ def combine_partials(o_part, lse_part, out, lse, sink_t, has_sink: bool, tvm_ffi
         _COMPILED[key](o_part, lse_part, out, lse, sink_t)
         return
     args = combine_args(o_part, lse_part, out, lse, sink_t, current_stream(out.device))
-    key = ("combine", D, has_sink)
+    key = ("combine", D, has_sink, pdl)
     if key not in _COMPILED:
         import cutlass.cute as cute
 
         from .kernels.combine import LSECombineKernel
-        _COMPILED[key] = cute.compile(LSECombineKernel(D, has_sink=has_sink), *args, options="--gpu-arch sm_90a")
+        _COMPILED[key] = cute.compile(LSECombineKernel(D, has_sink=has_sink, pdl=pdl), *args,
+                                      options="--gpu-arch sm_90a")
     _COMPILED[key](*args)
 
 

@@ -51,8 +51,15 @@ def merge_counters(B: int, Sq: int, groups: int, device) -> torch.Tensor:
 
 # Cluster-reduced split partials (``SparseAttentionForwardSm90(cluster_splits=C)``): C consecutive splits of a query
 # merge on chip through DSMEM, so only one fp32 partial in C is written and read back by the combine.  Dense keys
-# (the columns schedule) only; C is the largest of CLUSTER_SPLITS, …, 2 that divides the split count.
+# (the columns schedule) only; C is the largest of CLUSTER_SPLITS, …, 2 that divides the split count.  H200, µs end
+# to end (scripts/explore.py decodestaged, PDL combine), C = 1 at 64 / 128 splits, then C = 2 / 4 / 8 with the
+# heuristic below: H64 KV64k 42.8 / 36.0, 34.3 / 32.9 / 32.8; KV16k 22.9 / 25.8, 22.9 / 21.6 / 20.7; H128 KV64k
+# 48.9 (64), 46.9 / 45.7 / 47.4.  Where the time goes (DSV4_PHASE_TIMES, H64 KV64k, C = 4): the main loop ends at
+# ~18.5 µs (the producer alone streams the same 64 MB in ~19 µs), the on-chip merge takes ~5 µs (1.2 waiting for the
+# cluster's slowest split, 1.5 weights + sRed, 2 pulling the peers' slices: DSMEM moves ~25 GB/s per SM), the
+# combine of 30 partials ~4 µs.
 CLUSTER_SPLITS = 4
+COMBINE_PDL = True       # the combine behind a cluster launch: programmatic dependent launch (kernels.combine)
 MIN_TILES_PER_CLUSTERED_SPLIT = 2
 _ACTIVE_CLUSTERS: dict[tuple, int] = {}
 
@@ -220,7 +227,7 @@ def _run(q4, kv3, idx3, *, gather, causal, window, sink, scale, num_splits):
             o_part, lse_part = workspace(num_splits // cluster, B, Sq, H, HEAD_DIM, device)
             args = kernel_args(q4, kv3, idx, o_part, lse_part, sink_t, scale, window or 0, current_stream(device))
             compiled(gather, causal, window is not None, False, True, True, args, cluster_splits=cluster)(*args)
-            combine_partials(o_part, lse_part, out, lse, sink_t, sink is not None)
+            combine_partials(o_part, lse_part, out, lse, sink_t, sink is not None, pdl=COMBINE_PDL)
         elif fuses_merge(B * Sq * (H // HEADS_PER_CTA) * num_splits, device):
             o_part, lse_part = workspace(num_splits, B, Sq, H, HEAD_DIM, device)
             args = kernel_args(q4, kv3, idx, o_part, lse_part, sink_t, scale, window or 0, current_stream(device),

@@ -111,13 +111,21 @@ if on_gpu:
 # One CTA per (token, 64 heads) — a single CTA for B = 1 — so split-KV is what brings the other SMs in.  The
 # kernel is D6's (`SparseAttentionForwardSm90`, dense key range); bytes = the KV rows read once (K = V: 1 KiB a row).
 #
-# Where the time goes (H200, B1 H64 KV 64k, `scripts/explore.py decode roof`, µs): the whole call 43; the split
-# kernel 32 (66 splits), the combine 7, launch gaps ~4.  The split kernel's *producer alone* (no math) takes 19.5
-# (3.4 TB/s, 0.81 of the 1 GiB copy), so the 80 % bar leaves no room for anything else: it needs the math fully
-# hidden behind the loads (13 µs exposed today), the combine folded into the split kernel (cluster / DSMEM
-# reduction) and no launch gap.  Arithmetic intensity of this shape: 64 heads × 2 MMAs × 2 flop per KV element
-# (2 bytes) = 128 flop/byte, against the H200's ridge of ~190 — memory-bound, but the MMAs at M = 64 need ~55 % of the
-# tensor peak to keep up with 80 % of the bandwidth.
+# **Cluster-reduced partials.**  With 64 heads a split's fp32 partial is 128 KB — as big as two KV tiles — so at one
+# split per SM the partials alone were 16 MB written and read back.  Now C = 4 consecutive splits form a thread-block
+# cluster and merge on chip: each reads its peers' row LSEs through distributed shared memory, weighs its O, leaves
+# it (bf16) in its dead Q / KV buffers, and sums one column slice over the peers (`ld.shared::cluster`); one fp32
+# partial in four reaches global memory, and the combine — launched with programmatic dependent launch, so it is
+# already resident when the split kernel ends — merges 30 instead of 120.
+#
+# Where the time goes (H200, B1 H64 KV 64k, `DSV4_PHASE_TIMES=1 scripts/explore.py decodetimes`, µs from the first
+# CTA's start, medians): Q lands at 1.3, the first KV tile at 3.5 (every SM asks for its two 64 KB stages at once),
+# the main loop ends at 18.5 — the producer alone streams the same 64 MB in ~19, so the math is hidden — then the
+# on-chip merge takes ~5 (1.2 waiting for the cluster's slowest split, 1.5 for the weights and `sRed`, 2 pulling the
+# peers' slices: DSMEM moves ~25 GB/s per SM), and the combine ~4.  The whole call: ~33 µs (0.48 of the copy
+# bandwidth), from 43.  The 80 % bar (~20 µs) is the producer-alone time: it would need the merge and the combine
+# for free.  Arithmetic intensity of this shape: 64 heads × 2 MMAs × 2 flop per KV element (2 bytes) = 128 flop/byte,
+# against the H200's ridge of ~190 — memory-bound, but the MMAs at M = 64 need ~55 % of the tensor peak to keep up.
 
 # %%
 dsv4_rows = []

@@ -334,7 +334,14 @@ def test_cluster_reduced_build_merges_through_dsmem():
     assert plain.count(r"barrier\.cluster") == 0 and plain.count(r"shared::cluster") == 0
     # without a cluster the partial still leaves through shared memory: 32 row-contiguous 16 B stores a thread
     assert plain.count(r"st\.global\.v4\.(b32|f32)") == 2 * 32 and plain.count(r"st\.global\.v2") == 0
-    assert plain.count(r"griddepcontrol") == 0 and plain.count(r"globaltimer") == 0
+    assert plain.count(r"globaltimer") == 0
+    # every split build lets a PDL combine go once its main loop is done; only the pdl combine waits for it
+    assert k.count(r"griddepcontrol\.launch_dependents") == 1 and plain.count(r"griddepcontrol\.launch_dependents") == 1
+    from dsv4lib.kernels.combine import LSECombineKernel, fake_args as combine_fake_args
+    for pdl in (False, True):
+        combine = compile_for_arch(LSECombineKernel(512, has_sink=True, pdl=pdl), *combine_fake_args(512),
+                                   arch="sm_90a")
+        assert combine.count(r"griddepcontrol\.wait") == int(pdl)
     for bad in (dict(split_kv=False, cluster_splits=2), dict(split_kv=True, cluster_splits=3),
                 dict(split_kv=True, cluster_splits=2, schedule="paired"),
                 dict(split_kv=True, cluster_splits=2, gather_only=True)):

@@ -18,11 +18,12 @@ load per split — 0.14 ms for what the copy bandwidth does in ~10 µs.  Now:
   flight), and their sums meet in shared memory;
 * the LSE of the row is reduced lane-parallel (lane l reads splits l, l+32, … and a butterfly finishes), not
   in a serial loop over the splits;
-* programmatic dependent launch (``PDL``, off): tried to hide the launch behind the hd512 split kernel, which let
-  its dependents go at its start.  It made the combine slower: the split kernel fills every SM it runs on (one
-  CTA, ~all registers), so the early combine CTAs all pile onto the few idle SMs (H200, 128 splits on 132 SMs:
-  64 of the 256 CTAs on 4 SMs) and merge from there — combine 9.6 µs, decode 43 µs end to end, the same as
-  without the cluster work it was meant to help.
+* ``pdl=True`` (the hd512 decode): launched with programmatic dependent launch, so its launch hides behind the
+  split kernel, which lets its dependents go once each CTA is past its main loop; ``griddepcontrol.wait`` keeps
+  every read behind the split kernel's end.  Each CTA then reserves ``PDL_SMEM`` of shared memory: the split
+  kernel fills every SM it runs on (one CTA, ~all registers), and without the reservation the early CTAs piled
+  onto the few idle SMs (H200, 128 splits on 132 SMs: 64 of the 256 CTAs on 4 SMs; combine 9.6 µs, decode 43 µs
+  instead of 37).  With it, H200 decode H64 KV64k 34.3 → 32.9 µs, KV16k 23.7 → 21.6 (cluster of 4).
 """
 from __future__ import annotations
 
@@ -40,8 +41,7 @@ LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
 WARPS_PER_CTA = 4
 SPLIT_UNROLL = int(os.environ.get("DSV4_COMBINE_UNROLL", "4"))   # split loads a warp keeps in flight
-PDL = os.environ.get("DSV4_COMBINE_PDL") == "1"                  # see the module docstring: off
-PDL_SMEM = 96 << 10      # PDL: shared memory a CTA reserves, so at most two wait on any SM the split kernel left idle
+PDL_SMEM = 96 << 10      # pdl: shared memory a CTA reserves, so at most two wait on any SM the split kernel left idle
 LSE_SLOTS = 5            # splits' LSEs a lane keeps in registers: 160 splits (the decode uses at most 132)
 
 
@@ -50,7 +50,7 @@ class LSECombineKernel:
     ``O (B, Sq, H, D)`` (bf16) and ``LSE (B, H, Sq)`` fp32; optional ``sink [H]`` fp32 applied once.
     ``cols_per_cta``: columns of one row merged by one CTA (default ``min(D, 128)``: 4 fp32 per lane)."""
 
-    def __init__(self, head_dim: int, *, has_sink: bool, cols_per_cta: int | None = None):
+    def __init__(self, head_dim: int, *, has_sink: bool, cols_per_cta: int | None = None, pdl: bool = False):
         if head_dim % 32:
             raise ValueError(f"head_dim must be a multiple of 32, got {head_dim}")
         cols = min(head_dim, 128) if cols_per_cta is None else cols_per_cta
@@ -58,6 +58,7 @@ class LSECombineKernel:
             raise ValueError(f"cols_per_cta must be a multiple of 32 dividing head_dim {head_dim} and at most 256, "
                              f"got {cols}")
         self.head_dim = head_dim
+        self.pdl = pdl                            # programmatic dependent launch (module docstring)
         self.has_sink = has_sink
         self.cols = cols                          # columns per CTA
         self.vec = cols // 32                     # contiguous fp32 columns per lane (one ≤ 32 B vector)
@@ -68,13 +69,13 @@ class LSECombineKernel:
                  stream: cuda.CUstream = None):
         rows = cute.size(mO.shape[0]) * cute.size(mO.shape[1]) * cute.size(mO.shape[2])      # B * Sq * H
         self.kernel(mOp, mLSEp, mO, mLSE, mSink).launch(grid=(rows * self.chunks, 1, 1),
-                                                        block=(32 * WARPS_PER_CTA, 1, 1), use_pdl=PDL,
-                                                        **({"smem": PDL_SMEM} if PDL else {}),
+                                                        block=(32 * WARPS_PER_CTA, 1, 1), use_pdl=self.pdl,
+                                                        **({"smem": PDL_SMEM} if self.pdl else {}),
                                                         **launch_stream(stream))
 
     @cute.kernel
     def kernel(self, mOp: cute.Tensor, mLSEp: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor, mSink: cute.Tensor):
-        if const_expr(PDL):
+        if const_expr(self.pdl):
             # the CTAs may start while the split kernel still runs: wait for its end and its partials
             cute.arch.griddepcontrol_wait()
         tidx, _, _ = cute.arch.thread_idx()

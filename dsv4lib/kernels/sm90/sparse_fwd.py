@@ -84,7 +84,6 @@ from cutlass import Float32, Int32, const_expr, pipeline
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
-from ..combine import PDL as COMBINE_PDL
 from ..combine import WARPS_PER_CTA, merge_chunk
 from ..common import convert_to_bf16_pairs, launch_stream, load_acquire_gpu, tma_store_tile
 from .flash_fwd import (LN_2, LOG2_E, Sm90AttentionOps, acc_layout_as_operand_a, acc_layout_rows_cols,
@@ -718,9 +717,9 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             kv_state.advance()
 
         self.phase_stamp(mTimes, 3, wtid == 0)                            # 3: WG1's main loop is done
-        if const_expr(self.split_kv and COMBINE_PDL):
-            # the combine kernel (programmatic dependent launch, a knob: see kernels.combine) may be scheduled once
-            # every CTA is past its main loop
+        if const_expr(self.split_kv and not self.fused_merge):
+            # a combine kernel launched with PDL (kernels.combine) may be scheduled once every CTA is past its main
+            # loop (no effect on a dependent launched without it)
             if wtid == 0:
                 cute.arch.griddepcontrol_launch_dependents()
         # epilogue: row sums across the quad, sink, normalizers for WG2, LSE, the left half of O
