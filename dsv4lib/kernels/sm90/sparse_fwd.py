@@ -102,8 +102,14 @@ STAGED = 6                             # columns, split partials through sRed: b
 MERGE, MERGE_WG = 7, 8                 # fused merge: both consumer warpgroups' partial stores done; + warpgroup
 MERGE_COLS = 256                       # fused merge: output columns of one chunk (8 fp32 per lane): 64 heads × 2
                                        # chunks = 128 = the consumer warpgroups of 64 splits, one chunk each
-L2_PREFETCH_TILES = int(os.environ.get("DSV4_L2_PREFETCH", "0"))   # dense TMA producer: L2 prefetch depth (tiles)
-STAGED_PARTIALS = os.environ.get("DSV4_STAGED_PARTIALS", "1") == "1"   # see cluster_reduce_half
+# dense TMA producer: L2 prefetch depth in tiles, off — it made the decode slower (H200, H64 KV64k, split kernel µs:
+# 28.4 without, 34.1 / 33.1 / 32.1 / 32.1 at 1 / 2 / 3 / 5 tiles): the main loop already streams at the rate the
+# producer alone reaches (DSV4_PHASE_TIMES), so more bytes in flight only queue
+L2_PREFETCH_TILES = int(os.environ.get("DSV4_L2_PREFETCH", "0"))
+# see cluster_reduce_half; measured a tie with the accumulator's own 8 B stores (H200 decode, 128 splits: split kernel
+# 27.8 vs 27.5 µs — the 16 MB of partials are bound by the memory system, not by the store pattern); kept as the
+# C = 1 case of the cluster code
+STAGED_PARTIALS = os.environ.get("DSV4_STAGED_PARTIALS", "1") == "1"
 RED_PAD = 8                            # sRed row pad in elements.  fp32 rows of 2080 B: the accumulator's 8 B pairs of
                                        # 8 rows fall in two wavefronts, the minimum for a warp's 256 B; bf16 rows of
                                        # 1040 B: its 4 B pairs of 8 rows hit 32 different banks
