@@ -75,10 +75,17 @@ def active_clusters(cluster: int, device) -> int:
     return _ACTIVE_CLUSTERS[key]
 
 
+def clusters_apply(gather: bool) -> bool:
+    """Whether split launches use clusters at all: the knob, dense keys on the columns schedule, neither the fused
+    merge nor the TVM-FFI path (neither has a cluster build)."""
+    return CLUSTER_SPLITS > 1 and not gather and schedule_for(gather) == "columns" and not FUSED_MERGE \
+        and not USE_TVM_FFI
+
+
 def cluster_for(num_splits: int, gather: bool) -> int:
-    """The cluster size a split launch of ``num_splits`` splits uses: 1 (no cluster) for gathered keys, the fused
-    merge, the TVM-FFI path, or a split count no size in (CLUSTER_SPLITS, …, 2) divides."""
-    if num_splits < 2 or gather or schedule_for(gather) != "columns" or FUSED_MERGE or USE_TVM_FFI:
+    """The cluster size a split launch of ``num_splits`` splits uses: 1 (no cluster) where clusters do not apply
+    or no size in (CLUSTER_SPLITS, …, 2) divides the split count."""
+    if num_splits < 2 or not clusters_apply(gather):
         return 1
     c = CLUSTER_SPLITS
     while c > 1 and num_splits % c:
@@ -251,7 +258,7 @@ MAX_SPLITS = 64
 def _splits(num_splits, batch_ctas, n_keys, device, gather=True):
     check_num_splits(num_splits)
     n_tiles = max(1, -(-n_keys // 64))
-    if num_splits is None and CLUSTER_SPLITS > 1 and cluster_for(CLUSTER_SPLITS, gather) == CLUSTER_SPLITS:
+    if num_splits is None and clusters_apply(gather):
         # clustered partials cost 1/C of the plain ones: fill every cluster slot the GPU has (one CTA per SM),
         # at least MIN_TILES_PER_CLUSTERED_SPLIT tiles a split, a multiple of C splits per query
         c = CLUSTER_SPLITS

@@ -8,7 +8,7 @@ schedule knobs vs FA4: pingpong, 192-row tiles, early O rescale, tile_n; D5 shap
 64-row tiles at two CTAs per SM, the TMA-store epilogue, persistent CTAs, vs FA4 at the D5 shapes; D5WIN_QUICK=1:
 plain vs persistent only), nvfp4dtypes (the quantize pipeline depth per input dtype), d1causal (causal launch order,
 DSV4_D1_DEBUG=lightfirst for the A/B), d5probe (the W128 data path alone: DSV4_D1_DEBUG=nomma), decodeparts (the hd512 decode's split kernel by parts:
-splits, producer alone, QK or PV left out, the combine), decodecluster (cluster sizes × split counts), decodepf
+splits, producer alone, QK or PV left out, the combine), decodepf
 (the default decode with DSV4_L2_PREFETCH tiles of L2 prefetch), decodetimes (DSV4_PHASE_TIMES=1: per-CTA phase
 stamps of the split kernel, min / median / max µs), decodestaged (plain partials through shared memory vs clusters;
 DSV4_COMBINE_UNROLL, DSV4_STAGED_PARTIALS)."""
@@ -228,20 +228,6 @@ if "decodeparts" in sections:   # H64 KV64k hd512 decode: device µs of the spli
                 t = bench.time_cuda(split_only, inputs, iters=20)
                 res["split_" + knob_name(knobs)] = round(t.median_ms * 1e3, 1)
             show(res)
-
-if "decodecluster" in sections:  # hd512 decode with cluster-reduced partials: C (CLUSTER_SPLITS) × splits, µs
-    for H, Skv in ((64, 65536), (64, 16384), (128, 65536)):
-        inputs = [(rnd(1, 1, H, 512), rnd(1, Skv, 1, 512)) for _ in range(4)]
-        for c in (1, 2, 4, 8):
-            dsv4lib.sparse.CLUSTER_SPLITS = c
-            slots = dsv4lib.sparse.active_clusters(c, "cuda") * c // (H // 64)
-            for splits in sorted({None, slots, slots // 2 // c * c or c} if c > 1 else {64, 128}, key=str):
-                f = lambda q, kv: dsv4lib.attention(q, kv, kv, num_splits=splits)
-                t = bench.time_cuda(f, inputs, iters=30)
-                show({"decodecluster": [H, Skv, c, splits], "active_clusters": slots // c,
-                      "us": round(t.median_ms * 1e3, 1), "bw_frac": round(bench.gbps(Skv * 1024, t.median_ms) / 4258, 3),
-                      "kernels": kernels(f, *inputs[0])})
-    dsv4lib.sparse.CLUSTER_SPLITS = 8
 
 if "decodepf" in sections:      # hd512 decode at the default split / cluster choice; run with DSV4_L2_PREFETCH=0,1,2,..
     for H, Skv in ((64, 65536), (64, 16384), (128, 65536)):

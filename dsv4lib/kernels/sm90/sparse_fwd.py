@@ -58,8 +58,8 @@ its rows' LSEs in shared memory; after a cluster barrier every thread reads its 
 its own dead Q + KV buffers (``sRed``, rows padded to 520 elements so the accumulator's pairs hit distinct banks);
 after a second barrier CTA r sums column slice r (``512 / C`` columns × 64 heads) in fp32 over the C peers'
 ``sRed`` and stores it as the cluster's fp32 partial (bf16 between the CTAs because the SM-to-SM network, not
-the math, is the cost: 7/8 of a 128 KB fp32 tile pulled by every CTA took ~7 µs, DSV4_PHASE_TIMES); a third barrier keeps every CTA alive until its peers have read
-its buffer.  So one partial in C reaches global memory: the fp32 round trip (128 KB a split, written and read back
+the math, is the cost: 7/8 of a 128 KB fp32 tile pulled by every CTA took ~7 µs, DSV4_PHASE_TIMES); a third
+barrier keeps every CTA alive until its peers have read its buffer.  So one partial in C reaches global memory: the fp32 round trip (128 KB a split, written and read back
 by the combine) was most of what the decode lost to the producer-only roof (H200, H64 KV64k, 128 splits: split
 kernel 27.4 µs vs 19.9 producer only, combine 9.5 µs).  The combine then merges ``splits / C`` partials.
 
@@ -161,8 +161,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         if cluster_splits > 1 and (not split_kv or schedule != "columns" or fused_merge):
             raise ValueError("cluster_splits reduces the split partials of the columns schedule (split_kv=True, "
                              "schedule='columns', no fused_merge)")
-        # dense keys by TMA: tiles that far past the ones in the stages are prefetched into L2 (cp.async.bulk.prefetch),
-        # more bytes in flight than two 64 KB stages next to the 64 KB Q allow
+        # dense keys by TMA: tiles that far past the ones in the stages are prefetched into L2 (off: L2_PREFETCH_TILES)
         self.l2_prefetch = L2_PREFETCH_TILES
         # columns, split-KV, no cluster: the fp32 partial leaves through sRed as row-contiguous 16 B stores
         self.staged_partials = (STAGED_PARTIALS and split_kv and schedule == "columns" and not fused_merge
@@ -179,7 +178,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         knobs = set(filter(None, os.environ.get("DSV4_MERGE_DEBUG", "").split(",")))
         self.merge_nowait, self.merge_nomerge = "nowait" in knobs, "nomerge" in knobs
         # timing knob of the columns schedule (DSV4_PHASE_TIMES=1, never in normal runs): %globaltimer stamps per CTA
-        # into an int64 (CTAs, 8) buffer passed in the fused merge's counter slot — see phase_stamp
+        # into an int64 (CTAs, >= 11) buffer passed in the fused merge's counter slot — see phase_stamp
         self.phase_times = os.environ.get("DSV4_PHASE_TIMES") == "1" and not fused_merge and schedule == "columns"
         self.merge_sink = sink and fused_merge
         self.has_sink = sink and not fused_merge
@@ -240,7 +239,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         if const_expr(self.fused_merge):
             mOut, mLSEOut, mSem = as_global(mOut, 16), as_global(mLSEOut, 4), as_global(mSem, 8)
         elif const_expr(self.phase_times):
-            mOut, mLSEOut, mSem = mO, mLSE, as_global(mSem, 8)   # mSem: the (CTAs, 8) int64 phase stamps
+            mOut, mLSEOut, mSem = mO, mLSE, as_global(mSem, 8)   # mSem: the (CTAs, >= 11) int64 phase stamps
         else:
             mOut, mLSEOut, mSem = mO, mLSE, mLSE          # unused
         mma = lambda a_source, n: sm90_utils.make_trivial_tiled_mma(
@@ -1125,7 +1124,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         first (module docstring) — cluster barriers, in which the producer warps take part too.  C = 1
         (``staged_partials``): the two consumer warpgroups meet at named barriers, and the fp32 tile leaves as
         row-contiguous 16 B stores (a warp writes 512 B of one row pair) instead of the accumulator's scattered
-        8 B pairs (H200 decode, 128 KB a CTA: ~3 µs of store time, DSV4_PHASE_TIMES)."""
+        8 B pairs — measured a tie (see STAGED_PARTIALS), the same code as the cluster's last step."""
         C = self.cluster_splits
         ctid = half * 128 + wtid
         rank = split % C                    # = the CTA's rank in its (1, 1, C) cluster
