@@ -7,9 +7,9 @@ where the time goes), tvm512 (host time of the hd512 decode step with and withou
 schedule knobs vs FA4: pingpong, 192-row tiles, early O rescale, tile_n; D5 shapes too), d5win (small-window builds:
 64-row tiles at two CTAs per SM, the TMA-store epilogue, persistent CTAs, vs FA4 at the D5 shapes; D5WIN_QUICK=1:
 plain vs persistent only), nvfp4dtypes (the quantize pipeline depth per input dtype), d1causal (causal launch order,
-DSV4_D1_DEBUG=lightfirst for the A/B), d5probe (the W128 data path alone: DSV4_D1_DEBUG=nomma), decodeparts (the hd512 decode's split kernel by parts:
-splits, producer alone, QK or PV left out, the combine), decodepf
-(the default decode with DSV4_L2_PREFETCH tiles of L2 prefetch), decodetimes (DSV4_PHASE_TIMES=1: per-CTA phase
+DSV4_D1_DEBUG=lightfirst for the A/B), d5probe (the W128 data path alone: DSV4_D1_DEBUG=nomma), decodeparts (the
+hd512 decode's split kernel by parts: splits, producer alone, QK or PV left out, the combine), decodepf (the
+default decode with DSV4_L2_PREFETCH tiles of L2 prefetch), decodetimes (DSV4_PHASE_TIMES=1: per-CTA phase
 stamps of the split kernel, min / median / max µs), decodestaged (plain partials through shared memory vs clusters;
 DSV4_COMBINE_UNROLL, DSV4_STAGED_PARTIALS)."""
 import json

@@ -59,9 +59,9 @@ its own dead Q + KV buffers (``sRed``, rows padded to 520 elements so the accumu
 after a second barrier CTA r sums column slice r (``512 / C`` columns × 64 heads) in fp32 over the C peers'
 ``sRed`` and stores it as the cluster's fp32 partial (bf16 between the CTAs because the SM-to-SM network, not
 the math, is the cost: 7/8 of a 128 KB fp32 tile pulled by every CTA took ~7 µs, DSV4_PHASE_TIMES); a third
-barrier keeps every CTA alive until its peers have read its buffer.  So one partial in C reaches global memory: the fp32 round trip (128 KB a split, written and read back
-by the combine) was most of what the decode lost to the producer-only roof (H200, H64 KV64k, 128 splits: split
-kernel 27.4 µs vs 19.9 producer only, combine 9.5 µs).  The combine then merges ``splits / C`` partials.
+barrier keeps every CTA alive until its peers have read its buffer.  So one partial in C reaches global memory:
+the fp32 round trip (128 KB a split, written and read back by the combine) was most of what the decode lost to
+the producer-only roof (H200, H64 KV64k, 128 splits: split kernel 27.4 µs vs 19.9 producer only, combine 9.5 µs).  The combine then merges ``splits / C`` partials.
 
 **Fused merge** (``fused_merge=True``, split-KV only): no combine kernel.  Launched cooperatively (every CTA
 resident at once, or the launch fails — never a hang), each split, once its partial is written, bumps its query's
