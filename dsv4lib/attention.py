@@ -111,8 +111,21 @@ SM90_SMALL_WINDOW_TUNING: dict[int, dict] = {64: {"tile_m": 64, "tile_n": 64, "p
                                              128: {"tile_m": 64, "tile_n": 64, "persistent": True}}
 
 
+# The window ring (``ring=True``: one CTA per SM walks chunks of consecutive 128-row items of one head, each K/V
+# tile read from L2 once per chunk instead of three times; see the kernel's docstring).  It needs the queries on
+# tile boundaries of the keys (Sk - Sq >= 0, a multiple of tile_n) and unpacked heads: ``ring_ok``.
+SM90_RING_TUNING: dict[int, dict] = {128: {"tile_m": 128, "tile_n": 64, "num_stages": 5, "ring": True}}
+RING_GPUS: dict[int, tuple[str, ...]] = {128: ("H200",)}
+
+
+def ring_applies(window, Sq: int, Sk: int, pack: int, tile_n: int = 64) -> bool:
+    """Whether a call may take the window ring: a small window, queries on the keys' tile boundaries, no
+    head packing."""
+    return is_small_window(window) and Sk >= Sq and (Sk - Sq) % tile_n == 0 and pack == 1
+
+
 def sm90_kernel_shape(D: int, overlap: bool, pack: int = 1, nvfp4_out: bool = False,
-                      small_window: bool = False, split_kv: bool = False) -> dict:
+                      small_window: bool = False, split_kv: bool = False, ring_ok: bool = False) -> dict:
     """The tile sizes and schedule knobs of the D1 kernel build for head dim ``D``: defaults, plus
     :data:`SM90_TUNING` for the overlapped mainloop, plus :data:`SM90_SMALL_WINDOW_TUNING` for a window of at most
     :data:`SMALL_WINDOW_MAX` keys (a 64- or 192-row tile falls back to 128 when the GQA pack does not divide it).
@@ -123,6 +136,9 @@ def sm90_kernel_shape(D: int, overlap: bool, pack: int = 1, nvfp4_out: bool = Fa
         shape.update(SM90_TUNING.get(D, {}))
         if small_window:
             shape.update(SM90_SMALL_WINDOW_TUNING.get(D, {}))
+            if ring_ok and pack == 1 and not split_kv and D in SM90_RING_TUNING:
+                shape = {k: v for k, v in shape.items() if k != "persistent"}
+                shape.update(SM90_RING_TUNING[D])
         if shape["tile_m"] % pack:
             shape["tile_m"] = 128
     if split_kv:
@@ -141,6 +157,11 @@ PERSISTENT_GPUS: dict[int, tuple[str, ...]] = {64: ("H100", "H200"), 128: ("H200
 def _with_device_sms(shape: dict, head_dim: int) -> dict:
     """A persistent build only on a GPU of :data:`PERSISTENT_GPUS`, its grid sized by the device's SM count (a CPU
     compile keeps it, with 132 SMs)."""
+    if shape.get("ring") and torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        if any(gpu in props.name for gpu in RING_GPUS.get(head_dim, ())):
+            return dict(shape, num_sms=props.multi_processor_count)
+        shape = sm90_kernel_shape(head_dim, True, small_window=True)     # the small-window build instead
     if shape.get("persistent") and torch.cuda.is_available():
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         if any(gpu in props.name for gpu in PERSISTENT_GPUS.get(head_dim, ())):
@@ -172,11 +193,11 @@ USE_TVM_FFI = os.environ.get("DSV4_TVM_FFI") == "1"
 
 def _compiled_sm90_tvm_ffi(head_dim: int, causal: bool, has_lse: bool, p_path: str, window: bool, sink: bool,
                            split_kv: bool, overlap: bool = False, pack_gqa: int = 1, arch: str = "sm_90a",
-                           small_window: bool = False):
+                           small_window: bool = False, ring_ok: bool = False):
     """The kernel built for the TVM-FFI call path from the symbolic argument types (every extent and stride
     dynamic, unit stride last, 16 B aligned rows — what ``_validate`` guarantees)."""
     shape = _with_device_sms(sm90_kernel_shape(head_dim, overlap, pack_gqa, small_window=small_window,
-                                               split_kv=split_kv), head_dim)
+                                               split_kv=split_kv, ring_ok=ring_ok), head_dim)
     key = ("fwd-tvm-ffi", head_dim, causal, has_lse, p_path, window, sink, split_kv, overlap, pack_gqa, arch,
            tuple(sorted(shape.items())))
     if key not in _COMPILED:
@@ -195,11 +216,11 @@ def _compiled_sm90_tvm_ffi(head_dim: int, causal: bool, has_lse: bool, p_path: s
 
 def _compiled_sm90(head_dim: int, causal: bool, has_lse: bool, p_path: str, window: bool, sink: bool,
                    split_kv: bool, args: tuple, overlap: bool = False, nvfp4_out: bool = False, pack_gqa: int = 1,
-                   small_window: bool = False):
+                   small_window: bool = False, ring_ok: bool = False):
     """Compiled once per (head dim, causal, lse, P path, window?, sink?, split?, …, tile shape), from the call's own
     runtime tensor types (every extent and stride dynamic): later calls of any B / S / H / W reuse it."""
-    shape = _with_device_sms(sm90_kernel_shape(head_dim, overlap, pack_gqa, nvfp4_out, small_window, split_kv),
-                             head_dim)
+    shape = _with_device_sms(sm90_kernel_shape(head_dim, overlap, pack_gqa, nvfp4_out, small_window, split_kv,
+                                               ring_ok), head_dim)
     key = ("fwd", head_dim, causal, has_lse, p_path, window, sink, split_kv, overlap, nvfp4_out, pack_gqa,
            tuple(sorted(shape.items())))
     if key not in _COMPILED:
@@ -298,7 +319,8 @@ def attention_with_p_path(q, k, v, *, scale=None, causal=False, window=None, sin
     from .splitkv import num_splits_heuristic
     pack = _pack_factor(pack_gqa, H, k.shape[2])
     small = is_small_window(window)
-    shape = sm90_kernel_shape(D, overlap, pack, small_window=small)
+    ring_ok = ring_applies(window, Sq, k.shape[1], pack)
+    shape = sm90_kernel_shape(D, overlap, pack, small_window=small, ring_ok=ring_ok)
     tile_m, tile_n = shape["tile_m"], shape["tile_n"]
     n_blocks = -(-k.shape[1] // tile_n)
     if num_splits is None:
@@ -309,7 +331,7 @@ def attention_with_p_path(q, k, v, *, scale=None, causal=False, window=None, sin
     if USE_TVM_FFI and num_splits == 1:
         with torch.cuda.device(q.device):
             _compiled_sm90_tvm_ffi(D, bool(causal), bool(return_lse), p_path, window is not None, sink is not None,
-                                   False, overlap, pack, small_window=small)(
+                                   False, overlap, pack, small_window=small, ring_ok=ring_ok)(
                 q, k, v, out, lse, scale * math.log2(math.e), int(window or 0), sink_t,
                 placeholder(q.device, "scales"), placeholder(q.device, "s_enc"))
         return (out, lse) if return_lse else out
@@ -320,7 +342,7 @@ def attention_with_p_path(q, k, v, *, scale=None, causal=False, window=None, sin
             args = (to_cute(q, 3), to_cute(k, 3), to_cute(v, 3), to_cute(out, 3), to_cute(lse, 2), *common,
                     to_cute(sink_t, 0), *unused, current_stream(q.device))
             _compiled_sm90(D, bool(causal), bool(return_lse), p_path, window is not None, sink is not None,
-                           False, args, overlap, pack_gqa=pack, small_window=small)(*args)
+                           False, args, overlap, pack_gqa=pack, small_window=small, ring_ok=ring_ok)(*args)
         else:
             o_part, lse_part = workspace(num_splits, B, Sq, H, D, q.device)
             args = (to_cute(q, 3), to_cute(k, 3), to_cute(v, 3), to_cute(o_part, 4), to_cute(lse_part, 3),

@@ -363,10 +363,13 @@ if "d5win" in sections:
                      {"tile_m": 64, "tile_n": 64}, {"tile_m": 64, "tile_n": 128}, {"tile_m": 64, "tile_n": 64, "num_stages": 3}],
                 256: [{"tma_store_o": False}, {}]}
     A.PERSISTENT_GPUS = {64: ("",), 128: ("",)}      # persistent variants are measured on every GPU
-    quick = os.environ.get("D5WIN_QUICK") == "1"     # only the 64 × 64 small-window builds: plain vs persistent
+    A.RING_GPUS = {64: ("",), 128: ("",)}            # and so are window-ring variants
+    ring = {d: dict(v) for d, v in A.SM90_RING_TUNING.items()}
+    quick = os.environ.get("D5WIN_QUICK") == "1"     # only the small-window builds: plain, persistent, window ring
     if quick:
         variants = {d: [{"tile_m": 64, "tile_n": 64}, {"tile_m": 64, "tile_n": 64, "persistent": True},
-                        {"tile_m": 128, "tile_n": 64, "persistent": True}] for d in (64, 128)}
+                        {"tile_m": 128, "tile_n": 64, "ring": True, "num_stages": 5},
+                        {"tile_m": 128, "tile_n": 64, "ring": True, "num_stages": 4}] for d in (64, 128)}
     only = os.environ.get("D5WIN_DIMS") or ("128,64" if quick else None)
     for D in [int(x) for x in only.split(",")] if only else (128, 64, 256):
         sink = torch.randn(16, device="cuda", dtype=torch.float32)
@@ -380,7 +383,10 @@ if "d5win" in sections:
                                                                     learnable_sink=sink), inputs, iters=20)
                 row["FA4"] = [round(bench.tflops(flops, t.median_ms)), round(t.median_ms * 1e3, 1)]
             for var in variants[D] if W <= A.SMALL_WINDOW_MAX else [{"tma_store_o": False}, {}]:
-                if W <= A.SMALL_WINDOW_MAX and D in small:
+                A.SM90_RING_TUNING.pop(D, None)
+                if var.get("ring"):
+                    A.SM90_RING_TUNING[D] = dict(var)
+                elif W <= A.SMALL_WINDOW_MAX and D in small:
                     A.SM90_SMALL_WINDOW_TUNING[D] = dict(var)
                 else:
                     A.SM90_TUNING[D] = {**tuned[D], **var}
@@ -396,6 +402,7 @@ if "d5win" in sections:
                 except Exception as exc:  # noqa: BLE001 - a variant that fails is reported, the sweep goes on
                     row[knob_name(var)] = f"{type(exc).__name__}: {str(exc)[:100]}"
                 A.SM90_SMALL_WINDOW_TUNING.clear(); A.SM90_SMALL_WINDOW_TUNING.update({d: dict(v) for d, v in small.items()})
+                A.SM90_RING_TUNING.clear(); A.SM90_RING_TUNING.update({d: dict(v) for d, v in ring.items()})
                 A.SM90_TUNING[D] = dict(tuned[D])
             show(row)
     # D1 headline shape: the epilogue through registers / TMA store, and persistent CTAs

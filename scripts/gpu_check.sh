@@ -15,6 +15,7 @@ declare -A groups=(
   [layer]="test_dsv4_layer"
   [streams]="test_streams"
   [persistent]="persistent"
+  [ring]="window_ring"
 )
 order=(${@:-d1 window split branch overlap nvfp4 sparse layer streams persistent})
 limit=${GROUP_TIMEOUT:-150}

@@ -238,6 +238,61 @@ def test_persistent_ctas_match_the_reference(monkeypatch, B, Sq, Sk, H, Hkv, D, 
 
 
 @pytest.mark.compile
+def test_window_ring_build_streams_each_tile_once():
+    """The window ring: one CTA per SM (two Q stages + a 5-stage K/V ring fill 225 KB), shared only where the ring
+    applies (small window, queries on the keys' tile boundaries, unpacked heads, no split), its O store waited
+    for once per item plus once at the end, no local memory; builds it cannot serve are refused."""
+    from dsv4lib.attention import ring_applies, sm90_kernel_shape
+    from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
+    shape = sm90_kernel_shape(128, True, small_window=True, ring_ok=True)
+    assert shape["ring"] and shape["tile_m"] == 128 and shape["tile_n"] == 64 and "persistent" not in shape
+    assert "ring" not in sm90_kernel_shape(128, True, small_window=True, ring_ok=True, split_kv=True)
+    assert "ring" not in sm90_kernel_shape(128, True, small_window=True)
+    assert "ring" not in sm90_kernel_shape(128, True, pack=2, small_window=True, ring_ok=True)
+    assert ring_applies(128, 1000, 1000, 1) and ring_applies(128, 1000, 1128, 1)
+    assert not ring_applies(128, 1000, 1100, 1) and not ring_applies(128, 1000, 900, 1)
+    assert not ring_applies(129, 1000, 1000, 1) and not ring_applies(128, 1000, 1000, 2)
+    assert not ring_applies(None, 1000, 1000, 1)
+    kernel = FlashAttentionForwardSm90(128, causal=False, has_lse=True, window=True, sink=True, overlap=True, **shape)
+    assert kernel.smem_bytes() + 1024 <= kernel.SMEM_PER_SM
+    k = compile_for_arch(kernel, *fake_attention_args(128), arch="sm_90a")
+    assert k.count(r"\.minnctapersm\s+1") == 1 and k.count(r"\.local") == 0
+    assert k.count(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;") == 1
+    assert k.count(r"cp\.async\.bulk\.wait_group\.read\s+0") == 2
+    for bad in (dict(window=False), dict(tile_m=64), dict(pack_gqa=2), dict(num_stages=3), dict(persistent=True)):
+        with pytest.raises(ValueError, match="ring"):
+            FlashAttentionForwardSm90(128, causal=False, has_lse=True, overlap=True,
+                                      **{**shape, "window": True, **bad})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,Sq,Sk,H,Hkv,window", [
+    (2, 1000, 1000, 4, 4, 128),      # DSV4's window, a ragged last item (its second half past the end)
+    (1, 2048, 2176, 2, 2, 100),      # keys 128 ahead of the queries, a window crossing tiles
+    (1, 777, 777, 2, 2, 1),          # window 1: each half skips the other's tiles (handed back unused)
+    (1, 1500, 1500, 4, 2, 64),       # GQA, heads not packed
+    (4, 1024, 1024, 64, 64, 128),    # 256 heads: CTAs walk two chunks each, the ring runs on across chunks
+])
+def test_window_ring_matches_the_reference(monkeypatch, B, Sq, Sk, H, Hkv, window):
+    import sys
+    attention_module = sys.modules["dsv4lib.attention"]
+    monkeypatch.setattr(attention_module, "RING_GPUS", {128: ("",)})    # every GPU: the build is what is tested
+    shape = attention_module._with_device_sms(
+        attention_module.sm90_kernel_shape(128, True, small_window=True,
+                                           ring_ok=attention_module.ring_applies(window, Sq, Sk, 1)), 128)
+    assert shape.get("ring")
+    gen = torch.Generator().manual_seed(Sq + Sk + window)
+    q, k, v = _inputs(B, Sq, Sk, H, Hkv, 128, gen)
+    sink = torch.randn(H, generator=gen).cuda()
+    out, lse = attention_module.attention_with_p_path(q, k, v, window=window, sink=sink, return_lse=True,
+                                                      num_splits=1, pack_gqa=False)
+    ref, ref_lse = reference.attention(q.double(), k.double(), v.double(), window=window, sink=sink.double(),
+                                       return_lse=True)
+    _assert_matches(out, lse, ref, ref_lse, empty_rows_exact=True)
+
+
+@pytest.mark.compile
 def test_small_tile_is_refused_where_it_cannot_fit():
     from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90
     with pytest.raises(ValueError, match="head_dim 256"):

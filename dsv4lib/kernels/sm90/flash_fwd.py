@@ -49,6 +49,16 @@ the other's MMAs.
 walk the query blocks; two Q stages and a separate O buffer let the producer load the next block while the
 consumers finish this one, and the O store of a block is waited for only when the next block needs the buffer.
 
+**Window ring** (``ring=True``, small windows): each CTA (one per SM, two consumer warpgroups, 128-row items
+of 64-row halves) walks a *chunk* of consecutive items of one head, and the producer streams that head's K/V tiles
+once, in key order, into a ring of ``num_stages`` stages.  A 64-row half of W = 128 needs its own tile and the two
+before it, so two of every three tiles are already in shared memory from the previous half: each tile is read from
+L2 once per chunk instead of three times.  A warpgroup visits its tiles in ascending order and hands a tile back as
+soon as its *next* half no longer needs it; the stage and phase of a tile follow from its position in the chunk's
+stream (``ring_state``).  O is staged in the item's own Q stage and leaves by one TMA store whose read is waited
+for only at the next item, which then hands the Q stage back to the producer (Q is double-buffered, so the next
+item's Q was loaded while this one computed).
+
 KV tiles are visited from the last to the first, so the tiles that need masking (the ragged end of the
 keys, the causal diagonal) come first.  The running row max is kept in raw-score units and the softmax
 scale is applied inside ``exp2`` (the seed's double-scaling trap); O is rescaled by
@@ -202,7 +212,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                  num_stages: int = 2, p_in_smem: bool = False, window: bool = False, sink: bool = False,
                  split_kv: bool = False, overlap: bool = False, nvfp4_out: bool = False, pack_gqa: int = 1,
                  tile_m: int = 128, wg_pingpong: bool = False, rescale_o_early: bool = False,
-                 tma_store_o: bool = True, persistent: bool = False, num_sms: int = 132):
+                 tma_store_o: bool = True, persistent: bool = False, num_sms: int = 132, ring: bool = False):
         if tile_m not in (64, 128, 192):
             raise ValueError(f"tile_m must be 64 (1 consumer warpgroup, two CTAs per SM), 128 (2) or 192 (3), "
                              f"got {tile_m}")
@@ -260,8 +270,20 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             raise ValueError("persistent CTAs are built for the overlapped RS mainloop with the bf16 TMA-store "
                              "epilogue (no split-KV, NVFP4, SMEM-P or ping-pong)")
         self.persistent = persistent
+        # Window ring (``ring``): one CTA per SM walks chunks of consecutive 128-row items of one head, K/V tiles
+        # streamed once per chunk into a ring the two halves of an item share (module docstring).  Only for a
+        # window whose 64-row halves need at most 3 tiles of 64 keys and whose queries sit on tile boundaries
+        # (keys − queries a multiple of tile_n): the host (``dsv4lib.attention``) checks that; more tiles per half
+        # than stages would stall the ring.
+        if ring and not (window and overlap and self.tma_store_o and tile_m == 128 and pack_gqa == 1
+                         and not (p_in_smem or wg_pingpong or persistent)):
+            raise ValueError("the window ring is built for a sliding window, the overlapped RS mainloop and the bf16 "
+                             "TMA-store epilogue, 128-row items, unpacked heads (not persistent, SMEM-P or ping-pong)")
+        if ring and num_stages < 4:
+            raise ValueError(f"the window ring holds up to 4 K/V tiles per item: num_stages >= 4, got {num_stages}")
+        self.ring = ring
         self.num_sms = num_sms
-        self.q_stages = 2 if persistent else 1
+        self.q_stages = 2 if (persistent or ring) else 1
         self.dtype = cutlass.BFloat16
         if self.ctas_per_sm * (self.smem_bytes() + 1024) > self.SMEM_PER_SM:
             raise ValueError(f"{self.smem_bytes()} B of shared memory per CTA: {self.ctas_per_sm} CTAs do not fit an "
@@ -331,7 +353,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.MN, Float32,
             (self.tile_m // 64, 1, 1), (64, self.head_dim),
             a_source=warpgroup.OperandSource.SMEM if self.p_in_smem else warpgroup.OperandSource.RMEM)
-        sQ_layout = self._smem_layout(self.tile_m, self.q_stages if const_expr(self.persistent) else None)
+        sQ_layout = self._smem_layout(self.tile_m, self.q_stages if const_expr(self.q_stages > 1) else None)
         sO_layout = self._smem_layout(self.tile_m, None)                 # O's tile (its own buffer when persistent)
         sK_layout = self._smem_layout(self.tile_n, self.num_stages)
         sV_layout = self._smem_layout(self.tile_n, self.num_stages)
@@ -367,6 +389,8 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         grid = (cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m), cute.size(mQ.shape[2]), batch_and_splits)
         if const_expr(self.persistent):
             grid = (persistent_grid(self.work_items(mQ), self.num_sms * self.ctas_per_sm), 1, 1)
+        if const_expr(self.ring):
+            grid = (persistent_grid(self.ring_chunking(mQ)[2], self.num_sms), 1, 1)
         self.kernel(tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, tma_atom_O, mO, mLSE, softmax_scale_log2,
                     window_size, mSink, mOutScales, mSenc,
                     sQ_layout, sK_layout, sV_layout, sP_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage).launch(
@@ -408,7 +432,9 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         tile_bytes_kv = self.tile_n * self.head_dim * self.dtype.width // 8
         pipeline_q = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.mbar_Q.data_ptr(), num_stages=self.q_stages, producer_group=one_thread,
-            consumer_group=consumer_warps, tx_count=tile_bytes_q, defer_sync=True)
+            # the ring hands a Q stage back from the one thread that waited for the O store reading it
+            consumer_group=one_thread if const_expr(self.ring) else consumer_warps, tx_count=tile_bytes_q,
+            defer_sync=True)
         pipeline_k = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.mbar_K.data_ptr(), num_stages=self.num_stages, producer_group=one_thread,
             consumer_group=consumer_warps, tx_count=tile_bytes_kv, defer_sync=True)
@@ -448,12 +474,21 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             if const_expr(not self.debug_noreg):
                 cute.arch.setmaxregister_decrease(self.PRODUCER_REGS)
             if warp_idx == 0:
-                if const_expr(self.persistent):
+                if const_expr(self.ring):
+                    self.load_ring(tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV, pipeline_q, pipeline_k,
+                                   pipeline_v, seqlen_q, seqlen_k, window_size)
+                elif const_expr(self.persistent):
                     self.load_persistent(tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV, pipeline_q,
                                          pipeline_k, pipeline_v, seqlen_q, seqlen_k, window_size)
                 else:
                     self.load(tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV, pipeline_q, pipeline_k,
                               pipeline_v, m_block, head, head_kv, batch, n_block_min, n_block_max)
+        elif const_expr(self.ring):
+            if const_expr(not self.debug_noreg):
+                cute.arch.setmaxregister_increase(self.CONSUMER_REGS)
+            self.consume_ring(tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, tma_atom_O, mO, mLSE, mQ, pipeline_q,
+                              pipeline_k, pipeline_v, softmax_scale_log2, window_size, mSink, tidx - 128, seqlen_q,
+                              seqlen_k, rows_q)
         elif const_expr(self.persistent):
             if const_expr(not self.debug_noreg):
                 cute.arch.setmaxregister_increase(self.CONSUMER_REGS)
@@ -563,17 +598,214 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
     def block_range(self, m_block, seqlen_q, seqlen_k, window_size):
         """The KV tiles ``[n_block_min, n_block_max)`` query block ``m_block`` visits: all of them, or those the
         causal diagonal / the window leaves visible (tiles wholly outside are skipped, not masked)."""
+        return self.rows_key_tiles(m_block * self.tile_m, (m_block + 1) * self.tile_m - 1, seqlen_q, seqlen_k,
+                                   window_size)
+
+    @cute.jit
+    def rows_key_tiles(self, first_row, last_row, seqlen_q, seqlen_k, window_size):
+        """The KV tiles the M rows ``first_row..last_row`` visit (``block_range`` of a block, or of a ring half)."""
         n_block_max = cute.ceil_div(seqlen_k, self.tile_n)
         n_block_min = Int32(0)
         if const_expr(self.has_window):
-            # the first key the first row of this block may see: t - W + 1 (tiles left of it are skipped)
-            first_key = self.token(m_block * self.tile_m) + seqlen_k - seqlen_q - window_size + 1
+            # the first key the first row may see: t - W + 1 (tiles left of it are skipped)
+            first_key = self.token(first_row) + seqlen_k - seqlen_q - window_size + 1
             n_block_min = cutlass.max(first_key, 0) // self.tile_n
         if const_expr(self.causal or self.has_window):
-            # the last key the last row of this block may see (queries aligned to the end of the keys)
-            last_key = self.token((m_block + 1) * self.tile_m - 1) + seqlen_k - seqlen_q
+            # the last key the last row may see (queries aligned to the end of the keys)
+            last_key = self.token(last_row) + seqlen_k - seqlen_q
             n_block_max = cutlass.min(n_block_max, cutlass.max(last_key // self.tile_n + 1, 0))
         return n_block_min, n_block_max
+
+    # ------------------------------------------------------------------ the window ring (ring=True)
+    @cute.jit
+    def ring_chunking(self, mQ):
+        """How the ring splits the work: (chunks per (head, batch), items per chunk, chunks).  Every head gets the
+        same number of chunks, as many as leave one CTA per SM for each (B2 H16 on 132 SMs: 4 chunks of 32
+        items); a chunk pays its first tiles once (2 of 64 extra at W = 128, S = 16k)."""
+        m_items = cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m)
+        heads = cute.size(mQ.shape[2]) * cute.size(mQ.shape[3])
+        per_head = cutlass.max(cutlass.min(Int32(self.num_sms) // heads, m_items), 1)
+        chunk_items = (m_items + per_head - 1) // per_head
+        per_head = (m_items + chunk_items - 1) // chunk_items
+        return per_head, chunk_items, heads * per_head
+
+    @cute.jit
+    def ring_chunk(self, chunk, per_head, chunk_items, mQ):
+        """Chunk → (head, batch, first item, end item)."""
+        m_items = cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m)
+        head_lin = chunk // per_head
+        item_lo = (chunk % per_head) * chunk_items
+        n_heads = cute.size(mQ.shape[2])
+        return head_lin % n_heads, head_lin // n_heads, item_lo, cutlass.min(item_lo + chunk_items, m_items)
+
+    @cute.jit
+    def half_tiles(self, half, seqlen_q, seqlen_k, window_size):
+        """The KV tiles of 64-row half ``half`` (item ``half // 2``, consumer warpgroup ``half % 2``)."""
+        return self.rows_key_tiles(half * 64, half * 64 + 63, seqlen_q, seqlen_k, window_size)
+
+    def ring_state(self, position):
+        """The consumer's pipeline state of the ring's ``position``-th tile (counted over this CTA's whole life):
+        stage ``position mod stages``, phase = parity of the laps."""
+        return pipeline.PipelineState(self.num_stages, position, position % self.num_stages,
+                                      (position // self.num_stages) % 2)
+
+    @cute.jit
+    def release_ring_tiles(self, pipeline_k, pipeline_v, ring_base, n_from, n_to):
+        """Hand back tiles ``[n_from, n_to)`` this warpgroup never computes on (the other half's, with windows of
+        at most 64 keys): wait for each first, so a release never runs ahead of the load it belongs to."""
+        for n in cutlass.range(n_from, n_to, unroll=1):
+            st = self.ring_state(ring_base + n)
+            pipeline_k.consumer_wait(st)
+            pipeline_k.consumer_release(st)
+            pipeline_v.consumer_wait(st)
+            pipeline_v.consumer_release(st)
+
+    @cute.jit
+    def load_ring(self, tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV, pipeline_q, pipeline_k,
+                  pipeline_v, seqlen_q, seqlen_k, window_size):
+        """Producer of the ring: per chunk, per item, its Q into the next Q stage, then the K/V tiles the item's
+        second half reaches that are not loaded yet — each tile of the chunk once, in key order."""
+        bidx, _, _ = cute.arch.block_idx()
+        gdim, _, _ = cute.arch.grid_dim()
+        per_head, chunk_items, num_chunks = self.ring_chunking(mQ)
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.q_stages)
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
+        for chunk in cutlass.range(bidx, num_chunks, gdim, unroll=1):
+            head, batch, item_lo, item_hi = self.ring_chunk(chunk, per_head, chunk_items, mQ)
+            head_kv = self.kv_head(head, mQ, mK)
+            gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, self.head_dim), (None, 0))  # (M, D, items)
+            gK = cute.local_tile(mK[None, None, head_kv, batch], (self.tile_n, self.head_dim), (None, 0))  # (N, D, n)
+            gV = cute.local_tile(mV[None, None, head_kv, batch], (self.tile_n, self.head_dim), (None, 0))
+            tQsQ, tQgQ = cpasync.tma_partition(tma_atom_Q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
+                                               cute.group_modes(gQ, 0, 2))       # (TMA, Q stages), (TMA, items)
+            tKsK, tKgK = cpasync.tma_partition(tma_atom_K, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
+                                               cute.group_modes(gK, 0, 2))       # (TMA, stages), (TMA, n)
+            tVsV, tVgV = cpasync.tma_partition(tma_atom_V, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
+                                               cute.group_modes(gV, 0, 2))
+            next_tile = self.half_tiles(2 * item_lo, seqlen_q, seqlen_k, window_size)[0]
+            for item in cutlass.range(item_lo, item_hi, unroll=1):
+                pipeline_q.producer_acquire(q_state)
+                cute.copy(tma_atom_Q, tQgQ[None, item], tQsQ[None, q_state.index],
+                          tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
+                q_state.advance()
+                item_end = self.half_tiles(2 * item + 1, seqlen_q, seqlen_k, window_size)[1]
+                for n in cutlass.range(next_tile, item_end, unroll=1):
+                    pipeline_k.producer_acquire(kv_state)
+                    cute.copy(tma_atom_K, tKgK[None, n], tKsK[None, kv_state.index],
+                              tma_bar_ptr=pipeline_k.producer_get_barrier(kv_state))
+                    pipeline_v.producer_acquire(kv_state)
+                    cute.copy(tma_atom_V, tVgV[None, n], tVsV[None, kv_state.index],
+                              tma_bar_ptr=pipeline_v.producer_get_barrier(kv_state))
+                    kv_state.advance()
+                next_tile = cutlass.max(next_tile, item_end)
+        pipeline_q.producer_tail(q_state)
+        pipeline_k.producer_tail(kv_state.clone())
+        pipeline_v.producer_tail(kv_state.clone())
+
+    @cute.jit
+    def consume_ring(self, tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, tma_atom_O, mO, mLSE, mQ, pipeline_q, pipeline_k,
+                     pipeline_v, softmax_scale_log2, window_size, mSink, ctidx, seqlen_q, seqlen_k, rows_q):
+        """Consumers of the ring: warpgroup w computes half ``2·item + w`` of every item of the chunk over its
+        tiles in ascending order, handing back each tile its next half does not need; both halves' O go into
+        the item's Q stage and leave by one TMA store; the store's read is waited for at the next item, which
+        then returns the Q stage to the producer."""
+        bidx, _, _ = cute.arch.block_idx()
+        gdim, _, _ = cute.arch.grid_dim()
+        (thr_qk, thr_pv, tSrQ, tSrK, tOrVt, acc_O, acc_O_rc, tScS_rc, row_max,
+         row_sum) = self.consumer_fragments(tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, ctidx)
+        tOcO = thr_pv.partition_C(cute.make_identity_tensor((self.tile_m, self.head_dim)))
+        tOcO_rc = cute.make_tensor(tOcO.iterator, acc_layout_rows_cols(tOcO.layout))
+        causal_shift = seqlen_k - seqlen_q
+        wg = ctidx // 128
+        per_head, chunk_items, num_chunks = self.ring_chunking(mQ)
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.q_stages)
+        pending_q = q_state.clone()          # the Q stage whose O store is in flight (valid once has_pending)
+        has_pending = Int32(0)
+        tiles_before = Int32(0)              # tiles this CTA streamed for its earlier chunks
+        for chunk in cutlass.range(bidx, num_chunks, gdim, unroll=1):
+            head, batch, item_lo, item_hi = self.ring_chunk(chunk, per_head, chunk_items, mQ)
+            chunk_lo = self.half_tiles(2 * item_lo, seqlen_q, seqlen_k, window_size)[0]
+            chunk_hi = self.half_tiles(2 * item_hi - 1, seqlen_q, seqlen_k, window_size)[1]
+            ring_base = tiles_before - chunk_lo             # tile n of this chunk is the ring's (ring_base + n)-th
+            released = chunk_lo                             # tiles below were handed back by this warpgroup
+            for item in cutlass.range(item_lo, item_hi, unroll=1):
+                half = 2 * item + wg
+                n_lo, n_hi = self.half_tiles(half, seqlen_q, seqlen_k, window_size)
+                n_keep = chunk_hi                           # tiles from n_keep on: this warpgroup's next half uses them
+                if item + 1 < item_hi:
+                    n_keep = self.half_tiles(half + 2, seqlen_q, seqlen_k, window_size)[0]
+                self.release_ring_tiles(pipeline_k, pipeline_v, ring_base, released, n_lo)
+                acc_O.fill(0.0)
+                row_max.fill(-Float32.inf)
+                row_sum.fill(0.0)
+                pipeline_q.consumer_wait(q_state)
+                if has_pending != 0:                        # the previous item's O store has read its Q stage
+                    if ctidx < 32:
+                        cute.arch.cp_async_bulk_wait_group(0, read=True)
+                        pipeline_q.consumer_release(pending_q)
+                self.mainloop_ring(tiled_mma_qk, tiled_mma_pv, tSrQ[None, None, None, q_state.index], tSrK, tOrVt,
+                                   acc_O, acc_O_rc, tScS_rc, row_max, row_sum, pipeline_k, pipeline_v,
+                                   softmax_scale_log2, window_size, item, seqlen_k, causal_shift, n_lo, n_hi, n_keep,
+                                   ring_base)
+                self.release_ring_tiles(pipeline_k, pipeline_v, ring_base, cutlass.max(n_hi, released), n_keep)
+                released = n_keep
+                self.finish_rows(acc_O_rc, tOcO_rc, row_max, row_sum, mSink, mLSE, softmax_scale_log2, item, head,
+                                 batch, Int32(0), rows_q)
+                gO = cute.local_tile(mO[None, None, head, batch], (self.tile_m, self.head_dim), (item, 0))
+                self.store_o_tma(acc_O, tiled_mma_pv, sQ[None, None, q_state.index], tma_atom_O, gO, ctidx,
+                                 deferred=True)
+                pending_q = q_state.clone()
+                has_pending = Int32(1)
+                q_state.advance()
+            tiles_before = tiles_before + chunk_hi - chunk_lo
+        if ctidx < 32:
+            cute.arch.cp_async_bulk_wait_group(0, read=True)                # sQ must outlive the last store's reads
+
+    @cute.jit
+    def mainloop_ring(self, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_O, acc_O_rc, tScS_rc, row_max, row_sum,
+                      pipeline_k, pipeline_v, softmax_scale_log2, window_size, m_block, seqlen_k, causal_shift, n_lo,
+                      n_hi, n_keep, ring_base):
+        """The overlapped mainloop (QK(j+1) ∥ PV(j)) over ring tiles ``[n_lo, n_hi)`` in ascending order: the oldest
+        tile first, so its stage goes back to the producer (when ``n < n_keep``) right after its QK / PV.  The
+        window's edge tile comes first and may leave a row without a visible key (its max stays -inf;
+        ``online_softmax`` keeps such a row at zero)."""
+        thr_qk = tiled_mma_qk.get_slice(0)
+        acc_S = cute.make_rmem_tensor(thr_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
+        acc_S_rc = cute.make_tensor(acc_S.iterator, acc_layout_rows_cols(acc_S.layout))
+        tOrP_view = cute.make_tensor(acc_S.iterator, acc_layout_as_operand_a(acc_S.layout))
+        tOrP = cute.make_rmem_tensor_like(tOrP_view, self.dtype)              # P of the tile in flight
+        corrections = cute.make_rmem_tensor((cute.size(row_max),), Float32)
+        if n_hi > n_lo:
+            k_st = self.ring_state(ring_base + n_lo)
+            pipeline_k.consumer_wait(k_st)
+            self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, k_st.index], True)
+            if n_lo < n_keep:
+                pipeline_k.consumer_release(k_st)
+            self.mask_scores(acc_S_rc, tScS_rc, n_lo, m_block, seqlen_k, causal_shift, window_size)
+            self.online_softmax(acc_S_rc, row_max, row_sum, softmax_scale_log2, acc_O_rc, corrections, True)
+            convert_to_bf16_pairs(tOrP_view, tOrP)
+            for n in cutlass.range(n_lo + 1, n_hi, unroll=1):
+                k_st = self.ring_state(ring_base + n)
+                v_st = self.ring_state(ring_base + n - 1)
+                pipeline_k.consumer_wait(k_st)
+                self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, k_st.index], True, False)
+                pipeline_v.consumer_wait(v_st)
+                self.gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, v_st.index], False, False)
+                warpgroup.wait_group(1)                                      # S of tile n is ready
+                if n < n_keep:
+                    pipeline_k.consumer_release(k_st)
+                self.mask_scores(acc_S_rc, tScS_rc, n, m_block, seqlen_k, causal_shift, window_size)
+                self.online_softmax(acc_S_rc, row_max, row_sum, softmax_scale_log2, acc_O_rc, corrections, False)
+                warpgroup.wait_group(0)                                      # PV done: O and P are ours again
+                if n - 1 < n_keep:
+                    pipeline_v.consumer_release(v_st)
+                self.rescale_rows(acc_O_rc, corrections)
+                convert_to_bf16_pairs(tOrP_view, tOrP)
+            v_st = self.ring_state(ring_base + n_hi - 1)
+            pipeline_v.consumer_wait(v_st)                                   # the last tile's PV
+            self.gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, v_st.index], False)
+            if n_hi - 1 < n_keep:
+                pipeline_v.consumer_release(v_st)
 
     @cute.jit
     def load(self, tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV, pipeline_q, pipeline_k,
@@ -748,12 +980,14 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                         mScales[row, sw, head, batch] = Int32(scale_words[sw])
 
     @cute.jit
-    def store_o_tma(self, acc_O, tiled_mma_pv, sO, tma_atom_O, gO, ctidx, reuse: cutlass.Constexpr = False):
+    def store_o_tma(self, acc_O, tiled_mma_pv, sO, tma_atom_O, gO, ctidx, reuse: cutlass.Constexpr = False,
+                    deferred: cutlass.Constexpr = False):
         """bf16 O → shared memory by stmatrix, then one TMA store of the whole tile.  The buffer is Q's: each
         warpgroup writes only the 64 rows its own QK wgmmas read, all of them retired, so no barrier is needed
         before the writes; rows past the end of the sequence are clipped by the TMA unit.  ``reuse`` (persistent
         CTAs, O's own buffer): first wait until the previous block's store has read the buffer, and leave this
-        store in flight (the next block, or the end of the CTA, waits for it)."""
+        store in flight (the next block, or the end of the CTA, waits for it).  ``deferred`` (the ring: O in the
+        item's Q stage): neither wait — the caller waits for the read before handing the stage back."""
         if const_expr(reuse):
             if ctidx < 32:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
@@ -766,7 +1000,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         cute.arch.fence_proxy("async.shared", space="cta")                 # generic-proxy writes → TMA reads
         cute.arch.barrier(barrier_id=self.EPILOGUE_BARRIER, number_of_threads=128 * self.consumer_warpgroups)
         if ctidx < 32:
-            tma_store_tile(tma_atom_O, sO, gO, wait=not reuse)
+            tma_store_tile(tma_atom_O, sO, gO, wait=not (reuse or deferred))
 
     @cute.jit
     def finish_rows(self, acc_O_rc, tOcO_rc, row_max, row_sum, mSink, mLSE, softmax_scale_log2, m_block, head, batch,
