@@ -760,6 +760,8 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             tiles_before = tiles_before + chunk_hi - chunk_lo
         if ctidx < 32:
             cute.arch.cp_async_bulk_wait_group(0, read=True)                # sQ must outlive the last store's reads
+            if has_pending != 0:
+                pipeline_q.consumer_release(pending_q)                      # the producer's tail waits for it
 
     @cute.jit
     def mainloop_ring(self, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_O, acc_O_rc, tScS_rc, row_max, row_sum,
