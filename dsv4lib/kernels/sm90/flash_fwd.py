@@ -55,9 +55,11 @@ once, in key order, into a ring of ``num_stages`` stages.  A 64-row half of W = 
 before it, so two of every three tiles are already in shared memory from the previous half: each tile is read from
 L2 once per chunk instead of three times.  A warpgroup visits its tiles in ascending order and hands a tile back as
 soon as its *next* half no longer needs it; the stage and phase of a tile follow from its position in the chunk's
-stream (``ring_state``).  O is staged in the item's own Q stage and leaves by one TMA store whose read is waited
-for only at the next item, which then hands the Q stage back to the producer (Q is double-buffered, so the next
-item's Q was loaded while this one computed).
+stream (``ring_state``).  O is staged in the item's own Q stage; a *storer* warp (an idle producer warp) takes it
+from there: it waits on a named barrier the consumers only arrive at, issues the TMA store, waits for its read and
+hands the Q stage back to the producer.  No consumer ever waits for a store (waiting in a consumer warp stalled its
+warpgroup's next wgmma by the store's drain time, ~1 µs an item on the H200).  Q is double-buffered, so the next
+item's Q was loaded while this one computed.
 
 KV tiles are visited from the last to the first, so the tiles that need masking (the ragged end of the
 keys, the causal diagonal) come first.  The running row max is kept in raw-score units and the softmax
@@ -207,6 +209,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
     REGS_BY_CONSUMER_WARPGROUPS = {1: (24, 232), 2: (24, 240), 3: (32, 160)}
     SCHEDULER_BARRIER_BASE = 4           # named barriers 4.. order the consumer warpgroups' MMA issue (1..3: SMEM-P)
     EPILOGUE_BARRIER = 7                 # every consumer thread has put its O rows in shared memory
+    RING_STORE_BARRIERS = 1              # the ring: named barriers 1, 2 (by Q stage; SMEM-P's ids, unused there)
 
     def __init__(self, head_dim: int, *, causal: bool, has_lse: bool, tile_n: int | None = None,
                  num_stages: int = 2, p_in_smem: bool = False, window: bool = False, sink: bool = False,
@@ -432,7 +435,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         tile_bytes_kv = self.tile_n * self.head_dim * self.dtype.width // 8
         pipeline_q = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.mbar_Q.data_ptr(), num_stages=self.q_stages, producer_group=one_thread,
-            # the ring hands a Q stage back from the one thread that waited for the O store reading it
+            # the ring hands a Q stage back from its storer warp, once the O store has read it
             consumer_group=one_thread if const_expr(self.ring) else consumer_warps, tx_count=tile_bytes_q,
             defer_sync=True)
         pipeline_k = pipeline.PipelineTmaAsync.create(
@@ -473,6 +476,9 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         if warp_idx < 4:
             if const_expr(not self.debug_noreg):
                 cute.arch.setmaxregister_decrease(self.PRODUCER_REGS)
+            if const_expr(self.ring):
+                if warp_idx == 1:
+                    self.store_ring(tma_atom_O, mO, mQ, sQ, pipeline_q)
             if warp_idx == 0:
                 if const_expr(self.ring):
                     self.load_ring(tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV, pipeline_q, pipeline_k,
@@ -486,7 +492,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         elif const_expr(self.ring):
             if const_expr(not self.debug_noreg):
                 cute.arch.setmaxregister_increase(self.CONSUMER_REGS)
-            self.consume_ring(tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, tma_atom_O, mO, mLSE, mQ, pipeline_q,
+            self.consume_ring(tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, mLSE, mQ, pipeline_q,
                               pipeline_k, pipeline_v, softmax_scale_log2, window_size, mSink, tidx - 128, seqlen_q,
                               seqlen_k, rows_q)
         elif const_expr(self.persistent):
@@ -703,12 +709,11 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         pipeline_v.producer_tail(kv_state.clone())
 
     @cute.jit
-    def consume_ring(self, tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, tma_atom_O, mO, mLSE, mQ, pipeline_q, pipeline_k,
+    def consume_ring(self, tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, mLSE, mQ, pipeline_q, pipeline_k,
                      pipeline_v, softmax_scale_log2, window_size, mSink, ctidx, seqlen_q, seqlen_k, rows_q):
         """Consumers of the ring: warpgroup w computes half ``2·item + w`` of every item of the chunk over its
         tiles in ascending order, handing back each tile its next half does not need; both halves' O go into
-        the item's Q stage and leave by one TMA store; the store's read is waited for at the next item, which
-        then returns the Q stage to the producer."""
+        the item's Q stage, for the storer warp (``store_ring``) to take out."""
         bidx, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
         (thr_qk, thr_pv, tSrQ, tSrK, tOrVt, acc_O, acc_O_rc, tScS_rc, row_max,
@@ -719,8 +724,6 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         wg = ctidx // 128
         per_head, chunk_items, num_chunks = self.ring_chunking(mQ)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.q_stages)
-        pending_q = q_state.clone()          # the Q stage whose O store is in flight (valid once has_pending)
-        has_pending = Int32(0)
         tiles_before = Int32(0)              # tiles this CTA streamed for its earlier chunks
         for chunk in cutlass.range(bidx, num_chunks, gdim, unroll=1):
             head, batch, item_lo, item_hi = self.ring_chunk(chunk, per_head, chunk_items, mQ)
@@ -739,10 +742,6 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                 row_max.fill(-Float32.inf)
                 row_sum.fill(0.0)
                 pipeline_q.consumer_wait(q_state)
-                if has_pending != 0:                        # the previous item's O store has read its Q stage
-                    if ctidx < 32:
-                        cute.arch.cp_async_bulk_wait_group(0, read=True)
-                        pipeline_q.consumer_release(pending_q)
                 self.mainloop_ring(tiled_mma_qk, tiled_mma_pv, tSrQ[None, None, None, q_state.index], tSrK, tOrVt,
                                    acc_O, acc_O_rc, tScS_rc, row_max, row_sum, pipeline_k, pipeline_v,
                                    softmax_scale_log2, window_size, item, seqlen_k, causal_shift, n_lo, n_hi, n_keep,
@@ -751,17 +750,38 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                 released = n_keep
                 self.finish_rows(acc_O_rc, tOcO_rc, row_max, row_sum, mSink, mLSE, softmax_scale_log2, item, head,
                                  batch, Int32(0), rows_q)
-                gO = cute.local_tile(mO[None, None, head, batch], (self.tile_m, self.head_dim), (item, 0))
-                self.store_o_tma(acc_O, tiled_mma_pv, sQ[None, None, q_state.index], tma_atom_O, gO, ctidx,
-                                 deferred=True)
-                pending_q = q_state.clone()
-                has_pending = Int32(1)
+                # O → this item's Q stage (each warpgroup's own 64 rows, its QKs all retired), then tell the storer
+                rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
+                rO.store(acc_O.load().to(self.dtype))
+                stmatrix = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4),
+                                               self.dtype)
+                thr_copy_O = cute.make_tiled_copy_C(stmatrix, tiled_mma_pv).get_slice(ctidx)
+                cute.copy(stmatrix, thr_copy_O.retile(rO), thr_copy_O.partition_D(sQ[None, None, q_state.index]))
+                cute.arch.fence_proxy("async.shared", space="cta")         # generic-proxy writes → TMA reads
+                cute.arch.barrier_arrive(barrier_id=self.RING_STORE_BARRIERS + q_state.index,
+                                         number_of_threads=128 * self.consumer_warpgroups + 32)
                 q_state.advance()
             tiles_before = tiles_before + chunk_hi - chunk_lo
-        if ctidx < 32:
-            cute.arch.cp_async_bulk_wait_group(0, read=True)                # sQ must outlive the last store's reads
-            if has_pending != 0:
-                pipeline_q.consumer_release(pending_q)                      # the producer's tail waits for it
+
+    @cute.jit
+    def store_ring(self, tma_atom_O, mO, mQ, sQ, pipeline_q):
+        """The ring's storer warp: per item, wait until both consumer warpgroups have put O in the item's Q stage
+        (named barrier of that stage: the consumers only arrive, they never wait here), TMA-store it, wait for the
+        store to read the stage and hand it back to the producer.  The barrier of a stage is not reused before the
+        storer has passed it: the consumers' next arrival there needs the Q that this hand-back lets in."""
+        bidx, _, _ = cute.arch.block_idx()
+        gdim, _, _ = cute.arch.grid_dim()
+        per_head, chunk_items, num_chunks = self.ring_chunking(mQ)
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.q_stages)
+        for chunk in cutlass.range(bidx, num_chunks, gdim, unroll=1):
+            head, batch, item_lo, item_hi = self.ring_chunk(chunk, per_head, chunk_items, mQ)
+            for item in cutlass.range(item_lo, item_hi, unroll=1):
+                cute.arch.barrier(barrier_id=self.RING_STORE_BARRIERS + q_state.index,
+                                  number_of_threads=128 * self.consumer_warpgroups + 32)
+                gO = cute.local_tile(mO[None, None, head, batch], (self.tile_m, self.head_dim), (item, 0))
+                tma_store_tile(tma_atom_O, sQ[None, None, q_state.index], gO, wait=True)
+                pipeline_q.consumer_release(q_state)
+                q_state.advance()
 
     @cute.jit
     def mainloop_ring(self, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_O, acc_O_rc, tScS_rc, row_max, row_sum,
@@ -982,14 +1002,12 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                         mScales[row, sw, head, batch] = Int32(scale_words[sw])
 
     @cute.jit
-    def store_o_tma(self, acc_O, tiled_mma_pv, sO, tma_atom_O, gO, ctidx, reuse: cutlass.Constexpr = False,
-                    deferred: cutlass.Constexpr = False):
+    def store_o_tma(self, acc_O, tiled_mma_pv, sO, tma_atom_O, gO, ctidx, reuse: cutlass.Constexpr = False):
         """bf16 O → shared memory by stmatrix, then one TMA store of the whole tile.  The buffer is Q's: each
         warpgroup writes only the 64 rows its own QK wgmmas read, all of them retired, so no barrier is needed
         before the writes; rows past the end of the sequence are clipped by the TMA unit.  ``reuse`` (persistent
         CTAs, O's own buffer): first wait until the previous block's store has read the buffer, and leave this
-        store in flight (the next block, or the end of the CTA, waits for it).  ``deferred`` (the ring: O in the
-        item's Q stage): neither wait — the caller waits for the read before handing the stage back."""
+        store in flight (the next block, or the end of the CTA, waits for it)."""
         if const_expr(reuse):
             if ctidx < 32:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
@@ -1002,7 +1020,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         cute.arch.fence_proxy("async.shared", space="cta")                 # generic-proxy writes → TMA reads
         cute.arch.barrier(barrier_id=self.EPILOGUE_BARRIER, number_of_threads=128 * self.consumer_warpgroups)
         if ctidx < 32:
-            tma_store_tile(tma_atom_O, sO, gO, wait=not (reuse or deferred))
+            tma_store_tile(tma_atom_O, sO, gO, wait=not reuse)
 
     @cute.jit
     def finish_rows(self, acc_O_rc, tOcO_rc, row_max, row_sum, mSink, mLSE, softmax_scale_log2, m_block, head, batch,
