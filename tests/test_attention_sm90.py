@@ -262,7 +262,8 @@ def test_window_ring_build_streams_each_tile_once():
     assert k.count(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;") == 1
     assert k.count(r"cp\.async\.bulk\.wait_group\.read\s+0") == 1
     assert k.count(r"\bbar\.arrive\s") == 1 and k.count(r"\bbar\.sync\s") == 2     # + the storer's wait
-    for bad in (dict(window=False), dict(tile_m=64), dict(pack_gqa=2), dict(num_stages=3), dict(persistent=True)):
+    for bad in (dict(window=False), dict(tile_m=64, num_stages=2), dict(pack_gqa=2), dict(num_stages=3),
+                dict(persistent=True)):
         with pytest.raises(ValueError, match="ring"):
             FlashAttentionForwardSm90(128, causal=False, has_lse=True, overlap=True,
                                       **{**shape, "window": True, **bad})
@@ -276,10 +277,14 @@ def test_window_ring_build_streams_each_tile_once():
     (1, 1500, 1500, 4, 2, 64),       # GQA, heads not packed
     (4, 1024, 1024, 64, 64, 128),    # 256 heads: CTAs walk two chunks each, the ring runs on across chunks
 ])
-def test_window_ring_matches_the_reference(monkeypatch, B, Sq, Sk, H, Hkv, window):
+@pytest.mark.parametrize("ring_shape", [dict(tile_m=128, num_stages=5), dict(tile_m=64, num_stages=3)])
+def test_window_ring_matches_the_reference(monkeypatch, B, Sq, Sk, H, Hkv, window, ring_shape):
+    """Both ring builds: 128-row items (two warpgroups, one CTA per SM) and 64-row items (two CTAs per SM)."""
     import sys
     attention_module = sys.modules["dsv4lib.attention"]
     monkeypatch.setattr(attention_module, "RING_GPUS", {128: ("",)})    # every GPU: the build is what is tested
+    monkeypatch.setitem(attention_module.SM90_RING_TUNING, 128,
+                        {**attention_module.SM90_RING_TUNING[128], **ring_shape})
     shape = attention_module._with_device_sms(
         attention_module.sm90_kernel_shape(128, True, small_window=True,
                                            ring_ok=attention_module.ring_applies(window, Sq, Sk, 1)), 128)

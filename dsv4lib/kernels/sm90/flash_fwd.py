@@ -278,15 +278,18 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         # window whose 64-row halves need at most 3 tiles of 64 keys and whose queries sit on tile boundaries
         # (keys − queries a multiple of tile_n): the host (``dsv4lib.attention``) checks that; more tiles per half
         # than stages would stall the ring.
-        if ring and not (window and overlap and self.tma_store_o and tile_m == 128 and pack_gqa == 1
+        if ring and not (window and overlap and self.tma_store_o and pack_gqa == 1
                          and not (p_in_smem or wg_pingpong or persistent)):
             raise ValueError("the window ring is built for a sliding window, the overlapped RS mainloop and the bf16 "
-                             "TMA-store epilogue, 128-row items, unpacked heads (not persistent, SMEM-P or ping-pong)")
-        if ring and num_stages < 4:
-            raise ValueError(f"the window ring holds up to 4 K/V tiles per item: num_stages >= 4, got {num_stages}")
+                             "TMA-store epilogue, unpacked heads (not persistent, SMEM-P or ping-pong)")
+        if ring and num_stages < 2 + tile_m // 64:
+            raise ValueError(f"the window ring holds up to {2 + tile_m // 64} K/V tiles of a {tile_m}-row item: "
+                             f"num_stages >= {2 + tile_m // 64}, got {num_stages}")
         self.ring = ring
         self.num_sms = num_sms
-        self.q_stages = 2 if (persistent or ring) else 1
+        # Q stages: two when persistent, or for a 128-row ring item (the next item's Q loads while this one
+        # computes); a 64-row ring item (two CTAs per SM) has room for one: the other CTA computes while it loads
+        self.q_stages = 2 if (persistent or (ring and tile_m == 128)) else 1
         self.dtype = cutlass.BFloat16
         if self.ctas_per_sm * (self.smem_bytes() + 1024) > self.SMEM_PER_SM:
             raise ValueError(f"{self.smem_bytes()} B of shared memory per CTA: {self.ctas_per_sm} CTAs do not fit an "
@@ -356,7 +359,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.MN, Float32,
             (self.tile_m // 64, 1, 1), (64, self.head_dim),
             a_source=warpgroup.OperandSource.SMEM if self.p_in_smem else warpgroup.OperandSource.RMEM)
-        sQ_layout = self._smem_layout(self.tile_m, self.q_stages if const_expr(self.q_stages > 1) else None)
+        sQ_layout = self._smem_layout(self.tile_m, self.q_stages if const_expr(self.q_stages > 1 or self.ring) else None)
         sO_layout = self._smem_layout(self.tile_m, None)                 # O's tile (its own buffer when persistent)
         sK_layout = self._smem_layout(self.tile_n, self.num_stages)
         sV_layout = self._smem_layout(self.tile_n, self.num_stages)
@@ -393,7 +396,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         if const_expr(self.persistent):
             grid = (persistent_grid(self.work_items(mQ), self.num_sms * self.ctas_per_sm), 1, 1)
         if const_expr(self.ring):
-            grid = (persistent_grid(self.ring_chunking(mQ)[2], self.num_sms), 1, 1)
+            grid = (persistent_grid(self.ring_chunking(mQ)[2], self.num_sms * self.ctas_per_sm), 1, 1)
         self.kernel(tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, tma_atom_O, mO, mLSE, softmax_scale_log2,
                     window_size, mSink, mOutScales, mSenc,
                     sQ_layout, sK_layout, sV_layout, sP_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage).launch(
@@ -630,7 +633,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         items); a chunk pays its first tiles once (2 of 64 extra at W = 128, S = 16k)."""
         m_items = cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m)
         heads = cute.size(mQ.shape[2]) * cute.size(mQ.shape[3])
-        per_head = cutlass.max(cutlass.min(Int32(self.num_sms) // heads, m_items), 1)
+        per_head = cutlass.max(cutlass.min(Int32(self.num_sms * self.ctas_per_sm) // heads, m_items), 1)
         chunk_items = (m_items + per_head - 1) // per_head
         per_head = (m_items + chunk_items - 1) // chunk_items
         return per_head, chunk_items, heads * per_head
@@ -688,13 +691,14 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                                                cute.group_modes(gK, 0, 2))       # (TMA, stages), (TMA, n)
             tVsV, tVgV = cpasync.tma_partition(tma_atom_V, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
                                                cute.group_modes(gV, 0, 2))
-            next_tile = self.half_tiles(2 * item_lo, seqlen_q, seqlen_k, window_size)[0]
+            halves = self.consumer_warpgroups                    # 64-row halves per item, one per warpgroup
+            next_tile = self.half_tiles(halves * item_lo, seqlen_q, seqlen_k, window_size)[0]
             for item in cutlass.range(item_lo, item_hi, unroll=1):
                 pipeline_q.producer_acquire(q_state)
                 cute.copy(tma_atom_Q, tQgQ[None, item], tQsQ[None, q_state.index],
                           tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
                 q_state.advance()
-                item_end = self.half_tiles(2 * item + 1, seqlen_q, seqlen_k, window_size)[1]
+                item_end = self.half_tiles(halves * item + halves - 1, seqlen_q, seqlen_k, window_size)[1]
                 for n in cutlass.range(next_tile, item_end, unroll=1):
                     pipeline_k.producer_acquire(kv_state)
                     cute.copy(tma_atom_K, tKgK[None, n], tKsK[None, kv_state.index],
@@ -722,21 +726,22 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         tOcO_rc = cute.make_tensor(tOcO.iterator, acc_layout_rows_cols(tOcO.layout))
         causal_shift = seqlen_k - seqlen_q
         wg = ctidx // 128
+        halves = self.consumer_warpgroups                            # 64-row halves per item, one per warpgroup
         per_head, chunk_items, num_chunks = self.ring_chunking(mQ)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.q_stages)
         tiles_before = Int32(0)              # tiles this CTA streamed for its earlier chunks
         for chunk in cutlass.range(bidx, num_chunks, gdim, unroll=1):
             head, batch, item_lo, item_hi = self.ring_chunk(chunk, per_head, chunk_items, mQ)
-            chunk_lo = self.half_tiles(2 * item_lo, seqlen_q, seqlen_k, window_size)[0]
-            chunk_hi = self.half_tiles(2 * item_hi - 1, seqlen_q, seqlen_k, window_size)[1]
+            chunk_lo = self.half_tiles(halves * item_lo, seqlen_q, seqlen_k, window_size)[0]
+            chunk_hi = self.half_tiles(halves * item_hi - 1, seqlen_q, seqlen_k, window_size)[1]
             ring_base = tiles_before - chunk_lo             # tile n of this chunk is the ring's (ring_base + n)-th
             released = chunk_lo                             # tiles below were handed back by this warpgroup
             for item in cutlass.range(item_lo, item_hi, unroll=1):
-                half = 2 * item + wg
+                half = halves * item + wg
                 n_lo, n_hi = self.half_tiles(half, seqlen_q, seqlen_k, window_size)
                 n_keep = chunk_hi                           # tiles from n_keep on: this warpgroup's next half uses them
                 if item + 1 < item_hi:
-                    n_keep = self.half_tiles(half + 2, seqlen_q, seqlen_k, window_size)[0]
+                    n_keep = self.half_tiles(half + halves, seqlen_q, seqlen_k, window_size)[0]
                 self.release_ring_tiles(pipeline_k, pipeline_v, ring_base, released, n_lo)
                 acc_O.fill(0.0)
                 row_max.fill(-Float32.inf)
