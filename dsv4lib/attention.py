@@ -111,11 +111,23 @@ SM90_SMALL_WINDOW_TUNING: dict[int, dict] = {64: {"tile_m": 64, "tile_n": 64, "p
                                              128: {"tile_m": 64, "tile_n": 64, "persistent": True}}
 
 
-# The window ring (``ring=True``: one CTA per SM walks chunks of consecutive 128-row items of one head, each K/V
-# tile read from L2 once per chunk instead of three times; see the kernel's docstring).  It needs the queries on
-# tile boundaries of the keys (Sk - Sq >= 0, a multiple of tile_n) and unpacked heads: ``ring_ok``.
+# The window ring (``ring=True``: CTAs walk chunks of consecutive items of one head, each K/V tile read from L2
+# once per chunk instead of three times; see the kernel's docstring).  It needs the queries on tile boundaries of
+# the keys (Sk - Sq >= 0, a multiple of tile_n) and unpacked heads: ``ring_applies``.  A knob, on no GPU by default:
+# measured on the H200 at cc19cfc (D5WIN_QUICK=1 D5WIN_DIMS=128 scripts/explore.py d5win, B2 H16 S16k W128 + sink,
+# µs, FA4 221 in the same run): persistent 64×64 (the default) 164.5 · ring of 128-row items, 5 stages 180.5, 4
+# stages 182 · ring of 64-row items (two CTAs per SM, one Q stage) 197.  Its data path alone is the fastest
+# (DSV4_D1_DEBUG=nomma: ring 133 µs, 0.95 of the copy bandwidth, vs persistent 155), but with one CTA per SM the
+# loads of item u+1 only start as item u frees its stages, so they overlap the MMAs badly; the 64-row ring has the
+# second CTA but reloads its single Q stage after each O store.
 SM90_RING_TUNING: dict[int, dict] = {128: {"tile_m": 128, "tile_n": 64, "num_stages": 5, "ring": True}}
-RING_GPUS: dict[int, tuple[str, ...]] = {128: ("H200",)}
+RING_GPUS: dict[int, tuple[str, ...]] = {}
+
+
+def ring_on_this_gpu(head_dim: int) -> bool:
+    """Whether the current GPU is one of :data:`RING_GPUS` for this head dim."""
+    name = torch.cuda.get_device_properties(torch.cuda.current_device()).name
+    return any(gpu in name for gpu in RING_GPUS.get(head_dim, ()))
 
 
 def ring_applies(window, Sq: int, Sk: int, pack: int, tile_n: int = 64) -> bool:
@@ -158,8 +170,8 @@ def _with_device_sms(shape: dict, head_dim: int) -> dict:
     """A persistent build only on a GPU of :data:`PERSISTENT_GPUS`, its grid sized by the device's SM count (a CPU
     compile keeps it, with 132 SMs)."""
     if shape.get("ring") and torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(torch.cuda.current_device())
-        if any(gpu in props.name for gpu in RING_GPUS.get(head_dim, ())):
+        if ring_on_this_gpu(head_dim):
+            props = torch.cuda.get_device_properties(torch.cuda.current_device())
             return dict(shape, num_sms=props.multi_processor_count)
         shape = sm90_kernel_shape(head_dim, True, small_window=True)     # the small-window build instead
     if shape.get("persistent") and torch.cuda.is_available():
@@ -319,7 +331,7 @@ def attention_with_p_path(q, k, v, *, scale=None, causal=False, window=None, sin
     from .splitkv import num_splits_heuristic
     pack = _pack_factor(pack_gqa, H, k.shape[2])
     small = is_small_window(window)
-    ring_ok = ring_applies(window, Sq, k.shape[1], pack)
+    ring_ok = ring_applies(window, Sq, k.shape[1], pack) and ring_on_this_gpu(D)
     shape = sm90_kernel_shape(D, overlap, pack, small_window=small, ring_ok=ring_ok)
     tile_m, tile_n = shape["tile_m"], shape["tile_n"]
     n_blocks = -(-k.shape[1] // tile_n)

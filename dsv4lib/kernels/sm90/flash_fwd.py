@@ -49,8 +49,9 @@ the other's MMAs.
 walk the query blocks; two Q stages and a separate O buffer let the producer load the next block while the
 consumers finish this one, and the O store of a block is waited for only when the next block needs the buffer.
 
-**Window ring** (``ring=True``, small windows): each CTA (one per SM, two consumer warpgroups, 128-row items
-of 64-row halves) walks a *chunk* of consecutive items of one head, and the producer streams that head's K/V tiles
+**Window ring** (``ring=True``, small windows; a knob — measured slower than the persistent build, see
+``dsv4lib.attention.SM90_RING_TUNING``): each CTA (one per SM, two consumer warpgroups, 128-row items of 64-row
+halves; or two CTAs per SM with 64-row items) walks a *chunk* of consecutive items of one head, and the producer streams that head's K/V tiles
 once, in key order, into a ring of ``num_stages`` stages.  A 64-row half of W = 128 needs its own tile and the two
 before it, so two of every three tiles are already in shared memory from the previous half: each tile is read from
 L2 once per chunk instead of three times.  A warpgroup visits its tiles in ascending order and hands a tile back as
