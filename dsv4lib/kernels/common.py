@@ -20,15 +20,16 @@ def launch_stream(stream: cuda.CUstream | None) -> dict:
 @cute.jit
 def load_kv_tiles(tma_atom_K: cute.CopyAtom, tKgK: cute.Tensor, tKsK: cute.Tensor, pipe_k,
                   tma_atom_V: cute.CopyAtom, tVgV: cute.Tensor, tVsV: cute.Tensor, pipe_v,
-                  n_block_min, n_block_max, num_stages: cutlass.Constexpr, kv_state=None):
-    """The producer loop: TMA K and V tiles ``n_block_max - 1`` down to ``n_block_min`` into the next stages.
-    The global tile follows the loop's block index (the seed's stuck-on-tile-0 bug).  Returns the
-    producer state after the last load, for the pipeline tails (or the next block of a persistent CTA, which
-    passes its running ``kv_state`` in)."""
+                  n_block_min, n_block_max, num_stages: cutlass.Constexpr, kv_state=None,
+                  ascending: cutlass.Constexpr = False):
+    """The producer loop: TMA K and V tiles ``n_block_max - 1`` down to ``n_block_min`` (or up, ``ascending``:
+    the window ring's key order) into the next stages.  The global tile follows the loop's block index (the
+    seed's stuck-on-tile-0 bug).  Returns the producer state after the last load, for the pipeline tails (or the
+    next block of a persistent CTA, which passes its running ``kv_state`` in)."""
     if const_expr(kv_state is None):
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, num_stages)
     for i in cutlass.range(n_block_max - n_block_min, unroll=1):
-        n_block = n_block_max - 1 - i
+        n_block = n_block_min + i if const_expr(ascending) else n_block_max - 1 - i
         pipe_k.producer_acquire(kv_state)
         cute.copy(tma_atom_K, tKgK[None, n_block], tKsK[None, kv_state.index],
                   tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))

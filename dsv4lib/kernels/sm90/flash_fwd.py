@@ -577,10 +577,8 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         finished, O stored by TMA from ``sO`` (the previous item's store must have read it first)."""
         bidx, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
-        (thr_qk, thr_pv, tSrQ, tSrK, tOrVt, acc_O, acc_O_rc, tScS_rc, row_max,
-         row_sum) = self.consumer_fragments(tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, ctidx)
-        tOcO = thr_pv.partition_C(cute.make_identity_tensor((self.tile_m, self.head_dim)))
-        tOcO_rc = cute.make_tensor(tOcO.iterator, acc_layout_rows_cols(tOcO.layout))
+        (thr_qk, thr_pv, tSrQ, tSrK, tOrVt, acc_O, acc_O_rc, tScS_rc, row_max, row_sum,
+         tOcO_rc) = self.consumer_fragments(tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, ctidx)
         causal_shift = seqlen_k - seqlen_q
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.q_stages)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
@@ -700,14 +698,8 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                           tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
                 q_state.advance()
                 item_end = self.half_tiles(halves * item + halves - 1, seqlen_q, seqlen_k, window_size)[1]
-                for n in cutlass.range(next_tile, item_end, unroll=1):
-                    pipeline_k.producer_acquire(kv_state)
-                    cute.copy(tma_atom_K, tKgK[None, n], tKsK[None, kv_state.index],
-                              tma_bar_ptr=pipeline_k.producer_get_barrier(kv_state))
-                    pipeline_v.producer_acquire(kv_state)
-                    cute.copy(tma_atom_V, tVgV[None, n], tVsV[None, kv_state.index],
-                              tma_bar_ptr=pipeline_v.producer_get_barrier(kv_state))
-                    kv_state.advance()
+                kv_state = load_kv_tiles(tma_atom_K, tKgK, tKsK, pipeline_k, tma_atom_V, tVgV, tVsV, pipeline_v,
+                                         next_tile, item_end, self.num_stages, kv_state, ascending=True)
                 next_tile = cutlass.max(next_tile, item_end)
         pipeline_q.producer_tail(q_state)
         pipeline_k.producer_tail(kv_state.clone())
@@ -721,10 +713,8 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         the item's Q stage, for the storer warp (``store_ring``) to take out."""
         bidx, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
-        (thr_qk, thr_pv, tSrQ, tSrK, tOrVt, acc_O, acc_O_rc, tScS_rc, row_max,
-         row_sum) = self.consumer_fragments(tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, ctidx)
-        tOcO = thr_pv.partition_C(cute.make_identity_tensor((self.tile_m, self.head_dim)))
-        tOcO_rc = cute.make_tensor(tOcO.iterator, acc_layout_rows_cols(tOcO.layout))
+        (thr_qk, thr_pv, tSrQ, tSrK, tOrVt, acc_O, acc_O_rc, tScS_rc, row_max, row_sum,
+         tOcO_rc) = self.consumer_fragments(tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, ctidx)
         causal_shift = seqlen_k - seqlen_q
         wg = ctidx // 128
         halves = self.consumer_warpgroups                            # 64-row halves per item, one per warpgroup
@@ -797,12 +787,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         tile first, so its stage goes back to the producer (when ``n < n_keep``) right after its QK / PV.  The
         window's edge tile comes first and may leave a row without a visible key (its max stays -inf;
         ``online_softmax`` keeps such a row at zero)."""
-        thr_qk = tiled_mma_qk.get_slice(0)
-        acc_S = cute.make_rmem_tensor(thr_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
-        acc_S_rc = cute.make_tensor(acc_S.iterator, acc_layout_rows_cols(acc_S.layout))
-        tOrP_view = cute.make_tensor(acc_S.iterator, acc_layout_as_operand_a(acc_S.layout))
-        tOrP = cute.make_rmem_tensor_like(tOrP_view, self.dtype)              # P of the tile in flight
-        corrections = cute.make_rmem_tensor((cute.size(row_max),), Float32)
+        acc_S, acc_S_rc, tOrP_view, tOrP, corrections = self.overlap_registers(tiled_mma_qk, row_max)
         if n_hi > n_lo:
             k_st = self.ring_state(ring_base + n_lo)
             pipeline_k.consumer_wait(k_st)
@@ -900,18 +885,23 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                 nxt = 0
             cute.arch.barrier_arrive(barrier_id=self.SCHEDULER_BARRIER_BASE + nxt, number_of_threads=256)
 
+    def overlap_registers(self, tiled_mma_qk, row_max):
+        """The overlapped mainloops' registers: S (flat and as (rows, cols)), its bf16 P view and P of the tile in
+        flight, and the rows' deferred O corrections."""
+        thr_qk = tiled_mma_qk.get_slice(0)
+        acc_S = cute.make_rmem_tensor(thr_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
+        acc_S_rc = cute.make_tensor(acc_S.iterator, acc_layout_rows_cols(acc_S.layout))
+        tOrP_view = cute.make_tensor(acc_S.iterator, acc_layout_as_operand_a(acc_S.layout))
+        tOrP = cute.make_rmem_tensor_like(tOrP_view, self.dtype)              # P of the tile in flight
+        return acc_S, acc_S_rc, tOrP_view, tOrP, cute.make_rmem_tensor((cute.size(row_max),), Float32)
+
     @cute.jit
     def mainloop_overlapped(self, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_O, acc_O_rc, tScS_rc, row_max,
                             row_sum, pipeline_k, pipeline_v, kv_state, softmax_scale_log2, window_size, m_block,
                             seqlen_k, causal_shift, n_block_min, n_block_max, wg_idx):
         """QK(j+1) ∥ PV(j): one S buffer, one P buffer, the O rescale deferred past the in-flight PV (or, with
         ``rescale_o_early``, done while QK(j+1) is in flight, before PV(j) is issued)."""
-        thr_qk = tiled_mma_qk.get_slice(0)
-        acc_S = cute.make_rmem_tensor(thr_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
-        acc_S_rc = cute.make_tensor(acc_S.iterator, acc_layout_rows_cols(acc_S.layout))
-        tOrP_view = cute.make_tensor(acc_S.iterator, acc_layout_as_operand_a(acc_S.layout))
-        tOrP = cute.make_rmem_tensor_like(tOrP_view, self.dtype)              # P of the tile in flight
-        corrections = cute.make_rmem_tensor((cute.size(row_max),), Float32)
+        acc_S, acc_S_rc, tOrP_view, tOrP, corrections = self.overlap_registers(tiled_mma_qk, row_max)
         v_state = kv_state.clone()                                           # one tile behind kv_state
         n_iter = n_block_max - n_block_min
         if const_expr(self.wg_pingpong):
@@ -1060,11 +1050,17 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                     else:
                         mLSE[row, head, batch] = lse
 
+    def o_coords(self, thr_pv):
+        """The (row, column) of every O accumulator element this thread holds, flat and as (rows, cols)."""
+        tOcO = thr_pv.partition_C(cute.make_identity_tensor((self.tile_m, self.head_dim)))
+        return tOcO, cute.make_tensor(tOcO.iterator, acc_layout_rows_cols(tOcO.layout))
+
     @cute.jit
     def consumer_fragments(self, tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, ctidx):
         """A consumer thread's MMA views and registers: its slices of the two MMAs, the Q / K / Vᵀ operand fragments
         (Q with a stage mode when persistent), the O accumulator and its (rows, cols) view, the (m, n) coordinate
-        of every score it holds, and its rows' running max and sum (not initialized)."""
+        of every score it holds, its rows' running max and sum (not initialized), and the (rows, cols) coordinates
+        of its O elements."""
         thr_qk = tiled_mma_qk.get_slice(ctidx)
         thr_pv = tiled_mma_pv.get_slice(ctidx)
         tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))              # (MMA, MMA_M, MMA_K[, Q stages])
@@ -1076,14 +1072,14 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         tScS_rc = cute.make_tensor(tScS.iterator, acc_layout_rows_cols(tScS.layout))
         row_max = cute.make_rmem_tensor((cute.size(acc_O_rc, mode=[0]),), Float32)
         row_sum = cute.make_rmem_tensor((cute.size(acc_O_rc, mode=[0]),), Float32)
-        return thr_qk, thr_pv, tSrQ, tSrK, tOrVt, acc_O, acc_O_rc, tScS_rc, row_max, row_sum
+        return thr_qk, thr_pv, tSrQ, tSrK, tOrVt, acc_O, acc_O_rc, tScS_rc, row_max, row_sum, self.o_coords(thr_pv)[1]
 
     @cute.jit
     def consume(self, tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, sP, tma_atom_O, mO, mLSE, pipeline_q, pipeline_k, pipeline_v,
                 softmax_scale_log2, window_size, mSink, mOutScales, mSenc, ctidx, m_block, head, batch, split,
                 seqlen_q, seqlen_k, n_block_min, n_block_max, rows_q):
-        (thr_qk, thr_pv, tSrQ, tSrK, tOrVt, acc_O, acc_O_rc, tScS_rc, row_max,
-         row_sum) = self.consumer_fragments(tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, ctidx)
+        (thr_qk, thr_pv, tSrQ, tSrK, tOrVt, acc_O, acc_O_rc, tScS_rc, row_max, row_sum,
+         _) = self.consumer_fragments(tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, ctidx)
         if const_expr(self.p_in_smem):
             tSsP = thr_qk.partition_C(sP)            # where each accumulator element goes = composition(sP, tv_C)
             tOrP_smem = thr_pv.make_fragment_A(thr_pv.partition_A(sP))       # the PV MMA's view of the same buffer
@@ -1147,8 +1143,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         mO_cur = mO[None, None, head, batch, split] if const_expr(self.split_kv) else mO[None, None, head, batch]
         gO = cute.local_tile(mO_cur, (self.tile_m, self.head_dim), (m_block, 0))
         tOgO = thr_pv.partition_C(gO)
-        tOcO = thr_pv.partition_C(cute.make_identity_tensor((self.tile_m, self.head_dim)))
-        tOcO_rc = cute.make_tensor(tOcO.iterator, acc_layout_rows_cols(tOcO.layout))
+        tOcO, tOcO_rc = self.o_coords(thr_pv)
         self.finish_rows(acc_O_rc, tOcO_rc, row_max, row_sum, mSink, mLSE, softmax_scale_log2, m_block, head, batch,
                          split, rows_q)
         if const_expr(self.nvfp4_out):
