@@ -167,13 +167,12 @@ PERSISTENT_GPUS: dict[int, tuple[str, ...]] = {64: ("H100", "H200"), 128: ("H200
 
 
 def _with_device_sms(shape: dict, head_dim: int) -> dict:
-    """A persistent build only on a GPU of :data:`PERSISTENT_GPUS`, its grid sized by the device's SM count (a CPU
-    compile keeps it, with 132 SMs)."""
-    if shape.get("ring") and torch.cuda.is_available():
-        if ring_on_this_gpu(head_dim):
-            props = torch.cuda.get_device_properties(torch.cuda.current_device())
-            return dict(shape, num_sms=props.multi_processor_count)
-        shape = sm90_kernel_shape(head_dim, True, small_window=True)     # the small-window build instead
+    """A ring or persistent build sized by the device's SM count; persistent only on a GPU of
+    :data:`PERSISTENT_GPUS` (a ring shape comes only where ``ring_ok`` checked :data:`RING_GPUS`; a CPU compile
+    keeps either, with 132 SMs)."""
+    if shape.get("ring") and torch.cuda.is_available():       # the caller's ring_ok already asked ring_on_this_gpu
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        return dict(shape, num_sms=props.multi_processor_count)
     if shape.get("persistent") and torch.cuda.is_available():
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         if any(gpu in props.name for gpu in PERSISTENT_GPUS.get(head_dim, ())):

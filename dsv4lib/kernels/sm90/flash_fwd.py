@@ -648,7 +648,8 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
 
     @cute.jit
     def half_tiles(self, half, seqlen_q, seqlen_k, window_size):
-        """The KV tiles of 64-row half ``half`` (item ``half // 2``, consumer warpgroup ``half % 2``)."""
+        """The KV tiles of 64-row half ``half`` (item ``half // halves``, consumer warpgroup ``half % halves``, with
+        ``halves`` = consumer warpgroups: 2 for 128-row items, 1 for 64-row ones)."""
         return self.rows_key_tiles(half * 64, half * 64 + 63, seqlen_q, seqlen_k, window_size)
 
     def ring_state(self, position):
@@ -708,7 +709,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
     @cute.jit
     def consume_ring(self, tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, mLSE, mQ, pipeline_q, pipeline_k,
                      pipeline_v, softmax_scale_log2, window_size, mSink, ctidx, seqlen_q, seqlen_k, rows_q):
-        """Consumers of the ring: warpgroup w computes half ``2·item + w`` of every item of the chunk over its
+        """Consumers of the ring: warpgroup w computes half ``halves·item + w`` of every item of the chunk over its
         tiles in ascending order, handing back each tile its next half does not need; both halves' O go into
         the item's Q stage, for the storer warp (``store_ring``) to take out."""
         bidx, _, _ = cute.arch.block_idx()
