@@ -313,7 +313,9 @@ if "d1tune" in sections:
     fa4 = attention_peers().get("FA4")
     variants = {64: [{}, {"wg_pingpong": True}, {"rescale_o_early": True}, {"tile_n": 192},
                      {"tile_n": 192, "rescale_o_early": True}],
-                128: [{}, {"wg_pingpong": True, "rescale_o_early": True}, {"rescale_o_early": True}],
+                128: [{}, {"wg_pingpong": True, "rescale_o_early": True}, {"rescale_o_early": True}, {"tile_n": 160},
+                      {"tile_n": 176}, {"tile_n": 192}, {"tile_n": 176, "rescale_o_early": True},
+                      {"tile_n": 176, "wg_pingpong": True, "rescale_o_early": True}],
                 256: [{}, {"rescale_o_early": True}, {"tile_n": 80}, {"tile_n": 80, "rescale_o_early": True}]}
     shipped = {d: dict(v) for d, v in A.SM90_TUNING.items()}            # restored after each sweep
     only = os.environ.get("D1TUNE_DIMS")
@@ -334,17 +336,21 @@ if "d1tune" in sections:
     # D5 shapes (window + sink) with the same knobs at hd128
     sink = torch.randn(16, device="cuda", dtype=torch.float32)
     inputs = [tuple(rnd(2, 16384, 16, 128) for _ in range(3)) for _ in range(2)]
-    for W in (128, 4096):
+    for W in (4096,):                # W <= SMALL_WINDOW_MAX takes SM90_SMALL_WINDOW_TUNING, not these knobs
         row = {"d5tune": W}
         if fa4 is not None:
             from flash_attn.cute import flash_attn_func
             row["FA4_us"] = round(bench.time_cuda(lambda q, k, v: flash_attn_func(q, k, v, window_size=(W - 1, 0),
                                                                                  learnable_sink=sink), inputs,
                                                   iters=20).median_ms * 1e3, 1)
-        for var in ({}, {"wg_pingpong": True}, {"wg_pingpong": True, "rescale_o_early": True}):
+        for var in variants[128]:
             A.SM90_TUNING[128] = dict(var)
-            row[knob_name(var) + "_us"] = round(bench.time_cuda(lambda q, k, v: dsv4lib.attention(q, k, v, window=W, sink=sink),
-                                                      inputs, iters=20).median_ms * 1e3, 1)
+            q, k, v = (rnd(1, 3000, 2, 128) for _ in range(3))
+            s2 = torch.randn(2, device="cuda", dtype=torch.float32)
+            ref = reference.attention(q.double(), k.double(), v.double(), window=1000, sink=s2.double())
+            cos = metrics.cosine(dsv4lib.attention(q, k, v, window=1000, sink=s2, num_splits=1), ref)
+            row[knob_name(var) + "_us"] = [round(bench.time_cuda(lambda q, k, v: dsv4lib.attention(q, k, v, window=W, sink=sink),
+                                                       inputs, iters=20).median_ms * 1e3, 1), round(cos, 6)]
         A.SM90_TUNING[128] = dict(shipped[128])
         show(row)
 
