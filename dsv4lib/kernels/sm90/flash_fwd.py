@@ -216,7 +216,8 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                  num_stages: int = 2, p_in_smem: bool = False, window: bool = False, sink: bool = False,
                  split_kv: bool = False, overlap: bool = False, nvfp4_out: bool = False, pack_gqa: int = 1,
                  tile_m: int = 128, wg_pingpong: bool = False, rescale_o_early: bool = False,
-                 tma_store_o: bool = True, persistent: bool = False, num_sms: int = 132, ring: bool = False):
+                 tma_store_o: bool = True, persistent: bool = False, num_sms: int = 132, ring: bool = False,
+                 q_in_registers: bool = False):
         if tile_m not in (64, 128, 192):
             raise ValueError(f"tile_m must be 64 (1 consumer warpgroup, two CTAs per SM), 128 (2) or 192 (3), "
                              f"got {tile_m}")
@@ -287,6 +288,12 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             raise ValueError(f"the window ring holds up to {2 + tile_m // 64} K/V tiles of a {tile_m}-row item: "
                              f"num_stages >= {2 + tile_m // 64}, got {num_stages}")
         self.ring = ring
+        # Q in registers (``q_in_registers``, the 64-row ring only): QK is an RS-wgmma, each item copies its Q out of
+        # the single Q stage before the previous item's O is staged there, so the next Q loads a whole item ahead
+        # instead of after the O store (module docstring)
+        if q_in_registers and not (ring and tile_m == 64):
+            raise ValueError("q_in_registers is built for the 64-row window ring (ring=True, tile_m=64)")
+        self.q_in_registers = q_in_registers
         self.num_sms = num_sms
         # Q stages: two when persistent, or for a 128-row ring item (the next item's Q loads while this one
         # computes); a 64-row ring item (two CTAs per SM) has room for one: the other CTA computes while it loads
@@ -355,7 +362,8 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             mQ, mO, mLSE = self.pack_heads(mQ, 2), self.pack_heads(mO, 2), self.pack_heads(mLSE, 1)
         tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.K, Float32,
-            (self.tile_m // 64, 1, 1), (64, self.tile_n))
+            (self.tile_m // 64, 1, 1), (64, self.tile_n),
+            a_source=warpgroup.OperandSource.RMEM if self.q_in_registers else warpgroup.OperandSource.SMEM)
         tiled_mma_pv = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.MN, Float32,
             (self.tile_m // 64, 1, 1), (64, self.head_dim),
@@ -721,6 +729,13 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         halves = self.consumer_warpgroups                            # 64-row halves per item, one per warpgroup
         per_head, chunk_items, num_chunks = self.ring_chunking(mQ)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.q_stages)
+        tSsQ = thr_qk.partition_A(sQ)                                # (MMA, MMA_M, MMA_K, Q stages) in smem
+        if const_expr(self.q_in_registers):
+            if bidx < num_chunks:            # the CTA's first Q: to registers, and its stage straight back
+                self.ring_q_to_registers(pipeline_q, q_state, tSsQ, tSrQ)
+                if ctidx < 32:               # one warp: the Q pipeline's consumer count is one arrival
+                    pipeline_q.consumer_release(q_state)
+                q_state.advance()
         tiles_before = Int32(0)              # tiles this CTA streamed for its earlier chunks
         for chunk in cutlass.range(bidx, num_chunks, gdim, unroll=1):
             head, batch, item_lo, item_hi = self.ring_chunk(chunk, per_head, chunk_items, mQ)
@@ -738,8 +753,11 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                 acc_O.fill(0.0)
                 row_max.fill(-Float32.inf)
                 row_sum.fill(0.0)
-                pipeline_q.consumer_wait(q_state)
-                self.mainloop_ring(tiled_mma_qk, tiled_mma_pv, tSrQ[None, None, None, q_state.index], tSrK, tOrVt,
+                q_index = 0                  # Q in registers: one Q stage, its fragment the registers' only copy
+                if const_expr(not self.q_in_registers):
+                    pipeline_q.consumer_wait(q_state)
+                    q_index = q_state.index
+                self.mainloop_ring(tiled_mma_qk, tiled_mma_pv, tSrQ[None, None, None, q_index], tSrK, tOrVt,
                                    acc_O, acc_O_rc, tScS_rc, row_max, row_sum, pipeline_k, pipeline_v,
                                    softmax_scale_log2, window_size, item, seqlen_k, causal_shift, n_lo, n_hi, n_keep,
                                    ring_base)
@@ -747,6 +765,16 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                 released = n_keep
                 self.finish_rows(acc_O_rc, tOcO_rc, row_max, row_sum, mSink, mLSE, softmax_scale_log2, item, head,
                                  batch, Int32(0), rows_q)
+                if const_expr(self.q_in_registers):
+                    # the next item's Q (loaded while this one computed) into the registers this item's QKs are done
+                    # with, before this O takes its stage; q_state then names the stage O goes to (the only one)
+                    if item + 1 < item_hi or chunk + gdim < num_chunks:
+                        self.ring_q_to_registers(pipeline_q, q_state, tSsQ, tSrQ)
+                    else:
+                        # the CTA's last item: no next Q proves the previous O store has read the stage, so wait for
+                        # that hand-back itself (the q_state.count-th completion of the stage's empty barrier)
+                        pipeline_q.sync_object_empty.wait(0, q_state.phase ^ 1)
+                    cute.arch.barrier(barrier_id=self.EPILOGUE_BARRIER, number_of_threads=128)  # all of Q is read
                 # O → this item's Q stage (each warpgroup's own 64 rows, its QKs all retired), then tell the storer
                 rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
                 rO.store(acc_O.load().to(self.dtype))
@@ -757,8 +785,14 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                 cute.arch.fence_proxy("async.shared", space="cta")         # generic-proxy writes → TMA reads
                 cute.arch.barrier_arrive(barrier_id=self.RING_STORE_BARRIERS + q_state.index,
                                          number_of_threads=128 * self.consumer_warpgroups + 32)
-                q_state.advance()
+                q_state.advance()    # Q in registers: the stage index stays 0, the phase is the next Q's
             tiles_before = tiles_before + chunk_hi - chunk_lo
+
+    @cute.jit
+    def ring_q_to_registers(self, pipeline_q, q_state, tSsQ, tSrQ):
+        """Q in registers: wait for the Q in the (single) stage and copy this thread's A fragment out of it."""
+        pipeline_q.consumer_wait(q_state)
+        cute.autovec_copy(tSsQ[None, None, None, 0], tSrQ[None, None, None, 0])
 
     @cute.jit
     def store_ring(self, tma_atom_O, mO, mQ, sQ, pipeline_q):
