@@ -278,7 +278,8 @@ def test_window_ring_build_streams_each_tile_once():
     (4, 1024, 1024, 64, 64, 128),    # 256 heads: CTAs walk two chunks each, the ring runs on across chunks
 ])
 @pytest.mark.parametrize("ring_shape", [dict(tile_m=128, num_stages=5), dict(tile_m=64, num_stages=3),
-                                        dict(tile_m=64, num_stages=3, q_in_registers=True)])
+                                        dict(tile_m=64, num_stages=3, q_in_registers=True),
+                                        dict(tile_m=64, tile_n=32, num_stages=6, q_in_registers=True)])
 def test_window_ring_matches_the_reference(monkeypatch, B, Sq, Sk, H, Hkv, window, ring_shape):
     """The ring builds: 128-row items (two warpgroups, one CTA per SM) and 64-row items (two CTAs per SM), Q from
     shared memory or in registers."""

@@ -284,9 +284,11 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                          and not (p_in_smem or wg_pingpong or persistent)):
             raise ValueError("the window ring is built for a sliding window, the overlapped RS mainloop and the bf16 "
                              "TMA-store epilogue, unpacked heads (not persistent, SMEM-P or ping-pong)")
-        if ring and num_stages < 2 + tile_m // 64:
-            raise ValueError(f"the window ring holds up to {2 + tile_m // 64} K/V tiles of a {tile_m}-row item: "
-                             f"num_stages >= {2 + tile_m // 64}, got {num_stages}")
+        # an item's rows see the keys [first row - 127, last row]: (tile_m + 128) / tile_n tiles, all in the ring at once
+        ring_tiles = (tile_m + 128) // (tile_n or default_tile_n(head_dim))
+        if ring and num_stages < ring_tiles:
+            raise ValueError(f"the window ring holds up to {ring_tiles} K/V tiles of a {tile_m}-row item: "
+                             f"num_stages >= {ring_tiles}, got {num_stages}")
         self.ring = ring
         # Q in registers (``q_in_registers``, the 64-row ring only): QK is an RS-wgmma, each item copies its Q out of
         # the single Q stage before the previous item's O is staged there, so the next Q loads a whole item ahead
