@@ -10,7 +10,8 @@ plain vs persistent only), nvfp4dtypes (the quantize pipeline depth per input dt
 DSV4_D1_DEBUG=lightfirst for the A/B), d5probe (the W128 data path alone: DSV4_D1_DEBUG=nomma), decodeparts (the
 hd512 decode's split kernel by parts: splits, producer alone, QK or PV left out, the combine), decodepf (the
 default decode with DSV4_L2_PREFETCH tiles of L2 prefetch), decodetimes (DSV4_PHASE_TIMES=1: per-CTA phase
-stamps of the split kernel, min / median / max µs), decodestaged (plain partials through shared memory vs clusters;
+stamps of the split kernel, min / median / max µs), ringtimes (DSV4_D1_DEBUG=times: per-item stamps of the
+window ring, medians over CTAs), decodestaged (plain partials through shared memory vs clusters;
 DSV4_COMBINE_UNROLL, DSV4_STAGED_PARTIALS)."""
 import json
 import os
@@ -264,6 +265,37 @@ if "decodetimes" in sections:   # run with DSV4_PHASE_TIMES=1: per-CTA %globalti
         for j, n in enumerate(names):
             col = t[:, j]
             res[n] = [round(col.min().item(), 2), round(col.median().item(), 2), round(col.max().item(), 2)]
+        show(res)
+
+if "ringtimes" in sections:     # run with DSV4_D1_DEBUG=times: the window ring's per-item stamps (ring_stamp)
+    A.RING_GPUS = {128: ("",)}
+    sink = torch.randn(16, device="cuda", dtype=torch.float32)
+    q, k, v = (rnd(2, 16384, 16, 128) for _ in range(3))
+    names = ["start", "loop_done", "next_q", "o_staged", "prod_q", "prod_kv", "o_read"]
+    for shape in ({"tile_m": 64, "tile_n": 64, "ring": True, "num_stages": 3, "q_in_registers": True},
+                  {"tile_m": 128, "tile_n": 64, "ring": True, "num_stages": 5}):
+        A.SM90_RING_TUNING[128] = dict(shape)
+        for rep in range(3):
+            out, lse = dsv4lib.attention(q, k, v, window=128, sink=sink, return_lse=True)
+        torch.cuda.synchronize()
+        st = lse.view(torch.int64).flatten()[: 264 * 64 * 8].view(264, 64, 8)
+        t0 = st[:, 0, 0][st[:, 0, 0] > 0].min()
+        t = (st - t0).double() / 1e3
+        valid = st[:, :, 0] > 0
+        med = lambda x: round(x[valid[:, : x.shape[1]]].median().item(), 2) if x.numel() else None
+        res = {"ringtimes": knob_name(shape)}
+        res["first_start_med"] = round(t[:, 0, 0][valid[:, 0]].median().item(), 2)
+        res["last_o_staged_max"] = round(t[:, :, 3][valid].max().item(), 2)
+        res["item_period"] = med(t[:, 1:, 0] - t[:, :-1, 0])
+        res["loop"] = med(t[:, :, 1] - t[:, :, 0])
+        res["epilogue_to_next_q"] = med(t[:, :, 2] - t[:, :, 1])
+        res["staging"] = med(t[:, :, 3] - t[:, :, 2])
+        res["gap_to_next_start"] = med(t[:, 1:, 0] - t[:, :-1, 3])
+        res["prod_q_lead"] = med(t[:, 1:, 0] - t[:, 1:, 4])      # Q(u) issued this long before item u starts
+        res["prod_kv_lead"] = med(t[:, 1:, 1] - t[:, 1:, 5])     # item u's K/V issued this long before its loop ends
+        res["o_read_after_staged"] = med(t[:, :, 6] - t[:, :, 3])
+        res["per_item_median_loop_first8"] = [round(t[:, j, 1][valid[:, j]].median().item() -
+                                                    t[:, j, 0][valid[:, j]].median().item(), 2) for j in range(8)]
         show(res)
 
 if "decodestaged" in sections:  # hd512 decode: plain split partials (staged stores) vs clusters; DSV4_COMBINE_UNROLL

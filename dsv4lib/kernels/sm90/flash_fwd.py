@@ -310,6 +310,9 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         knobs = set(filter(None, os.environ.get("DSV4_D1_DEBUG", "").split(",")))
         self.debug_nomma = "nomma" in knobs       # timing probe: every wgmma left out (garbage O), loads and waits kept
         self.debug_lightfirst = "lightfirst" in knobs    # A/B probe: causal blocks in launch order (light first)
+        # timing probe of the ring ("times"): %globaltimer stamps per CTA and item into the LSE buffer (as int64; the
+        # LSE itself is not written) — see ring_stamp; call with return_lse=True
+        self.debug_times = "times" in knobs and ring
         self.debug_printf, self.debug_noreg, self.debug_notail = ("printf" in knobs, "noreg" in knobs,
                                                                  "notail" in knobs)
 
@@ -492,11 +495,11 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                 cute.arch.setmaxregister_decrease(self.PRODUCER_REGS)
             if const_expr(self.ring):
                 if warp_idx == 1:
-                    self.store_ring(tma_atom_O, mO, mQ, sQ, pipeline_q)
+                    self.store_ring(tma_atom_O, mO, mQ, sQ, pipeline_q, mLSE)
             if warp_idx == 0:
                 if const_expr(self.ring):
                     self.load_ring(tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV, pipeline_q, pipeline_k,
-                                   pipeline_v, seqlen_q, seqlen_k, window_size)
+                                   pipeline_v, seqlen_q, seqlen_k, window_size, mLSE)
                 elif const_expr(self.persistent):
                     self.load_persistent(tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV, pipeline_q,
                                          pipeline_k, pipeline_v, seqlen_q, seqlen_k, window_size)
@@ -681,7 +684,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
 
     @cute.jit
     def load_ring(self, tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV, pipeline_q, pipeline_k,
-                  pipeline_v, seqlen_q, seqlen_k, window_size):
+                  pipeline_v, seqlen_q, seqlen_k, window_size, mLSE):
         """Producer of the ring: per chunk, per item, its Q into the next Q stage, then the K/V tiles the item's
         second half reaches that are not loaded yet — each tile of the chunk once, in key order."""
         bidx, _, _ = cute.arch.block_idx()
@@ -689,6 +692,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         per_head, chunk_items, num_chunks = self.ring_chunking(mQ)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.q_stages)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
+        item_count = Int32(0)                                # debug_times stamps
         for chunk in cutlass.range(bidx, num_chunks, gdim, unroll=1):
             head, batch, item_lo, item_hi = self.ring_chunk(chunk, per_head, chunk_items, mQ)
             head_kv = self.kv_head(head, mQ, mK)
@@ -708,10 +712,13 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                 cute.copy(tma_atom_Q, tQgQ[None, item], tQsQ[None, q_state.index],
                           tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
                 q_state.advance()
+                self.ring_stamp(mLSE, item_count, 4)
                 item_end = self.half_tiles(halves * item + halves - 1, seqlen_q, seqlen_k, window_size)[1]
                 kv_state = load_kv_tiles(tma_atom_K, tKgK, tKsK, pipeline_k, tma_atom_V, tVgV, tVsV, pipeline_v,
                                          next_tile, item_end, self.num_stages, kv_state, ascending=True)
                 next_tile = cutlass.max(next_tile, item_end)
+                self.ring_stamp(mLSE, item_count, 5)
+                item_count += 1
         pipeline_q.producer_tail(q_state)
         pipeline_k.producer_tail(kv_state.clone())
         pipeline_v.producer_tail(kv_state.clone())
@@ -739,6 +746,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                     pipeline_q.consumer_release(q_state)
                 q_state.advance()
         tiles_before = Int32(0)              # tiles this CTA streamed for its earlier chunks
+        item_count = Int32(0)                # items this CTA has done (debug_times stamps)
         for chunk in cutlass.range(bidx, num_chunks, gdim, unroll=1):
             head, batch, item_lo, item_hi = self.ring_chunk(chunk, per_head, chunk_items, mQ)
             chunk_lo = self.half_tiles(halves * item_lo, seqlen_q, seqlen_k, window_size)[0]
@@ -755,6 +763,8 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                 acc_O.fill(0.0)
                 row_max.fill(-Float32.inf)
                 row_sum.fill(0.0)
+                if ctidx == 0:
+                    self.ring_stamp(mLSE, item_count, 0)
                 q_index = 0                  # Q in registers: one Q stage, its fragment the registers' only copy
                 if const_expr(not self.q_in_registers):
                     pipeline_q.consumer_wait(q_state)
@@ -763,6 +773,8 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                                    acc_O, acc_O_rc, tScS_rc, row_max, row_sum, pipeline_k, pipeline_v,
                                    softmax_scale_log2, window_size, item, seqlen_k, causal_shift, n_lo, n_hi, n_keep,
                                    ring_base)
+                if ctidx == 0:
+                    self.ring_stamp(mLSE, item_count, 1)
                 self.release_ring_tiles(pipeline_k, pipeline_v, ring_base, cutlass.max(n_hi, released), n_keep)
                 released = n_keep
                 self.finish_rows(acc_O_rc, tOcO_rc, row_max, row_sum, mSink, mLSE, softmax_scale_log2, item, head,
@@ -777,6 +789,8 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                         # that hand-back itself (the q_state.count-th completion of the stage's empty barrier)
                         pipeline_q.sync_object_empty.wait(0, q_state.phase ^ 1)
                     cute.arch.barrier(barrier_id=self.EPILOGUE_BARRIER, number_of_threads=128)  # all of Q is read
+                    if ctidx == 0:
+                        self.ring_stamp(mLSE, item_count, 2)
                 # O → this item's Q stage (each warpgroup's own 64 rows, its QKs all retired), then tell the storer
                 rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
                 rO.store(acc_O.load().to(self.dtype))
@@ -788,7 +802,23 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                 cute.arch.barrier_arrive(barrier_id=self.RING_STORE_BARRIERS + q_state.index,
                                          number_of_threads=128 * self.consumer_warpgroups + 32)
                 q_state.advance()    # Q in registers: the stage index stays 0, the phase is the next Q's
+                if ctidx == 0:
+                    self.ring_stamp(mLSE, item_count, 3)
+                item_count += 1
             tiles_before = tiles_before + chunk_hi - chunk_lo
+
+    RING_STAMPS = 8                      # debug_times: stamps per item (ring_stamp)
+
+    @cute.jit
+    def ring_stamp(self, mLSE, item_count, k: cutlass.Constexpr):
+        """debug_times builds only: ``lse_bytes_as_int64[(cta·64 + item_count)·8 + k] = %globaltimer`` (ns).  Stamps:
+        0 consumer item start, 1 its mainloop done, 2 next Q in registers, 3 O staged; 4 producer Q issued, 5 the
+        item's K/V issued; 6 storer: O store read."""
+        if const_expr(self.debug_times):
+            if item_count < 64:
+                bidx, _, _ = cute.arch.block_idx()
+                stamps = cute.make_tensor(cute.recast_ptr(mLSE.iterator, dtype=Int64), cute.make_layout(1 << 20))
+                stamps[(bidx * 64 + item_count) * self.RING_STAMPS + k] = cute.arch.globaltimer()
 
     @cute.jit
     def ring_q_to_registers(self, pipeline_q, q_state, tSsQ, tSrQ):
@@ -797,7 +827,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         cute.autovec_copy(tSsQ[None, None, None, 0], tSrQ[None, None, None, 0])
 
     @cute.jit
-    def store_ring(self, tma_atom_O, mO, mQ, sQ, pipeline_q):
+    def store_ring(self, tma_atom_O, mO, mQ, sQ, pipeline_q, mLSE):
         """The ring's storer warp: per item, wait until both consumer warpgroups have put O in the item's Q stage
         (named barrier of that stage: the consumers only arrive, they never wait here), TMA-store it, wait for the
         store to read the stage and hand it back to the producer.  The barrier of a stage is not reused before the
@@ -806,6 +836,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         gdim, _, _ = cute.arch.grid_dim()
         per_head, chunk_items, num_chunks = self.ring_chunking(mQ)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.q_stages)
+        item_count = Int32(0)                                # debug_times stamps
         for chunk in cutlass.range(bidx, num_chunks, gdim, unroll=1):
             head, batch, item_lo, item_hi = self.ring_chunk(chunk, per_head, chunk_items, mQ)
             for item in cutlass.range(item_lo, item_hi, unroll=1):
@@ -815,6 +846,8 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                 tma_store_tile(tma_atom_O, sQ[None, None, q_state.index], gO, wait=True)
                 pipeline_q.consumer_release(q_state)
                 q_state.advance()
+                self.ring_stamp(mLSE, item_count, 6)
+                item_count += 1
 
     @cute.jit
     def mainloop_ring(self, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_O, acc_O_rc, tScS_rc, row_max, row_sum,
@@ -1078,7 +1111,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                 lse = (row_max[r] * softmax_scale_log2 + cute.math.log2(s)) * LN_2      # sink excluded
             for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
                 acc_O_rc[r, c] = acc_O_rc[r, c] * inv
-            if const_expr(self.has_lse or self.split_kv):
+            if const_expr((self.has_lse or self.split_kv) and not self.debug_times):
                 m, d = tOcO_rc[r, 0]
                 row = m_block * self.tile_m + m
                 if d == 0 and row < rows_q:
