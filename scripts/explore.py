@@ -295,6 +295,11 @@ if "ringtimes" in sections:     # run with DSV4_D1_DEBUG=times: the window ring'
         res["prod_q_lead"] = med(t[:, 1:, 0] - t[:, 1:, 4])      # Q(u) issued this long before item u starts
         res["prod_kv_lead"] = med(t[:, 1:, 1] - t[:, 1:, 5])     # item u's K/V issued this long before its loop ends
         res["o_read_after_staged"] = med(t[:, :, 6] - t[:, :, 3])
+        done = t[:, :, 3].max(dim=1).values.sort().values                 # each CTA's last O staged, sorted
+        res["cta_done_pct_0_10_50_90_100"] = [round(done[int(f * (ctas - 1))].item(), 1) for f in (0, .1, .5, .9, 1)]
+        period = (t[:, -1, 0] - t[:, 0, 0]) / 31
+        res["cta_period_min_med_max"] = [round(x, 2) for x in (period.min().item(), period.median().item(),
+                                                                period.max().item())]
         res["per_item_median_loop_first8"] = [round(t[:, j, 1][valid[:, j]].median().item() -
                                                     t[:, j, 0][valid[:, j]].median().item(), 2) for j in range(8)]
         show(res)
