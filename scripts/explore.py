@@ -273,12 +273,15 @@ if "ringtimes" in sections:     # run with DSV4_D1_DEBUG=times: the window ring'
     q, k, v = (rnd(2, 16384, 16, 128) for _ in range(3))
     names = ["start", "loop_done", "next_q", "o_staged", "prod_q", "prod_kv", "o_read"]
     for shape in ({"tile_m": 64, "tile_n": 64, "ring": True, "num_stages": 3, "q_in_registers": True},
-                  {"tile_m": 128, "tile_n": 64, "ring": True, "num_stages": 5}):
+                  {"tile_m": 128, "tile_n": 64, "ring": True, "num_stages": 5}, {"tile_m": 64, "persistent": True}):
         A.SM90_RING_TUNING[128] = dict(shape)
+        if shape.get("persistent"):             # the default small-window build: stamps 0 (block start), 3 (O out)
+            A.RING_GPUS = {}
+            A.PERSISTENT_GPUS = {128: ("",)}
         for rep in range(3):
             out, lse = dsv4lib.attention(q, k, v, window=128, sink=sink, return_lse=True)
         torch.cuda.synchronize()
-        ctas = 256 if shape["tile_m"] == 64 else 128          # B2 H16 S16k: 256 / 128 chunks of 32 items
+        ctas = 256 if shape["tile_m"] == 64 else 128          # B2 H16 S16k: 256 / 128 CTAs of 32 items
         st = lse.view(torch.int64).flatten()[: ctas * 64 * 8].view(ctas, 64, 8)[:, :32]
         t0 = st[:, 0, 0].min()
         t = (st - t0).double() / 1e3
