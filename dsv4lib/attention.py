@@ -149,12 +149,13 @@ def sm90_kernel_shape(D: int, overlap: bool, pack: int = 1, nvfp4_out: bool = Fa
         if small_window:
             shape.update(SM90_SMALL_WINDOW_TUNING.get(D, {}))
             if ring_ok and pack == 1 and not split_kv and D in SM90_RING_TUNING:
-                shape = {k: v for k, v in shape.items() if k != "persistent"}
+                shape = {k: v for k, v in shape.items() if k not in ("persistent", "dynamic_schedule")}
                 shape.update(SM90_RING_TUNING[D])
         if shape["tile_m"] % pack:
             shape["tile_m"] = 128
     if split_kv:
         shape.pop("persistent", None)
+        shape.pop("dynamic_schedule", None)
     return shape
 
 
@@ -178,8 +179,20 @@ def _with_device_sms(shape: dict, head_dim: int) -> dict:
         if any(gpu in props.name for gpu in PERSISTENT_GPUS.get(head_dim, ())):
             shape = dict(shape, num_sms=props.multi_processor_count)
         else:
-            shape = {k: v for k, v in shape.items() if k != "persistent"}
+            shape = {k: v for k, v in shape.items() if k not in ("persistent", "dynamic_schedule")}
     return shape
+
+
+_WORK_COUNTERS: dict[tuple, torch.Tensor] = {}
+
+
+def work_counters(device) -> torch.Tensor:
+    """The dynamic persistent schedule's (items handed out, producers done) int32 counters, one pair per (device,
+    stream) so kernels on different streams never share them; zeroed once, every launch leaves them at zero."""
+    key = (str(device), torch.cuda.current_stream(device).cuda_stream)
+    if key not in _WORK_COUNTERS:
+        _WORK_COUNTERS[key] = torch.zeros(2, dtype=torch.int32, device=device)
+    return _WORK_COUNTERS[key]
 
 
 def is_small_window(window) -> bool:
@@ -209,6 +222,7 @@ def _compiled_sm90_tvm_ffi(head_dim: int, causal: bool, has_lse: bool, p_path: s
     dynamic, unit stride last, 16 B aligned rows — what ``_validate`` guarantees)."""
     shape = _with_device_sms(sm90_kernel_shape(head_dim, overlap, pack_gqa, small_window=small_window,
                                                split_kv=split_kv, ring_ok=ring_ok), head_dim)
+    shape.pop("dynamic_schedule", None)          # its counters are an argument this call path does not pass
     key = ("fwd-tvm-ffi", head_dim, causal, has_lse, p_path, window, sink, split_kv, overlap, pack_gqa, arch,
            tuple(sorted(shape.items())))
     if key not in _COMPILED:
@@ -350,8 +364,10 @@ def attention_with_p_path(q, k, v, *, scale=None, causal=False, window=None, sin
     unused = _unused_nvfp4_args(q.device)
     with torch.cuda.device(q.device):
         if num_splits == 1:
+            dynamic = _with_device_sms(shape, D).get("dynamic_schedule", False)
             args = (to_cute(q, 3), to_cute(k, 3), to_cute(v, 3), to_cute(out, 3), to_cute(lse, 2), *common,
-                    to_cute(sink_t, 0), *unused, current_stream(q.device))
+                    to_cute(sink_t, 0), *unused, current_stream(q.device),
+                    *((to_cute(work_counters(q.device), 0),) if dynamic else ()))
             _compiled_sm90(D, bool(causal), bool(return_lse), p_path, window is not None, sink is not None,
                            False, args, overlap, pack_gqa=pack, small_window=small, ring_ok=ring_ok)(*args)
         else:

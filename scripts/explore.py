@@ -273,19 +273,27 @@ if "ringtimes" in sections:     # run with DSV4_D1_DEBUG=times: the window ring'
     q, k, v = (rnd(2, 16384, 16, 128) for _ in range(3))
     names = ["start", "loop_done", "next_q", "o_staged", "prod_q", "prod_kv", "o_read"]
     for shape in ({"tile_m": 64, "tile_n": 64, "ring": True, "num_stages": 3, "q_in_registers": True},
-                  {"tile_m": 128, "tile_n": 64, "ring": True, "num_stages": 5}, {"tile_m": 64, "persistent": True}):
+                  {"tile_m": 128, "tile_n": 64, "ring": True, "num_stages": 5}, {"tile_m": 64, "persistent": True},
+                  {"tile_m": 64, "persistent": True, "dynamic_schedule": True}):
         A.SM90_RING_TUNING[128] = dict(shape)
-        if shape.get("persistent"):             # the default small-window build: stamps 0 (block start), 3 (O out)
+        if shape.get("persistent"):             # the small-window build: stamps 0 (block start), 3 (O out)
             A.RING_GPUS = {}
             A.PERSISTENT_GPUS = {128: ("",)}
+            A.SM90_SMALL_WINDOW_TUNING[128] = {"tile_n": 64, **shape}
         for rep in range(3):
             out, lse = dsv4lib.attention(q, k, v, window=128, sink=sink, return_lse=True)
         torch.cuda.synchronize()
         ctas = 256 if shape["tile_m"] == 64 else 128          # B2 H16 S16k: 256 / 128 CTAs of 32 items
-        st = lse.view(torch.int64).flatten()[: ctas * 64 * 8].view(ctas, 64, 8)[:, :32]
-        t0 = st[:, 0, 0].min()
+        if shape.get("dynamic_schedule"):
+            ctas = 264                                         # every slot, items taken as they come
+        st = lse.view(torch.int64).flatten()[: ctas * 64 * 8].view(ctas, 64, 8)
+        t0 = st[:, 0, 0].median()
         t = (st - t0).double() / 1e3
-        valid = torch.ones_like(st[:, :, 0], dtype=torch.bool)
+        t0 = t[:, 0, 0][t[:, 0, 0] > -50].min()             # this launch's first start (older slots hold stale stamps)
+        t = t - t0
+        valid = (t[:, :, 0] >= 0) & (t[:, :, 0] < 2000) & (t[:, :, 3] >= 0) & (t[:, :, 3] < 2000)
+        valid &= valid.int().cumprod(dim=1).bool()             # a CTA's items are the leading valid slots
+        count = valid.sum(dim=1)
         med = lambda x: round(x[valid[:, : x.shape[1]]].median().item(), 2) if x.numel() else None
         res = {"ringtimes": knob_name(shape)}
         res["first_start_med"] = round(t[:, 0, 0][valid[:, 0]].median().item(), 2)
@@ -298,9 +306,11 @@ if "ringtimes" in sections:     # run with DSV4_D1_DEBUG=times: the window ring'
         res["prod_q_lead"] = med(t[:, 1:, 0] - t[:, 1:, 4])      # Q(u) issued this long before item u starts
         res["prod_kv_lead"] = med(t[:, 1:, 1] - t[:, 1:, 5])     # item u's K/V issued this long before its loop ends
         res["o_read_after_staged"] = med(t[:, :, 6] - t[:, :, 3])
-        done = t[:, :, 3].max(dim=1).values.sort().values                 # each CTA's last O staged, sorted
+        done = t[:, :, 3].where(valid, torch.zeros_like(t[:, :, 3])).max(dim=1).values.sort().values
         res["cta_done_pct_0_10_50_90_100"] = [round(done[int(f * (ctas - 1))].item(), 1) for f in (0, .1, .5, .9, 1)]
-        period = (t[:, -1, 0] - t[:, 0, 0]) / 31
+        res["items_per_cta_min_max"] = [int(count.min()), int(count.max())]
+        last = t[:, :, 0].gather(1, (count - 1).clamp(min=0)[:, None])[:, 0]
+        period = (last - t[:, 0, 0]) / (count - 1).clamp(min=1)
         res["cta_period_min_med_max"] = [round(x, 2) for x in (period.min().item(), period.median().item(),
                                                                 period.max().item())]
         res["per_item_median_loop_first8"] = [round(t[:, j, 1][valid[:, j]].median().item() -
@@ -416,6 +426,7 @@ if "d5win" in sections:
     quick = os.environ.get("D5WIN_QUICK") == "1"     # only the small-window builds: plain, persistent, window ring
     if quick:
         variants = {d: [{"tile_m": 64, "tile_n": 64}, {"tile_m": 64, "tile_n": 64, "persistent": True},
+                        {"tile_m": 64, "tile_n": 64, "persistent": True, "dynamic_schedule": True},
                         {"tile_m": 128, "tile_n": 64, "ring": True, "num_stages": 5},
                         {"tile_m": 128, "tile_n": 64, "ring": True, "num_stages": 4},
                         {"tile_m": 64, "tile_n": 64, "ring": True, "num_stages": 3},

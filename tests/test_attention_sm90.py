@@ -218,23 +218,37 @@ def test_persistent_is_the_small_window_default_but_never_for_split_kv():
     (2, 1111, 1111, 4, 4, 128, None, True, False),   # D1 causal, 128-row persistent
     (1, 900, 1300, 2, 2, 64, None, False, False),
 ])
-def test_persistent_ctas_match_the_reference(monkeypatch, B, Sq, Sk, H, Hkv, D, window, causal, small):
-    """Many more blocks than CTAs (each CTA walks several; the pipeline states run on across blocks)."""
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_persistent_ctas_match_the_reference(monkeypatch, B, Sq, Sk, H, Hkv, D, window, causal, small, dynamic):
+    """Many more blocks than CTAs (each CTA walks several; the pipeline states run on across blocks), dealt
+    statically or taken from the work counter (dynamic_schedule: three calls in a row and one on a side stream,
+    the counters back at zero after each)."""
     import sys
     attention_module = sys.modules["dsv4lib.attention"]
     monkeypatch.setattr(attention_module, "PERSISTENT_GPUS", {D: ("",)})   # every GPU: the build is what is tested
+    knobs = {"persistent": True, "dynamic_schedule": dynamic}
     if small:
         monkeypatch.setitem(attention_module.SM90_SMALL_WINDOW_TUNING, D,
-                            {**attention_module.SM90_SMALL_WINDOW_TUNING[D], "persistent": True})
+                            {**attention_module.SM90_SMALL_WINDOW_TUNING[D], **knobs})
     else:
-        monkeypatch.setitem(attention_module.SM90_TUNING, D, {**attention_module.SM90_TUNING[D], "persistent": True})
+        monkeypatch.setitem(attention_module.SM90_TUNING, D, {**attention_module.SM90_TUNING[D], **knobs})
     gen = torch.Generator().manual_seed(Sq + Sk + D)
     q, k, v = _inputs(B, Sq, Sk, H, Hkv, D, gen)
     sink = torch.randn(H, generator=gen).cuda()
-    out, lse = dsv4lib.attention(q, k, v, causal=causal, window=window, sink=sink, return_lse=True, num_splits=1)
     ref, ref_lse = reference.attention(q.double(), k.double(), v.double(), causal=causal, window=window,
                                        sink=sink.double(), return_lse=True)
-    _assert_matches(out, lse, ref, ref_lse, empty_rows_exact=True)
+    side = torch.cuda.Stream()
+    for call in range(4 if dynamic else 1):
+        stream = side if call == 3 else torch.cuda.current_stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            out, lse = dsv4lib.attention(q, k, v, causal=causal, window=window, sink=sink, return_lse=True,
+                                         num_splits=1)
+            counters = attention_module.work_counters(q.device) if dynamic else None
+        torch.cuda.synchronize()
+        _assert_matches(out, lse, ref, ref_lse, empty_rows_exact=True)
+        if dynamic:
+            assert counters.tolist() == [0, 0]
 
 
 @pytest.mark.compile

@@ -217,7 +217,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                  split_kv: bool = False, overlap: bool = False, nvfp4_out: bool = False, pack_gqa: int = 1,
                  tile_m: int = 128, wg_pingpong: bool = False, rescale_o_early: bool = False,
                  tma_store_o: bool = True, persistent: bool = False, num_sms: int = 132, ring: bool = False,
-                 q_in_registers: bool = False):
+                 q_in_registers: bool = False, dynamic_schedule: bool = False):
         if tile_m not in (64, 128, 192):
             raise ValueError(f"tile_m must be 64 (1 consumer warpgroup, two CTAs per SM), 128 (2) or 192 (3), "
                              f"got {tile_m}")
@@ -275,6 +275,12 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             raise ValueError("persistent CTAs are built for the overlapped RS mainloop with the bf16 TMA-store "
                              "epilogue (no split-KV, NVFP4, SMEM-P or ping-pong)")
         self.persistent = persistent
+        # Dynamic persistent schedule (``dynamic_schedule``): the producer takes the next work item from a global
+        # counter instead of every gdim-th one, so CTAs on SMs that are served faster (or alone on their SM) take
+        # more items — a static deal ends with the slowest CTAs (module docstring)
+        if dynamic_schedule and not persistent:
+            raise ValueError("dynamic_schedule deals the work items of persistent CTAs: it needs persistent=True")
+        self.dynamic_schedule = dynamic_schedule
         # Window ring (``ring``): one CTA per SM walks chunks of consecutive 128-row items of one head, K/V tiles
         # streamed once per chunk into a ring the two halves of an item share (module docstring).  Only for a
         # window whose 64-row halves need at most 3 tiles of 64 keys and whose queries sit on tile boundaries
@@ -351,7 +357,9 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
                  softmax_scale_log2: Float32, window_size: Int32, mSink: cute.Tensor, mOutScales: cute.Tensor,
-                 mSenc: cute.Tensor, stream: cuda.CUstream = None):
+                 mSenc: cute.Tensor, stream: cuda.CUstream = None, mWork: cute.Tensor = None):
+        # mWork (dynamic_schedule only): int32 (2,) = (items handed out, producers done), zero before the launch and
+        # left zero after it (dsv4lib.attention.work_counters)
         # torch (b, s, h, d) -> (s, d, h, b): the TMA tiles the first two modes
         mQ, mK, mV = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0])) for t in (mQ, mK, mV)]
         if const_expr(self.split_kv):
@@ -402,6 +410,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
             sP: cute.struct.Align[cute.struct.MemRange[self.dtype, p_elems], 1024]
             sO: cute.struct.Align[cute.struct.MemRange[self.dtype, o_elems], 1024]
+            sWork: cute.struct.MemRange[Int32, self.q_stages]    # dynamic_schedule: the work item of each Q stage
 
         batch_and_splits = cute.size(mQ.shape[3])
         if const_expr(self.split_kv):
@@ -409,10 +418,14 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         grid = (cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m), cute.size(mQ.shape[2]), batch_and_splits)
         if const_expr(self.persistent):
             grid = (persistent_grid(self.work_items(mQ), self.num_sms * self.ctas_per_sm), 1, 1)
+            if const_expr(self.dynamic_schedule):            # every slot: the faster ones take more items
+                grid = (cutlass.min(self.work_items(mQ), self.num_sms * self.ctas_per_sm), 1, 1)
+        if const_expr(not self.dynamic_schedule):
+            mWork = mSenc                                    # unused
         if const_expr(self.ring):
             grid = (persistent_grid(self.ring_chunking(mQ)[2], self.num_sms * self.ctas_per_sm), 1, 1)
         self.kernel(tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, tma_atom_O, mO, mLSE, softmax_scale_log2,
-                    window_size, mSink, mOutScales, mSenc,
+                    window_size, mSink, mOutScales, mSenc, mWork,
                     sQ_layout, sK_layout, sV_layout, sP_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage).launch(
             grid=grid, block=[self.NUM_THREADS, 1, 1], min_blocks_per_mp=self.ctas_per_sm,
             # two CTAs per SM need the whole 228 KB carve-out (100 %), not the driver's pick for one CTA's size
@@ -423,7 +436,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
     def kernel(self, tma_atom_Q: cute.CopyAtom, mQ: cute.Tensor, tma_atom_K: cute.CopyAtom, mK: cute.Tensor,
                tma_atom_V: cute.CopyAtom, mV: cute.Tensor, tma_atom_O: cute.CopyAtom, mO: cute.Tensor, mLSE: cute.Tensor,
                softmax_scale_log2: Float32, window_size: Int32, mSink: cute.Tensor, mOutScales: cute.Tensor,
-               mSenc: cute.Tensor, sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
+               mSenc: cute.Tensor, mWork: cute.Tensor, sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
                sV_layout: cute.ComposedLayout, sP_layout: cute.ComposedLayout, tiled_mma_qk: cute.TiledMma,
                tiled_mma_pv: cute.TiledMma, SharedStorage: cutlass.Constexpr):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -502,7 +515,8 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                                    pipeline_v, seqlen_q, seqlen_k, window_size, mLSE)
                 elif const_expr(self.persistent):
                     self.load_persistent(tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV, pipeline_q,
-                                         pipeline_k, pipeline_v, seqlen_q, seqlen_k, window_size)
+                                         pipeline_k, pipeline_v, seqlen_q, seqlen_k, window_size, mWork,
+                                         storage.sWork.get_tensor(cute.make_layout(self.q_stages)))
                 else:
                     self.load(tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV, pipeline_q, pipeline_k,
                               pipeline_v, m_block, head, head_kv, batch, n_block_min, n_block_max)
@@ -519,7 +533,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)                   # (tile_m, D)
             self.consume_persistent(tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, sO, tma_atom_O, mO, mLSE, mQ, pipeline_q,
                                     pipeline_k, pipeline_v, softmax_scale_log2, window_size, mSink, tidx - 128,
-                                    seqlen_q, seqlen_k, rows_q)
+                                    seqlen_q, seqlen_k, rows_q, storage.sWork.get_tensor(cute.make_layout(self.q_stages)))
         else:
             if const_expr(not self.debug_noreg):
                 cute.arch.setmaxregister_increase(self.CONSUMER_REGS)
@@ -551,15 +565,23 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
 
     @cute.jit
     def load_persistent(self, tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV, pipeline_q, pipeline_k,
-                        pipeline_v, seqlen_q, seqlen_k, window_size):
+                        pipeline_v, seqlen_q, seqlen_k, window_size, mWork, sWork):
         """Producer of a persistent CTA: per work item, Q into the next of two Q stages, then its K/V tiles into
         the running K/V stages — the next item's loads start as soon as stages free up, while the consumers still
-        finish the current one."""
+        finish the current one.  Work items: blockIdx.x, + gridDim.x, …; or, with ``dynamic_schedule``, taken
+        from the counter ``mWork[0]`` (the next one fetched while this one's K/V load), each announced to the
+        consumers in ``sWork`` next to its Q, and -1 after the last."""
         bidx, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
+        total = self.work_items(mQ)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.q_stages)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
-        for work in cutlass.range(bidx, self.work_items(mQ), gdim, unroll=1):
+        work = bidx
+        step = gdim
+        if const_expr(self.dynamic_schedule):
+            work = self.take_work(mWork)
+            step = 0
+        while work < total:
             m_block, head, batch = self.work_coords(work, mQ)
             head_kv = self.kv_head(head, mQ, mK)
             n_block_min, n_block_max = self.block_range(m_block, seqlen_q, seqlen_k, window_size)
@@ -572,19 +594,57 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                                                cute.group_modes(gK, 0, 2))
             tVsV, tVgV = cpasync.tma_partition(tma_atom_V, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
                                                cute.group_modes(gV, 0, 2))
+            if const_expr(self.dynamic_schedule):
+                # the item goes into sWork before the full barrier's arrive (a release) announces the stage
+                pipeline_q.sync_object_empty.wait(q_state.index, q_state.phase)
+                if cute.arch.lane_idx() == 0:
+                    sWork[q_state.index] = work
             pipeline_q.producer_acquire(q_state)
             cute.copy(tma_atom_Q, tQgQ, tQsQ[None, q_state.index], tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
             q_state.advance()
+            if const_expr(self.dynamic_schedule):
+                step = self.take_work(mWork) - work          # fetched now, used after the K/V issue below
             kv_state = load_kv_tiles(tma_atom_K, tKgK, tKsK, pipeline_k, tma_atom_V, tVgV, tVsV, pipeline_v,
                                      n_block_min, n_block_max, self.num_stages, kv_state)
+            work += step
+        if const_expr(self.dynamic_schedule):
+            # no more items: -1 in the next Q stage, its full barrier completed by a plain arrive (no bytes)
+            pipeline_q.sync_object_empty.wait(q_state.index, q_state.phase)
+            if cute.arch.lane_idx() == 0:
+                sWork[q_state.index] = Int32(-1)
+                cute.arch.mbarrier_arrive(pipeline_q.producer_get_barrier(q_state))
+            q_state.advance()
+            if cute.arch.lane_idx() == 0:
+                # the last producer to finish taking items puts both counters back to zero for the next launch
+                if cute.arch.atomic_add(mWork.iterator + 1, Int32(1), sem="relaxed", scope="gpu") == gdim - 1:
+                    mWork[0] = Int32(0)
+                    mWork[1] = Int32(0)
         pipeline_q.producer_tail(q_state)
         pipeline_k.producer_tail(kv_state.clone())
         pipeline_v.producer_tail(kv_state.clone())
 
     @cute.jit
+    def take_work(self, mWork) -> Int32:
+        """dynamic_schedule: the next work item from the global counter (lane 0's atomic, broadcast to the warp)."""
+        work = Int32(0)
+        if cute.arch.lane_idx() == 0:
+            work = cute.arch.atomic_add(mWork.iterator, Int32(1), sem="relaxed", scope="gpu")
+        return cute.arch.shuffle_sync(work, 0)
+
+    @cute.jit
+    def announced_work(self, pipeline_q, q_state, sWork, total) -> Int32:
+        """dynamic_schedule, consumers: wait for the next Q stage and read its work item (the producer's -1 after
+        the last item becomes ``total``, which ends the loop)."""
+        pipeline_q.consumer_wait(q_state)
+        work = sWork[q_state.index]
+        if work < 0:
+            work = total
+        return work
+
+    @cute.jit
     def consume_persistent(self, tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, sO, tma_atom_O, mO, mLSE, mQ, pipeline_q,
                            pipeline_k, pipeline_v, softmax_scale_log2, window_size, mSink, ctidx, seqlen_q, seqlen_k,
-                           rows_q):
+                           rows_q, sWork):
         """Consumers of a persistent CTA: per work item, the overlapped mainloop on its Q stage and K/V tiles (the
         pipeline states run on from item to item), Q's stage freed as soon as its last QK retired, the rows
         finished, O stored by TMA from ``sO`` (the previous item's store must have read it first)."""
@@ -596,7 +656,11 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.q_stages)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
         item_count = Int32(0)                                # debug_times stamps
-        for work in cutlass.range(bidx, self.work_items(mQ), gdim, unroll=1):
+        total = self.work_items(mQ)
+        work = bidx
+        if const_expr(self.dynamic_schedule):
+            work = self.announced_work(pipeline_q, q_state, sWork, total)
+        while work < total:
             m_block, head, batch = self.work_coords(work, mQ)
             n_block_min, n_block_max = self.block_range(m_block, seqlen_q, seqlen_k, window_size)
             if ctidx == 0:
@@ -604,7 +668,8 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             acc_O.fill(0.0)
             row_max.fill(-Float32.inf)
             row_sum.fill(0.0)
-            pipeline_q.consumer_wait(q_state)
+            if const_expr(not self.dynamic_schedule):
+                pipeline_q.consumer_wait(q_state)
             kv_state = self.mainloop_overlapped(tiled_mma_qk, tiled_mma_pv, tSrQ[None, None, None, q_state.index],
                                                 tSrK, tOrVt, acc_O, acc_O_rc, tScS_rc, row_max, row_sum, pipeline_k,
                                                 pipeline_v, kv_state, softmax_scale_log2, window_size, m_block,
@@ -618,6 +683,12 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             if ctidx == 0:
                 self.ring_stamp(mLSE, item_count, 3)
             item_count += 1
+            if const_expr(self.dynamic_schedule):
+                work = self.announced_work(pipeline_q, q_state, sWork, total)
+            else:
+                work += gdim
+        if const_expr(self.dynamic_schedule):
+            pipeline_q.consumer_release(q_state)             # the -1 stage: the producer's tail waits for it
         if ctidx < 32:
             cute.arch.cp_async_bulk_wait_group(0, read=True)                # sO must outlive the last store's reads
 
