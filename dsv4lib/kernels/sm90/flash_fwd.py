@@ -405,13 +405,20 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             mbar_Q: cute.struct.MemRange[cutlass.Int64, self.q_stages * 2]
             mbar_K: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
             mbar_V: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
+            # dynamic_schedule: the work item of each Q stage (in the barriers' 1 KB, before the aligned buffers:
+            # two 64-row persistent CTAs fill an SM's 228 KB to the byte)
+            sWork: cute.struct.MemRange[Int32, self.q_stages if self.dynamic_schedule else 0]
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
             sP: cute.struct.Align[cute.struct.MemRange[self.dtype, p_elems], 1024]
             sO: cute.struct.Align[cute.struct.MemRange[self.dtype, o_elems], 1024]
-            sWork: cute.struct.MemRange[Int32, self.q_stages]    # dynamic_schedule: the work item of each Q stage
 
+        if const_expr(self.ctas_per_sm * (SharedStorage.size_in_bytes() + 1024) > self.SMEM_PER_SM):
+            # the exact struct (alignment padding included), not smem_bytes()'s estimate: one byte over and the
+            # second CTA of an SM silently waits for the first to finish
+            raise ValueError(f"{SharedStorage.size_in_bytes()} B of shared memory: {self.ctas_per_sm} CTAs do not "
+                             f"fit an SM")
         batch_and_splits = cute.size(mQ.shape[3])
         if const_expr(self.split_kv):
             batch_and_splits = batch_and_splits * cute.size(mO.shape[4])
@@ -503,6 +510,9 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         if const_expr(self.debug_printf):
             if tidx == 0 and m_block == 0 and head == 0 and batch == 0:
                 cute.printf("D1 start: seqlen_q %d seqlen_k %d n_block_max %d\n", seqlen_q, seqlen_k, n_block_max)
+        sWork = None
+        if const_expr(self.dynamic_schedule):
+            sWork = storage.sWork.get_tensor(cute.make_layout(self.q_stages))     # (Q stages,) work items
         if warp_idx < 4:
             if const_expr(not self.debug_noreg):
                 cute.arch.setmaxregister_decrease(self.PRODUCER_REGS)
@@ -516,7 +526,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                 elif const_expr(self.persistent):
                     self.load_persistent(tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV, pipeline_q,
                                          pipeline_k, pipeline_v, seqlen_q, seqlen_k, window_size, mWork,
-                                         storage.sWork.get_tensor(cute.make_layout(self.q_stages)))
+                                         sWork)
                 else:
                     self.load(tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV, pipeline_q, pipeline_k,
                               pipeline_v, m_block, head, head_kv, batch, n_block_min, n_block_max)
@@ -533,7 +543,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)                   # (tile_m, D)
             self.consume_persistent(tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, sO, tma_atom_O, mO, mLSE, mQ, pipeline_q,
                                     pipeline_k, pipeline_v, softmax_scale_log2, window_size, mSink, tidx - 128,
-                                    seqlen_q, seqlen_k, rows_q, storage.sWork.get_tensor(cute.make_layout(self.q_stages)))
+                                    seqlen_q, seqlen_k, rows_q, sWork)
         else:
             if const_expr(not self.debug_noreg):
                 cute.arch.setmaxregister_increase(self.CONSUMER_REGS)
