@@ -366,9 +366,11 @@ if "d1tune" in sections:
                      {"tile_n": 192, "rescale_o_early": True}],
                 128: [{}, {"wg_pingpong": True, "rescale_o_early": True}, {"rescale_o_early": True}, {"tile_n": 160},
                       {"tile_n": 176}, {"tile_n": 192}, {"tile_n": 176, "rescale_o_early": True},
-                      {"tile_n": 176, "wg_pingpong": True, "rescale_o_early": True}],
+                      {"tile_n": 176, "wg_pingpong": True, "rescale_o_early": True}, {"persistent": True},
+                      {"persistent": True, "dynamic_schedule": True}],
                 256: [{}, {"rescale_o_early": True}, {"tile_n": 80}, {"tile_n": 80, "rescale_o_early": True}]}
     shipped = {d: dict(v) for d, v in A.SM90_TUNING.items()}            # restored after each sweep
+    A.PERSISTENT_GPUS = {64: ("",), 128: ("",), 256: ("",)}               # persistent variants on every GPU
     only = os.environ.get("D1TUNE_DIMS")
     for D in [int(x) for x in only.split(",")] if only else (64, 128, 256):
         for causal in (False, True):

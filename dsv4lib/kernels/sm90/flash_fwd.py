@@ -557,7 +557,12 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         once take neighbouring blocks of one head and share its K/V tiles through L2)."""
         m_blocks = cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m)
         n_heads = cute.size(mQ.shape[2])
-        return work % m_blocks, (work // m_blocks) % n_heads, work // (m_blocks * n_heads)
+        m_block = work % m_blocks
+        if const_expr(self.causal or self.has_window):
+            # the last query blocks first: under a causal mask or a window the first blocks of a head see the fewest
+            # keys, so the items dealt last are the short ones (longest processing time first)
+            m_block = m_blocks - 1 - m_block
+        return m_block, (work // m_blocks) % n_heads, work // (m_blocks * n_heads)
 
     @cute.jit
     def work_items(self, mQ):
