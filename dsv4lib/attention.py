@@ -83,7 +83,14 @@ DEFAULT_PACK_GQA = True
 #   hd64   default 478/467 (causal 426/423) · ping-pong 468/451 · tile_n 192 + early 486 (429) · tile_m 192 178:
 #          three consumer warpgroups at 160 registers spill (580 B/thread) — FA4's 192-row tile needs a leaner
 #          consumer than ours.  Default kept.
-SM90_TUNING: dict[int, dict] = {64: {}, 128: {}, 256: {"tile_n": 80, "rescale_o_early": True}}
+# Persistent CTAs with the dynamic schedule (work items from a global counter, the last query blocks first under a
+# causal mask or window), hd128, measured at 3684c27 (scripts/explore.py d1tune, TFLOP/s non-causal / causal, then
+# µs at W = 4096; FA4 in the same run): H200 plain 687 / 665 / 1505 · static persistent 714 / 360 / 1633 · dynamic
+# 719 / 660 / 1464 (FA4 756 / 702 / 1395); H100 plain 700 / 656 / 1527 · dynamic 708 / 649 / 1486 (FA4 746 / 691 /
+# 1416).  A static deal ends with the CTAs the memory system serves slowest (and a causal one with the heavy
+# blocks); the counter lets the faster CTAs take more.  Adopted for hd128 (causal a tie, W4096 −3 %).
+SM90_TUNING: dict[int, dict] = {64: {}, 128: {"persistent": True, "dynamic_schedule": True},
+                                256: {"tile_n": 80, "rescale_o_early": True}}
 
 
 # D5, small windows (W <= SMALL_WINDOW_MAX): a query tile then visits only 2-3 KV tiles, so the kernel is bound by
@@ -107,8 +114,14 @@ SMALL_WINDOW_MAX = 128
 # d5win, B2 H16 S16k W128 + sink, TFLOP/s over visible pairs, FA4 in the same run): hd128 FA4 154 · 64×64 175 ·
 # persistent 208; hd64 FA4 93 · 111 · 135.  Split-KV builds (D5b branches, explicit num_splits) stay one CTA per
 # block: their fp32 partials leave by register stores.
-SM90_SMALL_WINDOW_TUNING: dict[int, dict] = {64: {"tile_m": 64, "tile_n": 64, "persistent": True},
-                                             128: {"tile_m": 64, "tile_n": 64, "persistent": True}}
+# The dynamic schedule (``dynamic_schedule``; per-CTA %globaltimer stamps, DSV4_D1_DEBUG=times scripts/explore.py
+# ringtimes at 4af7634: with the static deal the median CTA of the H200 finished at 145 µs and the slowest 10 % at ~159, the
+# CTAs alone on their SM at 80) measured (H200 at 4af7634, H100 at 3684c27; D5WIN_QUICK=1 scripts/explore.py d5win, µs, FA4 in the same
+# run): H200 hd128 static 164.6 → dynamic 160.4 (FA4 221.8), hd64 127.6 → 120.9 (FA4 183.5); H100 hd128 plain
+# 209.3 · static 237.3 · dynamic 194.6 (FA4 229.7), hd64 129.1 → 122.5 (FA4 184.1).
+SM90_SMALL_WINDOW_TUNING: dict[int, dict] = {
+    64: {"tile_m": 64, "tile_n": 64, "persistent": True, "dynamic_schedule": True},
+    128: {"tile_m": 64, "tile_n": 64, "persistent": True, "dynamic_schedule": True}}
 
 
 # The window ring (``ring=True``: CTAs walk chunks of consecutive items of one head, each K/V tile read from L2
@@ -159,12 +172,12 @@ def sm90_kernel_shape(D: int, overlap: bool, pack: int = 1, nvfp4_out: bool = Fa
     return shape
 
 
-# GPUs (device name contains one of these), per head dim, on which persistent small-window CTAs were measured to
-# win (D5WIN_QUICK=1 scripts/explore.py d5win, B2 H16 S16k W128 + sink, TFLOP/s plain → persistent, FA4 in the same
-# run): H200 at a2026b4 hd128 175 → 208 (FA4 154), hd64 111 → 135 (FA4 93); H100 at 5afb452 hd128 163 → 152 (FA4
-# 149: there the plain 64-row build already moves 0.84 of the copy bandwidth), hd64 111 → 132 (FA4 93).
-# Elsewhere: one block per CTA.
-PERSISTENT_GPUS: dict[int, tuple[str, ...]] = {64: ("H100", "H200"), 128: ("H200",)}
+# GPUs (device name contains one of these), per head dim, on which persistent CTAs were measured to win (D5WIN_QUICK=1
+# scripts/explore.py d5win, B2 H16 S16k W128 + sink, TFLOP/s plain → persistent, FA4 in the same run): H200 at
+# a2026b4 hd128 175 → 208 (FA4 154), hd64 111 → 135 (FA4 93); H100 at 5afb452 hd128 163 → 152 with the static deal
+# (FA4 149), 1.08× faster than plain with the dynamic schedule (see above), hd64 111 → 132 (FA4 93).  Elsewhere:
+# one block per CTA.
+PERSISTENT_GPUS: dict[int, tuple[str, ...]] = {64: ("H100", "H200"), 128: ("H100", "H200")}
 
 
 def _with_device_sms(shape: dict, head_dim: int) -> dict:

@@ -14,17 +14,22 @@
 #   MMAs.  And the CTAs are **persistent**: 2 per SM walk the query blocks (neighbouring blocks at once, so a K/V
 #   tile read by three of them comes from L2), the producer loads the next block's Q (two Q stages) and K/V while
 #   the consumer still works on this one, and O leaves through its own buffer by a TMA store nobody waits for
-#   until the buffer is needed again (H200 hd128: 175 → 206 TFLOP/s; on the H100 hd128 loses, 163 → 152, so there
-#   hd128 stays one block per CTA, hd64 goes persistent: `dsv4lib.attention.PERSISTENT_GPUS`).  The other builds put O by `stmatrix` into
-#   the dead Q buffer and one TMA store;
+#   until the buffer is needed again (H200 hd128: 175 → 206 TFLOP/s).  Blocks are taken from a global counter,
+#   not dealt round-robin (`dynamic_schedule`): with a static deal the median CTA finished at 145 µs but the
+#   slowest tenth at ~159 — SMs differ in how fast the memory system serves them — and the counter lets the fast
+#   ones take more (H200 164.6 → 160.4 µs; on the H100 the static deal lost to one block per CTA, 237 vs 209 µs,
+#   the dynamic one wins, 195).  The other builds put O by `stmatrix` into the dead Q buffer and one TMA store;
 # * **what bounds W = 128, measured** (H200, B2 H16 S16k hd128): with every wgmma left out
 #   (`DSV4_D1_DEBUG=nomma scripts/explore.py d5win`) the persistent build still takes 155 µs of its 164 — its data
 #   path is the limit: a 64-row block reads 3 K/V tiles, so each tile crosses L2 → SM three times (~7 TB/s of L2
 #   traffic).  The **window ring** (`ring=True`, a knob) streams each tile once per chunk of consecutive query
 #   blocks into a ring in shared memory; its data path alone takes 133 µs (0.95 of the copy bandwidth), but the
 #   whole kernel 180 µs: with one CTA per SM the ring leaves room to prefetch only about one item, so the loads stop
-#   while the MMAs run (a two-CTA ring of 64-row items fits only one Q stage: 197 µs).  The persistent build stays
-#   the default; a ring that overlaps as well as it streams is the open step to 1.5× FA4;
+#   while the MMAs run.  The two-CTA ring of 64-row items keeps Q in registers (`q_in_registers`: RS-wgmma for QK,
+#   so the next item's Q loads a whole item ahead): 197 → 170 µs, data path alone 140; its three K/V stages are
+#   exactly an item's working set, so the next tile loads only once the item's first is done, and its chunks of
+#   consecutive items cannot be dealt dynamically (the slowest CTAs end at 170, the median at 151).  The
+#   persistent build stays the default; a ring that overlaps as well as it streams is the open step to 1.5× FA4;
 # * the sink joins the final denominator: `O = Σ e^{ℓ} v / (Σ e^{ℓ} + e^{σ})`, the LSE excludes it.
 #
 # D5b: the compressed branch (CSA/HCA entries) is a second key set; `dsv4lib.attention_branches` runs each

@@ -177,12 +177,15 @@ def test_persistent_build_walks_blocks_and_overlaps_the_o_store(head_dim, small_
     import re
     from dsv4lib.attention import sm90_kernel_shape
     from dsv4lib.kernels.compile import compile_for_arch
-    from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
+    from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args, fake_work_counters
     shape = sm90_kernel_shape(head_dim, True, small_window=small_window)
+    assert shape["dynamic_schedule"] and shape["persistent"]
     kernel = FlashAttentionForwardSm90(head_dim, causal=not small_window, has_lse=True, window=small_window,
-                                       sink=small_window, overlap=True, **{**shape, "persistent": True})
+                                       sink=small_window, overlap=True, **shape)
     assert kernel.ctas_per_sm * (kernel.smem_bytes() + 1024) <= kernel.SMEM_PER_SM
-    k = compile_for_arch(kernel, *fake_attention_args(head_dim), arch="sm_90a")
+    k = compile_for_arch(kernel, *fake_attention_args(head_dim), None, fake_work_counters(), arch="sm_90a")
+    # dynamic schedule: one atomic for the next block (the first is blockIdx.x), one for "this producer is done"
+    assert k.count(r"\batom\.[^\n]*global[^\n]*\.add") == 2, re.findall(r"\batom\.\S+", k.ptx)
     assert k.count(r"cp\.async\.bulk\.wait_group\.read\s+0") == 2
     assert k.count(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta") == head_dim // 64    # O's boxes
     store = k.ptx.index("cp.async.bulk.commit_group")
@@ -191,6 +194,8 @@ def test_persistent_build_walks_blocks_and_overlaps_the_o_store(head_dim, small_
     for bad in (dict(split_kv=True), dict(p_in_smem=True, overlap=False), dict(overlap=False)):
         with pytest.raises(ValueError, match="persistent"):
             FlashAttentionForwardSm90(head_dim, causal=False, has_lse=True, persistent=True, **{"overlap": True, **bad})
+    with pytest.raises(ValueError, match="persistent=True"):
+        FlashAttentionForwardSm90(head_dim, causal=False, has_lse=True, overlap=True, dynamic_schedule=True)
 
 
 @pytest.mark.compile
@@ -200,9 +205,12 @@ def test_persistent_is_the_small_window_default_but_never_for_split_kv():
     from dsv4lib.attention import sm90_kernel_shape
     from dsv4lib.kernels.sm90.flash_fwd import persistent_grid
     for D in (64, 128):
-        assert sm90_kernel_shape(D, True, small_window=True).get("persistent") is True
-        assert "persistent" not in sm90_kernel_shape(D, True, small_window=True, split_kv=True)
-        assert "persistent" not in sm90_kernel_shape(D, True)
+        shape = sm90_kernel_shape(D, True, small_window=True)
+        assert shape.get("persistent") is True and shape.get("dynamic_schedule") is True
+        split = sm90_kernel_shape(D, True, small_window=True, split_kv=True)
+        assert "persistent" not in split and "dynamic_schedule" not in split
+    assert "persistent" not in sm90_kernel_shape(64, True)                 # D1: persistent (dynamic) at hd128 only
+    assert sm90_kernel_shape(128, True).get("dynamic_schedule") is True
     assert persistent_grid(8192, 264) == 256                 # 32 rounds: 256 CTAs, not 264 with 8 doing a 32nd
     for work in (1, 263, 264, 265, 8192, 10_000):
         grid = persistent_grid(work, 264)

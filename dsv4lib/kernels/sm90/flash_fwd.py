@@ -45,9 +45,17 @@ registers a thread at launch, 24 / 232 after setmaxnreg; the shared memory is ch
 small-window default (``dsv4lib.attention.SM90_SMALL_WINDOW_TUNING``): there one CTA's loads and stores overlap
 the other's MMAs.
 
-**Persistent CTAs** (``persistent=True``, a knob, not a default until measured): ``ctas_per_sm · num_sms`` CTAs
-walk the query blocks; two Q stages and a separate O buffer let the producer load the next block while the
-consumers finish this one, and the O store of a block is waited for only when the next block needs the buffer.
+**Persistent CTAs** (``persistent=True``; the small-window and hd128 default, ``dsv4lib.attention``):
+``ctas_per_sm · num_sms`` CTAs walk the query blocks; two Q stages and a separate O buffer let the producer load
+the next block while the consumers finish this one, and the O store of a block is waited for only when the next
+block needs the buffer.  **Dynamic schedule** (``dynamic_schedule=True``): a CTA's first block is its blockIdx.x,
+every later one ``gridDim.x`` + a global counter's next value (``atom.add`` by the producer, issued while the
+current block's K/V load, so its latency hides); the producer writes the block into ``sWork`` next to its Q stage
+before the stage's full barrier is armed (the arrive is a release), and after the last block it completes the
+next stage's barrier with a plain arrive and -1 in ``sWork``, which ends the consumers' loop.  The last producer
+to finish (a second counter) zeroes both counters for the next launch.  Under a causal mask or a window the last
+query blocks of a head come first (longest first).  Why: a static deal ends with the slowest CTAs, and CTAs doing
+the same work differ by ~10 % (the SMs the memory system serves last; DSV4_D1_DEBUG=times stamps).
 
 **Window ring** (``ring=True``, small windows; a knob — measured slower than the persistent build, see
 ``dsv4lib.attention.SM90_RING_TUNING``): each CTA (one per SM, two consumer warpgroups, 128-row items of 64-row
@@ -60,7 +68,9 @@ stream (``ring_state``).  O is staged in the item's own Q stage; a *storer* warp
 from there: it waits on a named barrier the consumers only arrive at, issues the TMA store, waits for its read and
 hands the Q stage back to the producer.  No consumer ever waits for a store (waiting in a consumer warp stalled its
 warpgroup's next wgmma by the store's drain time, ~1 µs an item on the H200).  Q is double-buffered, so the next
-item's Q was loaded while this one computed.
+item's Q was loaded while this one computed.  The 64-row ring has room for one Q stage only; with
+``q_in_registers`` its QK is an RS-wgmma: each item copies the next item's Q from the stage into registers before
+its O is staged there, so Q(u+1) loads during item u instead of after O(u) is stored (197 → 170 µs on the H200).
 
 KV tiles are visited from the last to the first, so the tiles that need masking (the ragged end of the
 keys, the causal diagonal) come first.  The running row max is kept in raw-score units and the softmax
@@ -583,19 +593,16 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                         pipeline_v, seqlen_q, seqlen_k, window_size, mWork, sWork):
         """Producer of a persistent CTA: per work item, Q into the next of two Q stages, then its K/V tiles into
         the running K/V stages — the next item's loads start as soon as stages free up, while the consumers still
-        finish the current one.  Work items: blockIdx.x, + gridDim.x, …; or, with ``dynamic_schedule``, taken
-        from the counter ``mWork[0]`` (the next one fetched while this one's K/V load), each announced to the
-        consumers in ``sWork`` next to its Q, and -1 after the last."""
+        finish the current one.  Work items: blockIdx.x, + gridDim.x, …; or, with ``dynamic_schedule``, blockIdx.x
+        and then gridDim.x + the counter ``mWork[0]`` (the next one fetched while this one's K/V load), each
+        announced to the consumers in ``sWork`` next to its Q, and -1 after the last."""
         bidx, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
         total = self.work_items(mQ)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.q_stages)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
-        work = bidx
+        work = bidx                                          # the first item needs no counter (no atomic's latency)
         step = gdim
-        if const_expr(self.dynamic_schedule):
-            work = self.take_work(mWork)
-            step = 0
         while work < total:
             m_block, head, batch = self.work_coords(work, mQ)
             head_kv = self.kv_head(head, mQ, mK)
@@ -640,11 +647,13 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
 
     @cute.jit
     def take_work(self, mWork) -> Int32:
-        """dynamic_schedule: the next work item from the global counter (lane 0's atomic, broadcast to the warp)."""
+        """dynamic_schedule: the next work item — gridDim.x + the global counter (every CTA's first item is its
+        blockIdx.x) — lane 0's atomic, broadcast to the warp."""
+        gdim, _, _ = cute.arch.grid_dim()
         work = Int32(0)
         if cute.arch.lane_idx() == 0:
             work = cute.arch.atomic_add(mWork.iterator, Int32(1), sem="relaxed", scope="gpu")
-        return cute.arch.shuffle_sync(work, 0)
+        return gdim + cute.arch.shuffle_sync(work, 0)
 
     @cute.jit
     def announced_work(self, pipeline_q, q_state, sWork, total) -> Int32:
@@ -1347,6 +1356,12 @@ def fake_nvfp4_args(head_dim: int):
     scales = make_fake_tensor(Int32, (b, s, h, head_dim // 64), stride=(cute.sym_int(), cute.sym_int(), cute.sym_int(), 1),
                               assumed_align=4)
     return q, k, v, data, lse, scale, window, sink, scales, s_enc
+
+
+def fake_work_counters():
+    """Symbolic stand-in for the dynamic schedule's int32 (2,) counters (the argument after the stream)."""
+    from cutlass.cute.runtime import make_fake_tensor
+    return make_fake_tensor(cutlass.Int32, (2,), stride=(1,), assumed_align=4)
 
 
 def fake_attention_args(head_dim: int):
