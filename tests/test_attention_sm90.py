@@ -153,7 +153,7 @@ def test_small_window_build_shares_its_sm_with_a_second_cta(head_dim):
     kernel = FlashAttentionForwardSm90(head_dim, causal=False, has_lse=True, window=True, sink=True, overlap=True,
                                        **shape)
     assert 2 * (kernel.smem_bytes() + 1024) <= kernel.SMEM_PER_SM
-    k = compile_for_arch(kernel, *fake_attention_args(head_dim), arch="sm_90a")
+    k = compile_for_arch(kernel, *fake_attention_args(head_dim, shape["dynamic_schedule"]), arch="sm_90a")
     assert k.count(r"\.minnctapersm\s+2") == 1
     assert k.count(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+232;") == 1
     assert k.count(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;") == 1
@@ -177,13 +177,13 @@ def test_persistent_build_walks_blocks_and_overlaps_the_o_store(head_dim, small_
     import re
     from dsv4lib.attention import sm90_kernel_shape
     from dsv4lib.kernels.compile import compile_for_arch
-    from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args, fake_work_counters
+    from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
     shape = sm90_kernel_shape(head_dim, True, small_window=small_window)
     assert shape["dynamic_schedule"] and shape["persistent"]
     kernel = FlashAttentionForwardSm90(head_dim, causal=not small_window, has_lse=True, window=small_window,
                                        sink=small_window, overlap=True, **shape)
     assert kernel.ctas_per_sm * (kernel.smem_bytes() + 1024) <= kernel.SMEM_PER_SM
-    k = compile_for_arch(kernel, *fake_attention_args(head_dim), None, fake_work_counters(), arch="sm_90a")
+    k = compile_for_arch(kernel, *fake_attention_args(head_dim, dynamic_schedule=True), arch="sm_90a")
     # dynamic schedule: one atomic for the next block (the first is blockIdx.x), one for "this producer is done"
     assert k.count(r"\batom\.[^\n]*global[^\n]*\.add") == 2, re.findall(r"\batom\.\S+", k.ptx)
     assert k.count(r"cp\.async\.bulk\.wait_group\.read\s+0") == 2
@@ -445,7 +445,7 @@ def test_default_tuned_build_feeds_whole_registers_to_the_rs_wgmma(head_dim):
     from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
     shape = sm90_kernel_shape(head_dim, True)
     k = compile_for_arch(FlashAttentionForwardSm90(head_dim, causal=True, has_lse=True, overlap=True, **shape),
-                         *fake_attention_args(head_dim), arch="sm_90a")
+                         *fake_attention_args(head_dim, shape.get("dynamic_schedule", False)), arch="sm_90a")
     assert k.count(r"cvt\.rn\.bf16\.f32") == 0 and k.count(r"cvt\.rn\.bf16x2\.f32") > 0
     rs = k.count(rf"wgmma\.mma_async\.sync\.aligned\.m64n{head_dim}k16\.f32\.bf16\.bf16\s+\{{[^}}]*\}},\s*\{{%r")
     assert rs == 2 * shape["tile_n"] // 16, rs                        # the loop's PV and the tail's PV

@@ -1364,9 +1364,10 @@ def fake_work_counters():
     return make_fake_tensor(cutlass.Int32, (2,), stride=(1,), assumed_align=4)
 
 
-def fake_attention_args(head_dim: int):
+def fake_attention_args(head_dim: int, dynamic_schedule: bool = False):
     """Symbolic stand-ins for (q, k, v, o, lse) shaped like the runtime tensors ``dsv4lib.attention`` passes
-    (every extent and stride dynamic, unit stride last): builds the kernel on a machine without a GPU."""
+    (every extent and stride dynamic, unit stride last): builds the kernel on a machine without a GPU.  With
+    ``dynamic_schedule`` also the (default) stream and the work counters that such a build takes after it."""
     from cutlass.cute.runtime import make_fake_tensor
 
     def bshd():
@@ -1378,4 +1379,5 @@ def fake_attention_args(head_dim: int):
     sink = make_fake_tensor(Float32, (cute.sym_int(),), stride=(1,), assumed_align=4)
     out_scales = make_fake_tensor(Uint8, (cute.sym_int(),), stride=(1,), assumed_align=1)     # unused unless nvfp4
     s_enc = make_fake_tensor(Float32, (1,), stride=(1,), assumed_align=4)
-    return bshd(), bshd(), bshd(), bshd(), lse, Float32(1.0), Int32(0), sink, out_scales, s_enc
+    args = bshd(), bshd(), bshd(), bshd(), lse, Float32(1.0), Int32(0), sink, out_scales, s_enc
+    return args + (None, fake_work_counters()) if dynamic_schedule else args
