@@ -433,11 +433,9 @@ if "d5win" in sections:
                         {"tile_m": 128, "tile_n": 64, "ring": True, "num_stages": 4},
                         {"tile_m": 64, "tile_n": 64, "ring": True, "num_stages": 3},
                         {"tile_m": 64, "tile_n": 64, "ring": True, "num_stages": 3, "q_in_registers": True},
-                        {"tile_m": 64, "tile_n": 64, "ring": True, "num_stages": 3, "q_in_registers": True,
-                         "l2_prefetch": 2},
-                        {"tile_m": 64, "tile_n": 64, "ring": True, "num_stages": 3, "q_in_registers": True,
-                         "l2_prefetch": 4},
-                        {"tile_m": 128, "tile_n": 64, "ring": True, "num_stages": 5, "l2_prefetch": 4}]
+                        {"tile_m": 64, "tile_n": 32, "ring": True, "num_stages": 6, "q_in_registers": True},
+                        {"tile_m": 128, "tile_n": 32, "ring": True, "num_stages": 10},
+                        {"tile_m": 128, "tile_n": 32, "ring": True, "num_stages": 9}]
                     for d in (64, 128)}
     only = os.environ.get("D5WIN_DIMS") or ("128,64" if quick else None)
     for D in [int(x) for x in only.split(",")] if only else (128, 64, 256):

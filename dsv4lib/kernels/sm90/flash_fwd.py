@@ -227,7 +227,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                  split_kv: bool = False, overlap: bool = False, nvfp4_out: bool = False, pack_gqa: int = 1,
                  tile_m: int = 128, wg_pingpong: bool = False, rescale_o_early: bool = False,
                  tma_store_o: bool = True, persistent: bool = False, num_sms: int = 132, ring: bool = False,
-                 q_in_registers: bool = False, dynamic_schedule: bool = False, l2_prefetch: int = 0):
+                 q_in_registers: bool = False, dynamic_schedule: bool = False):
         if tile_m not in (64, 128, 192):
             raise ValueError(f"tile_m must be 64 (1 consumer warpgroup, two CTAs per SM), 128 (2) or 192 (3), "
                              f"got {tile_m}")
@@ -312,12 +312,6 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         if q_in_registers and not (ring and tile_m == 64):
             raise ValueError("q_in_registers is built for the 64-row window ring (ring=True, tile_m=64)")
         self.q_in_registers = q_in_registers
-        # the ring's producer also asks L2 for the K/V tiles ``l2_prefetch`` past the newest one it loads (TMA
-        # prefetch, no shared memory): each ring tile is read from HBM once, so its load waits the full HBM latency
-        # unless the tile is already on its way into L2
-        if l2_prefetch and not ring:
-            raise ValueError("l2_prefetch is built for the window ring (ring=True)")
-        self.l2_prefetch = l2_prefetch
         self.num_sms = num_sms
         # Q stages: two when persistent, or for a 128-row ring item (the next item's Q loads while this one
         # computes); a 64-row ring item (two CTAs per SM) has room for one: the other CTA computes while it loads
@@ -814,8 +808,6 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                                                cute.group_modes(gV, 0, 2))
             halves = self.consumer_warpgroups                    # 64-row halves per item, one per warpgroup
             next_tile = self.half_tiles(halves * item_lo, seqlen_q, seqlen_k, window_size)[0]
-            chunk_hi = self.half_tiles(halves * item_hi - 1, seqlen_q, seqlen_k, window_size)[1]
-            prefetched = next_tile                               # l2_prefetch: tiles below were asked for
             for item in cutlass.range(item_lo, item_hi, unroll=1):
                 pipeline_q.producer_acquire(q_state)
                 cute.copy(tma_atom_Q, tQgQ[None, item], tQsQ[None, q_state.index],
@@ -826,12 +818,6 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                 kv_state = load_kv_tiles(tma_atom_K, tKgK, tKsK, pipeline_k, tma_atom_V, tVgV, tVsV, pipeline_v,
                                          next_tile, item_end, self.num_stages, kv_state, ascending=True)
                 next_tile = cutlass.max(next_tile, item_end)
-                if const_expr(self.l2_prefetch > 0):
-                    ahead = cutlass.min(item_end + self.l2_prefetch, chunk_hi)
-                    for t in cutlass.range(cutlass.max(prefetched, item_end), ahead, unroll=1):
-                        cute.prefetch(tma_atom_K, tKgK[None, t])
-                        cute.prefetch(tma_atom_V, tVgV[None, t])
-                    prefetched = cutlass.max(prefetched, ahead)
                 self.ring_stamp(mLSE, item_count, 5)
                 item_count += 1
         pipeline_q.producer_tail(q_state)
