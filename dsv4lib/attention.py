@@ -132,7 +132,9 @@ SM90_SMALL_WINDOW_TUNING: dict[int, dict] = {
 # stages 182 · ring of 64-row items (two CTAs per SM, one Q stage) 197.  Its data path alone is the fastest
 # (DSV4_D1_DEBUG=nomma: ring 133 µs, 0.95 of the copy bandwidth, vs persistent 155), but with one CTA per SM the
 # loads of item u+1 only start as item u frees its stages, so they overlap the MMAs badly; the 64-row ring has the
-# second CTA but reloads its single Q stage after each O store.
+# second CTA but reloads its single Q stage after each O store.  With Q in registers (``q_in_registers``) the 64-row
+# ring measured 172.5 µs at 1b22105 (same run: persistent 160.3, FA4 222.4); a TMA L2 prefetch of the K/V tiles 2 / 4
+# past the newest load made it slower (178.2 / 196.4; the 128-row ring with 4: 188.9), so it was not kept.
 SM90_RING_TUNING: dict[int, dict] = {128: {"tile_m": 128, "tile_n": 64, "num_stages": 5, "ring": True}}
 RING_GPUS: dict[int, tuple[str, ...]] = {}
 
@@ -168,6 +170,7 @@ def sm90_kernel_shape(D: int, overlap: bool, pack: int = 1, nvfp4_out: bool = Fa
             shape["tile_m"] = 128
     if split_kv:
         shape.pop("persistent", None)
+    if not shape.get("persistent"):            # the dynamic schedule deals a persistent CTA's blocks, nothing else
         shape.pop("dynamic_schedule", None)
     return shape
 

@@ -427,7 +427,8 @@ if "d5win" in sections:
     ring = {d: dict(v) for d, v in A.SM90_RING_TUNING.items()}
     quick = os.environ.get("D5WIN_QUICK") == "1"     # only the small-window builds: plain, persistent, window ring
     if quick:
-        variants = {d: [{"tile_m": 64, "tile_n": 64}, {"tile_m": 64, "tile_n": 64, "persistent": True},
+        variants = {d: [{"tile_m": 64, "tile_n": 64, "persistent": False},
+                        {"tile_m": 64, "tile_n": 64, "persistent": True},
                         {"tile_m": 64, "tile_n": 64, "persistent": True, "dynamic_schedule": True},
                         {"tile_m": 128, "tile_n": 64, "ring": True, "num_stages": 5},
                         {"tile_m": 128, "tile_n": 64, "ring": True, "num_stages": 4},
