@@ -371,10 +371,9 @@ if "d1tune" in sections:
                 256: [{}, {"rescale_o_early": True}, {"tile_n": 80}, {"tile_n": 80, "rescale_o_early": True}]}
     shipped = {d: dict(v) for d, v in A.SM90_TUNING.items()}            # restored after each sweep
     A.PERSISTENT_GPUS = {64: ("",), 128: ("",), 256: ("",)}               # persistent variants on every GPU
-    if os.environ.get("D1TUNE_PERSISTENT") == "1":        # the hd128 default (persistent, dynamic) × tile_n / early
-        dyn = {"persistent": True, "dynamic_schedule": True}
-        variants[128] = [{}, dyn] + [{**dyn, "tile_n": n} for n in (160, 176, 192)] + [
-            {**dyn, "rescale_o_early": True}, {**dyn, "tile_n": 176, "rescale_o_early": True}]
+    if os.environ.get("D1TUNE_PERSISTENT") == "1":        # the hd128 default (persistent, dynamic) ± early rescale
+        dyn = {"persistent": True, "dynamic_schedule": True}  # (a wider tile_n does not fit next to sO and 2 Q stages)
+        variants[128] = [{}, dyn, {**dyn, "rescale_o_early": True}]
     only = os.environ.get("D1TUNE_DIMS")
     for D in [int(x) for x in only.split(",")] if only else (64, 128, 256):
         for causal in (False, True):
