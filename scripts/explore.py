@@ -267,7 +267,7 @@ if "decodetimes" in sections:   # run with DSV4_PHASE_TIMES=1: per-CTA %globalti
             res[n] = [round(col.min().item(), 2), round(col.median().item(), 2), round(col.max().item(), 2)]
         show(res)
 
-if "ringtimes" in sections:     # run with DSV4_D1_DEBUG=times: the window ring's per-item stamps (ring_stamp)
+if "ringtimes" in sections:     # run with DSV4_D1_DEBUG=times: the window ring's per-item stamps (timing_stamp)
     A.RING_GPUS = {128: ("",)}
     sink = torch.randn(16, device="cuda", dtype=torch.float32)
     q, k, v = (rnd(2, 16384, 16, 128) for _ in range(3))

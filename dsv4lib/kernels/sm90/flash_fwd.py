@@ -327,7 +327,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         self.debug_nomma = "nomma" in knobs       # timing probe: every wgmma left out (garbage O), loads and waits kept
         self.debug_lightfirst = "lightfirst" in knobs    # A/B probe: causal blocks in launch order (light first)
         # timing probe of the ring ("times"): %globaltimer stamps per CTA and item into the LSE buffer (as int64; the
-        # LSE itself is not written) — see ring_stamp; call with return_lse=True
+        # LSE itself is not written) — see timing_stamp; call with return_lse=True
         self.debug_times = "times" in knobs and (ring or persistent)
         self.debug_printf, self.debug_noreg, self.debug_notail = ("printf" in knobs, "noreg" in knobs,
                                                                  "notail" in knobs)
@@ -688,7 +688,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             m_block, head, batch = self.work_coords(work, mQ)
             n_block_min, n_block_max = self.block_range(m_block, seqlen_q, seqlen_k, window_size)
             if ctidx == 0:
-                self.ring_stamp(mLSE, item_count, 0)
+                self.timing_stamp(mLSE, item_count, 0)
             acc_O.fill(0.0)
             row_max.fill(-Float32.inf)
             row_sum.fill(0.0)
@@ -705,7 +705,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             gO = cute.local_tile(mO[None, None, head, batch], (self.tile_m, self.head_dim), (m_block, 0))
             self.store_o_tma(acc_O, tiled_mma_pv, sO, tma_atom_O, gO, ctidx, reuse=True)
             if ctidx == 0:
-                self.ring_stamp(mLSE, item_count, 3)
+                self.timing_stamp(mLSE, item_count, 3)
             item_count += 1
             if const_expr(self.dynamic_schedule):
                 work = self.announced_work(pipeline_q, q_state, sWork, total)
@@ -813,12 +813,12 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                 cute.copy(tma_atom_Q, tQgQ[None, item], tQsQ[None, q_state.index],
                           tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
                 q_state.advance()
-                self.ring_stamp(mLSE, item_count, 4)
+                self.timing_stamp(mLSE, item_count, 4)
                 item_end = self.half_tiles(halves * item + halves - 1, seqlen_q, seqlen_k, window_size)[1]
                 kv_state = load_kv_tiles(tma_atom_K, tKgK, tKsK, pipeline_k, tma_atom_V, tVgV, tVsV, pipeline_v,
                                          next_tile, item_end, self.num_stages, kv_state, ascending=True)
                 next_tile = cutlass.max(next_tile, item_end)
-                self.ring_stamp(mLSE, item_count, 5)
+                self.timing_stamp(mLSE, item_count, 5)
                 item_count += 1
         pipeline_q.producer_tail(q_state)
         pipeline_k.producer_tail(kv_state.clone())
@@ -865,7 +865,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                 row_max.fill(-Float32.inf)
                 row_sum.fill(0.0)
                 if ctidx == 0:
-                    self.ring_stamp(mLSE, item_count, 0)
+                    self.timing_stamp(mLSE, item_count, 0)
                 q_index = 0                  # Q in registers: one Q stage, its fragment the registers' only copy
                 if const_expr(not self.q_in_registers):
                     pipeline_q.consumer_wait(q_state)
@@ -875,7 +875,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                                    softmax_scale_log2, window_size, item, seqlen_k, causal_shift, n_lo, n_hi, n_keep,
                                    ring_base)
                 if ctidx == 0:
-                    self.ring_stamp(mLSE, item_count, 1)
+                    self.timing_stamp(mLSE, item_count, 1)
                 self.release_ring_tiles(pipeline_k, pipeline_v, ring_base, cutlass.max(n_hi, released), n_keep)
                 released = n_keep
                 self.finish_rows(acc_O_rc, tOcO_rc, row_max, row_sum, mSink, mLSE, softmax_scale_log2, item, head,
@@ -891,7 +891,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                         pipeline_q.sync_object_empty.wait(0, q_state.phase ^ 1)
                     cute.arch.barrier(barrier_id=self.EPILOGUE_BARRIER, number_of_threads=128)  # all of Q is read
                     if ctidx == 0:
-                        self.ring_stamp(mLSE, item_count, 2)
+                        self.timing_stamp(mLSE, item_count, 2)
                 # O → this item's Q stage (each warpgroup's own 64 rows, its QKs all retired), then tell the storer
                 rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
                 rO.store(acc_O.load().to(self.dtype))
@@ -904,22 +904,24 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                                          number_of_threads=128 * self.consumer_warpgroups + 32)
                 q_state.advance()    # Q in registers: the stage index stays 0, the phase is the next Q's
                 if ctidx == 0:
-                    self.ring_stamp(mLSE, item_count, 3)
+                    self.timing_stamp(mLSE, item_count, 3)
                 item_count += 1
             tiles_before = tiles_before + chunk_hi - chunk_lo
 
-    RING_STAMPS = 8                      # debug_times: stamps per item (ring_stamp)
+    STAMPS_PER_ITEM = 8                      # debug_times: stamps per item (timing_stamp)
 
     @cute.jit
-    def ring_stamp(self, mLSE, item_count, k: cutlass.Constexpr):
-        """debug_times builds only: ``lse_bytes_as_int64[(cta·64 + item_count)·8 + k] = %globaltimer`` (ns).  Stamps:
-        0 consumer item start, 1 its mainloop done, 2 next Q in registers, 3 O staged; 4 producer Q issued, 5 the
-        item's K/V issued; 6 storer: O store read."""
+    def timing_stamp(self, mLSE, item_count, k: cutlass.Constexpr):
+        """debug_times builds only (ring and persistent): ``lse_bytes_as_int64[(cta·64 + item_count)·8 + k] =
+        %globaltimer`` (ns) for a CTA's first 64 items.  Stamps: 0 consumer item start, 1 its mainloop done, 2 next
+        Q in registers, 3 O staged (persistent: 0 and 3, O's store issued); 4 producer Q issued, 5 the item's K/V
+        issued; 6 storer: O store read.  The LSE is not written in these builds: pass return_lse=True and read
+        its buffer (``scripts/explore.py ringtimes``)."""
         if const_expr(self.debug_times):
             if item_count < 64:
                 bidx, _, _ = cute.arch.block_idx()
                 stamps = cute.make_tensor(cute.recast_ptr(mLSE.iterator, dtype=Int64), cute.make_layout(1 << 20))
-                stamps[(bidx * 64 + item_count) * self.RING_STAMPS + k] = cute.arch.globaltimer()
+                stamps[(bidx * 64 + item_count) * self.STAMPS_PER_ITEM + k] = cute.arch.globaltimer()
 
     @cute.jit
     def ring_q_to_registers(self, pipeline_q, q_state, tSsQ, tSrQ):
@@ -947,7 +949,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                 tma_store_tile(tma_atom_O, sQ[None, None, q_state.index], gO, wait=True)
                 pipeline_q.consumer_release(q_state)
                 q_state.advance()
-                self.ring_stamp(mLSE, item_count, 6)
+                self.timing_stamp(mLSE, item_count, 6)
                 item_count += 1
 
     @cute.jit
