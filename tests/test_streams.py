@@ -44,8 +44,10 @@ def test_kernels_wait_for_the_side_stream_work_before_them():
 
 @pytest.mark.gpu
 def test_decode_step_captured_in_a_cuda_graph_replays_on_new_inputs():
-    """hd128 split-KV decode (split kernel + combine) and the DSV4 hd512 MQA decode captured once, replayed after
-    the inputs changed in place: equal to eager calls on the new inputs."""
+    """hd128 split-KV decode (split kernel + combine), the DSV4 hd512 MQA decode and an hd128 window-128 prefill
+    (persistent CTAs taking blocks from the work counters) captured once, replayed after the inputs changed in
+    place: equal to eager calls on the new inputs, bit for bit (a block's result does not depend on which CTA
+    took it)."""
     gen = torch.Generator().manual_seed(4)
     q = torch.randn(2, 1, 16, 128, generator=gen).to("cuda", torch.bfloat16)
     k = torch.randn(2, 8000, 16, 128, generator=gen).to("cuda", torch.bfloat16)
@@ -53,7 +55,10 @@ def test_decode_step_captured_in_a_cuda_graph_replays_on_new_inputs():
     qd = torch.randn(1, 1, 64, 512, generator=gen).to("cuda", torch.bfloat16)
     kv = torch.randn(1, 9000, 1, 512, generator=gen).to("cuda", torch.bfloat16)
     sink = torch.randn(64, generator=gen).cuda()
-    step = lambda: (dsv4lib.attention(q, k, v, num_splits=8), dsv4lib.attention(qd, kv, kv, sink=sink, num_splits=16))
+    qp, kp = (torch.randn(1, 3000, 4, 128, generator=gen).to("cuda", torch.bfloat16) for _ in range(2))
+    sink_p = torch.randn(4, generator=gen).cuda()
+    step = lambda: (dsv4lib.attention(q, k, v, num_splits=8), dsv4lib.attention(qd, kv, kv, sink=sink, num_splits=16),
+                    dsv4lib.attention(qp, kp, kp, window=128, sink=sink_p))
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):                      # warm-up: compiles, workspaces, placeholders
@@ -61,11 +66,15 @@ def test_decode_step_captured_in_a_cuda_graph_replays_on_new_inputs():
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out128, out512 = step()
+        out128, out512, out_p = step()
     q.copy_(torch.randn(q.shape, generator=gen).to("cuda", torch.bfloat16))
     qd.copy_(torch.randn(qd.shape, generator=gen).to("cuda", torch.bfloat16))
-    graph.replay()
-    torch.cuda.synchronize()
-    want128, want512 = step()
-    torch.cuda.synchronize()
-    assert torch.equal(out128, want128) and torch.equal(out512, want512)
+    qp.copy_(torch.randn(qp.shape, generator=gen).to("cuda", torch.bfloat16))
+    for _ in range(2):                                 # the second replay finds the work counters at zero again
+        graph.replay()
+        torch.cuda.synchronize()
+        want128, want512, want_p = step()
+        torch.cuda.synchronize()
+        assert torch.equal(out128, want128) and torch.equal(out512, want512) and torch.equal(out_p, want_p)
+    assert _cos(out_p, reference.attention(qp.double(), kp.double(), kp.double(), window=128,
+                                           sink=sink_p.double())) >= 0.9999
