@@ -257,11 +257,13 @@ def _compiled_sm90_tvm_ffi(head_dim: int, causal: bool, has_lse: bool, p_path: s
 
 def _compiled_sm90(head_dim: int, causal: bool, has_lse: bool, p_path: str, window: bool, sink: bool,
                    split_kv: bool, args: tuple, overlap: bool = False, nvfp4_out: bool = False, pack_gqa: int = 1,
-                   small_window: bool = False, ring_ok: bool = False):
+                   small_window: bool = False, ring_ok: bool = False, shape: dict | None = None):
     """Compiled once per (head dim, causal, lse, P path, window?, sink?, split?, …, tile shape), from the call's own
-    runtime tensor types (every extent and stride dynamic): later calls of any B / S / H / W reuse it."""
-    shape = _with_device_sms(sm90_kernel_shape(head_dim, overlap, pack_gqa, nvfp4_out, small_window, split_kv,
-                                               ring_ok), head_dim)
+    runtime tensor types (every extent and stride dynamic): later calls of any B / S / H / W reuse it.  ``shape``:
+    the device-sized build shape when the caller has it already (``_with_device_sms``), else derived here."""
+    if shape is None:
+        shape = _with_device_sms(sm90_kernel_shape(head_dim, overlap, pack_gqa, nvfp4_out, small_window, split_kv,
+                                                   ring_ok), head_dim)
     key = ("fwd", head_dim, causal, has_lse, p_path, window, sink, split_kv, overlap, nvfp4_out, pack_gqa,
            tuple(sorted(shape.items())))
     if key not in _COMPILED:
@@ -380,12 +382,12 @@ def attention_with_p_path(q, k, v, *, scale=None, causal=False, window=None, sin
     unused = _unused_nvfp4_args(q.device)
     with torch.cuda.device(q.device):
         if num_splits == 1:
-            dynamic = _with_device_sms(shape, D).get("dynamic_schedule", False)
+            build = _with_device_sms(shape, D)               # what runs here (persistent? dynamic?): one decision
             args = (to_cute(q, 3), to_cute(k, 3), to_cute(v, 3), to_cute(out, 3), to_cute(lse, 2), *common,
                     to_cute(sink_t, 0), *unused, current_stream(q.device),
-                    *((to_cute(work_counters(q.device), 0),) if dynamic else ()))
+                    *((to_cute(work_counters(q.device), 0),) if build.get("dynamic_schedule") else ()))
             _compiled_sm90(D, bool(causal), bool(return_lse), p_path, window is not None, sink is not None,
-                           False, args, overlap, pack_gqa=pack, small_window=small, ring_ok=ring_ok)(*args)
+                           False, args, overlap, pack_gqa=pack, small_window=small, ring_ok=ring_ok, shape=build)(*args)
         else:
             o_part, lse_part = workspace(num_splits, B, Sq, H, D, q.device)
             args = (to_cute(q, 3), to_cute(k, 3), to_cute(v, 3), to_cute(o_part, 4), to_cute(lse_part, 3),

@@ -687,8 +687,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         while work < total:
             m_block, head, batch = self.work_coords(work, mQ)
             n_block_min, n_block_max = self.block_range(m_block, seqlen_q, seqlen_k, window_size)
-            if ctidx == 0:
-                self.timing_stamp(mLSE, item_count, 0)
+            self.timing_stamp(mLSE, item_count, 0, ctidx == 0)
             acc_O.fill(0.0)
             row_max.fill(-Float32.inf)
             row_sum.fill(0.0)
@@ -704,8 +703,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                              batch, Int32(0), rows_q)
             gO = cute.local_tile(mO[None, None, head, batch], (self.tile_m, self.head_dim), (m_block, 0))
             self.store_o_tma(acc_O, tiled_mma_pv, sO, tma_atom_O, gO, ctidx, reuse=True)
-            if ctidx == 0:
-                self.timing_stamp(mLSE, item_count, 3)
+            self.timing_stamp(mLSE, item_count, 3, ctidx == 0)
             item_count += 1
             if const_expr(self.dynamic_schedule):
                 work = self.announced_work(pipeline_q, q_state, sWork, total)
@@ -864,8 +862,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                 acc_O.fill(0.0)
                 row_max.fill(-Float32.inf)
                 row_sum.fill(0.0)
-                if ctidx == 0:
-                    self.timing_stamp(mLSE, item_count, 0)
+                self.timing_stamp(mLSE, item_count, 0, ctidx == 0)
                 q_index = 0                  # Q in registers: one Q stage, its fragment the registers' only copy
                 if const_expr(not self.q_in_registers):
                     pipeline_q.consumer_wait(q_state)
@@ -874,8 +871,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                                    acc_O, acc_O_rc, tScS_rc, row_max, row_sum, pipeline_k, pipeline_v,
                                    softmax_scale_log2, window_size, item, seqlen_k, causal_shift, n_lo, n_hi, n_keep,
                                    ring_base)
-                if ctidx == 0:
-                    self.timing_stamp(mLSE, item_count, 1)
+                self.timing_stamp(mLSE, item_count, 1, ctidx == 0)
                 self.release_ring_tiles(pipeline_k, pipeline_v, ring_base, cutlass.max(n_hi, released), n_keep)
                 released = n_keep
                 self.finish_rows(acc_O_rc, tOcO_rc, row_max, row_sum, mSink, mLSE, softmax_scale_log2, item, head,
@@ -890,8 +886,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                         # that hand-back itself (the q_state.count-th completion of the stage's empty barrier)
                         pipeline_q.sync_object_empty.wait(0, q_state.phase ^ 1)
                     cute.arch.barrier(barrier_id=self.EPILOGUE_BARRIER, number_of_threads=128)  # all of Q is read
-                    if ctidx == 0:
-                        self.timing_stamp(mLSE, item_count, 2)
+                    self.timing_stamp(mLSE, item_count, 2, ctidx == 0)
                 # O → this item's Q stage (each warpgroup's own 64 rows, its QKs all retired), then tell the storer
                 rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
                 rO.store(acc_O.load().to(self.dtype))
@@ -903,22 +898,21 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                 cute.arch.barrier_arrive(barrier_id=self.RING_STORE_BARRIERS + q_state.index,
                                          number_of_threads=128 * self.consumer_warpgroups + 32)
                 q_state.advance()    # Q in registers: the stage index stays 0, the phase is the next Q's
-                if ctidx == 0:
-                    self.timing_stamp(mLSE, item_count, 3)
+                self.timing_stamp(mLSE, item_count, 3, ctidx == 0)
                 item_count += 1
             tiles_before = tiles_before + chunk_hi - chunk_lo
 
     STAMPS_PER_ITEM = 8                      # debug_times: stamps per item (timing_stamp)
 
     @cute.jit
-    def timing_stamp(self, mLSE, item_count, k: cutlass.Constexpr):
+    def timing_stamp(self, mLSE, item_count, k: cutlass.Constexpr, cond=True):
         """debug_times builds only (ring and persistent): ``lse_bytes_as_int64[(cta·64 + item_count)·8 + k] =
         %globaltimer`` (ns) for a CTA's first 64 items.  Stamps: 0 consumer item start, 1 its mainloop done, 2 next
         Q in registers, 3 O staged (persistent: 0 and 3, O's store issued); 4 producer Q issued, 5 the item's K/V
-        issued; 6 storer: O store read.  The LSE is not written in these builds: pass return_lse=True and read
+        issued; 6 storer: O store read — by the threads where ``cond`` holds.  The LSE is not written in these builds: pass return_lse=True and read
         its buffer (``scripts/explore.py ringtimes``)."""
         if const_expr(self.debug_times):
-            if item_count < 64:
+            if cond and item_count < 64:
                 bidx, _, _ = cute.arch.block_idx()
                 stamps = cute.make_tensor(cute.recast_ptr(mLSE.iterator, dtype=Int64), cute.make_layout(1 << 20))
                 stamps[(bidx * 64 + item_count) * self.STAMPS_PER_ITEM + k] = cute.arch.globaltimer()
