@@ -10,7 +10,8 @@ plain vs persistent only), nvfp4dtypes (the quantize pipeline depth per input dt
 DSV4_D1_DEBUG=lightfirst for the A/B), d5probe (the W128 data path alone: DSV4_D1_DEBUG=nomma), decodeparts (the
 hd512 decode's split kernel by parts: splits, producer alone, QK or PV left out, the combine), decodepf (the
 default decode with DSV4_L2_PREFETCH tiles of L2 prefetch), decodetimes (DSV4_PHASE_TIMES=1: per-CTA phase
-stamps of the split kernel, min / median / max µs), ringtimes (DSV4_D1_DEBUG=times: per-item stamps of the
+stamps of the split kernel, min / median / max µs), d6keys (hd512 prefill: per-CTA time vs keys per query,
+the fixed cost per CTA), ringtimes (DSV4_D1_DEBUG=times: per-item stamps of the
 window ring, medians over CTAs), decodestaged (plain partials through shared memory vs clusters;
 DSV4_COMBINE_UNROLL, DSV4_STAGED_PARTIALS)."""
 import json
@@ -123,6 +124,25 @@ if "sparse" in sections:
         show({"sparse": [H, K, Sq], "tflops": round(bench.tflops(flops, t.median_ms)),
               "gather_only_tflops_equiv": round(bench.tflops(flops, tg.median_ms)),
               "gather_tbps": round(Sq * K * 1024 / (tg.median_ms * 1e-3) / 1e12, 2)})
+
+if "d6keys" in sections:     # hd512 prefill h64 (paired schedule): time per query CTA vs keys per query; the
+    # intercept of a straight-line fit is what a CTA spends outside its main loop (launch, Q load, first gather,
+    # epilogue)
+    Sq, H = 8192, 64
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    pts = []
+    for K in (128, 256, 640, 1152, 2048):
+        inputs = [(rnd(Sq, H, 512), rnd(Sq, 512), torch.randint(0, Sq, (Sq, K), device="cuda", dtype=torch.int32,
+                                                                  generator=gen)) for _ in range(2)]
+        t = bench.time_cuda(lambda q, kv, i: dsv4lib.sparse_attention(q, kv, i, num_splits=1), inputs, iters=10)
+        cta_us = t.median_ms * 1e3 * sms / Sq
+        pts.append((K // 64, cta_us))
+        show({"d6keys": K, "us": round(t.median_ms * 1e3, 1), "cta_us": round(cta_us, 2),
+              "tflops": round(bench.tflops(2.0 * Sq * H * K * 1024, t.median_ms))})
+    n = len(pts)
+    mx, my = sum(p[0] for p in pts) / n, sum(p[1] for p in pts) / n
+    slope = sum((p[0] - mx) * (p[1] - my) for p in pts) / sum((p[0] - mx) ** 2 for p in pts)
+    show({"d6keys_fit": {"us_per_tile": round(slope, 3), "us_fixed_per_cta": round(my - slope * mx, 2)}})
 
 if "roof" in sections:
     # hd512 dense decode: the producer alone (no math, no epilogue) vs the whole split kernel

@@ -138,10 +138,20 @@ def default_tile_n(head_dim: int) -> int:
     return 64 if head_dim == 256 else 128
 
 
+def tree_reduce(values: list, op):
+    """``op`` over ``values`` (traced DSL values) as a balanced tree: log2(n) dependent steps, not n - 1."""
+    values = list(values)
+    while len(values) > 1:
+        values = [op(values[i], values[i + 1]) if i + 1 < len(values) else values[i]
+                  for i in range(0, len(values), 2)]
+    return values[0]
+
+
 class Sm90AttentionOps:
     """The wgmma issue and the online softmax, shared by the Hopper attention kernels of this package."""
 
     debug_nomma = False          # timing probe (DSV4_D1_DEBUG=nomma in the D1 kernel): the wgmmas left out
+    softmax_chains = int(os.environ.get("DSV4_SOFTMAX_CHAINS", "1"))   # independent max / sum chains per row
 
     @cute.jit
     def gemm(self, tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor, tCrB: cute.Tensor,
@@ -175,10 +185,15 @@ class Sm90AttentionOps:
         of a quad).  The max stays in raw-score units; the scale lives inside exp2.  With ``rescale_now`` O is
         rescaled right away; otherwise the corrections are kept for after the in-flight PV wgmma.  ``floor_max``
         (per row, optional): a max the new one may not fall below (another warpgroup's, already ahead)."""
+        cols = cute.size(acc_S_rc, mode=[1])
+        chains = min(self.softmax_chains, cols)
         for r in cutlass.range_constexpr(cute.size(row_max)):
-            mx = acc_S_rc[r, 0]
-            for c in cutlass.range_constexpr(1, cute.size(acc_S_rc, mode=[1])):
-                mx = cute.arch.fmax(mx, acc_S_rc[r, c])
+            # the row's max and sum as ``chains`` independent chains joined by a tree: a single chain of 32
+            # dependent fmax / fadd per row is latency, not throughput
+            part = [acc_S_rc[r, c] for c in range(chains)]
+            for c in cutlass.range_constexpr(chains, cols):
+                part[c % chains] = cute.arch.fmax(part[c % chains], acc_S_rc[r, c])
+            mx = tree_reduce(part, cute.arch.fmax)
             mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=2))
             mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=1))
             new_max = cute.arch.fmax(row_max[r], mx)
@@ -189,12 +204,12 @@ class Sm90AttentionOps:
                 base = Float32(0.0)                                   # nothing visible yet: keep zeros
             correction = cute.arch.exp2(row_max[r] * softmax_scale_log2 - base)
             row_max[r] = new_max
-            tile_sum = Float32(0.0)
-            for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
+            sums = [Float32(0.0)] * chains
+            for c in cutlass.range_constexpr(cols):
                 p = cute.arch.exp2(acc_S_rc[r, c] * softmax_scale_log2 - base)
                 acc_S_rc[r, c] = p
-                tile_sum += p
-            row_sum[r] = row_sum[r] * correction + tile_sum
+                sums[c % chains] = p if c < chains else sums[c % chains] + p
+            row_sum[r] = row_sum[r] * correction + tree_reduce(sums, lambda a, b: a + b)
             if const_expr(rescale_now):
                 for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
                     acc_O_rc[r, c] = acc_O_rc[r, c] * correction
