@@ -108,18 +108,38 @@ def fuses_merge(ctas: int, device) -> bool:
 DEFAULT_SCHEDULE = {True: "paired", False: "columns"}     # by key source: gathered (True) / dense (False)
 SCHEDULE: str | None = None      # one schedule for every build (tests, benchmarks); None = DEFAULT_SCHEDULE
 PREFETCH_SCORES = False          # paired: WG0 issues the next pair's QK behind its last PV (H200 h64: 326 vs 446 without)
+# Persistent CTAs for the paired schedule's unsplit launches (SparseAttentionForwardSm90(persistent=True)): a CTA
+# per SM walks the (token, head group) items.  Why: H200 at fffd4a3 (scripts/explore.py d6keys, h64 S8k, one CTA per
+# item), a CTA took 1.76 µs a 64-key tile plus 5.5 µs fixed (launch, Q load, first gather, epilogue) — a quarter of
+# the 22.7 µs of a 640-key query.
+PERSISTENT = os.environ.get("DSV4_SPARSE_PERSISTENT", "1") == "1"
 
 
 def schedule_for(gather: bool) -> str:
     return SCHEDULE or DEFAULT_SCHEDULE[gather]
 
 
+def persistent_sms(schedule: str, split_kv: bool, gather_only: bool = False) -> int:
+    """The SM count a build walks its items with (persistent CTAs), or 0 for one CTA per item: the knob, the paired
+    schedule, one split, on a GPU (a CPU build of a persistent kernel passes ``num_sms`` itself)."""
+    if not PERSISTENT or schedule != "paired" or split_kv or gather_only or PREFETCH_SCORES:
+        return 0
+    if not torch.cuda.is_available():
+        return 0
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+
+
 def compiled(gather: bool, causal: bool, window: bool, sink: bool, has_lse: bool, split_kv: bool, args: tuple,
              arch: str = "sm_90a", schedule: str | None = None, gather_only: bool = False,
-             skip_mma: str | None = None, fused_merge: bool = False, cluster_splits: int = 1):
+             skip_mma: str | None = None, fused_merge: bool = False, cluster_splits: int = 1,
+             num_sms: int | None = None):
+    """The hd512 kernel build for these flags, compiled once.  ``num_sms``: persistent CTAs over that many SMs
+    (``None``: :func:`persistent_sms`; 0: one CTA per item)."""
     schedule = schedule_for(gather) if schedule is None else schedule
+    if num_sms is None:
+        num_sms = persistent_sms(schedule, split_kv, gather_only)
     key = (gather, causal, window, sink, has_lse, split_kv, arch, schedule, gather_only, skip_mma, PREFETCH_SCORES,
-           fused_merge, cluster_splits)
+           fused_merge, cluster_splits, num_sms)
     if key not in _COMPILED:
         import cutlass.cute as cute
 
@@ -128,7 +148,8 @@ def compiled(gather: bool, causal: bool, window: bool, sink: bool, has_lse: bool
                                             split_kv=split_kv, schedule=schedule, gather_only=gather_only,
                                             prefetch_scores=PREFETCH_SCORES,
                                             skip_mma=skip_mma, fused_merge=fused_merge,
-                                            cluster_splits=cluster_splits)
+                                            cluster_splits=cluster_splits, persistent=num_sms > 0,
+                                            num_sms=num_sms or 132)
         _COMPILED[key] = cute.compile(kernel, *args, options=f"--gpu-arch {arch}")
     return _COMPILED[key]
 

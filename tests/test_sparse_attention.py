@@ -124,6 +124,26 @@ def test_paired_gather_only_build_frees_every_half_tile():
     assert k.count("wgmma") == 0 and k.count(r"st\.global") == 0
 
 
+@pytest.mark.compile
+def test_persistent_paired_build_walks_items_and_loads_q_behind_the_o_store():
+    """Persistent CTAs (the paired schedule's unsplit default on a GPU): a grid-stride loop over the items; every
+    item's Q comes by TMA from the warp that stored the previous O (the first before the loop, each next one after
+    the store has read the buffer: two call sites of 8 boxes), prefetched into L2 one item ahead; the same pair
+    loop, the same O store, no spill of the O-store addresses (ptxas would need local memory)."""
+    k = _build(True, schedule="paired", sink=True, has_lse=True, persistent=True)
+    assert k.count(r"cp\.async\.bulk\.tensor\.4d\.shared::cta\.global\.tile\.mbarrier") == 2 * 8
+    assert k.count(r"cp\.async\.bulk\.prefetch\.tensor\.4d\.L2\.global") == 8
+    assert k.count(r"nctaid\.x") >= 2                              # producer and consumers stride by the grid
+    assert k.count(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16") == 2 * 512 // 16
+    assert k.count(r"cp\.async\.bulk\.tensor\.4d\.global\.shared::cta") == 8
+    assert k.count(r"cp\.async\.cg\.shared\.global[^\n]*, 16, %r\d+;") == 4 * 16
+    assert k.count(r"\.local") == 0
+    from dsv4lib.kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
+    for flags in ({"split_kv": True}, {"schedule": "columns"}, {"gather_only": True}):
+        with pytest.raises(ValueError, match="persistent"):
+            SparseAttentionForwardSm90(gather=True, **{"schedule": "paired", "persistent": True, **flags})
+
+
 def _bf(*shape):
     return torch.randn(*shape).to(torch.bfloat16)
 
@@ -191,6 +211,43 @@ def test_sparse_attention_matches_the_reference(Sq, H, Skv, K, splits, with_sink
     assert out[0].abs().max().item() == 0 and torch.isinf(lse[0]).all()   # no keys: zero output, lse -inf
     ok = torch.isfinite(ref_lse)
     torch.testing.assert_close(lse.double()[ok], ref_lse[ok], atol=2e-3, rtol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dense,B,Sq,H,Skv,K", [
+    (False, 1, 700, 128, 4000, 200),    # 1400 items: ~11 a CTA, two head groups, K not a multiple of 128
+    (False, 1, 333, 64, 3000, 640),     # Flash-like keys, items not a multiple of the grid
+    (True, 2, 400, 64, 400, 0),         # dense causal + window 128 (paired), two batches
+])
+def test_persistent_ctas_are_bit_equal_to_one_cta_per_item(monkeypatch, dense, B, Sq, H, Skv, K):
+    """A persistent CTA walks many items (reused Q buffer, pipelines running on from item to item): its output and
+    LSE are bit-identical to the one-CTA-per-item launch, twice in a row, and match the float64 reference."""
+    import dsv4lib.sparse
+    monkeypatch.setattr(dsv4lib.sparse, "SCHEDULE", "paired")
+    gen = torch.Generator().manual_seed(Sq + K)
+    sink = (torch.randn(H, generator=gen) * 2).cuda()
+    if dense:
+        q = torch.randn(B, Sq, H, 512, generator=gen).to("cuda", torch.bfloat16)
+        kv = torch.randn(B, Skv, 1, 512, generator=gen).to("cuda", torch.bfloat16)
+        run = lambda: dsv4lib.attention(q, kv, kv, causal=True, window=128, sink=sink, return_lse=True, num_splits=1)
+        ref = reference.attention(q.double(), kv.double(), kv.double(), causal=True, window=128, sink=sink.double())
+    else:
+        q = torch.randn(Sq, H, 512, generator=gen).to("cuda", torch.bfloat16)
+        kv = torch.randn(Skv, 512, generator=gen).to("cuda", torch.bfloat16)
+        idx = torch.randint(0, Skv, (Sq, K), generator=gen, dtype=torch.int32)
+        idx[torch.rand(Sq, K, generator=gen) < 0.1] = -1
+        idx[3, :] = -1                                                   # an item with no key inside the walk
+        idx = idx.cuda()
+        run = lambda: dsv4lib.sparse_attention(q, kv, idx, sink=sink, return_lse=True, num_splits=1)
+        ref = reference.sparse_attention(q.double(), kv.double(), idx, sink=sink.double())
+    monkeypatch.setattr(dsv4lib.sparse, "PERSISTENT", False)
+    out0, lse0 = run()
+    monkeypatch.setattr(dsv4lib.sparse, "PERSISTENT", True)
+    for _ in range(2):
+        out1, lse1 = (t.clone() for t in run())
+        torch.cuda.synchronize()
+        assert torch.equal(out1, out0) and torch.equal(lse1, lse0)
+    assert torch.isfinite(out1).all() and _cos(out1, ref) >= 0.9999
 
 
 @pytest.mark.gpu

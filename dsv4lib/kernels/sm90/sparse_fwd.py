@@ -87,7 +87,7 @@ from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 from ..combine import WARPS_PER_CTA, merge_chunk
 from ..common import convert_to_bf16_pairs, launch_stream, load_acquire_gpu, tma_store_tile
 from .flash_fwd import (LN_2, LOG2_E, Sm90AttentionOps, acc_layout_as_operand_a, acc_layout_rows_cols,
-                        row_major_smem_layout, transposed_view)
+                        persistent_grid, row_major_smem_layout, transposed_view)
 
 HEAD_DIM = 512
 TILE_H = 64            # query heads per CTA = the MMA M
@@ -121,6 +121,14 @@ HALF_N = TILE_N // 2                   # keys per warpgroup in the balanced vari
 
 
 @cute.jit
+def opaque_zero() -> Int32:
+    """0, from a warp shuffle the compiler cannot fold: added to a shared-memory base inside a loop it keeps the
+    address arithmetic built on that base inside the loop (loop-invariant code motion would hoist it, and the
+    hoisted addresses would stay live across the whole loop)."""
+    return cute.arch.shuffle_sync(Int32(0), 0)
+
+
+@cute.jit
 def as_global(t: cute.Tensor, align: cutlass.Constexpr) -> cute.Tensor:
     """The same tensor with its pointer in the global address space and a known alignment (a CPU build
     gets generic pointers from DLPack; cp.async needs global sources)."""
@@ -149,7 +157,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
     def __init__(self, *, gather: bool, causal: bool = False, window: bool = False, sink: bool = False,
                  has_lse: bool = False, split_kv: bool = False, num_stages: int = 2, schedule: str = "columns",
                  gather_only: bool = False, skip_mma: str | None = None, prefetch_scores: bool = False,
-                 fused_merge: bool = False, cluster_splits: int = 1):
+                 fused_merge: bool = False, cluster_splits: int = 1, persistent: bool = False, num_sms: int = 132):
         if gather and (causal or window):
             raise ValueError("gathered keys come with their own index list: no causal / window mask on top")
         if split_kv and sink and not fused_merge:
@@ -223,6 +231,14 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         # passed the row-sum barrier: every QK wgmma has retired) and one TMA store of the 64 × 512 tile; the fp32
         # split partials and the columns schedule keep their register stores
         self.tma_store_o = not split_kv and schedule in ("balanced", "paired")
+        # persistent CTAs (paired schedule, one split): ``num_sms`` CTAs walk the (token, head group, batch) items;
+        # the producer gathers the next item's tiles as soon as the last pair frees the buffers, and the warp that
+        # stores O loads the next Q into the Q buffer once the store has read it (module docstring)
+        if persistent and (not self.paired or split_kv or gather_only or prefetch_scores):
+            raise ValueError("persistent CTAs are built for the paired schedule's bf16 output (no split_kv, "
+                             "gather_only or prefetch_scores)")
+        self.persistent = persistent
+        self.num_sms = num_sms
         self.dtype = cutlass.BFloat16
 
     # ------------------------------------------------------------------------------ host side
@@ -290,6 +306,8 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         # mO holds one partial per cluster: splits = its count × cluster_splits
         grid = (cute.size(mQ.shape[1]), cute.size(mQ.shape[2]) // TILE_H,
                 cute.size(mQ.shape[0]) * cute.size(mO.shape[0]) * self.cluster_splits)
+        if const_expr(self.persistent):
+            grid = (persistent_grid(self.work_items(mO), self.num_sms), 1, 1)
         self.kernel(mQ, mKV, mIdx, mO, mLSE, softmax_scale_log2, window_size, mSink, sQ_layout, sKV_layout,
                     sP_layout, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, SharedStorage,
                     tma_atom_Q, tma_Q, tma_atom_KV, tma_KV, tma_atom_O, tma_O, mOut, mLSEOut, mSem).launch(
@@ -367,7 +385,8 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if const_expr(self.paired):
                 self.load_paired(tma_atom_Q, tma_Q, mKV, mIdx, sQ, sKV, pipeline_q, pipeline_kv, warp_idx, tidx,
-                                 token, head_group, batch, key_lo, n_keys, seqlen_k, tile_lo, tile_hi)
+                                 token, head_group, batch, key_lo, n_keys, seqlen_k, tile_lo, tile_hi, mQ, mO,
+                                 window_size)
             elif const_expr(self.use_tma):
                 if warp_idx == 0:
                     self.load_tma(tma_atom_Q, tma_Q, tma_atom_KV, tma_KV, sQ, sKV, pipeline_q, pipeline_kv, token,
@@ -403,15 +422,18 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                     kv_state.advance()
         elif const_expr(self.paired):
             cute.arch.setmaxregister_increase(self.consumer_regs)
-            self.wait_q(pipeline_q, tile_lo, tile_hi)
+            if const_expr(not self.persistent):                 # persistent: per item, in paired_half
+                self.wait_q(pipeline_q, tile_lo, tile_hi)
             if warp_idx < 8:
                 self.paired_half(0, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sKV, sVt, sP, sMax, sSum,
                                  mIdx, mO, mLSE, mSink, pipeline_kv, softmax_scale_log2, tidx - 128, token,
-                                 head_group, batch, split, n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O)
+                                 head_group, batch, split, n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O,
+                                 mQ, mKV, window_size, tma_atom_Q, tma_Q, pipeline_q)
             else:
                 self.paired_half(1, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sKV, sVt, sP, sMax, sSum,
                                  mIdx, mO, mLSE, mSink, pipeline_kv, softmax_scale_log2, tidx - 256, token,
-                                 head_group, batch, split, n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O)
+                                 head_group, batch, split, n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O,
+                                 mQ, mKV, window_size, tma_atom_Q, tma_Q, pipeline_q)
         elif const_expr(self.balanced):
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.wait_q(pipeline_q, tile_lo, tile_hi)
@@ -561,14 +583,41 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
 
     @cute.jit
-    def load_paired(self, tma_atom_Q, mQ, mKV, mIdx, sQ, sKV, pipeline_q, kv_pipes, warp_idx, tidx, token, head_group,
-                    batch, key_lo, n_keys, seqlen_k, tile_lo, tile_hi):
-        """Producer of the paired schedule: Q by TMA (warp 0), then per pair of tiles the four half-tiles in the
-        order the consumers free them — (even, left), (odd, right), (even, right), (odd, left).  Thread t copies
+    def load_paired(self, tma_atom_Q, tma_Q, mKV, mIdx, sQ, sKV, pipeline_q, kv_pipes, warp_idx, tidx, token,
+                    head_group, batch, key_lo, n_keys, seqlen_k, tile_lo, tile_hi, mQ, mO, window_size):
+        """Producer of the paired schedule: Q by TMA (warp 0; persistent: the consumers load it), then per pair of
+        tiles the four half-tiles in the order the consumers free them — (even, left), (odd, right), (even, right),
+        (odd, left).  Persistent: the same for each of this CTA's items, back to back (the next item's first
+        half-tile as soon as the last pair of this one frees it)."""
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        if const_expr(self.persistent):
+            bidx, _, _ = cute.arch.block_idx()
+            gdim, _, _ = cute.arch.grid_dim()
+            total = self.work_items(mO)
+            work = bidx
+            while work < total:
+                token, head_group, batch = self.work_coords(work, mO)
+                key_lo, n_keys, tile_lo, tile_hi = self.key_range(mQ, mKV, mIdx, token, window_size, 1, 0)
+                state = self.gather_pairs(mKV, mIdx, sKV, kv_pipes, tidx, token, batch, key_lo, n_keys, seqlen_k,
+                                          tile_lo, tile_hi, state)
+                work += gdim
+        else:
+            if warp_idx == 0:
+                self.load_q_tma(tma_atom_Q, tma_Q, sQ, pipeline_q, token, head_group, batch, tile_lo, tile_hi)
+            state = self.gather_pairs(mKV, mIdx, sKV, kv_pipes, tidx, token, batch, key_lo, n_keys, seqlen_k,
+                                      tile_lo, tile_hi, state)
+        # the tail of a one-stage pipeline: wait until the last fill is freed (no mbarrier arrive after exit);
+        # producer_tail itself loops over a stage count that is a runtime value once the tuple crossed an if
+        for pipe in kv_pipes:
+            pipe.producer_acquire(state)
+
+    @cute.jit
+    def gather_pairs(self, mKV, mIdx, sKV, kv_pipes, tidx, token, batch, key_lo, n_keys, seqlen_k, tile_lo, tile_hi,
+                     state):
+        """The paired producer's gather of one item's tiles ``[tile_lo, tile_hi)``, a pair at a time.  Thread t copies
         16 B chunk ``t % 8`` of each 128 B segment of rows ``t // 8 + 16 k`` (k < 4): a group of 8 threads reads
-        128 contiguous bytes of one row, and each thread needs only 4 row indices per tile."""
-        if warp_idx == 0:
-            self.load_q_tma(tma_atom_Q, mQ, sQ, pipeline_q, token, head_group, batch, tile_lo, tile_hi)
+        128 contiguous bytes of one row, and each thread needs only 4 row indices per tile.  Returns the pipelines'
+        state past the item."""
         copy_atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), self.dtype,
                                         num_bits_per_copy=128)
         group = tidx // 8
@@ -576,7 +625,6 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         rows_per_group = TILE_N // ROW_GROUPS
         segments = HALF // 64                                     # 128 B segments per half row
         rows = cute.make_rmem_tensor((2 * rows_per_group,), Int32)
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         for p in cutlass.range((tile_hi - tile_lo + 1) // 2, unroll=1):
             for b in cutlass.range_constexpr(2):                  # all 8 index loads first: one latency
                 for k in cutlass.range_constexpr(rows_per_group):
@@ -600,10 +648,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                                   cute.logical_divide(cute.local_tile(sKV[r, None, b], (8,), (c,)), (8,)), pred=real)
                 kv_pipes[2 * b + h].producer_commit(state)          # arrives when this thread's copies land
             state.advance()
-        # the tail of a one-stage pipeline: wait until the last fill is freed (no mbarrier arrive after exit);
-        # producer_tail itself loops over a stage count that is a runtime value once the tuple crossed an if
-        for pipe in kv_pipes:
-            pipe.producer_acquire(state)
+        return state
 
     @cute.jit
     def key_row_or_none(self, mIdx, batch, token, key, key_lo, n_keys, seqlen_k) -> Int32:
@@ -965,7 +1010,12 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         ``partition_C``, swizzled like the buffer); once both halves are there, one thread stores the 64 × 512 tile
         by TMA and waits until the buffer has been read (the CTA may not exit before).  Not stmatrix: at the paired
         schedule's 208 registers its operand packing spilled 20 B (ptxas -v), the pair stores spill nothing."""
-        sO_half = cute.local_tile(sQ, (TILE_H, HALF), (0, w))                        # (64 heads, 256), swizzled
+        sO = sQ
+        if const_expr(self.persistent):
+            # a base the compiler cannot prove constant: otherwise it hoists this thread's 64 swizzled store
+            # addresses out of the item loop, where they stay live across the whole main loop (ptxas: 632 B spilled)
+            sO = cute.make_tensor(sQ.iterator + opaque_zero(), sQ.layout)
+        sO_half = cute.local_tile(sO, (TILE_H, HALF), (0, w))                        # (64 heads, 256), swizzled
         rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
         rO.store(acc_O.load().to(self.dtype))
         cute.autovec_copy(rO, tiled_mma_pv.get_slice(wtid).partition_C(sO_half))
@@ -978,9 +1028,12 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
     @cute.jit
     def paired_half(self, w: cutlass.Constexpr, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sKV, sVt, sP,
                     sMax, sSum, mIdx, mO, mLSE, mSink, kv_pipes, softmax_scale_log2, wtid, token, head_group, batch,
-                    split, n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O):
+                    split, n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O, mQ, mKV, window_size, tma_atom_Q,
+                    tma_Q, pipeline_q):
         """Warpgroup ``w`` of the paired schedule: the scores of tiles ``tile_lo + 2p + w`` and O columns
-        ``256w … 256w+255`` of every tile (module docstring).  Half-buffer ``2b + h`` = tile buffer b, columns h."""
+        ``256w … 256w+255`` of every tile (module docstring).  Half-buffer ``2b + h`` = tile buffer b, columns h.
+        Persistent: the same for each of this CTA's items; warp 0 of warpgroup 0 loads every item's Q (the first
+        at once, each next one right after the O store before it has read the Q buffer)."""
         thr_qk, thr_pv, tSrQ, tSrK, tOrV = self.consumer_operands(tiled_mma_qk, tiled_mma_pv_rs, sQ, sKV, sVt, w,
                                                                   wtid)
         thr_pv_ss = tiled_mma_pv_ss.get_slice(wtid)
@@ -988,18 +1041,59 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         sVt_mine = cute.local_tile(sVt, (HALF, TILE_N, self.num_stages), (w, 0, 0))          # (256, 64, 2 bufs)
         tOsV = thr_pv_ss.make_fragment_B(thr_pv_ss.partition_B(sVt_mine))                   # (MMA, 1, 4, 2 bufs)
         acc_O, acc_O_rc, tScS_rc, row_max, row_sum, _ = self.consumer_registers(thr_qk, thr_pv, TILE_N)
+        acc_S = cute.make_rmem_tensor(thr_qk.partition_shape_C((TILE_H, TILE_N)), Float32)
+        rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        operands = (thr_qk, thr_pv, tSrQ, tSrK, tOrV, tOsP, tOsV, acc_O, acc_O_rc, tScS_rc, row_max, row_sum, acc_S,
+                    rP)
+        if const_expr(self.persistent):
+            bidx, _, _ = cute.arch.block_idx()
+            gdim, _, _ = cute.arch.grid_dim()
+            total = self.work_items(mO)
+            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+            q_warp = w == 0 and wtid < 32
+            work = bidx
+            if q_warp:
+                self.issue_q(tma_atom_Q, tma_Q, sQ, pipeline_q, work, mO, prefetch=False)
+            while work < total:
+                token, head_group, batch = self.work_coords(work, mO)
+                nxt = work + gdim
+                if q_warp and nxt < total:
+                    self.issue_q(tma_atom_Q, tma_Q, sQ, pipeline_q, nxt, mO, prefetch=True)   # into L2 only
+                _, n_keys, tile_lo, tile_hi = self.key_range(mQ, mKV, mIdx, token, window_size, 1, 0)
+                acc_O.fill(0.0)
+                row_max.fill(-Float32.inf)
+                row_sum.fill(0.0)
+                pipeline_q.consumer_wait(q_state)
+                state = self.paired_item(w, operands, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sP, sMax,
+                                         sSum, mIdx, mO, mLSE, mSink, kv_pipes, softmax_scale_log2, wtid, token,
+                                         head_group, batch, split, n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O,
+                                         tma_O, state)
+                if q_warp and nxt < total:          # the O store just read the Q buffer: the next Q may land there
+                    self.issue_q(tma_atom_Q, tma_Q, sQ, pipeline_q, nxt, mO, prefetch=False)
+                q_state.advance()
+                work = nxt
+        else:
+            self.paired_item(w, operands, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sP, sMax, sSum, mIdx, mO,
+                             mLSE, mSink, kv_pipes, softmax_scale_log2, wtid, token, head_group, batch, split, n_keys,
+                             seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O, state)
+
+    @cute.jit
+    def paired_item(self, w: cutlass.Constexpr, operands, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sP, sMax,
+                    sSum, mIdx, mO, mLSE, mSink, kv_pipes, softmax_scale_log2, wtid, token, head_group, batch, split,
+                    n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O, state):
+        """One query item of :meth:`paired_half` (O, row max and sum come in reset): its pairs, the epilogue and the
+        O store.  Returns the half-buffer pipelines' state past this item's pairs."""
+        thr_qk, thr_pv, tSrQ, tSrK, tOrV, tOsP, tOsV, acc_O, acc_O_rc, tScS_rc, row_max, row_sum, acc_S, rP = operands
         n_rows = cute.size(tScS_rc, mode=[0])                                 # 2 rows, 16 key columns
         n_cols = cute.size(tScS_rc, mode=[1])
-        acc_S = cute.make_rmem_tensor(thr_qk.partition_shape_C((TILE_H, TILE_N)), Float32)
         acc_S_rc = cute.make_tensor(acc_S.iterator, acc_layout_rows_cols(acc_S.layout))
-        rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
         tOrP = cute.make_tensor(rP.iterator, acc_layout_as_operand_a(rP.layout))   # D1.3 same-thread re-view
         other_max = cute.make_rmem_tensor((n_rows,), Float32)
         corrections = cute.make_rmem_tensor((n_rows,), Float32)
         k_half = cute.size(tSrQ.shape[2]) // 2                              # k-blocks per column half of Q·Kᵀ
         key_end = cutlass.min(n_keys, tile_hi * TILE_N)     # a padding tile (odd count) / the next split: masked
         n_pairs = (tile_hi - tile_lo + 1) // 2
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         ahead = const_expr(w == 0 and self.prefetch_scores)
         key_bits = Int32(0)
         if const_expr(ahead):
@@ -1081,6 +1175,34 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         self.finish_shared_max(w, thr_pv, acc_O, acc_O_rc, tScS_rc, row_max, row_sum, sSum, mO, mLSE, mSink,
                                softmax_scale_log2, wtid, token, head_group, batch, split, PAIR_SUM,
                                tiled_mma_pv_rs, sQ, tma_atom_O, tma_O)
+        return state
+
+    def work_items(self, mO):
+        """Persistent: the (token, head group, batch) items of the launch (one split)."""
+        return cute.size(mO.shape[2]) * (cute.size(mO.shape[3]) // TILE_H) * cute.size(mO.shape[1])
+
+    @cute.jit
+    def work_coords(self, work, mO):
+        """Persistent: item ``work`` → (token, head group, batch), tokens fastest (neighbours share window keys)."""
+        seqlen_q = mO.shape[2]
+        groups = mO.shape[3] // TILE_H
+        rest = work // seqlen_q
+        return work % seqlen_q, rest % groups, rest // groups
+
+    @cute.jit
+    def issue_q(self, tma_atom_Q, mQ, sQ, pipeline_q, work, mO, prefetch: cutlass.Constexpr):
+        """Persistent, one warp: item ``work``'s Q (64 heads × 512) by TMA into the Q buffer on Q's full barrier —
+        no empty-barrier wait, the calling warp itself ordered it after the last read of the buffer — or, with
+        ``prefetch``, only into L2 (the load after the O store then comes from L2)."""
+        token, head_group, batch = self.work_coords(work, mO)
+        gQ = cute.local_tile(mQ[None, None, token, batch], (TILE_H, HEAD_DIM), (head_group, 0))     # (64, 512)
+        tQsQ, tQgQ = cpasync.tma_partition(tma_atom_Q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
+                                           cute.group_modes(gQ, 0, 2))
+        if const_expr(prefetch):
+            cute.prefetch(tma_atom_Q, tQgQ)
+        else:
+            pipeline_q.sync_object_full.arrive(0, pipeline_q.producer_mask)     # one elected lane: arrive + bytes
+            cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=pipeline_q.sync_object_full.get_barrier(0))
 
     @cute.jit
     def issue_scores(self, w: cutlass.Constexpr, p, state, tiled_mma_qk, acc_S, tSrQ, tSrK, k_half, tScS_rc, kv_pipes, mIdx, batch, token, key_end, seqlen_k, tile_lo, leave_in_flight: cutlass.Constexpr,
