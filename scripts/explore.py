@@ -11,7 +11,7 @@ DSV4_D1_DEBUG=lightfirst for the A/B), d5probe (the W128 data path alone: DSV4_D
 hd512 decode's split kernel by parts: splits, producer alone, QK or PV left out, the combine), decodepf (the
 default decode with DSV4_L2_PREFETCH tiles of L2 prefetch), decodetimes (DSV4_PHASE_TIMES=1: per-CTA phase
 stamps of the split kernel, min / median / max µs), d6keys (hd512 prefill: per-CTA time vs keys per query,
-the fixed cost per CTA), ringtimes (DSV4_D1_DEBUG=times: per-item stamps of the
+the fixed cost per CTA), d6times (DSV4_SPARSE_TIMES=1: per-item stamps of the persistent hd512 prefill), ringtimes (DSV4_D1_DEBUG=times: per-item stamps of the
 window ring, medians over CTAs), decodestaged (plain partials through shared memory vs clusters;
 DSV4_COMBINE_UNROLL, DSV4_STAGED_PARTIALS)."""
 import json
@@ -143,6 +143,24 @@ if "d6keys" in sections:     # hd512 prefill h64 (paired schedule): time per que
     mx, my = sum(p[0] for p in pts) / n, sum(p[1] for p in pts) / n
     slope = sum((p[0] - mx) * (p[1] - my) for p in pts) / sum((p[0] - mx) ** 2 for p in pts)
     show({"d6keys_fit": {"us_per_tile": round(slope, 3), "us_fixed_per_cta": round(my - slope * mx, 2)}})
+
+if "d6times" in sections:    # run with DSV4_SPARSE_TIMES=1: per-item stamps of the persistent hd512 prefill (paired)
+    Sq, H, K = 8192, 64, 640
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    q, kv = rnd(Sq, H, 512), rnd(Sq, 512)
+    idx = torch.randint(0, Sq, (Sq, K), device="cuda", dtype=torch.int32, generator=gen)
+    for rep in range(3):
+        out, lse = dsv4lib.sparse_attention(q, kv, idx, num_splits=1, return_lse=True)
+    torch.cuda.synchronize()
+    st = lse.t().contiguous().view(torch.int64).flatten()[: sms * 64 * 8].view(sms, 64, 8).double() / 1e3
+    st = st[:, 1:-1]                                     # steady-state items (not a CTA's first, not slot 63)
+    rel = st - st[:, :, :1]                              # µs after the item's WG0 starts waiting for Q
+    period = st[:, 1:, 0] - st[:, :-1, 0]
+    names = ["q_wait_start", "q_wg0", "pairs_wg0", "o_read", "q_wg1", "pairs_wg1", "prod_first_buf", "prod_last_issue"]
+    res = {"d6times": [H, K, Sq], "period_med": round(period.median().item(), 2)}
+    for j, n in enumerate(names[1:], 1):
+        res[n] = round(rel[:, :, j].median().item(), 2)
+    show(res)
 
 if "roof" in sections:
     # hd512 dense decode: the producer alone (no math, no epilogue) vs the whole split kernel

@@ -17,6 +17,20 @@ def launch_stream(stream: cuda.CUstream | None) -> dict:
     return {} if stream is None else {"stream": stream}
 
 
+STAMP_ITEMS, STAMPS_PER_ITEM = 64, 8      # per-item %globaltimer probes: a CTA's first 64 items, 8 stamps each
+
+
+@cute.jit
+def item_stamp(buffer: cute.Tensor, item, k: cutlass.Constexpr):
+    """Timing probe of the persistent kernels' debug builds: ``buffer's bytes as int64[(cta·64 + item)·8 + k] =
+    %globaltimer`` (ns) for a CTA's first :data:`STAMP_ITEMS` items (the caller says which thread stamps; the buffer
+    — an LSE output the debug build leaves unwritten — must hold ``ctas · 64 · 8`` int64)."""
+    if item < STAMP_ITEMS:
+        bidx, _, _ = cute.arch.block_idx()
+        stamps = cute.make_tensor(cute.recast_ptr(buffer.iterator, dtype=cutlass.Int64), cute.make_layout(1 << 20))
+        stamps[(bidx * STAMP_ITEMS + item) * STAMPS_PER_ITEM + k] = cute.arch.globaltimer()
+
+
 @cute.jit
 def load_kv_tiles(tma_atom_K: cute.CopyAtom, tKgK: cute.Tensor, tKsK: cute.Tensor, pipe_k,
                   tma_atom_V: cute.CopyAtom, tVgV: cute.Tensor, tVsV: cute.Tensor, pipe_v,

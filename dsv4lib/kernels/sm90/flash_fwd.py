@@ -92,7 +92,7 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 from cutlass.utils import LayoutEnum
 
-from ..common import convert_to_bf16_pairs, launch_stream, load_kv_tiles, tma_store_tile
+from ..common import convert_to_bf16_pairs, item_stamp, launch_stream, load_kv_tiles, tma_store_tile
 from ..nvfp4 import e2m1_code_magic, nvfp4_block_scale
 
 LOG2_E = math.log2(math.e)
@@ -917,7 +917,6 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                 item_count += 1
             tiles_before = tiles_before + chunk_hi - chunk_lo
 
-    STAMPS_PER_ITEM = 8                      # debug_times: stamps per item (timing_stamp)
 
     @cute.jit
     def timing_stamp(self, mLSE, item_count, k: cutlass.Constexpr, cond=True):
@@ -927,10 +926,8 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         issued; 6 storer: O store read — by the threads where ``cond`` holds.  The LSE is not written in these builds: pass return_lse=True and read
         its buffer (``scripts/explore.py ringtimes``)."""
         if const_expr(self.debug_times):
-            if cond and item_count < 64:
-                bidx, _, _ = cute.arch.block_idx()
-                stamps = cute.make_tensor(cute.recast_ptr(mLSE.iterator, dtype=Int64), cute.make_layout(1 << 20))
-                stamps[(bidx * 64 + item_count) * self.STAMPS_PER_ITEM + k] = cute.arch.globaltimer()
+            if cond:
+                item_stamp(mLSE, item_count, k)
 
     @cute.jit
     def ring_q_to_registers(self, pipeline_q, q_state, tSsQ, tSrQ):

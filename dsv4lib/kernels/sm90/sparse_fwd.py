@@ -85,7 +85,7 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from ..combine import WARPS_PER_CTA, merge_chunk
-from ..common import convert_to_bf16_pairs, launch_stream, load_acquire_gpu, tma_store_tile
+from ..common import convert_to_bf16_pairs, item_stamp, launch_stream, load_acquire_gpu, tma_store_tile
 from .flash_fwd import (LN_2, LOG2_E, Sm90AttentionOps, acc_layout_as_operand_a, acc_layout_rows_cols,
                         persistent_grid, row_major_smem_layout, transposed_view)
 
@@ -239,6 +239,9 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                              "gather_only or prefetch_scores)")
         self.persistent = persistent
         self.num_sms = num_sms
+        # timing probe of the persistent build (DSV4_SPARSE_TIMES=1, never in normal runs): per-item %globaltimer
+        # stamps into the LSE buffer, which such a build leaves unwritten — see stamp
+        self.debug_times = persistent and os.environ.get("DSV4_SPARSE_TIMES") == "1"
         self.dtype = cutlass.BFloat16
 
     # ------------------------------------------------------------------------------ host side
@@ -595,12 +598,14 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             gdim, _, _ = cute.arch.grid_dim()
             total = self.work_items(mO)
             work = bidx
+            item = Int32(0)
             while work < total:
                 token, head_group, batch = self.work_coords(work, mO)
                 key_lo, n_keys, tile_lo, tile_hi = self.key_range(mQ, mKV, mIdx, token, window_size, 1, 0)
                 state = self.gather_pairs(mKV, mIdx, sKV, kv_pipes, tidx, token, batch, key_lo, n_keys, seqlen_k,
-                                          tile_lo, tile_hi, state)
+                                          tile_lo, tile_hi, state, mO, item)
                 work += gdim
+                item += 1
         else:
             if warp_idx == 0:
                 self.load_q_tma(tma_atom_Q, tma_Q, sQ, pipeline_q, token, head_group, batch, tile_lo, tile_hi)
@@ -613,7 +618,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
 
     @cute.jit
     def gather_pairs(self, mKV, mIdx, sKV, kv_pipes, tidx, token, batch, key_lo, n_keys, seqlen_k, tile_lo, tile_hi,
-                     state):
+                     state, mTimes=None, item=0):
         """The paired producer's gather of one item's tiles ``[tile_lo, tile_hi)``, a pair at a time.  Thread t copies
         16 B chunk ``t % 8`` of each 128 B segment of rows ``t // 8 + 16 k`` (k < 4): a group of 8 threads reads
         128 contiguous bytes of one row, and each thread needs only 4 row indices per tile.  Returns the pipelines'
@@ -634,6 +639,8 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             for j in cutlass.range_constexpr(4):
                 b, h = HALF_TILE_ORDER[j]
                 kv_pipes[2 * b + h].producer_acquire(state)
+                if const_expr(j == 0):
+                    self.stamp(mTimes, item, 6, tidx == 0 and p == 0)
                 for k in cutlass.range_constexpr(rows_per_group):
                     r = group + ROW_GROUPS * k
                     row = rows[b * rows_per_group + k]
@@ -648,6 +655,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                                   cute.logical_divide(cute.local_tile(sKV[r, None, b], (8,), (c,)), (8,)), pred=real)
                 kv_pipes[2 * b + h].producer_commit(state)          # arrives when this thread's copies land
             state.advance()
+        self.stamp(mTimes, item, 7, tidx == 0)
         return state
 
     @cute.jit
@@ -994,7 +1002,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                                                - row_max[r] * softmax_scale_log2)
                 inv = 1.0 / denom
                 lse = (row_max[r] * softmax_scale_log2 + cute.math.log2(s)) * LN_2
-            if const_expr(self.has_lse or self.split_kv):
+            if const_expr((self.has_lse or self.split_kv) and not self.debug_times):
                 if w == 0 and wtid % 4 == 0:
                     mLSE[split, batch, head_group * TILE_H + m, token] = lse
             for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
@@ -1053,6 +1061,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
             q_warp = w == 0 and wtid < 32
             work = bidx
+            item = Int32(0)                                  # items this CTA has done (debug_times stamps)
             if q_warp:
                 self.issue_q(tma_atom_Q, tma_Q, sQ, pipeline_q, work, mO, prefetch=False)
             while work < total:
@@ -1064,15 +1073,19 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                 acc_O.fill(0.0)
                 row_max.fill(-Float32.inf)
                 row_sum.fill(0.0)
+                self.stamp(mLSE, item, 0, w == 0 and wtid == 0)
                 pipeline_q.consumer_wait(q_state)
+                self.stamp(mLSE, item, 1 + 3 * w, wtid == 0)
                 state = self.paired_item(w, operands, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sP, sMax,
                                          sSum, mIdx, mO, mLSE, mSink, kv_pipes, softmax_scale_log2, wtid, token,
                                          head_group, batch, split, n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O,
-                                         tma_O, state)
+                                         tma_O, state, item)
+                self.stamp(mLSE, item, 3, w == 0 and wtid == 0)
                 if q_warp and nxt < total:          # the O store just read the Q buffer: the next Q may land there
                     self.issue_q(tma_atom_Q, tma_Q, sQ, pipeline_q, nxt, mO, prefetch=False)
                 q_state.advance()
                 work = nxt
+                item += 1
         else:
             self.paired_item(w, operands, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sP, sMax, sSum, mIdx, mO,
                              mLSE, mSink, kv_pipes, softmax_scale_log2, wtid, token, head_group, batch, split, n_keys,
@@ -1081,9 +1094,10 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
     @cute.jit
     def paired_item(self, w: cutlass.Constexpr, operands, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sP, sMax,
                     sSum, mIdx, mO, mLSE, mSink, kv_pipes, softmax_scale_log2, wtid, token, head_group, batch, split,
-                    n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O, state):
+                    n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O, state, item=0):
         """One query item of :meth:`paired_half` (O, row max and sum come in reset): its pairs, the epilogue and the
-        O store.  Returns the half-buffer pipelines' state past this item's pairs."""
+        O store.  Returns the half-buffer pipelines' state past this item's pairs.  ``item``: the CTA's item count
+        (debug_times stamps)."""
         thr_qk, thr_pv, tSrQ, tSrK, tOrV, tOsP, tOsV, acc_O, acc_O_rc, tScS_rc, row_max, row_sum, acc_S, rP = operands
         n_rows = cute.size(tScS_rc, mode=[0])                                 # 2 rows, 16 key columns
         n_cols = cute.size(tScS_rc, mode=[1])
@@ -1172,10 +1186,20 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                 warpgroup.wait_group(0)
                 kv_pipes[1].consumer_release(state)                       # (even, right)
             state.advance()
+        self.stamp(mLSE, item, 2 + 3 * w, wtid == 0)
         self.finish_shared_max(w, thr_pv, acc_O, acc_O_rc, tScS_rc, row_max, row_sum, sSum, mO, mLSE, mSink,
                                softmax_scale_log2, wtid, token, head_group, batch, split, PAIR_SUM,
                                tiled_mma_pv_rs, sQ, tma_atom_O, tma_O)
         return state
+
+    @cute.jit
+    def stamp(self, mLSE, item, k: cutlass.Constexpr, cond):
+        """debug_times builds only: :func:`dsv4lib.kernels.common.item_stamp` where ``cond`` holds.  Stamps per item:
+        0 WG0 waits for Q, 1 / 4 Q landed (WG0 / WG1), 2 / 5 their pairs done, 3 WG0's O store has read the Q
+        buffer, 6 the producer has the item's first half-buffer, 7 it issued the item's last copies."""
+        if const_expr(self.debug_times):
+            if cond:
+                item_stamp(mLSE, item, k)
 
     def work_items(self, mO):
         """Persistent: the (token, head group, batch) items of the launch (one split)."""
