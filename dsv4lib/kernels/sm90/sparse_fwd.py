@@ -80,12 +80,12 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import Float32, Int32, const_expr, pipeline
+from cutlass import Float32, Int32, Int64, Uint32, const_expr, pipeline
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from ..combine import WARPS_PER_CTA, merge_chunk
-from ..common import convert_to_bf16_pairs, item_stamp, launch_stream, load_acquire_gpu, tma_store_tile
+from ..common import convert_to_bf16_pairs, cvt_bf16x2, item_stamp, launch_stream, load_acquire_gpu, tma_store_tile
 from .flash_fwd import (LN_2, LOG2_E, Sm90AttentionOps, acc_layout_as_operand_a, acc_layout_rows_cols,
                         persistent_grid, row_major_smem_layout, transposed_view)
 
@@ -239,6 +239,11 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                              "gather_only or prefetch_scores)")
         self.persistent = persistent
         self.num_sms = num_sms
+        # persistent: O leaves straight from the registers (8 B a lane, store_o_regs), not through the Q buffer, so
+        # the next item's Q loads as soon as this item's last QK has retired (DSV4_SPARSE_OREGS=0: the TMA store)
+        self.o_from_registers = persistent and os.environ.get("DSV4_SPARSE_OREGS", "1") == "1"
+        if self.o_from_registers:
+            self.tma_store_o = False
         # timing probe of the persistent build (DSV4_SPARSE_TIMES=1, never in normal runs): per-item %globaltimer
         # stamps into the LSE buffer, which such a build leaves unwritten — see stamp
         self.debug_times = persistent and os.environ.get("DSV4_SPARSE_TIMES") == "1"
@@ -389,7 +394,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             if const_expr(self.paired):
                 self.load_paired(tma_atom_Q, tma_Q, mKV, mIdx, sQ, sKV, pipeline_q, pipeline_kv, warp_idx, tidx,
                                  token, head_group, batch, key_lo, n_keys, seqlen_k, tile_lo, tile_hi, mQ, mO,
-                                 window_size)
+                                 window_size, mLSE)
             elif const_expr(self.use_tma):
                 if warp_idx == 0:
                     self.load_tma(tma_atom_Q, tma_Q, tma_atom_KV, tma_KV, sQ, sKV, pipeline_q, pipeline_kv, token,
@@ -587,7 +592,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
 
     @cute.jit
     def load_paired(self, tma_atom_Q, tma_Q, mKV, mIdx, sQ, sKV, pipeline_q, kv_pipes, warp_idx, tidx, token,
-                    head_group, batch, key_lo, n_keys, seqlen_k, tile_lo, tile_hi, mQ, mO, window_size):
+                    head_group, batch, key_lo, n_keys, seqlen_k, tile_lo, tile_hi, mQ, mO, window_size, mLSE):
         """Producer of the paired schedule: Q by TMA (warp 0; persistent: the consumers load it), then per pair of
         tiles the four half-tiles in the order the consumers free them — (even, left), (odd, right), (even, right),
         (odd, left).  Persistent: the same for each of this CTA's items, back to back (the next item's first
@@ -603,7 +608,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                 token, head_group, batch = self.work_coords(work, mO)
                 key_lo, n_keys, tile_lo, tile_hi = self.key_range(mQ, mKV, mIdx, token, window_size, 1, 0)
                 state = self.gather_pairs(mKV, mIdx, sKV, kv_pipes, tidx, token, batch, key_lo, n_keys, seqlen_k,
-                                          tile_lo, tile_hi, state, mO, item)
+                                          tile_lo, tile_hi, state, mLSE, item)
                 work += gdim
                 item += 1
         else:
@@ -978,7 +983,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
     @cute.jit
     def finish_shared_max(self, w, thr_pv, acc_O, acc_O_rc, tScS_rc, row_max, row_sum, sSum, mO,
                           mLSE, mSink, softmax_scale_log2, wtid, token, head_group, batch, split,
-                          sum_barrier: cutlass.Constexpr, tiled_mma_pv, sQ, tma_atom_O, tma_O):
+                          sum_barrier: cutlass.Constexpr, tiled_mma_pv, sQ, tma_atom_O, tma_O, item=0):
         """Epilogue of the schedules whose two warpgroups end with the same row max (balanced, paired): my row
         sums + the other warpgroup's, sink, LSE, my half of O."""
         n_rows = cute.size(tScS_rc, mode=[0])
@@ -990,6 +995,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             if wtid % 4 == 0:
                 sSum[w * TILE_H + tScS_rc[r, 0][0]] = s
         cute.arch.barrier(barrier_id=sum_barrier, number_of_threads=256)
+        self.stamp(mLSE, item, 4, w == 0 and wtid == 0)
         for r in cutlass.range_constexpr(n_rows):
             m = tScS_rc[r, 0][0]
             s = row_sum[r] + sSum[(1 - w) * TILE_H + m]
@@ -1008,12 +1014,51 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
                 acc_O_rc[r, c] = acc_O_rc[r, c] * inv
         if const_expr(self.tma_store_o):
-            self.store_o_tma(w, tiled_mma_pv, acc_O, sQ, tma_atom_O, tma_O, wtid, token, head_group, batch)
+            self.store_o_tma(w, tiled_mma_pv, acc_O, sQ, tma_atom_O, tma_O, wtid, token, head_group, batch, mLSE,
+                             item)
+        elif const_expr(self.o_from_registers):
+            self.store_o_regs(w, thr_pv, acc_O_rc, mO, wtid, token, head_group, batch)
         else:
             self.store_half(thr_pv, acc_O, mO, split, batch, token, head_group, w)
 
     @cute.jit
-    def store_o_tma(self, w, tiled_mma_pv, acc_O, sQ, tma_atom_O, tma_O, wtid, token, head_group, batch):
+    def store_o_regs(self, w, thr_pv, acc_O_rc, mO, wtid, token, head_group, batch):
+        """My normalized column half of O → global straight from the registers, 8 B a lane.  In the accumulator the
+        lanes of a quad hold two adjacent columns of rows r and r + 8 in every 8-column block; the lanes of a pair
+        (q, q ^ 1) swap one bf16 pair, so the even lane holds four adjacent columns of row r and the odd one the same
+        four of row r + 8: one st.global.v2 each instead of two 4-byte stores.  Nothing goes through the Q buffer."""
+        tOcO = thr_pv.partition_C(cute.make_identity_tensor((TILE_H, HALF)))
+        tOcO_rc = cute.make_tensor(tOcO.iterator, acc_layout_rows_cols(tOcO.layout))        # (2 rows, 64) coords
+        odd = wtid % 2
+        row = tOcO_rc[0, 0][0]
+        if odd == 1:
+            row = tOcO_rc[1, 0][0]
+        gRow = mO[0, batch, token, head_group * TILE_H + row, None]                       # (512,) bf16
+        # the wgmma accumulator: block j holds columns 8j + 2·(lane % 4) + {0, 1}; the even lane's 4 columns start
+        # at 8j + 2·(lane % 4 & ~1) — one base address and constant steps of 16 B (no address kept per block)
+        n_blocks = cute.size(acc_O_rc, mode=[1]) // 2
+        assert n_blocks * 8 == HALF
+        base = gRow.iterator.toint() + Int64(2) * Int64(w * HALF + tOcO_rc[0, 0][1] - 2 * odd)
+        words = cute.make_rmem_tensor((2,), Uint32)
+        for j in cutlass.range_constexpr(n_blocks):
+            top = cvt_bf16x2(acc_O_rc[0, 2 * j], acc_O_rc[0, 2 * j + 1])          # row r, my two columns
+            bottom = cvt_bf16x2(acc_O_rc[1, 2 * j], acc_O_rc[1, 2 * j + 1])       # row r + 8
+            send = bottom
+            if odd == 1:
+                send = top
+            got = Uint32(cute.arch.shuffle_sync_bfly(Int32(send), offset=1))
+            words[0] = top
+            words[1] = got
+            if odd == 1:
+                words[0] = got
+                words[1] = bottom
+            dst = cute.make_tensor(cute.make_ptr(Uint32, base + Int64(16 * j), cute.AddressSpace.gmem, assumed_align=8),
+                                   cute.make_layout(2))
+            cute.autovec_copy(words, dst)
+
+    @cute.jit
+    def store_o_tma(self, w, tiled_mma_pv, acc_O, sQ, tma_atom_O, tma_O, wtid, token, head_group, batch, mTimes=None,
+                    item=0):
         """My column half of O (bf16) → the Q buffer as 32-bit value pairs (the accumulator's own layout through
         ``partition_C``, swizzled like the buffer); once both halves are there, one thread stores the 64 × 512 tile
         by TMA and waits until the buffer has been read (the CTA may not exit before).  Not stmatrix: at the paired
@@ -1029,6 +1074,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         cute.autovec_copy(rO, tiled_mma_pv.get_slice(wtid).partition_C(sO_half))
         cute.arch.fence_proxy("async.shared", space="cta")                          # generic writes → TMA reads
         cute.arch.barrier(barrier_id=O_IN_SMEM, number_of_threads=256)
+        self.stamp(mTimes, item, 5, w == 0 and wtid == 0)
         if w == 0 and wtid < 32:
             gO = cute.local_tile(tma_O[None, None, token, batch], (TILE_H, HEAD_DIM), (head_group, 0))   # (64, 512)
             tma_store_tile(tma_atom_O, sQ, gO)
@@ -1075,14 +1121,20 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                 row_sum.fill(0.0)
                 self.stamp(mLSE, item, 0, w == 0 and wtid == 0)
                 pipeline_q.consumer_wait(q_state)
-                self.stamp(mLSE, item, 1 + 3 * w, wtid == 0)
+                self.stamp(mLSE, item, 1, w == 0 and wtid == 0)
+                next_q = (q_warp, nxt, total, tma_atom_Q, tma_Q, sQ, pipeline_q, mO)
                 state = self.paired_item(w, operands, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sP, sMax,
                                          sSum, mIdx, mO, mLSE, mSink, kv_pipes, softmax_scale_log2, wtid, token,
                                          head_group, batch, split, n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O,
-                                         tma_O, state, item)
+                                         tma_O, state, item, next_q)
                 self.stamp(mLSE, item, 3, w == 0 and wtid == 0)
-                if q_warp and nxt < total:          # the O store just read the Q buffer: the next Q may land there
-                    self.issue_q(tma_atom_Q, tma_Q, sQ, pipeline_q, nxt, mO, prefetch=False)
+                # the O store just read the Q buffer (or, O from registers, an item without keys had no last QK to
+                # issue it behind): the next Q may land there
+                if const_expr(self.o_from_registers):
+                    if tile_hi == tile_lo:
+                        self.load_next_q(next_q)
+                else:
+                    self.load_next_q(next_q)
                 q_state.advance()
                 work = nxt
                 item += 1
@@ -1094,10 +1146,11 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
     @cute.jit
     def paired_item(self, w: cutlass.Constexpr, operands, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sP, sMax,
                     sSum, mIdx, mO, mLSE, mSink, kv_pipes, softmax_scale_log2, wtid, token, head_group, batch, split,
-                    n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O, state, item=0):
+                    n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O, state, item=0, next_q=None):
         """One query item of :meth:`paired_half` (O, row max and sum come in reset): its pairs, the epilogue and the
         O store.  Returns the half-buffer pipelines' state past this item's pairs.  ``item``: the CTA's item count
-        (debug_times stamps)."""
+        (debug_times stamps).  ``next_q`` (persistent, O from registers): :meth:`load_next_q`'s arguments, for
+        warpgroup 0 once both warpgroups' last QK has retired."""
         thr_qk, thr_pv, tSrQ, tSrK, tOrV, tOsP, tOsV, acc_O, acc_O_rc, tScS_rc, row_max, row_sum, acc_S, rP = operands
         n_rows = cute.size(tScS_rc, mode=[0])                                 # 2 rows, 16 key columns
         n_cols = cute.size(tScS_rc, mode=[1])
@@ -1142,6 +1195,9 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                 kv_pipes[0].consumer_release(state)                       # (even, left): nobody reads it again
                 # WG1's max (over both tiles) → my P and O move to it; P goes to shared memory for WG1
                 cute.arch.barrier(barrier_id=PAIR_MAX + 1, number_of_threads=256)
+                if const_expr(self.o_from_registers):
+                    if p == n_pairs - 1:        # both warpgroups' last QK has retired: the Q buffer is free
+                        self.load_next_q(next_q)
                 for r in cutlass.range_constexpr(n_rows):
                     new_max = sMax[TILE_H + tScS_rc[r, 0][0]]
                     base = new_max * softmax_scale_log2
@@ -1186,17 +1242,18 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                 warpgroup.wait_group(0)
                 kv_pipes[1].consumer_release(state)                       # (even, right)
             state.advance()
-        self.stamp(mLSE, item, 2 + 3 * w, wtid == 0)
+        self.stamp(mLSE, item, 2, w == 0 and wtid == 0)
         self.finish_shared_max(w, thr_pv, acc_O, acc_O_rc, tScS_rc, row_max, row_sum, sSum, mO, mLSE, mSink,
                                softmax_scale_log2, wtid, token, head_group, batch, split, PAIR_SUM,
-                               tiled_mma_pv_rs, sQ, tma_atom_O, tma_O)
+                               tiled_mma_pv_rs, sQ, tma_atom_O, tma_O, item)
         return state
 
     @cute.jit
     def stamp(self, mLSE, item, k: cutlass.Constexpr, cond):
-        """debug_times builds only: :func:`dsv4lib.kernels.common.item_stamp` where ``cond`` holds.  Stamps per item:
-        0 WG0 waits for Q, 1 / 4 Q landed (WG0 / WG1), 2 / 5 their pairs done, 3 WG0's O store has read the Q
-        buffer, 6 the producer has the item's first half-buffer, 7 it issued the item's last copies."""
+        """debug_times builds only: :func:`dsv4lib.kernels.common.item_stamp` where ``cond`` holds.  Stamps per item
+        (warpgroup 0's first thread unless said): 0 waits for Q, 1 Q landed, 2 its pairs done, 4 the row-sum barrier
+        passed, 5 O in shared memory (both halves), 3 the O store has read the Q buffer; producer: 6 it has the
+        item's first half-buffer, 7 it issued the item's last copies."""
         if const_expr(self.debug_times):
             if cond:
                 item_stamp(mLSE, item, k)
@@ -1212,6 +1269,14 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         groups = mO.shape[3] // TILE_H
         rest = work // seqlen_q
         return work % seqlen_q, rest % groups, rest // groups
+
+    @cute.jit
+    def load_next_q(self, next_q):
+        """Persistent: the next item's Q into the Q buffer, by the Q warp, if there is a next item.  ``next_q`` =
+        (is the Q warp, next item, item count, TMA atom and tensor of Q, sQ, Q's pipeline, mO)."""
+        q_warp, nxt, total, tma_atom_Q, tma_Q, sQ, pipeline_q, mO = next_q
+        if q_warp and nxt < total:
+            self.issue_q(tma_atom_Q, tma_Q, sQ, pipeline_q, nxt, mO, prefetch=False)
 
     @cute.jit
     def issue_q(self, tma_atom_Q, mQ, sQ, pipeline_q, work, mO, prefetch: cutlass.Constexpr):
