@@ -109,10 +109,18 @@ DEFAULT_SCHEDULE = {True: "paired", False: "columns"}     # by key source: gathe
 SCHEDULE: str | None = None      # one schedule for every build (tests, benchmarks); None = DEFAULT_SCHEDULE
 PREFETCH_SCORES = False          # paired: WG0 issues the next pair's QK behind its last PV (H200 h64: 326 vs 446 without)
 # Persistent CTAs for the paired schedule's unsplit launches (SparseAttentionForwardSm90(persistent=True)): a CTA
-# per SM walks the (token, head group) items.  Why: H200 at fffd4a3 (scripts/explore.py d6keys, h64 S8k, one CTA per
-# item), a CTA took 1.76 µs a 64-key tile plus 5.5 µs fixed (launch, Q load, first gather, epilogue) — a quarter of
-# the 22.7 µs of a 640-key query.
-PERSISTENT = os.environ.get("DSV4_SPARSE_PERSISTENT", "1") == "1"
+# per SM walks the (token, head group) items.  A knob, off: measured on the H200 (scripts/explore.py d6keys / sparse,
+# h64, µs per item = launch time · SMs / items).  One CTA per item takes 1.76 µs a 64-key tile plus ~5.6 µs fixed
+# (22.7 µs for 640 keys).  Persistent, the fixed part stays ~5.6: the per-item stamps (DSV4_SPARSE_TIMES=1,
+# explore d6times, 640 keys) show the pairs done at 18.0 µs, O in shared memory at 19.5 (normalize, bf16, 64
+# st.shared a thread, fence, barrier), the TMA store's read of the Q buffer done at 20.75, the next Q landed ~1 µs
+# later — every step waits for the one before, because O is staged in Q's buffer (no other 64 KB is free next to
+# Q, two KV tiles and sP).  The producer is ahead (the next item's first half-tile free 5 µs before the item
+# starts).  The median item (21.75 µs) beats the one-CTA launch by ~4 %, but the static deal ends with the slowest
+# CTAs (~7 %): 466-472 vs 486-490 TFLOP/s at S16k / S8k.  O stored from the registers instead (8 B a lane after a
+# pair swap, the next Q loaded right after the last QK) was worse still: 4.5 µs of stores an item, 416 TFLOP/s.
+# Left to try: a dynamic deal (global counter, as in the D1 kernel), and O staged by halves so Q reloads by halves.
+PERSISTENT = os.environ.get("DSV4_SPARSE_PERSISTENT", "0") == "1"
 
 
 def schedule_for(gather: bool) -> str:

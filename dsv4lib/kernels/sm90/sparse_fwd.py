@@ -63,6 +63,12 @@ barrier keeps every CTA alive until its peers have read its buffer.  So one part
 the fp32 round trip (128 KB a split, written and read back by the combine) was most of what the decode lost to
 the producer-only roof (H200, H64 KV64k, 128 splits: split kernel 27.4 µs vs 19.9 producer only, combine 9.5 µs).  The combine then merges ``splits / C`` partials.
 
+**Persistent CTAs** (``persistent=True``, paired schedule, one split; a knob, measured no faster —
+``dsv4lib.sparse.PERSISTENT``): ``num_sms`` CTAs walk the (token, head group, batch) items, token fastest.  The
+producer gathers on from item to item (the next item's first half-tile as soon as the last pair frees it); warp 0 of
+warpgroup 0 loads every item's Q by TMA — the first before the loop, each next one right after its O store has read
+the Q buffer (O's staging area), prefetched into L2 one item ahead — on Q's full barrier, one phase per item.
+
 **Fused merge** (``fused_merge=True``, split-KV only): no combine kernel.  Launched cooperatively (every CTA
 resident at once, or the launch fails — never a hang), each split, once its partial is written, bumps its query's
 arrival counter (release) and waits until all splits of that query have arrived (acquire); then the splits share
@@ -80,12 +86,12 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import Float32, Int32, Int64, Uint32, const_expr, pipeline
+from cutlass import Float32, Int32, const_expr, pipeline
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from ..combine import WARPS_PER_CTA, merge_chunk
-from ..common import convert_to_bf16_pairs, cvt_bf16x2, item_stamp, launch_stream, load_acquire_gpu, tma_store_tile
+from ..common import convert_to_bf16_pairs, item_stamp, launch_stream, load_acquire_gpu, tma_store_tile
 from .flash_fwd import (LN_2, LOG2_E, Sm90AttentionOps, acc_layout_as_operand_a, acc_layout_rows_cols,
                         persistent_grid, row_major_smem_layout, transposed_view)
 
@@ -239,11 +245,6 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                              "gather_only or prefetch_scores)")
         self.persistent = persistent
         self.num_sms = num_sms
-        # persistent: O leaves straight from the registers (8 B a lane, store_o_regs), not through the Q buffer, so
-        # the next item's Q loads as soon as this item's last QK has retired (DSV4_SPARSE_OREGS=0: the TMA store)
-        self.o_from_registers = persistent and os.environ.get("DSV4_SPARSE_OREGS", "1") == "1"
-        if self.o_from_registers:
-            self.tma_store_o = False
         # timing probe of the persistent build (DSV4_SPARSE_TIMES=1, never in normal runs): per-item %globaltimer
         # stamps into the LSE buffer, which such a build leaves unwritten — see stamp
         self.debug_times = persistent and os.environ.get("DSV4_SPARSE_TIMES") == "1"
@@ -1016,45 +1017,8 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         if const_expr(self.tma_store_o):
             self.store_o_tma(w, tiled_mma_pv, acc_O, sQ, tma_atom_O, tma_O, wtid, token, head_group, batch, mLSE,
                              item)
-        elif const_expr(self.o_from_registers):
-            self.store_o_regs(w, thr_pv, acc_O_rc, mO, wtid, token, head_group, batch)
         else:
             self.store_half(thr_pv, acc_O, mO, split, batch, token, head_group, w)
-
-    @cute.jit
-    def store_o_regs(self, w, thr_pv, acc_O_rc, mO, wtid, token, head_group, batch):
-        """My normalized column half of O → global straight from the registers, 8 B a lane.  In the accumulator the
-        lanes of a quad hold two adjacent columns of rows r and r + 8 in every 8-column block; the lanes of a pair
-        (q, q ^ 1) swap one bf16 pair, so the even lane holds four adjacent columns of row r and the odd one the same
-        four of row r + 8: one st.global.v2 each instead of two 4-byte stores.  Nothing goes through the Q buffer."""
-        tOcO = thr_pv.partition_C(cute.make_identity_tensor((TILE_H, HALF)))
-        tOcO_rc = cute.make_tensor(tOcO.iterator, acc_layout_rows_cols(tOcO.layout))        # (2 rows, 64) coords
-        odd = wtid % 2
-        row = tOcO_rc[0, 0][0]
-        if odd == 1:
-            row = tOcO_rc[1, 0][0]
-        gRow = mO[0, batch, token, head_group * TILE_H + row, None]                       # (512,) bf16
-        # the wgmma accumulator: block j holds columns 8j + 2·(lane % 4) + {0, 1}; the even lane's 4 columns start
-        # at 8j + 2·(lane % 4 & ~1) — one base address and constant steps of 16 B (no address kept per block)
-        n_blocks = cute.size(acc_O_rc, mode=[1]) // 2
-        assert n_blocks * 8 == HALF
-        base = gRow.iterator.toint() + Int64(2) * Int64(w * HALF + tOcO_rc[0, 0][1] - 2 * odd)
-        words = cute.make_rmem_tensor((2,), Uint32)
-        for j in cutlass.range_constexpr(n_blocks):
-            top = cvt_bf16x2(acc_O_rc[0, 2 * j], acc_O_rc[0, 2 * j + 1])          # row r, my two columns
-            bottom = cvt_bf16x2(acc_O_rc[1, 2 * j], acc_O_rc[1, 2 * j + 1])       # row r + 8
-            send = bottom
-            if odd == 1:
-                send = top
-            got = Uint32(cute.arch.shuffle_sync_bfly(Int32(send), offset=1))
-            words[0] = top
-            words[1] = got
-            if odd == 1:
-                words[0] = got
-                words[1] = bottom
-            dst = cute.make_tensor(cute.make_ptr(Uint32, base + Int64(16 * j), cute.AddressSpace.gmem, assumed_align=8),
-                                   cute.make_layout(2))
-            cute.autovec_copy(words, dst)
 
     @cute.jit
     def store_o_tma(self, w, tiled_mma_pv, acc_O, sQ, tma_atom_O, tma_O, wtid, token, head_group, batch, mTimes=None,
@@ -1122,19 +1086,13 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                 self.stamp(mLSE, item, 0, w == 0 and wtid == 0)
                 pipeline_q.consumer_wait(q_state)
                 self.stamp(mLSE, item, 1, w == 0 and wtid == 0)
-                next_q = (q_warp, nxt, total, tma_atom_Q, tma_Q, sQ, pipeline_q, mO)
                 state = self.paired_item(w, operands, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sP, sMax,
                                          sSum, mIdx, mO, mLSE, mSink, kv_pipes, softmax_scale_log2, wtid, token,
                                          head_group, batch, split, n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O,
-                                         tma_O, state, item, next_q)
+                                         tma_O, state, item)
                 self.stamp(mLSE, item, 3, w == 0 and wtid == 0)
-                # the O store just read the Q buffer (or, O from registers, an item without keys had no last QK to
-                # issue it behind): the next Q may land there
-                if const_expr(self.o_from_registers):
-                    if tile_hi == tile_lo:
-                        self.load_next_q(next_q)
-                else:
-                    self.load_next_q(next_q)
+                if q_warp and nxt < total:          # the O store just read the Q buffer: the next Q may land there
+                    self.issue_q(tma_atom_Q, tma_Q, sQ, pipeline_q, nxt, mO, prefetch=False)
                 q_state.advance()
                 work = nxt
                 item += 1
@@ -1146,11 +1104,10 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
     @cute.jit
     def paired_item(self, w: cutlass.Constexpr, operands, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sP, sMax,
                     sSum, mIdx, mO, mLSE, mSink, kv_pipes, softmax_scale_log2, wtid, token, head_group, batch, split,
-                    n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O, state, item=0, next_q=None):
+                    n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O, state, item=0):
         """One query item of :meth:`paired_half` (O, row max and sum come in reset): its pairs, the epilogue and the
         O store.  Returns the half-buffer pipelines' state past this item's pairs.  ``item``: the CTA's item count
-        (debug_times stamps).  ``next_q`` (persistent, O from registers): :meth:`load_next_q`'s arguments, for
-        warpgroup 0 once both warpgroups' last QK has retired."""
+        (debug_times stamps)."""
         thr_qk, thr_pv, tSrQ, tSrK, tOrV, tOsP, tOsV, acc_O, acc_O_rc, tScS_rc, row_max, row_sum, acc_S, rP = operands
         n_rows = cute.size(tScS_rc, mode=[0])                                 # 2 rows, 16 key columns
         n_cols = cute.size(tScS_rc, mode=[1])
@@ -1195,9 +1152,6 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                 kv_pipes[0].consumer_release(state)                       # (even, left): nobody reads it again
                 # WG1's max (over both tiles) → my P and O move to it; P goes to shared memory for WG1
                 cute.arch.barrier(barrier_id=PAIR_MAX + 1, number_of_threads=256)
-                if const_expr(self.o_from_registers):
-                    if p == n_pairs - 1:        # both warpgroups' last QK has retired: the Q buffer is free
-                        self.load_next_q(next_q)
                 for r in cutlass.range_constexpr(n_rows):
                     new_max = sMax[TILE_H + tScS_rc[r, 0][0]]
                     base = new_max * softmax_scale_log2
@@ -1269,14 +1223,6 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         groups = mO.shape[3] // TILE_H
         rest = work // seqlen_q
         return work % seqlen_q, rest % groups, rest // groups
-
-    @cute.jit
-    def load_next_q(self, next_q):
-        """Persistent: the next item's Q into the Q buffer, by the Q warp, if there is a next item.  ``next_q`` =
-        (is the Q warp, next item, item count, TMA atom and tensor of Q, sQ, Q's pipeline, mO)."""
-        q_warp, nxt, total, tma_atom_Q, tma_Q, sQ, pipeline_q, mO = next_q
-        if q_warp and nxt < total:
-            self.issue_q(tma_atom_Q, tma_Q, sQ, pipeline_q, nxt, mO, prefetch=False)
 
     @cute.jit
     def issue_q(self, tma_atom_Q, mQ, sQ, pipeline_q, work, mO, prefetch: cutlass.Constexpr):
