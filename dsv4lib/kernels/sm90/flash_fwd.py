@@ -208,7 +208,7 @@ class Sm90AttentionOps:
             for c in cutlass.range_constexpr(cols):
                 p = cute.arch.exp2(acc_S_rc[r, c] * softmax_scale_log2 - base)
                 acc_S_rc[r, c] = p
-                sums[c % chains] = p if c < chains else sums[c % chains] + p
+                sums[c % chains] = sums[c % chains] + p
             row_sum[r] = row_sum[r] * correction + tree_reduce(sums, lambda a, b: a + b)
             if const_expr(rescale_now):
                 for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
