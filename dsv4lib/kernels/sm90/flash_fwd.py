@@ -151,7 +151,11 @@ class Sm90AttentionOps:
     """The wgmma issue and the online softmax, shared by the Hopper attention kernels of this package."""
 
     debug_nomma = False          # timing probe (DSV4_D1_DEBUG=nomma in the D1 kernel): the wgmmas left out
-    softmax_chains = int(os.environ.get("DSV4_SOFTMAX_CHAINS", "1"))   # independent max / sum chains per row
+    # independent max / sum chains per row in online_softmax (FA4 reduces with 4).  A knob, 1: measured on the H200
+    # (scripts/explore.py chains, hd128, µs, three interleaved rounds on a noisy GPU — FA4 2993-3212 on the same
+    # shape): D1 1 / 4 / 8 chains 3106-3541 / 3143-3390 / 3345-3407, causal 1687-1805 / 1714-1800 / 1737-1785,
+    # W4096 1482-1552 / 1499-1514 / 1527-1543 — no gain; the other consumer warpgroup hides the chain's latency
+    softmax_chains = int(os.environ.get("DSV4_SOFTMAX_CHAINS", "1"))
 
     @cute.jit
     def gemm(self, tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor, tCrB: cute.Tensor,
