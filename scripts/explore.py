@@ -157,8 +157,8 @@ if "d6times" in sections:    # run with DSV4_SPARSE_TIMES=1: per-item stamps of 
     st = st[:, 1:-1]                                     # steady-state items (not a CTA's first, not slot 63)
     rel = st - st[:, :, :1]                              # µs after the item's WG0 starts waiting for Q
     period = st[:, 1:, 0] - st[:, :-1, 0]
-    names = ["q_wait_start", "q_landed", "pairs_done", "o_read", "sum_barrier", "o_in_smem", "prod_first_buf",
-             "prod_last_issue"]
+    names = ["q_wait_start", "q_landed", "pairs_done", "o_read", "sum_barrier", "o_in_smem", "o_normalized",
+             "o_written"]
     res = {"d6times": [H, K, Sq], "period_med": round(period.median().item(), 2)}
     for j, n in enumerate(names[1:], 1):
         res[n] = round(rel[:, :, j].median().item(), 2)

@@ -645,8 +645,6 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             for j in cutlass.range_constexpr(4):
                 b, h = HALF_TILE_ORDER[j]
                 kv_pipes[2 * b + h].producer_acquire(state)
-                if const_expr(j == 0):
-                    self.stamp(mTimes, item, 6, tidx == 0 and p == 0)
                 for k in cutlass.range_constexpr(rows_per_group):
                     r = group + ROW_GROUPS * k
                     row = rows[b * rows_per_group + k]
@@ -661,7 +659,6 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                                   cute.logical_divide(cute.local_tile(sKV[r, None, b], (8,), (c,)), (8,)), pred=real)
                 kv_pipes[2 * b + h].producer_commit(state)          # arrives when this thread's copies land
             state.advance()
-        self.stamp(mTimes, item, 7, tidx == 0)
         return state
 
     @cute.jit
@@ -1014,6 +1011,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                     mLSE[split, batch, head_group * TILE_H + m, token] = lse
             for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
                 acc_O_rc[r, c] = acc_O_rc[r, c] * inv
+        self.stamp(mLSE, item, 6, w == 0 and wtid == 0)
         if const_expr(self.tma_store_o):
             self.store_o_tma(w, tiled_mma_pv, acc_O, sQ, tma_atom_O, tma_O, wtid, token, head_group, batch, mLSE,
                              item)
@@ -1037,6 +1035,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         rO.store(acc_O.load().to(self.dtype))
         cute.autovec_copy(rO, tiled_mma_pv.get_slice(wtid).partition_C(sO_half))
         cute.arch.fence_proxy("async.shared", space="cta")                          # generic writes → TMA reads
+        self.stamp(mTimes, item, 7, w == 0 and wtid == 0)
         cute.arch.barrier(barrier_id=O_IN_SMEM, number_of_threads=256)
         self.stamp(mTimes, item, 5, w == 0 and wtid == 0)
         if w == 0 and wtid < 32:
@@ -1206,8 +1205,8 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
     def stamp(self, mLSE, item, k: cutlass.Constexpr, cond):
         """debug_times builds only: :func:`dsv4lib.kernels.common.item_stamp` where ``cond`` holds.  Stamps per item
         (warpgroup 0's first thread unless said): 0 waits for Q, 1 Q landed, 2 its pairs done, 4 the row-sum barrier
-        passed, 5 O in shared memory (both halves), 3 the O store has read the Q buffer; producer: 6 it has the
-        item's first half-buffer, 7 it issued the item's last copies."""
+        passed, 6 its half of O normalized, 7 written to shared memory and fenced, 5 both halves there (barrier), 3 the
+        O store has read the Q buffer."""
         if const_expr(self.debug_times):
             if cond:
                 item_stamp(mLSE, item, k)
