@@ -119,7 +119,12 @@ PREFETCH_SCORES = False          # paired: WG0 issues the next pair's QK behind 
 # starts).  The median item (21.75 µs) beats the one-CTA launch by ~4 %, but the static deal ends with the slowest
 # CTAs (~7 %): 466-472 vs 486-490 TFLOP/s at S16k / S8k.  O stored from the registers instead (8 B a lane after a
 # pair swap, the next Q loaded right after the last QK) was worse still: 4.5 µs of stores an item, 416 TFLOP/s.
-# Left to try: a dynamic deal (global counter, as in the D1 kernel), and O staged by halves so Q reloads by halves.
+# The epilogue by parts (stamps 6 / 7, two runs): row-sum barrier +0.25, normalized +0.5 (sSum, 1 / denominator,
+# log2, 128 multiplies), bf16 + 64 st.shared + fence +1.0-1.25 (the conversions alone are ~0.5 at 16 a clock),
+# both halves there, the TMA store's read +1.25-1.5 (~23 B a clock), the next Q ~1.
+# Left to try: a dynamic deal (global counter, as in the D1 kernel: ~+4 % from the median item), O staged by halves
+# so Q reloads by halves, and anything that frees 64 KB for an O buffer of its own (then the epilogue overlaps the
+# next item's first QK, FA3-style).
 PERSISTENT = os.environ.get("DSV4_SPARSE_PERSISTENT", "0") == "1"
 
 
