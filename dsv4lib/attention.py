@@ -89,7 +89,12 @@ DEFAULT_PACK_GQA = True
 # 719 / 660 / 1464 (FA4 756 / 702 / 1395); H100 plain 700 / 656 / 1527 · dynamic 708 / 649 / 1486 (FA4 746 / 691 /
 # 1416).  A static deal ends with the CTAs the memory system serves slowest (and a causal one with the heavy
 # blocks); the counter lets the faster CTAs take more.  Adopted for hd128 (causal a tie, W4096 −3 %).
-SM90_TUNING: dict[int, dict] = {64: {}, 128: {"persistent": True, "dynamic_schedule": True},
+# Early O rescale on top (hd128, persistent + dynamic), timed under Nsight Compute at its locked clock — the boost
+# clock of this H200 wanders by ±5 % between runs, ncu's duration does not (scripts/ncu_compare.py; H200, two runs
+# each, ms): B4 H16 S8k 3.87 / 3.87 → 3.81 / 3.80, causal 2.11 / 2.14 → 2.08 / 2.13, W4096 (B2 S16k + sink) 1.90 /
+# 1.90 → 1.88 / 1.89; FA4 3.63 and 1.98 on the first two.  A small gain everywhere: adopted for hd128.  (Under boost
+# clocks the same A/B read 690 → 729 TFLOP/s twice.)
+SM90_TUNING: dict[int, dict] = {64: {}, 128: {"persistent": True, "dynamic_schedule": True, "rescale_o_early": True},
                                 256: {"tile_n": 80, "rescale_o_early": True}}
 
 
@@ -119,9 +124,9 @@ SMALL_WINDOW_MAX = 128
 # CTAs alone on their SM at 80) measured (H200 at 4af7634, H100 at 3684c27; D5WIN_QUICK=1 scripts/explore.py d5win, µs, FA4 in the same
 # run): H200 hd128 static 164.6 → dynamic 160.4 (FA4 221.8), hd64 127.6 → 120.9 (FA4 183.5); H100 hd128 plain
 # 209.3 · static 237.3 · dynamic 194.6 (FA4 229.7), hd64 129.1 → 122.5 (FA4 184.1).
-SM90_SMALL_WINDOW_TUNING: dict[int, dict] = {
+SM90_SMALL_WINDOW_TUNING: dict[int, dict] = {     # (no early rescale at W <= 128: not measured there)
     64: {"tile_m": 64, "tile_n": 64, "persistent": True, "dynamic_schedule": True},
-    128: {"tile_m": 64, "tile_n": 64, "persistent": True, "dynamic_schedule": True}}
+    128: {"tile_m": 64, "tile_n": 64, "persistent": True, "dynamic_schedule": True, "rescale_o_early": False}}
 
 
 # The window ring (``ring=True``: CTAs walk chunks of consecutive items of one head, each K/V tile read from L2
