@@ -161,9 +161,13 @@ def sm90_kernel_shape(D: int, overlap: bool, pack: int = 1, nvfp4_out: bool = Fa
     """The tile sizes and schedule knobs of the D1 kernel build for head dim ``D``: defaults, plus
     :data:`SM90_TUNING` for the overlapped mainloop, plus :data:`SM90_SMALL_WINDOW_TUNING` for a window of at most
     :data:`SMALL_WINDOW_MAX` keys (a 64- or 192-row tile falls back to 128 when the GQA pack does not divide it).
-    Persistent CTAs only for the bf16 output of an unsplit call (the kernel refuses them otherwise)."""
+    Persistent CTAs only for the bf16 output of an unsplit call (the kernel refuses them otherwise).  The NVFP4
+    epilogue's build takes the main loop's early O rescale from :data:`SM90_TUNING` (its overhead is measured
+    against the tuned bf16 build), not the rest."""
     from .kernels.sm90.flash_fwd import default_tile_n
     shape = {"tile_m": 128, "tile_n": default_tile_n(D)}
+    if overlap and nvfp4_out and SM90_TUNING.get(D, {}).get("rescale_o_early"):
+        shape["rescale_o_early"] = True
     if overlap and not nvfp4_out:
         shape.update(SM90_TUNING.get(D, {}))
         if small_window:
