@@ -161,16 +161,14 @@ def sm90_kernel_shape(D: int, overlap: bool, pack: int = 1, nvfp4_out: bool = Fa
     """The tile sizes and schedule knobs of the D1 kernel build for head dim ``D``: defaults, plus
     :data:`SM90_TUNING` for the overlapped mainloop, plus :data:`SM90_SMALL_WINDOW_TUNING` for a window of at most
     :data:`SMALL_WINDOW_MAX` keys (a 64- or 192-row tile falls back to 128 when the GQA pack does not divide it).
-    Persistent CTAs only for the bf16 output of an unsplit call (the kernel refuses them otherwise).  The NVFP4
-    epilogue's build takes the main loop's early O rescale from :data:`SM90_TUNING` (its overhead is measured
-    against the tuned bf16 build), not the rest."""
+    Persistent CTAs only for an unsplit call (the kernel refuses them otherwise).  The NVFP4 epilogue's build takes
+    :data:`SM90_TUNING` like the bf16 one — its overhead is measured against the tuned bf16 build, so only the
+    epilogue may differ — but not the small-window shapes."""
     from .kernels.sm90.flash_fwd import default_tile_n
     shape = {"tile_m": 128, "tile_n": default_tile_n(D)}
-    if overlap and nvfp4_out and SM90_TUNING.get(D, {}).get("rescale_o_early"):
-        shape["rescale_o_early"] = True
-    if overlap and not nvfp4_out:
+    if overlap:
         shape.update(SM90_TUNING.get(D, {}))
-        if small_window:
+        if small_window and not nvfp4_out:
             shape.update(SM90_SMALL_WINDOW_TUNING.get(D, {}))
             if ring_ok and pack == 1 and not split_kv and D in SM90_RING_TUNING:
                 shape = {k: v for k, v in shape.items() if k not in ("persistent", "dynamic_schedule")}
@@ -472,9 +470,13 @@ def attention_nvfp4(q, k, v, out_global_amax, *, scale=None, causal=False, windo
             Float32(scale * math.log2(math.e)), Int32(window or 0), to_cute(sink_t, 0),
             to_cute(scales.view(torch.int32), 3), to_cute(s_enc, 0), current_stream(q.device))
     with torch.cuda.device(q.device):
-        # the same mainloop as plain attention (overlap by default), so the comparison isolates the epilogue
+        # the same mainloop and schedule as plain attention (overlap, persistent CTAs where tuned), so the
+        # comparison isolates the epilogue
+        build = _with_device_sms(sm90_kernel_shape(D, DEFAULT_OVERLAP[D], nvfp4_out=True), D)
+        if build.get("dynamic_schedule"):
+            args = args + (to_cute(work_counters(q.device), 0),)
         _compiled_sm90(D, bool(causal), False, "rs", window is not None, sink is not None, False, args,
-                       DEFAULT_OVERLAP[D], nvfp4_out=True)(*args)
+                       DEFAULT_OVERLAP[D], nvfp4_out=True, shape=build)(*args)
     return data, scales, (1.0 / s_enc).reshape(())
 
 

@@ -217,18 +217,25 @@ def test_pv_accumulator_column_structure_behind_the_fused_epilogue():
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("overlap", [False, True])       # attention_nvfp4 builds the default mainloop (overlap)
-def test_fused_nvfp4_epilogue_builds(overlap):
+@pytest.mark.parametrize("overlap,persistent", [(False, False), (True, False), (True, True)])
+def test_fused_nvfp4_epilogue_builds(overlap, persistent):
+    """attention_nvfp4 builds the default mainloop and schedule of plain attention (overlap; at hd128 persistent
+    CTAs with the dynamic schedule and the early rescale), only the epilogue differs."""
     import collections
     import re
     from dsv4lib.kernels.compile import compile_for_arch
-    from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_nvfp4_args
-    k = compile_for_arch(FlashAttentionForwardSm90(128, causal=False, has_lse=False, nvfp4_out=True, overlap=overlap),
-                         *fake_nvfp4_args(128), arch="sm_90a")
+    from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_nvfp4_args, fake_work_counters
+    knobs = {"persistent": True, "dynamic_schedule": True, "rescale_o_early": True} if persistent else {}
+    extra = (None, fake_work_counters()) if persistent else ()
+    k = compile_for_arch(FlashAttentionForwardSm90(128, causal=False, has_lse=False, nvfp4_out=True, overlap=overlap,
+                                                   **knobs), *fake_nvfp4_args(128), *extra, arch="sm_90a")
+    if persistent:                                         # the counter deals the items; no O buffer, no TMA store
+        assert k.count(r"atom\.[\w.]*add") >= 2 and k.count(r"cp\.async\.bulk\.tensor\.\w+\.global\.shared") == 0
     stores = collections.Counter(re.findall(r"\bst\.global\.[\w.]+", k.ptx))
     # the quad assembles each packed row (64 B at hd128): one 16 B vector store per row and thread (a quarter of
     # the row each), the row's 8 scale bytes as two 32-bit words; no byte stores
-    assert stores == {"st.global.v4.b32": 2, "st.global.b32": 4}, stores
+    # (+ the two counter resets of the dynamic schedule's last producer)
+    assert stores == {"st.global.v4.b32": 2, "st.global.b32": 4 + (2 if persistent else 0)}, stores
     assert k.count(r"shfl\.sync\.bfly") >= 16 * (2 + 4)   # per block: 2 for the amax, 2 + 2 to OR the two words
     assert k.count(r"cvt\.rn\.satfinite\.e4m3x2\.f32") == 16 and k.count("e2m1x2") == 0
     assert k.count(r"st\.shared") == 0                     # packed in registers, no shared-memory staging

@@ -300,9 +300,10 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         # still work on this one, and O leaves through its own buffer ``sO`` by a TMA store nobody waits for until
         # the next block's O needs the buffer.  What a CTA spends on its prologue and epilogue is then hidden
         # behind the neighbouring blocks' loads and MMAs — the small-window case, where a block has 2-3 KV tiles.
-        if persistent and not (overlap and self.tma_store_o and not p_in_smem and not wg_pingpong):
-            raise ValueError("persistent CTAs are built for the overlapped RS mainloop with the bf16 TMA-store "
-                             "epilogue (no split-KV, NVFP4, SMEM-P or ping-pong)")
+        # (the NVFP4 epilogue stores from the registers: no sO, nothing to wait for)
+        if persistent and not (overlap and (self.tma_store_o or nvfp4_out) and not p_in_smem and not wg_pingpong):
+            raise ValueError("persistent CTAs are built for the overlapped RS mainloop with the bf16 TMA-store or the "
+                             "NVFP4 epilogue (no split-KV, SMEM-P or ping-pong)")
         self.persistent = persistent
         # Dynamic persistent schedule (``dynamic_schedule``): the producer takes the next work item from a global
         # counter instead of every gdim-th one, so CTAs on SMs that are served faster (or alone on their SM) take
@@ -427,7 +428,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         if const_expr(self.tma_store_o):   # O shares Q's tile shape and buffer layout
             tma_atom_O, mO = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mO, sO_layout,
                                                          (self.tile_m, self.head_dim))
-        o_elems = cute.cosize(sO_layout) if const_expr(self.persistent) else 0
+        o_elems = cute.cosize(sO_layout) if const_expr(self.persistent and self.tma_store_o) else 0
 
         @cute.struct
         class SharedStorage:
@@ -568,11 +569,13 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         elif const_expr(self.persistent):
             if const_expr(not self.debug_noreg):
                 cute.arch.setmaxregister_increase(self.CONSUMER_REGS)
-            sO_layout = self._smem_layout(self.tile_m, None)
-            sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)                   # (tile_m, D)
+            sO = None
+            if const_expr(self.tma_store_o):
+                sO_layout = self._smem_layout(self.tile_m, None)
+                sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)               # (tile_m, D)
             self.consume_persistent(tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, sO, tma_atom_O, mO, mLSE, mQ, pipeline_q,
                                     pipeline_k, pipeline_v, softmax_scale_log2, window_size, mSink, tidx - 128,
-                                    seqlen_q, seqlen_k, rows_q, sWork)
+                                    seqlen_q, seqlen_k, rows_q, sWork, mOutScales, mSenc)
         else:
             if const_expr(not self.debug_noreg):
                 cute.arch.setmaxregister_increase(self.CONSUMER_REGS)
@@ -687,10 +690,11 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
     @cute.jit
     def consume_persistent(self, tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, sO, tma_atom_O, mO, mLSE, mQ, pipeline_q,
                            pipeline_k, pipeline_v, softmax_scale_log2, window_size, mSink, ctidx, seqlen_q, seqlen_k,
-                           rows_q, sWork):
+                           rows_q, sWork, mOutScales=None, mSenc=None):
         """Consumers of a persistent CTA: per work item, the overlapped mainloop on its Q stage and K/V tiles (the
         pipeline states run on from item to item), Q's stage freed as soon as its last QK retired, the rows
-        finished, O stored by TMA from ``sO`` (the previous item's store must have read it first)."""
+        finished, O stored by TMA from ``sO`` (the previous item's store must have read it first) — or, NVFP4 out,
+        quantized and stored from the registers."""
         bidx, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
         (thr_qk, thr_pv, tSrQ, tSrK, tOrVt, acc_O, acc_O_rc, tScS_rc, row_max, row_sum,
@@ -720,8 +724,11 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             q_state.advance()
             self.finish_rows(acc_O_rc, tOcO_rc, row_max, row_sum, mSink, mLSE, softmax_scale_log2, m_block, head,
                              batch, Int32(0), rows_q)
-            gO = cute.local_tile(mO[None, None, head, batch], (self.tile_m, self.head_dim), (m_block, 0))
-            self.store_o_tma(acc_O, tiled_mma_pv, sO, tma_atom_O, gO, ctidx, reuse=True)
+            if const_expr(self.nvfp4_out):
+                self.store_nvfp4(acc_O_rc, tOcO_rc, mO, mOutScales, mSenc[0], m_block, head, batch, seqlen_q)
+            else:
+                gO = cute.local_tile(mO[None, None, head, batch], (self.tile_m, self.head_dim), (m_block, 0))
+                self.store_o_tma(acc_O, tiled_mma_pv, sO, tma_atom_O, gO, ctidx, reuse=True)
             self.timing_stamp(mLSE, item_count, 3, ctidx == 0)
             item_count += 1
             if const_expr(self.dynamic_schedule):
@@ -730,8 +737,9 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                 work += gdim
         if const_expr(self.dynamic_schedule):
             pipeline_q.consumer_release(q_state)             # the -1 stage: the producer's tail waits for it
-        if ctidx < 32:
-            cute.arch.cp_async_bulk_wait_group(0, read=True)                # sO must outlive the last store's reads
+        if const_expr(self.tma_store_o):
+            if ctidx < 32:
+                cute.arch.cp_async_bulk_wait_group(0, read=True)            # sO must outlive the last store's reads
 
     @cute.jit
     def block_range(self, m_block, seqlen_q, seqlen_k, window_size):
