@@ -222,6 +222,11 @@ def work_counters(device) -> torch.Tensor:
     return _WORK_COUNTERS[key]
 
 
+def schedule_args(build: dict, device) -> tuple:
+    """The arguments a build takes after the stream: the work counters of the dynamic schedule, or nothing."""
+    return (to_cute(work_counters(device), 0),) if build.get("dynamic_schedule") else ()
+
+
 def is_small_window(window) -> bool:
     return window is not None and int(window) <= SMALL_WINDOW_MAX
 
@@ -395,8 +400,7 @@ def attention_with_p_path(q, k, v, *, scale=None, causal=False, window=None, sin
         if num_splits == 1:
             build = _with_device_sms(shape, D)               # what runs here (persistent? dynamic?): one decision
             args = (to_cute(q, 3), to_cute(k, 3), to_cute(v, 3), to_cute(out, 3), to_cute(lse, 2), *common,
-                    to_cute(sink_t, 0), *unused, current_stream(q.device),
-                    *((to_cute(work_counters(q.device), 0),) if build.get("dynamic_schedule") else ()))
+                    to_cute(sink_t, 0), *unused, current_stream(q.device), *schedule_args(build, q.device))
             _compiled_sm90(D, bool(causal), bool(return_lse), p_path, window is not None, sink is not None,
                            False, args, overlap, pack_gqa=pack, small_window=small, ring_ok=ring_ok, shape=build)(*args)
         else:
@@ -477,8 +481,7 @@ def attention_nvfp4(q, k, v, out_global_amax, *, scale=None, causal=False, windo
         # the same mainloop and schedule as plain attention (overlap, persistent CTAs where tuned), so the
         # comparison isolates the epilogue
         build = _with_device_sms(sm90_kernel_shape(D, DEFAULT_OVERLAP[D], nvfp4_out=True), D)
-        if build.get("dynamic_schedule"):
-            args = args + (to_cute(work_counters(q.device), 0),)
+        args = args + schedule_args(build, q.device)
         _compiled_sm90(D, bool(causal), False, "rs", window is not None, sink is not None, False, args,
                        DEFAULT_OVERLAP[D], nvfp4_out=True, shape=build)(*args)
     return data, scales, (1.0 / s_enc).reshape(())

@@ -11,8 +11,7 @@ DSV4_D1_DEBUG=lightfirst for the A/B), d5probe (the W128 data path alone: DSV4_D
 hd512 decode's split kernel by parts: splits, producer alone, QK or PV left out, the combine), decodepf (the
 default decode with DSV4_L2_PREFETCH tiles of L2 prefetch), decodetimes (DSV4_PHASE_TIMES=1: per-CTA phase
 stamps of the split kernel, min / median / max µs), d6keys (hd512 prefill: per-CTA time vs keys per query,
-the fixed cost per CTA), d6times (DSV4_SPARSE_TIMES=1: per-item stamps of the persistent hd512 prefill), chains (softmax
-max / sum chains per row, A/B interleaved), ringtimes (DSV4_D1_DEBUG=times: per-item stamps of the
+the fixed cost per CTA), d6times (DSV4_SPARSE_TIMES=1: per-item stamps of the persistent hd512 prefill), ringtimes (DSV4_D1_DEBUG=times: per-item stamps of the
 window ring, medians over CTAs), decodestaged (plain partials through shared memory vs clusters;
 DSV4_COMBINE_UNROLL, DSV4_STAGED_PARTIALS)."""
 import json
@@ -449,38 +448,6 @@ if "d1tune" in sections:
                                                        inputs, iters=20).median_ms * 1e3, 1), round(cos, 6)]
         A.SM90_TUNING[128] = dict(shipped[128])
         show(row)
-
-if "chains" in sections:     # the softmax's independent max / sum chains per row (DSV4_SOFTMAX_CHAINS), A/B interleaved
-    # in one process: each variant's builds kept in their own compile cache, swapped in turn, 3 rounds
-    from dsv4lib.kernels.sm90.flash_fwd import Sm90AttentionOps
-    from dsv4lib.peers import attention_peers
-    fa4 = attention_peers().get("FA4")
-    sink = torch.randn(16, device="cuda", dtype=torch.float32)
-    cases = {"d1": ([tuple(rnd(4, 8192, 16, 128) for _ in range(3)) for _ in range(2)], {}),
-             "d1_causal": ([tuple(rnd(4, 8192, 16, 128) for _ in range(3)) for _ in range(2)], {"causal": True}),
-             "w4096": ([tuple(rnd(2, 16384, 16, 128) for _ in range(3)) for _ in range(2)],
-                       {"window": 4096, "sink": sink})}
-    caches, res = {}, {}
-    for ch in (1, 4, 8):
-        Sm90AttentionOps.softmax_chains = ch
-        A._COMPILED = caches.setdefault(ch, {})
-        for name, (inputs, kw) in cases.items():
-            dsv4lib.attention(*inputs[0], **kw)                          # build
-    for rnd_i in range(3):
-        for ch in (1, 4, 8):
-            A._COMPILED = caches[ch]
-            for name, (inputs, kw) in cases.items():
-                t = bench.time_cuda(lambda q, k, v: dsv4lib.attention(q, k, v, **kw), inputs, iters=20)
-                res.setdefault(f"{name}_c{ch}", []).append(round(t.median_ms * 1e3, 1))
-        if fa4 is not None:
-            from flash_attn.cute import flash_attn_func
-            for name, (inputs, kw) in cases.items():
-                fkw = {"causal": kw.get("causal", False)}
-                if "window" in kw:
-                    fkw = {"window_size": (kw["window"] - 1, 0), "learnable_sink": kw["sink"]}
-                t = bench.time_cuda(lambda q, k, v: flash_attn_func(q, k, v, **fkw), inputs, iters=20)
-                res.setdefault(f"{name}_FA4", []).append(round(t.median_ms * 1e3, 1))
-    show({"chains_us": res})
 
 if "d5win" in sections:
     # D5 small windows: tile shapes (SM90_SMALL_WINDOW_TUNING) and the O epilogue (tma_store_o) vs FA4, after a

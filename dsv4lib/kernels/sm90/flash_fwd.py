@@ -138,24 +138,20 @@ def default_tile_n(head_dim: int) -> int:
     return 64 if head_dim == 256 else 128
 
 
-def tree_reduce(values: list, op):
-    """``op`` over ``values`` (traced DSL values) as a balanced tree: log2(n) dependent steps, not n - 1."""
-    values = list(values)
-    while len(values) > 1:
-        values = [op(values[i], values[i + 1]) if i + 1 < len(values) else values[i]
-                  for i in range(0, len(values), 2)]
-    return values[0]
-
-
 class Sm90AttentionOps:
     """The wgmma issue and the online softmax, shared by the Hopper attention kernels of this package."""
 
     debug_nomma = False          # timing probe (DSV4_D1_DEBUG=nomma in the D1 kernel): the wgmmas left out
-    # independent max / sum chains per row in online_softmax (FA4 reduces with 4).  A knob, 1: measured on the H200
-    # (scripts/explore.py chains, hd128, µs, three interleaved rounds on a noisy GPU — FA4 2993-3212 on the same
-    # shape): D1 1 / 4 / 8 chains 3106-3541 / 3143-3390 / 3345-3407, causal 1687-1805 / 1714-1800 / 1737-1785,
-    # W4096 1482-1552 / 1499-1514 / 1527-1543 — no gain; the other consumer warpgroup hides the chain's latency
-    softmax_chains = int(os.environ.get("DSV4_SOFTMAX_CHAINS", "1"))
+    debug_times = False          # timing probe (per-item %globaltimer stamps, timing_stamp); set by a kernel's knob
+
+    @cute.jit
+    def timing_stamp(self, mLSE, item_count, k: cutlass.Constexpr, cond=True):
+        """debug_times builds only: :func:`dsv4lib.kernels.common.item_stamp` into the LSE buffer (left unwritten by
+        such a build: pass return_lse=True and read its bytes) where ``cond`` holds.  What stamp ``k`` marks is the
+        kernel's own (its ``debug_times`` comment)."""
+        if const_expr(self.debug_times):
+            if cond:
+                item_stamp(mLSE, item_count, k)
 
     @cute.jit
     def gemm(self, tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor, tCrB: cute.Tensor,
@@ -189,15 +185,13 @@ class Sm90AttentionOps:
         of a quad).  The max stays in raw-score units; the scale lives inside exp2.  With ``rescale_now`` O is
         rescaled right away; otherwise the corrections are kept for after the in-flight PV wgmma.  ``floor_max``
         (per row, optional): a max the new one may not fall below (another warpgroup's, already ahead)."""
-        cols = cute.size(acc_S_rc, mode=[1])
-        chains = min(self.softmax_chains, cols)
+        # one dependent fmax / fadd chain per row: FA4's four chains joined by a tree measured no gain on the H200
+        # (session 12, hd128, three interleaved rounds, µs, 1 / 4 / 8 chains: D1 3106-3541 / 3143-3390 / 3345-3407,
+        # W4096 1482-1552 / 1499-1514 / 1527-1543) — the other consumer warpgroup hides the chain's latency
         for r in cutlass.range_constexpr(cute.size(row_max)):
-            # the row's max and sum as ``chains`` independent chains joined by a tree: a single chain of 32
-            # dependent fmax / fadd per row is latency, not throughput
-            part = [acc_S_rc[r, c] for c in range(chains)]
-            for c in cutlass.range_constexpr(chains, cols):
-                part[c % chains] = cute.arch.fmax(part[c % chains], acc_S_rc[r, c])
-            mx = tree_reduce(part, cute.arch.fmax)
+            mx = acc_S_rc[r, 0]
+            for c in cutlass.range_constexpr(1, cute.size(acc_S_rc, mode=[1])):
+                mx = cute.arch.fmax(mx, acc_S_rc[r, c])
             mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=2))
             mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=1))
             new_max = cute.arch.fmax(row_max[r], mx)
@@ -208,12 +202,12 @@ class Sm90AttentionOps:
                 base = Float32(0.0)                                   # nothing visible yet: keep zeros
             correction = cute.arch.exp2(row_max[r] * softmax_scale_log2 - base)
             row_max[r] = new_max
-            sums = [Float32(0.0)] * chains
-            for c in cutlass.range_constexpr(cols):
+            tile_sum = Float32(0.0)
+            for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
                 p = cute.arch.exp2(acc_S_rc[r, c] * softmax_scale_log2 - base)
                 acc_S_rc[r, c] = p
-                sums[c % chains] = sums[c % chains] + p
-            row_sum[r] = row_sum[r] * correction + tree_reduce(sums, lambda a, b: a + b)
+                tile_sum += p
+            row_sum[r] = row_sum[r] * correction + tile_sum
             if const_expr(rescale_now):
                 for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
                     acc_O_rc[r, c] = acc_O_rc[r, c] * correction
@@ -348,6 +342,9 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         self.debug_lightfirst = "lightfirst" in knobs    # A/B probe: causal blocks in launch order (light first)
         # timing probe of the ring ("times"): %globaltimer stamps per CTA and item into the LSE buffer (as int64; the
         # LSE itself is not written) — see timing_stamp; call with return_lse=True
+        # stamps (timing_stamp): 0 consumer item start, 1 its mainloop done, 2 next Q in registers, 3 O staged
+        # (persistent: 0 and 3, O's store issued); 4 producer Q issued, 5 the item's K/V issued; 6 storer: O store
+        # read (scripts/explore.py ringtimes)
         self.debug_times = "times" in knobs and (ring or persistent)
         self.debug_printf, self.debug_noreg, self.debug_notail = ("printf" in knobs, "noreg" in knobs,
                                                                  "notail" in knobs)
@@ -928,18 +925,6 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                 self.timing_stamp(mLSE, item_count, 3, ctidx == 0)
                 item_count += 1
             tiles_before = tiles_before + chunk_hi - chunk_lo
-
-
-    @cute.jit
-    def timing_stamp(self, mLSE, item_count, k: cutlass.Constexpr, cond=True):
-        """debug_times builds only (ring and persistent): ``lse_bytes_as_int64[(cta·64 + item_count)·8 + k] =
-        %globaltimer`` (ns) for a CTA's first 64 items.  Stamps: 0 consumer item start, 1 its mainloop done, 2 next
-        Q in registers, 3 O staged (persistent: 0 and 3, O's store issued); 4 producer Q issued, 5 the item's K/V
-        issued; 6 storer: O store read — by the threads where ``cond`` holds.  The LSE is not written in these builds: pass return_lse=True and read
-        its buffer (``scripts/explore.py ringtimes``)."""
-        if const_expr(self.debug_times):
-            if cond:
-                item_stamp(mLSE, item_count, k)
 
     @cute.jit
     def ring_q_to_registers(self, pipeline_q, q_state, tSsQ, tSrQ):

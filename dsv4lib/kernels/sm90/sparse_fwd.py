@@ -91,7 +91,7 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from ..combine import WARPS_PER_CTA, merge_chunk
-from ..common import convert_to_bf16_pairs, item_stamp, launch_stream, load_acquire_gpu, tma_store_tile
+from ..common import convert_to_bf16_pairs, launch_stream, load_acquire_gpu, tma_store_tile
 from .flash_fwd import (LN_2, LOG2_E, Sm90AttentionOps, acc_layout_as_operand_a, acc_layout_rows_cols,
                         persistent_grid, row_major_smem_layout, transposed_view)
 
@@ -245,8 +245,10 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                              "gather_only or prefetch_scores)")
         self.persistent = persistent
         self.num_sms = num_sms
-        # timing probe of the persistent build (DSV4_SPARSE_TIMES=1, never in normal runs): per-item %globaltimer
-        # stamps into the LSE buffer, which such a build leaves unwritten — see stamp
+        # timing probe of the persistent build (DSV4_SPARSE_TIMES=1, never in normal runs; scripts/explore.py
+        # d6times): per-item stamps (timing_stamp) by warpgroup 0's first thread — 0 waits for Q, 1 Q landed, 2 its
+        # pairs done, 4 the row-sum barrier passed, 6 its half of O normalized, 7 written to shared memory and
+        # fenced, 5 both halves there (barrier), 3 the O store has read the Q buffer
         self.debug_times = persistent and os.environ.get("DSV4_SPARSE_TIMES") == "1"
         self.dtype = cutlass.BFloat16
 
@@ -583,13 +585,18 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
     @cute.jit
     def load_q_tma(self, tma_atom_Q, mQ, sQ, pipeline_q, token, head_group, batch, tile_lo, tile_hi):
         """One warp: this CTA's 64 heads × 512 of Q by TMA, on Q's own barrier (none when there is no key)."""
-        gQ = cute.local_tile(mQ[None, None, token, batch], (TILE_H, HEAD_DIM), (head_group, 0))     # (64, 512)
-        tQsQ, tQgQ = cpasync.tma_partition(tma_atom_Q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
-                                           cute.group_modes(gQ, 0, 2))
+        tQsQ, tQgQ = self.q_tile(tma_atom_Q, mQ, sQ, token, head_group, batch)
         if tile_hi > tile_lo:
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
             pipeline_q.producer_acquire(q_state)
             cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
+
+    @cute.jit
+    def q_tile(self, tma_atom_Q, mQ, sQ, token, head_group, batch):
+        """The TMA view of one CTA's Q (64 heads × 512 of one token): (shared, global) partitions."""
+        gQ = cute.local_tile(mQ[None, None, token, batch], (TILE_H, HEAD_DIM), (head_group, 0))     # (64, 512)
+        return cpasync.tma_partition(tma_atom_Q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
+                                     cute.group_modes(gQ, 0, 2))
 
     @cute.jit
     def load_paired(self, tma_atom_Q, tma_Q, mKV, mIdx, sQ, sKV, pipeline_q, kv_pipes, warp_idx, tidx, token,
@@ -993,7 +1000,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             if wtid % 4 == 0:
                 sSum[w * TILE_H + tScS_rc[r, 0][0]] = s
         cute.arch.barrier(barrier_id=sum_barrier, number_of_threads=256)
-        self.stamp(mLSE, item, 4, w == 0 and wtid == 0)
+        self.timing_stamp(mLSE, item, 4, w == 0 and wtid == 0)
         for r in cutlass.range_constexpr(n_rows):
             m = tScS_rc[r, 0][0]
             s = row_sum[r] + sSum[(1 - w) * TILE_H + m]
@@ -1011,7 +1018,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                     mLSE[split, batch, head_group * TILE_H + m, token] = lse
             for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
                 acc_O_rc[r, c] = acc_O_rc[r, c] * inv
-        self.stamp(mLSE, item, 6, w == 0 and wtid == 0)
+        self.timing_stamp(mLSE, item, 6, w == 0 and wtid == 0)
         if const_expr(self.tma_store_o):
             self.store_o_tma(w, tiled_mma_pv, acc_O, sQ, tma_atom_O, tma_O, wtid, token, head_group, batch, mLSE,
                              item)
@@ -1035,9 +1042,9 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         rO.store(acc_O.load().to(self.dtype))
         cute.autovec_copy(rO, tiled_mma_pv.get_slice(wtid).partition_C(sO_half))
         cute.arch.fence_proxy("async.shared", space="cta")                          # generic writes → TMA reads
-        self.stamp(mTimes, item, 7, w == 0 and wtid == 0)
+        self.timing_stamp(mTimes, item, 7, w == 0 and wtid == 0)
         cute.arch.barrier(barrier_id=O_IN_SMEM, number_of_threads=256)
-        self.stamp(mTimes, item, 5, w == 0 and wtid == 0)
+        self.timing_stamp(mTimes, item, 5, w == 0 and wtid == 0)
         if w == 0 and wtid < 32:
             gO = cute.local_tile(tma_O[None, None, token, batch], (TILE_H, HEAD_DIM), (head_group, 0))   # (64, 512)
             tma_store_tile(tma_atom_O, sQ, gO)
@@ -1082,14 +1089,14 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                 acc_O.fill(0.0)
                 row_max.fill(-Float32.inf)
                 row_sum.fill(0.0)
-                self.stamp(mLSE, item, 0, w == 0 and wtid == 0)
+                self.timing_stamp(mLSE, item, 0, w == 0 and wtid == 0)
                 pipeline_q.consumer_wait(q_state)
-                self.stamp(mLSE, item, 1, w == 0 and wtid == 0)
+                self.timing_stamp(mLSE, item, 1, w == 0 and wtid == 0)
                 state = self.paired_item(w, operands, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sP, sMax,
                                          sSum, mIdx, mO, mLSE, mSink, kv_pipes, softmax_scale_log2, wtid, token,
                                          head_group, batch, split, n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O,
                                          tma_O, state, item)
-                self.stamp(mLSE, item, 3, w == 0 and wtid == 0)
+                self.timing_stamp(mLSE, item, 3, w == 0 and wtid == 0)
                 if q_warp and nxt < total:          # the O store just read the Q buffer: the next Q may land there
                     self.issue_q(tma_atom_Q, tma_Q, sQ, pipeline_q, nxt, mO, prefetch=False)
                 q_state.advance()
@@ -1195,21 +1202,11 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                 warpgroup.wait_group(0)
                 kv_pipes[1].consumer_release(state)                       # (even, right)
             state.advance()
-        self.stamp(mLSE, item, 2, w == 0 and wtid == 0)
+        self.timing_stamp(mLSE, item, 2, w == 0 and wtid == 0)
         self.finish_shared_max(w, thr_pv, acc_O, acc_O_rc, tScS_rc, row_max, row_sum, sSum, mO, mLSE, mSink,
                                softmax_scale_log2, wtid, token, head_group, batch, split, PAIR_SUM,
                                tiled_mma_pv_rs, sQ, tma_atom_O, tma_O, item)
         return state
-
-    @cute.jit
-    def stamp(self, mLSE, item, k: cutlass.Constexpr, cond):
-        """debug_times builds only: :func:`dsv4lib.kernels.common.item_stamp` where ``cond`` holds.  Stamps per item
-        (warpgroup 0's first thread unless said): 0 waits for Q, 1 Q landed, 2 its pairs done, 4 the row-sum barrier
-        passed, 6 its half of O normalized, 7 written to shared memory and fenced, 5 both halves there (barrier), 3 the
-        O store has read the Q buffer."""
-        if const_expr(self.debug_times):
-            if cond:
-                item_stamp(mLSE, item, k)
 
     def work_items(self, mO):
         """Persistent: the (token, head group, batch) items of the launch (one split)."""
@@ -1228,10 +1225,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         """Persistent, one warp: item ``work``'s Q (64 heads × 512) by TMA into the Q buffer on Q's full barrier —
         no empty-barrier wait, the calling warp itself ordered it after the last read of the buffer — or, with
         ``prefetch``, only into L2 (the load after the O store then comes from L2)."""
-        token, head_group, batch = self.work_coords(work, mO)
-        gQ = cute.local_tile(mQ[None, None, token, batch], (TILE_H, HEAD_DIM), (head_group, 0))     # (64, 512)
-        tQsQ, tQgQ = cpasync.tma_partition(tma_atom_Q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
-                                           cute.group_modes(gQ, 0, 2))
+        tQsQ, tQgQ = self.q_tile(tma_atom_Q, mQ, sQ, *self.work_coords(work, mO))
         if const_expr(prefetch):
             cute.prefetch(tma_atom_Q, tQgQ)
         else:
