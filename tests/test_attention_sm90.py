@@ -620,3 +620,31 @@ def test_tvm_ffi_call_path_matches_the_classic_path(monkeypatch):
     monkeypatch.setattr(module, "USE_TVM_FFI", True)
     got = dsv4lib.attention(q, k, v, causal=True, num_splits=1)
     assert torch.equal(got, want)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("head_dim,causal,window", [(128, False, False), (128, False, True), (256, True, False)])
+def test_default_overlapped_build_keeps_its_wgmmas_asynchronous(head_dim, causal, window):
+    """The overlapped mainloop only overlaps if ptxas keeps the wgmmas asynchronous: a register of an in-flight wgmma
+    touched on some path (a spilled P buffer, a branch that skips a wait) makes ptxas serialize every wgmma of the
+    kernel (its C7514 "wgmma ... serialized" note) — 40 % slower, measured on the H200 in session 13 with a second P
+    buffer (spilled) and with a conditional PV wait.  The default builds: no spills, no serialization."""
+    import shutil
+    import subprocess
+    import tempfile
+    from dsv4lib.attention import sm90_kernel_shape
+    from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
+    ptxas = shutil.which("ptxas")
+    if ptxas is None:
+        pytest.skip("no ptxas on this machine to read its notes")
+    shape = sm90_kernel_shape(head_dim, True)
+    kernel = FlashAttentionForwardSm90(head_dim, causal=causal, has_lse=not window, window=window, sink=window,
+                                       overlap=True, **shape)
+    k = compile_for_arch(kernel, *fake_attention_args(head_dim, shape.get("dynamic_schedule", False)), arch="sm_90a")
+    with tempfile.TemporaryDirectory() as tmp:
+        open(f"{tmp}/k.ptx", "w").write(k.ptx)
+        info = subprocess.run([ptxas, "-arch=sm_90a", "-v", f"{tmp}/k.ptx", "-o", f"{tmp}/k.cubin"],
+                              capture_output=True, text=True).stderr
+    assert "C7514" not in info and "serialized" not in info, info[-600:]
+    assert "0 bytes spill stores" in info and "spill stores" in info, info[-400:]

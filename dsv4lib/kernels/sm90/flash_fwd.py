@@ -646,7 +646,8 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             if const_expr(self.dynamic_schedule):
                 step = self.take_work(mWork) - work          # fetched now, used after the K/V issue below
             kv_state = load_kv_tiles(tma_atom_K, tKgK, tKsK, pipeline_k, tma_atom_V, tVgV, tVsV, pipeline_v,
-                                     n_block_min, n_block_max, self.num_stages, kv_state)
+                                     n_block_min, n_block_max, self.num_stages, kv_state,
+                                     k_ahead=True)
             work += step
         if const_expr(self.dynamic_schedule):
             # no more items: -1 in the next Q stage, its full barrier completed by a plain arrive (no bytes)
@@ -1012,7 +1013,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         pipeline_q.producer_acquire(q_state)
         cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
         kv_state = load_kv_tiles(tma_atom_K, tKgK, tKsK, pipeline_k, tma_atom_V, tVgV, tVsV, pipeline_v, n_block_min,
-                                 n_block_max, self.num_stages)
+                                 n_block_max, self.num_stages, k_ahead=self.overlap)
         if const_expr(not self.debug_notail):
             # producer_tail advances the state it is given: each pipeline gets its own copy, or the V tail
             # would wait on a stage the K tail moved past (a hang found on the H200)
@@ -1239,7 +1240,11 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         of its O elements."""
         thr_qk = tiled_mma_qk.get_slice(ctidx)
         thr_pv = tiled_mma_pv.get_slice(ctidx)
-        tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))              # (MMA, MMA_M, MMA_K[, Q stages])
+        # Q's shared-memory descriptors depend only on the warpgroup (its 64-row slice): slicing by a warpgroup index
+        # the compiler can prove warp-uniform keeps them in uniform registers, instead of building them per thread
+        # from tid.x and moving them to uniform registers (one R2UR) before every QK wgmma
+        thr_qk_wg = tiled_mma_qk.get_slice(cute.arch.make_warp_uniform(ctidx // 128) * 128)
+        tSrQ = thr_qk_wg.make_fragment_A(thr_qk_wg.partition_A(sQ))        # (MMA, MMA_M, MMA_K[, Q stages])
         tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))              # (MMA, MMA_N, MMA_K, stages)
         tOrVt = thr_pv.make_fragment_B(thr_pv.partition_B(sVt))            # (MMA, MMA_D, MMA_K, stages)
         acc_O = cute.make_rmem_tensor(thr_pv.partition_shape_C((self.tile_m, self.head_dim)), Float32)
