@@ -94,6 +94,10 @@ DEFAULT_PACK_GQA = True
 # each, ms): B4 H16 S8k 3.87 / 3.87 → 3.81 / 3.80, causal 2.11 / 2.14 → 2.08 / 2.13, W4096 (B2 S16k + sink) 1.90 /
 # 1.90 → 1.88 / 1.89; FA4 3.63 and 1.98 on the first two.  A small gain everywhere: adopted for hd128.  (Under boost
 # clocks the same A/B read 690 → 729 TFLOP/s twice.)
+# Session 13 (ncu, H200, ms D1 / causal / W4096; FA4 3.60-3.67 / 1.95-1.97 / 1.73-1.75): current 3.77-3.83 / 2.06-2.13 /
+# 1.82-1.85 after the uniform Q descriptors and K-before-V loads (from 3.85 / 2.07 / 1.88); plain (non-persistent)
+# 3.81-3.88 / 2.07-2.10 / 1.88-1.91; plain + ping-pong 3.87-3.88 / 2.10-2.14 / 1.89-1.90; plain + 3 K/V stages 3.82 /
+# 2.07 / 1.88; 4 softmax chains 3.89 / 2.08 / 1.86.  Kept as is (see scripts/ncu_compare.py for where the rest goes).
 SM90_TUNING: dict[int, dict] = {64: {}, 128: {"persistent": True, "dynamic_schedule": True, "rescale_o_early": True},
                                 256: {"tile_n": 80, "rescale_o_early": True}}
 

@@ -9,7 +9,15 @@ Summary per kernel: executed instructions by opcode (the largest), and the SASS 
 (all samples, and the "barrier" stalls: warpgroup waits and named barriers).  Found with it (H200, B4 H16 S8k
 hd128, session 12): ours executes 5.6 % more instructions than FA4 (1026 M vs 971 M) — one R2UR per HGMMA
 (wgmma descriptors held in vector registers and moved to uniform ones before every wgmma; FA4 builds them in
-uniform registers) — and its warps stall mostly on the wait for the PV wgmma (WARPGROUP.DEPBAR gsb0, 0)."""
+uniform registers) — and its warps stall mostly on the wait for the PV wgmma (WARPGROUP.DEPBAR gsb0, 0).
+Session 13: the R2URs came from Q's descriptor, sliced by tid.x; sliced by a shuffled warpgroup index it stays in
+uniform registers (1026 M → 986 M instructions, FA4 971 M; CompiledKernel.wgmma_descriptors_from_tid checks it).  The
+stall remains: ptxas hoists that PV wait above the whole softmax of the next tile (it schedules the bf16 packing of P
+early, and P's registers are still read by the in-flight PV), so in each warpgroup the softmax runs after PV, not
+beside it; in FA4's SASS the same wait sits after the first row's exps.  Tried, none moved it or won: the wait placed
+after row 0 in the source, the V release after the packing, a branch around the wait (ptxas then serializes every
+wgmma), a second P buffer (spills at 240 registers, serialized); ping-pong, 3 K/V stages, 4 softmax chains: slower or
+equal under ncu."""
 import collections
 import csv
 import os

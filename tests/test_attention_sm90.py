@@ -648,3 +648,27 @@ def test_default_overlapped_build_keeps_its_wgmmas_asynchronous(head_dim, causal
                               capture_output=True, text=True).stderr
     assert "C7514" not in info and "serialized" not in info, info[-600:]
     assert "0 bytes spill stores" in info and "spill stores" in info, info[-400:]
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("head_dim,causal,small_window", [(64, False, False), (128, True, False), (256, False, False),
+                                                          (128, False, True)])
+def test_default_builds_take_wgmma_descriptors_from_uniform_registers(head_dim, causal, small_window):
+    """Every shared-memory descriptor of the default builds' wgmmas is computed from warp-uniform values (block
+    indices, pipeline stages, a shuffled warpgroup index), never from tid.x: the Q operand sliced by the thread index
+    cost one R2UR per QK wgmma until session 13.  The checker itself is checked on a build that slices Q by thread."""
+    from dsv4lib.attention import sm90_kernel_shape
+    from dsv4lib.kernels.compile import CompiledKernel, compile_for_arch
+    from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
+    shape = sm90_kernel_shape(head_dim, True, small_window=small_window)
+    kernel = FlashAttentionForwardSm90(head_dim, causal=causal, has_lse=True, window=small_window, sink=small_window,
+                                       overlap=True, **shape)
+    k = compile_for_arch(kernel, *fake_attention_args(head_dim, shape.get("dynamic_schedule", False)), arch="sm_90a")
+    assert k.count(r"wgmma\.mma_async") > 0
+    assert k.wgmma_descriptors_from_tid() == 0
+    if kernel.consumer_warpgroups > 1:
+        # the same PTX with the warpgroup index taken straight from tid.x (no shuffle) must be caught (one consumer
+        # warpgroup: Q is not sliced at all, nothing to catch)
+        unproven = re.sub(r"shfl\.sync\.idx\.b32\s+(%r\d+),\s*(%r\d+),\s*0,\s*31,\s*-1;", r"mov.b32 \1, \2;",
+                          k.ptx)
+        assert CompiledKernel("sm_90a", None, unproven).wgmma_descriptors_from_tid() > 0

@@ -78,6 +78,8 @@ def test_hd512_kernel_builds_from_the_public_functions_arguments(gather, split_k
     assert k.count("fence.proxy.async") >= 1                                        # P for the async proxy
     assert k.count(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+56") == 1
     assert k.count(r"\.local") == 0                                                 # no register spills
+    if flags.get("schedule") != "balanced":      # (balanced, no default, slices its 32 keys by thread: left as is)
+        assert k.wgmma_descriptors_from_tid() == 0                 # descriptors in uniform registers (no R2UR)
 
 
 @pytest.mark.compile
