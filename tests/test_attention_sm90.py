@@ -623,12 +623,15 @@ def test_tvm_ffi_call_path_matches_the_classic_path(monkeypatch):
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("head_dim,causal,window", [(128, False, False), (128, False, True), (256, True, False)])
-def test_default_overlapped_build_keeps_its_wgmmas_asynchronous(head_dim, causal, window):
+@pytest.mark.parametrize("head_dim,causal,window,knobs", [(128, False, False, {}), (128, False, True, {}),
+                                                          (256, True, False, {}),
+                                                          (128, False, True, {"pv_wait_block": True})])
+def test_default_overlapped_build_keeps_its_wgmmas_asynchronous(head_dim, causal, window, knobs):
     """The overlapped mainloop only overlaps if ptxas keeps the wgmmas asynchronous: a register of an in-flight wgmma
     touched on some path (a spilled P buffer, a branch that skips a wait) makes ptxas serialize every wgmma of the
     kernel (its C7514 "wgmma ... serialized" note) — 40 % slower, measured on the H200 in session 13 with a second P
-    buffer (spilled) and with a conditional PV wait.  The default builds: no spills, no serialization."""
+    buffer (spilled) and with a PV wait skipped on one side of a branch.  The default builds and the pv_wait_block knob
+    (the wait on both sides of a branch): no spills, no serialization."""
     import shutil
     import subprocess
     import tempfile
@@ -638,7 +641,7 @@ def test_default_overlapped_build_keeps_its_wgmmas_asynchronous(head_dim, causal
     ptxas = shutil.which("ptxas")
     if ptxas is None:
         pytest.skip("no ptxas on this machine to read its notes")
-    shape = sm90_kernel_shape(head_dim, True)
+    shape = dict(sm90_kernel_shape(head_dim, True), **knobs)
     kernel = FlashAttentionForwardSm90(head_dim, causal=causal, has_lse=not window, window=window, sink=window,
                                        overlap=True, **shape)
     k = compile_for_arch(kernel, *fake_attention_args(head_dim, shape.get("dynamic_schedule", False)), arch="sm_90a")
@@ -648,6 +651,12 @@ def test_default_overlapped_build_keeps_its_wgmmas_asynchronous(head_dim, causal
                               capture_output=True, text=True).stderr
     assert "C7514" not in info and "serialized" not in info, info[-600:]
     assert "0 bytes spill stores" in info and "spill stores" in info, info[-400:]
+    if knobs.get("pv_wait_block"):    # the PV wait on both sides of its branch, not in the softmax's block
+        plain = compile_for_arch(FlashAttentionForwardSm90(head_dim, causal=causal, has_lse=not window, window=window,
+                                                           sink=window, overlap=True, **sm90_kernel_shape(head_dim, True)),
+                                 *fake_attention_args(head_dim, shape.get("dynamic_schedule", False)), arch="sm_90a")
+        waits = r"wgmma\.wait_group\.sync\.aligned\s+0;"
+        assert k.count(waits) == plain.count(waits) + 1
 
 
 @pytest.mark.compile

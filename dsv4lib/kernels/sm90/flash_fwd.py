@@ -241,7 +241,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                  split_kv: bool = False, overlap: bool = False, nvfp4_out: bool = False, pack_gqa: int = 1,
                  tile_m: int = 128, wg_pingpong: bool = False, rescale_o_early: bool = False,
                  tma_store_o: bool = True, persistent: bool = False, num_sms: int = 132, ring: bool = False,
-                 q_in_registers: bool = False, dynamic_schedule: bool = False):
+                 q_in_registers: bool = False, dynamic_schedule: bool = False, pv_wait_block: bool = False):
         if tile_m not in (64, 128, 192):
             raise ValueError(f"tile_m must be 64 (1 consumer warpgroup, two CTAs per SM), 128 (2) or 192 (3), "
                              f"got {tile_m}")
@@ -279,6 +279,11 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         # Rescale O by the previous tile's correction while QK(j+1) is in flight, before PV(j) is issued (instead
         # of after PV(j) retires, where the multiplies sit between two MMA issues).
         self.rescale_o_early = rescale_o_early
+        # The overlapped mainloop's PV wait in a basic block of its own, its V release one tile later (see
+        # mainloop_overlapped).  Session 13, H200: under ncu hd128 D1 / causal / W4096 3.79 / 2.08 / 1.87 → 3.76 /
+        # 2.02 / 1.78 ms (FA4 3.63 / 2.00 / 1.77); at boost clocks in the pipeline hd64 D1 497 → 462 TFLOP/s and the
+        # small-window builds 2-6 % slower.  Off until adopted per head dim with a fresh recording on both GPUs.
+        self.pv_wait_block = pv_wait_block and overlap
         self.num_stages = num_stages
         self.p_in_smem = p_in_smem
         self.has_window = window
@@ -1081,7 +1086,9 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         ``rescale_o_early``, done while QK(j+1) is in flight, before PV(j) is issued)."""
         acc_S, acc_S_rc, tOrP_view, tOrP, corrections = self.overlap_registers(tiled_mma_qk, row_max)
         v_state = kv_state.clone()                                           # one tile behind kv_state
-        v_prev = kv_state.clone()                  # the V stage whose PV the last tile waited for (released late)
+        v_prev = None
+        if const_expr(self.pv_wait_block):
+            v_prev = kv_state.clone()              # the V stage whose PV the last tile waited for (released late)
         n_iter = n_block_max - n_block_min
         if const_expr(self.wg_pingpong):
             # the first consumer warpgroup holds the first turn; the last warpgroup's final pass is never waited on
@@ -1108,31 +1115,36 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                 pipeline_v.consumer_wait(v_state)
                 self.gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, v_state.index], False, False)
                 self.scheduler_pass(wg_idx)
-                if i > 1:
-                    pipeline_v.consumer_release(v_prev)                      # PV(j-1): waited for last tile
+                if const_expr(self.pv_wait_block):
+                    if i > 1:
+                        pipeline_v.consumer_release(v_prev)                  # PV(j-1): waited for last tile
                 warpgroup.wait_group(1)                                      # S of tile n_block is ready
                 pipeline_k.consumer_release(kv_state)
                 self.mask_scores(acc_S_rc, tScS_rc, n_block, m_block, seqlen_k, causal_shift, window_size)
                 self.online_softmax(acc_S_rc, row_max, row_sum, softmax_scale_log2, acc_O_rc, corrections, False)
-                # PV(j) done: O and P are ours again.  The wait sits behind a branch (never the else: seqlen_k > 0
-                # here) so that it starts a basic block of its own: in the softmax's block ptxas hoists it above the
-                # whole softmax (to pack P early into the registers PV(j) still reads), which serializes the softmax
-                # behind PV(j) and undoes the overlap.  Its V stage is released next tile, after PV(j+1) is issued
-                # (an arrive here drags the wait up with it).  ncu, H200, ms D1 / causal / W4096: 3.79 / 2.08 / 1.87
-                # → 3.76 / 2.02 / 1.78 (FA4 3.63 / 2.00 / 1.77)
-                if seqlen_k > 0:
-                    warpgroup.wait_group(0)
+                if const_expr(self.pv_wait_block):
+                    # PV(j) done.  The wait sits behind a branch (never the else: seqlen_k > 0 here) so that it
+                    # starts a basic block of its own: in the softmax's block ptxas hoists it above the whole softmax
+                    # (to pack P early into the registers PV(j) still reads), which serializes the softmax behind
+                    # PV(j) and undoes the overlap.  Its V stage is released next tile, after PV(j+1) is issued.
+                    if seqlen_k > 0:
+                        warpgroup.wait_group(0)
+                    else:
+                        cute.arch.sync_warp()              # differs from the other side, so the branch is kept
+                        warpgroup.wait_group(0)
                 else:
-                    cute.arch.sync_warp()                  # differs from the other side, so the branch is kept
-                    warpgroup.wait_group(0)
+                    warpgroup.wait_group(0)                                  # PV done: O and P are ours again
+                    pipeline_v.consumer_release(v_state)
                 if const_expr(not self.rescale_o_early):
                     self.rescale_rows(acc_O_rc, corrections)
                 convert_to_bf16_pairs(tOrP_view, tOrP)
-                v_prev = v_state.clone()
+                if const_expr(self.pv_wait_block):
+                    v_prev = v_state.clone()
                 v_state.advance()
                 kv_state.advance()
-            if n_iter > 1:
-                pipeline_v.consumer_release(v_prev)
+            if const_expr(self.pv_wait_block):
+                if n_iter > 1:
+                    pipeline_v.consumer_release(v_prev)
             if const_expr(self.rescale_o_early):
                 self.rescale_rows(acc_O_rc, corrections)
             pipeline_v.consumer_wait(v_state)                                # the last tile's PV
