@@ -1083,7 +1083,9 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                             row_sum, pipeline_k, pipeline_v, kv_state, softmax_scale_log2, window_size, m_block,
                             seqlen_k, causal_shift, n_block_min, n_block_max, wg_idx):
         """QK(j+1) ∥ PV(j): one S buffer, one P buffer, the O rescale deferred past the in-flight PV (or, with
-        ``rescale_o_early``, done while QK(j+1) is in flight, before PV(j) is issued)."""
+        ``rescale_o_early``, done while QK(j+1) is in flight, before PV(j) is issued).  Whether the softmax of tile
+        j+1 really runs beside PV(j) is ptxas's call: by default it hoists the PV wait above the softmax (SASS, session
+        13); ``pv_wait_block`` keeps the wait below it."""
         acc_S, acc_S_rc, tOrP_view, tOrP, corrections = self.overlap_registers(tiled_mma_qk, row_max)
         v_state = kv_state.clone()                                           # one tile behind kv_state
         v_prev = None
