@@ -166,9 +166,9 @@ def sm90_kernel_shape(D: int, overlap: bool, pack: int = 1, nvfp4_out: bool = Fa
     :data:`SM90_TUNING` for the overlapped mainloop, plus :data:`SM90_SMALL_WINDOW_TUNING` for a window of at most
     :data:`SMALL_WINDOW_MAX` keys (a 64- or 192-row tile falls back to 128 when the GQA pack does not divide it).
     Persistent CTAs only for an unsplit call (the kernel refuses them otherwise).  The NVFP4 epilogue's build takes
-    the persistent schedule (and PV-wait placement) of :data:`SM90_TUNING` where there is one (its overhead is measured against the tuned
-    bf16 build, so only the epilogue may differ), not tile shapes: a different ``tile_n`` changes the fp32 sums
-    whose quantized bits it must reproduce (``attention_fp32``)."""
+    the persistent schedule (and PV-wait placement) of :data:`SM90_TUNING` where there is one (its overhead is
+    measured against the tuned bf16 build, so only the epilogue may differ), not tile shapes: a different ``tile_n``
+    changes the fp32 sums whose quantized bits it must reproduce (``attention_fp32``)."""
     from .kernels.sm90.flash_fwd import default_tile_n
     shape = {"tile_m": 128, "tile_n": default_tile_n(D)}
     if overlap and nvfp4_out and SM90_TUNING.get(D, {}).get("persistent"):

@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 
-NCU = "/usr/local/cuda/bin/ncu"
+from ncu_compare import NCU
 # (name, B, S, H, D, causal, window): the pipeline's D1 headline and head dims, D5's two windows
 SHAPES = [("d1_hd128", 4, 8192, 16, 128, False, None), ("causal_hd128", 4, 8192, 16, 128, True, None),
           ("w4096_hd128", 2, 16384, 16, 128, False, 4096), ("w128_hd128", 2, 16384, 16, 128, False, 128),

@@ -31,6 +31,13 @@ def item_stamp(buffer: cute.Tensor, item, k: cutlass.Constexpr):
         stamps[(bidx * STAMP_ITEMS + item) * STAMPS_PER_ITEM + k] = cute.arch.globaltimer()
 
 
+def tma_load_tile(tma_atom: cute.CopyAtom, tXgX: cute.Tensor, tXsX: cute.Tensor, pipe, state, n_block):
+    """Producer: wait for ``state``'s stage to be free, then TMA global tile ``n_block`` into it (arriving on the
+    stage's full barrier).  The caller advances ``state`` (in its own loop body, where the DSL sees it change)."""
+    pipe.producer_acquire(state)
+    cute.copy(tma_atom, tXgX[None, n_block], tXsX[None, state.index], tma_bar_ptr=pipe.producer_get_barrier(state))
+
+
 @cute.jit
 def load_kv_tiles(tma_atom_K: cute.CopyAtom, tKgK: cute.Tensor, tKsK: cute.Tensor, pipe_k,
                   tma_atom_V: cute.CopyAtom, tVgV: cute.Tensor, tVsV: cute.Tensor, pipe_v,
@@ -38,38 +45,30 @@ def load_kv_tiles(tma_atom_K: cute.CopyAtom, tKgK: cute.Tensor, tKsK: cute.Tenso
                   ascending: cutlass.Constexpr = False, k_ahead: cutlass.Constexpr = False):
     """The producer loop: TMA K and V tiles ``n_block_max - 1`` down to ``n_block_min`` (or up, ``ascending``:
     the window ring's key order) into the next stages.  The global tile follows the loop's block index (the
-    seed's stuck-on-tile-0 bug).  Returns the producer state after the last load, for the pipeline tails (or the
-    next block of a persistent CTA, which passes its running ``kv_state`` in)."""
+    seed's stuck-on-tile-0 bug).  ``k_ahead``: K runs one tile ahead of V (K0, K1, V0, K2, V1, …) — the overlapped
+    mainloop issues QK(j+1) before PV(j), so K's stage is the one needed first, and its load no longer waits behind
+    V's stage (freed a whole PV later).  Returns the producer state after the last load, for the pipeline tails (or
+    the next block of a persistent CTA, which passes its running ``kv_state`` in)."""
     if const_expr(kv_state is None):
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, num_stages)
     if const_expr(k_ahead):
-        # K(j+1) before V(j): the overlapped mainloop issues QK(j+1) before PV(j), so K's stage is the one needed
-        # first, and its load no longer waits behind V's stage (freed a whole PV later)
         n_tiles = n_block_max - n_block_min
         if n_tiles > 0:
             k_state = kv_state.clone()
             for i in cutlass.range(n_tiles + 1, unroll=1):
                 if i < n_tiles:
                     n_block = n_block_min + i if const_expr(ascending) else n_block_max - 1 - i
-                    pipe_k.producer_acquire(k_state)
-                    cute.copy(tma_atom_K, tKgK[None, n_block], tKsK[None, k_state.index],
-                              tma_bar_ptr=pipe_k.producer_get_barrier(k_state))
+                    tma_load_tile(tma_atom_K, tKgK, tKsK, pipe_k, k_state, n_block)
                     k_state.advance()
                 if i > 0:
                     n_prev = n_block_min + i - 1 if const_expr(ascending) else n_block_max - i
-                    pipe_v.producer_acquire(kv_state)
-                    cute.copy(tma_atom_V, tVgV[None, n_prev], tVsV[None, kv_state.index],
-                              tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
+                    tma_load_tile(tma_atom_V, tVgV, tVsV, pipe_v, kv_state, n_prev)
                     kv_state.advance()
         return kv_state
     for i in cutlass.range(n_block_max - n_block_min, unroll=1):
         n_block = n_block_min + i if const_expr(ascending) else n_block_max - 1 - i
-        pipe_k.producer_acquire(kv_state)
-        cute.copy(tma_atom_K, tKgK[None, n_block], tKsK[None, kv_state.index],
-                  tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
-        pipe_v.producer_acquire(kv_state)
-        cute.copy(tma_atom_V, tVgV[None, n_block], tVsV[None, kv_state.index],
-                  tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
+        tma_load_tile(tma_atom_K, tKgK, tKsK, pipe_k, kv_state, n_block)
+        tma_load_tile(tma_atom_V, tVgV, tVsV, pipe_v, kv_state, n_block)
         kv_state.advance()
     return kv_state
 

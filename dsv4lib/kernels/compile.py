@@ -8,6 +8,8 @@ from __future__ import annotations
 import glob
 import os
 import re
+import shutil
+import subprocess
 import tempfile
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -24,6 +26,18 @@ class CompiledKernel:
     def count(self, pattern: str) -> int:
         """How many times a regular expression occurs in the PTX (e.g. ``r"wgmma\\.mma_async"``)."""
         return len(re.findall(pattern, self.ptx))
+
+    def ptxas_report(self) -> str | None:
+        """What ``ptxas -v`` says of this PTX (registers, spills, its notes such as C7514 "wgmma ... serialized"), or
+        None where no ptxas is installed (CuTeDSL compiles with its own, which prints nothing)."""
+        ptxas = shutil.which("ptxas")
+        if ptxas is None:
+            return None
+        with tempfile.TemporaryDirectory(prefix="dsv4-ptxas-") as tmp:
+            with open(os.path.join(tmp, "k.ptx"), "w") as f:
+                f.write(self.ptx)
+            return subprocess.run([ptxas, f"-arch={self.arch}", "-v", os.path.join(tmp, "k.ptx"), "-o",
+                                   os.path.join(tmp, "k.cubin")], capture_output=True, text=True).stderr
 
     def wgmma_descriptors_from_tid(self) -> int:
         """How many ``wgmma.mma_async`` take a shared-memory descriptor computed from ``%tid.x`` (a def-use walk

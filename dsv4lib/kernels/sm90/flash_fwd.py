@@ -141,7 +141,6 @@ def default_tile_n(head_dim: int) -> int:
 class Sm90AttentionOps:
     """The wgmma issue and the online softmax, shared by the Hopper attention kernels of this package."""
 
-
     debug_nomma = False          # timing probe (DSV4_D1_DEBUG=nomma in the D1 kernel): the wgmmas left out
     debug_times = False          # timing probe (per-item %globaltimer stamps, timing_stamp); set by a kernel's knob
 
