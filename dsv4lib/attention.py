@@ -98,7 +98,12 @@ DEFAULT_PACK_GQA = True
 # 1.82-1.85 after the uniform Q descriptors and K-before-V loads (from 3.85 / 2.07 / 1.88); plain (non-persistent)
 # 3.81-3.88 / 2.07-2.10 / 1.88-1.91; plain + ping-pong 3.87-3.88 / 2.10-2.14 / 1.89-1.90; plain + 3 K/V stages 3.82 /
 # 2.07 / 1.88; 4 softmax chains 3.89 / 2.08 / 1.86.  Kept as is (see scripts/ncu_compare.py for where the rest goes).
-SM90_TUNING: dict[int, dict] = {64: {}, 128: {"persistent": True, "dynamic_schedule": True, "rescale_o_early": True},
+# ``pv_wait_block`` (the PV wait in its own basic block, so ptxas cannot hoist it above the softmax; see the kernel),
+# session 14, H200 at 0b0c04f, scripts/ncu_ab.py (ms; W128 in µs): hd128 D1 3.78 → 3.74, causal 2.05 → 1.98, W4096
+# 1.81 → 1.76, W128 196 → 202; hd64 D1 2.93 → 3.12; hd256 D1 6.59 → 6.73 (FA4 3.60 / 1.96 / 1.74 / 274 / 2.43 /
+# 6.33).  Adopted for hd128 only, and not for its small-window build (SM90_SMALL_WINDOW_TUNING turns it off).
+SM90_TUNING: dict[int, dict] = {64: {}, 128: {"persistent": True, "dynamic_schedule": True, "rescale_o_early": True,
+                                              "pv_wait_block": True},
                                 256: {"tile_n": 80, "rescale_o_early": True}}
 
 
@@ -130,7 +135,8 @@ SMALL_WINDOW_MAX = 128
 # 209.3 · static 237.3 · dynamic 194.6 (FA4 229.7), hd64 129.1 → 122.5 (FA4 184.1).
 SM90_SMALL_WINDOW_TUNING: dict[int, dict] = {     # (no early rescale at W <= 128: not measured there)
     64: {"tile_m": 64, "tile_n": 64, "persistent": True, "dynamic_schedule": True},
-    128: {"tile_m": 64, "tile_n": 64, "persistent": True, "dynamic_schedule": True, "rescale_o_early": False}}
+    128: {"tile_m": 64, "tile_n": 64, "persistent": True, "dynamic_schedule": True, "rescale_o_early": False,
+          "pv_wait_block": False}}
 
 
 # The window ring (``ring=True``: CTAs walk chunks of consecutive items of one head, each K/V tile read from L2

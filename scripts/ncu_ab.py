@@ -3,9 +3,10 @@ clock of our H200 wanders ±5 % between runs, so a 2-3 % change only shows up th
 
     python scripts/ncu_ab.py base '{}' pwb '{"pv_wait_block": true}' [--fa4]
 
-Each (label, knobs) pair: the knobs (JSON) are laid over SM90_TUNING and SM90_SMALL_WINDOW_TUNING for every head dim,
-then every shape below runs twice in a fresh process under ncu and the second launch's duration is printed (ms).
-``--fa4`` adds FA4 on the same shapes.  Session 13 used it (as a scratch script) to find the uniform Q descriptors,
+Each (label, knobs) pair: the knobs (JSON) are laid over SM90_TUNING and SM90_SMALL_WINDOW_TUNING for every head dim
+(or, keyed by head dim, ``'{"128": {"tile_n": 176}}'``, for that head dim only), then every shape below runs twice in a
+fresh process under ncu and the second launch's duration is printed (ms; µs where ncu says so).  ``--fa4`` adds FA4 on
+the same shapes; ``AB_ONLY=d1_hd128,w4096_hd128`` keeps those shapes only.  Session 13 used it (as a scratch script) to find the uniform Q descriptors,
 K-before-V and the pv_wait_block knob (dsv4lib.kernels.sm90.flash_fwd)."""
 import json
 import os
@@ -14,9 +15,10 @@ import sys
 
 from ncu_compare import NCU
 # (name, B, S, H, D, causal, window): the pipeline's D1 headline and head dims, D5's two windows
-SHAPES = [("d1_hd128", 4, 8192, 16, 128, False, None), ("causal_hd128", 4, 8192, 16, 128, True, None),
-          ("w4096_hd128", 2, 16384, 16, 128, False, 4096), ("w128_hd128", 2, 16384, 16, 128, False, 128),
-          ("d1_hd64", 4, 8192, 16, 64, False, None), ("d1_hd256", 4, 8192, 16, 256, False, None)]
+ALL_SHAPES = [("d1_hd128", 4, 8192, 16, 128, False, None), ("causal_hd128", 4, 8192, 16, 128, True, None),
+              ("w4096_hd128", 2, 16384, 16, 128, False, 4096), ("w128_hd128", 2, 16384, 16, 128, False, 128),
+              ("d1_hd64", 4, 8192, 16, 64, False, None), ("d1_hd256", 4, 8192, 16, 256, False, None)]
+SHAPES = [s for s in ALL_SHAPES if s[0] in os.environ.get("AB_ONLY", s[0]).split(",")]
 
 DRIVER = """
 import json, os, sys, torch, dsv4lib
@@ -24,7 +26,8 @@ A = sys.modules["dsv4lib.attention"]
 knobs = json.loads(os.environ["AB_KNOBS"])
 for table in (A.SM90_TUNING, A.SM90_SMALL_WINDOW_TUNING):
     for d in (64, 128, 256):
-        table[d] = dict(table.get(d, {}), **knobs)
+        if d in table or table is A.SM90_TUNING:
+            table[d] = dict(table.get(d, {}), **knobs.get(str(d), {} if any(k.isdigit() for k in knobs) else knobs))
 shapes = json.loads(os.environ["AB_SHAPES"])
 fa4 = os.environ.get("AB_FA4") == "1"
 if fa4:

@@ -617,14 +617,15 @@ def test_tvm_ffi_call_path_matches_the_classic_path(monkeypatch):
 
 @pytest.mark.compile
 @pytest.mark.parametrize("head_dim,causal,window,knobs", [(128, False, False, {}), (128, False, True, {}),
-                                                          (256, True, False, {}),
-                                                          (128, False, True, {"pv_wait_block": True})])
+                                                          (256, True, False, {}), (64, False, False, {}),
+                                                          (128, False, True, {"pv_wait_block": False}),
+                                                          (256, False, False, {"pv_wait_block": True})])
 def test_default_overlapped_build_keeps_its_wgmmas_asynchronous(head_dim, causal, window, knobs):
     """The overlapped mainloop only overlaps if ptxas keeps the wgmmas asynchronous: a register of an in-flight wgmma
     touched on some path (a spilled P buffer, a branch that skips a wait) makes ptxas serialize every wgmma of the
     kernel (its C7514 "wgmma ... serialized" note) — 40 % slower, measured on the H200 in session 13 with a second P
-    buffer (spilled) and with a PV wait skipped on one side of a branch.  The default builds and the pv_wait_block knob
-    (the wait on both sides of a branch): no spills, no serialization."""
+    buffer (spilled) and with a PV wait skipped on one side of a branch.  The default builds (hd128 with pv_wait_block:
+    the wait on both sides of a branch) and the knob flipped: no spills, no serialization."""
     from dsv4lib.attention import sm90_kernel_shape
     from dsv4lib.kernels.compile import compile_for_arch
     from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
@@ -637,9 +638,9 @@ def test_default_overlapped_build_keeps_its_wgmmas_asynchronous(head_dim, causal
         pytest.skip("no ptxas on this machine to read its notes")
     assert "C7514" not in info and "serialized" not in info, info[-600:]
     assert "0 bytes spill stores" in info and "spill stores" in info, info[-400:]
-    if knobs.get("pv_wait_block"):    # the PV wait on both sides of its branch, not in the softmax's block
+    if shape.get("pv_wait_block"):    # the PV wait on both sides of its branch, not in the softmax's block
         plain = compile_for_arch(FlashAttentionForwardSm90(head_dim, causal=causal, has_lse=not window, window=window,
-                                                           sink=window, overlap=True, **sm90_kernel_shape(head_dim, True)),
+                                                           sink=window, overlap=True, **dict(shape, pv_wait_block=False)),
                                  *fake_attention_args(head_dim, shape.get("dynamic_schedule", False)), arch="sm_90a")
         waits = r"wgmma\.wait_group\.sync\.aligned\s+0;"
         assert k.count(waits) == plain.count(waits) + 1
