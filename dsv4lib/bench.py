@@ -17,7 +17,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Collection, Sequence
 
 import torch
 
@@ -48,36 +48,63 @@ def time_cuda(fn: Callable[..., Any], inputs: Sequence[tuple] | None = None, *, 
 
     ``inputs``: several argument tuples made beforehand from fresh random data; rotating through them
     keeps one buffer from staying hot.  ``flush_l2`` reads a 256 MiB buffer before each run (see the module
-    docstring: a read, not a write).
+    docstring: a read, not a write).  An exception of ``fn`` is raised.
     """
+    return time_cuda_interleaved({"fn": fn}, inputs, warmup=warmup, iters=iters, flush_l2=flush_l2)["fn"]
+
+
+def time_cuda_interleaved(fns: dict[str, Callable[..., Any]], inputs: Sequence[tuple] | None = None, *,
+                          warmup: int = 5, iters: int = 30, flush_l2: bool = True,
+                          may_fail: Collection[str] = ()) -> dict[str, Timing | Exception]:
+    """:func:`time_cuda` of several functions on the same inputs, their runs interleaved (run i of every function,
+    then run i + 1 of every function, ...), so a drift of the clock or of the GPU's temperature during the
+    measurement reaches all of them alike.  Timed one after the other, a ratio of two kernels moved by a few percent
+    with the boost clock of our H200 (session 13: FA4's own time by 3.5 % between two runs of the same code).  A
+    function named in ``may_fail`` (a peer that may not run the shape) that raises during warm-up is left out of the
+    timing and its exception is returned under its name instead of a Timing; any other function's exception is
+    raised."""
     if not torch.cuda.is_available():
         raise RuntimeError("time_cuda needs a CUDA device")
     if iters < 1:
         raise ValueError("iters must be >= 1")
     inputs = list(inputs) if inputs else [()]
     flush = torch.zeros(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda") if flush_l2 else None
-    host = []
-    for i in range(max(warmup, 1)):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn(*inputs[i % len(inputs)])
-        host.append((time.perf_counter() - t0) * 1e3)
-    torch.cuda.synchronize()
-    host_ms = statistics.median(host[1:] if len(host) > 1 else host)    # the first call may compile
-    lead_cycles = int((2.0 * host_ms + 0.05) * SLEEP_CYCLES_PER_MS)
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    result: dict[str, Timing | Exception] = {}
+    lead_cycles: dict[str, int] = {}
+    for name, fn in fns.items():
+        host = []
+        try:
+            for i in range(max(warmup, 1)):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                fn(*inputs[i % len(inputs)])
+                host.append((time.perf_counter() - t0) * 1e3)
+            torch.cuda.synchronize()
+        except Exception as exc:  # noqa: BLE001 - reported to the caller by name
+            if name not in may_fail:
+                raise
+            result[name] = exc
+            continue
+        host_ms = statistics.median(host[1:] if len(host) > 1 else host)    # the first call may compile
+        result[name] = Timing(0.0, 0.0, 0.0, 0.0, iters, host_ms)
+        lead_cycles[name] = int((2.0 * host_ms + 0.05) * SLEEP_CYCLES_PER_MS)
+    events = {name: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                     for _ in range(iters)] for name in lead_cycles}
     for i in range(iters):
-        if flush is not None:
-            flush_l2_by_reading(flush)
-        torch.cuda._sleep(lead_cycles)          # GPU busy while the host enqueues the events and the call
-        starts[i].record()
-        fn(*inputs[i % len(inputs)])
-        ends[i].record()
+        for name in lead_cycles:
+            if flush is not None:
+                flush_l2_by_reading(flush)
+            torch.cuda._sleep(lead_cycles[name])    # GPU busy while the host enqueues the events and the call
+            start, end = events[name][i]
+            start.record()
+            fns[name](*inputs[i % len(inputs)])
+            end.record()
     torch.cuda.synchronize()
-    times = sorted(s.elapsed_time(e) for s, e in zip(starts, ends))
-    q = lambda f: times[min(len(times) - 1, int(f * len(times)))]
-    return Timing(statistics.median(times), times[0], q(0.2), q(0.8), iters, host_ms, times)
+    for name in lead_cycles:
+        times = sorted(s.elapsed_time(e) for s, e in events[name])
+        q = lambda f: times[min(len(times) - 1, int(f * len(times)))]
+        result[name] = Timing(statistics.median(times), times[0], q(0.2), q(0.8), iters, result[name].host_ms, times)
+    return result
 
 
 def visible_pairs(sq: int, sk: int, *, causal: bool = False, window: int | None = None) -> int:

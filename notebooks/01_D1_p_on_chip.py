@@ -172,7 +172,8 @@ if on_gpu:
 # %% [markdown]
 # ## Speed next to the peers (same run, same inputs)
 # `B=4, H=16, S=8192`; TFLOP/s over visible pairs (causal halves the work); CUDA events, warm-up, median of
-# 20 runs, two rotating input sets, L2 flushed before every run.
+# 20 runs, two rotating input sets, L2 flushed before every run; the runs of every kernel interleaved (run i of each,
+# then run i + 1), so a drift of the boost clock during the measurement reaches ours and the peers alike.
 
 # %%
 speed = []
@@ -188,26 +189,23 @@ if on_gpu:
                             for _ in range(3)) for _ in range(2)]
             flops = bench.attention_flops(B, H, S, S, D, causal=causal)
             row = {"D": D, "causal": causal}
-            t = bench.time_cuda(lambda q, k, v: dsv4lib.attention(q, k, v, causal=causal, num_splits=1), inputs,
-                                iters=bench_iters)
-            row["ours"] = bench.tflops(flops, t.median_ms)
-            row["ours_ms"] = t.median_ms
-            t = bench.time_cuda(lambda q, k, v: dsv4lib.attention_with_p_path(q, k, v, causal=causal, p_path="smem",
-                                                                               num_splits=1),
-                                inputs, iters=bench_iters)
-            row["ours SMEM-P"] = bench.tflops(flops, t.median_ms)
-            # without the intra-warpgroup overlap (QK(j+1) ∥ PV(j), the default): what the overlap buys
-            t = bench.time_cuda(lambda q, k, v: dsv4lib.attention_with_p_path(q, k, v, causal=causal, p_path="rs",
-                                                                               num_splits=1, overlap=False),
-                                inputs, iters=bench_iters)
-            row["ours no overlap"] = bench.tflops(flops, t.median_ms)
-            for name, fn in peers.items():
-                try:
-                    tp = bench.time_cuda(lambda q, k, v: fn(q, k, v, causal=causal), inputs, iters=bench_iters)
-                    row[name] = bench.tflops(flops, tp.median_ms)
-                except Exception as exc:  # noqa: BLE001 - a peer that cannot run this shape is reported, not fatal
-                    row[name] = None
-                    print(f"{name} failed for D={D} causal={causal}: {type(exc).__name__}: {str(exc)[:120]}")
+            # ours, its two variants and the peers interleaved run by run: a clock drift reaches all alike
+            fns = {"ours": lambda q, k, v: dsv4lib.attention(q, k, v, causal=causal, num_splits=1),
+                   "ours SMEM-P": lambda q, k, v: dsv4lib.attention_with_p_path(q, k, v, causal=causal, p_path="smem",
+                                                                                num_splits=1),
+                   # without the intra-warpgroup overlap (QK(j+1) ∥ PV(j), the default): what the overlap buys
+                   "ours no overlap": lambda q, k, v: dsv4lib.attention_with_p_path(q, k, v, causal=causal,
+                                                                                    p_path="rs", num_splits=1,
+                                                                                    overlap=False)}
+            fns.update({name: (lambda q, k, v, fn=fn: fn(q, k, v, causal=causal)) for name, fn in peers.items()})
+            times = bench.time_cuda_interleaved(fns, inputs, iters=bench_iters, may_fail=peers)
+            for name, t in times.items():
+                if isinstance(t, Exception):
+                    row[name] = None     # a peer that cannot run this shape is reported, not fatal
+                    print(f"{name} failed for D={D} causal={causal}: {type(t).__name__}: {str(t)[:120]}")
+                else:
+                    row[name] = bench.tflops(flops, t.median_ms)
+            row["ours_ms"] = times["ours"].median_ms
             speed.append(row)
             del inputs
     headline = next(r for r in speed if r["D"] == 128 and not r["causal"])

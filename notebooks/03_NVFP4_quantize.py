@@ -216,12 +216,14 @@ if on_gpu:
     g2 = torch.Generator(device="cuda").manual_seed(seed)
     inputs = [tuple(torch.randn(4, 8192, 16, 128, device="cuda", dtype=torch.bfloat16, generator=g2) for _ in range(3))
               for _ in range(2)]
-    # alternate the two, three rounds, and take the median of the per-round ratios: one pair of back-to-back
-    # medians swung between 0.5 % and 6.7 % on the H100 (clock and thermal drift between the two timings)
+    # the two interleaved run by run, three rounds, and the median of the per-round ratios: one pair of
+    # back-to-back medians swung between 0.5 % and 6.7 % on the H100 (clock and thermal drift between the timings)
     ratios, t_plain, t_fused = [], None, None
     for _ in range(3):
-        t_plain = bench.time_cuda(lambda q, k, v: dsv4lib.attention(q, k, v, num_splits=1), inputs, iters=bench_iters)
-        t_fused = bench.time_cuda(lambda q, k, v: dsv4lib.attention_nvfp4(q, k, v, 4.0), inputs, iters=bench_iters)
+        times = bench.time_cuda_interleaved({"plain": lambda q, k, v: dsv4lib.attention(q, k, v, num_splits=1),
+                                             "fused": lambda q, k, v: dsv4lib.attention_nvfp4(q, k, v, 4.0)},
+                                            inputs, iters=bench_iters)
+        t_plain, t_fused = times["plain"], times["fused"]
         ratios.append(t_fused.median_ms / t_plain.median_ms)
     ratios.sort()
     record(metrics_path, fused_mismatching_bytes=fused_mismatch, fused_overhead=ratios[1] - 1.0,

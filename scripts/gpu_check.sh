@@ -16,8 +16,9 @@ declare -A groups=(
   [streams]="test_streams"
   [persistent]="persistent"
   [ring]="window_ring"
+  [timing]="interleaved_timing"
 )
-order=(${@:-d1 window split branch overlap nvfp4 sparse layer streams persistent})
+order=(${@:-d1 window split branch overlap nvfp4 sparse layer streams persistent timing})
 limit=${GROUP_TIMEOUT:-150}
 summary=""
 for g in "${order[@]}"; do

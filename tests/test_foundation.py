@@ -153,3 +153,34 @@ def test_bench_counters_and_the_read_only_l2_flush():
     out = bench.flush_l2_by_reading(buf)
     assert torch.equal(buf, before) and out.numel() == 1
     assert out.item() == buf.view(torch.int64).max().item()         # every word was read
+
+
+@pytest.mark.gpu
+def test_interleaved_timing_orders_work_and_reports_a_failing_peer():
+    """time_cuda_interleaved: every function is timed on the same inputs, a matmul 8× the work takes longer, and a
+    function allowed to fail that raises is returned as its exception instead of stopping the others (any other
+    function's exception is raised)."""
+    from dsv4lib import bench
+    a = [(torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16),) for _ in range(2)]
+
+    def broken(x):
+        raise ValueError("this peer cannot run the shape")
+    times = bench.time_cuda_interleaved({"one": lambda x: x @ x, "eight": lambda x: [x @ x for _ in range(8)],
+                                         "broken": broken}, a, warmup=2, iters=10, may_fail=("broken",))
+    assert isinstance(times["broken"], ValueError)
+    assert times["one"].runs == times["eight"].runs == 10 and len(times["eight"].times_ms) == 10
+    assert times["eight"].median_ms > 4 * times["one"].median_ms > 0
+    with pytest.raises(ValueError, match="cannot run"):
+        bench.time_cuda(broken, a)
+    with pytest.raises(ValueError, match="cannot run"):
+        bench.time_cuda_interleaved({"one": lambda x: x @ x, "broken": broken}, a, iters=2)
+
+
+def test_timing_needs_a_gpu_and_a_run():
+    from dsv4lib import bench
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="CUDA device"):
+            bench.time_cuda_interleaved({"f": lambda: None})
+    else:
+        with pytest.raises(ValueError, match="iters"):
+            bench.time_cuda(lambda: None, iters=0)
