@@ -1030,27 +1030,36 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
 
     @cute.jit
     def mask_scores(self, acc_S_rc, tScS_rc, n_block, m_block, seqlen_k, causal_shift, window_size):
-        """-inf on the scores a query may not see, only in the tiles that need it: the ragged end of the keys,
-        the causal diagonal, the window's left edge."""
-        needs_mask = (n_block + 1) * self.tile_n > seqlen_k
+        """-inf on the scores a query may not see, only in the tiles that need it, and only the edge that crosses
+        the tile: the right edge (the ragged end of the keys, the causal diagonal) and the window's left edge are
+        separate passes (a window's tile crosses one of them, seldom both).  Each pass turns its edge into one
+        limit per row, relative to the thread's first column, so an element costs one compare with a constant (its
+        column offset) and one select, not a column computed and compared twice."""
+        first_col = n_block * self.tile_n
+        crosses_right = first_col + self.tile_n > seqlen_k
         if const_expr(self.causal or self.has_window):
-            needs_mask = needs_mask or ((n_block + 1) * self.tile_n - 1 > self.token(m_block * self.tile_m)
-                                        + causal_shift)
-        if const_expr(self.has_window):     # the window's left edge crosses this tile for some row
-            needs_mask = needs_mask or (n_block * self.tile_n <= self.token((m_block + 1) * self.tile_m - 1)
-                                        + causal_shift - window_size)
-        if needs_mask:
+            crosses_right = crosses_right or (first_col + self.tile_n - 1 > self.token(m_block * self.tile_m)
+                                              + causal_shift)
+        if crosses_right:
             for r in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[0])):
+                m, n0 = tScS_rc[r, 0]
+                visible = seqlen_k - first_col - n0             # columns n with n - n0 < visible are kept
+                if const_expr(self.causal or self.has_window):
+                    diagonal = self.token(m_block * self.tile_m + m) + causal_shift + 1 - first_col - n0
+                    if diagonal < visible:
+                        visible = diagonal
                 for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
-                    m, n = tScS_rc[r, c]
-                    col = n_block * self.tile_n + n
-                    masked = col >= seqlen_k
-                    if const_expr(self.causal or self.has_window):
-                        masked = masked or (col > self.token(m_block * self.tile_m + m) + causal_shift)
-                    if const_expr(self.has_window):
-                        masked = masked or (col <= self.token(m_block * self.tile_m + m) + causal_shift - window_size)
-                    if masked:
+                    if tScS_rc[r, c][1] - n0 >= visible:
                         acc_S_rc[r, c] = -Float32.inf
+        if const_expr(self.has_window):     # the window's left edge crosses this tile for some row
+            if first_col <= self.token((m_block + 1) * self.tile_m - 1) + causal_shift - window_size:
+                for r in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[0])):
+                    m, n0 = tScS_rc[r, 0]
+                    # columns n with n - n0 <= hidden fall out of the window (col <= token + shift - W)
+                    hidden = self.token(m_block * self.tile_m + m) + causal_shift - window_size - first_col - n0
+                    for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
+                        if tScS_rc[r, c][1] - n0 <= hidden:
+                            acc_S_rc[r, c] = -Float32.inf
 
     @cute.jit
     def scheduler_wait(self, wg_idx):
