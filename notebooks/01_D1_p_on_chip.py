@@ -260,6 +260,15 @@ if speed:
 #   work).  So the producer takes each next block from a global counter (`dynamic_schedule`; the block goes to the
 #   consumers in shared memory next to its Q, -1 ends the walk) and the last query blocks of a head come first
 #   under a causal mask or a window.  H200: non-causal 687 → 719, causal a tie (665 / 660), W = 4096 −3 %.
+# * **Where ptxas puts the PV wait** (sessions 13-14, SASS + Nsight Compute source counters, `scripts/ncu_compare.py`):
+#   with the overlap, PV(j) runs while tile j+1's softmax computes — unless ptxas hoists the wait for PV(j) above
+#   that softmax, which it does by itself (it wants to pack P early into the registers PV(j) still reads), and which
+#   serialized the softmax behind PV.  `pv_wait_block` puts the wait in a basic block of its own (a never-taken branch)
+#   so it stays below the softmax: ncu, H200, hd128 D1 / causal / W4096 3.78 / 2.05 / 1.81 → 3.74 / 1.98 / 1.76 ms.
+#   It loses at hd64, hd256 and the 64×64 small-window tiles, so it is on for hd128 only (`SM90_TUNING`).
+# * **Masks, one edge at a time.** A tile crossing the causal diagonal (or the ragged end of the keys) and a tile
+#   crossing a window's left edge are masked by separate passes, each a single limit per row compared with the
+#   element's constant column offset: W4096 1.76 → 1.72 ms, the W128 window 196 → 183 µs (ncu, H200).
 
 # %%
 assert compiled_ok, ptx_checks

@@ -17,7 +17,11 @@ early, and P's registers are still read by the in-flight PV), so in each warpgro
 beside it; in FA4's SASS the same wait sits after the first row's exps.  Tried, none moved it or won: the wait placed
 after row 0 in the source, the V release after the packing, a branch around the wait (ptxas then serializes every
 wgmma), a second P buffer (spills at 240 registers, serialized); ping-pong, 3 K/V stages, 4 softmax chains: slower or
-equal under ncu."""
+equal under ncu.  What works is the wait in a basic block of its own (``pv_wait_block``, hd128's default since
+session 14).  Session 14 profile after it (H200): 995 M instructions vs FA4's 977 M, 319 k vs 308 k stall samples;
+the difference is mostly "dispatch" stalls (43.5 k vs 27.8 k, spread over the MUFU.EX2s and the first HGMMA of each
+group) — FA4 instead waits on its warp-scheduler barrier (32.8 k "barrier" vs our 12.8 k).  Re-measured with the PV
+wait fixed, and still slower: 2 or 4 softmax chains (D1 3.79 / 3.83 vs 3.71-3.78 ms), ping-pong, tile_n 96 / 112."""
 import collections
 import csv
 import os
