@@ -70,7 +70,7 @@ def time_cuda_interleaved(fns: dict[str, Callable[..., Any]], inputs: Sequence[t
     inputs = list(inputs) if inputs else [()]
     flush = torch.zeros(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda") if flush_l2 else None
     result: dict[str, Timing | Exception] = {}
-    lead_cycles: dict[str, int] = {}
+    host_ms: dict[str, float] = {}             # per function: the host's time to enqueue one call
     for name, fn in fns.items():
         host = []
         try:
@@ -85,25 +85,24 @@ def time_cuda_interleaved(fns: dict[str, Callable[..., Any]], inputs: Sequence[t
                 raise
             result[name] = exc
             continue
-        host_ms = statistics.median(host[1:] if len(host) > 1 else host)    # the first call may compile
-        result[name] = Timing(0.0, 0.0, 0.0, 0.0, iters, host_ms)
-        lead_cycles[name] = int((2.0 * host_ms + 0.05) * SLEEP_CYCLES_PER_MS)
+        host_ms[name] = statistics.median(host[1:] if len(host) > 1 else host)    # the first call may compile
     events = {name: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                     for _ in range(iters)] for name in lead_cycles}
+                     for _ in range(iters)] for name in host_ms}
     for i in range(iters):
-        for name in lead_cycles:
+        for name in host_ms:
             if flush is not None:
                 flush_l2_by_reading(flush)
-            torch.cuda._sleep(lead_cycles[name])    # GPU busy while the host enqueues the events and the call
+            # GPU busy while the host enqueues the events and the call
+            torch.cuda._sleep(int((2.0 * host_ms[name] + 0.05) * SLEEP_CYCLES_PER_MS))
             start, end = events[name][i]
             start.record()
             fns[name](*inputs[i % len(inputs)])
             end.record()
     torch.cuda.synchronize()
-    for name in lead_cycles:
+    for name in host_ms:
         times = sorted(s.elapsed_time(e) for s, e in events[name])
         q = lambda f: times[min(len(times) - 1, int(f * len(times)))]
-        result[name] = Timing(statistics.median(times), times[0], q(0.2), q(0.8), iters, result[name].host_ms, times)
+        result[name] = Timing(statistics.median(times), times[0], q(0.2), q(0.8), iters, host_ms[name], times)
     return result
 
 

@@ -24,10 +24,10 @@ DRIVER = """
 import json, os, sys, torch, dsv4lib
 A = sys.modules["dsv4lib.attention"]
 knobs = json.loads(os.environ["AB_KNOBS"])
+per_head_dim = any(key.isdigit() for key in knobs)          # '{"128": {...}}' rather than '{...}'
 for table in (A.SM90_TUNING, A.SM90_SMALL_WINDOW_TUNING):
-    for d in (64, 128, 256):
-        if d in table or table is A.SM90_TUNING:
-            table[d] = dict(table.get(d, {}), **knobs.get(str(d), {} if any(k.isdigit() for k in knobs) else knobs))
+    for d in table:
+        table[d] = dict(table[d], **(knobs.get(str(d), {}) if per_head_dim else knobs))
 shapes = json.loads(os.environ["AB_SHAPES"])
 fa4 = os.environ.get("AB_FA4") == "1"
 if fa4:

@@ -187,7 +187,8 @@ class Sm90AttentionOps:
         (per row, optional): a max the new one may not fall below (another warpgroup's, already ahead)."""
         # one dependent fmax / fadd chain per row: FA4's four chains joined by a tree measured no gain on the H200
         # (session 12, hd128, three interleaved rounds, µs, 1 / 4 / 8 chains: D1 3106-3541 / 3143-3390 / 3345-3407,
-        # W4096 1482-1552 / 1499-1514 / 1527-1543) — the other consumer warpgroup hides the chain's latency
+        # W4096 1482-1552 / 1499-1514 / 1527-1543) — the other consumer warpgroup hides the chain's latency; re-measured
+        # in session 14 with the PV wait below the softmax (pv_wait_block), 2 / 4 chains were slower still (ncu)
         for r in cutlass.range_constexpr(cute.size(row_max)):
             mx = acc_S_rc[r, 0]
             for c in cutlass.range_constexpr(1, cute.size(acc_S_rc, mode=[1])):
@@ -281,7 +282,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         # The overlapped mainloop's PV wait in a basic block of its own, its V release one tile later (see
         # mainloop_overlapped).  Session 13, H200: under ncu hd128 D1 / causal / W4096 3.79 / 2.08 / 1.87 → 3.76 /
         # 2.02 / 1.78 ms (FA4 3.63 / 2.00 / 1.77); at boost clocks in the pipeline hd64 D1 497 → 462 TFLOP/s and the
-        # small-window builds 2-6 % slower.  Off until adopted per head dim with a fresh recording on both GPUs.
+        # small-window builds 2-6 % slower.  On for hd128 only (dsv4lib.attention.SM90_TUNING, session 14).
         self.pv_wait_block = pv_wait_block and overlap
         self.num_stages = num_stages
         self.p_in_smem = p_in_smem
