@@ -135,6 +135,15 @@ SMALL_WINDOW_MAX = 128
 # 209.3 · static 237.3 · dynamic 194.6 (FA4 229.7), hd64 129.1 → 122.5 (FA4 184.1).
 # Session 14, after the one-edge masks (ncu, H200, hd128 W128, µs): default 180-181 · pv_wait_block 187 · early O
 # rescale 179 (a tie) · static deal 187; three stages do not fit two persistent CTAs.  Kept as is.
+# Session 15 (H200, B2 H16 S16k W128 + sink, µs; interleaved events at boost clock, FA4 222 in the same run): the
+# window alone moves the time — W64 (2 K/V tiles per 64-row block) 141.9 · W128 (3) 156.4 · W192 (4, the same
+# 64x64 build) 179.6; with the wgmmas left out (DSV4_D1_DEBUG=nomma) 140.3 / 154.7 / 163.3.  ncu: the W128 kernel
+# runs the L2 at 88 % of its peak throughput (DRAM 59 %, L2 hit rate 51 %: each K/V tile read three times), so the
+# re-reads are the limit.  Tried against it: cluster pairs (``cluster_pairs``, the kernel's docstring: the tiles two
+# adjacent blocks share multicast once to both) 161.5 vs 157.1 default / 155.4 static deal (hd64 121.6 vs 110.1 /
+# 113.8) — L2 throughput 77 %, but the two step-locked CTAs wait on each other; 128-row tiles at one CTA per SM (4
+# tiles per 128 rows instead of 6): 128x64 with 4 stages 172.9, 3 stages 176.3, + early rescale 169.8, 128x128
+# 170.4.  Kept as is.
 SM90_SMALL_WINDOW_TUNING: dict[int, dict] = {     # (early rescale at W <= 128: a tie, off)
     64: {"tile_m": 64, "tile_n": 64, "persistent": True, "dynamic_schedule": True},
     128: {"tile_m": 64, "tile_n": 64, "persistent": True, "dynamic_schedule": True, "rescale_o_early": False,

@@ -253,6 +253,58 @@ def test_persistent_ctas_match_the_reference(monkeypatch, B, Sq, Sk, H, Hkv, D, 
 
 
 @pytest.mark.compile
+def test_persistent_cluster_pairs_build_multicasts_shared_tiles():
+    """Cluster pairs (a knob, measured slower): the small-window build with two CTAs of a cluster per pair of query
+    blocks — its K/V tiles go out as multicast TMAs (K and V, each with a 2- and a 3-coordinate box variant of the
+    4-D tensor: 2 + 2), next to the plain TMAs of a CTA's own tiles; stage releases arrive on both CTAs' barriers
+    (mapa + remote arrive); a cluster barrier at the start and one at the end; still two CTAs per SM, no local
+    memory.  Builds it cannot serve are refused."""
+    from dsv4lib.attention import sm90_kernel_shape
+    from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
+    shape = dict(sm90_kernel_shape(128, True, small_window=True), dynamic_schedule=False, cluster_pairs=True)
+    kernel = FlashAttentionForwardSm90(128, causal=False, has_lse=True, window=True, sink=True, overlap=True, **shape)
+    assert kernel.ctas_per_sm == 2 and kernel.ctas_per_sm * (kernel.smem_bytes() + 1024) <= kernel.SMEM_PER_SM
+    k = compile_for_arch(kernel, *fake_attention_args(128), arch="sm_90a")
+    assert k.count(r"cp\.async\.bulk\.tensor\.\dd\.shared::cluster\.global[^\n]*\.multicast::cluster") == 4
+    assert k.count(r"mbarrier\.arrive\.shared::cluster") >= 4 and k.count(r"\bmapa\.shared::cluster") >= 4
+    assert k.count(r"barrier\.cluster\.arrive") == 2 and k.count(r"barrier\.cluster\.wait") == 2
+    assert k.count(r"\.minnctapersm\s+2") == 1 and k.count(r"\.local") == 0
+    for bad in (dict(dynamic_schedule=True), dict(persistent=False), dict(nvfp4_out=True)):
+        with pytest.raises(ValueError, match="cluster_pairs"):
+            FlashAttentionForwardSm90(128, causal=False, has_lse=True, window=True, overlap=True, **{**shape, **bad})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,Sq,Sk,H,Hkv,D,window", [
+    (2, 1000, 1000, 4, 4, 128, 128),    # DSV4's window: pairs share two of their three tiles
+    (1, 777, 1200, 2, 2, 64, 1),        # window 1, Sq < Sk, 13 blocks: the last pair has one block
+    (1, 500, 200, 2, 2, 128, 64),       # Sq > Sk: blocks that see nothing, pairs with empty slots
+    (1, 2048, 2176, 2, 2, 128, 100),    # keys ahead of the queries, a window crossing tiles
+    (2, 1000, 1000, 4, 2, 128, 128),    # GQA packed 2 into the 64-row tile
+    (1, 100, 100, 1, 1, 64, 128),       # two blocks, one pair, fewer pairs than clusters
+])
+def test_persistent_cluster_pairs_match_the_reference(monkeypatch, B, Sq, Sk, H, Hkv, D, window):
+    """Cluster pairs: both CTAs of a pair walk the same K/V slots (shared tiles multicast, own tiles alone, empty
+    slots where one has fewer), twice in a row (the pipelines and cluster barriers leave nothing behind)."""
+    import sys
+    attention_module = sys.modules["dsv4lib.attention"]
+    monkeypatch.setattr(attention_module, "PERSISTENT_GPUS", {D: ("",)})
+    monkeypatch.setitem(attention_module.SM90_SMALL_WINDOW_TUNING, D,
+                        {**attention_module.SM90_SMALL_WINDOW_TUNING[D], "dynamic_schedule": False,
+                         "cluster_pairs": True})
+    gen = torch.Generator().manual_seed(Sq + Sk + D + window)
+    q, k, v = _inputs(B, Sq, Sk, H, Hkv, D, gen)
+    sink = torch.randn(H, generator=gen).cuda()
+    ref, ref_lse = reference.attention(q.double(), k.double(), v.double(), window=window, sink=sink.double(),
+                                       return_lse=True)
+    for _ in range(2):
+        out, lse = dsv4lib.attention(q, k, v, window=window, sink=sink, return_lse=True, num_splits=1)
+        torch.cuda.synchronize()
+        _assert_matches(out, lse, ref, ref_lse, empty_rows_exact=True)
+
+
+@pytest.mark.compile
 def test_window_ring_build_streams_each_tile_once():
     """The window ring: one CTA per SM (two Q stages + a 5-stage K/V ring fill 225 KB), shared only where the ring
     applies (small window, queries on the keys' tile boundaries, unpacked heads, no split); O leaves by the storer

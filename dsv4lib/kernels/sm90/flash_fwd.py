@@ -72,6 +72,17 @@ item's Q was loaded while this one computed.  The 64-row ring has room for one Q
 ``q_in_registers`` its QK is an RS-wgmma: each item copies the next item's Q from the stage into registers before
 its O is staged there, so Q(u+1) loads during item u instead of after O(u) is stored (197 → 170 µs on the H200).
 
+**Cluster pairs** (``cluster_pairs=True``, persistent with a static deal; a knob — measured slower, see
+``dsv4lib.attention.SM90_SMALL_WINDOW_TUNING``): the two CTAs of a (2, 1, 1) cluster take two adjacent query blocks
+of one head.  At W = 128 with 64-row blocks, block u visits key tiles u-2..u and block u+1 visits u-1..u+1: two of
+each block's three tiles are the pair's.  Both CTAs walk the same sequence of K/V *slots* (``pair_plan``): the
+shared tiles first — each CTA TMAs half of the tile with ``.multicast::cluster`` into both CTAs' shared memory, so
+the L2 serves it once — then each CTA's own tiles, loaded by it alone, then empty slots where it has fewer own
+tiles than its peer (the full barrier completed by a plain arrive).  A stage is refilled only when the consumers of
+both CTAs have released it (every consumer warp arrives on the stage's empty barrier in both CTAs), so the two
+CTAs run in step, two stages apart at most.  The pair's L2 traffic for K/V drops from 6 tiles to 4 (ncu, H200: L2
+throughput 88 → 77 % of peak), but the step-lock across two SMs costs more than that saves.
+
 KV tiles are visited from the last to the first, so the tiles that need masking (the ragged end of the
 keys, the causal diagonal) come first.  The running row max is kept in raw-score units and the softmax
 scale is applied inside ``exp2`` (the seed's double-scaling trap); O is rescaled by
@@ -92,7 +103,8 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 from cutlass.utils import LayoutEnum
 
-from ..common import convert_to_bf16_pairs, item_stamp, launch_stream, load_kv_tiles, tma_store_tile
+from ..common import (convert_to_bf16_pairs, item_stamp, launch_stream, load_kv_tiles, tma_load_tile,
+                      tma_store_tile)
 from ..nvfp4 import e2m1_code_magic, nvfp4_block_scale
 
 LOG2_E = math.log2(math.e)
@@ -241,7 +253,8 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                  split_kv: bool = False, overlap: bool = False, nvfp4_out: bool = False, pack_gqa: int = 1,
                  tile_m: int = 128, wg_pingpong: bool = False, rescale_o_early: bool = False,
                  tma_store_o: bool = True, persistent: bool = False, num_sms: int = 132, ring: bool = False,
-                 q_in_registers: bool = False, dynamic_schedule: bool = False, pv_wait_block: bool = False):
+                 q_in_registers: bool = False, dynamic_schedule: bool = False, pv_wait_block: bool = False,
+                 cluster_pairs: bool = False):
         if tile_m not in (64, 128, 192):
             raise ValueError(f"tile_m must be 64 (1 consumer warpgroup, two CTAs per SM), 128 (2) or 192 (3), "
                              f"got {tile_m}")
@@ -311,6 +324,13 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         if dynamic_schedule and not persistent:
             raise ValueError("dynamic_schedule deals the work items of persistent CTAs: it needs persistent=True")
         self.dynamic_schedule = dynamic_schedule
+        # Cluster pairs (``cluster_pairs``): the two CTAs of a (2, 1, 1) cluster take two adjacent query blocks of one
+        # head and the K/V tiles both blocks visit are loaded once for the pair — each CTA TMAs half of such a tile,
+        # multicast into both — so the L2 serves them once instead of twice (module docstring).  Static deal of pairs.
+        if cluster_pairs and not (persistent and not dynamic_schedule and not nvfp4_out):
+            raise ValueError("cluster_pairs deals query-block pairs to persistent CTAs with the static schedule and the "
+                             "bf16 epilogue (persistent=True, dynamic_schedule=False, no NVFP4 out)")
+        self.cluster_pairs = cluster_pairs
         # Window ring (``ring``): one CTA per SM walks chunks of consecutive 128-row items of one head, K/V tiles
         # streamed once per chunk into a ring the two halves of an item share (module docstring).  Only for a
         # window whose 64-row halves need at most 3 tiles of 64 keys and whose queries sit on tile boundaries
@@ -427,6 +447,13 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                                                         (self.tile_n, self.head_dim), 1)
         tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(tma_load, mV, cute.select(sV_layout, mode=[0, 1]),
                                                         (self.tile_n, self.head_dim), 1)
+        tma_atom_Kmc = tma_Kmc = tma_atom_Vmc = tma_Vmc = None
+        if const_expr(self.cluster_pairs):  # half a tile per CTA, multicast into both CTAs of the pair
+            tma_mcast = cpasync.CopyBulkTensorTileG2SMulticastOp()
+            tma_atom_Kmc, tma_Kmc = cpasync.make_tiled_tma_atom(tma_mcast, mK, cute.select(sK_layout, mode=[0, 1]),
+                                                                (self.tile_n, self.head_dim), 2)
+            tma_atom_Vmc, tma_Vmc = cpasync.make_tiled_tma_atom(tma_mcast, mV, cute.select(sV_layout, mode=[0, 1]),
+                                                                (self.tile_n, self.head_dim), 2)
         tma_atom_O = None
         if const_expr(self.tma_store_o):   # O shares Q's tile shape and buffer layout
             tma_atom_O, mO = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mO, sO_layout,
@@ -460,14 +487,18 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             grid = (persistent_grid(self.work_items(mQ), self.num_sms * self.ctas_per_sm), 1, 1)
             if const_expr(self.dynamic_schedule):            # every slot: the faster ones take more items
                 grid = (cutlass.min(self.work_items(mQ), self.num_sms * self.ctas_per_sm), 1, 1)
+            if const_expr(self.cluster_pairs):              # two CTAs (one cluster) per pair of query blocks
+                grid = (2 * persistent_grid(self.pair_items(mQ), self.num_sms * self.ctas_per_sm // 2), 1, 1)
         if const_expr(not self.dynamic_schedule):
             mWork = mSenc                                    # unused
         if const_expr(self.ring):
             grid = (persistent_grid(self.ring_chunking(mQ)[2], self.num_sms * self.ctas_per_sm), 1, 1)
         self.kernel(tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, tma_atom_O, mO, mLSE, softmax_scale_log2,
                     window_size, mSink, mOutScales, mSenc, mWork,
-                    sQ_layout, sK_layout, sV_layout, sP_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage).launch(
+                    sQ_layout, sK_layout, sV_layout, sP_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage,
+                    tma_atom_Kmc, tma_Kmc, tma_atom_Vmc, tma_Vmc).launch(
             grid=grid, block=[self.NUM_THREADS, 1, 1], min_blocks_per_mp=self.ctas_per_sm,
+            cluster=(2, 1, 1) if const_expr(self.cluster_pairs) else None,
             # two CTAs per SM need the whole 228 KB carve-out (100 %), not the driver's pick for one CTA's size
             **({"preferred_smem_carveout": 100} if self.ctas_per_sm > 1 else {}), **launch_stream(stream))
 
@@ -478,7 +509,8 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                softmax_scale_log2: Float32, window_size: Int32, mSink: cute.Tensor, mOutScales: cute.Tensor,
                mSenc: cute.Tensor, mWork: cute.Tensor, sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
                sV_layout: cute.ComposedLayout, sP_layout: cute.ComposedLayout, tiled_mma_qk: cute.TiledMma,
-               tiled_mma_pv: cute.TiledMma, SharedStorage: cutlass.Constexpr):
+               tiled_mma_pv: cute.TiledMma, SharedStorage: cutlass.Constexpr, tma_atom_Kmc: cute.CopyAtom = None,
+               mKmc: cute.Tensor = None, tma_atom_Vmc: cute.CopyAtom = None, mVmc: cute.Tensor = None):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
@@ -497,6 +529,9 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                 cpasync.prefetch_descriptor(atom)
             if const_expr(self.tma_store_o):
                 cpasync.prefetch_descriptor(tma_atom_O)
+            if const_expr(self.cluster_pairs):
+                cpasync.prefetch_descriptor(tma_atom_Kmc)
+                cpasync.prefetch_descriptor(tma_atom_Vmc)
 
         storage = cutlass.utils.SmemAllocator().allocate(SharedStorage)
         one_thread = pipeline.CooperativeGroup(pipeline.Agent.Thread)
@@ -508,13 +543,19 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             # the ring hands a Q stage back from its storer warp, once the O store has read it
             consumer_group=one_thread if const_expr(self.ring) else consumer_warps, tx_count=tile_bytes_q,
             defer_sync=True)
+        # cluster pairs: a K/V stage is refilled (by either CTA's multicast) only when the consumers of both CTAs
+        # have released it — each consumer warp arrives on the stage's empty barrier in both CTAs
+        kv_consumers, kv_cluster, cluster_mn = consumer_warps, None, (1, 1)
+        if const_expr(self.cluster_pairs):
+            kv_consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, 2 * ((self.NUM_THREADS - 128) // 32))
+            kv_cluster, cluster_mn = cute.make_layout((1, 2, 1, 1)), (2, 1)
         pipeline_k = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.mbar_K.data_ptr(), num_stages=self.num_stages, producer_group=one_thread,
-            consumer_group=consumer_warps, tx_count=tile_bytes_kv, defer_sync=True)
+            consumer_group=kv_consumers, tx_count=tile_bytes_kv, cta_layout_vmnk=kv_cluster, defer_sync=True)
         pipeline_v = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.mbar_V.data_ptr(), num_stages=self.num_stages, producer_group=one_thread,
-            consumer_group=consumer_warps, tx_count=tile_bytes_kv, defer_sync=True)
-        pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
+            consumer_group=kv_consumers, tx_count=tile_bytes_kv, cta_layout_vmnk=kv_cluster, defer_sync=True)
+        pipeline_init_arrive(cluster_shape_mn=cluster_mn, is_relaxed=True)
 
         # Swizzles go into the pointers: the hardware swizzles byte addresses (see dsv4lib.layouts)
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)     # (tile_m, D[, 2 stages])
@@ -538,7 +579,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             lo = cutlass.min(n_block_min + split * per_split, n_block_max)
             n_block_max = cutlass.min(lo + per_split, n_block_max)
             n_block_min = lo
-        pipeline_init_wait(cluster_shape_mn=(1, 1))
+        pipeline_init_wait(cluster_shape_mn=cluster_mn)
 
         if const_expr(self.debug_printf):
             if tidx == 0 and m_block == 0 and head == 0 and batch == 0:
@@ -556,6 +597,10 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                 if const_expr(self.ring):
                     self.load_ring(tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV, pipeline_q, pipeline_k,
                                    pipeline_v, seqlen_q, seqlen_k, window_size, mLSE)
+                elif const_expr(self.cluster_pairs):
+                    self.load_pairs(tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, tma_atom_Kmc, mKmc, tma_atom_Vmc,
+                                    mVmc, sQ, sK, sV, pipeline_q, pipeline_k, pipeline_v, seqlen_q, seqlen_k,
+                                    window_size)
                 elif const_expr(self.persistent):
                     self.load_persistent(tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV, pipeline_q,
                                          pipeline_k, pipeline_v, seqlen_q, seqlen_k, window_size, mWork,
@@ -585,6 +630,10 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             self.consume(tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, sP, tma_atom_O, mO, mLSE, pipeline_q, pipeline_k, pipeline_v,
                          softmax_scale_log2, window_size, mSink, mOutScales, mSenc, tidx - 128, m_block, head, batch,
                          split, seqlen_q, seqlen_k, n_block_min, n_block_max, rows_q)
+        if const_expr(self.cluster_pairs):
+            # no CTA exits while its peer may still multicast into it or arrive on its barriers
+            cute.arch.cluster_arrive()
+            cute.arch.cluster_wait()
 
     @cute.jit
     def work_coords(self, work, mQ):
@@ -709,11 +758,20 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         item_count = Int32(0)                                # debug_times stamps
         total = self.work_items(mQ)
         work = bidx
+        step = gdim
+        if const_expr(self.cluster_pairs):                   # work = the cluster's pair of query blocks
+            total, work, step = self.pair_items(mQ), bidx // 2, gdim // 2
         if const_expr(self.dynamic_schedule):
             work = self.announced_work(pipeline_q, q_state, sWork, total)
         while work < total:
-            m_block, head, batch = self.work_coords(work, mQ)
-            n_block_min, n_block_max = self.block_range(m_block, seqlen_q, seqlen_k, window_size)
+            slots = None
+            if const_expr(self.cluster_pairs):
+                m_block, head, batch, has_block, n_real, n_slots, slots = self.pair_plan(work, mQ, seqlen_q, seqlen_k,
+                                                                                         window_size)
+                n_block_min, n_block_max = Int32(0), n_real          # this CTA's slots 0 .. n_real - 1 (slot_block)
+            else:
+                m_block, head, batch = self.work_coords(work, mQ)
+                n_block_min, n_block_max = self.block_range(m_block, seqlen_q, seqlen_k, window_size)
             self.timing_stamp(mLSE, item_count, 0, ctidx == 0)
             acc_O.fill(0.0)
             row_max.fill(-Float32.inf)
@@ -723,27 +781,196 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             kv_state = self.mainloop_overlapped(tiled_mma_qk, tiled_mma_pv, tSrQ[None, None, None, q_state.index],
                                                 tSrK, tOrVt, acc_O, acc_O_rc, tScS_rc, row_max, row_sum, pipeline_k,
                                                 pipeline_v, kv_state, softmax_scale_log2, window_size, m_block,
-                                                seqlen_k, causal_shift, n_block_min, n_block_max, ctidx // 128)
+                                                seqlen_k, causal_shift, n_block_min, n_block_max, ctidx // 128,
+                                                slots)
             pipeline_q.consumer_release(q_state)                           # every QK of this block has retired
             q_state.advance()
-            self.finish_rows(acc_O_rc, tOcO_rc, row_max, row_sum, mSink, mLSE, softmax_scale_log2, m_block, head,
-                             batch, Int32(0), rows_q)
-            if const_expr(self.nvfp4_out):
-                self.store_nvfp4(acc_O_rc, tOcO_rc, mO, mOutScales, mSenc[0], m_block, head, batch, seqlen_q)
+            if const_expr(self.cluster_pairs):
+                kv_state = self.release_empty_slots(pipeline_k, pipeline_v, kv_state, n_slots - n_real)
+                if has_block:
+                    self.finish_persistent_item(acc_O, acc_O_rc, tOcO_rc, row_max, row_sum, mSink, mLSE,
+                                                softmax_scale_log2, m_block, head, batch, rows_q, seqlen_q, tiled_mma_pv,
+                                                sO, tma_atom_O, mO, mOutScales, mSenc, ctidx)
             else:
-                gO = cute.local_tile(mO[None, None, head, batch], (self.tile_m, self.head_dim), (m_block, 0))
-                self.store_o_tma(acc_O, tiled_mma_pv, sO, tma_atom_O, gO, ctidx, reuse=True)
+                self.finish_persistent_item(acc_O, acc_O_rc, tOcO_rc, row_max, row_sum, mSink, mLSE, softmax_scale_log2,
+                                            m_block, head, batch, rows_q, seqlen_q, tiled_mma_pv, sO, tma_atom_O, mO,
+                                            mOutScales, mSenc, ctidx)
             self.timing_stamp(mLSE, item_count, 3, ctidx == 0)
             item_count += 1
             if const_expr(self.dynamic_schedule):
                 work = self.announced_work(pipeline_q, q_state, sWork, total)
             else:
-                work += gdim
+                work += step
         if const_expr(self.dynamic_schedule):
             pipeline_q.consumer_release(q_state)             # the -1 stage: the producer's tail waits for it
         if const_expr(self.tma_store_o):
             if ctidx < 32:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)            # sO must outlive the last store's reads
+
+    @cute.jit
+    def finish_persistent_item(self, acc_O, acc_O_rc, tOcO_rc, row_max, row_sum, mSink, mLSE, softmax_scale_log2,
+                               m_block, head, batch, rows_q, seqlen_q, tiled_mma_pv, sO, tma_atom_O, mO, mOutScales,
+                               mSenc, ctidx):
+        """A persistent CTA's epilogue of one query block: the rows finished, O stored (TMA from ``sO``, left in
+        flight) or, NVFP4 out, quantized and stored from the registers."""
+        self.finish_rows(acc_O_rc, tOcO_rc, row_max, row_sum, mSink, mLSE, softmax_scale_log2, m_block, head,
+                         batch, Int32(0), rows_q)
+        if const_expr(self.nvfp4_out):
+            self.store_nvfp4(acc_O_rc, tOcO_rc, mO, mOutScales, mSenc[0], m_block, head, batch, seqlen_q)
+        else:
+            gO = cute.local_tile(mO[None, None, head, batch], (self.tile_m, self.head_dim), (m_block, 0))
+            self.store_o_tma(acc_O, tiled_mma_pv, sO, tma_atom_O, gO, ctidx, reuse=True)
+
+    # ------------------------------------------------------------------ cluster pairs (cluster_pairs=True)
+    @cute.jit
+    def pair_items(self, mQ):
+        """Cluster pairs: the number of work items, pairs of adjacent query blocks of one head (the last pair of a
+        head has one block when the head has an odd number)."""
+        m_blocks = cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m)
+        return (m_blocks + 1) // 2 * cute.size(mQ.shape[2]) * cute.size(mQ.shape[3])
+
+    @cute.jit
+    def pair_plan(self, pair, mQ, seqlen_q, seqlen_k, window_size):
+        """Cluster pairs: what pair ``pair`` means for this CTA (rank r of the cluster takes block ``first + r``).
+        Both CTAs walk the same sequence of K/V *slots* so that their stages stay in step: first the tiles both
+        blocks visit (``n_shared``, descending from ``s_hi``; multicast), then each CTA's own tiles (loaded by it
+        alone: ``above`` of them descending from ``o_hi``, the rest descending from ``below_top``), and where one CTA
+        has fewer own tiles than its peer, empty slots (no bytes; waited for and released).  Returns (m_block, head,
+        batch, has_block, n_real: this CTA's tiles, n_slots, slots: what ``slot_block`` needs)."""
+        rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+        m_blocks = cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m)
+        pairs_per_head = (m_blocks + 1) // 2
+        n_heads = cute.size(mQ.shape[2])
+        head = (pair // pairs_per_head) % n_heads
+        batch = pair // (pairs_per_head * n_heads)
+        first = 2 * (pair % pairs_per_head)
+        if const_expr(self.causal or self.has_window):
+            first = m_blocks - 2 - first                     # the last blocks first (longest first, as work_coords)
+        lo0, hi0 = self.block_range(first, seqlen_q, seqlen_k, window_size)
+        lo1, hi1 = self.block_range(first + 1, seqlen_q, seqlen_k, window_size)
+        if first < 0:
+            hi0 = lo0                                        # no block for rank 0: an empty range
+        if first + 1 >= m_blocks:
+            hi1 = lo1
+        s_lo = cutlass.max(lo0, lo1)
+        s_hi = cutlass.min(hi0, hi1)
+        n_shared = cutlass.max(s_hi - s_lo, 0)
+        own0 = cutlass.max(hi0 - lo0, 0) - n_shared          # the shared tiles lie inside both (non-empty) ranges
+        own1 = cutlass.max(hi1 - lo1, 0) - n_shared
+        n_slots = n_shared + cutlass.max(own0, own1)
+        m_block = first + rank
+        o_lo, o_hi, n_real = lo0, hi0, n_shared + own0
+        if rank == 1:
+            o_lo, o_hi, n_real = lo1, hi1, n_shared + own1
+        above = Int32(0)
+        below_top = o_hi
+        if n_shared > 0:
+            above = cutlass.max(o_hi - cutlass.max(o_lo, s_hi), 0)
+            below_top = s_lo
+        has_block = m_block >= 0 and m_block < m_blocks
+        return m_block, head, batch, has_block, n_real, n_slots, (n_shared, s_hi, o_hi, above, below_top)
+
+    @cute.jit
+    def slot_block(self, i, n_block_max, slots):
+        """The KV tile of this CTA's i-th visit: ``n_block_max - 1 - i`` (descending), or with cluster pairs the
+        tile of slot i (``pair_plan``)."""
+        n_block = n_block_max - 1 - i
+        if const_expr(slots is not None):
+            n_shared, s_hi, o_hi, above, below_top = slots
+            n_block = s_hi - 1 - i
+            if i >= n_shared:
+                j = i - n_shared
+                n_block = o_hi - 1 - j
+                if j >= above:
+                    n_block = below_top - 1 - (j - above)
+        return n_block
+
+    @cute.jit
+    def load_slot(self, tma_atom, tXgX, tXsX, tma_atom_mc, tXgXmc, tXsXmc, pipe, state, i, n_real, slots):
+        """Cluster pairs, producer: K or V slot i — a shared tile (this CTA's half, multicast into both CTAs; each
+        CTA's full barrier expects the whole tile), an own tile (TMA into this CTA only) or an empty slot (the full
+        barrier completed by a plain arrive once the stage is free in both CTAs)."""
+        n_block = self.slot_block(i, n_real, slots)
+        if i < slots[0]:
+            pipe.producer_acquire(state)
+            cute.copy(tma_atom_mc, tXgXmc[None, n_block], tXsXmc[None, state.index],
+                      tma_bar_ptr=pipe.producer_get_barrier(state), mcast_mask=cutlass.Int16(3))
+        else:
+            if i < n_real:
+                tma_load_tile(tma_atom, tXgX, tXsX, pipe, state, n_block)
+            else:
+                pipe.sync_object_empty.wait(state.index, state.phase)
+                if cute.arch.lane_idx() == 0:
+                    cute.arch.mbarrier_arrive(pipe.producer_get_barrier(state))
+
+    @cute.jit
+    def release_empty_slots(self, pipeline_k, pipeline_v, kv_state, n_empty):
+        """Cluster pairs, consumers: the empty slots after this CTA's own tiles — waited for and handed back, so
+        the stage can be refilled for both CTAs."""
+        for _ in cutlass.range(n_empty, unroll=1):
+            pipeline_k.consumer_wait(kv_state)
+            pipeline_k.consumer_release(kv_state)
+            pipeline_v.consumer_wait(kv_state)
+            pipeline_v.consumer_release(kv_state)
+            kv_state.advance()
+        return kv_state
+
+    @cute.jit
+    def load_pairs(self, tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, tma_atom_Kmc, mKmc, tma_atom_Vmc, mVmc, sQ,
+                   sK, sV, pipeline_q, pipeline_k, pipeline_v, seqlen_q, seqlen_k, window_size):
+        """Producer of a cluster-pair CTA: per pair, this CTA's Q (or, with no block, its Q stage completed empty —
+        both loops take one Q stage per pair), then the pair's K/V slots (``pair_plan``), K one slot ahead of V."""
+        bidx, _, _ = cute.arch.block_idx()
+        gdim, _, _ = cute.arch.grid_dim()
+        rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+        total = self.pair_items(mQ)
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.q_stages)
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
+        pair = bidx // 2
+        while pair < total:
+            m_block, head, batch, has_block, n_real, n_slots, slots = self.pair_plan(pair, mQ, seqlen_q, seqlen_k,
+                                                                                     window_size)
+            head_kv = self.kv_head(head, mQ, mK)
+            gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, self.head_dim),
+                                 (cutlass.max(m_block, 0), 0))
+            gK = cute.local_tile(mK[None, None, head_kv, batch], (self.tile_n, self.head_dim), (None, 0))
+            gV = cute.local_tile(mV[None, None, head_kv, batch], (self.tile_n, self.head_dim), (None, 0))
+            gKmc = cute.local_tile(mKmc[None, None, head_kv, batch], (self.tile_n, self.head_dim), (None, 0))
+            gVmc = cute.local_tile(mVmc[None, None, head_kv, batch], (self.tile_n, self.head_dim), (None, 0))
+            tQsQ, tQgQ = cpasync.tma_partition(tma_atom_Q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
+                                               cute.group_modes(gQ, 0, 2))                    # (TMA, stages)
+            tKsK, tKgK = cpasync.tma_partition(tma_atom_K, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
+                                               cute.group_modes(gK, 0, 2))
+            tVsV, tVgV = cpasync.tma_partition(tma_atom_V, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
+                                               cute.group_modes(gV, 0, 2))
+            # this CTA's half of a shared tile (rows rank·tile_n/2 …), for both CTAs' shared memory
+            tKsKmc, tKgKmc = cpasync.tma_partition(tma_atom_Kmc, rank, cute.make_layout(2),
+                                                   cute.group_modes(sK, 0, 2), cute.group_modes(gKmc, 0, 2))
+            tVsVmc, tVgVmc = cpasync.tma_partition(tma_atom_Vmc, rank, cute.make_layout(2),
+                                                   cute.group_modes(sV, 0, 2), cute.group_modes(gVmc, 0, 2))
+            if has_block:
+                pipeline_q.producer_acquire(q_state)
+                cute.copy(tma_atom_Q, tQgQ, tQsQ[None, q_state.index],
+                          tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
+            else:
+                pipeline_q.sync_object_empty.wait(q_state.index, q_state.phase)
+                if cute.arch.lane_idx() == 0:
+                    cute.arch.mbarrier_arrive(pipeline_q.producer_get_barrier(q_state))
+            q_state.advance()
+            k_state = kv_state.clone()
+            for i in cutlass.range(n_slots + 1, unroll=1):
+                if i < n_slots:
+                    self.load_slot(tma_atom_K, tKgK, tKsK, tma_atom_Kmc, tKgKmc, tKsKmc, pipeline_k, k_state, i,
+                                   n_real, slots)
+                    k_state.advance()
+                if i > 0:
+                    self.load_slot(tma_atom_V, tVgV, tVsV, tma_atom_Vmc, tVgVmc, tVsVmc, pipeline_v, kv_state, i - 1,
+                                   n_real, slots)
+                    kv_state.advance()
+            pair += gdim // 2
+        pipeline_q.producer_tail(q_state)
+        pipeline_k.producer_tail(kv_state.clone())
+        pipeline_v.producer_tail(kv_state.clone())
 
     @cute.jit
     def block_range(self, m_block, seqlen_q, seqlen_k, window_size):
@@ -1090,7 +1317,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
     @cute.jit
     def mainloop_overlapped(self, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_O, acc_O_rc, tScS_rc, row_max,
                             row_sum, pipeline_k, pipeline_v, kv_state, softmax_scale_log2, window_size, m_block,
-                            seqlen_k, causal_shift, n_block_min, n_block_max, wg_idx):
+                            seqlen_k, causal_shift, n_block_min, n_block_max, wg_idx, slots=None):
         """QK(j+1) ∥ PV(j): one S buffer, one P buffer, the O rescale deferred past the in-flight PV (or, with
         ``rescale_o_early``, done while QK(j+1) is in flight, before PV(j) is issued).  Whether the softmax of tile
         j+1 really runs beside PV(j) is ptxas's call: by default it hoists the PV wait above the softmax (SASS, session
@@ -1111,13 +1338,14 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             pipeline_k.consumer_wait(kv_state)
             self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], True)
             pipeline_k.consumer_release(kv_state)
-            self.mask_scores(acc_S_rc, tScS_rc, n_block_max - 1, m_block, seqlen_k, causal_shift, window_size)
+            self.mask_scores(acc_S_rc, tScS_rc, self.slot_block(0, n_block_max, slots), m_block, seqlen_k,
+                             causal_shift, window_size)
             self.online_softmax(acc_S_rc, row_max, row_sum, softmax_scale_log2, acc_O_rc, corrections,
                                 not self.rescale_o_early)
             convert_to_bf16_pairs(tOrP_view, tOrP)
             kv_state.advance()
             for i in cutlass.range(1, n_iter, unroll=1):
-                n_block = n_block_max - 1 - i
+                n_block = self.slot_block(i, n_block_max, slots)
                 pipeline_k.consumer_wait(kv_state)
                 self.scheduler_wait(wg_idx)
                 self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], True, False)
