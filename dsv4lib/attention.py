@@ -112,7 +112,8 @@ SM90_TUNING: dict[int, dict] = {64: {}, 128: {"persistent": True, "dynamic_sched
 # epilogue.  A 64-row tile (one consumer warpgroup, 83 KB of shared memory at hd128) lets two CTAs share an SM,
 # so one CTA's loads and stores overlap the other's MMAs; 64-wide KV tiles also cut the masked waste of a
 # 128-key window (3 tiles of 64 instead of 2 of 128 per 64 query rows).  hd256 keeps the 128-row tile: its
-# 64-row build needs more than the 128 registers a thread may hold when two CTAs share an SM.
+# 64-row build needs more than the 128 registers a thread may hold when two CTAs share an SM.  Since session 15
+# hd128 is back on a 128-row tile, one CTA per SM, but one whose warpgroups skip each other's K/V tiles (below).
 # Measured on the H100 at d58d48a (scripts/explore.py d5win, B2 H16 S16k W128 + sink, TFLOP/s over visible
 # pairs; FA4 in the same run): hd128 FA4 148 · 128×128 with register stores 83 · 128×128 + TMA-store epilogue 123
 # · 64×64 (2 stages) 163 · 64×128 (1 stage) 140 · 64×64 (1 stage) 148; hd64 FA4 92 · 128×128 79 · 64×64 112 ·
@@ -135,19 +136,24 @@ SMALL_WINDOW_MAX = 128
 # 209.3 · static 237.3 · dynamic 194.6 (FA4 229.7), hd64 129.1 → 122.5 (FA4 184.1).
 # Session 14, after the one-edge masks (ncu, H200, hd128 W128, µs): default 180-181 · pv_wait_block 187 · early O
 # rescale 179 (a tie) · static deal 187; three stages do not fit two persistent CTAs.  Kept as is.
-# Session 15 (H200, B2 H16 S16k W128 + sink, µs; interleaved events at boost clock, FA4 222 in the same run): the
-# window alone moves the time — W64 (2 K/V tiles per 64-row block) 141.9 · W128 (3) 156.4 · W192 (4, the same
-# 64x64 build) 179.6; with the wgmmas left out (DSV4_D1_DEBUG=nomma) 140.3 / 154.7 / 163.3.  ncu: the W128 kernel
-# runs the L2 at 88 % of its peak throughput (DRAM 59 %, L2 hit rate 51 %: each K/V tile read three times), so the
-# re-reads are the limit.  Tried against it: cluster pairs (``cluster_pairs``, the kernel's docstring: the tiles two
-# adjacent blocks share multicast once to both) 161.5 vs 157.1 default / 155.4 static deal (hd64 121.6 vs 110.1 /
-# 113.8) — L2 throughput 77 %, but the two step-locked CTAs wait on each other; 128-row tiles at one CTA per SM (4
-# tiles per 128 rows instead of 6): 128x64 with 4 stages 172.9, 3 stages 176.3, + early rescale 169.8, 128x128
-# 170.4.  Kept as is.
-SM90_SMALL_WINDOW_TUNING: dict[int, dict] = {     # (early rescale at W <= 128: a tie, off)
+# Session 15 (H200, B2 H16 S16k W128 + sink, µs; interleaved events at boost clock, FA4 ~221 in the same runs): the
+# window alone moves the 64x64 build's time — W64 (2 K/V tiles per 64-row block) 141.9 · W128 (3) 156.4 · W192 (4)
+# 179.6; with the wgmmas left out (DSV4_D1_DEBUG=nomma) 140.3 / 154.7 / 163.3.  ncu: at W128 it runs the L2 at 88 %
+# of its peak throughput (DRAM 59 %, L2 hit rate 51 %: each K/V tile read three times) — the re-reads are the limit.
+# Against them: a 128-row tile whose two warpgroups each visit only their own 64 rows' tiles (``warpgroup_tiles``:
+# 4 tiles loaded per 128 rows instead of 6, none computed in vain), one CTA per SM, 4 stages: 150.4 (nomma 139.8);
+# + early O rescale 148.8 / 146.9 / 146.7 (three runs; 64x64 default 156.9-157.3) — adopted for hd128.  hd64 loses
+# with it (119.2 vs 109.3: not L2-bound).  Not kept: 3 stages 155.6; static deal 152.7; pv_wait_block 150.4; one Q
+# stage to fit 5 K/V stages 180.5; the same tile computing all 4 tiles in both warpgroups 172.9 (early rescale
+# 169.8), 128x128 170.4, 128x64 with 32-key tiles worse; cluster pairs (``cluster_pairs``: 64-row blocks, the tiles
+# two adjacent blocks share multicast once into both CTAs) 161.5 / 159.4 — the L2 drops to 77 % and its data path
+# alone to 141.5, but the two step-locked CTAs on two SMs wait on each other.
+SM90_SMALL_WINDOW_TUNING: dict[int, dict] = {
     64: {"tile_m": 64, "tile_n": 64, "persistent": True, "dynamic_schedule": True},
-    128: {"tile_m": 64, "tile_n": 64, "persistent": True, "dynamic_schedule": True, "rescale_o_early": False,
-          "pv_wait_block": False}}
+    128: {"tile_m": 128, "tile_n": 64, "num_stages": 4, "persistent": True, "dynamic_schedule": True,
+          "warpgroup_tiles": True, "rescale_o_early": True, "pv_wait_block": False}}
+# the knobs that only shape a persistent build: dropped with it (split-KV, the ring, GPUs not in PERSISTENT_GPUS)
+PERSISTENT_KNOBS = ("persistent", "dynamic_schedule", "warpgroup_tiles", "cluster_pairs", "q_stages")
 
 
 # The window ring (``ring=True``: CTAs walk chunks of consecutive items of one head, each K/V tile read from L2
@@ -196,14 +202,14 @@ def sm90_kernel_shape(D: int, overlap: bool, pack: int = 1, nvfp4_out: bool = Fa
         if small_window:
             shape.update(SM90_SMALL_WINDOW_TUNING.get(D, {}))
             if ring_ok and pack == 1 and not split_kv and D in SM90_RING_TUNING:
-                shape = {k: v for k, v in shape.items() if k not in ("persistent", "dynamic_schedule")}
+                shape = {k: v for k, v in shape.items() if k not in PERSISTENT_KNOBS}
                 shape.update(SM90_RING_TUNING[D])
         if shape["tile_m"] % pack:
             shape["tile_m"] = 128
     if split_kv:
         shape.pop("persistent", None)
-    if not shape.get("persistent"):            # the dynamic schedule deals a persistent CTA's blocks, nothing else
-        shape.pop("dynamic_schedule", None)
+    if not shape.get("persistent"):            # the dynamic schedule (etc.) deals a persistent CTA's blocks only
+        shape = {k: v for k, v in shape.items() if k not in PERSISTENT_KNOBS}
     return shape
 
 
@@ -227,7 +233,7 @@ def _with_device_sms(shape: dict, head_dim: int) -> dict:
         if any(gpu in props.name for gpu in PERSISTENT_GPUS.get(head_dim, ())):
             shape = dict(shape, num_sms=props.multi_processor_count)
         else:
-            shape = {k: v for k, v in shape.items() if k not in ("persistent", "dynamic_schedule")}
+            shape = {k: v for k, v in shape.items() if k not in PERSISTENT_KNOBS}
     return shape
 
 

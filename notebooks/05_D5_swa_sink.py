@@ -8,8 +8,8 @@
 # * KV tiles wholly left of a query tile's window are **skipped** — never loaded, never multiplied — and only
 #   the tiles that cross the window's edges are masked;
 # * a **small window** (W ≤ 128, DSV4's) makes the kernel a stream: each query tile meets only 2-3 KV tiles, so the time
-#   goes into loading Q, K, V and storing O, not into the MMAs.  Such windows get a 64-row tile with 64-wide KV
-#   tiles (`dsv4lib.attention.SM90_SMALL_WINDOW_TUNING`): one consumer warpgroup, 83 KB of shared memory and
+#   goes into loading Q, K, V and storing O, not into the MMAs.  Such windows got a 64-row tile with 64-wide KV
+#   tiles (`dsv4lib.attention.SM90_SMALL_WINDOW_TUNING`; hd64's default, hd128's until session 15): one consumer warpgroup, 83 KB of shared memory and
 #   at most 128 registers a thread, so **two CTAs share an SM** and one's loads and stores overlap the other's
 #   MMAs.  And the CTAs are **persistent**: 2 per SM walk the query blocks (neighbouring blocks at once, so a K/V
 #   tile read by three of them comes from L2), the producer loads the next block's Q (two Q stages) and K/V while
@@ -28,8 +28,16 @@
 #   while the MMAs run.  The two-CTA ring of 64-row items keeps Q in registers (`q_in_registers`: RS-wgmma for QK,
 #   so the next item's Q loads a whole item ahead): 197 → 170 µs, data path alone 140; its three K/V stages are
 #   exactly an item's working set, so the next tile loads only once the item's first is done, and its chunks of
-#   consecutive items cannot be dealt dynamically (the slowest CTAs end at 170, the median at 151).  The
-#   persistent build stays the default; a ring that overlaps as well as it streams is the open step to 1.5× FA4;
+#   consecutive items cannot be dealt dynamically (the slowest CTAs end at 170, the median at 151);
+# * **what wins at hd128 (session 15)**: Nsight Compute shows the 64-row build running the L2 at 88 % of its peak
+#   (each K/V tile read three times).  A 128-row tile loads the 4 tiles its rows see once for both warpgroups
+#   (6 for two 64-row blocks), but a plain one made each warpgroup compute all 4 — one wholly masked — and lost
+#   (173 µs).  With **warpgroup tiles** (`warpgroup_tiles`) the tile's slots are ordered [upper half's own tile |
+#   the shared ones | lower half's own tile] and each warpgroup skips the other's (waits and hands it back, no
+#   wgmma): one CTA per SM, 4 K/V stages, the early O rescale — 157 → 147 µs (data path alone 140), the hd128
+#   default.  Sharing across SMs instead (`cluster_pairs`: two CTAs of a cluster, the shared tiles multicast into
+#   both) cut the L2 load as much, but the two step-locked CTAs waited on each other (161 µs).  hd64 keeps the
+#   64-row build (the 128-row one loses there: 119 vs 109 µs);
 # * the sink joins the final denominator: `O = Σ e^{ℓ} v / (Σ e^{ℓ} + e^{σ})`, the LSE excludes it.
 #
 # D5b: the compressed branch (CSA/HCA entries) is a second key set; `dsv4lib.attention_branches` runs each
@@ -66,14 +74,15 @@ tgt = setup(target, seed)
 on_gpu = tgt.is_gpu and tgt.arch == "sm_90a"
 
 # %% [markdown]
-# ## Which KV tiles each query tile visits (S = 2048, tiles 128 × 128, and the small-window build's 64 × 64)
+# ## Which KV tiles each query tile visits (S = 2048, tiles 128 × 128; right: 64 rows × 64 keys — what an hd64
+# small-window block visits, and what each warpgroup of hd128's 128-row tile visits of the tile's 4 `warpgroup_tiles`)
 
 # %%
 fig, ax = plt.subplots(1, 4, figsize=(17, 4))
 for a, (title, tiles, kw) in zip(ax, [("causal", (128, 128), dict(causal=True)),
                                      (f"window {window}", (128, 128), dict(window=window)),
                                      ("window 512", (128, 128), dict(window=512)),
-                                     (f"window {window}, small-window build 64×64", (64, 64), dict(window=window))]):
+                                     (f"window {window}, 64 rows × 64 keys", (64, 64), dict(window=window))]):
     plan = tile_plan(2048, 2048, *tiles, **kw)
     a.imshow(plan, cmap=ListedColormap(["white", "tab:orange", "tab:blue"]), vmin=0, vmax=2, interpolation="nearest")
     a.set_title(f"{title}: {int((plan > 0).sum())} of {plan.size} tiles visited", fontsize=9)

@@ -136,15 +136,22 @@ def test_window_and_sink_build():
     assert local.count(r"setp\.") > plain.count(r"setp\.")
 
 
+SIXTY_FOUR_ROW_HD128 = {"tile_m": 64, "tile_n": 64, "num_stages": 2, "warpgroup_tiles": False,
+                        "rescale_o_early": False}      # hd128's small-window default until session 15
+
+
 @pytest.mark.compile
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_small_window_build_shares_its_sm_with_a_second_cta(head_dim):
-    """D5 small windows: the 64-row tile (one consumer warpgroup) is built for two CTAs per SM — ptxas held to
-    128 registers a thread (no spills), 232 for the consumer after setmaxnreg, shared memory under half an SM."""
+    """D5 small windows: the 64-row tile (one consumer warpgroup; hd64's default, hd128's before session 15) is
+    built for two CTAs per SM — ptxas held to 128 registers a thread (no spills), 232 for the consumer after
+    setmaxnreg, shared memory under half an SM."""
     from dsv4lib.attention import SMALL_WINDOW_MAX, is_small_window, sm90_kernel_shape
     from dsv4lib.kernels.compile import compile_for_arch
     from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
     shape = sm90_kernel_shape(head_dim, True, small_window=True)
+    if head_dim == 128:
+        shape.update(SIXTY_FOUR_ROW_HD128)
     assert shape["tile_m"] == 64 and is_small_window(128) and not is_small_window(SMALL_WINDOW_MAX + 1)
     assert not is_small_window(None)
     kernel = FlashAttentionForwardSm90(head_dim, causal=False, has_lse=True, window=True, sink=True, overlap=True,
@@ -159,6 +166,30 @@ def test_small_window_build_shares_its_sm_with_a_second_cta(head_dim):
     if info is None:
         pytest.skip("no ptxas on this machine to count registers (the PTX checks above ran)")
     assert "Used 128 registers" in info and "0 bytes spill stores" in info, info[-400:]
+
+
+@pytest.mark.compile
+def test_warpgroup_tiles_build_splits_the_tiles_between_its_warpgroups():
+    """hd128's small-window default: a persistent 128-row tile, one CTA per SM with 4 K/V stages of 64 keys (two Q
+    stages and O's buffer: 225 KB), each consumer warpgroup skipping the other's tiles (waits and releases with no
+    wgmma between); no spills; builds it cannot serve are refused, and a non-persistent fallback drops the knob."""
+    from dsv4lib.attention import sm90_kernel_shape
+    from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
+    shape = sm90_kernel_shape(128, True, small_window=True)
+    assert shape["tile_m"] == 128 and shape["tile_n"] == 64 and shape["warpgroup_tiles"] and shape["num_stages"] == 4
+    assert "warpgroup_tiles" not in sm90_kernel_shape(128, True, small_window=True, split_kv=True)
+    kernel = FlashAttentionForwardSm90(128, causal=False, has_lse=True, window=True, sink=True, overlap=True, **shape)
+    assert kernel.ctas_per_sm == 1 and 200 * 1024 < kernel.smem_bytes() + 1024 <= kernel.SMEM_PER_SM
+    k = compile_for_arch(kernel, *fake_attention_args(128, dynamic_schedule=True), arch="sm_90a")
+    assert k.count(r"\.minnctapersm\s+1") == 1 and k.count(r"\.local") == 0
+    assert k.count(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;") == 1
+    info = k.ptxas_report()
+    if info is not None:
+        assert "0 bytes spill stores" in info, info[-400:]
+    for bad in (dict(tile_m=64), dict(persistent=False, dynamic_schedule=False), dict(nvfp4_out=True)):
+        with pytest.raises(ValueError, match="warpgroup_tiles"):
+            FlashAttentionForwardSm90(128, causal=False, has_lse=True, window=True, overlap=True, **{**shape, **bad})
 
 
 @pytest.mark.compile
@@ -262,7 +293,8 @@ def test_persistent_cluster_pairs_build_multicasts_shared_tiles():
     from dsv4lib.attention import sm90_kernel_shape
     from dsv4lib.kernels.compile import compile_for_arch
     from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
-    shape = dict(sm90_kernel_shape(128, True, small_window=True), dynamic_schedule=False, cluster_pairs=True)
+    shape = dict(sm90_kernel_shape(128, True, small_window=True), **SIXTY_FOUR_ROW_HD128, dynamic_schedule=False,
+                 cluster_pairs=True)
     kernel = FlashAttentionForwardSm90(128, causal=False, has_lse=True, window=True, sink=True, overlap=True, **shape)
     assert kernel.ctas_per_sm == 2 and kernel.ctas_per_sm * (kernel.smem_bytes() + 1024) <= kernel.SMEM_PER_SM
     k = compile_for_arch(kernel, *fake_attention_args(128), arch="sm_90a")
@@ -270,7 +302,7 @@ def test_persistent_cluster_pairs_build_multicasts_shared_tiles():
     assert k.count(r"mbarrier\.arrive\.shared::cluster") >= 4 and k.count(r"\bmapa\.shared::cluster") >= 4
     assert k.count(r"barrier\.cluster\.arrive") == 2 and k.count(r"barrier\.cluster\.wait") == 2
     assert k.count(r"\.minnctapersm\s+2") == 1 and k.count(r"\.local") == 0
-    for bad in (dict(dynamic_schedule=True), dict(persistent=False), dict(nvfp4_out=True)):
+    for bad in (dict(dynamic_schedule=True), dict(persistent=False, dynamic_schedule=False), dict(nvfp4_out=True)):
         with pytest.raises(ValueError, match="cluster_pairs"):
             FlashAttentionForwardSm90(128, causal=False, has_lse=True, window=True, overlap=True, **{**shape, **bad})
 
@@ -291,8 +323,8 @@ def test_persistent_cluster_pairs_match_the_reference(monkeypatch, B, Sq, Sk, H,
     attention_module = sys.modules["dsv4lib.attention"]
     monkeypatch.setattr(attention_module, "PERSISTENT_GPUS", {D: ("",)})
     monkeypatch.setitem(attention_module.SM90_SMALL_WINDOW_TUNING, D,
-                        {**attention_module.SM90_SMALL_WINDOW_TUNING[D], "dynamic_schedule": False,
-                         "cluster_pairs": True})
+                        {**attention_module.SM90_SMALL_WINDOW_TUNING[D], **(SIXTY_FOUR_ROW_HD128 if D == 128 else {}),
+                         "dynamic_schedule": False, "cluster_pairs": True})
     gen = torch.Generator().manual_seed(Sq + Sk + D + window)
     q, k, v = _inputs(B, Sq, Sk, H, Hkv, D, gen)
     sink = torch.randn(H, generator=gen).cuda()

@@ -254,7 +254,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                  tile_m: int = 128, wg_pingpong: bool = False, rescale_o_early: bool = False,
                  tma_store_o: bool = True, persistent: bool = False, num_sms: int = 132, ring: bool = False,
                  q_in_registers: bool = False, dynamic_schedule: bool = False, pv_wait_block: bool = False,
-                 cluster_pairs: bool = False):
+                 cluster_pairs: bool = False, warpgroup_tiles: bool = False, q_stages: int | None = None):
         if tile_m not in (64, 128, 192):
             raise ValueError(f"tile_m must be 64 (1 consumer warpgroup, two CTAs per SM), 128 (2) or 192 (3), "
                              f"got {tile_m}")
@@ -331,6 +331,13 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             raise ValueError("cluster_pairs deals query-block pairs to persistent CTAs with the static schedule and the "
                              "bf16 epilogue (persistent=True, dynamic_schedule=False, no NVFP4 out)")
         self.cluster_pairs = cluster_pairs
+        # Warpgroup tiles (``warpgroup_tiles``): in a persistent 128-row tile each consumer warpgroup visits only the
+        # K/V tiles its own 64 rows see (a small window: 3 of the tile's 4), the other's are waited for and handed
+        # back unused — the tile loads 4 K/V tiles for 128 rows where two 64-row blocks load 6 (module docstring)
+        if warpgroup_tiles and not (persistent and tile_m == 128 and not cluster_pairs and not nvfp4_out):
+            raise ValueError("warpgroup_tiles splits the K/V tiles of a persistent 128-row tile between its two "
+                             "consumer warpgroups (persistent=True, tile_m=128, no cluster pairs or NVFP4 out)")
+        self.warpgroup_tiles = warpgroup_tiles
         # Window ring (``ring``): one CTA per SM walks chunks of consecutive 128-row items of one head, K/V tiles
         # streamed once per chunk into a ring the two halves of an item share (module docstring).  Only for a
         # window whose 64-row halves need at most 3 tiles of 64 keys and whose queries sit on tile boundaries
@@ -356,6 +363,10 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         # Q stages: two when persistent, or for a 128-row ring item (the next item's Q loads while this one
         # computes); a 64-row ring item (two CTAs per SM) has room for one: the other CTA computes while it loads
         self.q_stages = 2 if (persistent or (ring and tile_m == 128)) else 1
+        if q_stages is not None:     # a persistent build may trade its second Q stage for K/V stages
+            if not (persistent and q_stages in (1, 2)):
+                raise ValueError(f"q_stages (1 or 2) is a knob of persistent builds, got {q_stages}")
+            self.q_stages = q_stages
         self.dtype = cutlass.BFloat16
         if self.ctas_per_sm * (self.smem_bytes() + 1024) > self.SMEM_PER_SM:
             raise ValueError(f"{self.smem_bytes()} B of shared memory per CTA: {self.ctas_per_sm} CTAs do not fit an "
@@ -434,7 +445,8 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.MN, Float32,
             (self.tile_m // 64, 1, 1), (64, self.head_dim),
             a_source=warpgroup.OperandSource.SMEM if self.p_in_smem else warpgroup.OperandSource.RMEM)
-        sQ_layout = self._smem_layout(self.tile_m, self.q_stages if const_expr(self.q_stages > 1 or self.ring) else None)
+        sQ_layout = self._smem_layout(self.tile_m, self.q_stages if const_expr(self.q_stages > 1 or self.ring
+                                                                           or self.persistent) else None)
         sO_layout = self._smem_layout(self.tile_m, None)                 # O's tile (its own buffer when persistent)
         sK_layout = self._smem_layout(self.tile_n, self.num_stages)
         sV_layout = self._smem_layout(self.tile_n, self.num_stages)
@@ -700,9 +712,14 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             q_state.advance()
             if const_expr(self.dynamic_schedule):
                 step = self.take_work(mWork) - work          # fetched now, used after the K/V issue below
-            kv_state = load_kv_tiles(tma_atom_K, tKgK, tKsK, pipeline_k, tma_atom_V, tVgV, tVsV, pipeline_v,
-                                     n_block_min, n_block_max, self.num_stages, kv_state,
-                                     k_ahead=True)
+            if const_expr(self.warpgroup_tiles):
+                slots, n_slots, _, _ = self.warpgroup_plan(m_block, 0, seqlen_q, seqlen_k, window_size)
+                kv_state = self.load_tile_slots(tma_atom_K, tKgK, tKsK, pipeline_k, tma_atom_V, tVgV, tVsV,
+                                                pipeline_v, kv_state, n_slots, slots)
+            else:
+                kv_state = load_kv_tiles(tma_atom_K, tKgK, tKsK, pipeline_k, tma_atom_V, tVgV, tVsV, pipeline_v,
+                                         n_block_min, n_block_max, self.num_stages, kv_state,
+                                         k_ahead=True)
             work += step
         if const_expr(self.dynamic_schedule):
             # no more items: -1 in the next Q stage, its full barrier completed by a plain arrive (no bytes)
@@ -772,12 +789,20 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             else:
                 m_block, head, batch = self.work_coords(work, mQ)
                 n_block_min, n_block_max = self.block_range(m_block, seqlen_q, seqlen_k, window_size)
+            if const_expr(self.warpgroup_tiles):
+                # this warpgroup's tiles: skip the other's that come first, visit its own, skip the rest
+                _, _, lead_and_own, slots = self.warpgroup_plan(m_block, cute.arch.make_warp_uniform(ctidx // 128),
+                                                                seqlen_q, seqlen_k, window_size)
+                n_lead, n_block_max, n_trail = lead_and_own
+                n_block_min = Int32(0)
             self.timing_stamp(mLSE, item_count, 0, ctidx == 0)
             acc_O.fill(0.0)
             row_max.fill(-Float32.inf)
             row_sum.fill(0.0)
             if const_expr(not self.dynamic_schedule):
                 pipeline_q.consumer_wait(q_state)
+            if const_expr(self.warpgroup_tiles):
+                kv_state = self.release_empty_slots(pipeline_k, pipeline_v, kv_state, n_lead)
             kv_state = self.mainloop_overlapped(tiled_mma_qk, tiled_mma_pv, tSrQ[None, None, None, q_state.index],
                                                 tSrK, tOrVt, acc_O, acc_O_rc, tScS_rc, row_max, row_sum, pipeline_k,
                                                 pipeline_v, kv_state, softmax_scale_log2, window_size, m_block,
@@ -785,6 +810,8 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                                                 slots)
             pipeline_q.consumer_release(q_state)                           # every QK of this block has retired
             q_state.advance()
+            if const_expr(self.warpgroup_tiles):
+                kv_state = self.release_empty_slots(pipeline_k, pipeline_v, kv_state, n_trail)
             if const_expr(self.cluster_pairs):
                 kv_state = self.release_empty_slots(pipeline_k, pipeline_v, kv_state, n_slots - n_real)
                 if has_block:
@@ -821,6 +848,43 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             gO = cute.local_tile(mO[None, None, head, batch], (self.tile_m, self.head_dim), (m_block, 0))
             self.store_o_tma(acc_O, tiled_mma_pv, sO, tma_atom_O, gO, ctidx, reuse=True)
 
+    # ------------------------------------------------------------------ warpgroup tiles (warpgroup_tiles=True)
+    @cute.jit
+    def warpgroup_plan(self, m_block, wg_idx, seqlen_q, seqlen_k, window_size):
+        """Warpgroup tiles: the K/V slots of 128-row block ``m_block`` — the upper warpgroup's own tiles (above the
+        shared ones), the tiles both halves see, the lower warpgroup's own (below) — and warpgroup ``wg_idx``'s
+        part.  Returns (producer segments, slots, (leading slots to skip, own visits, trailing skips), this
+        warpgroup's segments for ``slot_block``)."""
+        lo0, hi0 = self.rows_key_tiles(m_block * self.tile_m, m_block * self.tile_m + 63, seqlen_q, seqlen_k,
+                                       window_size)
+        lo1, hi1 = self.rows_key_tiles(m_block * self.tile_m + 64, m_block * self.tile_m + 127, seqlen_q, seqlen_k,
+                                       window_size)
+        s_lo = cutlass.max(lo0, lo1)
+        s_hi = cutlass.min(hi0, hi1)
+        n_shared = cutlass.max(s_hi - s_lo, 0)
+        own0 = cutlass.max(hi0 - lo0, 0) - n_shared
+        own1 = cutlass.max(hi1 - lo1, 0) - n_shared
+        top0 = cutlass.min(hi0, lo1)
+        segments = ((own1, hi1), (n_shared, s_hi), (own0, top0))
+        lead, visits, trail, mine = Int32(0), own1 + n_shared, own0, ((own1, hi1), (n_shared, s_hi))
+        if wg_idx == 0:
+            lead, visits, trail, mine = own1, n_shared + own0, Int32(0), ((n_shared, s_hi), (own0, top0))
+        return segments, own1 + n_shared + own0, (lead, visits, trail), mine
+
+    @cute.jit
+    def load_tile_slots(self, tma_atom_K, tKgK, tKsK, pipe_k, tma_atom_V, tVgV, tVsV, pipe_v, kv_state, n_slots,
+                        slots):
+        """Warpgroup tiles, producer: the block's K/V slots in slot order, K one slot ahead of V."""
+        k_state = kv_state.clone()
+        for i in cutlass.range(n_slots + 1, unroll=1):
+            if i < n_slots:
+                tma_load_tile(tma_atom_K, tKgK, tKsK, pipe_k, k_state, self.slot_block(i, n_slots, slots))
+                k_state.advance()
+            if i > 0:
+                tma_load_tile(tma_atom_V, tVgV, tVsV, pipe_v, kv_state, self.slot_block(i - 1, n_slots, slots))
+                kv_state.advance()
+        return kv_state
+
     # ------------------------------------------------------------------ cluster pairs (cluster_pairs=True)
     @cute.jit
     def pair_items(self, mQ):
@@ -834,9 +898,9 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         """Cluster pairs: what pair ``pair`` means for this CTA (rank r of the cluster takes block ``first + r``).
         Both CTAs walk the same sequence of K/V *slots* so that their stages stay in step: first the tiles both
         blocks visit (``n_shared``, descending from ``s_hi``; multicast), then each CTA's own tiles (loaded by it
-        alone: ``above`` of them descending from ``o_hi``, the rest descending from ``below_top``), and where one CTA
-        has fewer own tiles than its peer, empty slots (no bytes; waited for and released).  Returns (m_block, head,
-        batch, has_block, n_real: this CTA's tiles, n_slots, slots: what ``slot_block`` needs)."""
+        alone, descending), and where one CTA has fewer own tiles than its peer, empty slots (no bytes; waited for and
+        released).  Returns (m_block, head, batch, has_block, n_real: this CTA's tiles, n_slots, slots: this CTA's
+        segments for ``slot_block``)."""
         rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
         m_blocks = cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m)
         pairs_per_head = (m_blocks + 1) // 2
@@ -859,30 +923,26 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         own1 = cutlass.max(hi1 - lo1, 0) - n_shared
         n_slots = n_shared + cutlass.max(own0, own1)
         m_block = first + rank
-        o_lo, o_hi, n_real = lo0, hi0, n_shared + own0
+        # the lower block's own tiles lie below the shared ones, the upper block's above them
+        own, own_top = own0, cutlass.min(hi0, lo1)
         if rank == 1:
-            o_lo, o_hi, n_real = lo1, hi1, n_shared + own1
-        above = Int32(0)
-        below_top = o_hi
-        if n_shared > 0:
-            above = cutlass.max(o_hi - cutlass.max(o_lo, s_hi), 0)
-            below_top = s_lo
+            own, own_top = own1, hi1
         has_block = m_block >= 0 and m_block < m_blocks
-        return m_block, head, batch, has_block, n_real, n_slots, (n_shared, s_hi, o_hi, above, below_top)
+        return m_block, head, batch, has_block, n_shared + own, n_slots, ((n_shared, s_hi), (own, own_top))
 
     @cute.jit
     def slot_block(self, i, n_block_max, slots):
-        """The KV tile of this CTA's i-th visit: ``n_block_max - 1 - i`` (descending), or with cluster pairs the
-        tile of slot i (``pair_plan``)."""
+        """The KV tile of the i-th visit: ``n_block_max - 1 - i`` (descending), or, given ``slots`` — segments
+        ``((count, top), …)``, each a run of tiles descending from ``top`` (the last segment's count unused) — the
+        tile of slot i (cluster pairs, warpgroup tiles)."""
         n_block = n_block_max - 1 - i
         if const_expr(slots is not None):
-            n_shared, s_hi, o_hi, above, below_top = slots
-            n_block = s_hi - 1 - i
-            if i >= n_shared:
-                j = i - n_shared
-                n_block = o_hi - 1 - j
-                if j >= above:
-                    n_block = below_top - 1 - (j - above)
+            n_block = slots[0][1] - 1 - i
+            start = slots[0][0]
+            for seg in slots[1:]:
+                if i >= start:
+                    n_block = seg[1] - 1 - (i - start)
+                start = start + seg[0]
         return n_block
 
     @cute.jit
@@ -891,7 +951,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         CTA's full barrier expects the whole tile), an own tile (TMA into this CTA only) or an empty slot (the full
         barrier completed by a plain arrive once the stage is free in both CTAs)."""
         n_block = self.slot_block(i, n_real, slots)
-        if i < slots[0]:
+        if i < slots[0][0]:
             pipe.producer_acquire(state)
             cute.copy(tma_atom_mc, tXgXmc[None, n_block], tXsXmc[None, state.index],
                       tma_bar_ptr=pipe.producer_get_barrier(state), mcast_mask=cutlass.Int16(3))
