@@ -142,7 +142,9 @@ SMALL_WINDOW_MAX = 128
 # of its peak throughput (DRAM 59 %, L2 hit rate 51 %: each K/V tile read three times) — the re-reads are the limit.
 # Against them: a 128-row tile whose two warpgroups each visit only their own 64 rows' tiles (``warpgroup_tiles``:
 # 4 tiles loaded per 128 rows instead of 6, none computed in vain), one CTA per SM, 4 stages: 150.4 (nomma 139.8);
-# + early O rescale 148.8 / 146.9 / 146.7 (three runs; 64x64 default 156.9-157.3) — adopted for hd128.  hd64 loses
+# + early O rescale 148.8 / 146.9 / 146.7 (three runs; 64x64 default 156.9-157.3) — adopted for hd128 — and each
+# warpgroup storing its own 64 rows of O (``split_epilogue``: no 256-thread meeting, one warpgroup's epilogue runs
+# beside the other's last tile) 146.6 / 146.2 vs 148.6 / 148.6 without (FA4 222 in the same runs): adopted too.  hd64 loses
 # with it (119.2 vs 109.3: not L2-bound).  Not kept: 3 stages 155.6; static deal 152.7; pv_wait_block 150.4; one Q
 # stage to fit 5 K/V stages 180.5; the same tile computing all 4 tiles in both warpgroups 172.9 (early rescale
 # 169.8), 128x128 170.4, 128x64 with 32-key tiles worse; cluster pairs (``cluster_pairs``: 64-row blocks, the tiles
@@ -151,9 +153,9 @@ SMALL_WINDOW_MAX = 128
 SM90_SMALL_WINDOW_TUNING: dict[int, dict] = {
     64: {"tile_m": 64, "tile_n": 64, "persistent": True, "dynamic_schedule": True},
     128: {"tile_m": 128, "tile_n": 64, "num_stages": 4, "persistent": True, "dynamic_schedule": True,
-          "warpgroup_tiles": True, "rescale_o_early": True, "pv_wait_block": False}}
+          "warpgroup_tiles": True, "split_epilogue": True, "rescale_o_early": True, "pv_wait_block": False}}
 # the knobs that only shape a persistent build: dropped with it (split-KV, the ring, GPUs not in PERSISTENT_GPUS)
-PERSISTENT_KNOBS = ("persistent", "dynamic_schedule", "warpgroup_tiles", "cluster_pairs", "q_stages")
+PERSISTENT_KNOBS = ("persistent", "dynamic_schedule", "warpgroup_tiles", "cluster_pairs", "q_stages", "split_epilogue")
 
 
 # The window ring (``ring=True``: CTAs walk chunks of consecutive items of one head, each K/V tile read from L2

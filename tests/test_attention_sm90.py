@@ -137,7 +137,7 @@ def test_window_and_sink_build():
 
 
 SIXTY_FOUR_ROW_HD128 = {"tile_m": 64, "tile_n": 64, "num_stages": 2, "warpgroup_tiles": False,
-                        "rescale_o_early": False}      # hd128's small-window default until session 15
+                        "split_epilogue": False, "rescale_o_early": False}      # hd128's small-window default until session 15
 
 
 @pytest.mark.compile
@@ -178,17 +178,23 @@ def test_warpgroup_tiles_build_splits_the_tiles_between_its_warpgroups():
     from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
     shape = sm90_kernel_shape(128, True, small_window=True)
     assert shape["tile_m"] == 128 and shape["tile_n"] == 64 and shape["warpgroup_tiles"] and shape["num_stages"] == 4
+    assert shape["split_epilogue"]
     assert "warpgroup_tiles" not in sm90_kernel_shape(128, True, small_window=True, split_kv=True)
     kernel = FlashAttentionForwardSm90(128, causal=False, has_lse=True, window=True, sink=True, overlap=True, **shape)
     assert kernel.ctas_per_sm == 1 and 200 * 1024 < kernel.smem_bytes() + 1024 <= kernel.SMEM_PER_SM
     k = compile_for_arch(kernel, *fake_attention_args(128, dynamic_schedule=True), arch="sm_90a")
     assert k.count(r"\.minnctapersm\s+1") == 1 and k.count(r"\.local") == 0
     assert k.count(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;") == 1
+    # split epilogue: each warpgroup's 64 rows by stmatrix (8 x4 per thread at hd128) and their own TMA store
+    # (two 64-column boxes), each storing thread waiting for its previous store's read (+ once at the end)
+    assert k.count(r"stmatrix\.sync\.aligned\.m8n8\.x4\.shared\.b16") == 8
+    assert k.count(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta") == 2
+    assert k.count(r"cp\.async\.bulk\.wait_group\.read\s+0") == 2
     info = k.ptxas_report()
     if info is not None:
         assert "0 bytes spill stores" in info, info[-400:]
     for bad in (dict(tile_m=64), dict(persistent=False, dynamic_schedule=False), dict(nvfp4_out=True)):
-        with pytest.raises(ValueError, match="warpgroup_tiles"):
+        with pytest.raises(ValueError, match="warpgroup_tiles|split_epilogue"):
             FlashAttentionForwardSm90(128, causal=False, has_lse=True, window=True, overlap=True, **{**shape, **bad})
 
 

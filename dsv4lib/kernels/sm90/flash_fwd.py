@@ -72,6 +72,15 @@ item's Q was loaded while this one computed.  The 64-row ring has room for one Q
 ``q_in_registers`` its QK is an RS-wgmma: each item copies the next item's Q from the stage into registers before
 its O is staged there, so Q(u+1) loads during item u instead of after O(u) is stored (197 → 170 µs on the H200).
 
+**Warpgroup tiles** (``warpgroup_tiles=True``; hd128's small-window default, ``dsv4lib.attention``): a persistent
+128-row tile of two consumer warpgroups at W = 128 needs 4 key tiles of 64, but each warpgroup's 64 rows see only
+3 of them (the lower half not the last, the upper half not the first).  The producer loads the tile's slots in the
+order [upper half's own | shared | lower half's own] (``warpgroup_plan``); the upper warpgroup visits the leading
+slots and skips the last, the lower one skips the first — a skipped slot is waited for and released with no wgmma.
+So the tile loads 4 K/V tiles per 128 rows where two 64-row blocks load 6, and no warpgroup computes a wholly
+masked tile.  With ``split_epilogue`` each warpgroup stores its own 64 rows (its half of sO, its own TMA store,
+a 128-thread barrier), so the upper half's epilogue runs beside the lower half's last tile.
+
 **Cluster pairs** (``cluster_pairs=True``, persistent with a static deal; a knob — measured slower, see
 ``dsv4lib.attention.SM90_SMALL_WINDOW_TUNING``): the two CTAs of a (2, 1, 1) cluster take two adjacent query blocks
 of one head.  At W = 128 with 64-row blocks, block u visits key tiles u-2..u and block u+1 visits u-1..u+1: two of
@@ -246,6 +255,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
     REGS_BY_CONSUMER_WARPGROUPS = {1: (24, 232), 2: (24, 240), 3: (32, 160)}
     SCHEDULER_BARRIER_BASE = 4           # named barriers 4.. order the consumer warpgroups' MMA issue (1..3: SMEM-P)
     EPILOGUE_BARRIER = 7                 # every consumer thread has put its O rows in shared memory
+    HALF_EPILOGUE_BARRIER_BASE = 5       # split_epilogue: 5 + warpgroup (the ping-pong ids 4..6 serve non-persistent builds)
     RING_STORE_BARRIERS = 1              # the ring: named barriers 1, 2 (by Q stage; SMEM-P's ids, unused there)
 
     def __init__(self, head_dim: int, *, causal: bool, has_lse: bool, tile_n: int | None = None,
@@ -254,7 +264,8 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                  tile_m: int = 128, wg_pingpong: bool = False, rescale_o_early: bool = False,
                  tma_store_o: bool = True, persistent: bool = False, num_sms: int = 132, ring: bool = False,
                  q_in_registers: bool = False, dynamic_schedule: bool = False, pv_wait_block: bool = False,
-                 cluster_pairs: bool = False, warpgroup_tiles: bool = False, q_stages: int | None = None):
+                 cluster_pairs: bool = False, warpgroup_tiles: bool = False, q_stages: int | None = None,
+                 split_epilogue: bool = False):
         if tile_m not in (64, 128, 192):
             raise ValueError(f"tile_m must be 64 (1 consumer warpgroup, two CTAs per SM), 128 (2) or 192 (3), "
                              f"got {tile_m}")
@@ -338,6 +349,13 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             raise ValueError("warpgroup_tiles splits the K/V tiles of a persistent 128-row tile between its two "
                              "consumer warpgroups (persistent=True, tile_m=128, no cluster pairs or NVFP4 out)")
         self.warpgroup_tiles = warpgroup_tiles
+        # Split epilogue (``split_epilogue``): each consumer warpgroup of a persistent 128-row tile stores its own 64
+        # rows (its half of sO, its own TMA store, a 128-thread barrier), so one warpgroup's epilogue overlaps the
+        # other's last tile instead of both meeting at a 256-thread barrier
+        if split_epilogue and not (persistent and tile_m == 128 and self.tma_store_o):
+            raise ValueError("split_epilogue stores the two 64-row halves of a persistent 128-row tile's O by TMA "
+                             "(persistent=True, tile_m=128, bf16 out)")
+        self.split_epilogue = split_epilogue
         # Window ring (``ring``): one CTA per SM walks chunks of consecutive 128-row items of one head, K/V tiles
         # streamed once per chunk into a ring the two halves of an item share (module docstring).  Only for a
         # window whose 64-row halves need at most 3 tiles of 64 keys and whose queries sit on tile boundaries
@@ -467,7 +485,10 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             tma_atom_Vmc, tma_Vmc = cpasync.make_tiled_tma_atom(tma_mcast, mV, cute.select(sV_layout, mode=[0, 1]),
                                                                 (self.tile_n, self.head_dim), 2)
         tma_atom_O = None
-        if const_expr(self.tma_store_o):   # O shares Q's tile shape and buffer layout
+        if const_expr(self.split_epilogue):  # O leaves as two 64-row halves, one per warpgroup
+            tma_atom_O, mO = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mO,
+                                                         self._smem_layout(64, None), (64, self.head_dim))
+        elif const_expr(self.tma_store_o):   # O shares Q's tile shape and buffer layout
             tma_atom_O, mO = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mO, sO_layout,
                                                          (self.tile_m, self.head_dim))
         o_elems = cute.cosize(sO_layout) if const_expr(self.persistent and self.tma_store_o) else 0
@@ -630,7 +651,10 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             if const_expr(not self.debug_noreg):
                 cute.arch.setmaxregister_increase(self.CONSUMER_REGS)
             sO = None
-            if const_expr(self.tma_store_o):
+            if const_expr(self.split_epilogue):
+                sO_layout = self._smem_layout(64, 2)
+                sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)         # (64, D, 2 halves)
+            elif const_expr(self.tma_store_o):
                 sO_layout = self._smem_layout(self.tile_m, None)
                 sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)               # (tile_m, D)
             self.consume_persistent(tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, sO, tma_atom_O, mO, mLSE, mQ, pipeline_q,
@@ -831,7 +855,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         if const_expr(self.dynamic_schedule):
             pipeline_q.consumer_release(q_state)             # the -1 stage: the producer's tail waits for it
         if const_expr(self.tma_store_o):
-            if ctidx < 32:
+            if ctidx % (128 if const_expr(self.split_epilogue) else self.NUM_THREADS) < 32:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)            # sO must outlive the last store's reads
 
     @cute.jit
@@ -844,6 +868,10 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                          batch, Int32(0), rows_q)
         if const_expr(self.nvfp4_out):
             self.store_nvfp4(acc_O_rc, tOcO_rc, mO, mOutScales, mSenc[0], m_block, head, batch, seqlen_q)
+        elif const_expr(self.split_epilogue):
+            wg = cute.arch.make_warp_uniform(ctidx // 128)
+            gO = cute.local_tile(mO[None, None, head, batch], (64, self.head_dim), (2 * m_block + wg, 0))
+            self.store_o_half(acc_O, sO[None, None, wg], tma_atom_O, gO, ctidx % 128, wg)
         else:
             gO = cute.local_tile(mO[None, None, head, batch], (self.tile_m, self.head_dim), (m_block, 0))
             self.store_o_tma(acc_O, tiled_mma_pv, sO, tma_atom_O, gO, ctidx, reuse=True)
@@ -1521,6 +1549,27 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         cute.arch.barrier(barrier_id=self.EPILOGUE_BARRIER, number_of_threads=128 * self.consumer_warpgroups)
         if ctidx < 32:
             tma_store_tile(tma_atom_O, sO, gO, wait=not reuse)
+
+    @cute.jit
+    def store_o_half(self, acc_O, sO_half, tma_atom_O, gO_half, wtid, wg):
+        """split_epilogue: this warpgroup's 64 rows of O → its half of sO (stmatrix, after its own previous store
+        has read it) → one TMA store left in flight; only the warpgroup's own 128 threads meet."""
+        barrier_id = self.HALF_EPILOGUE_BARRIER_BASE + wg
+        if wtid < 32:
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
+        cute.arch.barrier(barrier_id=barrier_id, number_of_threads=128)
+        rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
+        rO.store(acc_O.load().to(self.dtype))
+        mma_one_wg = sm90_utils.make_trivial_tiled_mma(self.dtype, self.dtype, OperandMajorMode.K,
+                                                       OperandMajorMode.MN, Float32, (1, 1, 1), (64, self.head_dim),
+                                                       a_source=warpgroup.OperandSource.RMEM)
+        stmatrix = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
+        thr_copy_O = cute.make_tiled_copy_C(stmatrix, mma_one_wg).get_slice(wtid)
+        cute.copy(stmatrix, thr_copy_O.retile(rO), thr_copy_O.partition_D(sO_half))
+        cute.arch.fence_proxy("async.shared", space="cta")
+        cute.arch.barrier(barrier_id=barrier_id, number_of_threads=128)
+        if wtid < 32:
+            tma_store_tile(tma_atom_O, sO_half, gO_half, wait=False)
 
     @cute.jit
     def finish_rows(self, acc_O_rc, tOcO_rc, row_max, row_sum, mSink, mLSE, softmax_scale_log2, m_block, head, batch,
