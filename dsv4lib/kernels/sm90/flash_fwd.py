@@ -855,7 +855,10 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         if const_expr(self.dynamic_schedule):
             pipeline_q.consumer_release(q_state)             # the -1 stage: the producer's tail waits for it
         if const_expr(self.tma_store_o):
-            if ctidx % (128 if const_expr(self.split_epilogue) else self.NUM_THREADS) < 32:
+            storer = ctidx < 32
+            if const_expr(self.split_epilogue):
+                storer = ctidx % 128 < 32                                   # each warpgroup stores its own half
+            if storer:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)            # sO must outlive the last store's reads
 
     @cute.jit
