@@ -834,8 +834,6 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                                                 slots)
             pipeline_q.consumer_release(q_state)                           # every QK of this block has retired
             q_state.advance()
-            if const_expr(self.warpgroup_tiles):
-                kv_state = self.release_empty_slots(pipeline_k, pipeline_v, kv_state, n_trail)
             if const_expr(self.cluster_pairs):
                 kv_state = self.release_empty_slots(pipeline_k, pipeline_v, kv_state, n_slots - n_real)
                 if has_block:
@@ -846,6 +844,10 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                 self.finish_persistent_item(acc_O, acc_O_rc, tOcO_rc, row_max, row_sum, mSink, mLSE, softmax_scale_log2,
                                             m_block, head, batch, rows_q, seqlen_q, tiled_mma_pv, sO, tma_atom_O, mO,
                                             mOutScales, mSenc, ctidx)
+            if const_expr(self.warpgroup_tiles):
+                # the other warpgroup's trailing tiles, handed back after this one's epilogue: waiting for them to
+                # land first would hold the epilogue back until the other's last tile arrives
+                kv_state = self.release_empty_slots(pipeline_k, pipeline_v, kv_state, n_trail)
             self.timing_stamp(mLSE, item_count, 3, ctidx == 0)
             item_count += 1
             if const_expr(self.dynamic_schedule):
