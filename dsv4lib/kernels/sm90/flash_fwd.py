@@ -717,15 +717,8 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             m_block, head, batch = self.work_coords(work, mQ)
             head_kv = self.kv_head(head, mQ, mK)
             n_block_min, n_block_max = self.block_range(m_block, seqlen_q, seqlen_k, window_size)
-            gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, self.head_dim), (m_block, 0))
-            gK = cute.local_tile(mK[None, None, head_kv, batch], (self.tile_n, self.head_dim), (None, 0))
-            gV = cute.local_tile(mV[None, None, head_kv, batch], (self.tile_n, self.head_dim), (None, 0))
-            tQsQ, tQgQ = cpasync.tma_partition(tma_atom_Q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
-                                               cute.group_modes(gQ, 0, 2))                    # (TMA, stages)
-            tKsK, tKgK = cpasync.tma_partition(tma_atom_K, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
-                                               cute.group_modes(gK, 0, 2))
-            tVsV, tVgV = cpasync.tma_partition(tma_atom_V, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
-                                               cute.group_modes(gV, 0, 2))
+            tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV = self.item_tma_views(tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV,
+                                                                     sQ, sK, sV, m_block, head, head_kv, batch)
             if const_expr(self.dynamic_schedule):
                 # the item goes into sWork before the full barrier's arrive (a release) announces the stage
                 pipeline_q.sync_object_empty.wait(q_state.index, q_state.phase)
@@ -760,6 +753,21 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         pipeline_q.producer_tail(q_state)
         pipeline_k.producer_tail(kv_state.clone())
         pipeline_v.producer_tail(kv_state.clone())
+
+    @cute.jit
+    def item_tma_views(self, tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV, m_block, head, head_kv, batch):
+        """A persistent producer's TMA views of one work item: Q's tile → its stages, every K and V tile of its KV
+        head → the K/V stages, as (tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV)."""
+        gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, self.head_dim), (m_block, 0))   # (tile_m, D)
+        gK = cute.local_tile(mK[None, None, head_kv, batch], (self.tile_n, self.head_dim), (None, 0))   # (tile_n, D, n)
+        gV = cute.local_tile(mV[None, None, head_kv, batch], (self.tile_n, self.head_dim), (None, 0))
+        tQsQ, tQgQ = cpasync.tma_partition(tma_atom_Q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
+                                           cute.group_modes(gQ, 0, 2))                    # (TMA, stages)
+        tKsK, tKgK = cpasync.tma_partition(tma_atom_K, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
+                                           cute.group_modes(gK, 0, 2))
+        tVsV, tVgV = cpasync.tma_partition(tma_atom_V, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
+                                           cute.group_modes(gV, 0, 2))
+        return tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV
 
     @cute.jit
     def take_work(self, mWork) -> Int32:
@@ -1024,18 +1032,11 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             m_block, head, batch, has_block, n_real, n_slots, slots = self.pair_plan(pair, mQ, seqlen_q, seqlen_k,
                                                                                      window_size)
             head_kv = self.kv_head(head, mQ, mK)
-            gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, self.head_dim),
-                                 (cutlass.max(m_block, 0), 0))
-            gK = cute.local_tile(mK[None, None, head_kv, batch], (self.tile_n, self.head_dim), (None, 0))
-            gV = cute.local_tile(mV[None, None, head_kv, batch], (self.tile_n, self.head_dim), (None, 0))
+            tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV = self.item_tma_views(tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV,
+                                                                     sQ, sK, sV, cutlass.max(m_block, 0), head,
+                                                                     head_kv, batch)
             gKmc = cute.local_tile(mKmc[None, None, head_kv, batch], (self.tile_n, self.head_dim), (None, 0))
             gVmc = cute.local_tile(mVmc[None, None, head_kv, batch], (self.tile_n, self.head_dim), (None, 0))
-            tQsQ, tQgQ = cpasync.tma_partition(tma_atom_Q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
-                                               cute.group_modes(gQ, 0, 2))                    # (TMA, stages)
-            tKsK, tKgK = cpasync.tma_partition(tma_atom_K, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
-                                               cute.group_modes(gK, 0, 2))
-            tVsV, tVgV = cpasync.tma_partition(tma_atom_V, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
-                                               cute.group_modes(gV, 0, 2))
             # this CTA's half of a shared tile (rows rank·tile_n/2 …), for both CTAs' shared memory
             tKsKmc, tKgKmc = cpasync.tma_partition(tma_atom_Kmc, rank, cute.make_layout(2),
                                                    cute.group_modes(sK, 0, 2), cute.group_modes(gKmc, 0, 2))
