@@ -35,8 +35,8 @@
 #   (173 µs).  With **warpgroup tiles** (`warpgroup_tiles`) the tile's slots are ordered [upper half's own tile |
 #   the shared ones | lower half's own tile] and each warpgroup skips the other's (waits and hands it back, no
 #   wgmma): one CTA per SM, 4 K/V stages, the early O rescale, and each warpgroup storing its own 64 rows of O
-#   (`split_epilogue`, so one's epilogue runs beside the other's last tile) — 157 → 146 µs (data path alone 140),
-#   the hd128 default.  Sharing across SMs instead (`cluster_pairs`: two CTAs of a cluster, the shared tiles multicast into
+#   (`split_epilogue`, so one's epilogue runs beside the other's last tile) — 157 → 146-148 µs (data path alone
+#   140), the hd128 default: 1.49-1.51× FA4 run to run, right at the 1.5 bar.  Sharing across SMs instead (`cluster_pairs`: two CTAs of a cluster, the shared tiles multicast into
 #   both) cut the L2 load as much, but the two step-locked CTAs waited on each other (161 µs).  hd64 keeps the
 #   64-row build (the 128-row one loses there: 119 vs 109 µs);
 # * the sink joins the final denominator: `O = Σ e^{ℓ} v / (Σ e^{ℓ} + e^{σ})`, the LSE excludes it.
