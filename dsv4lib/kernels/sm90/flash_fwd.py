@@ -818,15 +818,16 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                 m_block, head, batch, has_block, n_real, n_slots, slots = self.pair_plan(work, mQ, seqlen_q, seqlen_k,
                                                                                          window_size)
                 n_block_min, n_block_max = Int32(0), n_real          # this CTA's slots 0 .. n_real - 1 (slot_block)
-            else:
+            elif const_expr(self.warpgroup_tiles):
                 m_block, head, batch = self.work_coords(work, mQ)
-                n_block_min, n_block_max = self.block_range(m_block, seqlen_q, seqlen_k, window_size)
-            if const_expr(self.warpgroup_tiles):
                 # this warpgroup's tiles: skip the other's that come first, visit its own, skip the rest
                 _, _, lead_and_own, slots = self.warpgroup_plan(m_block, cute.arch.make_warp_uniform(ctidx // 128),
                                                                 seqlen_q, seqlen_k, window_size)
                 n_lead, n_block_max, n_trail = lead_and_own
                 n_block_min = Int32(0)
+            else:
+                m_block, head, batch = self.work_coords(work, mQ)
+                n_block_min, n_block_max = self.block_range(m_block, seqlen_q, seqlen_k, window_size)
             self.timing_stamp(mLSE, item_count, 0, ctidx == 0)
             acc_O.fill(0.0)
             row_max.fill(-Float32.inf)
@@ -882,14 +883,31 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         if const_expr(self.nvfp4_out):
             self.store_nvfp4(acc_O_rc, tOcO_rc, mO, mOutScales, mSenc[0], m_block, head, batch, seqlen_q)
         elif const_expr(self.split_epilogue):
+            # this warpgroup's 64 rows: its half of sO, its own TMA store, only its own 128 threads meet
             wg = cute.arch.make_warp_uniform(ctidx // 128)
             gO = cute.local_tile(mO[None, None, head, batch], (64, self.head_dim), (2 * m_block + wg, 0))
-            self.store_o_half(acc_O, sO[None, None, wg], tma_atom_O, gO, ctidx % 128, wg)
+            mma_one_wg = sm90_utils.make_trivial_tiled_mma(self.dtype, self.dtype, OperandMajorMode.K,
+                                                           OperandMajorMode.MN, Float32, (1, 1, 1),
+                                                           (64, self.head_dim), a_source=warpgroup.OperandSource.RMEM)
+            self.store_o_tma(acc_O, mma_one_wg, sO[None, None, wg], tma_atom_O, gO, ctidx % 128, reuse=True,
+                             barrier_id=self.HALF_EPILOGUE_BARRIER_BASE + wg, threads=128)
         else:
             gO = cute.local_tile(mO[None, None, head, batch], (self.tile_m, self.head_dim), (m_block, 0))
             self.store_o_tma(acc_O, tiled_mma_pv, sO, tma_atom_O, gO, ctidx, reuse=True)
 
     # ------------------------------------------------------------------ warpgroup tiles (warpgroup_tiles=True)
+    @cute.jit
+    def shared_and_own(self, lo0, hi0, lo1, hi1):
+        """Two adjacent row ranges' KV tiles ``[lo0, hi0)`` (the earlier rows) and ``[lo1, hi1)``, as runs that
+        descend from a top: (count, top) of the tiles both see, of the first's own (below the shared ones) and of
+        the second's own (above them).  An empty range shares nothing; its own count is 0."""
+        s_lo = cutlass.max(lo0, lo1)
+        s_hi = cutlass.min(hi0, hi1)
+        n_shared = cutlass.max(s_hi - s_lo, 0)
+        own0 = cutlass.max(hi0 - lo0, 0) - n_shared          # the shared tiles lie inside both (non-empty) ranges
+        own1 = cutlass.max(hi1 - lo1, 0) - n_shared
+        return (n_shared, s_hi), (own0, cutlass.min(hi0, lo1)), (own1, hi1)
+
     @cute.jit
     def warpgroup_plan(self, m_block, wg_idx, seqlen_q, seqlen_k, window_size):
         """Warpgroup tiles: the K/V slots of 128-row block ``m_block`` — the upper warpgroup's own tiles (above the
@@ -900,12 +918,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                                        window_size)
         lo1, hi1 = self.rows_key_tiles(m_block * self.tile_m + 64, m_block * self.tile_m + 127, seqlen_q, seqlen_k,
                                        window_size)
-        s_lo = cutlass.max(lo0, lo1)
-        s_hi = cutlass.min(hi0, hi1)
-        n_shared = cutlass.max(s_hi - s_lo, 0)
-        own0 = cutlass.max(hi0 - lo0, 0) - n_shared
-        own1 = cutlass.max(hi1 - lo1, 0) - n_shared
-        top0 = cutlass.min(hi0, lo1)
+        (n_shared, s_hi), (own0, top0), (own1, hi1) = self.shared_and_own(lo0, hi0, lo1, hi1)
         segments = ((own1, hi1), (n_shared, s_hi), (own0, top0))
         lead, visits, trail, mine = Int32(0), own1 + n_shared, own0, ((own1, hi1), (n_shared, s_hi))
         if wg_idx == 0:
@@ -957,17 +970,12 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             hi0 = lo0                                        # no block for rank 0: an empty range
         if first + 1 >= m_blocks:
             hi1 = lo1
-        s_lo = cutlass.max(lo0, lo1)
-        s_hi = cutlass.min(hi0, hi1)
-        n_shared = cutlass.max(s_hi - s_lo, 0)
-        own0 = cutlass.max(hi0 - lo0, 0) - n_shared          # the shared tiles lie inside both (non-empty) ranges
-        own1 = cutlass.max(hi1 - lo1, 0) - n_shared
+        (n_shared, s_hi), (own0, top0), (own1, top1) = self.shared_and_own(lo0, hi0, lo1, hi1)
         n_slots = n_shared + cutlass.max(own0, own1)
         m_block = first + rank
-        # the lower block's own tiles lie below the shared ones, the upper block's above them
-        own, own_top = own0, cutlass.min(hi0, lo1)
+        own, own_top = own0, top0
         if rank == 1:
-            own, own_top = own1, hi1
+            own, own_top = own1, top1
         has_block = m_block >= 0 and m_block < m_blocks
         return m_block, head, batch, has_block, n_shared + own, n_slots, ((n_shared, s_hi), (own, own_top))
 
@@ -1536,46 +1544,32 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                         mScales[row, sw, head, batch] = Int32(scale_words[sw])
 
     @cute.jit
-    def store_o_tma(self, acc_O, tiled_mma_pv, sO, tma_atom_O, gO, ctidx, reuse: cutlass.Constexpr = False):
+    def store_o_tma(self, acc_O, tiled_mma_pv, sO, tma_atom_O, gO, ctidx, reuse: cutlass.Constexpr = False,
+                    barrier_id=None, threads: cutlass.Constexpr = None):
         """bf16 O → shared memory by stmatrix, then one TMA store of the whole tile.  The buffer is Q's: each
         warpgroup writes only the 64 rows its own QK wgmmas read, all of them retired, so no barrier is needed
         before the writes; rows past the end of the sequence are clipped by the TMA unit.  ``reuse`` (persistent
         CTAs, O's own buffer): first wait until the previous block's store has read the buffer, and leave this
-        store in flight (the next block, or the end of the CTA, waits for it)."""
+        store in flight (the next block, or the end of the CTA, waits for it).  ``barrier_id`` / ``threads``: the
+        threads that meet (by default every consumer thread at EPILOGUE_BARRIER; ``split_epilogue``: one warpgroup,
+        ``ctidx`` its own thread index, ``sO`` and ``gO`` its 64 rows, ``tiled_mma_pv`` a one-warpgroup MMA)."""
+        if const_expr(barrier_id is None):
+            barrier_id = self.EPILOGUE_BARRIER
+        if const_expr(threads is None):
+            threads = 128 * self.consumer_warpgroups
         if const_expr(reuse):
             if ctidx < 32:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
-            cute.arch.barrier(barrier_id=self.EPILOGUE_BARRIER, number_of_threads=128 * self.consumer_warpgroups)
+            cute.arch.barrier(barrier_id=barrier_id, number_of_threads=threads)
         rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
         rO.store(acc_O.load().to(self.dtype))
         stmatrix = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
         thr_copy_O = cute.make_tiled_copy_C(stmatrix, tiled_mma_pv).get_slice(ctidx)
         cute.copy(stmatrix, thr_copy_O.retile(rO), thr_copy_O.partition_D(sO))
         cute.arch.fence_proxy("async.shared", space="cta")                 # generic-proxy writes → TMA reads
-        cute.arch.barrier(barrier_id=self.EPILOGUE_BARRIER, number_of_threads=128 * self.consumer_warpgroups)
+        cute.arch.barrier(barrier_id=barrier_id, number_of_threads=threads)
         if ctidx < 32:
             tma_store_tile(tma_atom_O, sO, gO, wait=not reuse)
-
-    @cute.jit
-    def store_o_half(self, acc_O, sO_half, tma_atom_O, gO_half, wtid, wg):
-        """split_epilogue: this warpgroup's 64 rows of O → its half of sO (stmatrix, after its own previous store
-        has read it) → one TMA store left in flight; only the warpgroup's own 128 threads meet."""
-        barrier_id = self.HALF_EPILOGUE_BARRIER_BASE + wg
-        if wtid < 32:
-            cute.arch.cp_async_bulk_wait_group(0, read=True)
-        cute.arch.barrier(barrier_id=barrier_id, number_of_threads=128)
-        rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
-        rO.store(acc_O.load().to(self.dtype))
-        mma_one_wg = sm90_utils.make_trivial_tiled_mma(self.dtype, self.dtype, OperandMajorMode.K,
-                                                       OperandMajorMode.MN, Float32, (1, 1, 1), (64, self.head_dim),
-                                                       a_source=warpgroup.OperandSource.RMEM)
-        stmatrix = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
-        thr_copy_O = cute.make_tiled_copy_C(stmatrix, mma_one_wg).get_slice(wtid)
-        cute.copy(stmatrix, thr_copy_O.retile(rO), thr_copy_O.partition_D(sO_half))
-        cute.arch.fence_proxy("async.shared", space="cta")
-        cute.arch.barrier(barrier_id=barrier_id, number_of_threads=128)
-        if wtid < 32:
-            tma_store_tile(tma_atom_O, sO_half, gO_half, wait=False)
 
     @cute.jit
     def finish_rows(self, acc_O_rc, tOcO_rc, row_max, row_sum, mSink, mLSE, softmax_scale_log2, m_block, head, batch,
