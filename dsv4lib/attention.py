@@ -150,12 +150,36 @@ SMALL_WINDOW_MAX = 128
 # 169.8), 128x128 170.4, 128x64 with 32-key tiles worse; cluster pairs (``cluster_pairs``: 64-row blocks, the tiles
 # two adjacent blocks share multicast once into both CTAs) 161.5 / 159.4 — the L2 drops to 77 % and its data path
 # alone to 141.5, but the two step-locked CTAs on two SMs wait on each other.
-SM90_SMALL_WINDOW_TUNING: dict[int, dict] = {
-    64: {"tile_m": 64, "tile_n": 64, "persistent": True, "dynamic_schedule": True},
-    128: {"tile_m": 128, "tile_n": 64, "num_stages": 4, "persistent": True, "dynamic_schedule": True,
-          "warpgroup_tiles": True, "split_epilogue": True, "rescale_o_early": True, "pv_wait_block": False}}
+# Session 16 (H200, same shape, µs, interleaved with FA4 ~221 in the same runs; scratch probes): O staged in its item's
+# dead Q stage and stored by an idle producer warp (``o_in_q_stage``: no sO buffer, no consumer ever waits for a
+# store) 145.3 vs 146.0 (split epilogue), and the sO it frees as a 5th K/V stage 145.7 — a tie: the extra stage
+# does not help.  A persistent CTA takes as many work items whatever H (B1 S16k, H = 31 … 34: 4.70-4.75 µs per 132
+# items), so no tail to win.  What does help is fewer K/V bytes through the L2: a **192-row tile** of three
+# consumer warpgroups (each still visits only its own 64 rows' 3 tiles) loads 5 tiles of 64 keys per 192 rows where
+# the 128-row tile loads 4 per 128 (1.67 per 64 rows instead of 2), Q stages of 48 KB + 4 K/V stages = 225 KB with O in
+# the Q stage, 160 registers a consumer thread and no spills; with masks decided per warpgroup (an upper warpgroup
+# of a 192-row block would otherwise mask all its tiles) and L2 eviction hints (``l2_hints``: Q and O evict-first,
+# K/V evict-last): two H200s, same runs — machine 1: 128-row 149.5 · 192-row 146.2 · + hints 144.4; machine 2 (with
+# per-warpgroup masks): 128-row 145.5 · 192-row 141.4 · + hints 139.9 (1.58× FA4), without early O rescale 140.0.
+# hd64 takes the same build: 108.6 (64x64, two CTAs per SM) → 98.6 µs (FA4 183.5); 6 stages 98.5, a 128-row tile
+# with 8 stages 112.8.  Outputs bit-identical to the 64x64 / 128-row builds (same tiles per 64-row warpgroup, same
+# order).
+WARPGROUP_TILES_192: dict = {"tile_m": 192, "tile_n": 64, "num_stages": 4, "persistent": True, "dynamic_schedule": True,
+                              "warpgroup_tiles": True, "o_in_q_stage": True, "l2_hints": True,
+                              "rescale_o_early": True, "pv_wait_block": False}
+SM90_SMALL_WINDOW_TUNING: dict[int, dict] = {64: dict(WARPGROUP_TILES_192), 128: dict(WARPGROUP_TILES_192)}
 # the knobs that only shape a persistent build: dropped with it (split-KV, the ring, GPUs not in PERSISTENT_GPUS)
-PERSISTENT_KNOBS = ("persistent", "dynamic_schedule", "warpgroup_tiles", "cluster_pairs", "q_stages", "split_epilogue")
+PERSISTENT_KNOBS = ("persistent", "dynamic_schedule", "warpgroup_tiles", "cluster_pairs", "q_stages", "split_epilogue",
+                    "o_in_q_stage", "l2_hints")
+
+
+def without_persistence(shape: dict) -> dict:
+    """``shape`` as a one-block-per-CTA build: :data:`PERSISTENT_KNOBS` dropped, and a warpgroup-tiles build's 192-row
+    tile back to 128 rows (three consumer warpgroups were measured only with the warpgroup tiles)."""
+    plain = {k: v for k, v in shape.items() if k not in PERSISTENT_KNOBS}
+    if shape.get("warpgroup_tiles") and plain.get("tile_m") == 192:
+        plain["tile_m"] = 128
+    return plain
 
 
 # The window ring (``ring=True``: CTAs walk chunks of consecutive items of one head, each K/V tile read from L2
@@ -204,14 +228,14 @@ def sm90_kernel_shape(D: int, overlap: bool, pack: int = 1, nvfp4_out: bool = Fa
         if small_window:
             shape.update(SM90_SMALL_WINDOW_TUNING.get(D, {}))
             if ring_ok and pack == 1 and not split_kv and D in SM90_RING_TUNING:
-                shape = {k: v for k, v in shape.items() if k not in PERSISTENT_KNOBS}
+                shape = without_persistence(shape)
                 shape.update(SM90_RING_TUNING[D])
         if shape["tile_m"] % pack:
             shape["tile_m"] = 128
     if split_kv:
         shape.pop("persistent", None)
     if not shape.get("persistent"):            # the dynamic schedule (etc.) deals a persistent CTA's blocks only
-        shape = {k: v for k, v in shape.items() if k not in PERSISTENT_KNOBS}
+        shape = without_persistence(shape)
     return shape
 
 
@@ -235,7 +259,7 @@ def _with_device_sms(shape: dict, head_dim: int) -> dict:
         if any(gpu in props.name for gpu in PERSISTENT_GPUS.get(head_dim, ())):
             shape = dict(shape, num_sms=props.multi_processor_count)
         else:
-            shape = {k: v for k, v in shape.items() if k not in PERSISTENT_KNOBS}
+            shape = without_persistence(shape)
     return shape
 
 

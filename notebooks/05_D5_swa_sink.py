@@ -9,7 +9,7 @@
 #   the tiles that cross the window's edges are masked;
 # * a **small window** (W ≤ 128, DSV4's) makes the kernel a stream: each query tile meets only 2-3 KV tiles, so the time
 #   goes into loading Q, K, V and storing O, not into the MMAs.  Such windows got a 64-row tile with 64-wide KV
-#   tiles (`dsv4lib.attention.SM90_SMALL_WINDOW_TUNING`; hd64's default, hd128's until session 15): one consumer warpgroup, 83 KB of shared memory and
+#   tiles (`dsv4lib.attention.SM90_SMALL_WINDOW_TUNING`; hd128's default until session 15, hd64's until 16): one consumer warpgroup, 83 KB of shared memory and
 #   at most 128 registers a thread, so **two CTAs share an SM** and one's loads and stores overlap the other's
 #   MMAs.  And the CTAs are **persistent**: 2 per SM walk the query blocks (neighbouring blocks at once, so a K/V
 #   tile read by three of them comes from L2), the producer loads the next block's Q (two Q stages) and K/V while
@@ -36,9 +36,16 @@
 #   the shared ones | lower half's own tile] and each warpgroup skips the other's (waits and hands it back, no
 #   wgmma): one CTA per SM, 4 K/V stages, the early O rescale, and each warpgroup storing its own 64 rows of O
 #   (`split_epilogue`, so one's epilogue runs beside the other's last tile) — 157 → 146-148 µs (data path alone
-#   140), the hd128 default: 1.49-1.51× FA4 run to run, right at the 1.5 bar.  Sharing across SMs instead (`cluster_pairs`: two CTAs of a cluster, the shared tiles multicast into
-#   both) cut the L2 load as much, but the two step-locked CTAs waited on each other (161 µs).  hd64 keeps the
-#   64-row build (the 128-row one loses there: 119 vs 109 µs);
+#   140): 1.49-1.51× FA4 run to run, right at the 1.5 bar.  Sharing across SMs instead (`cluster_pairs`: two CTAs of a cluster, the shared tiles multicast into
+#   both) cut the L2 load as much, but the two step-locked CTAs waited on each other (161 µs);
+# * **the default since session 16 (hd64 and hd128)**: the same idea one warpgroup wider — a **192-row tile** of three
+#   consumer warpgroups loads 5 K/V tiles per 192 rows (1.67 per 64 rows instead of 2; each warpgroup still
+#   visits only its own 3), with each warpgroup deciding its masks from its own 64 rows.  Two Q stages of 48 KB and 4 K/V
+#   stages fit only without an O buffer: O goes into its item's dead Q stage and an idle producer warp stores it
+#   (`o_in_q_stage`: no consumer waits for a store), and the TMAs carry L2 hints (`l2_hints`: Q and O evict-first,
+#   K/V evict-last).  H200: 145.5 → 139.9 µs at hd128 (1.58× FA4; 141.4 without the hints), 108.6 → 98.6 at hd64.
+#   More K/V stages did not help (the 128-row tile with 5: a tie), nor is there a tail to win (a CTA's time per item
+#   is the same for H = 31 … 34 heads);
 # * the sink joins the final denominator: `O = Σ e^{ℓ} v / (Σ e^{ℓ} + e^{σ})`, the LSE excludes it.
 #
 # D5b: the compressed branch (CSA/HCA entries) is a second key set; `dsv4lib.attention_branches` runs each

@@ -136,22 +136,23 @@ def test_window_and_sink_build():
     assert local.count(r"setp\.") > plain.count(r"setp\.")
 
 
-SIXTY_FOUR_ROW_HD128 = {"tile_m": 64, "tile_n": 64, "num_stages": 2, "warpgroup_tiles": False,
-                        "split_epilogue": False, "rescale_o_early": False}      # hd128's small-window default until session 15
+# the small-window default of hd128 until session 15 and of hd64 until session 16: 64-row tiles, two CTAs per SM
+SIXTY_FOUR_ROW = {"tile_m": 64, "tile_n": 64, "num_stages": 2, "warpgroup_tiles": False, "split_epilogue": False,
+                  "rescale_o_early": False, "o_in_q_stage": False, "l2_hints": False}
+# hd128's small-window default in session 15: a 128-row warpgroup-tiles build, each warpgroup storing its own O rows
+ONE_TWENTY_EIGHT_ROW_SPLIT = {"tile_m": 128, "o_in_q_stage": False, "l2_hints": False, "split_epilogue": True}
 
 
 @pytest.mark.compile
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_small_window_build_shares_its_sm_with_a_second_cta(head_dim):
-    """D5 small windows: the 64-row tile (one consumer warpgroup; hd64's default, hd128's before session 15) is
+    """D5 small windows: the 64-row tile (one consumer warpgroup; hd128's default before session 15, hd64's before 16) is
     built for two CTAs per SM — ptxas held to 128 registers a thread (no spills), 232 for the consumer after
     setmaxnreg, shared memory under half an SM."""
     from dsv4lib.attention import SMALL_WINDOW_MAX, is_small_window, sm90_kernel_shape
     from dsv4lib.kernels.compile import compile_for_arch
     from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
-    shape = sm90_kernel_shape(head_dim, True, small_window=True)
-    if head_dim == 128:
-        shape.update(SIXTY_FOUR_ROW_HD128)
+    shape = dict(sm90_kernel_shape(head_dim, True, small_window=True), **SIXTY_FOUR_ROW)
     assert shape["tile_m"] == 64 and is_small_window(128) and not is_small_window(SMALL_WINDOW_MAX + 1)
     assert not is_small_window(None)
     kernel = FlashAttentionForwardSm90(head_dim, causal=False, has_lse=True, window=True, sink=True, overlap=True,
@@ -169,39 +170,80 @@ def test_small_window_build_shares_its_sm_with_a_second_cta(head_dim):
 
 
 @pytest.mark.compile
-def test_warpgroup_tiles_build_splits_the_tiles_between_its_warpgroups():
-    """hd128's small-window default: a persistent 128-row tile, one CTA per SM with 4 K/V stages of 64 keys (two Q
-    stages and O's buffer: 225 KB), each consumer warpgroup skipping the other's tiles (waits and releases with no
-    wgmma between); no spills; builds it cannot serve are refused, and a non-persistent fallback drops the knob."""
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_warpgroup_tiles_build_splits_the_tiles_between_its_warpgroups(head_dim):
+    """The small-window default (hd64 and hd128): a persistent 192-row tile of three consumer warpgroups, one CTA per
+    SM with 4 K/V stages of 64 keys, two Q stages and no O buffer (O goes into its item's Q stage: hd128 225 KB); each
+    warpgroup skips the other's tiles (waits and releases with no wgmma between); 160 registers a consumer thread and
+    no spills; L2 hints on Q, K, V and O; builds it cannot serve are refused, and a non-persistent fallback drops the
+    knobs and the 192-row tile."""
     from dsv4lib.attention import sm90_kernel_shape
+    from dsv4lib.kernels.common import L2_EVICT_FIRST, L2_EVICT_LAST
     from dsv4lib.kernels.compile import compile_for_arch
     from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
-    shape = sm90_kernel_shape(128, True, small_window=True)
-    assert shape["tile_m"] == 128 and shape["tile_n"] == 64 and shape["warpgroup_tiles"] and shape["num_stages"] == 4
-    assert shape["split_epilogue"]
-    assert "warpgroup_tiles" not in sm90_kernel_shape(128, True, small_window=True, split_kv=True)
-    kernel = FlashAttentionForwardSm90(128, causal=False, has_lse=True, window=True, sink=True, overlap=True, **shape)
-    assert kernel.ctas_per_sm == 1 and 200 * 1024 < kernel.smem_bytes() + 1024 <= kernel.SMEM_PER_SM
-    k = compile_for_arch(kernel, *fake_attention_args(128, dynamic_schedule=True), arch="sm_90a")
+    shape = sm90_kernel_shape(head_dim, True, small_window=True)
+    assert shape["tile_m"] == 192 and shape["tile_n"] == 64 and shape["warpgroup_tiles"] and shape["num_stages"] == 4
+    assert shape["o_in_q_stage"] and shape["l2_hints"] and not shape.get("split_epilogue")
+    split = sm90_kernel_shape(head_dim, True, small_window=True, split_kv=True)
+    assert "warpgroup_tiles" not in split and "o_in_q_stage" not in split and split["tile_m"] == 128
+    kernel = FlashAttentionForwardSm90(head_dim, causal=False, has_lse=True, window=True, sink=True, overlap=True,
+                                       **shape)
+    assert kernel.ctas_per_sm == 1 and kernel.smem_bytes() + 1024 <= kernel.SMEM_PER_SM
+    assert kernel.smem_bytes() == 1024 + 2 * 192 * head_dim * 2 + 4 * 2 * 64 * head_dim * 2     # Q stages + K/V, no sO
+    k = compile_for_arch(kernel, *fake_attention_args(head_dim, dynamic_schedule=True), arch="sm_90a")
     assert k.count(r"\.minnctapersm\s+1") == 1 and k.count(r"\.local") == 0
-    assert k.count(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;") == 1
-    # split epilogue: each warpgroup's 64 rows by stmatrix (8 x4 per thread at hd128) and their own TMA store
-    # (two 64-column boxes), each storing thread waiting for its previous store's read (+ once at the end)
-    assert k.count(r"stmatrix\.sync\.aligned\.m8n8\.x4\.shared\.b16") == 8
-    assert k.count(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta") == 2
-    assert k.count(r"cp\.async\.bulk\.wait_group\.read\s+0") == 2
+    assert k.count(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+160;") == 1
+    assert k.count(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+32;") == 1
+    # O into the Q stage by stmatrix (each warpgroup its 64 rows: D/16 x4 per thread), the consumers arrive on the
+    # stage's named barrier (bar.arrive) and go on; the storer warp syncs there, stores the tile (D/64 boxes) and
+    # waits for its read before handing the stage back — the only read-wait in the kernel
+    assert k.count(r"stmatrix\.sync\.aligned\.m8n8\.x4\.shared\.b16") == head_dim // 16
+    assert k.count(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta") == head_dim // 64
+    assert k.count(r"cp\.async\.bulk\.wait_group\.read\s+0") == 1
+    assert k.count(r"\bbar(rier)?\.arrive") == 1
+    # evict-first on Q's load and O's store, evict-last on K and V: the policy words every TMA of theirs is given
+    # (CuTeDSL passes a policy register to each TMA; 0 where none was asked for)
+    first, last = (r"mov\.b64\s+%%rd\d+, %d;" % policy for policy in (L2_EVICT_FIRST, L2_EVICT_LAST))
+    assert k.count(first) >= 2 and k.count(last) >= 2
     info = k.ptxas_report()
     if info is not None:
         assert "0 bytes spill stores" in info, info[-400:]
     for bad in (dict(tile_m=64), dict(persistent=False, dynamic_schedule=False), dict(nvfp4_out=True)):
-        with pytest.raises(ValueError, match="warpgroup_tiles|split_epilogue"):
-            FlashAttentionForwardSm90(128, causal=False, has_lse=True, window=True, overlap=True, **{**shape, **bad})
+        with pytest.raises(ValueError, match="warpgroup_tiles|persistent"):
+            FlashAttentionForwardSm90(head_dim, causal=False, has_lse=True, window=True, overlap=True,
+                                      **{**shape, **bad})
+    for bad, match in ((dict(split_epilogue=True, tile_m=128), "o_in_q_stage"),
+                       (dict(o_in_q_stage=False), "l2_hints"), (dict(warpgroup_tiles=False), "l2_hints")):
+        with pytest.raises(ValueError, match=match):
+            FlashAttentionForwardSm90(head_dim, causal=False, has_lse=True, window=True, overlap=True,
+                                      **{**shape, **bad})
+
+
+@pytest.mark.compile
+def test_split_epilogue_build_stores_each_warpgroups_rows():
+    """The session-15 build (a knob now): a persistent 128-row warpgroup-tiles tile whose warpgroups each store their
+    own 64 rows of O from their half of an O buffer (two 64-column boxes each, each storing thread waiting for its
+    previous store's read, + once at the end); 4 K/V stages, 225 KB; no L2 hints."""
+    from dsv4lib.attention import sm90_kernel_shape
+    from dsv4lib.kernels.common import L2_EVICT_FIRST, L2_EVICT_LAST
+    from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
+    shape = dict(sm90_kernel_shape(128, True, small_window=True), **ONE_TWENTY_EIGHT_ROW_SPLIT)
+    kernel = FlashAttentionForwardSm90(128, causal=False, has_lse=True, window=True, sink=True, overlap=True, **shape)
+    assert kernel.ctas_per_sm == 1 and 200 * 1024 < kernel.smem_bytes() + 1024 <= kernel.SMEM_PER_SM
+    k = compile_for_arch(kernel, *fake_attention_args(128, dynamic_schedule=True), arch="sm_90a")
+    assert k.count(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;") == 1 and k.count(r"\.local") == 0
+    assert k.count(r"stmatrix\.sync\.aligned\.m8n8\.x4\.shared\.b16") == 8
+    assert k.count(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta") == 2
+    assert k.count(r"cp\.async\.bulk\.wait_group\.read\s+0") == 2
+    first, last = (r"mov\.b64\s+%%rd\d+, %d;" % policy for policy in (L2_EVICT_FIRST, L2_EVICT_LAST))
+    assert k.count(first) == 0 and k.count(last) == 0
 
 
 @pytest.mark.compile
 @pytest.mark.parametrize("head_dim,small_window", [(128, True), (64, True), (128, False)])
 def test_persistent_build_walks_blocks_and_overlaps_the_o_store(head_dim, small_window):
-    """Persistent CTAs (the small-window default, a knob elsewhere): two Q stages, O through its own buffer; the TMA store of
+    """Persistent CTAs (hd128's D1 default; at small windows the 64-row build): two Q stages, O through its own buffer; the TMA store of
     a block is left in flight and waited for only before the next block's O overwrites the buffer and once at the
     end (two read-waits, no wait right behind the store); shared memory still fits the CTAs per SM."""
     import re
@@ -210,6 +252,8 @@ def test_persistent_build_walks_blocks_and_overlaps_the_o_store(head_dim, small_
     from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
     shape = sm90_kernel_shape(head_dim, True, small_window=small_window)
     assert shape["dynamic_schedule"] and shape["persistent"]
+    if small_window:                  # the small-window default stages O in its Q stage instead (test above)
+        shape.update(SIXTY_FOUR_ROW)
     kernel = FlashAttentionForwardSm90(head_dim, causal=not small_window, has_lse=True, window=small_window,
                                        sink=small_window, overlap=True, **shape)
     assert kernel.ctas_per_sm * (kernel.smem_bytes() + 1024) <= kernel.SMEM_PER_SM
@@ -253,6 +297,8 @@ def test_persistent_is_the_small_window_default_but_never_for_split_kv():
     (2, 1000, 1000, 4, 2, 128, 128, False, True),    # DSV4's window, GQA packed 2 into the 64-row tile
     (1, 777, 1200, 2, 1, 64, 1, False, True),        # window 1, Sq < Sk, ragged
     (1, 500, 200, 2, 2, 128, 64, False, True),       # Sq > Sk: blocks that see nothing
+    (1, 3000, 3000, 3, 3, 128, 128, False, True),    # 16 192-row blocks a head, the last one ragged (120 rows)
+    (2, 1000, 1300, 2, 2, 64, 100, False, True),     # keys ahead of the queries, a window crossing tiles
     (2, 1111, 1111, 4, 4, 128, None, True, False),   # D1 causal, 128-row persistent
     (1, 900, 1300, 2, 2, 64, None, False, False),
 ])
@@ -289,6 +335,38 @@ def test_persistent_ctas_match_the_reference(monkeypatch, B, Sq, Sk, H, Hkv, D, 
             assert counters.tolist() == [0, 0]
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,Sq,Sk,H,Hkv,window", [
+    (1, 2000, 2000, 2, 2, 128),     # DSV4's window, 11 192-row blocks a head (the last ragged)
+    (1, 700, 900, 2, 1, 17),        # GQA packed 2, a narrow window, keys ahead
+    (1, 500, 200, 2, 2, 64),        # Sq > Sk: warpgroups whose rows see no key
+])
+@pytest.mark.parametrize("variant", [{}, {"dynamic_schedule": False}, {"l2_hints": False}, {"tile_m": 128},
+                                     {"tile_m": 128, "num_stages": 5}, ONE_TWENTY_EIGHT_ROW_SPLIT],
+                         ids=["default", "static", "no_hints", "rows128", "rows128_5stages", "split_epilogue"])
+def test_persistent_warpgroup_tiles_variants_match_the_reference(monkeypatch, B, Sq, Sk, H, Hkv, window, variant):
+    """The warpgroup-tiles builds (hd128): the 192-row default and its knobs — the static deal (the storer warp walks
+    every gridDim-th item), no L2 hints, a 128-row tile with O in its Q stage (4 or 5 K/V stages), and the session-15
+    build (split epilogue) — twice in a row, equal to the reference and bit-identical to one another (same tiles per
+    64-row warpgroup, same order)."""
+    import sys
+    attention_module = sys.modules["dsv4lib.attention"]
+    monkeypatch.setattr(attention_module, "PERSISTENT_GPUS", {128: ("",)})
+    gen = torch.Generator().manual_seed(Sq + Sk + window)
+    q, k, v = _inputs(B, Sq, Sk, H, Hkv, 128, gen)
+    sink = torch.randn(H, generator=gen).cuda()
+    ref, ref_lse = reference.attention(q.double(), k.double(), v.double(), window=window, sink=sink.double(),
+                                       return_lse=True)
+    default = dsv4lib.attention(q, k, v, window=window, sink=sink, return_lse=True, num_splits=1)
+    monkeypatch.setitem(attention_module.SM90_SMALL_WINDOW_TUNING, 128,
+                        {**attention_module.SM90_SMALL_WINDOW_TUNING[128], **variant})
+    for _ in range(2):
+        out, lse = dsv4lib.attention(q, k, v, window=window, sink=sink, return_lse=True, num_splits=1)
+        torch.cuda.synchronize()
+        _assert_matches(out, lse, ref, ref_lse, empty_rows_exact=True)
+        assert torch.equal(out, default[0]) and torch.equal(lse, default[1])
+
+
 @pytest.mark.compile
 def test_persistent_cluster_pairs_build_multicasts_shared_tiles():
     """Cluster pairs (a knob, measured slower): the small-window build with two CTAs of a cluster per pair of query
@@ -299,7 +377,7 @@ def test_persistent_cluster_pairs_build_multicasts_shared_tiles():
     from dsv4lib.attention import sm90_kernel_shape
     from dsv4lib.kernels.compile import compile_for_arch
     from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
-    shape = dict(sm90_kernel_shape(128, True, small_window=True), **SIXTY_FOUR_ROW_HD128, dynamic_schedule=False,
+    shape = dict(sm90_kernel_shape(128, True, small_window=True), **SIXTY_FOUR_ROW, dynamic_schedule=False,
                  cluster_pairs=True)
     kernel = FlashAttentionForwardSm90(128, causal=False, has_lse=True, window=True, sink=True, overlap=True, **shape)
     assert kernel.ctas_per_sm == 2 and kernel.ctas_per_sm * (kernel.smem_bytes() + 1024) <= kernel.SMEM_PER_SM
@@ -329,7 +407,7 @@ def test_persistent_cluster_pairs_match_the_reference(monkeypatch, B, Sq, Sk, H,
     attention_module = sys.modules["dsv4lib.attention"]
     monkeypatch.setattr(attention_module, "PERSISTENT_GPUS", {D: ("",)})
     monkeypatch.setitem(attention_module.SM90_SMALL_WINDOW_TUNING, D,
-                        {**attention_module.SM90_SMALL_WINDOW_TUNING[D], **(SIXTY_FOUR_ROW_HD128 if D == 128 else {}),
+                        {**attention_module.SM90_SMALL_WINDOW_TUNING[D], **SIXTY_FOUR_ROW,
                          "dynamic_schedule": False, "cluster_pairs": True})
     gen = torch.Generator().manual_seed(Sq + Sk + D + window)
     q, k, v = _inputs(B, Sq, Sk, H, Hkv, D, gen)

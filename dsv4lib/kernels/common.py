@@ -4,7 +4,7 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Uint32, const_expr, pipeline
+from cutlass import Float32, Int32, Int64, Uint32, const_expr, pipeline
 from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync
 from cutlass.cutlass_dsl import T, dsl_user_op
@@ -16,6 +16,11 @@ def launch_stream(stream: cuda.CUstream | None) -> dict:
     — builds that are only compiled, never launched — leaves the launch on the default stream."""
     return {} if stream is None else {"stream": stream}
 
+
+# L2 eviction-priority policies of a TMA copy (the 64-bit ``createpolicy`` words CUTLASS's CacheHintSm90 names):
+# a tile read or written once goes first, a tile other CTAs read again stays last
+L2_EVICT_FIRST = 0x12F0000000000000
+L2_EVICT_LAST = 0x14F0000000000000
 
 STAMP_ITEMS, STAMPS_PER_ITEM = 64, 8      # per-item %globaltimer probes: a CTA's first 64 items, 8 stamps each
 
@@ -31,11 +36,17 @@ def item_stamp(buffer: cute.Tensor, item, k: cutlass.Constexpr):
         stamps[(bidx * STAMP_ITEMS + item) * STAMPS_PER_ITEM + k] = cute.arch.globaltimer()
 
 
-def tma_load_tile(tma_atom: cute.CopyAtom, tXgX: cute.Tensor, tXsX: cute.Tensor, pipe, state, n_block):
+def tma_load_tile(tma_atom: cute.CopyAtom, tXgX: cute.Tensor, tXsX: cute.Tensor, pipe, state, n_block,
+                  cache_policy: cutlass.Constexpr = None):
     """Producer: wait for ``state``'s stage to be free, then TMA global tile ``n_block`` into it (arriving on the
-    stage's full barrier).  The caller advances ``state`` (in its own loop body, where the DSL sees it change)."""
+    stage's full barrier).  The caller advances ``state`` (in its own loop body, where the DSL sees it change).
+    ``cache_policy``: an L2 eviction hint (:data:`L2_EVICT_FIRST` / :data:`L2_EVICT_LAST`), or none."""
     pipe.producer_acquire(state)
-    cute.copy(tma_atom, tXgX[None, n_block], tXsX[None, state.index], tma_bar_ptr=pipe.producer_get_barrier(state))
+    if const_expr(cache_policy is None):
+        cute.copy(tma_atom, tXgX[None, n_block], tXsX[None, state.index], tma_bar_ptr=pipe.producer_get_barrier(state))
+    else:
+        cute.copy(tma_atom, tXgX[None, n_block], tXsX[None, state.index], tma_bar_ptr=pipe.producer_get_barrier(state),
+                  cache_policy=Int64(cache_policy))
 
 
 @cute.jit
@@ -74,13 +85,17 @@ def load_kv_tiles(tma_atom_K: cute.CopyAtom, tKgK: cute.Tensor, tKsK: cute.Tenso
 
 
 @cute.jit
-def tma_store_tile(tma_atom: cute.CopyAtom, sO: cute.Tensor, gO: cute.Tensor, wait: cutlass.Constexpr = True):
+def tma_store_tile(tma_atom: cute.CopyAtom, sO: cute.Tensor, gO: cute.Tensor, wait: cutlass.Constexpr = True,
+                   cache_policy: cutlass.Constexpr = None):
     """One TMA store of a whole ``(rows, cols)`` shared-memory tile to its global tile (call from one warp; the
     copy elects a lane).  ``wait``: block until the shared memory has been read, which must happen before the
     buffer is written again or the CTA exits (persistent kernels wait later, before the next reuse)."""
     tOsO, tOgO = cpasync.tma_partition(tma_atom, 0, cute.make_layout(1), cute.group_modes(sO, 0, 2),
                                        cute.group_modes(gO, 0, 2))
-    cute.copy(tma_atom, tOsO, tOgO)
+    if const_expr(cache_policy is None):
+        cute.copy(tma_atom, tOsO, tOgO)
+    else:
+        cute.copy(tma_atom, tOsO, tOgO, cache_policy=Int64(cache_policy))
     cute.arch.cp_async_bulk_commit_group()
     if const_expr(wait):
         cute.arch.cp_async_bulk_wait_group(0, read=True)

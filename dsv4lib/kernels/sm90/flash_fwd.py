@@ -79,7 +79,16 @@ order [upper half's own | shared | lower half's own] (``warpgroup_plan``); the u
 slots and skips the last, the lower one skips the first — a skipped slot is waited for and released with no wgmma.
 So the tile loads 4 K/V tiles per 128 rows where two 64-row blocks load 6, and no warpgroup computes a wholly
 masked tile.  With ``split_epilogue`` each warpgroup stores its own 64 rows (its half of sO, its own TMA store,
-a 128-thread barrier), so the upper half's epilogue runs beside the lower half's last tile.
+a 128-thread barrier), so the upper half's epilogue runs beside the lower half's last tile.  The default since
+session 16 is the same plan over a **192-row tile** of three consumer warpgroups (the slots: one run of key tiles
+descending from the top warpgroup's last; each warpgroup skips those above and below its own 3): 5 K/V tiles per 192
+rows, and each warpgroup decides which tiles to mask from its own 64 rows (``mask_row``).
+
+**O in its Q stage** (``o_in_q_stage``, persistent): the consumers put O into the item's own Q stage (each
+warpgroup its 64 rows, whose QKs have all retired), arrive on that stage's named barrier and go on; an idle producer
+warp (``store_persistent``) waits there, TMA-stores the tile, waits for the store's read and hands the stage back to
+the producer.  No O buffer (the 192-row tile's two 48 KB Q stages and 4 K/V stages fit only so) and no consumer
+waits for a store.  **L2 hints** (``l2_hints``): Q's loads and O's stores evict first, K/V's loads evict last.
 
 **Cluster pairs** (``cluster_pairs=True``, persistent with a static deal; a knob — measured slower, see
 ``dsv4lib.attention.SM90_SMALL_WINDOW_TUNING``): the two CTAs of a (2, 1, 1) cluster take two adjacent query blocks
@@ -112,8 +121,8 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 from cutlass.utils import LayoutEnum
 
-from ..common import (convert_to_bf16_pairs, item_stamp, launch_stream, load_kv_tiles, tma_load_tile,
-                      tma_store_tile)
+from ..common import (L2_EVICT_FIRST, L2_EVICT_LAST, convert_to_bf16_pairs, item_stamp, launch_stream,
+                      load_kv_tiles, tma_load_tile, tma_store_tile)
 from ..nvfp4 import e2m1_code_magic, nvfp4_block_scale
 
 LOG2_E = math.log2(math.e)
@@ -265,7 +274,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                  tma_store_o: bool = True, persistent: bool = False, num_sms: int = 132, ring: bool = False,
                  q_in_registers: bool = False, dynamic_schedule: bool = False, pv_wait_block: bool = False,
                  cluster_pairs: bool = False, warpgroup_tiles: bool = False, q_stages: int | None = None,
-                 split_epilogue: bool = False):
+                 split_epilogue: bool = False, o_in_q_stage: bool = False, l2_hints: bool = False):
         if tile_m not in (64, 128, 192):
             raise ValueError(f"tile_m must be 64 (1 consumer warpgroup, two CTAs per SM), 128 (2) or 192 (3), "
                              f"got {tile_m}")
@@ -345,9 +354,9 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         # Warpgroup tiles (``warpgroup_tiles``): in a persistent 128-row tile each consumer warpgroup visits only the
         # K/V tiles its own 64 rows see (a small window: 3 of the tile's 4), the other's are waited for and handed
         # back unused — the tile loads 4 K/V tiles for 128 rows where two 64-row blocks load 6 (module docstring)
-        if warpgroup_tiles and not (persistent and tile_m == 128 and not cluster_pairs and not nvfp4_out):
-            raise ValueError("warpgroup_tiles splits the K/V tiles of a persistent 128-row tile between its two "
-                             "consumer warpgroups (persistent=True, tile_m=128, no cluster pairs or NVFP4 out)")
+        if warpgroup_tiles and not (persistent and tile_m > 64 and not cluster_pairs and not nvfp4_out):
+            raise ValueError("warpgroup_tiles splits the K/V tiles of a persistent 128- or 192-row tile between its "
+                             "consumer warpgroups (persistent=True, tile_m=128 or 192, no cluster pairs or NVFP4 out)")
         self.warpgroup_tiles = warpgroup_tiles
         # Split epilogue (``split_epilogue``): each consumer warpgroup of a persistent 128-row tile stores its own 64
         # rows (its half of sO, its own TMA store, a 128-thread barrier), so one warpgroup's epilogue overlaps the
@@ -356,6 +365,20 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             raise ValueError("split_epilogue stores the two 64-row halves of a persistent 128-row tile's O by TMA "
                              "(persistent=True, tile_m=128, bf16 out)")
         self.split_epilogue = split_epilogue
+        # O in its Q stage (``o_in_q_stage``): a persistent CTA's consumers put O into the item's own Q stage (each
+        # warpgroup its own 64 rows, whose QKs have all retired) and go on; a storer warp (an idle producer warp) stores
+        # it by TMA, waits for the store to read the stage and hands the stage back to the producer.  No sO buffer: its
+        # shared memory can hold one more K/V stage (the hd128 small-window build: 5 instead of 4)
+        if o_in_q_stage and not (persistent and self.tma_store_o and not split_epilogue and not cluster_pairs):
+            raise ValueError("o_in_q_stage stages a persistent CTA's bf16 O in its Q stage for a storer warp "
+                             "(persistent=True, bf16 TMA-store out; not with split_epilogue or cluster_pairs)")
+        self.o_in_q_stage = o_in_q_stage
+        # L2 eviction hints (``l2_hints``, persistent warpgroup-tiles builds): Q loads and O stores evict first (each
+        # is touched once), K/V loads evict last (the neighbouring query blocks read each tile again)
+        if l2_hints and not (warpgroup_tiles and o_in_q_stage):
+            raise ValueError("l2_hints is built for the warpgroup-tiles producer and the o_in_q_stage storer")
+        self.l2_q = L2_EVICT_FIRST if l2_hints else None
+        self.l2_kv = L2_EVICT_LAST if l2_hints else None
         # Window ring (``ring``): one CTA per SM walks chunks of consecutive 128-row items of one head, K/V tiles
         # streamed once per chunk into a ring the two halves of an item share (module docstring).  Only for a
         # window whose 64-row halves need at most 3 tiles of 64 keys and whose queries sit on tile boundaries
@@ -413,7 +436,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         q = self.q_stages * self.tile_m * self.head_dim * elem
         kv = 2 * self.num_stages * self.tile_n * self.head_dim * elem
         p = self.tile_m * self.tile_n * elem if self.p_in_smem else 0
-        o = self.tile_m * self.head_dim * elem if self.persistent else 0
+        o = self.tile_m * self.head_dim * elem if self.persistent and not self.o_in_q_stage else 0
         return 1024 + q + kv + p + o
 
     # ------------------------------------------------------------------------------ host side
@@ -491,7 +514,8 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         elif const_expr(self.tma_store_o):   # O shares Q's tile shape and buffer layout
             tma_atom_O, mO = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mO, sO_layout,
                                                          (self.tile_m, self.head_dim))
-        o_elems = cute.cosize(sO_layout) if const_expr(self.persistent and self.tma_store_o) else 0
+        o_elems = cute.cosize(sO_layout) if const_expr(self.persistent and self.tma_store_o
+                                                       and not self.o_in_q_stage) else 0
 
         @cute.struct
         class SharedStorage:
@@ -573,8 +597,9 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         tile_bytes_kv = self.tile_n * self.head_dim * self.dtype.width // 8
         pipeline_q = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.mbar_Q.data_ptr(), num_stages=self.q_stages, producer_group=one_thread,
-            # the ring hands a Q stage back from its storer warp, once the O store has read it
-            consumer_group=one_thread if const_expr(self.ring) else consumer_warps, tx_count=tile_bytes_q,
+            # the ring (and o_in_q_stage) hands a Q stage back from its storer warp, once the O store has read it
+            consumer_group=one_thread if const_expr(self.ring or self.o_in_q_stage) else consumer_warps,
+            tx_count=tile_bytes_q,
             defer_sync=True)
         # cluster pairs: a K/V stage is refilled (by either CTA's multicast) only when the consumers of both CTAs
         # have released it — each consumer warp arrives on the stage's empty barrier in both CTAs
@@ -626,6 +651,9 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             if const_expr(self.ring):
                 if warp_idx == 1:
                     self.store_ring(tma_atom_O, mO, mQ, sQ, pipeline_q, mLSE)
+            if const_expr(self.o_in_q_stage):
+                if warp_idx == 1:
+                    self.store_persistent(tma_atom_O, mO, mQ, sQ, pipeline_q, sWork)
             if warp_idx == 0:
                 if const_expr(self.ring):
                     self.load_ring(tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV, pipeline_q, pipeline_k,
@@ -654,6 +682,8 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             if const_expr(self.split_epilogue):
                 sO_layout = self._smem_layout(64, 2)
                 sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)         # (64, D, 2 halves)
+            elif const_expr(self.o_in_q_stage):
+                sO = sQ                                      # (tile_m, D, Q stages): O goes into its item's stage
             elif const_expr(self.tma_store_o):
                 sO_layout = self._smem_layout(self.tile_m, None)
                 sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)               # (tile_m, D)
@@ -725,7 +755,12 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                 if cute.arch.lane_idx() == 0:
                     sWork[q_state.index] = work
             pipeline_q.producer_acquire(q_state)
-            cute.copy(tma_atom_Q, tQgQ, tQsQ[None, q_state.index], tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
+            if const_expr(self.l2_q is None):
+                cute.copy(tma_atom_Q, tQgQ, tQsQ[None, q_state.index],
+                          tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
+            else:
+                cute.copy(tma_atom_Q, tQgQ, tQsQ[None, q_state.index],
+                          tma_bar_ptr=pipeline_q.producer_get_barrier(q_state), cache_policy=Int64(self.l2_q))
             q_state.advance()
             if const_expr(self.dynamic_schedule):
                 step = self.take_work(mWork) - work          # fetched now, used after the K/V issue below
@@ -841,7 +876,9 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                                                 pipeline_v, kv_state, softmax_scale_log2, window_size, m_block,
                                                 seqlen_k, causal_shift, n_block_min, n_block_max, ctidx // 128,
                                                 slots)
-            pipeline_q.consumer_release(q_state)                           # every QK of this block has retired
+            o_stage = q_state.index                          # o_in_q_stage: O goes here, the storer frees it
+            if const_expr(not self.o_in_q_stage):
+                pipeline_q.consumer_release(q_state)                       # every QK of this block has retired
             q_state.advance()
             if const_expr(self.cluster_pairs):
                 kv_state = self.release_empty_slots(pipeline_k, pipeline_v, kv_state, n_slots - n_real)
@@ -852,7 +889,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             else:
                 self.finish_persistent_item(acc_O, acc_O_rc, tOcO_rc, row_max, row_sum, mSink, mLSE, softmax_scale_log2,
                                             m_block, head, batch, rows_q, seqlen_q, tiled_mma_pv, sO, tma_atom_O, mO,
-                                            mOutScales, mSenc, ctidx)
+                                            mOutScales, mSenc, ctidx, o_stage)
             if const_expr(self.warpgroup_tiles):
                 # the other warpgroup's trailing tiles, handed back after this one's epilogue: waiting for them to
                 # land first would hold the epilogue back until the other's last tile arrives
@@ -863,9 +900,9 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                 work = self.announced_work(pipeline_q, q_state, sWork, total)
             else:
                 work += step
-        if const_expr(self.dynamic_schedule):
+        if const_expr(self.dynamic_schedule and not self.o_in_q_stage):
             pipeline_q.consumer_release(q_state)             # the -1 stage: the producer's tail waits for it
-        if const_expr(self.tma_store_o):
+        if const_expr(self.tma_store_o and not self.o_in_q_stage):
             storer = ctidx < 32
             if const_expr(self.split_epilogue):
                 storer = ctidx % 128 < 32                                   # each warpgroup stores its own half
@@ -875,13 +912,18 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
     @cute.jit
     def finish_persistent_item(self, acc_O, acc_O_rc, tOcO_rc, row_max, row_sum, mSink, mLSE, softmax_scale_log2,
                                m_block, head, batch, rows_q, seqlen_q, tiled_mma_pv, sO, tma_atom_O, mO, mOutScales,
-                               mSenc, ctidx):
+                               mSenc, ctidx, o_stage=None):
         """A persistent CTA's epilogue of one query block: the rows finished, O stored (TMA from ``sO``, left in
         flight) or, NVFP4 out, quantized and stored from the registers."""
         self.finish_rows(acc_O_rc, tOcO_rc, row_max, row_sum, mSink, mLSE, softmax_scale_log2, m_block, head,
                          batch, Int32(0), rows_q)
         if const_expr(self.nvfp4_out):
             self.store_nvfp4(acc_O_rc, tOcO_rc, mO, mOutScales, mSenc[0], m_block, head, batch, seqlen_q)
+        elif const_expr(self.o_in_q_stage):
+            # sO is sQ: stage O in this item's Q stage and tell the storer warp (arrive only, nobody waits here)
+            self.stage_o(acc_O, tiled_mma_pv, sO[None, None, o_stage], ctidx)
+            cute.arch.barrier_arrive(barrier_id=self.RING_STORE_BARRIERS + o_stage,
+                                     number_of_threads=128 * self.consumer_warpgroups + 32)
         elif const_expr(self.split_epilogue):
             # this warpgroup's 64 rows: its half of sO, its own TMA store, only its own 128 threads meet
             wg = cute.arch.make_warp_uniform(ctidx // 128)
@@ -910,20 +952,31 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
 
     @cute.jit
     def warpgroup_plan(self, m_block, wg_idx, seqlen_q, seqlen_k, window_size):
-        """Warpgroup tiles: the K/V slots of 128-row block ``m_block`` — the upper warpgroup's own tiles (above the
-        shared ones), the tiles both halves see, the lower warpgroup's own (below) — and warpgroup ``wg_idx``'s
-        part.  Returns (producer segments, slots, (leading slots to skip, own visits, trailing skips), this
-        warpgroup's segments for ``slot_block``)."""
-        lo0, hi0 = self.rows_key_tiles(m_block * self.tile_m, m_block * self.tile_m + 63, seqlen_q, seqlen_k,
-                                       window_size)
-        lo1, hi1 = self.rows_key_tiles(m_block * self.tile_m + 64, m_block * self.tile_m + 127, seqlen_q, seqlen_k,
-                                       window_size)
-        (n_shared, s_hi), (own0, top0), (own1, hi1) = self.shared_and_own(lo0, hi0, lo1, hi1)
-        segments = ((own1, hi1), (n_shared, s_hi), (own0, top0))
-        lead, visits, trail, mine = Int32(0), own1 + n_shared, own0, ((own1, hi1), (n_shared, s_hi))
-        if wg_idx == 0:
-            lead, visits, trail, mine = own1, n_shared + own0, Int32(0), ((n_shared, s_hi), (own0, top0))
-        return segments, own1 + n_shared + own0, (lead, visits, trail), mine
+        """Warpgroup tiles: the K/V slots of query block ``m_block`` — every tile one of its 64-row warpgroups
+        visits, in one run descending from the top (the rows of adjacent warpgroups are adjacent, so their key-tile
+        ranges overlap or touch: the run has no gap) — and warpgroup ``wg_idx``'s part of it: the leading slots above
+        its own tiles (skipped), its own tiles (visited), the trailing ones below (skipped).  An empty range (rows
+        that see no key) skips every slot.  Returns (producer segments, slots, (leading skips, own visits, trailing
+        skips), this warpgroup's segments for ``slot_block``)."""
+        first_row = m_block * self.tile_m
+        top, bottom = Int32(0), Int32(0)
+        lo, hi = Int32(0), Int32(0)
+        for w in cutlass.range_constexpr(self.consumer_warpgroups):
+            lo_w, hi_w = self.rows_key_tiles(first_row + 64 * w, first_row + 64 * w + 63, seqlen_q, seqlen_k,
+                                             window_size)
+            if hi_w > lo_w:
+                if top == bottom:                            # the first non-empty range
+                    top, bottom = hi_w, lo_w
+                top = cutlass.max(top, hi_w)
+                bottom = cutlass.min(bottom, lo_w)
+            if w == wg_idx:
+                lo, hi = lo_w, hi_w
+        n_slots = top - bottom
+        visits = cutlass.max(hi - lo, 0)
+        lead = n_slots
+        if visits > 0:
+            lead = top - hi
+        return ((n_slots, top),), n_slots, (lead, visits, n_slots - lead - visits), ((visits, hi),)
 
     @cute.jit
     def load_tile_slots(self, tma_atom_K, tKgK, tKsK, pipe_k, tma_atom_V, tVgV, tVsV, pipe_v, kv_state, n_slots,
@@ -932,10 +985,11 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         k_state = kv_state.clone()
         for i in cutlass.range(n_slots + 1, unroll=1):
             if i < n_slots:
-                tma_load_tile(tma_atom_K, tKgK, tKsK, pipe_k, k_state, self.slot_block(i, n_slots, slots))
+                tma_load_tile(tma_atom_K, tKgK, tKsK, pipe_k, k_state, self.slot_block(i, n_slots, slots), self.l2_kv)
                 k_state.advance()
             if i > 0:
-                tma_load_tile(tma_atom_V, tVgV, tVsV, pipe_v, kv_state, self.slot_block(i - 1, n_slots, slots))
+                tma_load_tile(tma_atom_V, tVgV, tVsV, pipe_v, kv_state, self.slot_block(i - 1, n_slots, slots),
+                              self.l2_kv)
                 kv_state.advance()
         return kv_state
 
@@ -1248,13 +1302,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                     cute.arch.barrier(barrier_id=self.EPILOGUE_BARRIER, number_of_threads=128)  # all of Q is read
                     self.timing_stamp(mLSE, item_count, 2, ctidx == 0)
                 # O → this item's Q stage (each warpgroup's own 64 rows, its QKs all retired), then tell the storer
-                rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
-                rO.store(acc_O.load().to(self.dtype))
-                stmatrix = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4),
-                                               self.dtype)
-                thr_copy_O = cute.make_tiled_copy_C(stmatrix, tiled_mma_pv).get_slice(ctidx)
-                cute.copy(stmatrix, thr_copy_O.retile(rO), thr_copy_O.partition_D(sQ[None, None, q_state.index]))
-                cute.arch.fence_proxy("async.shared", space="cta")         # generic-proxy writes → TMA reads
+                self.stage_o(acc_O, tiled_mma_pv, sQ[None, None, q_state.index], ctidx)
                 cute.arch.barrier_arrive(barrier_id=self.RING_STORE_BARRIERS + q_state.index,
                                          number_of_threads=128 * self.consumer_warpgroups + 32)
                 q_state.advance()    # Q in registers: the stage index stays 0, the phase is the next Q's
@@ -1290,6 +1338,36 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                 q_state.advance()
                 self.timing_stamp(mLSE, item_count, 6)
                 item_count += 1
+
+    @cute.jit
+    def store_persistent(self, tma_atom_O, mO, mQ, sQ, pipeline_q, sWork):
+        """The storer warp of a persistent CTA with ``o_in_q_stage``: per work item (the consumers' sequence: every
+        gridDim.x-th, or as announced in ``sWork``), wait until both consumer warpgroups have put O in the item's Q
+        stage (its named barrier: the consumers only arrive), TMA-store it, wait for the store to read the stage and
+        hand it back to the producer; with the dynamic schedule also the -1 stage after the last item.  A stage's
+        barrier is not reused before the storer has passed it (the consumers' next arrival needs the Q this
+        hand-back lets in)."""
+        bidx, _, _ = cute.arch.block_idx()
+        gdim, _, _ = cute.arch.grid_dim()
+        total = self.work_items(mQ)
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.q_stages)
+        work = bidx
+        if const_expr(self.dynamic_schedule):
+            work = self.announced_work(pipeline_q, q_state, sWork, total)
+        while work < total:
+            m_block, head, batch = self.work_coords(work, mQ)
+            cute.arch.barrier(barrier_id=self.RING_STORE_BARRIERS + q_state.index,
+                              number_of_threads=128 * self.consumer_warpgroups + 32)
+            gO = cute.local_tile(mO[None, None, head, batch], (self.tile_m, self.head_dim), (m_block, 0))
+            tma_store_tile(tma_atom_O, sQ[None, None, q_state.index], gO, wait=True, cache_policy=self.l2_q)
+            pipeline_q.consumer_release(q_state)
+            q_state.advance()
+            if const_expr(self.dynamic_schedule):
+                work = self.announced_work(pipeline_q, q_state, sWork, total)
+            else:
+                work += gdim
+        if const_expr(self.dynamic_schedule):
+            pipeline_q.consumer_release(q_state)             # the -1 stage: the producer's tail waits for it
 
     @cute.jit
     def mainloop_ring(self, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_O, acc_O_rc, tScS_rc, row_max, row_sum,
@@ -1359,16 +1437,18 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                 cute.printf("D1 producer: done\n")
 
     @cute.jit
-    def mask_scores(self, acc_S_rc, tScS_rc, n_block, m_block, seqlen_k, causal_shift, window_size):
+    def mask_scores(self, acc_S_rc, tScS_rc, n_block, m_block, seqlen_k, causal_shift, window_size, wg_idx=None):
         """-inf on the scores a query may not see, only in the tiles that need it, and only the edge that crosses
         the tile: the right edge (the ragged end of the keys, the causal diagonal) and the window's left edge are
         separate passes (a window's tile crosses one of them, seldom both).  Each pass turns its edge into one
         limit per row, relative to the thread's first column, so an element costs one compare with a constant (its
-        column offset) and one select, not a column computed and compared twice."""
+        column offset) and one select, not a column computed and compared twice.  Whether an edge crosses the tile
+        is asked of the block's rows, or, with warpgroup tiles, of this warpgroup's own 64 (``wg_idx``): in a 192-row
+        block the upper warpgroups would otherwise mask every tile of theirs."""
         first_col = n_block * self.tile_n
         crosses_right = first_col + self.tile_n > seqlen_k
         if const_expr(self.causal or self.has_window):
-            crosses_right = crosses_right or (first_col + self.tile_n - 1 > self.token(m_block * self.tile_m)
+            crosses_right = crosses_right or (first_col + self.tile_n - 1 > self.token(self.mask_row(m_block, wg_idx, 0))
                                               + causal_shift)
         if crosses_right:
             for r in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[0])):
@@ -1382,7 +1462,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                     if tScS_rc[r, c][1] - n0 >= visible:
                         acc_S_rc[r, c] = -Float32.inf
         if const_expr(self.has_window):     # the window's left edge crosses this tile for some row
-            if first_col <= self.token((m_block + 1) * self.tile_m - 1) + causal_shift - window_size:
+            if first_col <= self.token(self.mask_row(m_block, wg_idx, 1)) + causal_shift - window_size:
                 for r in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[0])):
                     m, n0 = tScS_rc[r, 0]
                     # columns n with n - n0 <= hidden fall out of the window (col <= token + shift - W)
@@ -1390,6 +1470,15 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                     for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
                         if tScS_rc[r, c][1] - n0 <= hidden:
                             acc_S_rc[r, c] = -Float32.inf
+
+    @cute.jit
+    def mask_row(self, m_block, wg_idx, last: cutlass.Constexpr):
+        """The first (``last`` = 0) or last (1) M row whose keys decide whether an edge crosses a tile: the block's,
+        or with warpgroup tiles warpgroup ``wg_idx``'s own 64 rows."""
+        row = m_block * self.tile_m if const_expr(not last) else (m_block + 1) * self.tile_m - 1
+        if const_expr(self.warpgroup_tiles):
+            row = m_block * self.tile_m + 64 * wg_idx + 63 * last
+        return row
 
     @cute.jit
     def scheduler_wait(self, wg_idx):
@@ -1441,7 +1530,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], True)
             pipeline_k.consumer_release(kv_state)
             self.mask_scores(acc_S_rc, tScS_rc, self.slot_block(0, n_block_max, slots), m_block, seqlen_k,
-                             causal_shift, window_size)
+                             causal_shift, window_size, wg_idx)
             self.online_softmax(acc_S_rc, row_max, row_sum, softmax_scale_log2, acc_O_rc, corrections,
                                 not self.rescale_o_early)
             convert_to_bf16_pairs(tOrP_view, tOrP)
@@ -1461,7 +1550,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                         pipeline_v.consumer_release(v_prev)                  # PV(j-1): waited for last tile
                 warpgroup.wait_group(1)                                      # S of tile n_block is ready
                 pipeline_k.consumer_release(kv_state)
-                self.mask_scores(acc_S_rc, tScS_rc, n_block, m_block, seqlen_k, causal_shift, window_size)
+                self.mask_scores(acc_S_rc, tScS_rc, n_block, m_block, seqlen_k, causal_shift, window_size, wg_idx)
                 self.online_softmax(acc_S_rc, row_max, row_sum, softmax_scale_log2, acc_O_rc, corrections, False)
                 if const_expr(self.pv_wait_block):
                     # PV(j) done.  The wait sits behind a branch (never the else: seqlen_k > 0 here) so that it
@@ -1561,15 +1650,21 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             if ctidx < 32:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
             cute.arch.barrier(barrier_id=barrier_id, number_of_threads=threads)
+        self.stage_o(acc_O, tiled_mma_pv, sO, ctidx)
+        cute.arch.barrier(barrier_id=barrier_id, number_of_threads=threads)
+        if ctidx < 32:
+            tma_store_tile(tma_atom_O, sO, gO, wait=not reuse)
+
+    @cute.jit
+    def stage_o(self, acc_O, tiled_mma_pv, sO, ctidx):
+        """bf16 O → the shared-memory tile ``sO`` by stmatrix (this thread's part under ``tiled_mma_pv``), fenced
+        for the TMA store that reads it (generic-proxy writes → async-proxy reads)."""
         rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
         rO.store(acc_O.load().to(self.dtype))
         stmatrix = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
         thr_copy_O = cute.make_tiled_copy_C(stmatrix, tiled_mma_pv).get_slice(ctidx)
         cute.copy(stmatrix, thr_copy_O.retile(rO), thr_copy_O.partition_D(sO))
-        cute.arch.fence_proxy("async.shared", space="cta")                 # generic-proxy writes → TMA reads
-        cute.arch.barrier(barrier_id=barrier_id, number_of_threads=threads)
-        if ctidx < 32:
-            tma_store_tile(tma_atom_O, sO, gO, wait=not reuse)
+        cute.arch.fence_proxy("async.shared", space="cta")
 
     @cute.jit
     def finish_rows(self, acc_O_rc, tOcO_rc, row_max, row_sum, mSink, mLSE, softmax_scale_log2, m_block, head, batch,
