@@ -27,3 +27,34 @@ def tile_plan(seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int, *, causal:
                 masked |= nb * tile_n <= (mb + 1) * tile_m - 1 + shift - window
             plan[mb, nb] = MASKED if masked else FULL
     return plan
+
+
+def rows_key_tiles(first_row: int, last_row: int, seqlen_q: int, seqlen_k: int, tile_n: int, *,
+                   window: int | None = None, causal: bool = False) -> tuple[int, int]:
+    """The KV tiles ``[lo, hi)`` the query rows ``first_row..last_row`` visit (the sm90 kernel's
+    ``rows_key_tiles``; rows past the end of the queries keep the clipped range the kernel computes for them)."""
+    shift = seqlen_k - seqlen_q
+    lo, hi = 0, -(-seqlen_k // tile_n)
+    if window is not None:
+        lo = max(first_row + shift - window + 1, 0) // tile_n
+    if causal or window is not None:
+        hi = min(hi, max((last_row + shift) // tile_n + 1, 0))
+    return lo, hi
+
+
+def warpgroup_slots(m_block: int, tile_m: int, tile_n: int, seqlen_q: int, seqlen_k: int, *,
+                    window: int | None = None, causal: bool = False) -> tuple[int, int, list[tuple[int, int, int]]]:
+    """Warpgroup tiles (the sm90 kernel's ``warpgroup_plan``): the K/V slots of query block ``m_block`` — one run of
+    key tiles descending from ``top`` (slot i holds tile ``top - 1 - i``) — and, per 64-row warpgroup, how many slots
+    it skips before its own tiles, visits, and skips after.  Returns (top, slots, [(lead, visits, trail), …])."""
+    ranges = [rows_key_tiles(m_block * tile_m + 64 * w, m_block * tile_m + 64 * w + 63, seqlen_q, seqlen_k, tile_n,
+                             window=window, causal=causal) for w in range(tile_m // 64)]
+    full = [(lo, hi) for lo, hi in ranges if hi > lo]
+    top = max((hi for _, hi in full), default=0)
+    bottom = min((lo for lo, _ in full), default=0)
+    parts = []
+    for lo, hi in ranges:
+        visits = max(hi - lo, 0)
+        lead = top - hi if visits > 0 else top - bottom
+        parts.append((lead, visits, top - bottom - lead - visits))
+    return top, top - bottom, parts

@@ -82,8 +82,8 @@ tgt = setup(target, seed)
 on_gpu = tgt.is_gpu and tgt.arch == "sm_90a"
 
 # %% [markdown]
-# ## Which KV tiles each query tile visits (S = 2048, tiles 128 × 128; right: 64 rows × 64 keys — what an hd64
-# small-window block visits, and what each warpgroup of hd128's 128-row tile visits of the tile's 4 `warpgroup_tiles`)
+# ## Which KV tiles each query tile visits (S = 2048, tiles 128 × 128; right: 64 rows × 64 keys — what each 64-row
+# warpgroup of the small-window default visits)
 
 # %%
 fig, ax = plt.subplots(1, 4, figsize=(17, 4))
@@ -97,6 +97,32 @@ for a, (title, tiles, kw) in zip(ax, [("causal", (128, 128), dict(causal=True)),
     a.set_xlabel("KV tile")
     a.set_ylabel("query tile")
 fig.suptitle("white: skipped · orange: masked · blue: full", fontsize=9)
+fig.tight_layout()
+
+# %% [markdown]
+# ## The small-window default's slots: three 192-row blocks, their three warpgroups each (W = 128, 64-key tiles)
+#
+# A block loads one descending run of key tiles (its *slots*, `dsv4lib.tiles.warpgroup_slots` — the kernel's
+# `warpgroup_plan`); each warpgroup waits for every slot but computes only its own 3 (blue) and hands the others back
+# untouched (grey).  5 tiles loaded per 192 rows; two 64-row blocks would load 6 per 128.
+
+# %%
+from dsv4lib.tiles import warpgroup_slots
+
+tile_m, blocks = 192, (3, 4, 5)
+slots = np.zeros((3 * len(blocks), 2048 // 64), dtype=np.int8)
+for b, m_block in enumerate(blocks):
+    top, n_slots, parts = warpgroup_slots(m_block, tile_m, 64, 2048, 2048, window=window)
+    for w, (lead, visits, _) in enumerate(parts):
+        slots[3 * b + w, top - n_slots:top] = 1                          # loaded, skipped by this warpgroup
+        slots[3 * b + w, top - lead - visits:top - lead] = 2             # visited
+fig, a = plt.subplots(figsize=(9, 2.6))
+a.imshow(slots[:, 6:18], cmap=ListedColormap(["white", "lightgrey", "tab:blue"]), vmin=0, vmax=2,
+         interpolation="nearest", extent=(5.5, 17.5, len(slots) - 0.5, -0.5))
+a.set_yticks(range(len(slots)), [f"block {m} wg {w}" for m in blocks for w in range(3)], fontsize=7)
+a.set_xticks(range(6, 18))
+a.set_xlabel("KV tile (64 keys)")
+a.set_title("white: not loaded · grey: loaded, skipped by this warpgroup · blue: visited", fontsize=9)
 fig.tight_layout()
 
 # %% [markdown]

@@ -940,7 +940,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
     # ------------------------------------------------------------------ warpgroup tiles (warpgroup_tiles=True)
     @cute.jit
     def shared_and_own(self, lo0, hi0, lo1, hi1):
-        """Two adjacent row ranges' KV tiles ``[lo0, hi0)`` (the earlier rows) and ``[lo1, hi1)``, as runs that
+        """(Cluster pairs' ``pair_plan``.)  Two adjacent row ranges' KV tiles ``[lo0, hi0)`` (the earlier rows) and ``[lo1, hi1)``, as runs that
         descend from a top: (count, top) of the tiles both see, of the first's own (below the shared ones) and of
         the second's own (above them).  An empty range shares nothing; its own count is 0."""
         s_lo = cutlass.max(lo0, lo1)
@@ -957,7 +957,8 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         ranges overlap or touch: the run has no gap) — and warpgroup ``wg_idx``'s part of it: the leading slots above
         its own tiles (skipped), its own tiles (visited), the trailing ones below (skipped).  An empty range (rows
         that see no key) skips every slot.  Returns (producer segments, slots, (leading skips, own visits, trailing
-        skips), this warpgroup's segments for ``slot_block``)."""
+        skips), this warpgroup's segments for ``slot_block``).  ``dsv4lib.tiles.warpgroup_slots`` is the same plan in
+        Python (tested against the 64-row tile plan, and plotted in the D5 notebook)."""
         first_row = m_block * self.tile_m
         top, bottom = Int32(0), Int32(0)
         lo, hi = Int32(0), Int32(0)
