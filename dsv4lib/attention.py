@@ -167,7 +167,13 @@ SMALL_WINDOW_MAX = 128
 WARPGROUP_TILES_192: dict = {"tile_m": 192, "tile_n": 64, "num_stages": 4, "persistent": True, "dynamic_schedule": True,
                               "warpgroup_tiles": True, "o_in_q_stage": True, "l2_hints": True,
                               "rescale_o_early": True, "pv_wait_block": False}
-SM90_SMALL_WINDOW_TUNING: dict[int, dict] = {64: dict(WARPGROUP_TILES_192), 128: dict(WARPGROUP_TILES_192)}
+# hd256 cannot take the 192-row tile (two Q stages of 96 KB), nor 64-key K/V stages beside two 64 KB Q stages; with
+# 32-key tiles it takes the 128-row warpgroup-tiles build, O in its Q stage, 3 K/V stages (224 KB): H200, same runs,
+# µs: 128x80 (its D1 build, the default until then) 382.6 · 128x64 non-persistent 345.3 · warpgroup tiles with
+# 32-key tiles 313.8 (without L2 hints 315.0); FA4 353.3 → 0.92 → 1.13x FA4.
+SM90_SMALL_WINDOW_TUNING: dict[int, dict] = {
+    64: dict(WARPGROUP_TILES_192), 128: dict(WARPGROUP_TILES_192),
+    256: dict(WARPGROUP_TILES_192, tile_m=128, tile_n=32, num_stages=3)}
 # the knobs that only shape a persistent build: dropped with it (split-KV, the ring, GPUs not in PERSISTENT_GPUS)
 PERSISTENT_KNOBS = ("persistent", "dynamic_schedule", "warpgroup_tiles", "cluster_pairs", "q_stages", "split_epilogue",
                     "o_in_q_stage", "l2_hints")
@@ -225,7 +231,7 @@ def sm90_kernel_shape(D: int, overlap: bool, pack: int = 1, nvfp4_out: bool = Fa
                       if k in ("persistent", "dynamic_schedule", "rescale_o_early", "pv_wait_block")})
     if overlap and not nvfp4_out:
         shape.update(SM90_TUNING.get(D, {}))
-        if small_window:
+        if small_window and not split_kv:      # the small-window builds are persistent; a split one takes D1's
             shape.update(SM90_SMALL_WINDOW_TUNING.get(D, {}))
             if ring_ok and pack == 1 and not split_kv and D in SM90_RING_TUNING:
                 shape = without_persistence(shape)
@@ -242,9 +248,9 @@ def sm90_kernel_shape(D: int, overlap: bool, pack: int = 1, nvfp4_out: bool = Fa
 # GPUs (device name contains one of these), per head dim, on which persistent CTAs were measured to win (D5WIN_QUICK=1
 # scripts/explore.py d5win, B2 H16 S16k W128 + sink, TFLOP/s plain → persistent, FA4 in the same run): H200 at
 # a2026b4 hd128 175 → 208 (FA4 154), hd64 111 → 135 (FA4 93); H100 at 5afb452 hd128 163 → 152 with the static deal
-# (FA4 149), 1.08× faster than plain with the dynamic schedule (see above), hd64 111 → 132 (FA4 93).  Elsewhere:
-# one block per CTA.
-PERSISTENT_GPUS: dict[int, tuple[str, ...]] = {64: ("H100", "H200"), 128: ("H100", "H200")}
+# (FA4 149), 1.08× faster than plain with the dynamic schedule (see above), hd64 111 → 132 (FA4 93); hd256's
+# small-window build (session 16, H200: 0.92 → 1.13× FA4; the H100's D5 row records it).  Elsewhere: one block per CTA.
+PERSISTENT_GPUS: dict[int, tuple[str, ...]] = {64: ("H100", "H200"), 128: ("H100", "H200"), 256: ("H100", "H200")}
 
 
 def _with_device_sms(shape: dict, head_dim: int) -> dict:

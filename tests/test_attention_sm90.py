@@ -220,6 +220,29 @@ def test_warpgroup_tiles_build_splits_the_tiles_between_its_warpgroups(head_dim)
 
 
 @pytest.mark.compile
+def test_hd256_small_window_build_takes_32_key_warpgroup_tiles():
+    """hd256 at a small window: the 128-row warpgroup-tiles build with 32-key K/V tiles (two 64 KB Q stages, O in
+    them, 3 K/V stages of 32 KB: 225 KB), 240 registers a consumer thread, no spills; a split-KV call takes D1's
+    tuned 128x80 build instead."""
+    from dsv4lib.attention import sm90_kernel_shape
+    from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
+    shape = sm90_kernel_shape(256, True, small_window=True)
+    assert (shape["tile_m"], shape["tile_n"], shape["num_stages"]) == (128, 32, 3)
+    assert shape["warpgroup_tiles"] and shape["o_in_q_stage"] and shape["persistent"]
+    assert sm90_kernel_shape(256, True, small_window=True, split_kv=True) == {"tile_m": 128, "tile_n": 80,
+                                                                               "rescale_o_early": True}
+    kernel = FlashAttentionForwardSm90(256, causal=False, has_lse=True, window=True, sink=True, overlap=True, **shape)
+    assert kernel.smem_bytes() == 1024 + 2 * 128 * 256 * 2 + 3 * 2 * 32 * 256 * 2 <= kernel.SMEM_PER_SM - 1024
+    k = compile_for_arch(kernel, *fake_attention_args(256, dynamic_schedule=True), arch="sm_90a")
+    assert k.count(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;") == 1 and k.count(r"\.local") == 0
+    assert k.count(r"cp\.async\.bulk\.wait_group\.read\s+0") == 1      # the storer warp's, after each O store
+    info = k.ptxas_report()
+    if info is not None:
+        assert "0 bytes spill stores" in info, info[-400:]
+
+
+@pytest.mark.compile
 def test_split_epilogue_build_stores_each_warpgroups_rows():
     """The session-15 build (a knob now): a persistent 128-row warpgroup-tiles tile whose warpgroups each store their
     own 64 rows of O from their half of an O buffer (two 64-column boxes each, each storing thread waiting for its
@@ -299,6 +322,7 @@ def test_persistent_is_the_small_window_default_but_never_for_split_kv():
     (1, 500, 200, 2, 2, 128, 64, False, True),       # Sq > Sk: blocks that see nothing
     (1, 3000, 3000, 3, 3, 128, 128, False, True),    # 16 192-row blocks a head, the last one ragged (120 rows)
     (2, 1000, 1300, 2, 2, 64, 100, False, True),     # keys ahead of the queries, a window crossing tiles
+    (1, 1500, 1500, 2, 2, 256, 128, False, True),    # hd256: 128-row warpgroup tiles of 32-key tiles
     (2, 1111, 1111, 4, 4, 128, None, True, False),   # D1 causal, 128-row persistent
     (1, 900, 1300, 2, 2, 64, None, False, False),
 ])
