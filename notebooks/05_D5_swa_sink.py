@@ -45,7 +45,8 @@
 #   (`o_in_q_stage`: no consumer waits for a store), and the TMAs carry L2 hints (`l2_hints`: Q and O evict-first,
 #   K/V evict-last).  H200: 145.5 → 139.9 µs at hd128 (1.58× FA4; 141.4 without the hints), 108.6 → 98.6 at hd64.
 #   More K/V stages did not help (the 128-row tile with 5: a tie), nor is there a tail to win (a CTA's time per item
-#   is the same for H = 31 … 34 heads);
+#   is the same for H = 31 … 34 heads).  hd256 has no room for 192 rows; its 128-row warpgroup tiles take 32-key
+#   K/V tiles (3 stages beside two 64 KB Q stages): 382.6 → 313.8 µs, from 0.92 to 1.13× FA4;
 # * the sink joins the final denominator: `O = Σ e^{ℓ} v / (Σ e^{ℓ} + e^{σ})`, the LSE excludes it.
 #
 # D5b: the compressed branch (CSA/HCA entries) is a second key set; `dsv4lib.attention_branches` runs each
