@@ -102,7 +102,13 @@ DEFAULT_PACK_GQA = True
 # session 14, H200 at 0b0c04f, scripts/ncu_ab.py (ms; W128 in µs): hd128 D1 3.78 → 3.74, causal 2.05 → 1.98, W4096
 # 1.81 → 1.76, W128 196 → 202; hd64 D1 2.93 → 3.12; hd256 D1 6.59 → 6.73 (FA4 3.60 / 1.96 / 1.74 / 274 / 2.43 /
 # 6.33).  Adopted for hd128 only, and not for its small-window build (SM90_SMALL_WINDOW_TUNING turns it off).
-SM90_TUNING: dict[int, dict] = {64: {}, 128: {"persistent": True, "dynamic_schedule": True, "rescale_o_early": True,
+# Session 16, hd64 (H200, B4 H16 S8192, TFLOP/s non-causal / causal, interleaved with FA4 576-588 / 538-542; scratch
+# probes): default 128x128 481-497 / 455-460 · 192x128 (three consumer warpgroups, no spills now) 544-547 / 487-491 ·
+# 192x96 515-518 / 464-468 · 192x128 persistent + dynamic 555-558 / 484-489 · + O in its Q stage (``o_in_q_stage``,
+# 2 / 3 / 4 K/V stages) 561-576 / 500-504 (the stage count a tie) · + early O rescale 542-556 · + pv_wait_block
+# 553-567: adopted with 2 stages — 0.84 → 0.97× FA4 (causal 0.85 → 0.93).
+SM90_TUNING: dict[int, dict] = {64: {"tile_m": 192, "persistent": True, "dynamic_schedule": True, "o_in_q_stage": True},
+                                128: {"persistent": True, "dynamic_schedule": True, "rescale_o_early": True,
                                               "pv_wait_block": True},
                                 256: {"tile_n": 80, "rescale_o_early": True}}
 

@@ -175,8 +175,7 @@ def test_warpgroup_tiles_build_splits_the_tiles_between_its_warpgroups(head_dim)
     """The small-window default (hd64 and hd128): a persistent 192-row tile of three consumer warpgroups, one CTA per
     SM with 4 K/V stages of 64 keys, two Q stages and no O buffer (O goes into its item's Q stage: hd128 225 KB); each
     warpgroup skips the other's tiles (waits and releases with no wgmma between); 160 registers a consumer thread and
-    no spills; L2 hints on Q, K, V and O; builds it cannot serve are refused, and a non-persistent fallback drops the
-    knobs and the 192-row tile."""
+    no spills; L2 hints on Q, K, V and O; builds it cannot serve are refused, and a split-KV call takes D1's build.""" 
     from dsv4lib.attention import sm90_kernel_shape
     from dsv4lib.kernels.common import L2_EVICT_FIRST, L2_EVICT_LAST
     from dsv4lib.kernels.compile import compile_for_arch
@@ -185,7 +184,7 @@ def test_warpgroup_tiles_build_splits_the_tiles_between_its_warpgroups(head_dim)
     assert shape["tile_m"] == 192 and shape["tile_n"] == 64 and shape["warpgroup_tiles"] and shape["num_stages"] == 4
     assert shape["o_in_q_stage"] and shape["l2_hints"] and not shape.get("split_epilogue")
     split = sm90_kernel_shape(head_dim, True, small_window=True, split_kv=True)
-    assert "warpgroup_tiles" not in split and "o_in_q_stage" not in split and split["tile_m"] == 128
+    assert not {"warpgroup_tiles", "o_in_q_stage", "persistent"} & set(split) and split["tile_n"] == 128  # D1's build
     kernel = FlashAttentionForwardSm90(head_dim, causal=False, has_lse=True, window=True, sink=True, overlap=True,
                                        **shape)
     assert kernel.ctas_per_sm == 1 and kernel.smem_bytes() + 1024 <= kernel.SMEM_PER_SM
@@ -306,7 +305,9 @@ def test_persistent_is_the_small_window_default_but_never_for_split_kv():
         assert shape.get("persistent") is True and shape.get("dynamic_schedule") is True
         split = sm90_kernel_shape(D, True, small_window=True, split_kv=True)
         assert "persistent" not in split and "dynamic_schedule" not in split
-    assert "persistent" not in sm90_kernel_shape(64, True)                 # D1: persistent (dynamic) at hd128 only
+    assert "persistent" not in sm90_kernel_shape(256, True)                # D1: persistent (dynamic) at hd64 / hd128
+    d1_64 = sm90_kernel_shape(64, True)
+    assert d1_64["tile_m"] == 192 and d1_64["o_in_q_stage"] and d1_64["dynamic_schedule"]
     assert sm90_kernel_shape(128, True).get("dynamic_schedule") is True
     assert persistent_grid(8192, 264) == 256                 # 32 rounds: 256 CTAs, not 264 with 8 doing a 32nd
     for work in (1, 263, 264, 265, 8192, 10_000):
