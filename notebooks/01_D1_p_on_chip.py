@@ -238,9 +238,11 @@ if speed:
 # ## What limits us (H200 measurements, `scripts/explore.py d1tune`)
 # * **Registers.** Two consumer warpgroups get 240 registers each after `setmaxnreg` (the producer keeps 24);
 #   ptxas reports no spills for the 128-row tiles at hd 64/128/256.  FA4's hd64 tile is 192 rows (three consumer
-#   warpgroups at 160 registers): ours spills 580 B per thread there and drops to 178 TFLOP/s, so hd64 keeps 128
-#   rows — and is where we trail FA4 most: at hd64 the softmax (one `exp2` per score, 16 per clock per SM) costs
-#   about as much as the two MMAs, and a 128-row tile has too little MMA work to hide it behind.
+#   warpgroups at 160 registers).  Ours spilled 580 B per thread there until session 16; the current mainloop fits
+#   160 with no spill, and hd64 now takes that tile, persistent (dynamic schedule) with O staged in its item's Q
+#   stage for an idle producer warp to store (`o_in_q_stage`): 481-497 → 561-576 TFLOP/s (FA4 576-588), causal
+#   455-460 → 500-504 (FA4 538-542).  At hd64 the softmax (one `exp2` per score, 16 per clock per SM) costs about
+#   as much as the two MMAs; a third warpgroup gives the tensor cores another softmax to overlap with.
 # * **Pipeline depth.** Two K and two V stages: at hd256 with `tile_n = 80` the buffers take 224 of the 227 KB of
 #   shared memory, so deeper pipelines mean smaller tiles; at hd128 a third stage would fit (160 → 224 KB), not
 #   tried yet.
