@@ -106,7 +106,10 @@ DEFAULT_PACK_GQA = True
 # probes): default 128x128 481-497 / 455-460 · 192x128 (three consumer warpgroups, no spills now) 544-547 / 487-491 ·
 # 192x96 515-518 / 464-468 · 192x128 persistent + dynamic 555-558 / 484-489 · + O in its Q stage (``o_in_q_stage``,
 # 2 / 3 / 4 K/V stages) 561-576 / 500-504 (the stage count a tie) · + early O rescale 542-556 · + pv_wait_block
-# 553-567: adopted with 2 stages — 0.84 → 0.97× FA4 (causal 0.85 → 0.93).
+# 553-567: adopted with 2 stages — 0.84 → 0.97× FA4 (causal 0.85 → 0.93).  The same at hd128 (persistent, O in
+# its Q stage; TFLOP/s D1 / causal / W4096, default 700-719 / 663-670 / 676-684, FA4 711-726 / 685-691 / 673-681):
+# 192x64 4 stages 651-667 / 600-610 / 618-635 · 192x80 3 stages 691-707 / 637-647 / 641-653 (without pv_wait_block
+# 708-722 / 657-662 / 656-664) · 192x96 2 stages 545-557 · 192x128 spills 336 B: not adopted.
 SM90_TUNING: dict[int, dict] = {64: {"tile_m": 192, "persistent": True, "dynamic_schedule": True, "o_in_q_stage": True},
                                 128: {"persistent": True, "dynamic_schedule": True, "rescale_o_early": True,
                                               "pv_wait_block": True},
