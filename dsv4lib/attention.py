@@ -228,7 +228,8 @@ def sm90_kernel_shape(D: int, overlap: bool, pack: int = 1, nvfp4_out: bool = Fa
                       small_window: bool = False, split_kv: bool = False, ring_ok: bool = False) -> dict:
     """The tile sizes and schedule knobs of the D1 kernel build for head dim ``D``: defaults, plus
     :data:`SM90_TUNING` for the overlapped mainloop, plus :data:`SM90_SMALL_WINDOW_TUNING` for a window of at most
-    :data:`SMALL_WINDOW_MAX` keys (a 64- or 192-row tile falls back to 128 when the GQA pack does not divide it).
+    :data:`SMALL_WINDOW_MAX` keys in an unsplit call (a 64- or 192-row tile falls back to 128 when the GQA pack does not
+    divide it; a split-KV call keeps D1's build: the small-window builds are persistent).
     Persistent CTAs only for an unsplit call (the kernel refuses them otherwise).  The NVFP4 epilogue's build takes
     the persistent schedule (and PV-wait placement) of :data:`SM90_TUNING` where there is one (its overhead is
     measured against the tuned bf16 build, so only the epilogue may differ), not tile shapes: a different ``tile_n``
@@ -242,7 +243,7 @@ def sm90_kernel_shape(D: int, overlap: bool, pack: int = 1, nvfp4_out: bool = Fa
         shape.update(SM90_TUNING.get(D, {}))
         if small_window and not split_kv:      # the small-window builds are persistent; a split one takes D1's
             shape.update(SM90_SMALL_WINDOW_TUNING.get(D, {}))
-            if ring_ok and pack == 1 and not split_kv and D in SM90_RING_TUNING:
+            if ring_ok and pack == 1 and D in SM90_RING_TUNING:
                 shape = without_persistence(shape)
                 shape.update(SM90_RING_TUNING[D])
         if shape["tile_m"] % pack:

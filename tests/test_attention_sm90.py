@@ -175,7 +175,7 @@ def test_warpgroup_tiles_build_splits_the_tiles_between_its_warpgroups(head_dim)
     """The small-window default (hd64 and hd128): a persistent 192-row tile of three consumer warpgroups, one CTA per
     SM with 4 K/V stages of 64 keys, two Q stages and no O buffer (O goes into its item's Q stage: hd128 225 KB); each
     warpgroup skips the other's tiles (waits and releases with no wgmma between); 160 registers a consumer thread and
-    no spills; L2 hints on Q, K, V and O; builds it cannot serve are refused, and a split-KV call takes D1's build.""" 
+    no spills; L2 hints on Q, K, V and O; builds it cannot serve are refused, and a split-KV call takes D1's build."""
     from dsv4lib.attention import sm90_kernel_shape
     from dsv4lib.kernels.common import L2_EVICT_FIRST, L2_EVICT_LAST
     from dsv4lib.kernels.compile import compile_for_arch

@@ -36,17 +36,22 @@ def item_stamp(buffer: cute.Tensor, item, k: cutlass.Constexpr):
         stamps[(bidx * STAMP_ITEMS + item) * STAMPS_PER_ITEM + k] = cute.arch.globaltimer()
 
 
+def tma_copy(tma_atom: cute.CopyAtom, src: cute.Tensor, dst: cute.Tensor, cache_policy=None, **kwargs):
+    """``cute.copy`` of a TMA atom with an optional L2 eviction hint (:data:`L2_EVICT_FIRST` / :data:`L2_EVICT_LAST`,
+    a Python int: decided when the kernel is built); ``kwargs``: the atom's own (``tma_bar_ptr`` of a load)."""
+    if const_expr(cache_policy is not None):
+        kwargs["cache_policy"] = Int64(cache_policy)
+    cute.copy(tma_atom, src, dst, **kwargs)
+
+
 def tma_load_tile(tma_atom: cute.CopyAtom, tXgX: cute.Tensor, tXsX: cute.Tensor, pipe, state, n_block,
                   cache_policy: cutlass.Constexpr = None):
     """Producer: wait for ``state``'s stage to be free, then TMA global tile ``n_block`` into it (arriving on the
     stage's full barrier).  The caller advances ``state`` (in its own loop body, where the DSL sees it change).
     ``cache_policy``: an L2 eviction hint (:data:`L2_EVICT_FIRST` / :data:`L2_EVICT_LAST`), or none."""
     pipe.producer_acquire(state)
-    if const_expr(cache_policy is None):
-        cute.copy(tma_atom, tXgX[None, n_block], tXsX[None, state.index], tma_bar_ptr=pipe.producer_get_barrier(state))
-    else:
-        cute.copy(tma_atom, tXgX[None, n_block], tXsX[None, state.index], tma_bar_ptr=pipe.producer_get_barrier(state),
-                  cache_policy=Int64(cache_policy))
+    tma_copy(tma_atom, tXgX[None, n_block], tXsX[None, state.index], cache_policy,
+             tma_bar_ptr=pipe.producer_get_barrier(state))
 
 
 @cute.jit
@@ -92,10 +97,7 @@ def tma_store_tile(tma_atom: cute.CopyAtom, sO: cute.Tensor, gO: cute.Tensor, wa
     buffer is written again or the CTA exits (persistent kernels wait later, before the next reuse)."""
     tOsO, tOgO = cpasync.tma_partition(tma_atom, 0, cute.make_layout(1), cute.group_modes(sO, 0, 2),
                                        cute.group_modes(gO, 0, 2))
-    if const_expr(cache_policy is None):
-        cute.copy(tma_atom, tOsO, tOgO)
-    else:
-        cute.copy(tma_atom, tOsO, tOgO, cache_policy=Int64(cache_policy))
+    tma_copy(tma_atom, tOsO, tOgO, cache_policy)
     cute.arch.cp_async_bulk_commit_group()
     if const_expr(wait):
         cute.arch.cp_async_bulk_wait_group(0, read=True)

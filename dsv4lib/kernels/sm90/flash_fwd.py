@@ -122,7 +122,7 @@ from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 from cutlass.utils import LayoutEnum
 
 from ..common import (L2_EVICT_FIRST, L2_EVICT_LAST, convert_to_bf16_pairs, item_stamp, launch_stream,
-                      load_kv_tiles, tma_load_tile, tma_store_tile)
+                      load_kv_tiles, tma_copy, tma_load_tile, tma_store_tile)
 from ..nvfp4 import e2m1_code_magic, nvfp4_block_scale
 
 LOG2_E = math.log2(math.e)
@@ -755,12 +755,8 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                 if cute.arch.lane_idx() == 0:
                     sWork[q_state.index] = work
             pipeline_q.producer_acquire(q_state)
-            if const_expr(self.l2_q is None):
-                cute.copy(tma_atom_Q, tQgQ, tQsQ[None, q_state.index],
-                          tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
-            else:
-                cute.copy(tma_atom_Q, tQgQ, tQsQ[None, q_state.index],
-                          tma_bar_ptr=pipeline_q.producer_get_barrier(q_state), cache_policy=Int64(self.l2_q))
+            tma_copy(tma_atom_Q, tQgQ, tQsQ[None, q_state.index], self.l2_q,
+                     tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
             q_state.advance()
             if const_expr(self.dynamic_schedule):
                 step = self.take_work(mWork) - work          # fetched now, used after the K/V issue below
@@ -920,10 +916,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         if const_expr(self.nvfp4_out):
             self.store_nvfp4(acc_O_rc, tOcO_rc, mO, mOutScales, mSenc[0], m_block, head, batch, seqlen_q)
         elif const_expr(self.o_in_q_stage):
-            # sO is sQ: stage O in this item's Q stage and tell the storer warp (arrive only, nobody waits here)
-            self.stage_o(acc_O, tiled_mma_pv, sO[None, None, o_stage], ctidx)
-            cute.arch.barrier_arrive(barrier_id=self.RING_STORE_BARRIERS + o_stage,
-                                     number_of_threads=128 * self.consumer_warpgroups + 32)
+            self.hand_o_to_storer(acc_O, tiled_mma_pv, sO, o_stage, ctidx)        # sO is sQ
         elif const_expr(self.split_epilogue):
             # this warpgroup's 64 rows: its half of sO, its own TMA store, only its own 128 threads meet
             wg = cute.arch.make_warp_uniform(ctidx // 128)
@@ -938,18 +931,6 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             self.store_o_tma(acc_O, tiled_mma_pv, sO, tma_atom_O, gO, ctidx, reuse=True)
 
     # ------------------------------------------------------------------ warpgroup tiles (warpgroup_tiles=True)
-    @cute.jit
-    def shared_and_own(self, lo0, hi0, lo1, hi1):
-        """(Cluster pairs' ``pair_plan``.)  Two adjacent row ranges' KV tiles ``[lo0, hi0)`` (the earlier rows) and ``[lo1, hi1)``, as runs that
-        descend from a top: (count, top) of the tiles both see, of the first's own (below the shared ones) and of
-        the second's own (above them).  An empty range shares nothing; its own count is 0."""
-        s_lo = cutlass.max(lo0, lo1)
-        s_hi = cutlass.min(hi0, hi1)
-        n_shared = cutlass.max(s_hi - s_lo, 0)
-        own0 = cutlass.max(hi0 - lo0, 0) - n_shared          # the shared tiles lie inside both (non-empty) ranges
-        own1 = cutlass.max(hi1 - lo1, 0) - n_shared
-        return (n_shared, s_hi), (own0, cutlass.min(hi0, lo1)), (own1, hi1)
-
     @cute.jit
     def warpgroup_plan(self, m_block, wg_idx, seqlen_q, seqlen_k, window_size):
         """Warpgroup tiles: the K/V slots of query block ``m_block`` — every tile one of its 64-row warpgroups
@@ -1001,6 +982,18 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         head has one block when the head has an odd number)."""
         m_blocks = cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m)
         return (m_blocks + 1) // 2 * cute.size(mQ.shape[2]) * cute.size(mQ.shape[3])
+
+    @cute.jit
+    def shared_and_own(self, lo0, hi0, lo1, hi1):
+        """Cluster pairs (``pair_plan``): two adjacent row ranges' KV tiles ``[lo0, hi0)`` (the earlier rows) and
+        ``[lo1, hi1)``, as runs that descend from a top: (count, top) of the tiles both see, of the first's own (below the shared ones) and of
+        the second's own (above them).  An empty range shares nothing; its own count is 0."""
+        s_lo = cutlass.max(lo0, lo1)
+        s_hi = cutlass.min(hi0, hi1)
+        n_shared = cutlass.max(s_hi - s_lo, 0)
+        own0 = cutlass.max(hi0 - lo0, 0) - n_shared          # the shared tiles lie inside both (non-empty) ranges
+        own1 = cutlass.max(hi1 - lo1, 0) - n_shared
+        return (n_shared, s_hi), (own0, cutlass.min(hi0, lo1)), (own1, hi1)
 
     @cute.jit
     def pair_plan(self, pair, mQ, seqlen_q, seqlen_k, window_size):
@@ -1303,9 +1296,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                     cute.arch.barrier(barrier_id=self.EPILOGUE_BARRIER, number_of_threads=128)  # all of Q is read
                     self.timing_stamp(mLSE, item_count, 2, ctidx == 0)
                 # O → this item's Q stage (each warpgroup's own 64 rows, its QKs all retired), then tell the storer
-                self.stage_o(acc_O, tiled_mma_pv, sQ[None, None, q_state.index], ctidx)
-                cute.arch.barrier_arrive(barrier_id=self.RING_STORE_BARRIERS + q_state.index,
-                                         number_of_threads=128 * self.consumer_warpgroups + 32)
+                self.hand_o_to_storer(acc_O, tiled_mma_pv, sQ, q_state.index, ctidx)
                 q_state.advance()    # Q in registers: the stage index stays 0, the phase is the next Q's
                 self.timing_stamp(mLSE, item_count, 3, ctidx == 0)
                 item_count += 1
@@ -1331,14 +1322,29 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         for chunk in cutlass.range(bidx, num_chunks, gdim, unroll=1):
             head, batch, item_lo, item_hi = self.ring_chunk(chunk, per_head, chunk_items, mQ)
             for item in cutlass.range(item_lo, item_hi, unroll=1):
-                cute.arch.barrier(barrier_id=self.RING_STORE_BARRIERS + q_state.index,
-                                  number_of_threads=128 * self.consumer_warpgroups + 32)
-                gO = cute.local_tile(mO[None, None, head, batch], (self.tile_m, self.head_dim), (item, 0))
-                tma_store_tile(tma_atom_O, sQ[None, None, q_state.index], gO, wait=True)
-                pipeline_q.consumer_release(q_state)
+                self.store_staged_o(tma_atom_O, mO, sQ, pipeline_q, q_state, item, head, batch)
                 q_state.advance()
                 self.timing_stamp(mLSE, item_count, 6)
                 item_count += 1
+
+    @cute.jit
+    def hand_o_to_storer(self, acc_O, tiled_mma_pv, sQ, stage, ctidx):
+        """Consumers: O into Q stage ``stage`` (each warpgroup its own 64 rows, whose QKs have all retired), then an
+        arrive on the stage's store barrier — nobody waits here; the storer warp (``store_staged_o``) does."""
+        self.stage_o(acc_O, tiled_mma_pv, sQ[None, None, stage], ctidx)
+        cute.arch.barrier_arrive(barrier_id=self.RING_STORE_BARRIERS + stage,
+                                 number_of_threads=128 * self.consumer_warpgroups + 32)
+
+    @cute.jit
+    def store_staged_o(self, tma_atom_O, mO, sQ, pipeline_q, q_state, m_block, head, batch):
+        """The storer warp, one item: wait on its Q stage's store barrier until every consumer has put O there
+        (``hand_o_to_storer``), TMA-store the tile (Q's L2 hint: written once), wait for the store to read the stage
+        and hand the stage back to the producer.  The caller advances ``q_state``."""
+        cute.arch.barrier(barrier_id=self.RING_STORE_BARRIERS + q_state.index,
+                          number_of_threads=128 * self.consumer_warpgroups + 32)
+        gO = cute.local_tile(mO[None, None, head, batch], (self.tile_m, self.head_dim), (m_block, 0))
+        tma_store_tile(tma_atom_O, sQ[None, None, q_state.index], gO, wait=True, cache_policy=self.l2_q)
+        pipeline_q.consumer_release(q_state)
 
     @cute.jit
     def store_persistent(self, tma_atom_O, mO, mQ, sQ, pipeline_q, sWork):
@@ -1357,11 +1363,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             work = self.announced_work(pipeline_q, q_state, sWork, total)
         while work < total:
             m_block, head, batch = self.work_coords(work, mQ)
-            cute.arch.barrier(barrier_id=self.RING_STORE_BARRIERS + q_state.index,
-                              number_of_threads=128 * self.consumer_warpgroups + 32)
-            gO = cute.local_tile(mO[None, None, head, batch], (self.tile_m, self.head_dim), (m_block, 0))
-            tma_store_tile(tma_atom_O, sQ[None, None, q_state.index], gO, wait=True, cache_policy=self.l2_q)
-            pipeline_q.consumer_release(q_state)
+            self.store_staged_o(tma_atom_O, mO, sQ, pipeline_q, q_state, m_block, head, batch)
             q_state.advance()
             if const_expr(self.dynamic_schedule):
                 work = self.announced_work(pipeline_q, q_state, sWork, total)
@@ -1476,9 +1478,12 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
     def mask_row(self, m_block, wg_idx, last: cutlass.Constexpr):
         """The first (``last`` = 0) or last (1) M row whose keys decide whether an edge crosses a tile: the block's,
         or with warpgroup tiles warpgroup ``wg_idx``'s own 64 rows."""
-        row = m_block * self.tile_m if const_expr(not last) else (m_block + 1) * self.tile_m - 1
         if const_expr(self.warpgroup_tiles):
             row = m_block * self.tile_m + 64 * wg_idx + 63 * last
+        elif const_expr(last):
+            row = (m_block + 1) * self.tile_m - 1
+        else:
+            row = m_block * self.tile_m
         return row
 
     @cute.jit
