@@ -2,6 +2,8 @@
 the combine kernel built for both archs."""
 import math
 
+import re
+
 import pytest
 import torch
 
@@ -79,9 +81,9 @@ def test_combine_kernel_builds(arch, has_sink):
     from dsv4lib.kernels.compile import compile_for_arch
     k = compile_for_arch(LSECombineKernel(128, has_sink=has_sink), *fake_args(128), arch=arch)
     assert k.ptx_target == arch
-    # the row total (the LSEs held in registers + the loop over any beyond them), the unrolled split weights (and
-    # the sink gate)
-    assert k.count(r"ex2\.approx") == LSE_SLOTS + 1 + SPLIT_UNROLL + (1 if has_sink else 0)
+    # the row total (the LSEs held in registers + the loop over any beyond them), the unrolled split weights of the
+    # first batch (peeled: loaded before the LSE reduction) and of the loop's batches (and the sink gate)
+    assert k.count(r"ex2\.approx") == LSE_SLOTS + 1 + 2 * SPLIT_UNROLL + (1 if has_sink else 0)
     with pytest.raises(ValueError):
         LSECombineKernel(100, has_sink=False)
 
@@ -97,6 +99,9 @@ def test_combine_kernel_streams_vectors(head_dim):
     k = compile_for_arch(LSECombineKernel(head_dim, has_sink=False), *fake_args(head_dim), arch="sm_90a")
     vector = r"ld\.global\.v4\.(f32|b32)" if head_dim >= 128 else r"ld\.global\.v2\.(f32|b32)"
     assert k.count(vector) >= SPLIT_UNROLL                        # unrolled: one vector load per split copy
+    # the first batch's partial rows are requested before the row's LSE is reduced (one L2 round trip, not two)
+    first_shuffle = k.ptx.index("shfl.sync.bfly")
+    assert len(re.findall(vector, k.ptx[:first_shuffle])) == SPLIT_UNROLL
     assert k.count(r"shfl\.sync\.bfly") >= 10                    # max and sum, 5 steps each
     assert k.count(r"bar\.sync") >= 1
     assert k.count(r"st\.global\.b16|st\.global\.u16") == 1          # one bf16 column per thread

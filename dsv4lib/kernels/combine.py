@@ -110,6 +110,15 @@ def merge_chunk(mOp: cute.Tensor, mLSEp: cute.Tensor, mO: cute.Tensor, mLSE: cut
     warp = tidx // 32
     vec = cols // 32
     num_splits = mOp.shape[0]
+    # the first batch of this warp's splits (see the loop below) is loaded before the row's LSE is reduced: those
+    # loads do not depend on it, and with ≤ 4 · unroll splits (the clustered hd512 decode) they are all there is,
+    # so the whole merge waits for one L2 round trip instead of two
+    tOr = cute.make_rmem_tensor(cute.make_layout((unroll, vec), stride=(vec, 1)), Float32)   # a split's row contiguous
+    lse_i = cute.make_rmem_tensor((unroll,), Float32)
+    load_split_batch(mOp, mLSEp, b, s, h, chunk, lane, warp, cols, unroll, tOr, lse_i)
+    sink = Float32(0.0)
+    if const_expr(has_sink):
+        sink = mSink[h]             # loaded here, with the rest, not after the barrier (one more round trip)
     # L = logsumexp over the splits (log2 units), every warp on its own, lane-parallel.  Lane l holds splits l,
     # l + 32, … (the first LSE_SLOTS of them in registers, all loaded at once: one latency, not one per pass; more
     # splits than that are walked by a loop that is usually empty).
@@ -141,27 +150,16 @@ def merge_chunk(mOp: cute.Tensor, mLSEp: cute.Tensor, mO: cute.Tensor, mLSE: cut
 
     # this warp's splits i = warp, warp + 4, …: O_i (cols,) → lane's vec contiguous columns, one vector load each.
     # In batches of ``unroll`` splits whose loads are all issued before any is used: no branch between them (a
-    # split past the end loads split ``warp``'s row again and gets weight 0), because a branch per split — the
+    # split past the end loads split 0's row again and gets weight 0), because a branch per split — the
     # early exit of an unrolled loop with a run-time trip count, or an ``if w > 0`` — keeps ptxas from issuing
     # the next loads before this one's arrive (measured in the hd512 decode: the loads then run one L2 latency at
     # a time, ~8 µs for 16 splits a warp).
     acc = cute.make_rmem_tensor((vec,), Float32)
     acc.fill(0.0)
-    tOr = cute.make_rmem_tensor(cute.make_layout((unroll, vec), stride=(vec, 1)), Float32)   # a split's row contiguous
-    lse_i = cute.make_rmem_tensor((unroll,), Float32)
-    for i0 in cutlass.range(warp, num_splits, WARPS_PER_CTA * unroll, unroll=1):
-        for k in cutlass.range_constexpr(unroll):
-            i = i0 + WARPS_PER_CTA * k
-            i_safe = i if i < num_splits else warp            # a select; split `warp` always exists
-            lse_i[k] = mLSEp[i_safe, b, h, s]
-            gOi = cute.local_tile(mOp[i_safe, b, s, h, None], (cols,), (chunk,))           # (cols,)
-            cute.autovec_copy(cute.local_tile(gOi, (vec,), (lane,)), tOr[k, None])
-        for k in cutlass.range_constexpr(unroll):
-            w = cute.arch.exp2(lse_i[k] * LOG2_E - base) * inv_total
-            # a split past the end, or an empty split (w = 0: its partial may be unwritten, NaN bits) adds nothing
-            w = w if i0 + WARPS_PER_CTA * k < num_splits else Float32(0.0)
-            for j in cutlass.range_constexpr(vec):
-                acc[j] += w * (tOr[k, j] if w > 0.0 else Float32(0.0))
+    add_split_batch(acc, tOr, lse_i, warp, num_splits, base, inv_total, vec, unroll)
+    for i0 in cutlass.range(warp + WARPS_PER_CTA * unroll, num_splits, WARPS_PER_CTA * unroll, unroll=1):
+        load_split_batch(mOp, mLSEp, b, s, h, chunk, lane, i0, cols, unroll, tOr, lse_i)
+        add_split_batch(acc, tOr, lse_i, i0, num_splits, base, inv_total, vec, unroll)
     cute.autovec_copy(acc, cute.local_tile(sAcc[warp, None], (vec,), (lane,)))
     cute.arch.barrier(barrier_id=barrier_id, number_of_threads=32 * WARPS_PER_CTA)
 
@@ -169,7 +167,7 @@ def merge_chunk(mOp: cute.Tensor, mLSEp: cute.Tensor, mO: cute.Tensor, mLSE: cut
     if const_expr(has_sink):
         # e^L / (e^L + e^σ) = 1 / (1 + e^{σ - L}); an empty row stays 0 because its weights are 0
         if total > 0.0:
-            gate = 1.0 / (1.0 + cute.arch.exp2((mSink[h] - lse) * LOG2_E))
+            gate = 1.0 / (1.0 + cute.arch.exp2((sink - lse) * LOG2_E))
     for c in cutlass.range_constexpr((cols + 32 * WARPS_PER_CTA - 1) // (32 * WARPS_PER_CTA)):
         col = c * 32 * WARPS_PER_CTA + tidx
         if col < cols:
@@ -179,6 +177,35 @@ def merge_chunk(mOp: cute.Tensor, mLSEp: cute.Tensor, mO: cute.Tensor, mLSE: cut
             mO[b, s, h, chunk * cols + col] = (o * gate).to(mO.element_type)
     if tidx == 0 and chunk == 0:
         mLSE[b, h, s] = lse
+
+
+@cute.jit
+def load_split_batch(mOp: cute.Tensor, mLSEp: cute.Tensor, b, s, h, chunk, lane, i0, cols: cutlass.Constexpr,
+                     unroll: cutlass.Constexpr, tOr: cute.Tensor, lse_i: cute.Tensor):
+    """Splits ``i0, i0 + 4, …`` (``unroll`` of them): their LSEs and the lane's ``cols / 32`` columns of their
+    partial rows, every load issued before any is used (no branch between them: a split past the end loads
+    split 0's row again — the one split that always exists, even for a warp with none of its own — and
+    :func:`add_split_batch` gives it weight 0)."""
+    num_splits = mOp.shape[0]
+    vec = cols // 32
+    for k in cutlass.range_constexpr(unroll):
+        i = i0 + WARPS_PER_CTA * k
+        i_safe = i if i < num_splits else 0                   # a select
+        lse_i[k] = mLSEp[i_safe, b, h, s]
+        gOi = cute.local_tile(mOp[i_safe, b, s, h, None], (cols,), (chunk,))               # (cols,)
+        cute.autovec_copy(cute.local_tile(gOi, (vec,), (lane,)), tOr[k, None])
+
+
+@cute.jit
+def add_split_batch(acc: cute.Tensor, tOr: cute.Tensor, lse_i: cute.Tensor, i0, num_splits, base: Float32,
+                    inv_total: Float32, vec: cutlass.Constexpr, unroll: cutlass.Constexpr):
+    """``acc += Σ_k e^{lse_k - L} · O_k`` over a batch loaded by :func:`load_split_batch`."""
+    for k in cutlass.range_constexpr(unroll):
+        w = cute.arch.exp2(lse_i[k] * LOG2_E - base) * inv_total
+        # a split past the end, or an empty split (w = 0: its partial may be unwritten, NaN bits) adds nothing
+        w = w if i0 + WARPS_PER_CTA * k < num_splits else Float32(0.0)
+        for j in cutlass.range_constexpr(vec):
+            acc[j] += w * (tOr[k, j] if w > 0.0 else Float32(0.0))
 
 
 def fake_args(head_dim: int):
