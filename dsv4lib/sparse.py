@@ -57,7 +57,13 @@ def merge_counters(B: int, Sq: int, groups: int, device) -> torch.Tensor:
 # 48.9 (64), 46.9 / 45.7 / 47.4.  Where the time goes (DSV4_PHASE_TIMES, H64 KV64k, C = 4): the main loop ends at
 # ~18.5 µs (the producer alone streams the same 64 MB in ~19 µs), the on-chip merge takes ~5 µs (1.2 waiting for the
 # cluster's slowest split, 1.5 weights + sRed, 2 pulling the peers' slices: DSMEM moves ~25 GB/s per SM), the
-# combine of 30 partials ~4 µs.
+# combine of 30 partials ~4 µs.  Session 17 (H200, same machine, two rounds): the combine loading its first batch of
+# partials ahead of the LSE reduction took H64 KV64k 32.1 → 31.2 µs, KV16k 21.8 → 20.7, H128 25.0 → 23.9 / 46.3 →
+# 45.6; combine unroll 8 instead of 4 a tie (31.0 / 20.5 / 24.3 / 46.1).  Not kept: the slice sum with every
+# step's peer loads hoisted above its first global store (DSMEM loads are generic LDs in SASS, which ptxas leaves
+# behind the stores), the last cluster barrier relaxed and the LSE store moved past barrier 2 — 32.4 vs 32.1 µs,
+# the slice pull still ~2.3 µs: DSMEM bandwidth, not latency.  The floor: the producer alone (TMA stream, no math,
+# no merge, no combine) takes 19.9 µs for the 64 MiB at 132 splits — 0.794 of the 1 GiB copy bandwidth.
 CLUSTER_SPLITS = 4
 COMBINE_PDL = True       # the combine behind a cluster launch: programmatic dependent launch (kernels.combine)
 MIN_TILES_PER_CLUSTERED_SPLIT = 2

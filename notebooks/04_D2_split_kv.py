@@ -122,9 +122,11 @@ if on_gpu:
 # CTA's start, medians): Q lands at 1.3, the first KV tile at 3.5 (every SM asks for its two 64 KB stages at once),
 # the main loop ends at 18.5 — the producer alone streams the same 64 MB in ~19, so the math is hidden — then the
 # on-chip merge takes ~5 (1.2 waiting for the cluster's slowest split, 1.5 for the weights and `sRed`, 2 pulling the
-# peers' slices: DSMEM moves ~25 GB/s per SM), and the combine ~4.  The whole call: ~33 µs (0.48 of the copy
-# bandwidth), from 43.  The 80 % bar (~20 µs) is the producer-alone time: it would need the merge and the combine
-# for free.  Arithmetic intensity of this shape: 64 heads × 2 MMAs × 2 flop per KV element (2 bytes) = 128 flop/byte,
+# peers' slices: DSMEM moves ~25 GB/s per SM), and the combine ~3 (its first batch of partials is loaded ahead of
+# the LSE reduction).  The whole call: ~31 µs (0.51 of the copy bandwidth), from 43.  **The 80 % bar (~19.8 µs) lies
+# below this data path's floor:** the producer alone — the same TMA stream of the 64 MiB with no math, no merge and
+# no combine — takes 19.9 µs timed the same way (0.794 of the copy), and this harness's floor for a one-element
+# kernel is 3.9 µs (event, launch, completion).  Arithmetic intensity of this shape: 64 heads × 2 MMAs × 2 flop per KV element (2 bytes) = 128 flop/byte,
 # against the H200's ridge of ~190 — memory-bound, but the MMAs at M = 64 need ~55 % of the tensor peak to keep up.
 
 # %%

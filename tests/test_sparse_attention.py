@@ -1,8 +1,6 @@
 """D6 core: the hd512 MQA kernel (K = V, 64 heads packed as M) — gathered (sparse_attention) and dense (attention
 with hd512) — builds on the CPU with the right instructions, rejects bad input, and on a Hopper GPU matches the
 float64 reference."""
-import re
-
 import pytest
 import torch
 
@@ -390,16 +388,6 @@ def test_cluster_reduced_build_merges_through_dsmem():
     assert k.count(r"ld\.shared::cluster\.v4\.b32") == 2 * 2 * 8        # 2 warpgroups × 2 steps × 8 peers (bf16)
     assert k.count(r"ld\.shared::cluster\.(b32|f32)") == 2 * 2 * 8      # 2 warpgroups × 2 rows × 8 peers' LSEs
     assert k.count(r"st\.global\.v4\.(b32|f32)") == 2 * 2 * 2 and k.count(r"\.local") == 0   # 8 fp32 a step
-    # per warpgroup, every step's peer loads come before the first store of the summed slice (one SM-to-SM round
-    # trip, not one per step): the loads and stores run L…L S…S, twice
-    runs = ""
-    for line in k.ptx.splitlines():
-        kind = "L" if "ld.shared::cluster.v4" in line else "S" if re.search(r"st\.global\.v4", line) else ""
-        if kind and not runs.endswith(kind):
-            runs += kind
-    assert runs == "LSLS", runs
-    # the last barrier only keeps the peers' buffers alive: relaxed, so it does not wait for the partial's stores
-    assert k.count(r"barrier\.cluster\.arrive\.relaxed") == 2
     plain = compile_for_arch(SparseAttentionForwardSm90(gather=False, has_lse=True, split_kv=True),
                              *fake_args(False, True), arch="sm_90a")
     assert plain.count(r"barrier\.cluster") == 0 and plain.count(r"shared::cluster") == 0

@@ -1289,9 +1289,6 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             cute.arch.cluster_wait()
             self.phase_stamp(mTimes, 8, ctid == 0)                        # 8: cluster barrier 1 passed
             lse_p = cute.make_rmem_tensor(cute.make_layout((C, 1), stride=(1, 1)), Float32)
-            # the cluster's row LSEs, stored to mLSE only after barrier [2]: that barrier's release fence
-            # (MEMBAR.ALL.GPU in SASS) would otherwise wait for these global stores to land
-            lse_rows = cute.make_rmem_tensor((cute.size(acc_O_rc, mode=[0]),), Float32)
             for r in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[0])):
                 m = tOcO_rc[r, 0][0]
                 for p in cutlass.range_constexpr(C):  # (a DSMEM tensor is read by copies, not by indexing)
@@ -1309,7 +1306,9 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                     weight = cute.arch.exp2((sLSE[m] - lse_cluster) * LOG2_E)
                 for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
                     acc_O_rc[r, c] = acc_O_rc[r, c] * weight
-                lse_rows[r] = lse_cluster
+                if const_expr(half == 0):
+                    if rank == 0 and wtid % 4 == 0:
+                        mLSE[part, batch, head_group * TILE_H + m, token] = lse_cluster
         else:
             # WG1 may not overwrite the KV stages before WG2's last PV wgmma has read them
             cute.arch.barrier(barrier_id=STAGED, number_of_threads=256)
@@ -1336,36 +1335,22 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             sRed_peer = [cute.make_tensor(cute.arch.map_dsmem_ptr(sRed.iterator, p), sRed.layout)
                          for p in range(C)]
         gO = mO[part, batch, token, None, None]                                          # (H, 512)
-        # every step's peer vectors are loaded before the first sum is stored: DSMEM loads are generic loads in
-        # SASS, which ptxas does not move above a global store (they might alias), so loads interleaved with the
-        # stores paid one SM-to-SM round trip per step
-        steps = TILE_H * vecs_per_row // 256
-        parts = cute.make_rmem_tensor(cute.make_layout((steps, C, vec), stride=(C * vec, vec, 1)), sRed.element_type)
-        for step in cutlass.range_constexpr(steps):
+        parts = cute.make_rmem_tensor(cute.make_layout((C, vec), stride=(vec, 1)), sRed.element_type)
+        total = cute.make_rmem_tensor((vec,), Float32)
+        for step in cutlass.range_constexpr(TILE_H * vecs_per_row // 256):
             v = step * 256 + ctid
             row = v // vecs_per_row
             colv = rank * vecs_per_row + v % vecs_per_row                             # in vector units
             for p in cutlass.range_constexpr(C):
-                cute.autovec_copy(cute.local_tile(sRed_peer[p][row, None], (vec,), (colv,)), parts[step, p, None])
-        if const_expr(C > 1 and half == 0):
-            if rank == 0 and wtid % 4 == 0:
-                for r in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[0])):
-                    mLSE[part, batch, head_group * TILE_H + tOcO_rc[r, 0][0], token] = lse_rows[r]
-        total = cute.make_rmem_tensor((vec,), Float32)
-        for step in cutlass.range_constexpr(steps):
-            v = step * 256 + ctid
-            row = v // vecs_per_row
-            colv = rank * vecs_per_row + v % vecs_per_row
+                cute.autovec_copy(cute.local_tile(sRed_peer[p][row, None], (vec,), (colv,)), parts[p, None])
             for j in cutlass.range_constexpr(vec):
-                total[j] = Float32(parts[step, 0, j])
+                total[j] = Float32(parts[0, j])
                 for p in cutlass.range_constexpr(1, C):
-                    total[j] += Float32(parts[step, p, j])
+                    total[j] += Float32(parts[p, j])
             cute.autovec_copy(total, cute.local_tile(gO[head_group * TILE_H + row, None], (vec,), (colv,)))
         self.phase_stamp(mTimes, 10, ctid == 0)                           # 10: slice summed and stored
         if const_expr(C > 1):
-            # [3] no CTA exits while a peer still reads its sRed.  Relaxed: this CTA's own peer loads are done
-            # (their values are summed), and a release here would wait for the partial's global stores to land
-            cute.arch.cluster_arrive_relaxed()
+            cute.arch.cluster_arrive()                 # [3] no CTA exits while a peer still reads its sRed
             cute.arch.cluster_wait()
 
     @cute.jit
