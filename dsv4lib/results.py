@@ -85,9 +85,20 @@ def load_all_results(results_dir: Path = RESULTS_DIR) -> dict[str, dict[str, Any
     return out
 
 
-def recorded_copy_gbps(target: str, default: float = 4300.0, results_dir: Path = RESULTS_DIR) -> float:
-    """The device-to-device copy bandwidth stage 00 measured on ``target`` (the pipeline runs it first, so within a
-    pipeline run it is this run's); ``default`` when the target has no stage-00 row yet."""
+def recorded_env_metric(target: str, key: str, default: float, results_dir: Path = RESULTS_DIR) -> float:
+    """A number stage 00 measured on ``target`` (the pipeline runs it first, so within a pipeline run it is this
+    run's); ``default`` when the target has no stage-00 row, or the row no such number."""
     metrics = load_results(target, results_dir)["stages"].get("00-env", {}).get("metrics", {})
-    value = _as_float(metrics.get("copy_gbps", default))
+    value = _as_float(metrics.get(key, default))
     return default if math.isnan(value) else value
+
+
+def recorded_copy_gbps(target: str, default: float = 4300.0, results_dir: Path = RESULTS_DIR) -> float:
+    """The device-to-device copy bandwidth (GB/s, 1 GiB copy) stage 00 measured on ``target``."""
+    return recorded_env_metric(target, "copy_gbps", default, results_dir)
+
+
+def recorded_launch_floor_ms(target: str, default: float = 0.0, results_dir: Path = RESULTS_DIR) -> float:
+    """The timing floor stage 00 measured on ``target`` (ms): :func:`dsv4lib.bench.launch_floor` — what
+    ``bench.time_cuda`` reads for a kernel that does nothing.  ``default`` 0: no floor known, ceilings of 1."""
+    return recorded_env_metric(target, "launch_floor_us", default * 1e3, results_dir) / 1e3

@@ -30,7 +30,7 @@ import dsv4lib
 from dsv4lib import bench, metrics, reference
 from dsv4lib.nb import setup
 from dsv4lib.record import record
-from dsv4lib.results import recorded_copy_gbps
+from dsv4lib.results import recorded_copy_gbps, recorded_launch_floor_ms
 from dsv4lib.splitkv import num_splits_heuristic, split_block_ranges
 
 tgt = setup(target, seed)
@@ -82,6 +82,7 @@ record(metrics_path, compiled=build_ok, sm100a="COMPILED-ONLY" if build_ok else 
 rows = []
 if on_gpu:
     copy_gbps = recorded_copy_gbps(tgt.name)
+    floor_ms = recorded_launch_floor_ms(tgt.name)        # stage 00's timing floor: the ceilings below
     gen = torch.Generator(device="cuda").manual_seed(seed)
     for B in batches:
         for S in kv_lens:
@@ -96,7 +97,8 @@ if on_gpu:
             nbytes = 2 * k.numel() * k.element_size()
             inputs = [(q, k, v)] + [(mk(1), mk(S), mk(S)) for _ in range(1)]
             t = bench.time_cuda(lambda q, k, v: dsv4lib.attention(q, k, v), inputs, iters=bench_iters)
-            row = {"B": B, "KV": S, "cosine": cos, "ms": t.median_ms, "gbps": bench.gbps(nbytes, t.median_ms)}
+            row = {"B": B, "KV": S, "cosine": cos, "ms": t.median_ms, "gbps": bench.gbps(nbytes, t.median_ms),
+                   "bw_fraction_ceiling": bench.fraction_ceiling(nbytes, copy_gbps, floor_ms)}
             if B == 1 and S == 65536:
                 t1 = bench.time_cuda(lambda q, k, v: dsv4lib.attention(q, k, v, num_splits=1), inputs, iters=bench_iters)
                 row["speedup_vs_1split"] = t1.median_ms / t.median_ms
@@ -142,15 +144,18 @@ if on_gpu:
             t = bench.time_cuda(lambda q, kv: dsv4lib.attention(q, kv, kv), inputs, iters=bench_iters)
             t1 = bench.time_cuda(lambda q, kv: dsv4lib.attention(q, kv, kv, num_splits=1), inputs, iters=bench_iters)
             row = {"H": H, "KV": S, "cosine": cos, "ms": t.median_ms, "gbps": bench.gbps(S * 1024, t.median_ms),
-                   "speedup_vs_1split": t1.median_ms / t.median_ms, "host_ms": t.host_ms}
+                   "speedup_vs_1split": t1.median_ms / t.median_ms, "host_ms": t.host_ms,
+                   "bw_fraction_ceiling": bench.fraction_ceiling(S * 1024, copy_gbps, floor_ms)}
             dsv4_rows.append(row)
             print(row)
             del q, kv, inputs
     dsv4_head = next(r for r in dsv4_rows if r["H"] == 64 and r["KV"] == 65536)
     record(metrics_path, mode="gpu", cosine=min(r["cosine"] for r in rows + dsv4_rows), time_ms=head_row["ms"],
            gbps=head_row["gbps"], bw_fraction=head_row["gbps"] / copy_gbps,
+           bw_fraction_ceiling=head_row["bw_fraction_ceiling"],
            speedup_vs_1split=head_row["speedup_vs_1split"], sweep=rows, dsv4_decode=dsv4_rows,
            dsv4_gbps=dsv4_head["gbps"], dsv4_bw_fraction=dsv4_head["gbps"] / copy_gbps,
+           dsv4_bw_fraction_ceiling=dsv4_head["bw_fraction_ceiling"],
            notes="headline B1 H16 hd128 KV 64k decode; DSV4 shape: B1 H64 hd512 MQA KV 64k (dsv4_*)")
 else:
     record(metrics_path, mode="compile", notes="no Hopper GPU: combine kernel built for sm_90a and sm_100a, not run")
