@@ -100,5 +100,5 @@ def recorded_copy_gbps(target: str, default: float = 4300.0, results_dir: Path =
 
 def recorded_launch_floor_ms(target: str, default: float = 0.0, results_dir: Path = RESULTS_DIR) -> float:
     """The timing floor stage 00 measured on ``target`` (ms): :func:`dsv4lib.bench.launch_floor` — what
-    ``bench.time_cuda`` reads for a kernel that does nothing.  ``default`` 0: no floor known, ceilings of 1."""
+    ``bench.time_cuda`` reads for a kernel that does nothing.  ``default`` 0: no floor known."""
     return recorded_env_metric(target, "launch_floor_us", default * 1e3, results_dir) / 1e3

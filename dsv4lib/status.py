@@ -30,7 +30,7 @@ def _fmt_cos(v: Any) -> str:
 
 def targets_text(metrics: dict[str, Any], targets: dict[str, float]) -> str:
     """``targets 1/2: bw_fraction 0.81 ≥ 0.8 ✓, speedup 2.1 ≥ 3 ✗`` — only for targets the run recorded; a target
-    whose metric has a recorded ``<name>_ceiling`` shows it: ``bw_fraction 0.68 ≥ 0.85 ✗ (ceiling 0.72)``."""
+    whose metric has a recorded ``<name>_at_copy_rate`` shows it: ``bw_fraction 0.68 ≥ 0.85 ✗ (at copy rate 0.70)``."""
     marks = []
     for key, bound in targets.items():
         name, kind = key[:-4], key[-3:]
@@ -38,10 +38,11 @@ def targets_text(metrics: dict[str, Any], targets: dict[str, float]) -> str:
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             continue
         ok = value >= bound if kind == "min" else value <= bound
-        # ``<name>_ceiling``: the best value this harness can read at that size (bench.fraction_ceiling)
-        ceiling = metrics.get(f"{name}_ceiling")
-        limit = f" (ceiling {_fmt(float(ceiling))})" if isinstance(ceiling, (int, float)) and not isinstance(
-            ceiling, bool) else ""
+        # ``<name>_at_copy_rate``: what a call moving its bytes at the copy's rate reads at that size, with the
+        # timing floor (bench.fraction_at_copy_rate) — the yardstick a small call is measured against
+        yardstick = metrics.get(f"{name}_at_copy_rate")
+        limit = f" (at copy rate {_fmt(float(yardstick))})" if isinstance(yardstick, (int, float)) and not isinstance(
+            yardstick, bool) else ""
         marks.append((ok, f"{name} {_fmt(float(value))} {'≥' if kind == 'min' else '≤'} {_fmt(float(bound))} "
                           f"{'✓' if ok else '✗'}{limit}"))
     if not marks:

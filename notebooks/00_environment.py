@@ -5,8 +5,8 @@
 # (compute roof, TFLOP/s) and the **device-to-device copy bandwidth** (memory roof, GB/s).  This notebook
 # measures both with torch — and a third number, the **timing floor**: what the workbook's timing (CUDA events
 # around one call, after an L2 flush and a GPU-side lead) reads for a kernel that does nothing.  It is inside every
-# time recorded later, so a small call cannot reach the copy bandwidth however good its kernel; stages that judge
-# bandwidth record the ceiling it leaves (`bench.fraction_ceiling`).  Then it proves the whole chain the workbook
+# time recorded later, so a small call reads well below the copy bandwidth however good its kernel; stages that judge
+# bandwidth record what a copy-rate kernel would read at their size (`bench.fraction_at_copy_rate`).  Then it proves the whole chain the workbook
 # rests on:
 #
 # notebook → papermill → `dsv4lib` → CuTeDSL → PTX for **sm_90a and sm_100a** (on any machine) →
@@ -74,7 +74,7 @@ if tgt.is_gpu and tgt.arch == "sm_90a":
     dst = torch.empty_like(srcs[0])
     t_cp = bench.time_cuda(dst.copy_, [(s,) for s in srcs], warmup=5, iters=30)
     copy_gbps = bench.gbps(2.0 * n_elem * 2, t_cp.median_ms)
-    # the timing floor: what the same timing reads for a kernel that does nothing (later stages' ceilings)
+    # the timing floor: what the same timing reads for a kernel that does nothing (later stages' copy-rate yardsticks)
     launch_floor_us = bench.launch_floor().median_ms * 1e3
     record(metrics_path, mode="gpu", matmul_tflops=matmul_tflops, matmul_ms=t_mm.median_ms, copy_gbps=copy_gbps,
            copy_ms=t_cp.median_ms, launch_floor_us=launch_floor_us,

@@ -139,10 +139,12 @@ record(metrics_path, compiled=build_ok, builds=builds, sm100a="COMPILED-ONLY" if
 # (bytes read + written / time) against the measured copy bandwidth of stage 00 (a 1 GiB copy) and against a
 # plain copy that moves the same bytes as the kernel (small shapes pay launch and ramp that a 1 GiB copy hides).
 # Every timing here carries stage 00's **timing floor** (`bench.launch_floor`: ~3.9 µs on the H200 for a kernel that
-# does nothing), so a shape's fraction of the 1 GiB copy cannot exceed `bench.fraction_ceiling` — the fraction a
-# kernel moving its bytes at exactly the copy's rate would read: 0.72 for 4096² (43 MB), 0.84 for 65536×512,
-# 0.95 for 16384×7168 on the H200.  The 85 % bar on the 1 GiB copy is above that ceiling for 4096²; the same kernel
-# with its encoder switched off (`_encode=False`, same loads and stores) reads 0.75 there (session 17).
+# does nothing), so a small shape reads well below the 1 GiB copy however fast its kernel: a kernel moving its bytes
+# at exactly the copy's rate would read 0.70 for 4096² (43 MB), 0.83 for 65536×512, 0.95 for 16384×7168 on the H200
+# (`bench.fraction_at_copy_rate`, recorded per shape).  Reading is cheaper than copying, so this is a yardstick, not
+# a bound (on the H100 the quantize beats it); the bound is the HBM: 0.85 of the copy at 4096² means 43 MB in
+# ~11.9 µs, i.e. ~5.7 TB/s after the ~4.4 µs floor — above the H200's 4.8 TB/s peak.  The same kernel with its
+# encoder switched off (`_encode=False`, the same loads and stores) reads 0.75 there (session 17).
 # The cosine goes through `dsv4lib.dequantize_nvfp4`, the GPU dequantize kernel (bit-equal to the reference,
 # tested in `tests/test_nvfp4_kernel.py`).
 
@@ -179,11 +181,11 @@ if on_gpu:
         r["bw_fraction"] = r["gbps"] / copy_gbps
         r["bw_fraction_vs_same_size_copy"] = r["gbps"] / r["copy_same_bytes_gbps"]
         # what a kernel moving these bytes at the 1 GiB copy's rate would read here, with stage 00's timing floor
-        r["bw_fraction_ceiling"] = bench.fraction_ceiling(r["M"] * r["K"] * (2 + 1 / 2 + 1 / 16), copy_gbps, floor_ms)
+        r["bw_fraction_at_copy_rate"] = bench.fraction_at_copy_rate(r["M"] * r["K"] * (2 + 1 / 2 + 1 / 16), copy_gbps, floor_ms)
     # the target holds for every shape: bw_fraction_worst is what STATUS checks; bw_fraction is the best shape
     record(metrics_path, mode="gpu", mismatching_bytes=mismatch, cosine=cos_worst, gbps=best,
            bw_fraction=best / copy_gbps, bw_fraction_worst=worst / copy_gbps,
-           bw_fraction_worst_ceiling=min(r["bw_fraction_ceiling"] for r in rows),
+           bw_fraction_worst_at_copy_rate=min(r["bw_fraction_at_copy_rate"] for r in rows),
            bw_fraction_vs_same_size_copy_worst=min(r["bw_fraction_vs_same_size_copy"] for r in rows), shapes=rows,
            notes="static global amax in the timing (no amax pass); fractions of stage 00's copy bandwidth")
 else:

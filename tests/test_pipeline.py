@@ -58,22 +58,22 @@ def test_recorded_copy_bandwidth_comes_from_stage_00(tmp_path):
     assert recorded_copy_gbps("h100", default=3000.0, results_dir=tmp_path) == 3000.0      # not a number
 
 
-def test_recorded_launch_floor_and_the_ceiling_it_leaves(tmp_path):
-    """Stage 00's timing floor (µs in the row, ms out) and the bandwidth-fraction ceiling it implies: a call moving
-    its bytes at exactly the copy rate reads t / (t + floor); no floor recorded means no ceiling below 1."""
-    from dsv4lib.bench import fraction_ceiling
+def test_recorded_launch_floor_and_the_copy_rate_yardstick(tmp_path):
+    """Stage 00's timing floor (µs in the row, ms out) and the bandwidth fraction it leaves a call that moves its bytes
+    at exactly the copy rate: t / (t + floor); no floor recorded, 1."""
+    from dsv4lib.bench import fraction_at_copy_rate
     from dsv4lib.results import merge_results, recorded_launch_floor_ms
     assert recorded_launch_floor_ms("h200", results_dir=tmp_path) == 0.0                     # no row: no floor
     merge_results("h200", {"00-env": {"metrics": {"copy_gbps": 4000.0, "launch_floor_us": 4.0}}}, results_dir=tmp_path)
     floor = recorded_launch_floor_ms("h200", results_dir=tmp_path)
     assert floor == pytest.approx(0.004)
-    assert fraction_ceiling(40e6, 4000.0, floor) == pytest.approx(10.0 / 14.0)           # 10 µs of bytes + 4 µs
-    assert fraction_ceiling(40e6, 4000.0, 0.0) == 1.0
-    assert fraction_ceiling(4e9, 4000.0, floor) > 0.996                                 # a 1 s call: no ceiling
+    assert fraction_at_copy_rate(40e6, 4000.0, floor) == pytest.approx(10.0 / 14.0)           # 10 µs of bytes + 4 µs
+    assert fraction_at_copy_rate(40e6, 4000.0, 0.0) == 1.0
+    assert fraction_at_copy_rate(4e9, 4000.0, floor) > 0.996                            # a 1 s call: ~1
 
 
-def test_status_shows_a_targets_ceiling():
+def test_status_shows_a_targets_copy_rate_yardstick():
     from dsv4lib.status import targets_text
-    text = targets_text({"bw_fraction_worst": 0.685, "bw_fraction_worst_ceiling": 0.722, "fused_overhead": 0.03},
+    text = targets_text({"bw_fraction_worst": 0.685, "bw_fraction_worst_at_copy_rate": 0.699, "fused_overhead": 0.03},
                         {"bw_fraction_worst_min": 0.85, "fused_overhead_max": 0.05})
-    assert text == "targets 1/2: bw_fraction_worst 0.685 ≥ 0.85 ✗ (ceiling 0.722), fused_overhead 0.03 ≤ 0.05 ✓"
+    assert text == "targets 1/2: bw_fraction_worst 0.685 ≥ 0.85 ✗ (at copy rate 0.699), fused_overhead 0.03 ≤ 0.05 ✓"
