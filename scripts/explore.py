@@ -281,7 +281,7 @@ if "decodepf" in sections:      # hd512 decode at the default split / cluster ch
 if "decodetimes" in sections:   # run with DSV4_PHASE_TIMES=1: per-CTA %globaltimer stamps of the hd512 split kernel
     from dsv4lib.launch import current_stream, placeholder, workspace
     names = ["start", "q_landed", "tile0_landed", "wg1_loop_end", "wg1_done", "wg2_loop_end", "wg2_done", "producer_done",
-             "cluster_bar1", "sred_written", "slice_stored"]
+             "(unused)", "sred_written", "slice_stored"]
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     for Skv, splits, c in ((65536, 120, 8), (65536, 120, 4), (65536, 128, 1), (16384, 120, 4)):
         q, kv = rnd(1, 1, 64, 512), rnd(1, Skv, 512)

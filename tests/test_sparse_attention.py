@@ -376,17 +376,30 @@ def test_cluster_reduced_partials_match_the_reference(monkeypatch, B, Sq, H, Skv
 
 @pytest.mark.compile
 def test_cluster_reduced_build_merges_through_dsmem():
-    """The cluster build: three cluster barriers for every thread (producer included), the peers' LSEs and bf16 O
-    slices read with ``ld.shared::cluster`` (16 B vectors), two 16 B fp32 global stores per slice step, no local memory;
-    refused outside split-KV on the columns schedule."""
+    """The cluster build: two cluster barriers for every thread (producer included) — the O halves go into sRed
+    before the first, unweighted —, the peers' LSEs and bf16 O slices read with ``ld.shared::cluster`` (16 B
+    vectors) after it, two 16 B fp32 global stores per slice step, no local memory; refused outside split-KV on the
+    columns schedule."""
     from dsv4lib.kernels.compile import compile_for_arch
     from dsv4lib.kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
     from dsv4lib.sparse import fake_args
     k = compile_for_arch(SparseAttentionForwardSm90(gather=False, has_lse=True, split_kv=True, cluster_splits=8),
                          *fake_args(False, True), arch="sm_90a")
-    assert k.count(r"barrier\.cluster\.arrive") == 9 and k.count(r"barrier\.cluster\.wait") == 9
+    assert k.count(r"barrier\.cluster\.arrive") == 6 and k.count(r"barrier\.cluster\.wait") == 6
     assert k.count(r"ld\.shared::cluster\.v4\.b32") == 2 * 2 * 8        # 2 warpgroups × 2 steps × 8 peers (bf16)
-    assert k.count(r"ld\.shared::cluster\.(b32|f32)") == 2 * 2 * 8      # 2 warpgroups × 2 rows × 8 peers' LSEs
+    assert k.count(r"ld\.shared::cluster\.(b32|f32)") == 2 * 2 * 8      # ... and the row's LSE from each peer
+    # the peers' LSEs are read with their O vectors, between the same two barriers (W): no barrier between an LSE
+    # read (L) and the vector reads (V) it weighs, as when the weights were applied before the sRed writes
+    tokens = ""
+    for line in k.ptx.splitlines():
+        if "barrier.cluster.wait" in line:
+            tokens += "W"
+        elif "ld.shared::cluster.v4" in line:
+            tokens += "V"
+        elif "ld.shared::cluster" in line:
+            tokens += "L"
+    segments = [seg for seg in tokens.split("W") if seg]
+    assert len(segments) == 2 and all("L" in seg and "V" in seg for seg in segments), tokens
     assert k.count(r"st\.global\.v4\.(b32|f32)") == 2 * 2 * 2 and k.count(r"\.local") == 0   # 8 fp32 a step
     plain = compile_for_arch(SparseAttentionForwardSm90(gather=False, has_lse=True, split_kv=True),
                              *fake_args(False, True), arch="sm_90a")

@@ -53,13 +53,13 @@ applies the sink once.
 
 **Cluster-reduced partials** (``cluster_splits=C > 1``, split-KV, columns schedule): the C consecutive splits of a
 query form a thread-block cluster and merge their partials on chip before anything leaves the SMs.  Each CTA puts
-its rows' LSEs in shared memory; after a cluster barrier every thread reads its rows' C LSEs from the peers
-(``ld.shared::cluster``), weighs its normalized O half by ``e^{lse_own - lse_cluster}`` and writes it, bf16, into
-its own dead Q + KV buffers (``sRed``, rows padded to 520 elements so the accumulator's pairs hit distinct banks);
-after a second barrier CTA r sums column slice r (``512 / C`` columns × 64 heads) in fp32 over the C peers'
-``sRed`` and stores it as the cluster's fp32 partial (bf16 between the CTAs because the SM-to-SM network, not
-the math, is the cost: 7/8 of a 128 KB fp32 tile pulled by every CTA took ~7 µs, DSV4_PHASE_TIMES); a third
-barrier keeps every CTA alive until its peers have read its buffer.  So one partial in C reaches global memory:
+its rows' LSEs in shared memory and its normalized O, bf16, into its own dead Q + KV buffers (``sRed``, rows padded
+to 520 elements so the accumulator's pairs hit distinct banks); after a cluster barrier CTA r sums column slice r
+(``512 / C`` columns × 64 heads) in fp32 over the C peers' ``sRed``, each peer's row weighed by
+``e^{lse_peer - lse_cluster}`` from the C LSEs of that row (``ld.shared::cluster``), and stores it as the cluster's
+fp32 partial (bf16 between the CTAs because the SM-to-SM network, not the math, is the cost: 7/8 of a 128 KB fp32
+tile pulled by every CTA took ~7 µs, DSV4_PHASE_TIMES); a second barrier keeps every CTA alive until its peers have
+read its buffer.  So one partial in C reaches global memory:
 the fp32 round trip (128 KB a split, written and read back by the combine) was most of what the decode lost to
 the producer-only roof (H200, H64 KV64k, 128 splits: split kernel 27.4 µs vs 19.9 producer only, combine 9.5 µs).  The combine then merges ``splits / C`` partials.
 
@@ -407,7 +407,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                           seqlen_k, tile_lo, tile_hi)
             self.phase_stamp(mSem, 7, tidx == 0)                      # 7: the producer's last stage released
             if const_expr(self.cluster_splits > 1):
-                for _ in cutlass.range_constexpr(3):        # the consumers' three cluster barriers, every thread
+                for _ in cutlass.range_constexpr(2):        # the consumers' two cluster barriers, every thread
                     cute.arch.cluster_arrive()
                     cute.arch.cluster_wait()
         elif const_expr(self.gather_only):
@@ -1258,8 +1258,8 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
     def phase_stamp(self, mTimes, k: cutlass.Constexpr, cond):
         """DSV4_PHASE_TIMES builds only: ``mTimes[cta, k] = %globaltimer`` (ns) where ``cond`` holds; ``cta`` the
         linear block index (x fastest).  Stamps: 0 start, 1 Q landed, 2 first tile landed, 3 / 5 WG1 / WG2 main loop
-        done, 4 / 6 their epilogues done, 7 producer done; split partials through sRed: 8 cluster barrier 1, 9 sRed
-        written everywhere, 10 slice stored."""
+        done, 4 / 6 their epilogues done, 7 producer done; split partials through sRed: 9 sRed written everywhere
+        (past cluster barrier 1), 10 slice stored.  (8, cluster barrier 1 before the sRed writes, is gone with it.)"""
         if const_expr(self.phase_times):
             if cond:
                 bx, by, bz = cute.arch.block_idx()
@@ -1271,47 +1271,22 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                             head_group, batch, split, mTimes):
         """Consumer warpgroup ``half``'s share of writing the split partial through shared memory (``acc_O``: its O
         half normalized over this split's keys).  ``cluster_splits`` C > 1: merge the cluster's C partials on chip
-        first (module docstring) — cluster barriers, in which the producer warps take part too.  C = 1
+        first (module docstring) — two cluster barriers, in which the producer warps take part too.  C = 1
         (``staged_partials``): the two consumer warpgroups meet at named barriers, and the fp32 tile leaves as
         row-contiguous 16 B stores (a warp writes 512 B of one row pair) instead of the accumulator's scattered
-        8 B pairs — measured a tie (see STAGED_PARTIALS), the same code as the cluster's last step."""
+        8 B pairs — measured a tie (see STAGED_PARTIALS), the same code as the cluster's last step.
+
+        The cluster's O halves go into ``sRed`` as they are (bf16, normalized over each split's own keys) before the
+        first barrier, and the LSE weights are applied while summing: the thread that sums a row's slice reads that
+        row's C LSEs with its C vectors.  (Weighing first needed a barrier between the LSE exchange and the sRed
+        writes — session 17: ~1.5 µs of the decode's merge, the sRed writes now overlapping the wait for the
+        cluster's slowest split.)"""
         C = self.cluster_splits
         ctid = half * 128 + wtid
         rank = split % C                    # = the CTA's rank in its (1, 1, C) cluster
         part = split // C                   # this cluster's partial in mO / mLSE
-        acc_O_rc = cute.make_tensor(acc_O.iterator, acc_layout_rows_cols(acc_O.layout))
-        tOcO = thr_pv.partition_C(cute.make_identity_tensor((TILE_H, HALF)))
-        tOcO_rc = cute.make_tensor(tOcO.iterator, acc_layout_rows_cols(tOcO.layout))
-        if const_expr(C > 1):
-            sLSE_peer = [cute.make_tensor(cute.arch.map_dsmem_ptr(sLSE.iterator, p), sLSE.layout)
-                         for p in range(C)]
-            cute.arch.cluster_arrive()                 # [1] every split's row LSEs are in its sLSE
-            cute.arch.cluster_wait()
-            self.phase_stamp(mTimes, 8, ctid == 0)                        # 8: cluster barrier 1 passed
-            lse_p = cute.make_rmem_tensor(cute.make_layout((C, 1), stride=(1, 1)), Float32)
-            for r in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[0])):
-                m = tOcO_rc[r, 0][0]
-                for p in cutlass.range_constexpr(C):  # (a DSMEM tensor is read by copies, not by indexing)
-                    cute.autovec_copy(cute.local_tile(sLSE_peer[p], (1,), (m,)), lse_p[p, None])
-                mx = lse_p[0, 0]
-                for p in cutlass.range_constexpr(1, C):
-                    mx = cute.arch.fmax(mx, lse_p[p, 0])
-                weight = Float32(0.0)      # a row no split of the cluster saw: O stays 0, its LSE -inf
-                lse_cluster = -Float32.inf
-                if mx > -Float32.inf:
-                    total = Float32(0.0)
-                    for p in cutlass.range_constexpr(C):
-                        total += cute.arch.exp2((lse_p[p, 0] - mx) * LOG2_E)   # exp2(-inf) = 0: empty adds 0
-                    lse_cluster = mx + cute.math.log2(total) * LN_2
-                    weight = cute.arch.exp2((sLSE[m] - lse_cluster) * LOG2_E)
-                for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
-                    acc_O_rc[r, c] = acc_O_rc[r, c] * weight
-                if const_expr(half == 0):
-                    if rank == 0 and wtid % 4 == 0:
-                        mLSE[part, batch, head_group * TILE_H + m, token] = lse_cluster
-        else:
-            # WG1 may not overwrite the KV stages before WG2's last PV wgmma has read them
-            cute.arch.barrier(barrier_id=STAGED, number_of_threads=256)
+        # WG1 may not overwrite the KV stages before WG2's last PV wgmma has read them
+        cute.arch.barrier(barrier_id=STAGED, number_of_threads=256)
         tOsR = thr_pv.partition_C(cute.local_tile(sRed, (TILE_H, HALF), (0, half)))
         if const_expr(sRed.element_type == Float32):
             cute.autovec_copy(acc_O, tOsR)
@@ -1320,22 +1295,27 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             rO.store(acc_O.load().to(sRed.element_type))
             cute.autovec_copy(rO, tOsR)
         if const_expr(C > 1):
-            cute.arch.cluster_arrive()                 # [2] every split's weighted O is in its sRed
+            cute.arch.cluster_arrive()                 # [1] every split's row LSEs and O are in its sLSE / sRed
             cute.arch.cluster_wait()
         else:
             cute.arch.barrier(barrier_id=STAGED, number_of_threads=256)
         self.phase_stamp(mTimes, 9, ctid == 0)                            # 9: sRed written everywhere
         # column slice `rank` (512 / C columns × 64 heads) summed in fp32 over the C peers, one 16 B vector (4 fp32
-        # or 8 bf16) per peer, thread and step
+        # or 8 bf16) per peer, thread and step, each weighed by e^{lse_peer - lse_cluster} of its row
         vec = 128 // sRed.element_type.width
         width = HEAD_DIM // C
         vecs_per_row = width // vec
         sRed_peer = [sRed]
+        sLSE_peer = [sLSE]
         if const_expr(C > 1):
             sRed_peer = [cute.make_tensor(cute.arch.map_dsmem_ptr(sRed.iterator, p), sRed.layout)
                          for p in range(C)]
+            sLSE_peer = [cute.make_tensor(cute.arch.map_dsmem_ptr(sLSE.iterator, p), sLSE.layout)
+                         for p in range(C)]
         gO = mO[part, batch, token, None, None]                                          # (H, 512)
         parts = cute.make_rmem_tensor(cute.make_layout((C, vec), stride=(vec, 1)), sRed.element_type)
+        lse_p = cute.make_rmem_tensor(cute.make_layout((C, 1), stride=(1, 1)), Float32)
+        weight = cute.make_rmem_tensor((C,), Float32)
         total = cute.make_rmem_tensor((vec,), Float32)
         for step in cutlass.range_constexpr(TILE_H * vecs_per_row // 256):
             v = step * 256 + ctid
@@ -1343,14 +1323,37 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             colv = rank * vecs_per_row + v % vecs_per_row                             # in vector units
             for p in cutlass.range_constexpr(C):
                 cute.autovec_copy(cute.local_tile(sRed_peer[p][row, None], (vec,), (colv,)), parts[p, None])
-            for j in cutlass.range_constexpr(vec):
-                total[j] = Float32(parts[0, j])
+            if const_expr(C > 1):
+                for p in cutlass.range_constexpr(C):  # (a DSMEM tensor is read by copies, not by indexing)
+                    cute.autovec_copy(cute.local_tile(sLSE_peer[p], (1,), (row,)), lse_p[p, None])
+                mx = lse_p[0, 0]
                 for p in cutlass.range_constexpr(1, C):
-                    total[j] += Float32(parts[p, j])
+                    mx = cute.arch.fmax(mx, lse_p[p, 0])
+                lse_cluster = -Float32.inf        # a row no split of the cluster saw: weights 0, O 0, LSE -inf
+                for p in cutlass.range_constexpr(C):
+                    weight[p] = Float32(0.0)
+                if mx > -Float32.inf:
+                    norm = Float32(0.0)
+                    for p in cutlass.range_constexpr(C):
+                        weight[p] = cute.arch.exp2((lse_p[p, 0] - mx) * LOG2_E)    # exp2(-inf) = 0: empty adds 0
+                        norm += weight[p]
+                    lse_cluster = mx + cute.math.log2(norm) * LN_2
+                    inv_norm = 1.0 / norm
+                    for p in cutlass.range_constexpr(C):
+                        weight[p] = weight[p] * inv_norm
+                for j in cutlass.range_constexpr(vec):
+                    total[j] = weight[0] * Float32(parts[0, j])
+                    for p in cutlass.range_constexpr(1, C):
+                        total[j] += weight[p] * Float32(parts[p, j])
+                if rank == 0 and v % vecs_per_row == 0:
+                    mLSE[part, batch, head_group * TILE_H + row, token] = lse_cluster
+            else:
+                for j in cutlass.range_constexpr(vec):
+                    total[j] = Float32(parts[0, j])
             cute.autovec_copy(total, cute.local_tile(gO[head_group * TILE_H + row, None], (vec,), (colv,)))
         self.phase_stamp(mTimes, 10, ctid == 0)                           # 10: slice summed and stored
         if const_expr(C > 1):
-            cute.arch.cluster_arrive()                 # [3] no CTA exits while a peer still reads its sRed
+            cute.arch.cluster_arrive()                 # [2] no CTA exits while a peer still reads its sRed
             cute.arch.cluster_wait()
 
     @cute.jit
