@@ -57,7 +57,9 @@ def merge_counters(B: int, Sq: int, groups: int, device) -> torch.Tensor:
 # 48.9 (64), 46.9 / 45.7 / 47.4.  Where the time goes (DSV4_PHASE_TIMES, H64 KV64k, C = 4): the main loop ends at
 # ~18.5 µs (the producer alone streams the same 64 MB in ~19 µs), the on-chip merge takes ~5 µs (1.2 waiting for the
 # cluster's slowest split, 1.5 weights + sRed, 2 pulling the peers' slices: DSMEM moves ~25 GB/s per SM), the
-# combine of 30 partials ~4 µs.  Session 17 (H200, same machine, two rounds): the combine loading its first batch of
+# combine of 30 partials ~4 µs.  Since session 17 the O halves go into sRed unweighted before the first of two
+# cluster barriers and the weights are applied in the slice sum: sRed written everywhere ~1.7 µs after the main
+# loop (was 2.6), the slice ~2.6 (was 2.3), the call 31.1 → 30.7 µs (H200, same machine, two rounds).  Session 17 (H200, same machine, two rounds): the combine loading its first batch of
 # partials ahead of the LSE reduction took H64 KV64k 32.1 → 31.2 µs, KV16k 21.8 → 20.7, H128 25.0 → 23.9 / 46.3 →
 # 45.6; combine unroll 8 instead of 4 a tie (31.0 / 20.5 / 24.3 / 46.1).  Not kept: the slice sum with every
 # step's peer loads hoisted above its first global store (DSMEM loads are generic LDs in SASS, which ptxas leaves

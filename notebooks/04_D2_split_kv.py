@@ -115,16 +115,16 @@ if on_gpu:
 #
 # **Cluster-reduced partials.**  With 64 heads a split's fp32 partial is 128 KB — as big as two KV tiles — so at one
 # split per SM the partials alone were 16 MB written and read back.  Now C = 4 consecutive splits form a thread-block
-# cluster and merge on chip: each reads its peers' row LSEs through distributed shared memory, weighs its O, leaves
-# it (bf16) in its dead Q / KV buffers, and sums one column slice over the peers (`ld.shared::cluster`); one fp32
-# partial in four reaches global memory, and the combine — launched with programmatic dependent launch, so it is
+# cluster and merge on chip: each leaves its O (bf16) in its dead Q / KV buffers and its row LSEs beside it, and after
+# one cluster barrier sums one column slice over the peers, each peer's row weighed by its LSE, both read through
+# distributed shared memory (`ld.shared::cluster`); one fp32 partial in four reaches global memory, and the combine — launched with programmatic dependent launch, so it is
 # already resident when the split kernel ends — merges 30 instead of 120.
 #
 # Where the time goes (H200, B1 H64 KV 64k, `DSV4_PHASE_TIMES=1 scripts/explore.py decodetimes`, µs from the first
 # CTA's start, medians): Q lands at 1.3, the first KV tile at 3.5 (every SM asks for its two 64 KB stages at once),
-# the main loop ends at 18.5 — the producer alone streams the same 64 MB in ~19, so the math is hidden — then the
-# on-chip merge takes ~5 (1.2 waiting for the cluster's slowest split, 1.5 for the weights and `sRed`, 2 pulling the
-# peers' slices: DSMEM moves ~25 GB/s per SM), and the combine ~3 (its first batch of partials is loaded ahead of
+# the main loop ends at ~19 — the producer alone streams the same 64 MB in ~19, so the math is hidden — then the
+# on-chip merge takes ~4.3 (~1.7 until every CTA of the cluster has its O in `sRed`, the slowest split included;
+# ~2.6 pulling and weighing the peers' slices: DSMEM moves ~25 GB/s per SM), and the combine ~3 (its first batch of partials is loaded ahead of
 # the LSE reduction).  The whole call: ~31 µs (0.49-0.51 of the copy bandwidth), from 43.  **The 80 % bar (~19.7 µs)
 # is below this data path's floor:** the producer alone — the same TMA stream of the 64 MiB with no math, no merge
 # and no combine — takes 19.9 µs timed the same way (0.794 of the copy), and the timing floor of stage 00 (a kernel
