@@ -100,7 +100,8 @@ if on_gpu:
             row = {"B": B, "KV": S, "cosine": cos, "ms": t.median_ms, "gbps": bench.gbps(nbytes, t.median_ms),
                    "bw_fraction_at_copy_rate": bench.fraction_at_copy_rate(nbytes, copy_gbps, floor_ms)}
             if B == 1 and S == 65536:
-                t1 = bench.time_cuda(lambda q, k, v: dsv4lib.attention(q, k, v, num_splits=1), inputs, iters=bench_iters)
+                t1 = bench.time_cuda(lambda q, k, v: dsv4lib.attention(q, k, v, num_splits=1), inputs,
+                                     iters=bench_iters)
                 row["speedup_vs_1split"] = t1.median_ms / t.median_ms
             rows.append(row)
             print(row)
@@ -117,20 +118,22 @@ if on_gpu:
 # split per SM the partials alone were 16 MB written and read back.  Now C = 4 consecutive splits form a thread-block
 # cluster and merge on chip: each leaves its O (bf16) in its dead Q / KV buffers and its row LSEs beside it, and after
 # one cluster barrier sums one column slice over the peers, each peer's row weighed by its LSE, both read through
-# distributed shared memory (`ld.shared::cluster`); one fp32 partial in four reaches global memory, and the combine — launched with programmatic dependent launch, so it is
-# already resident when the split kernel ends — merges 30 instead of 120.
+# distributed shared memory (`ld.shared::cluster`); one fp32 partial in four reaches global memory, and the combine —
+# launched with programmatic dependent launch, so it is already resident when the split kernel ends — merges 30
+# instead of 120.
 #
 # Where the time goes (H200, B1 H64 KV 64k, `DSV4_PHASE_TIMES=1 scripts/explore.py decodetimes`, µs from the first
 # CTA's start, medians): Q lands at 1.3, the first KV tile at 3.5 (every SM asks for its two 64 KB stages at once),
 # the main loop ends at ~19 — the producer alone streams the same 64 MB in ~19, so the math is hidden — then the
-# on-chip merge takes ~4.3 (~1.7 until every CTA of the cluster has its O in `sRed`, the slowest split included;
-# ~2.6 pulling and weighing the peers' slices: DSMEM moves ~25 GB/s per SM), and the combine ~3 (its first batch of partials is loaded ahead of
-# the LSE reduction).  The whole call: ~31 µs (0.49-0.51 of the copy bandwidth), from 43.  **The 80 % bar (~19.7 µs)
-# is below this data path's floor:** the producer alone — the same TMA stream of the 64 MiB with no math, no merge
-# and no combine — takes 19.9 µs timed the same way (0.794 of the copy), and the timing floor of stage 00 (a kernel
-# that does nothing: event, launch, completion) is 3.9-4.4 µs, so a kernel streaming the 64 MiB at the copy's rate
-# would read 0.78 (`dsv4_bw_fraction_at_copy_rate`).  Arithmetic intensity of this shape: 64 heads × 2 MMAs × 2 flop
-# per KV element (2 bytes) = 128 flop/byte, against the H200's ridge of ~190 — memory-bound, but the MMAs at M = 64 need ~55 % of the tensor peak to keep up.
+# on-chip merge takes ~4.3 (~1.7 until every CTA of the cluster has its O in `sRed`, the slowest split included; ~2.6
+# pulling and weighing the peers' slices: DSMEM moves ~25 GB/s per SM), and the combine ~3 (its first batch of
+# partials is loaded ahead of the LSE reduction).  The whole call: ~31 µs (0.49-0.51 of the copy bandwidth), from 43.
+# **The 80 % bar (~19.7 µs) is below this data path's floor:** the producer alone — the same TMA stream of the 64 MiB
+# with no math, no merge and no combine — takes 19.9 µs timed the same way (0.794 of the copy), and the timing floor
+# of stage 00 (a kernel that does nothing: event, launch, completion) is 3.9-4.4 µs, so a kernel streaming the 64 MiB
+# at the copy's rate would read 0.78 (`dsv4_bw_fraction_at_copy_rate`).  Arithmetic intensity of this shape: 64 heads
+# × 2 MMAs × 2 flop per KV element (2 bytes) = 128 flop/byte, against the H200's ridge of ~190 — memory-bound, but the
+# MMAs at M = 64 need ~55 % of the tensor peak to keep up.
 
 # %%
 dsv4_rows = []
@@ -150,18 +153,56 @@ if on_gpu:
             dsv4_rows.append(row)
             print(row)
             del q, kv, inputs
+
+# %% [markdown]
+# ## The DSV4 decode as DSV4 runs it: gathered keys
+#
+# In the model a decode token does not read its whole context: it attends to its window (128 keys) plus the
+# compressed entries the indexer picked (CSA top-k) and the HCA entries — ~1.2k rows of the shared hd512 KV, a
+# different set per token.  `dsv4lib.sparse_attention` runs that: `B` tokens of `B` sequences as `Sq = B` queries over
+# one KV pool (each token's indices point into its own sequence's rows, as with a paged cache), split-KV by the same
+# heuristic, merged by the same combine.  Bytes = the gathered rows (1 KiB each); no bar is set on these rows — they
+# show how far the gathered decode is from the copy bandwidth as the batch grows (B = 1 is latency: ~1 MB in ~20 µs).
+
+# %%
+gather_rows = []
+if on_gpu:
+    keys_per_token, rows_per_seq = 128 + 512 + 512, 4096       # SWA window + CSA top-k + HCA entries (64k / 128)
+    for B in (1, 16, 64, 128):
+        kv_pool = torch.randn(B * rows_per_seq, 512, device="cuda", dtype=torch.bfloat16, generator=gen)
+        q = torch.randn(B, 64, 512, device="cuda", dtype=torch.bfloat16, generator=gen)
+        # distinct rows per token, inside its own sequence's part of the pool
+        idx = torch.stack([torch.randperm(rows_per_seq, device="cuda", generator=gen)[:keys_per_token]
+                           + b * rows_per_seq for b in range(B)]).to(torch.int32)
+        out = dsv4lib.sparse_attention(q, kv_pool, idx)
+        cos = metrics.cosine(out, reference.sparse_attention(q.double(), kv_pool.double(), idx))
+        t = bench.time_cuda(lambda q, kv, i: dsv4lib.sparse_attention(q, kv, i), [(q, kv_pool, idx)], iters=bench_iters)
+        nbytes = B * keys_per_token * 1024
+        row = {"B": B, "keys": keys_per_token, "cosine": cos, "ms": t.median_ms,
+               "gbps": bench.gbps(nbytes, t.median_ms),
+               "bw_fraction": bench.gbps(nbytes, t.median_ms) / copy_gbps,
+               "bw_fraction_at_copy_rate": bench.fraction_at_copy_rate(nbytes, copy_gbps, floor_ms)}
+        gather_rows.append(row)
+        print(row)
+        del kv_pool, q, idx
+
+# %%
+if on_gpu:
     dsv4_head = next(r for r in dsv4_rows if r["H"] == 64 and r["KV"] == 65536)
-    record(metrics_path, mode="gpu", cosine=min(r["cosine"] for r in rows + dsv4_rows), time_ms=head_row["ms"],
+    record(metrics_path, mode="gpu", cosine=min(r["cosine"] for r in rows + dsv4_rows + gather_rows),
+           time_ms=head_row["ms"],
            gbps=head_row["gbps"], bw_fraction=head_row["gbps"] / copy_gbps,
            bw_fraction_at_copy_rate=head_row["bw_fraction_at_copy_rate"],
            speedup_vs_1split=head_row["speedup_vs_1split"], sweep=rows, dsv4_decode=dsv4_rows,
            dsv4_gbps=dsv4_head["gbps"], dsv4_bw_fraction=dsv4_head["gbps"] / copy_gbps,
            dsv4_bw_fraction_at_copy_rate=dsv4_head["bw_fraction_at_copy_rate"],
-           notes="headline B1 H16 hd128 KV 64k decode; DSV4 shape: B1 H64 hd512 MQA KV 64k (dsv4_*)")
+           dsv4_gather_decode=gather_rows, dsv4_gather_gbps=gather_rows[-1]["gbps"],
+           notes="headline B1 H16 hd128 KV 64k decode; DSV4 shape: B1 H64 hd512 MQA KV 64k (dsv4_*); "
+                 "dsv4_gather_*: B tokens × 1152 gathered keys")
 else:
     record(metrics_path, mode="compile", notes="no Hopper GPU: combine kernel built for sm_90a and sm_100a, not run")
 
 # %%
 assert build_ok, builds
 if on_gpu:
-    assert min(r["cosine"] for r in rows) >= 0.9999
+    assert min(r["cosine"] for r in rows + dsv4_rows + gather_rows) >= 0.9999
