@@ -297,11 +297,34 @@ def _run(q4, kv3, idx3, *, gather, causal, window, sink, scale, num_splits):
 
 
 MAX_SPLITS = 64
+# Gathered keys (sparse_attention: the DSV4 decode as the model runs it, ~1.2k rows a token, a different set per
+# token).  H200, 64 heads, 1152 keys, µs for 1 / 2 / 4 / 8 splits: B1 39.8 / 30.2 / 24.2 / 18.6; B4 40.3 / 32.2 /
+# 24.1 / 21.0; B16 40.8 / 39.3 / 33.2 / 33.6; B32 41.9 / 49.8 / 47.5 / 57.6; B48 42.6 / 62.6 / 72.8 / 78.5; B64
+# 43.7 / 75.4 / 86.0; B128 50.1 / 146 / 161.  An unsplit CTA takes ~40 µs whatever the batch (~2 µs a gathered tile:
+# latency, not bandwidth), and the fp32 partials cost more with every token: split only batches of at most
+# GATHER_SPLIT_MAX_BATCH CTAs, into at most GATHER_SPLIT_CTAS CTAs in all, ≥ 2 tiles a split.  (The rule used for
+# dense keys before — split while under one CTA per SM — chose 2 splits at B128: 146 µs instead of 50.)
+GATHER_SPLIT_MAX_BATCH = 16
+GATHER_SPLIT_CTAS = 64
+GATHER_MAX_SPLITS = 8
+
+
+def gather_splits(batch_ctas: int, n_tiles: int) -> int:
+    """The split count for gathered keys (see GATHER_SPLIT_MAX_BATCH): doubling from 1 while the batch is small,
+    the launch stays within GATHER_SPLIT_CTAS CTAs and every split keeps two 64-key tiles."""
+    splits = 1
+    if batch_ctas <= GATHER_SPLIT_MAX_BATCH:
+        while (splits * 2 <= GATHER_MAX_SPLITS and batch_ctas * splits * 2 <= GATHER_SPLIT_CTAS
+               and n_tiles // (splits * 2) >= 2):
+            splits *= 2
+    return splits
 
 
 def _splits(num_splits, batch_ctas, n_keys, device, gather=True):
     check_num_splits(num_splits)
     n_tiles = max(1, -(-n_keys // 64))
+    if num_splits is None and gather and schedule_for(gather) == "paired":
+        return gather_splits(batch_ctas, n_tiles)
     if num_splits is None and clusters_apply(gather):
         # clustered partials cost 1/C of the plain ones: fill every cluster slot the GPU has (one CTA per SM),
         # at least MIN_TILES_PER_CLUSTERED_SPLIT tiles a split, a multiple of C splits per query

@@ -536,3 +536,11 @@ def test_skip_mma_builds_leave_out_exactly_one_mma():
 
 def k_bars(k):
     return k.count(r"bar\.(arrive|sync)")
+
+
+def test_gathered_decode_splits_only_small_batches():
+    """Gathered keys (1152 a token = 18 tiles): the measured best split counts on the H200 — 8 for B ≤ 4, 4 at B16,
+    none from B32 on (the plain rule split B128 in two: 3× slower) — and never under two tiles a split."""
+    from dsv4lib.sparse import gather_splits
+    assert [gather_splits(b, 18) for b in (1, 4, 16, 17, 32, 64, 128, 4096)] == [8, 8, 4, 1, 1, 1, 1, 1]
+    assert gather_splits(1, 2) == 1 and gather_splits(1, 4) == 2 and gather_splits(1, 9) == 4
