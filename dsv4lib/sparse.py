@@ -57,17 +57,15 @@ def merge_counters(B: int, Sq: int, groups: int, device) -> torch.Tensor:
 # 48.9 (64), 46.9 / 45.7 / 47.4.  Where the time goes (DSV4_PHASE_TIMES, H64 KV64k, C = 4): the main loop ends at
 # ~18.5 µs (the producer alone streams the same 64 MB in ~19 µs), the on-chip merge takes ~5 µs (1.2 waiting for the
 # cluster's slowest split, 1.5 weights + sRed, 2 pulling the peers' slices: DSMEM moves ~25 GB/s per SM), the
-# combine of 30 partials ~4 µs.  Since session 17 the O halves go into sRed unweighted before the first of two
-# cluster barriers and the weights are applied in the slice sum: sRed written everywhere ~1.7 µs after the main
-# loop (was 2.6), the slice ~2.6 (was 2.3), the call 31.1 → 30.7 µs (H200, same machine, two rounds); with it
-# C = 2 / 4 / 8 read H64 KV16k 21.6 / 20.1 / 20.5, KV64k 32.1 / 30.5 / 30.0, H128 KV16k 24.5 / 23.4 / 23.8, KV64k
-# 45.5 / 44.9 / 46.9 µs — 4 stays.  Session 17 (H200, same machine, two rounds): the combine loading its first batch of
-# partials ahead of the LSE reduction took H64 KV64k 32.1 → 31.2 µs, KV16k 21.8 → 20.7, H128 25.0 → 23.9 / 46.3 →
-# 45.6; combine unroll 8 instead of 4 a tie (31.0 / 20.5 / 24.3 / 46.1).  Not kept: the slice sum with every
-# step's peer loads hoisted above its first global store (DSMEM loads are generic LDs in SASS, which ptxas leaves
-# behind the stores), the last cluster barrier relaxed and the LSE store moved past barrier 2 — 32.4 vs 32.1 µs,
-# the slice pull still ~2.3 µs: DSMEM bandwidth, not latency.  The floor: the producer alone (TMA stream, no math,
-# no merge, no combine) takes 19.9 µs for the 64 MiB at 132 splits — 0.794 of the 1 GiB copy bandwidth.
+# combine of 30 partials ~4 µs.  Session 17 (H200, same machine, two rounds each): the combine loads its first batch
+# of partials ahead of the LSE reduction (H64 KV64k 32.1 → 31.2 µs, KV16k 21.8 → 20.7, H128 25.0 → 23.9 / 46.3 →
+# 45.6; unroll 8 instead of 4 a tie), then the O halves go into sRed unweighted before the first of two cluster
+# barriers and the weights are applied in the slice sum (sRed written ~1.7 µs after the main loop, was 2.6; the
+# slice ~2.6, was 2.3; 31.1 → 30.7 µs).  With both, C = 2 / 4 / 8: H64 KV16k 21.6 / 20.1 / 20.5, KV64k 32.1 / 30.5 /
+# 30.0, H128 KV16k 24.5 / 23.4 / 23.8, KV64k 45.5 / 44.9 / 46.9 µs — 4 stays.  Not kept: every DSMEM load of the
+# slice hoisted above its global stores (generic LDs in SASS, which ptxas keeps behind stores), the last barrier
+# relaxed — 32.4 vs 32.1 µs: the pull is DSMEM bandwidth, not latency.  The floor: the producer alone (TMA stream,
+# no math, no merge, no combine) takes 19.9 µs for the 64 MiB at 132 splits — 0.794 of the 1 GiB copy bandwidth.
 CLUSTER_SPLITS = 4
 COMBINE_PDL = True       # the combine behind a cluster launch: programmatic dependent launch (kernels.combine)
 MIN_TILES_PER_CLUSTERED_SPLIT = 2

@@ -28,6 +28,10 @@ def _fmt_cos(v: Any) -> str:
         return str(v)
 
 
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 def targets_text(metrics: dict[str, Any], targets: dict[str, float]) -> str:
     """``targets 1/2: bw_fraction 0.81 ≥ 0.8 ✓, speedup 2.1 ≥ 3 ✗`` — only for targets the run recorded; a target
     whose metric has a recorded ``<name>_at_copy_rate`` shows it: ``bw_fraction 0.68 ≥ 0.85 ✗ (at copy rate 0.70)``."""
@@ -35,14 +39,13 @@ def targets_text(metrics: dict[str, Any], targets: dict[str, float]) -> str:
     for key, bound in targets.items():
         name, kind = key[:-4], key[-3:]
         value = metrics.get(name)
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
+        if not _is_number(value):
             continue
         ok = value >= bound if kind == "min" else value <= bound
         # ``<name>_at_copy_rate``: what a call moving its bytes at the copy's rate reads at that size, with the
         # timing floor (bench.fraction_at_copy_rate) — the yardstick a small call is measured against
         yardstick = metrics.get(f"{name}_at_copy_rate")
-        limit = f" (at copy rate {_fmt(float(yardstick))})" if isinstance(yardstick, (int, float)) and not isinstance(
-            yardstick, bool) else ""
+        limit = f" (at copy rate {_fmt(float(yardstick))})" if _is_number(yardstick) else ""
         marks.append((ok, f"{name} {_fmt(float(value))} {'≥' if kind == 'min' else '≤'} {_fmt(float(bound))} "
                           f"{'✓' if ok else '✗'}{limit}"))
     if not marks:
