@@ -1326,21 +1326,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             if const_expr(C > 1):
                 for p in cutlass.range_constexpr(C):  # (a DSMEM tensor is read by copies, not by indexing)
                     cute.autovec_copy(cute.local_tile(sLSE_peer[p], (1,), (row,)), lse_p[p, None])
-                mx = lse_p[0, 0]
-                for p in cutlass.range_constexpr(1, C):
-                    mx = cute.arch.fmax(mx, lse_p[p, 0])
-                lse_cluster = -Float32.inf        # a row no split of the cluster saw: weights 0, O 0, LSE -inf
-                for p in cutlass.range_constexpr(C):
-                    weight[p] = Float32(0.0)
-                if mx > -Float32.inf:
-                    norm = Float32(0.0)
-                    for p in cutlass.range_constexpr(C):
-                        weight[p] = cute.arch.exp2((lse_p[p, 0] - mx) * LOG2_E)    # exp2(-inf) = 0: empty adds 0
-                        norm += weight[p]
-                    lse_cluster = mx + cute.math.log2(norm) * LN_2
-                    inv_norm = 1.0 / norm
-                    for p in cutlass.range_constexpr(C):
-                        weight[p] = weight[p] * inv_norm
+                lse_cluster = self.lse_weights(lse_p, weight, C)
                 for j in cutlass.range_constexpr(vec):
                     total[j] = weight[0] * Float32(parts[0, j])
                     for p in cutlass.range_constexpr(1, C):
@@ -1355,6 +1341,27 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         if const_expr(C > 1):
             cute.arch.cluster_arrive()                 # [2] no CTA exits while a peer still reads its sRed
             cute.arch.cluster_wait()
+
+    @cute.jit
+    def lse_weights(self, lse_p: cute.Tensor, weight: cute.Tensor, C: cutlass.Constexpr) -> Float32:
+        """One row's C peer LSEs (``lse_p (C, 1)``) → ``weight[p] = e^{lse_p - lse_cluster}`` and the row's
+        ``lse_cluster`` (returned).  A row no split of the cluster saw: weights 0 (its O is 0), LSE -inf."""
+        mx = lse_p[0, 0]
+        for p in cutlass.range_constexpr(1, C):
+            mx = cute.arch.fmax(mx, lse_p[p, 0])
+        lse_cluster = -Float32.inf
+        for p in cutlass.range_constexpr(C):
+            weight[p] = Float32(0.0)
+        if mx > -Float32.inf:
+            norm = Float32(0.0)
+            for p in cutlass.range_constexpr(C):
+                weight[p] = cute.arch.exp2((lse_p[p, 0] - mx) * LOG2_E)    # exp2(-inf) = 0: empty adds 0
+                norm += weight[p]
+            lse_cluster = mx + cute.math.log2(norm) * LN_2
+            inv_norm = 1.0 / norm
+            for p in cutlass.range_constexpr(C):
+                weight[p] = weight[p] * inv_norm
+        return lse_cluster
 
     @cute.jit
     def store_half(self, thr_pv, acc_O, mO, split, batch, token, head_group, half):
