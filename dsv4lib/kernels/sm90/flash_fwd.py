@@ -110,7 +110,6 @@ row each thread owns.  Each K/V TMA is indexed by the loop's KV block, never stu
 from __future__ import annotations
 
 import math
-import os
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -121,9 +120,10 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 from cutlass.utils import LayoutEnum
 
-from ..common import (L2_EVICT_FIRST, L2_EVICT_LAST, convert_to_bf16_pairs, item_stamp, launch_stream,
+from ..common import (L2_EVICT_FIRST, L2_EVICT_LAST, convert_to_bf16_pairs, launch_stream,
                       load_kv_tiles, tma_copy, tma_load_tile, tma_store_tile)
 from ..nvfp4 import e2m1_code_magic, nvfp4_block_scale
+from .config import SMEM_PER_SM, Sm90FwdConfig
 
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
@@ -163,25 +163,9 @@ def transposed_view(dims: int, rows: int, stages: int):
     return cute.make_ordered_layout((dims, rows, stages), order=(1, 0, 2))
 
 
-def default_tile_n(head_dim: int) -> int:
-    """KV tile width of a plain build: 128, or 64 at hd256 (where 128 would not leave two K/V stages in smem)."""
-    return 64 if head_dim == 256 else 128
-
-
 class Sm90AttentionOps:
     """The wgmma issue and the online softmax, shared by the Hopper attention kernels of this package."""
 
-    debug_nomma = False          # timing probe (DSV4_D1_DEBUG=nomma in the D1 kernel): the wgmmas left out
-    debug_times = False          # timing probe (per-item %globaltimer stamps, timing_stamp); set by a kernel's knob
-
-    @cute.jit
-    def timing_stamp(self, mLSE, item_count, k: cutlass.Constexpr, cond=True):
-        """debug_times builds only: :func:`dsv4lib.kernels.common.item_stamp` into the LSE buffer (left unwritten by
-        such a build: pass return_lse=True and read its bytes) where ``cond`` holds.  What stamp ``k`` marks is the
-        kernel's own (its ``debug_times`` comment)."""
-        if const_expr(self.debug_times):
-            if cond:
-                item_stamp(mLSE, item_count, k)
 
     @cute.jit
     def gemm(self, tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor, tCrB: cute.Tensor,
@@ -195,8 +179,7 @@ class Sm90AttentionOps:
         if const_expr(k_blocks is None):
             k_range = (0, cute.size(tCrA.shape[2]))
         for k in cutlass.range_constexpr(k_range[0], k_range[1]):
-            if const_expr(not self.debug_nomma):
-                cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
+            cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
             atom.set(warpgroup.Field.ACCUMULATE, True)
         warpgroup.commit_group()
         if const_expr(wait):
@@ -259,185 +242,45 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
     """Hopper forward attention, P in registers.  ``head_dim`` 64 / 128 / 256 (Dv = D), bf16."""
 
     # (producer, consumer) registers per thread after setmaxnreg, by number of consumer warpgroups: the whole
-    # 64K-register file is shared out (128·24 + 256·240 = 128·32 + 384·160 = 64K); a 64-row tile (one consumer
-    # warpgroup) takes half of it, so that two CTAs share an SM: 128·24 + 128·232 = 32K
-    REGS_BY_CONSUMER_WARPGROUPS = {1: (24, 232), 2: (24, 240), 3: (32, 160)}
-    SCHEDULER_BARRIER_BASE = 4           # named barriers 4.. order the consumer warpgroups' MMA issue (1..3: SMEM-P)
+    # 64K-register file is shared out (128·24 + 256·240 = 128·32 + 384·160 = 64K)
+    REGS_BY_CONSUMER_WARPGROUPS = {2: (24, 240), 3: (32, 160)}
     EPILOGUE_BARRIER = 7                 # every consumer thread has put its O rows in shared memory
-    HALF_EPILOGUE_BARRIER_BASE = 5       # split_epilogue: 5 + warpgroup (the ping-pong ids 4..6 serve non-persistent builds)
-    RING_STORE_BARRIERS = 1              # the ring: named barriers 1, 2 (by Q stage; SMEM-P's ids, unused there)
+    STORE_BARRIERS = 1                   # o_in_q_stage: named barriers 1, 2 (by Q stage; SMEM-P's ids, unused there)
 
-    def __init__(self, head_dim: int, *, causal: bool, has_lse: bool, tile_n: int | None = None,
-                 num_stages: int = 2, p_in_smem: bool = False, window: bool = False, sink: bool = False,
-                 split_kv: bool = False, overlap: bool = False, nvfp4_out: bool = False, pack_gqa: int = 1,
-                 tile_m: int = 128, wg_pingpong: bool = False, rescale_o_early: bool = False,
-                 tma_store_o: bool = True, persistent: bool = False, num_sms: int = 132, ring: bool = False,
-                 q_in_registers: bool = False, dynamic_schedule: bool = False, pv_wait_block: bool = False,
-                 cluster_pairs: bool = False, warpgroup_tiles: bool = False, q_stages: int | None = None,
-                 split_epilogue: bool = False, o_in_q_stage: bool = False, l2_hints: bool = False):
-        if tile_m not in (64, 128, 192):
-            raise ValueError(f"tile_m must be 64 (1 consumer warpgroup, two CTAs per SM), 128 (2) or 192 (3), "
-                             f"got {tile_m}")
-        if tile_m == 64 and head_dim > 128:
-            raise ValueError(f"a 64-row tile shares its SM with a second CTA (at most 128 registers a thread at "
-                             f"launch): head_dim {head_dim} does not fit; use tile_m=128")
-        if pack_gqa < 1 or tile_m % pack_gqa:
-            raise ValueError(f"pack_gqa (q heads per KV head packed into M) must divide the {tile_m}-row tile, "
-                             f"got {pack_gqa}")
-        if (wg_pingpong or rescale_o_early) and not overlap:
-            raise ValueError("wg_pingpong / rescale_o_early shape the overlapped mainloop: they need overlap=True")
-        if pack_gqa > 1 and nvfp4_out:
-            raise ValueError("the NVFP4 epilogue is built for unpacked rows (pack_gqa=1)")
-        if nvfp4_out and split_kv:
-            raise ValueError("the NVFP4 output is written by the final kernel, not by split-KV partials")
-        if overlap and p_in_smem:
-            raise ValueError("the intra-warpgroup overlap is built for the RS path (P in registers) only")
-        if split_kv and sink:
-            raise ValueError("with split-KV the sink belongs to the combine kernel, not to the splits")
-        if head_dim not in (64, 128, 256):
-            raise ValueError(f"head_dim {head_dim} not supported by the sm90 kernel (64, 128, 256)")
-        self.head_dim = head_dim
-        self.causal = causal
-        self.has_lse = has_lse
-        self.tile_m = tile_m
-        self.tile_n = tile_n or default_tile_n(head_dim)
-        self.consumer_warpgroups = tile_m // 64
-        # a 64-row tile is built to share its SM with a second CTA (registers halved, shared memory checked below)
-        self.ctas_per_sm = 2 if tile_m == 64 else 1
+    def __init__(self, config: Sm90FwdConfig):
+        config.check()
+        self.config = config
+        self.head_dim = config.head_dim
+        self.causal = config.causal
+        self.has_lse = config.has_lse
+        self.tile_m = config.tile_m
+        self.tile_n = config.tile_n
+        self.num_stages = config.num_stages
+        self.p_in_smem = config.p_in_smem
+        self.has_window = config.window
+        self.has_sink = config.sink
+        self.split_kv = config.split_kv
+        self.overlap = config.overlap
+        self.nvfp4_out = config.nvfp4_out
+        self.pack_gqa = config.pack_gqa
+        self.rescale_o_early = config.rescale_o_early
+        self.pv_wait_block = config.pv_wait_block
+        self.persistent = config.persistent
+        self.dynamic_schedule = config.dynamic_schedule
+        self.warpgroup_tiles = config.warpgroup_tiles
+        self.o_in_q_stage = config.o_in_q_stage
+        self.num_sms = config.num_sms
+        self.consumer_warpgroups = self.tile_m // 64
         self.NUM_THREADS = 128 * (1 + self.consumer_warpgroups)    # producer warpgroup + consumer warpgroups
         self.PRODUCER_REGS, self.CONSUMER_REGS = self.REGS_BY_CONSUMER_WARPGROUPS[self.consumer_warpgroups]
-        # Ping-pong: the consumer warpgroups take turns issuing their QK + PV wgmmas (named barriers), so one's
-        # softmax runs while the other's MMAs own the tensor cores instead of both colliding.
-        self.wg_pingpong = wg_pingpong
-        # Rescale O by the previous tile's correction while QK(j+1) is in flight, before PV(j) is issued (instead
-        # of after PV(j) retires, where the multiplies sit between two MMA issues).
-        self.rescale_o_early = rescale_o_early
-        # The overlapped mainloop's PV wait in a basic block of its own, its V release one tile later (see
-        # mainloop_overlapped).  Session 13, H200: under ncu hd128 D1 / causal / W4096 3.79 / 2.08 / 1.87 → 3.76 /
-        # 2.02 / 1.78 ms (FA4 3.63 / 2.00 / 1.77); at boost clocks in the pipeline hd64 D1 497 → 462 TFLOP/s and the
-        # small-window builds 2-6 % slower.  On for hd128 only (dsv4lib.attention.SM90_TUNING, session 14).
-        self.pv_wait_block = pv_wait_block and overlap
-        self.num_stages = num_stages
-        self.p_in_smem = p_in_smem
-        self.has_window = window
-        self.has_sink = sink
-        self.split_kv = split_kv
-        self.overlap = overlap
-        self.nvfp4_out = nvfp4_out
-        self.pack_gqa = pack_gqa
-        # bf16 O leaves through shared memory (stmatrix into the dead Q buffer, one TMA store per tile) instead of
-        # 4 B register stores; the fp32 split partials and the NVFP4 bytes keep their register stores.
-        self.tma_store_o = tma_store_o and not split_kv and not nvfp4_out
-        # Persistent CTAs (``persistent``): a grid of ``ctas_per_sm · num_sms`` CTAs, each walking query blocks
-        # blockIdx.x, + gridDim.x, …; the producer loads the next block's Q (two Q stages) and K/V while the consumers
-        # still work on this one, and O leaves through its own buffer ``sO`` by a TMA store nobody waits for until
-        # the next block's O needs the buffer.  What a CTA spends on its prologue and epilogue is then hidden
-        # behind the neighbouring blocks' loads and MMAs — the small-window case, where a block has 2-3 KV tiles.
-        # (the NVFP4 epilogue stores from the registers: no sO, nothing to wait for)
-        if persistent and not (overlap and (self.tma_store_o or nvfp4_out) and not p_in_smem and not wg_pingpong):
-            raise ValueError("persistent CTAs are built for the overlapped RS mainloop with the bf16 TMA-store or the "
-                             "NVFP4 epilogue (no split-KV, SMEM-P or ping-pong)")
-        self.persistent = persistent
-        # Dynamic persistent schedule (``dynamic_schedule``): the producer takes the next work item from a global
-        # counter instead of every gdim-th one, so CTAs on SMs that are served faster (or alone on their SM) take
-        # more items — a static deal ends with the slowest CTAs (module docstring)
-        if dynamic_schedule and not persistent:
-            raise ValueError("dynamic_schedule deals the work items of persistent CTAs: it needs persistent=True")
-        self.dynamic_schedule = dynamic_schedule
-        # Cluster pairs (``cluster_pairs``): the two CTAs of a (2, 1, 1) cluster take two adjacent query blocks of one
-        # head and the K/V tiles both blocks visit are loaded once for the pair — each CTA TMAs half of such a tile,
-        # multicast into both — so the L2 serves them once instead of twice (module docstring).  Static deal of pairs.
-        if cluster_pairs and not (persistent and not dynamic_schedule and not nvfp4_out):
-            raise ValueError("cluster_pairs deals query-block pairs to persistent CTAs with the static schedule and the "
-                             "bf16 epilogue (persistent=True, dynamic_schedule=False, no NVFP4 out)")
-        self.cluster_pairs = cluster_pairs
-        # Warpgroup tiles (``warpgroup_tiles``): in a persistent 128-row tile each consumer warpgroup visits only the
-        # K/V tiles its own 64 rows see (a small window: 3 of the tile's 4), the other's are waited for and handed
-        # back unused — the tile loads 4 K/V tiles for 128 rows where two 64-row blocks load 6 (module docstring)
-        if warpgroup_tiles and not (persistent and tile_m > 64 and not cluster_pairs and not nvfp4_out):
-            raise ValueError("warpgroup_tiles splits the K/V tiles of a persistent 128- or 192-row tile between its "
-                             "consumer warpgroups (persistent=True, tile_m=128 or 192, no cluster pairs or NVFP4 out)")
-        self.warpgroup_tiles = warpgroup_tiles
-        # Split epilogue (``split_epilogue``): each consumer warpgroup of a persistent 128-row tile stores its own 64
-        # rows (its half of sO, its own TMA store, a 128-thread barrier), so one warpgroup's epilogue overlaps the
-        # other's last tile instead of both meeting at a 256-thread barrier
-        if split_epilogue and not (persistent and tile_m == 128 and self.tma_store_o):
-            raise ValueError("split_epilogue stores the two 64-row halves of a persistent 128-row tile's O by TMA "
-                             "(persistent=True, tile_m=128, bf16 out)")
-        self.split_epilogue = split_epilogue
-        # O in its Q stage (``o_in_q_stage``): a persistent CTA's consumers put O into the item's own Q stage (each
-        # warpgroup its own 64 rows, whose QKs have all retired) and go on; a storer warp (an idle producer warp) stores
-        # it by TMA, waits for the store to read the stage and hands the stage back to the producer.  No sO buffer: its
-        # shared memory can hold one more K/V stage (the hd128 small-window build: 5 instead of 4)
-        if o_in_q_stage and not (persistent and self.tma_store_o and not split_epilogue and not cluster_pairs):
-            raise ValueError("o_in_q_stage stages a persistent CTA's bf16 O in its Q stage for a storer warp "
-                             "(persistent=True, bf16 TMA-store out; not with split_epilogue or cluster_pairs)")
-        self.o_in_q_stage = o_in_q_stage
-        # L2 eviction hints (``l2_hints``, persistent warpgroup-tiles builds): Q loads and O stores evict first (each
-        # is touched once), K/V loads evict last (the neighbouring query blocks read each tile again)
-        if l2_hints and not (warpgroup_tiles and o_in_q_stage):
-            raise ValueError("l2_hints is built for the warpgroup-tiles producer and the o_in_q_stage storer")
-        self.l2_q = L2_EVICT_FIRST if l2_hints else None
-        self.l2_kv = L2_EVICT_LAST if l2_hints else None
-        # Window ring (``ring``): one CTA per SM walks chunks of consecutive 128-row items of one head, K/V tiles
-        # streamed once per chunk into a ring the two halves of an item share (module docstring).  Only for a
-        # window whose 64-row halves need at most 3 tiles of 64 keys and whose queries sit on tile boundaries
-        # (keys − queries a multiple of tile_n): the host (``dsv4lib.attention``) checks that; more tiles per half
-        # than stages would stall the ring.
-        if ring and not (window and overlap and self.tma_store_o and pack_gqa == 1
-                         and not (p_in_smem or wg_pingpong or persistent)):
-            raise ValueError("the window ring is built for a sliding window, the overlapped RS mainloop and the bf16 "
-                             "TMA-store epilogue, unpacked heads (not persistent, SMEM-P or ping-pong)")
-        # an item's rows see the keys [first row - 127, last row]: (tile_m + 128) / tile_n tiles, all in the ring at once
-        ring_tiles = (tile_m + 128) // (tile_n or default_tile_n(head_dim))
-        if ring and num_stages < ring_tiles:
-            raise ValueError(f"the window ring holds up to {ring_tiles} K/V tiles of a {tile_m}-row item: "
-                             f"num_stages >= {ring_tiles}, got {num_stages}")
-        self.ring = ring
-        # Q in registers (``q_in_registers``, the 64-row ring only): QK is an RS-wgmma, each item copies its Q out of
-        # the single Q stage before the previous item's O is staged there, so the next Q loads a whole item ahead
-        # instead of after the O store (module docstring)
-        if q_in_registers and not (ring and tile_m == 64):
-            raise ValueError("q_in_registers is built for the 64-row window ring (ring=True, tile_m=64)")
-        self.q_in_registers = q_in_registers
-        self.num_sms = num_sms
-        # Q stages: two when persistent, or for a 128-row ring item (the next item's Q loads while this one
-        # computes); a 64-row ring item (two CTAs per SM) has room for one: the other CTA computes while it loads
-        self.q_stages = 2 if (persistent or (ring and tile_m == 128)) else 1
-        if q_stages is not None:     # a persistent build may trade its second Q stage for K/V stages
-            if not (persistent and q_stages in (1, 2)):
-                raise ValueError(f"q_stages (1 or 2) is a knob of persistent builds, got {q_stages}")
-            self.q_stages = q_stages
+        # bf16 O leaves through shared memory (stmatrix, one TMA store per tile) instead of 4 B register stores;
+        # the fp32 split partials and the NVFP4 bytes keep their register stores
+        self.tma_store_o = not self.split_kv and not self.nvfp4_out
+        self.l2_q = L2_EVICT_FIRST if config.l2_hints else None
+        self.l2_kv = L2_EVICT_LAST if config.l2_hints else None
+        # two Q stages when persistent: the next block's Q loads while this one computes
+        self.q_stages = 2 if self.persistent else 1
         self.dtype = cutlass.BFloat16
-        if self.ctas_per_sm * (self.smem_bytes() + 1024) > self.SMEM_PER_SM:
-            raise ValueError(f"{self.smem_bytes()} B of shared memory per CTA: {self.ctas_per_sm} CTAs do not fit an "
-                             f"SM (tile_m {tile_m}, tile_n {self.tile_n}, {num_stages} stages, head_dim {head_dim})")
-        # Debug knobs (compile-time), e.g. DSV4_D1_DEBUG="printf,noreg,notail": checkpoints printed by
-        # block (0,0,0), no register reallocation, no producer tail; "nomma" and "lightfirst" are timing probes
-        # (scripts/explore.py d5probe / d1causal).  Never set in normal runs.
-        knobs = set(filter(None, os.environ.get("DSV4_D1_DEBUG", "").split(",")))
-        self.debug_nomma = "nomma" in knobs       # timing probe: every wgmma left out (garbage O), loads and waits kept
-        self.debug_lightfirst = "lightfirst" in knobs    # A/B probe: causal blocks in launch order (light first)
-        # timing probe of the ring ("times"): %globaltimer stamps per CTA and item into the LSE buffer (as int64; the
-        # LSE itself is not written) — see timing_stamp; call with return_lse=True
-        # stamps (timing_stamp): 0 consumer item start, 1 its mainloop done, 2 next Q in registers, 3 O staged
-        # (persistent: 0 and 3, O's store issued); 4 producer Q issued, 5 the item's K/V issued; 6 storer: O store
-        # read (scripts/explore.py ringtimes)
-        self.debug_times = "times" in knobs and (ring or persistent)
-        self.debug_printf, self.debug_noreg, self.debug_notail = ("printf" in knobs, "noreg" in knobs,
-                                                                 "notail" in knobs)
-
-    SMEM_PER_SM = 228 * 1024             # H100/H200; the driver keeps 1 KB of it per CTA
-
-    def smem_bytes(self) -> int:
-        """Shared memory of one CTA: Q (two stages when persistent), the K and V stages, P (SMEM-P only), O (persistent
-        only), the mbarriers, 1 KB alignment each."""
-        elem = 2
-        q = self.q_stages * self.tile_m * self.head_dim * elem
-        kv = 2 * self.num_stages * self.tile_n * self.head_dim * elem
-        p = self.tile_m * self.tile_n * elem if self.p_in_smem else 0
-        o = self.tile_m * self.head_dim * elem if self.persistent and not self.o_in_q_stage else 0
-        return 1024 + q + kv + p + o
 
     # ------------------------------------------------------------------------------ host side
     def token(self, row):
@@ -480,14 +323,12 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             mQ, mO, mLSE = self.pack_heads(mQ, 2), self.pack_heads(mO, 2), self.pack_heads(mLSE, 1)
         tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.K, Float32,
-            (self.tile_m // 64, 1, 1), (64, self.tile_n),
-            a_source=warpgroup.OperandSource.RMEM if self.q_in_registers else warpgroup.OperandSource.SMEM)
+            (self.tile_m // 64, 1, 1), (64, self.tile_n), a_source=warpgroup.OperandSource.SMEM)
         tiled_mma_pv = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.MN, Float32,
             (self.tile_m // 64, 1, 1), (64, self.head_dim),
             a_source=warpgroup.OperandSource.SMEM if self.p_in_smem else warpgroup.OperandSource.RMEM)
-        sQ_layout = self._smem_layout(self.tile_m, self.q_stages if const_expr(self.q_stages > 1 or self.ring
-                                                                           or self.persistent) else None)
+        sQ_layout = self._smem_layout(self.tile_m, self.q_stages if const_expr(self.persistent) else None)
         sO_layout = self._smem_layout(self.tile_m, None)                 # O's tile (its own buffer when persistent)
         sK_layout = self._smem_layout(self.tile_n, self.num_stages)
         sV_layout = self._smem_layout(self.tile_n, self.num_stages)
@@ -500,18 +341,8 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                                                         (self.tile_n, self.head_dim), 1)
         tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(tma_load, mV, cute.select(sV_layout, mode=[0, 1]),
                                                         (self.tile_n, self.head_dim), 1)
-        tma_atom_Kmc = tma_Kmc = tma_atom_Vmc = tma_Vmc = None
-        if const_expr(self.cluster_pairs):  # half a tile per CTA, multicast into both CTAs of the pair
-            tma_mcast = cpasync.CopyBulkTensorTileG2SMulticastOp()
-            tma_atom_Kmc, tma_Kmc = cpasync.make_tiled_tma_atom(tma_mcast, mK, cute.select(sK_layout, mode=[0, 1]),
-                                                                (self.tile_n, self.head_dim), 2)
-            tma_atom_Vmc, tma_Vmc = cpasync.make_tiled_tma_atom(tma_mcast, mV, cute.select(sV_layout, mode=[0, 1]),
-                                                                (self.tile_n, self.head_dim), 2)
         tma_atom_O = None
-        if const_expr(self.split_epilogue):  # O leaves as two 64-row halves, one per warpgroup
-            tma_atom_O, mO = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mO,
-                                                         self._smem_layout(64, None), (64, self.head_dim))
-        elif const_expr(self.tma_store_o):   # O shares Q's tile shape and buffer layout
+        if const_expr(self.tma_store_o):   # O shares Q's tile shape and buffer layout
             tma_atom_O, mO = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mO, sO_layout,
                                                          (self.tile_m, self.head_dim))
         o_elems = cute.cosize(sO_layout) if const_expr(self.persistent and self.tma_store_o
@@ -531,33 +362,23 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             sP: cute.struct.Align[cute.struct.MemRange[self.dtype, p_elems], 1024]
             sO: cute.struct.Align[cute.struct.MemRange[self.dtype, o_elems], 1024]
 
-        if const_expr(self.ctas_per_sm * (SharedStorage.size_in_bytes() + 1024) > self.SMEM_PER_SM):
-            # the exact struct (alignment padding included), not smem_bytes()'s estimate: one byte over and the
-            # second CTA of an SM silently waits for the first to finish
-            raise ValueError(f"{SharedStorage.size_in_bytes()} B of shared memory: {self.ctas_per_sm} CTAs do not "
-                             f"fit an SM")
+        if const_expr(SharedStorage.size_in_bytes() + 1024 > SMEM_PER_SM):
+            # the exact struct (alignment padding included): the config's check is an estimate
+            raise ValueError(f"{SharedStorage.size_in_bytes()} B of shared memory do not fit an SM")
         batch_and_splits = cute.size(mQ.shape[3])
         if const_expr(self.split_kv):
             batch_and_splits = batch_and_splits * cute.size(mO.shape[4])
         grid = (cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m), cute.size(mQ.shape[2]), batch_and_splits)
         if const_expr(self.persistent):
-            grid = (persistent_grid(self.work_items(mQ), self.num_sms * self.ctas_per_sm), 1, 1)
+            grid = (persistent_grid(self.work_items(mQ), self.num_sms), 1, 1)
             if const_expr(self.dynamic_schedule):            # every slot: the faster ones take more items
-                grid = (cutlass.min(self.work_items(mQ), self.num_sms * self.ctas_per_sm), 1, 1)
-            if const_expr(self.cluster_pairs):              # two CTAs (one cluster) per pair of query blocks
-                grid = (2 * persistent_grid(self.pair_items(mQ), self.num_sms * self.ctas_per_sm // 2), 1, 1)
+                grid = (cutlass.min(self.work_items(mQ), self.num_sms), 1, 1)
         if const_expr(not self.dynamic_schedule):
             mWork = mSenc                                    # unused
-        if const_expr(self.ring):
-            grid = (persistent_grid(self.ring_chunking(mQ)[2], self.num_sms * self.ctas_per_sm), 1, 1)
         self.kernel(tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, tma_atom_O, mO, mLSE, softmax_scale_log2,
                     window_size, mSink, mOutScales, mSenc, mWork,
-                    sQ_layout, sK_layout, sV_layout, sP_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage,
-                    tma_atom_Kmc, tma_Kmc, tma_atom_Vmc, tma_Vmc).launch(
-            grid=grid, block=[self.NUM_THREADS, 1, 1], min_blocks_per_mp=self.ctas_per_sm,
-            cluster=(2, 1, 1) if const_expr(self.cluster_pairs) else None,
-            # two CTAs per SM need the whole 228 KB carve-out (100 %), not the driver's pick for one CTA's size
-            **({"preferred_smem_carveout": 100} if self.ctas_per_sm > 1 else {}), **launch_stream(stream))
+                    sQ_layout, sK_layout, sV_layout, sP_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage).launch(
+            grid=grid, block=[self.NUM_THREADS, 1, 1], min_blocks_per_mp=1, **launch_stream(stream))
 
     # ---------------------------------------------------------------------------- device side
     @cute.kernel
@@ -566,12 +387,11 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                softmax_scale_log2: Float32, window_size: Int32, mSink: cute.Tensor, mOutScales: cute.Tensor,
                mSenc: cute.Tensor, mWork: cute.Tensor, sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
                sV_layout: cute.ComposedLayout, sP_layout: cute.ComposedLayout, tiled_mma_qk: cute.TiledMma,
-               tiled_mma_pv: cute.TiledMma, SharedStorage: cutlass.Constexpr, tma_atom_Kmc: cute.CopyAtom = None,
-               mKmc: cute.Tensor = None, tma_atom_Vmc: cute.CopyAtom = None, mVmc: cute.Tensor = None):
+               tiled_mma_pv: cute.TiledMma, SharedStorage: cutlass.Constexpr):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
-        if const_expr(self.causal and not self.debug_lightfirst):
+        if const_expr(self.causal):
             # heaviest query blocks first (blocks launch x-fastest): causal work grows with m_block, and the blocks
             # launched last should be the short ones, not the full-length rows of the last head
             m_blocks, _, _ = cute.arch.grid_dim()
@@ -586,9 +406,6 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                 cpasync.prefetch_descriptor(atom)
             if const_expr(self.tma_store_o):
                 cpasync.prefetch_descriptor(tma_atom_O)
-            if const_expr(self.cluster_pairs):
-                cpasync.prefetch_descriptor(tma_atom_Kmc)
-                cpasync.prefetch_descriptor(tma_atom_Vmc)
 
         storage = cutlass.utils.SmemAllocator().allocate(SharedStorage)
         one_thread = pipeline.CooperativeGroup(pipeline.Agent.Thread)
@@ -597,23 +414,17 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         tile_bytes_kv = self.tile_n * self.head_dim * self.dtype.width // 8
         pipeline_q = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.mbar_Q.data_ptr(), num_stages=self.q_stages, producer_group=one_thread,
-            # the ring (and o_in_q_stage) hands a Q stage back from its storer warp, once the O store has read it
-            consumer_group=one_thread if const_expr(self.ring or self.o_in_q_stage) else consumer_warps,
+            # o_in_q_stage hands a Q stage back from its storer warp, once the O store has read it
+            consumer_group=one_thread if const_expr(self.o_in_q_stage) else consumer_warps,
             tx_count=tile_bytes_q,
             defer_sync=True)
-        # cluster pairs: a K/V stage is refilled (by either CTA's multicast) only when the consumers of both CTAs
-        # have released it — each consumer warp arrives on the stage's empty barrier in both CTAs
-        kv_consumers, kv_cluster, cluster_mn = consumer_warps, None, (1, 1)
-        if const_expr(self.cluster_pairs):
-            kv_consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, 2 * ((self.NUM_THREADS - 128) // 32))
-            kv_cluster, cluster_mn = cute.make_layout((1, 2, 1, 1)), (2, 1)
         pipeline_k = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.mbar_K.data_ptr(), num_stages=self.num_stages, producer_group=one_thread,
-            consumer_group=kv_consumers, tx_count=tile_bytes_kv, cta_layout_vmnk=kv_cluster, defer_sync=True)
+            consumer_group=consumer_warps, tx_count=tile_bytes_kv, defer_sync=True)
         pipeline_v = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.mbar_V.data_ptr(), num_stages=self.num_stages, producer_group=one_thread,
-            consumer_group=kv_consumers, tx_count=tile_bytes_kv, cta_layout_vmnk=kv_cluster, defer_sync=True)
-        pipeline_init_arrive(cluster_shape_mn=cluster_mn, is_relaxed=True)
+            consumer_group=consumer_warps, tx_count=tile_bytes_kv, defer_sync=True)
+        pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
 
         # Swizzles go into the pointers: the hardware swizzles byte addresses (see dsv4lib.layouts)
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)     # (tile_m, D[, 2 stages])
@@ -637,52 +448,28 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             lo = cutlass.min(n_block_min + split * per_split, n_block_max)
             n_block_max = cutlass.min(lo + per_split, n_block_max)
             n_block_min = lo
-        pipeline_init_wait(cluster_shape_mn=cluster_mn)
+        pipeline_init_wait(cluster_shape_mn=(1, 1))
 
-        if const_expr(self.debug_printf):
-            if tidx == 0 and m_block == 0 and head == 0 and batch == 0:
-                cute.printf("D1 start: seqlen_q %d seqlen_k %d n_block_max %d\n", seqlen_q, seqlen_k, n_block_max)
         sWork = None
         if const_expr(self.dynamic_schedule):
             sWork = storage.sWork.get_tensor(cute.make_layout(self.q_stages))     # (Q stages,) work items
         if warp_idx < 4:
-            if const_expr(not self.debug_noreg):
-                cute.arch.setmaxregister_decrease(self.PRODUCER_REGS)
-            if const_expr(self.ring):
-                if warp_idx == 1:
-                    self.store_ring(tma_atom_O, mO, mQ, sQ, pipeline_q, mLSE)
+            cute.arch.setmaxregister_decrease(self.PRODUCER_REGS)
             if const_expr(self.o_in_q_stage):
                 if warp_idx == 1:
                     self.store_persistent(tma_atom_O, mO, mQ, sQ, pipeline_q, sWork)
             if warp_idx == 0:
-                if const_expr(self.ring):
-                    self.load_ring(tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV, pipeline_q, pipeline_k,
-                                   pipeline_v, seqlen_q, seqlen_k, window_size, mLSE)
-                elif const_expr(self.cluster_pairs):
-                    self.load_pairs(tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, tma_atom_Kmc, mKmc, tma_atom_Vmc,
-                                    mVmc, sQ, sK, sV, pipeline_q, pipeline_k, pipeline_v, seqlen_q, seqlen_k,
-                                    window_size)
-                elif const_expr(self.persistent):
+                if const_expr(self.persistent):
                     self.load_persistent(tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV, pipeline_q,
                                          pipeline_k, pipeline_v, seqlen_q, seqlen_k, window_size, mWork,
                                          sWork)
                 else:
                     self.load(tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV, pipeline_q, pipeline_k,
                               pipeline_v, m_block, head, head_kv, batch, n_block_min, n_block_max)
-        elif const_expr(self.ring):
-            if const_expr(not self.debug_noreg):
-                cute.arch.setmaxregister_increase(self.CONSUMER_REGS)
-            self.consume_ring(tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, mLSE, mQ, pipeline_q,
-                              pipeline_k, pipeline_v, softmax_scale_log2, window_size, mSink, tidx - 128, seqlen_q,
-                              seqlen_k, rows_q)
         elif const_expr(self.persistent):
-            if const_expr(not self.debug_noreg):
-                cute.arch.setmaxregister_increase(self.CONSUMER_REGS)
+            cute.arch.setmaxregister_increase(self.CONSUMER_REGS)
             sO = None
-            if const_expr(self.split_epilogue):
-                sO_layout = self._smem_layout(64, 2)
-                sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)         # (64, D, 2 halves)
-            elif const_expr(self.o_in_q_stage):
+            if const_expr(self.o_in_q_stage):
                 sO = sQ                                      # (tile_m, D, Q stages): O goes into its item's stage
             elif const_expr(self.tma_store_o):
                 sO_layout = self._smem_layout(self.tile_m, None)
@@ -691,15 +478,10 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                                     pipeline_k, pipeline_v, softmax_scale_log2, window_size, mSink, tidx - 128,
                                     seqlen_q, seqlen_k, rows_q, sWork, mOutScales, mSenc)
         else:
-            if const_expr(not self.debug_noreg):
-                cute.arch.setmaxregister_increase(self.CONSUMER_REGS)
+            cute.arch.setmaxregister_increase(self.CONSUMER_REGS)
             self.consume(tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, sP, tma_atom_O, mO, mLSE, pipeline_q, pipeline_k, pipeline_v,
                          softmax_scale_log2, window_size, mSink, mOutScales, mSenc, tidx - 128, m_block, head, batch,
                          split, seqlen_q, seqlen_k, n_block_min, n_block_max, rows_q)
-        if const_expr(self.cluster_pairs):
-            # no CTA exits while its peer may still multicast into it or arrive on its barriers
-            cute.arch.cluster_arrive()
-            cute.arch.cluster_wait()
 
     @cute.jit
     def work_coords(self, work, mQ):
@@ -835,21 +617,14 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         causal_shift = seqlen_k - seqlen_q
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.q_stages)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
-        item_count = Int32(0)                                # debug_times stamps
         total = self.work_items(mQ)
         work = bidx
         step = gdim
-        if const_expr(self.cluster_pairs):                   # work = the cluster's pair of query blocks
-            total, work, step = self.pair_items(mQ), bidx // 2, gdim // 2
         if const_expr(self.dynamic_schedule):
             work = self.announced_work(pipeline_q, q_state, sWork, total)
         while work < total:
             slots = None
-            if const_expr(self.cluster_pairs):
-                m_block, head, batch, has_block, n_real, n_slots, slots = self.pair_plan(work, mQ, seqlen_q, seqlen_k,
-                                                                                         window_size)
-                n_block_min, n_block_max = Int32(0), n_real          # this CTA's slots 0 .. n_real - 1 (slot_block)
-            elif const_expr(self.warpgroup_tiles):
+            if const_expr(self.warpgroup_tiles):
                 m_block, head, batch = self.work_coords(work, mQ)
                 # this warpgroup's tiles: skip the other's that come first, visit its own, skip the rest
                 _, _, lead_and_own, slots = self.warpgroup_plan(m_block, cute.arch.make_warp_uniform(ctidx // 128),
@@ -859,7 +634,6 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             else:
                 m_block, head, batch = self.work_coords(work, mQ)
                 n_block_min, n_block_max = self.block_range(m_block, seqlen_q, seqlen_k, window_size)
-            self.timing_stamp(mLSE, item_count, 0, ctidx == 0)
             acc_O.fill(0.0)
             row_max.fill(-Float32.inf)
             row_sum.fill(0.0)
@@ -876,22 +650,13 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             if const_expr(not self.o_in_q_stage):
                 pipeline_q.consumer_release(q_state)                       # every QK of this block has retired
             q_state.advance()
-            if const_expr(self.cluster_pairs):
-                kv_state = self.release_empty_slots(pipeline_k, pipeline_v, kv_state, n_slots - n_real)
-                if has_block:
-                    self.finish_persistent_item(acc_O, acc_O_rc, tOcO_rc, row_max, row_sum, mSink, mLSE,
-                                                softmax_scale_log2, m_block, head, batch, rows_q, seqlen_q, tiled_mma_pv,
-                                                sO, tma_atom_O, mO, mOutScales, mSenc, ctidx)
-            else:
-                self.finish_persistent_item(acc_O, acc_O_rc, tOcO_rc, row_max, row_sum, mSink, mLSE, softmax_scale_log2,
-                                            m_block, head, batch, rows_q, seqlen_q, tiled_mma_pv, sO, tma_atom_O, mO,
-                                            mOutScales, mSenc, ctidx, o_stage)
+            self.finish_persistent_item(acc_O, acc_O_rc, tOcO_rc, row_max, row_sum, mSink, mLSE, softmax_scale_log2,
+                                        m_block, head, batch, rows_q, seqlen_q, tiled_mma_pv, sO, tma_atom_O, mO,
+                                        mOutScales, mSenc, ctidx, o_stage)
             if const_expr(self.warpgroup_tiles):
                 # the other warpgroup's trailing tiles, handed back after this one's epilogue: waiting for them to
                 # land first would hold the epilogue back until the other's last tile arrives
                 kv_state = self.release_empty_slots(pipeline_k, pipeline_v, kv_state, n_trail)
-            self.timing_stamp(mLSE, item_count, 3, ctidx == 0)
-            item_count += 1
             if const_expr(self.dynamic_schedule):
                 work = self.announced_work(pipeline_q, q_state, sWork, total)
             else:
@@ -899,10 +664,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         if const_expr(self.dynamic_schedule and not self.o_in_q_stage):
             pipeline_q.consumer_release(q_state)             # the -1 stage: the producer's tail waits for it
         if const_expr(self.tma_store_o and not self.o_in_q_stage):
-            storer = ctidx < 32
-            if const_expr(self.split_epilogue):
-                storer = ctidx % 128 < 32                                   # each warpgroup stores its own half
-            if storer:
+            if ctidx < 32:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)            # sO must outlive the last store's reads
 
     @cute.jit
@@ -917,15 +679,6 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             self.store_nvfp4(acc_O_rc, tOcO_rc, mO, mOutScales, mSenc[0], m_block, head, batch, seqlen_q)
         elif const_expr(self.o_in_q_stage):
             self.hand_o_to_storer(acc_O, tiled_mma_pv, sO, o_stage, ctidx)        # sO is sQ
-        elif const_expr(self.split_epilogue):
-            # this warpgroup's 64 rows: its half of sO, its own TMA store, only its own 128 threads meet
-            wg = cute.arch.make_warp_uniform(ctidx // 128)
-            gO = cute.local_tile(mO[None, None, head, batch], (64, self.head_dim), (2 * m_block + wg, 0))
-            mma_one_wg = sm90_utils.make_trivial_tiled_mma(self.dtype, self.dtype, OperandMajorMode.K,
-                                                           OperandMajorMode.MN, Float32, (1, 1, 1),
-                                                           (64, self.head_dim), a_source=warpgroup.OperandSource.RMEM)
-            self.store_o_tma(acc_O, mma_one_wg, sO[None, None, wg], tma_atom_O, gO, ctidx % 128, reuse=True,
-                             barrier_id=self.HALF_EPILOGUE_BARRIER_BASE + wg, threads=128)
         else:
             gO = cute.local_tile(mO[None, None, head, batch], (self.tile_m, self.head_dim), (m_block, 0))
             self.store_o_tma(acc_O, tiled_mma_pv, sO, tma_atom_O, gO, ctidx, reuse=True)
@@ -975,58 +728,6 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                 kv_state.advance()
         return kv_state
 
-    # ------------------------------------------------------------------ cluster pairs (cluster_pairs=True)
-    @cute.jit
-    def pair_items(self, mQ):
-        """Cluster pairs: the number of work items, pairs of adjacent query blocks of one head (the last pair of a
-        head has one block when the head has an odd number)."""
-        m_blocks = cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m)
-        return (m_blocks + 1) // 2 * cute.size(mQ.shape[2]) * cute.size(mQ.shape[3])
-
-    @cute.jit
-    def shared_and_own(self, lo0, hi0, lo1, hi1):
-        """Cluster pairs (``pair_plan``): two adjacent row ranges' KV tiles ``[lo0, hi0)`` (the earlier rows) and
-        ``[lo1, hi1)``, as runs that descend from a top: (count, top) of the tiles both see, of the first's own (below the shared ones) and of
-        the second's own (above them).  An empty range shares nothing; its own count is 0."""
-        s_lo = cutlass.max(lo0, lo1)
-        s_hi = cutlass.min(hi0, hi1)
-        n_shared = cutlass.max(s_hi - s_lo, 0)
-        own0 = cutlass.max(hi0 - lo0, 0) - n_shared          # the shared tiles lie inside both (non-empty) ranges
-        own1 = cutlass.max(hi1 - lo1, 0) - n_shared
-        return (n_shared, s_hi), (own0, cutlass.min(hi0, lo1)), (own1, hi1)
-
-    @cute.jit
-    def pair_plan(self, pair, mQ, seqlen_q, seqlen_k, window_size):
-        """Cluster pairs: what pair ``pair`` means for this CTA (rank r of the cluster takes block ``first + r``).
-        Both CTAs walk the same sequence of K/V *slots* so that their stages stay in step: first the tiles both
-        blocks visit (``n_shared``, descending from ``s_hi``; multicast), then each CTA's own tiles (loaded by it
-        alone, descending), and where one CTA has fewer own tiles than its peer, empty slots (no bytes; waited for and
-        released).  Returns (m_block, head, batch, has_block, n_real: this CTA's tiles, n_slots, slots: this CTA's
-        segments for ``slot_block``)."""
-        rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
-        m_blocks = cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m)
-        pairs_per_head = (m_blocks + 1) // 2
-        n_heads = cute.size(mQ.shape[2])
-        head = (pair // pairs_per_head) % n_heads
-        batch = pair // (pairs_per_head * n_heads)
-        first = 2 * (pair % pairs_per_head)
-        if const_expr(self.causal or self.has_window):
-            first = m_blocks - 2 - first                     # the last blocks first (longest first, as work_coords)
-        lo0, hi0 = self.block_range(first, seqlen_q, seqlen_k, window_size)
-        lo1, hi1 = self.block_range(first + 1, seqlen_q, seqlen_k, window_size)
-        if first < 0:
-            hi0 = lo0                                        # no block for rank 0: an empty range
-        if first + 1 >= m_blocks:
-            hi1 = lo1
-        (n_shared, s_hi), (own0, top0), (own1, top1) = self.shared_and_own(lo0, hi0, lo1, hi1)
-        n_slots = n_shared + cutlass.max(own0, own1)
-        m_block = first + rank
-        own, own_top = own0, top0
-        if rank == 1:
-            own, own_top = own1, top1
-        has_block = m_block >= 0 and m_block < m_blocks
-        return m_block, head, batch, has_block, n_shared + own, n_slots, ((n_shared, s_hi), (own, own_top))
-
     @cute.jit
     def slot_block(self, i, n_block_max, slots):
         """The KV tile of the i-th visit: ``n_block_max - 1 - i`` (descending), or, given ``slots`` — segments
@@ -1042,24 +743,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                 start = start + seg[0]
         return n_block
 
-    @cute.jit
-    def load_slot(self, tma_atom, tXgX, tXsX, tma_atom_mc, tXgXmc, tXsXmc, pipe, state, i, n_real, slots):
-        """Cluster pairs, producer: K or V slot i — a shared tile (this CTA's half, multicast into both CTAs; each
-        CTA's full barrier expects the whole tile), an own tile (TMA into this CTA only) or an empty slot (the full
-        barrier completed by a plain arrive once the stage is free in both CTAs)."""
-        n_block = self.slot_block(i, n_real, slots)
-        if i < slots[0][0]:
-            pipe.producer_acquire(state)
-            cute.copy(tma_atom_mc, tXgXmc[None, n_block], tXsXmc[None, state.index],
-                      tma_bar_ptr=pipe.producer_get_barrier(state), mcast_mask=cutlass.Int16(3))
-        else:
-            if i < n_real:
-                tma_load_tile(tma_atom, tXgX, tXsX, pipe, state, n_block)
-            else:
-                pipe.sync_object_empty.wait(state.index, state.phase)
-                if cute.arch.lane_idx() == 0:
-                    cute.arch.mbarrier_arrive(pipe.producer_get_barrier(state))
-
+    # ------------------------------------------------------------------ empty slots
     @cute.jit
     def release_empty_slots(self, pipeline_k, pipeline_v, kv_state, n_empty):
         """Cluster pairs, consumers: the empty slots after this CTA's own tiles — waited for and handed back, so
@@ -1071,56 +755,6 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             pipeline_v.consumer_release(kv_state)
             kv_state.advance()
         return kv_state
-
-    @cute.jit
-    def load_pairs(self, tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, tma_atom_Kmc, mKmc, tma_atom_Vmc, mVmc, sQ,
-                   sK, sV, pipeline_q, pipeline_k, pipeline_v, seqlen_q, seqlen_k, window_size):
-        """Producer of a cluster-pair CTA: per pair, this CTA's Q (or, with no block, its Q stage completed empty —
-        both loops take one Q stage per pair), then the pair's K/V slots (``pair_plan``), K one slot ahead of V."""
-        bidx, _, _ = cute.arch.block_idx()
-        gdim, _, _ = cute.arch.grid_dim()
-        rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
-        total = self.pair_items(mQ)
-        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.q_stages)
-        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
-        pair = bidx // 2
-        while pair < total:
-            m_block, head, batch, has_block, n_real, n_slots, slots = self.pair_plan(pair, mQ, seqlen_q, seqlen_k,
-                                                                                     window_size)
-            head_kv = self.kv_head(head, mQ, mK)
-            tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV = self.item_tma_views(tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV,
-                                                                     sQ, sK, sV, cutlass.max(m_block, 0), head,
-                                                                     head_kv, batch)
-            gKmc = cute.local_tile(mKmc[None, None, head_kv, batch], (self.tile_n, self.head_dim), (None, 0))
-            gVmc = cute.local_tile(mVmc[None, None, head_kv, batch], (self.tile_n, self.head_dim), (None, 0))
-            # this CTA's half of a shared tile (rows rank·tile_n/2 …), for both CTAs' shared memory
-            tKsKmc, tKgKmc = cpasync.tma_partition(tma_atom_Kmc, rank, cute.make_layout(2),
-                                                   cute.group_modes(sK, 0, 2), cute.group_modes(gKmc, 0, 2))
-            tVsVmc, tVgVmc = cpasync.tma_partition(tma_atom_Vmc, rank, cute.make_layout(2),
-                                                   cute.group_modes(sV, 0, 2), cute.group_modes(gVmc, 0, 2))
-            if has_block:
-                pipeline_q.producer_acquire(q_state)
-                cute.copy(tma_atom_Q, tQgQ, tQsQ[None, q_state.index],
-                          tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
-            else:
-                pipeline_q.sync_object_empty.wait(q_state.index, q_state.phase)
-                if cute.arch.lane_idx() == 0:
-                    cute.arch.mbarrier_arrive(pipeline_q.producer_get_barrier(q_state))
-            q_state.advance()
-            k_state = kv_state.clone()
-            for i in cutlass.range(n_slots + 1, unroll=1):
-                if i < n_slots:
-                    self.load_slot(tma_atom_K, tKgK, tKsK, tma_atom_Kmc, tKgKmc, tKsKmc, pipeline_k, k_state, i,
-                                   n_real, slots)
-                    k_state.advance()
-                if i > 0:
-                    self.load_slot(tma_atom_V, tVgV, tVsV, tma_atom_Vmc, tVgVmc, tVsVmc, pipeline_v, kv_state, i - 1,
-                                   n_real, slots)
-                    kv_state.advance()
-            pair += gdim // 2
-        pipeline_q.producer_tail(q_state)
-        pipeline_k.producer_tail(kv_state.clone())
-        pipeline_v.producer_tail(kv_state.clone())
 
     @cute.jit
     def block_range(self, m_block, seqlen_q, seqlen_k, window_size):
@@ -1144,195 +778,13 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             n_block_max = cutlass.min(n_block_max, cutlass.max(last_key // self.tile_n + 1, 0))
         return n_block_min, n_block_max
 
-    # ------------------------------------------------------------------ the window ring (ring=True)
-    @cute.jit
-    def ring_chunking(self, mQ):
-        """How the ring splits the work: (chunks per (head, batch), items per chunk, chunks).  Every head gets the
-        same number of chunks, as many as leave one CTA per SM for each (B2 H16 on 132 SMs: 4 chunks of 32
-        items); a chunk pays its first tiles once (2 of 64 extra at W = 128, S = 16k)."""
-        m_items = cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m)
-        heads = cute.size(mQ.shape[2]) * cute.size(mQ.shape[3])
-        per_head = cutlass.max(cutlass.min(Int32(self.num_sms * self.ctas_per_sm) // heads, m_items), 1)
-        chunk_items = (m_items + per_head - 1) // per_head
-        per_head = (m_items + chunk_items - 1) // chunk_items
-        return per_head, chunk_items, heads * per_head
-
-    @cute.jit
-    def ring_chunk(self, chunk, per_head, chunk_items, mQ):
-        """Chunk → (head, batch, first item, end item)."""
-        m_items = cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m)
-        head_lin = chunk // per_head
-        item_lo = (chunk % per_head) * chunk_items
-        n_heads = cute.size(mQ.shape[2])
-        return head_lin % n_heads, head_lin // n_heads, item_lo, cutlass.min(item_lo + chunk_items, m_items)
-
-    @cute.jit
-    def half_tiles(self, half, seqlen_q, seqlen_k, window_size):
-        """The KV tiles of 64-row half ``half`` (item ``half // halves``, consumer warpgroup ``half % halves``, with
-        ``halves`` = consumer warpgroups: 2 for 128-row items, 1 for 64-row ones)."""
-        return self.rows_key_tiles(half * 64, half * 64 + 63, seqlen_q, seqlen_k, window_size)
-
-    def ring_state(self, position):
-        """The consumer's pipeline state of the ring's ``position``-th tile (counted over this CTA's whole life):
-        stage ``position mod stages``, phase = parity of the laps."""
-        return pipeline.PipelineState(self.num_stages, position, position % self.num_stages,
-                                      (position // self.num_stages) % 2)
-
-    @cute.jit
-    def release_ring_tiles(self, pipeline_k, pipeline_v, ring_base, n_from, n_to):
-        """Hand back tiles ``[n_from, n_to)`` this warpgroup never computes on (the other half's, with windows of
-        at most 64 keys): wait for each first, so a release never runs ahead of the load it belongs to."""
-        for n in cutlass.range(n_from, n_to, unroll=1):
-            st = self.ring_state(ring_base + n)
-            pipeline_k.consumer_wait(st)
-            pipeline_k.consumer_release(st)
-            pipeline_v.consumer_wait(st)
-            pipeline_v.consumer_release(st)
-
-    @cute.jit
-    def load_ring(self, tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV, pipeline_q, pipeline_k,
-                  pipeline_v, seqlen_q, seqlen_k, window_size, mLSE):
-        """Producer of the ring: per chunk, per item, its Q into the next Q stage, then the K/V tiles the item's
-        second half reaches that are not loaded yet — each tile of the chunk once, in key order."""
-        bidx, _, _ = cute.arch.block_idx()
-        gdim, _, _ = cute.arch.grid_dim()
-        per_head, chunk_items, num_chunks = self.ring_chunking(mQ)
-        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.q_stages)
-        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
-        item_count = Int32(0)                                # debug_times stamps
-        for chunk in cutlass.range(bidx, num_chunks, gdim, unroll=1):
-            head, batch, item_lo, item_hi = self.ring_chunk(chunk, per_head, chunk_items, mQ)
-            head_kv = self.kv_head(head, mQ, mK)
-            gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, self.head_dim), (None, 0))  # (M, D, items)
-            gK = cute.local_tile(mK[None, None, head_kv, batch], (self.tile_n, self.head_dim), (None, 0))  # (N, D, n)
-            gV = cute.local_tile(mV[None, None, head_kv, batch], (self.tile_n, self.head_dim), (None, 0))
-            tQsQ, tQgQ = cpasync.tma_partition(tma_atom_Q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
-                                               cute.group_modes(gQ, 0, 2))       # (TMA, Q stages), (TMA, items)
-            tKsK, tKgK = cpasync.tma_partition(tma_atom_K, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
-                                               cute.group_modes(gK, 0, 2))       # (TMA, stages), (TMA, n)
-            tVsV, tVgV = cpasync.tma_partition(tma_atom_V, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
-                                               cute.group_modes(gV, 0, 2))
-            halves = self.consumer_warpgroups                    # 64-row halves per item, one per warpgroup
-            next_tile = self.half_tiles(halves * item_lo, seqlen_q, seqlen_k, window_size)[0]
-            for item in cutlass.range(item_lo, item_hi, unroll=1):
-                pipeline_q.producer_acquire(q_state)
-                cute.copy(tma_atom_Q, tQgQ[None, item], tQsQ[None, q_state.index],
-                          tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
-                q_state.advance()
-                self.timing_stamp(mLSE, item_count, 4)
-                item_end = self.half_tiles(halves * item + halves - 1, seqlen_q, seqlen_k, window_size)[1]
-                kv_state = load_kv_tiles(tma_atom_K, tKgK, tKsK, pipeline_k, tma_atom_V, tVgV, tVsV, pipeline_v,
-                                         next_tile, item_end, self.num_stages, kv_state, ascending=True)
-                next_tile = cutlass.max(next_tile, item_end)
-                self.timing_stamp(mLSE, item_count, 5)
-                item_count += 1
-        pipeline_q.producer_tail(q_state)
-        pipeline_k.producer_tail(kv_state.clone())
-        pipeline_v.producer_tail(kv_state.clone())
-
-    @cute.jit
-    def consume_ring(self, tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, mLSE, mQ, pipeline_q, pipeline_k,
-                     pipeline_v, softmax_scale_log2, window_size, mSink, ctidx, seqlen_q, seqlen_k, rows_q):
-        """Consumers of the ring: warpgroup w computes half ``halves·item + w`` of every item of the chunk over its
-        tiles in ascending order, handing back each tile its next half does not need; both halves' O go into
-        the item's Q stage, for the storer warp (``store_ring``) to take out."""
-        bidx, _, _ = cute.arch.block_idx()
-        gdim, _, _ = cute.arch.grid_dim()
-        (thr_qk, thr_pv, tSrQ, tSrK, tOrVt, acc_O, acc_O_rc, tScS_rc, row_max, row_sum,
-         tOcO_rc) = self.consumer_fragments(tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, ctidx)
-        causal_shift = seqlen_k - seqlen_q
-        wg = ctidx // 128
-        halves = self.consumer_warpgroups                            # 64-row halves per item, one per warpgroup
-        per_head, chunk_items, num_chunks = self.ring_chunking(mQ)
-        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.q_stages)
-        tSsQ = thr_qk.partition_A(sQ)                                # (MMA, MMA_M, MMA_K, Q stages) in smem
-        if const_expr(self.q_in_registers):
-            if bidx < num_chunks:            # the CTA's first Q: to registers, and its stage straight back
-                self.ring_q_to_registers(pipeline_q, q_state, tSsQ, tSrQ)
-                if ctidx < 32:               # one warp: the Q pipeline's consumer count is one arrival
-                    pipeline_q.consumer_release(q_state)
-                q_state.advance()
-        tiles_before = Int32(0)              # tiles this CTA streamed for its earlier chunks
-        item_count = Int32(0)                # items this CTA has done (debug_times stamps)
-        for chunk in cutlass.range(bidx, num_chunks, gdim, unroll=1):
-            head, batch, item_lo, item_hi = self.ring_chunk(chunk, per_head, chunk_items, mQ)
-            chunk_lo = self.half_tiles(halves * item_lo, seqlen_q, seqlen_k, window_size)[0]
-            chunk_hi = self.half_tiles(halves * item_hi - 1, seqlen_q, seqlen_k, window_size)[1]
-            ring_base = tiles_before - chunk_lo             # tile n of this chunk is the ring's (ring_base + n)-th
-            released = chunk_lo                             # tiles below were handed back by this warpgroup
-            for item in cutlass.range(item_lo, item_hi, unroll=1):
-                half = halves * item + wg
-                n_lo, n_hi = self.half_tiles(half, seqlen_q, seqlen_k, window_size)
-                n_keep = chunk_hi                           # tiles from n_keep on: this warpgroup's next half uses them
-                if item + 1 < item_hi:
-                    n_keep = self.half_tiles(half + halves, seqlen_q, seqlen_k, window_size)[0]
-                self.release_ring_tiles(pipeline_k, pipeline_v, ring_base, released, n_lo)
-                acc_O.fill(0.0)
-                row_max.fill(-Float32.inf)
-                row_sum.fill(0.0)
-                self.timing_stamp(mLSE, item_count, 0, ctidx == 0)
-                q_index = 0                  # Q in registers: one Q stage, its fragment the registers' only copy
-                if const_expr(not self.q_in_registers):
-                    pipeline_q.consumer_wait(q_state)
-                    q_index = q_state.index
-                self.mainloop_ring(tiled_mma_qk, tiled_mma_pv, tSrQ[None, None, None, q_index], tSrK, tOrVt,
-                                   acc_O, acc_O_rc, tScS_rc, row_max, row_sum, pipeline_k, pipeline_v,
-                                   softmax_scale_log2, window_size, item, seqlen_k, causal_shift, n_lo, n_hi, n_keep,
-                                   ring_base)
-                self.timing_stamp(mLSE, item_count, 1, ctidx == 0)
-                self.release_ring_tiles(pipeline_k, pipeline_v, ring_base, cutlass.max(n_hi, released), n_keep)
-                released = n_keep
-                self.finish_rows(acc_O_rc, tOcO_rc, row_max, row_sum, mSink, mLSE, softmax_scale_log2, item, head,
-                                 batch, Int32(0), rows_q)
-                if const_expr(self.q_in_registers):
-                    # the next item's Q (loaded while this one computed) into the registers this item's QKs are done
-                    # with, before this O takes its stage; q_state then names the stage O goes to (the only one)
-                    if item + 1 < item_hi or chunk + gdim < num_chunks:
-                        self.ring_q_to_registers(pipeline_q, q_state, tSsQ, tSrQ)
-                    else:
-                        # the CTA's last item: no next Q proves the previous O store has read the stage, so wait for
-                        # that hand-back itself (the q_state.count-th completion of the stage's empty barrier)
-                        pipeline_q.sync_object_empty.wait(0, q_state.phase ^ 1)
-                    cute.arch.barrier(barrier_id=self.EPILOGUE_BARRIER, number_of_threads=128)  # all of Q is read
-                    self.timing_stamp(mLSE, item_count, 2, ctidx == 0)
-                # O → this item's Q stage (each warpgroup's own 64 rows, its QKs all retired), then tell the storer
-                self.hand_o_to_storer(acc_O, tiled_mma_pv, sQ, q_state.index, ctidx)
-                q_state.advance()    # Q in registers: the stage index stays 0, the phase is the next Q's
-                self.timing_stamp(mLSE, item_count, 3, ctidx == 0)
-                item_count += 1
-            tiles_before = tiles_before + chunk_hi - chunk_lo
-
-    @cute.jit
-    def ring_q_to_registers(self, pipeline_q, q_state, tSsQ, tSrQ):
-        """Q in registers: wait for the Q in the (single) stage and copy this thread's A fragment out of it."""
-        pipeline_q.consumer_wait(q_state)
-        cute.autovec_copy(tSsQ[None, None, None, 0], tSrQ[None, None, None, 0])
-
-    @cute.jit
-    def store_ring(self, tma_atom_O, mO, mQ, sQ, pipeline_q, mLSE):
-        """The ring's storer warp: per item, wait until both consumer warpgroups have put O in the item's Q stage
-        (named barrier of that stage: the consumers only arrive, they never wait here), TMA-store it, wait for the
-        store to read the stage and hand it back to the producer.  The barrier of a stage is not reused before the
-        storer has passed it: the consumers' next arrival there needs the Q that this hand-back lets in."""
-        bidx, _, _ = cute.arch.block_idx()
-        gdim, _, _ = cute.arch.grid_dim()
-        per_head, chunk_items, num_chunks = self.ring_chunking(mQ)
-        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.q_stages)
-        item_count = Int32(0)                                # debug_times stamps
-        for chunk in cutlass.range(bidx, num_chunks, gdim, unroll=1):
-            head, batch, item_lo, item_hi = self.ring_chunk(chunk, per_head, chunk_items, mQ)
-            for item in cutlass.range(item_lo, item_hi, unroll=1):
-                self.store_staged_o(tma_atom_O, mO, sQ, pipeline_q, q_state, item, head, batch)
-                q_state.advance()
-                self.timing_stamp(mLSE, item_count, 6)
-                item_count += 1
-
+    # ------------------------------------------------------------------ O staged in its Q stage (o_in_q_stage)
     @cute.jit
     def hand_o_to_storer(self, acc_O, tiled_mma_pv, sQ, stage, ctidx):
         """Consumers: O into Q stage ``stage`` (each warpgroup its own 64 rows, whose QKs have all retired), then an
         arrive on the stage's store barrier — nobody waits here; the storer warp (``store_staged_o``) does."""
         self.stage_o(acc_O, tiled_mma_pv, sQ[None, None, stage], ctidx)
-        cute.arch.barrier_arrive(barrier_id=self.RING_STORE_BARRIERS + stage,
+        cute.arch.barrier_arrive(barrier_id=self.STORE_BARRIERS + stage,
                                  number_of_threads=128 * self.consumer_warpgroups + 32)
 
     @cute.jit
@@ -1340,7 +792,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         """The storer warp, one item: wait on its Q stage's store barrier until every consumer has put O there
         (``hand_o_to_storer``), TMA-store the tile (Q's L2 hint: written once), wait for the store to read the stage
         and hand the stage back to the producer.  The caller advances ``q_state``."""
-        cute.arch.barrier(barrier_id=self.RING_STORE_BARRIERS + q_state.index,
+        cute.arch.barrier(barrier_id=self.STORE_BARRIERS + q_state.index,
                           number_of_threads=128 * self.consumer_warpgroups + 32)
         gO = cute.local_tile(mO[None, None, head, batch], (self.tile_m, self.head_dim), (m_block, 0))
         tma_store_tile(tma_atom_O, sQ[None, None, q_state.index], gO, wait=True, cache_policy=self.l2_q)
@@ -1373,47 +825,6 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             pipeline_q.consumer_release(q_state)             # the -1 stage: the producer's tail waits for it
 
     @cute.jit
-    def mainloop_ring(self, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_O, acc_O_rc, tScS_rc, row_max, row_sum,
-                      pipeline_k, pipeline_v, softmax_scale_log2, window_size, m_block, seqlen_k, causal_shift, n_lo,
-                      n_hi, n_keep, ring_base):
-        """The overlapped mainloop (QK(j+1) ∥ PV(j)) over ring tiles ``[n_lo, n_hi)`` in ascending order: the oldest
-        tile first, so its stage goes back to the producer (when ``n < n_keep``) right after its QK / PV.  The
-        window's edge tile comes first and may leave a row without a visible key (its max stays -inf;
-        ``online_softmax`` keeps such a row at zero)."""
-        acc_S, acc_S_rc, tOrP_view, tOrP, corrections = self.overlap_registers(tiled_mma_qk, row_max)
-        if n_hi > n_lo:
-            k_st = self.ring_state(ring_base + n_lo)
-            pipeline_k.consumer_wait(k_st)
-            self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, k_st.index], True)
-            if n_lo < n_keep:
-                pipeline_k.consumer_release(k_st)
-            self.mask_scores(acc_S_rc, tScS_rc, n_lo, m_block, seqlen_k, causal_shift, window_size)
-            self.online_softmax(acc_S_rc, row_max, row_sum, softmax_scale_log2, acc_O_rc, corrections, True)
-            convert_to_bf16_pairs(tOrP_view, tOrP)
-            for n in cutlass.range(n_lo + 1, n_hi, unroll=1):
-                k_st = self.ring_state(ring_base + n)
-                v_st = self.ring_state(ring_base + n - 1)
-                pipeline_k.consumer_wait(k_st)
-                self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, k_st.index], True, False)
-                pipeline_v.consumer_wait(v_st)
-                self.gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, v_st.index], False, False)
-                warpgroup.wait_group(1)                                      # S of tile n is ready
-                if n < n_keep:
-                    pipeline_k.consumer_release(k_st)
-                self.mask_scores(acc_S_rc, tScS_rc, n, m_block, seqlen_k, causal_shift, window_size)
-                self.online_softmax(acc_S_rc, row_max, row_sum, softmax_scale_log2, acc_O_rc, corrections, False)
-                warpgroup.wait_group(0)                                      # PV done: O and P are ours again
-                if n - 1 < n_keep:
-                    pipeline_v.consumer_release(v_st)
-                self.rescale_rows(acc_O_rc, corrections)
-                convert_to_bf16_pairs(tOrP_view, tOrP)
-            v_st = self.ring_state(ring_base + n_hi - 1)
-            pipeline_v.consumer_wait(v_st)                                   # the last tile's PV
-            self.gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, v_st.index], False)
-            if n_hi - 1 < n_keep:
-                pipeline_v.consumer_release(v_st)
-
-    @cute.jit
     def load(self, tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV, pipeline_q, pipeline_k,
              pipeline_v, m_block, head, head_kv, batch, n_block_min, n_block_max):
         gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, self.head_dim), (m_block, 0))   # (tile_m, D)
@@ -1430,14 +841,10 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
         kv_state = load_kv_tiles(tma_atom_K, tKgK, tKsK, pipeline_k, tma_atom_V, tVgV, tVsV, pipeline_v, n_block_min,
                                  n_block_max, self.num_stages, k_ahead=self.overlap)
-        if const_expr(not self.debug_notail):
-            # producer_tail advances the state it is given: each pipeline gets its own copy, or the V tail
-            # would wait on a stage the K tail moved past (a hang found on the H200)
-            pipeline_k.producer_tail(kv_state.clone())
-            pipeline_v.producer_tail(kv_state.clone())
-        if const_expr(self.debug_printf):
-            if m_block == 0 and head == 0 and batch == 0:
-                cute.printf("D1 producer: done\n")
+        # producer_tail advances the state it is given: each pipeline gets its own copy, or the V tail
+        # would wait on a stage the K tail moved past (a hang found on the H200)
+        pipeline_k.producer_tail(kv_state.clone())
+        pipeline_v.producer_tail(kv_state.clone())
 
     @cute.jit
     def mask_scores(self, acc_S_rc, tScS_rc, n_block, m_block, seqlen_k, causal_shift, window_size, wg_idx=None):
@@ -1486,21 +893,6 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             row = m_block * self.tile_m
         return row
 
-    @cute.jit
-    def scheduler_wait(self, wg_idx):
-        """Ping-pong: block until it is this consumer warpgroup's turn to issue MMAs."""
-        if const_expr(self.wg_pingpong):
-            cute.arch.barrier(barrier_id=self.SCHEDULER_BARRIER_BASE + wg_idx, number_of_threads=256)
-
-    @cute.jit
-    def scheduler_pass(self, wg_idx):
-        """Ping-pong: hand the turn to the next consumer warpgroup (arrive on its barrier, do not wait)."""
-        if const_expr(self.wg_pingpong):
-            nxt = wg_idx + 1
-            if nxt == self.consumer_warpgroups:
-                nxt = 0
-            cute.arch.barrier_arrive(barrier_id=self.SCHEDULER_BARRIER_BASE + nxt, number_of_threads=256)
-
     def overlap_registers(self, tiled_mma_qk, row_max):
         """The overlapped mainloops' registers: S (flat and as (rows, cols)), its bf16 P view and P of the tile in
         flight, and the rows' deferred O corrections."""
@@ -1525,11 +917,6 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         if const_expr(self.pv_wait_block):
             v_prev = kv_state.clone()              # the V stage whose PV the last tile waited for (released late)
         n_iter = n_block_max - n_block_min
-        if const_expr(self.wg_pingpong):
-            # the first consumer warpgroup holds the first turn; the last warpgroup's final pass is never waited on
-            # (its barrier is left half-arrived at exit, as in FA3/FA4's non-persistent kernels)
-            if wg_idx == 0:
-                cute.arch.barrier_arrive(barrier_id=self.SCHEDULER_BARRIER_BASE, number_of_threads=256)
         if n_iter > 0:
             # prologue: the first tile alone (O is still zero, so rescaling it now is free)
             pipeline_k.consumer_wait(kv_state)
@@ -1544,13 +931,11 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             for i in cutlass.range(1, n_iter, unroll=1):
                 n_block = self.slot_block(i, n_block_max, slots)
                 pipeline_k.consumer_wait(kv_state)
-                self.scheduler_wait(wg_idx)
                 self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], True, False)
                 if const_expr(self.rescale_o_early):
                     self.rescale_rows(acc_O_rc, corrections)                 # O·corr(j) before O += P(j)·V(j)
                 pipeline_v.consumer_wait(v_state)
                 self.gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, v_state.index], False, False)
-                self.scheduler_pass(wg_idx)
                 if const_expr(self.pv_wait_block):
                     if i > 1:
                         pipeline_v.consumer_release(v_prev)                  # PV(j-1): waited for last tile
@@ -1695,7 +1080,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                 lse = (row_max[r] * softmax_scale_log2 + cute.math.log2(s)) * LN_2      # sink excluded
             for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
                 acc_O_rc[r, c] = acc_O_rc[r, c] * inv
-            if const_expr((self.has_lse or self.split_kv) and not self.debug_times):
+            if const_expr(self.has_lse or self.split_kv):
                 m, d = tOcO_rc[r, 0]
                 row = m_block * self.tile_m + m
                 if d == 0 and row < rows_q:
@@ -1749,10 +1134,6 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
 
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         pipeline_q.consumer_wait(q_state)
-        dbg = self.debug_printf
-        if const_expr(dbg):
-            if ctidx == 0 and m_block == 0 and head == 0 and batch == 0:
-                cute.printf("D1 consumer: Q arrived\n")
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
         # the diagonal offset: query row r sits at key position r + seqlen_k - seqlen_q
         causal_shift = seqlen_k - seqlen_q
@@ -1768,9 +1149,6 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                 pipeline_k.consumer_wait(kv_state)
                 self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], True)
                 pipeline_k.consumer_release(kv_state)
-                if const_expr(dbg):
-                    if ctidx == 0 and m_block == 0 and head == 0 and batch == 0:
-                        cute.printf("D1 consumer: QK done for block %d, S[0] = %f\n", n_block, acc_S[0])
 
                 acc_S_rc = cute.make_tensor(acc_S.iterator, acc_layout_rows_cols(acc_S.layout))
                 self.mask_scores(acc_S_rc, tScS_rc, n_block, m_block, seqlen_k, causal_shift, window_size)
@@ -1793,9 +1171,6 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                 self.gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index], False)
                 pipeline_v.consumer_release(kv_state)
                 kv_state.advance()
-                if const_expr(dbg):
-                    if ctidx == 0 and m_block == 0 and head == 0 and batch == 0:
-                        cute.printf("D1 consumer: PV done for block %d, O[0] = %f\n", n_block, acc_O[0])
 
         # epilogue: finish the row sums across the quad, normalize, write O (and LSE)
         mO_cur = mO[None, None, head, batch, split] if const_expr(self.split_kv) else mO[None, None, head, batch]
@@ -1815,9 +1190,6 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                 if m_block * self.tile_m + tOcO[i][0] < rows_q:
                     tOgO[i] = rO[i]
         pipeline_q.consumer_release(q_state)
-        if const_expr(dbg):
-            if ctidx == 0 and m_block == 0 and head == 0 and batch == 0:
-                cute.printf("D1 consumer: done\n")
 
 
 def fake_split_args(head_dim: int):

@@ -24,13 +24,6 @@ very same shared buffer read MN-major (``composition`` with a transposing layout
 ``P_FULL[b]`` (WG1 arrives after writing buffer b, WG2 syncs) and ``P_EMPTY[b]`` (WG2 arrives once its wgmma
 on buffer b is done, WG1 syncs before overwriting it), ``FINAL`` (the row normalizers).
 
-**Balanced variant** (``schedule="balanced"``): above, warpgroup 1 does three quarters of the MMA work (all of QK and
-half of PV) while warpgroup 2 waits for P.  Balanced, each warpgroup computes the scores of *its* 32 keys of
-the tile (``m64n32k16``), the two exchange their row maxima through shared memory (barrier ``MAX``), each
-writes its half of P to ``sP`` (barrier ``P``), and each runs ``O[:, its half] += P·V[:, its half]`` from the
-shared P (SS).  Both warpgroups then hold the same running max, so no rescale factors travel; the row sums
-are added once at the end (barrier ``SUM``).  Which variant is faster is measured, not assumed.
-
 **Paired variant** (``schedule="paired"``): the two consumer warpgroups take *whole tiles* in turn — warpgroup
 0 the even tiles, warpgroup 1 the odd ones — so the score work is split evenly without narrowing the QK wgmma.
 Per pair of tiles: each warpgroup computes its tile's scores (m64n64, k = 512); warpgroup 0 does its softmax
@@ -43,7 +36,7 @@ barriers (four one-stage pipelines), filled in the order they are freed, so the 
 starts while the current one is still being multiplied: the left half of the even tile is free as soon as
 warpgroup 0's RS product is done.  Q comes by TMA.  A tile count that is not even gets one masked tile.
 
-**Epilogue** (balanced / paired, bf16 out): once both warpgroups passed the row-sum barrier every QK has retired,
+**Epilogue** (paired, bf16 out): once both warpgroups passed the row-sum barrier every QK has retired,
 so each writes its normalized column half of O into the Q buffer (value pairs through the accumulator's own
 ``partition_C``) and one thread stores the 64 × 512 tile by TMA (H200, D6 shapes: h64 436 → 490 TFLOP/s).
 
@@ -62,25 +55,8 @@ tile pulled by every CTA took ~7 µs, DSV4_PHASE_TIMES); a second barrier keeps 
 read its buffer.  So one partial in C reaches global memory:
 the fp32 round trip (128 KB a split, written and read back by the combine) was most of what the decode lost to
 the producer-only roof (H200, H64 KV64k, 128 splits: split kernel 27.4 µs vs 19.9 producer only, combine 9.5 µs).  The combine then merges ``splits / C`` partials.
-
-**Persistent CTAs** (``persistent=True``, paired schedule, one split; a knob, measured no faster —
-``dsv4lib.sparse.PERSISTENT``): ``num_sms`` CTAs walk the (token, head group, batch) items, token fastest.  The
-producer gathers on from item to item (the next item's first half-tile as soon as the last pair frees it); warp 0 of
-warpgroup 0 loads every item's Q by TMA — the first before the loop, each next one right after its O store has read
-the Q buffer (O's staging area), prefetched into L2 one item ahead — on Q's full barrier, one phase per item.
-
-**Fused merge** (``fused_merge=True``, split-KV only): no combine kernel.  Launched cooperatively (every CTA
-resident at once, or the launch fails — never a hang), each split, once its partial is written, bumps its query's
-arrival counter (release) and waits until all splits of that query have arrived (acquire); then the splits share
-the merge: 64 heads × 2 column chunks of 256, one chunk per consumer warpgroup at a time
-(:func:`dsv4lib.kernels.combine.merge_chunk`, the combine kernel's own code), reading the partials back from L2,
-and the sink applied once.  The last split to leave resets the counters for the next launch.  Meant to save the
-combine launch and the gap before it; measured a tie with the two-kernel path (``dsv4lib.sparse.FUSED_MERGE``,
-off by default, says where the time goes).
 """
 from __future__ import annotations
-
-import os
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -90,10 +66,10 @@ from cutlass import Float32, Int32, const_expr, pipeline
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
-from ..combine import WARPS_PER_CTA, merge_chunk
-from ..common import convert_to_bf16_pairs, launch_stream, load_acquire_gpu, tma_store_tile
+from ..common import convert_to_bf16_pairs, launch_stream, tma_store_tile
 from .flash_fwd import (LN_2, LOG2_E, Sm90AttentionOps, acc_layout_as_operand_a, acc_layout_rows_cols,
-                        persistent_grid, row_major_smem_layout, transposed_view)
+                        row_major_smem_layout, transposed_view)
+from .config import SparseFwdConfig
 
 HEAD_DIM = 512
 TILE_H = 64            # query heads per CTA = the MMA M
@@ -101,37 +77,14 @@ TILE_N = 64            # keys per tile
 HALF = HEAD_DIM // 2   # output columns per consumer warpgroup
 # named barrier ids (0 is __syncthreads)
 P_FULL, P_EMPTY, FINAL = 1, 3, 5
-B_MAX, B_P, B_SUM = 1, 2, 3            # the balanced variant's barriers
 PAIR_MAX, PAIR_P, PAIR_SUM = 1, 3, 5   # the paired variant's: + warpgroup (M0 / M1, S0 / S1), then the row sums
-O_IN_SMEM = 6                          # balanced / paired, bf16 out: both halves of O are in the dead Q buffer
+O_IN_SMEM = 6                          # paired, bf16 out: both halves of O are in the dead Q buffer
 STAGED = 6                             # columns, split partials through sRed: both consumer warpgroups
-MERGE, MERGE_WG = 7, 8                 # fused merge: both consumer warpgroups' partial stores done; + warpgroup
-MERGE_COLS = 256                       # fused merge: output columns of one chunk (8 fp32 per lane): 64 heads × 2
-                                       # chunks = 128 = the consumer warpgroups of 64 splits, one chunk each
-# dense TMA producer: L2 prefetch depth in tiles, off — it made the decode slower (H200, H64 KV64k, split kernel µs:
-# 28.4 without, 34.1 / 33.1 / 32.1 / 32.1 at 1 / 2 / 3 / 5 tiles): the main loop already streams at the rate the
-# producer alone reaches (DSV4_PHASE_TIMES), so more bytes in flight only queue
-L2_PREFETCH_TILES = int(os.environ.get("DSV4_L2_PREFETCH", "0"))
-# see cluster_reduce_half; measured a tie with the accumulator's own 8 B stores (H200 decode, 128 splits: split kernel
-# 27.8 vs 27.5 µs — the 16 MB of partials are bound by the memory system, not by the store pattern); kept as the
-# C = 1 case of the cluster code
-STAGED_PARTIALS = os.environ.get("DSV4_STAGED_PARTIALS", "1") == "1"
 RED_PAD = 8                            # sRed row pad in elements.  fp32 rows of 2080 B: the accumulator's 8 B pairs of
                                        # 8 rows fall in two wavefronts, the minimum for a warp's 256 B; bf16 rows of
                                        # 1040 B: its 4 B pairs of 8 rows hit 32 different banks
-MERGE_UNROLL = 8                       # fused merge: partial loads a warp keeps in flight
-SCHEDULES = ("columns", "balanced", "paired")
 ROW_GROUPS = 16                        # paired producer: 16 groups of 8 threads, a group copies a 128 B segment
 HALF_TILE_ORDER = ((0, 0), (1, 1), (0, 1), (1, 0))   # paired producer: (tile buffer, column half), order freed
-HALF_N = TILE_N // 2                   # keys per warpgroup in the balanced variant
-
-
-@cute.jit
-def opaque_zero() -> Int32:
-    """0, from a warp shuffle the compiler cannot fold: added to a shared-memory base inside a loop it keeps the
-    address arithmetic built on that base inside the loop (loop-invariant code motion would hoist it, and the
-    hoisted addresses would stay live across the whole loop)."""
-    return cute.arch.shuffle_sync(Int32(0), 0)
 
 
 @cute.jit
@@ -160,140 +113,73 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
     PRODUCER_REGS, CONSUMER_REGS = 56, 224          # 128·(56 + 2·224) = 64 512 ≤ 65 536
     PAIRED_PRODUCER_REGS, PAIRED_CONSUMER_REGS = 88, 208   # 128·(88 + 2·208) = 64 512
 
-    def __init__(self, *, gather: bool, causal: bool = False, window: bool = False, sink: bool = False,
-                 has_lse: bool = False, split_kv: bool = False, num_stages: int = 2, schedule: str = "columns",
-                 gather_only: bool = False, skip_mma: str | None = None, prefetch_scores: bool = False,
-                 fused_merge: bool = False, cluster_splits: int = 1, persistent: bool = False, num_sms: int = 132):
-        if gather and (causal or window):
-            raise ValueError("gathered keys come with their own index list: no causal / window mask on top")
-        if split_kv and sink and not fused_merge:
-            raise ValueError("with split-KV the sink belongs to the combine kernel, not to the splits")
-        if fused_merge and not split_kv:
-            raise ValueError("fused_merge merges split-KV partials: it needs split_kv=True")
-        if cluster_splits not in (1, 2, 4, 8):
-            raise ValueError(f"cluster_splits must be 1, 2, 4 or 8 (a portable cluster), got {cluster_splits}")
-        if cluster_splits > 1 and (not split_kv or schedule != "columns" or fused_merge):
-            raise ValueError("cluster_splits reduces the split partials of the columns schedule (split_kv=True, "
-                             "schedule='columns', no fused_merge)")
-        # dense keys by TMA: tiles that far past the ones in the stages are prefetched into L2 (off: L2_PREFETCH_TILES)
-        self.l2_prefetch = L2_PREFETCH_TILES
-        # columns, split-KV, no cluster: the fp32 partial leaves through sRed as row-contiguous 16 B stores
-        self.staged_partials = (STAGED_PARTIALS and split_kv and schedule == "columns" and not fused_merge
-                                and cluster_splits == 1)
+    def __init__(self, config: SparseFwdConfig):
+        config.check()
+        self.config = config
+        self.gather = config.gather
+        self.causal = config.causal
+        self.has_window = config.window
+        self.has_sink = config.sink
+        self.has_lse = config.has_lse
+        self.split_kv = config.split_kv
+        self.num_stages = 2
+        self.schedule = config.schedule
+        self.paired = config.schedule == "paired"
         # C consecutive splits of a query are one cluster and merge their partials through DSMEM (docstring)
-        self.cluster_splits = cluster_splits
-        self.gather = gather
-        self.causal = causal
-        self.has_window = window
-        # fused merge: the splits' partials leave the sink out, the merge applies it once
-        self.fused_merge = fused_merge
-        # timing knobs of the fused merge, never set in normal runs (wrong results): DSV4_MERGE_DEBUG="nowait" (no
-        # spin on the arrivals), "nomerge" (arrive and wait, no merge)
-        knobs = set(filter(None, os.environ.get("DSV4_MERGE_DEBUG", "").split(",")))
-        self.merge_nowait, self.merge_nomerge = "nowait" in knobs, "nomerge" in knobs
-        # timing knob of the columns schedule (DSV4_PHASE_TIMES=1, never in normal runs): %globaltimer stamps per CTA
-        # into an int64 (CTAs, >= 11) buffer passed in the fused merge's counter slot — see phase_stamp
-        self.phase_times = os.environ.get("DSV4_PHASE_TIMES") == "1" and not fused_merge and schedule == "columns"
-        self.merge_sink = sink and fused_merge
-        self.has_sink = sink and not fused_merge
-        self.has_lse = has_lse
-        self.split_kv = split_kv
-        self.num_stages = num_stages
-        if schedule not in SCHEDULES:
-            raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
-        self.schedule = schedule
-        self.balanced = schedule == "balanced"
-        self.paired = schedule == "paired"
-        if self.paired and num_stages != 2:
-            raise ValueError("the paired schedule has exactly two KV buffers (one per warpgroup)")
-        # benchmark knob: the consumers only wait for and release each tile (no MMA, no output), so the run
-        # times the gather alone — the roof the producer sets for this kernel.  Never used for results.
-        self.gather_only = gather_only
-        if gather_only and cluster_splits > 1:
-            raise ValueError("gather_only builds write nothing: no cluster_splits")
-        # benchmark knob, like gather_only: "qk" leaves S = 0 (no QK wgmma), "pv" skips both PV wgmmas; every
-        # barrier and pipeline step still happens, so the time lost against the full kernel is what that MMA costs
-        # on the critical path.  Wrong results by construction; never used for results.
-        if skip_mma not in (None, "qk", "pv"):
-            raise ValueError(f"skip_mma must be None, 'qk' or 'pv', got {skip_mma!r}")
-        if skip_mma is not None and self.paired:
-            raise ValueError("skip_mma is a knob of the columns / balanced schedules")
-        self.skip_mma = skip_mma
-        # dense keys (gather=False: a causal / windowed / whole range of consecutive rows) come by TMA — one
-        # instruction per 64 × 64 box instead of 4096 cp.async per tile; measured on the H100, the cp.async
-        # producer alone streamed 1.93 TB/s on the decode shape.  Gathered rows keep cp.async (no TMA gather
-        # on sm_90).
-        # The paired schedule takes every key row by cp.async (its half-tile buffers are filled out of order)
-        # and Q by TMA (both warpgroups wait for it; no KV stage carries it).
-        self.use_tma = not gather and not self.paired
+        self.cluster_splits = config.cluster_splits
+        # columns, split-KV, no cluster: the fp32 partial leaves through sRed as row-contiguous 16 B stores (a tie
+        # with the accumulator's 8 B stores, kept as the C = 1 case of the cluster code)
+        self.staged_partials = self.split_kv and self.schedule == "columns" and self.cluster_splits == 1
+        # benchmark knobs (wrong output by construction; never used for results): the consumers only wait for and
+        # release each tile (gather_only: the producer's roof), or one MMA left out (skip_mma "qk" / "pv")
+        self.gather_only = config.gather_only
+        self.skip_mma = config.skip_mma
+        # dense keys come by TMA (one instruction per 64 x 64 box instead of 4096 cp.async per tile); gathered rows
+        # by cp.async (no TMA gather on sm_90).  The paired schedule takes every key row by cp.async (its half-tile
+        # buffers are filled out of order) and Q by TMA (both warpgroups wait for it; no KV stage carries it).
+        self.use_tma = not self.gather and not self.paired
         self.q_by_tma = self.use_tma or self.paired
         # the paired producer keeps 8 row indices, their addresses and zero-fill predicates live across four
-        # half-tile fills: at 56 / 72 registers ptxas spills 30–60 B (ptxas -v); its consumers fit in 208
+        # half-tile fills: at 56 / 72 registers ptxas spills 30-60 B (ptxas -v); its consumers fit in 208
         self.producer_regs = self.PAIRED_PRODUCER_REGS if self.paired else self.PRODUCER_REGS
         self.consumer_regs = self.PAIRED_CONSUMER_REGS if self.paired else self.CONSUMER_REGS
-        # paired: warpgroup 0 issues the next pair's scores behind its last PV of this pair (FA3-style overlap)
-        self.prefetch_scores = prefetch_scores
-        # bf16 O of the balanced / paired schedules leaves as value pairs into the Q buffer (dead once both warpgroups
-        # passed the row-sum barrier: every QK wgmma has retired) and one TMA store of the 64 × 512 tile; the fp32
-        # split partials and the columns schedule keep their register stores
-        self.tma_store_o = not split_kv and schedule in ("balanced", "paired")
-        # persistent CTAs (paired schedule, one split): ``num_sms`` CTAs walk the (token, head group, batch) items;
-        # the producer gathers the next item's tiles as soon as the last pair frees the buffers, and the warp that
-        # stores O loads the next Q into the Q buffer once the store has read it (module docstring)
-        if persistent and (not self.paired or split_kv or gather_only or prefetch_scores):
-            raise ValueError("persistent CTAs are built for the paired schedule's bf16 output (no split_kv, "
-                             "gather_only or prefetch_scores)")
-        self.persistent = persistent
-        self.num_sms = num_sms
-        # timing probe of the persistent build (DSV4_SPARSE_TIMES=1, never in normal runs; scripts/explore.py
-        # d6times): per-item stamps (timing_stamp) by warpgroup 0's first thread — 0 waits for Q, 1 Q landed, 2 its
-        # pairs done, 4 the row-sum barrier passed, 6 its half of O normalized, 7 written to shared memory and
-        # fenced, 5 both halves there (barrier), 3 the O store has read the Q buffer
-        self.debug_times = persistent and os.environ.get("DSV4_SPARSE_TIMES") == "1"
+        # bf16 O of the paired schedule leaves as value pairs into the Q buffer (dead once both warpgroups passed the
+        # row-sum barrier) and one TMA store of the 64 x 512 tile; fp32 split partials and the columns schedule keep
+        # their register stores
+        self.tma_store_o = not self.split_kv and self.paired
         self.dtype = cutlass.BFloat16
 
     # ------------------------------------------------------------------------------ host side
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mKV: cute.Tensor, mIdx: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
-                 softmax_scale_log2: Float32, window_size: Int32, mSink: cute.Tensor, stream: cuda.CUstream = None,
-                 mOut: cute.Tensor = None, mLSEOut: cute.Tensor = None, mSem: cute.Tensor = None):
+                 softmax_scale_log2: Float32, window_size: Int32, mSink: cute.Tensor, stream: cuda.CUstream = None):
         # mQ (B, Sq, H, 512)  mKV (B, Skv, 512)  mIdx (B, Sq, K) int32  mO (splits, B, Sq, H, 512)
         # mLSE (splits, B, H, Sq)  mSink (H,).  All global (a CPU build gets generic pointers from DLPack).
-        # Fused merge only: mOut (B, Sq, H, 512) bf16, mLSEOut (B, H, Sq), mSem (B, Sq, H / 64, 2) int32 counters
-        # (arrived, left), zero before the launch and left zero after it.
         mQ, mKV, mO = as_global(mQ, 16), as_global(mKV, 16), as_global(mO, 16)     # 1 KiB / 2 KiB rows
         mIdx, mLSE, mSink = as_global(mIdx, 4), as_global(mLSE, 4), as_global(mSink, 4)
-        if const_expr(self.fused_merge):
-            mOut, mLSEOut, mSem = as_global(mOut, 16), as_global(mLSEOut, 4), as_global(mSem, 8)
-        elif const_expr(self.phase_times):
-            mOut, mLSEOut, mSem = mO, mLSE, as_global(mSem, 8)   # mSem: the (CTAs, >= 11) int64 phase stamps
-        else:
-            mOut, mLSEOut, mSem = mO, mLSE, mLSE          # unused
         mma = lambda a_source, n: sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.K if n <= TILE_N else OperandMajorMode.MN,
             Float32, (1, 1, 1), (TILE_H, n), a_source=a_source)
-        tiled_mma_qk = mma(warpgroup.OperandSource.SMEM, HALF_N if const_expr(self.balanced) else TILE_N)
+        tiled_mma_qk = mma(warpgroup.OperandSource.SMEM, TILE_N)
         tiled_mma_pv_rs = mma(warpgroup.OperandSource.RMEM, HALF)
         tiled_mma_pv_ss = mma(warpgroup.OperandSource.SMEM, HALF)
         sQ_layout = row_major_smem_layout(self.dtype, TILE_H, HEAD_DIM)
         sKV_layout = row_major_smem_layout(self.dtype, TILE_N, HEAD_DIM, self.num_stages)
         sP_layout = row_major_smem_layout(self.dtype, TILE_H, TILE_N, 2)
 
-        merge_elems = 2 * WARPS_PER_CTA * MERGE_COLS if const_expr(self.fused_merge) else 0   # per warpgroup, per warp
 
         @cute.struct
         class SharedStorage:
             mbar_KV: cute.struct.MemRange[cutlass.Int64, 8 if self.paired else self.num_stages * 2]
             sRowScale: cute.struct.MemRange[Float32, 2 * TILE_H]     # per sP buffer: O rescale of each row
             sRowInv: cute.struct.MemRange[Float32, TILE_H]           # final 1 / denominator of each row
-            sMax: cute.struct.MemRange[Float32, 2 * 2 * TILE_H]      # balanced: per buffer, per warpgroup
-            sSum: cute.struct.MemRange[Float32, 2 * TILE_H]          # balanced: each warpgroup's row sums
+            sMax: cute.struct.MemRange[Float32, 2 * 2 * TILE_H]      # paired: each warpgroup's row maxima
+            sSum: cute.struct.MemRange[Float32, 2 * TILE_H]          # paired: each warpgroup's row sums
             sLSE: cute.struct.MemRange[Float32, TILE_H]              # cluster_splits: this split's row LSEs
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
             sKV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
             sP: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sP_layout)], 1024]
             mbar_Q: cute.struct.MemRange[cutlass.Int64, 2]
-            sMerge: cute.struct.Align[cute.struct.MemRange[Float32, merge_elems], 16]
 
         tma_atom_Q = tma_Q = tma_atom_KV = tma_KV = None
         op = cpasync.CopyBulkTensorTileG2SOp()
@@ -317,15 +203,12 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         # mO holds one partial per cluster: splits = its count × cluster_splits
         grid = (cute.size(mQ.shape[1]), cute.size(mQ.shape[2]) // TILE_H,
                 cute.size(mQ.shape[0]) * cute.size(mO.shape[0]) * self.cluster_splits)
-        if const_expr(self.persistent):
-            grid = (persistent_grid(self.work_items(mO), self.num_sms), 1, 1)
         self.kernel(mQ, mKV, mIdx, mO, mLSE, softmax_scale_log2, window_size, mSink, sQ_layout, sKV_layout,
                     sP_layout, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, SharedStorage,
-                    tma_atom_Q, tma_Q, tma_atom_KV, tma_KV, tma_atom_O, tma_O, mOut, mLSEOut, mSem).launch(
+                    tma_atom_Q, tma_Q, tma_atom_KV, tma_KV, tma_atom_O, tma_O).launch(
             grid=grid, block=[self.NUM_THREADS, 1, 1], min_blocks_per_mp=1,
             cluster=(1, 1, self.cluster_splits) if const_expr(self.cluster_splits > 1) else None,
-            # the fused merge waits for every split of its query: all CTAs must be resident at once
-            cooperative=self.fused_merge, **launch_stream(stream))
+            **launch_stream(stream))
 
     # ---------------------------------------------------------------------------- device side
     @cute.kernel
@@ -333,13 +216,11 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                softmax_scale_log2: Float32, window_size: Int32, mSink: cute.Tensor,
                sQ_layout: cute.ComposedLayout, sKV_layout: cute.ComposedLayout, sP_layout: cute.ComposedLayout,
                tiled_mma_qk: cute.TiledMma, tiled_mma_pv_rs: cute.TiledMma, tiled_mma_pv_ss: cute.TiledMma,
-               SharedStorage: cutlass.Constexpr, tma_atom_Q, tma_Q, tma_atom_KV, tma_KV, tma_atom_O, tma_O,
-               mOut: cute.Tensor, mLSEOut: cute.Tensor, mSem: cute.Tensor):
+               SharedStorage: cutlass.Constexpr, tma_atom_Q, tma_Q, tma_atom_KV, tma_KV, tma_atom_O, tma_O):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
         token, head_group, batch, split, num_splits = self.cta_coords(mO)
 
-        self.phase_stamp(mSem, 0, tidx == 0)                          # 0: the CTA starts
         storage = cutlass.utils.SmemAllocator().allocate(SharedStorage)
         pipeline_q = None
         one_thread = pipeline.CooperativeGroup(pipeline.Agent.Thread)
@@ -405,7 +286,6 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             else:
                 self.load(mQ, mKV, mIdx, sQ, sKV, pipeline_kv, tidx, token, head_group, batch, key_lo, n_keys,
                           seqlen_k, tile_lo, tile_hi)
-            self.phase_stamp(mSem, 7, tidx == 0)                      # 7: the producer's last stage released
             if const_expr(self.cluster_splits > 1):
                 for _ in cutlass.range_constexpr(2):        # the consumers' two cluster barriers, every thread
                     cute.arch.cluster_arrive()
@@ -433,8 +313,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                     kv_state.advance()
         elif const_expr(self.paired):
             cute.arch.setmaxregister_increase(self.consumer_regs)
-            if const_expr(not self.persistent):                 # persistent: per item, in paired_half
-                self.wait_q(pipeline_q, tile_lo, tile_hi)
+            self.wait_q(pipeline_q, tile_lo, tile_hi)
             if warp_idx < 8:
                 self.paired_half(0, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sKV, sVt, sP, sMax, sSum,
                                  mIdx, mO, mLSE, mSink, pipeline_kv, softmax_scale_log2, tidx - 128, token,
@@ -445,73 +324,17 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                                  mIdx, mO, mLSE, mSink, pipeline_kv, softmax_scale_log2, tidx - 256, token,
                                  head_group, batch, split, n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O,
                                  mQ, mKV, window_size, tma_atom_Q, tma_Q, pipeline_q)
-        elif const_expr(self.balanced):
-            cute.arch.setmaxregister_increase(self.consumer_regs)
-            self.wait_q(pipeline_q, tile_lo, tile_hi)
-            self.balanced_half(tidx // 128 - 1, tiled_mma_qk, tiled_mma_pv_ss, sQ, sKV, sVt, sP, sMax, sSum, mIdx,
-                               mO, mLSE, mSink, pipeline_kv, softmax_scale_log2, tidx % 128, token, head_group, batch,
-                               split, n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O)
         elif warp_idx < 8:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.wait_q(pipeline_q, tile_lo, tile_hi)
-            self.phase_stamp(mSem, 1, tidx == 128)                    # 1: Q has landed
             self.scores_and_left_half(tiled_mma_qk, tiled_mma_pv_rs, sQ, sKV, sVt, sP, sRowScale, sRowInv, mIdx,
                                       mO, mLSE, mSink, pipeline_kv, softmax_scale_log2, tidx - 128, token,
                                       head_group, batch, split, key_lo, n_keys, seqlen_k, tile_lo, tile_hi, sLSE,
-                                      sRed, mSem)
-            self.phase_stamp(mSem, 4, tidx == 128)                    # 4: WG1's epilogue is done
+                                      sRed)
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.right_half(tiled_mma_pv_ss, sVt, sP, sRowScale, sRowInv, mO, pipeline_kv, tidx - 256, token,
-                            head_group, batch, split, tile_lo, tile_hi, mLSE, sLSE, sRed, mSem)
-            self.phase_stamp(mSem, 6, tidx == 256)                    # 6: WG2's epilogue is done
-        if const_expr(self.fused_merge):
-            if warp_idx >= 4:
-                sMerge = storage.sMerge.get_tensor(cute.make_layout((2 * WARPS_PER_CTA, MERGE_COLS),
-                                                                    stride=(MERGE_COLS, 1)))
-                self.merge_splits(mO, mLSE, mOut, mLSEOut, mSink, mSem, sMerge, token, head_group, batch, split,
-                                  num_splits, tidx - 128)
-
-    @cute.jit
-    def merge_splits(self, mO, mLSE, mOut, mLSEOut, mSink, mSem, sMerge, token, head_group, batch, split, num_splits,
-                     ctid):
-        """Fused merge, both consumer warpgroups (``ctid`` in [0, 256)): arrive, wait for every split of this query,
-        then merge chunks ``split·2 + warpgroup``, + 2·splits, … of its 64 heads × 2 column chunks."""
-        cute.arch.barrier(barrier_id=MERGE, number_of_threads=256)          # this split's partial is written
-        if ctid == 0:
-            arrived = mSem[batch, token, head_group, None].iterator          # (arrived, left)
-            cute.arch.fence_acq_rel_gpu()        # the CTA's partial stores (ordered by the barrier) before the arrival
-            cute.arch.atomic_add(arrived, Int32(1), sem="release", scope="gpu")
-            seen = load_acquire_gpu(arrived)
-            if const_expr(self.merge_nowait):
-                seen = num_splits
-            while seen < num_splits:
-                seen = load_acquire_gpu(arrived)
-            cute.arch.fence_acq_rel_gpu()        # as grid.sync: the barrier below hands the acquire to every thread
-            if cute.arch.atomic_add(arrived + 1, Int32(1), sem="relaxed", scope="gpu") == num_splits - 1:
-                # the last to leave: everyone is past the wait, so the counters go back to 0 for the next launch
-                mSem[batch, token, head_group, 0] = Int32(0)
-                mSem[batch, token, head_group, 1] = Int32(0)
-        cute.arch.barrier(barrier_id=MERGE, number_of_threads=256)          # every partial of the query is visible
-        if const_expr(self.merge_nomerge):
-            pass
-        elif ctid < 128:
-            self.merge_chunks(0, mO, mLSE, mOut, mLSEOut, mSink, sMerge, token, head_group, batch, split,
-                              num_splits, ctid)
-        else:
-            self.merge_chunks(1, mO, mLSE, mOut, mLSEOut, mSink, sMerge, token, head_group, batch, split,
-                              num_splits, ctid - 128)
-
-    @cute.jit
-    def merge_chunks(self, wg: cutlass.Constexpr, mO, mLSE, mOut, mLSEOut, mSink, sMerge, token, head_group, batch,
-                     split, num_splits, wtid):
-        """Consumer warpgroup ``wg``'s share of the fused merge, one (head, 256-column chunk) at a time."""
-        chunks = HEAD_DIM // MERGE_COLS
-        sAcc = cute.local_tile(sMerge, (WARPS_PER_CTA, MERGE_COLS), (wg, 0))               # (4 warps, 256)
-        for unit in cutlass.range(split * 2 + wg, TILE_H * chunks, num_splits * 2, unroll=1):
-            merge_chunk(mO, mLSE, mOut, mLSEOut, mSink, batch, token, head_group * TILE_H + unit // chunks,
-                        unit % chunks, wtid, sAcc, MERGE_COLS, self.merge_sink, MERGE_WG + wg, MERGE_UNROLL)
-            cute.arch.barrier(barrier_id=MERGE_WG + wg, number_of_threads=128)   # sAcc is read before it is reused
+                            head_group, batch, split, tile_lo, tile_hi, mLSE, sLSE, sRed)
 
     @cute.jit
     def cta_coords(self, mO):
@@ -567,15 +390,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                                            cute.group_modes(gKV, 0, 2))
         self.load_q_tma(tma_atom_Q, mQ, sQ, pipeline_q, token, head_group, batch, tile_lo, tile_hi)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
-        ahead = self.num_stages          # tiles past the ones the stages hold get an L2 prefetch, l2_prefetch deep
-        if const_expr(self.l2_prefetch > 0):
-            for j in cutlass.range_constexpr(self.l2_prefetch):
-                if tile_lo + ahead + j < tile_hi:
-                    cute.prefetch(tma_atom_KV, tKgK[None, tile_lo + ahead + j])
         for tile in cutlass.range(tile_lo, tile_hi, unroll=1):
-            if const_expr(self.l2_prefetch > 0):
-                if tile + ahead + self.l2_prefetch < tile_hi:
-                    cute.prefetch(tma_atom_KV, tKgK[None, tile + ahead + self.l2_prefetch])
             pipeline_kv.producer_acquire(state)
             cute.copy(tma_atom_KV, tKgK[None, tile], tKsK[None, state.index],
                       tma_bar_ptr=pipeline_kv.producer_get_barrier(state))
@@ -606,24 +421,10 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         (odd, left).  Persistent: the same for each of this CTA's items, back to back (the next item's first
         half-tile as soon as the last pair of this one frees it)."""
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-        if const_expr(self.persistent):
-            bidx, _, _ = cute.arch.block_idx()
-            gdim, _, _ = cute.arch.grid_dim()
-            total = self.work_items(mO)
-            work = bidx
-            item = Int32(0)
-            while work < total:
-                token, head_group, batch = self.work_coords(work, mO)
-                key_lo, n_keys, tile_lo, tile_hi = self.key_range(mQ, mKV, mIdx, token, window_size, 1, 0)
-                state = self.gather_pairs(mKV, mIdx, sKV, kv_pipes, tidx, token, batch, key_lo, n_keys, seqlen_k,
-                                          tile_lo, tile_hi, state, mLSE, item)
-                work += gdim
-                item += 1
-        else:
-            if warp_idx == 0:
-                self.load_q_tma(tma_atom_Q, tma_Q, sQ, pipeline_q, token, head_group, batch, tile_lo, tile_hi)
-            state = self.gather_pairs(mKV, mIdx, sKV, kv_pipes, tidx, token, batch, key_lo, n_keys, seqlen_k,
-                                      tile_lo, tile_hi, state)
+        if warp_idx == 0:
+            self.load_q_tma(tma_atom_Q, tma_Q, sQ, pipeline_q, token, head_group, batch, tile_lo, tile_hi)
+        state = self.gather_pairs(mKV, mIdx, sKV, kv_pipes, tidx, token, batch, key_lo, n_keys, seqlen_k,
+                                  tile_lo, tile_hi, state)
         # the tail of a one-stage pipeline: wait until the last fill is freed (no mbarrier arrive after exit);
         # producer_tail itself loops over a stage count that is a runtime value once the tuple crossed an if
         for pipe in kv_pipes:
@@ -631,7 +432,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
 
     @cute.jit
     def gather_pairs(self, mKV, mIdx, sKV, kv_pipes, tidx, token, batch, key_lo, n_keys, seqlen_k, tile_lo, tile_hi,
-                     state, mTimes=None, item=0):
+                     state):
         """The paired producer's gather of one item's tiles ``[tile_lo, tile_hi)``, a pair at a time.  Thread t copies
         16 B chunk ``t % 8`` of each 128 B segment of rows ``t // 8 + 16 k`` (k < 4): a group of 8 threads reads
         128 contiguous bytes of one row, and each thread needs only 4 row indices per tile.  Returns the pipelines'
@@ -740,7 +541,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
     @cute.jit
     def scores_and_left_half(self, tiled_mma_qk, tiled_mma_pv, sQ, sKV, sVt, sP, sRowScale, sRowInv, mIdx, mO,
                              mLSE, mSink, pipeline_kv, softmax_scale_log2, wtid, token, head_group, batch, split,
-                             key_lo, n_keys, seqlen_k, tile_lo, tile_hi, sLSE, sRed, mTimes):
+                             key_lo, n_keys, seqlen_k, tile_lo, tile_hi, sLSE, sRed):
         thr_qk, thr_pv, tSrQ, tSrK, tOrV = self.consumer_operands(tiled_mma_qk, tiled_mma_pv, sQ, sKV, sVt, 0, wtid)
         acc_O, acc_O_rc, tScS_rc, row_max, row_sum, key_ok = self.consumer_registers(thr_qk, thr_pv, TILE_N)
         n_rows = cute.size(tScS_rc, mode=[0])                                 # 2 rows, 16 key columns
@@ -752,7 +553,6 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             buf = i % 2
             self.key_mask(key_ok, tScS_rc, tile * TILE_N, mIdx, batch, token, n_keys, seqlen_k)
             pipeline_kv.consumer_wait(kv_state)
-            self.phase_stamp(mTimes, 2, wtid == 0 and i == 0)             # 2: the first KV tile has landed
             acc_S = cute.make_rmem_tensor(thr_qk.partition_shape_C((TILE_H, TILE_N)), Float32)
             if const_expr(self.skip_mma == "qk"):
                 acc_S.fill(0.0)
@@ -784,8 +584,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             pipeline_kv.consumer_release(kv_state)
             kv_state.advance()
 
-        self.phase_stamp(mTimes, 3, wtid == 0)                            # 3: WG1's main loop is done
-        if const_expr(self.split_kv and not self.fused_merge):
+        if const_expr(self.split_kv):
             # a combine kernel launched with PDL (kernels.combine) may be scheduled once every CTA is past its main
             # loop (no effect on a dependent launched without it)
             if wtid == 0:
@@ -815,14 +614,13 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                 acc_O_rc[r, c] = acc_O_rc[r, c] * inv
         cute.arch.barrier_arrive(barrier_id=FINAL, number_of_threads=256)
         if const_expr(self.cluster_splits > 1 or self.staged_partials):
-            self.cluster_reduce_half(0, thr_pv, acc_O, mO, mLSE, sLSE, sRed, wtid, token, head_group, batch, split,
-                                     mTimes)
+            self.cluster_reduce_half(0, thr_pv, acc_O, mO, mLSE, sLSE, sRed, wtid, token, head_group, batch, split)
         else:
             self.store_half(thr_pv, acc_O, mO, split, batch, token, head_group, 0)
 
     @cute.jit
     def right_half(self, tiled_mma_pv, sVt, sP, sRowScale, sRowInv, mO, pipeline_kv, wtid, token, head_group,
-                   batch, split, tile_lo, tile_hi, mLSE, sLSE, sRed, mTimes):
+                   batch, split, tile_lo, tile_hi, mLSE, sLSE, sRed):
         thr_pv = tiled_mma_pv.get_slice(wtid)
         tOrP = thr_pv.make_fragment_A(thr_pv.partition_A(sP))               # (MMA, 1, 4, 2 buffers)
         sVt_right = cute.local_tile(sVt, (HALF, TILE_N, self.num_stages), (1, 0, 0))
@@ -850,15 +648,13 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                 cute.arch.barrier_arrive(barrier_id=P_EMPTY + buf, number_of_threads=256)
             pipeline_kv.consumer_release(kv_state)
             kv_state.advance()
-        self.phase_stamp(mTimes, 5, wtid == 0)                            # 5: WG2's main loop is done
         cute.arch.barrier(barrier_id=FINAL, number_of_threads=256)
         for r in cutlass.range_constexpr(n_rows):
             inv = sRowInv[tOcO_rc[r, 0][0]]
             for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
                 acc_O_rc[r, c] = acc_O_rc[r, c] * inv
         if const_expr(self.cluster_splits > 1 or self.staged_partials):
-            self.cluster_reduce_half(1, thr_pv, acc_O, mO, mLSE, sLSE, sRed, wtid, token, head_group, batch, split,
-                                     mTimes)
+            self.cluster_reduce_half(1, thr_pv, acc_O, mO, mLSE, sLSE, sRed, wtid, token, head_group, batch, split)
         else:
             self.store_half(thr_pv, acc_O, mO, split, batch, token, head_group, 1)
 
@@ -920,75 +716,9 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             key_ok[c] = Int32(1) if ok else Int32(0)
 
     @cute.jit
-    def balanced_half(self, w, tiled_mma_qk, tiled_mma_pv, sQ, sKV, sVt, sP, sMax, sSum, mIdx, mO, mLSE, mSink,
-                      pipeline_kv, softmax_scale_log2, wtid, token, head_group, batch, split, n_keys, seqlen_k,
-                      tile_lo, tile_hi, tma_atom_O, tma_O):
-        """Warpgroup ``w`` (0 or 1) of the balanced variant: scores of keys 32w…32w+31, O columns 256w…256w+255."""
-        sK_mine = cute.local_tile(sKV, (HALF_N, HEAD_DIM, self.num_stages), (w, 0, 0))     # (32, 512, stages)
-        thr_qk, thr_pv, tSrQ, tSrK, tOrV = self.consumer_operands(tiled_mma_qk, tiled_mma_pv, sQ, sK_mine, sVt, w,
-                                                                  wtid)
-        tOrP = thr_pv.make_fragment_A(thr_pv.partition_A(sP))                               # (MMA, 1, 4, 2)
-        acc_O, acc_O_rc, tScS_rc, row_max, row_sum, key_ok = self.consumer_registers(thr_qk, thr_pv, HALF_N)
-        n_rows = cute.size(tScS_rc, mode=[0])                                 # 2 rows, 8 key columns
-        n_cols = cute.size(tScS_rc, mode=[1])
-        local_max = cute.make_rmem_tensor((n_rows,), Float32)
-        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
-        for i in cutlass.range(tile_hi - tile_lo, unroll=1):
-            tile = tile_lo + i
-            buf = i % 2
-            self.key_mask(key_ok, tScS_rc, tile * TILE_N + w * HALF_N, mIdx, batch, token, n_keys, seqlen_k)
-            pipeline_kv.consumer_wait(kv_state)
-            acc_S = cute.make_rmem_tensor(thr_qk.partition_shape_C((TILE_H, HALF_N)), Float32)
-            self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], True)
-            acc_S_rc = cute.make_tensor(acc_S.iterator, acc_layout_rows_cols(acc_S.layout))
-            # my keys' row maxima → shared; the row max over the whole tile = max of both warpgroups'
-            for r in cutlass.range_constexpr(n_rows):
-                mx = -Float32.inf
-                for c in cutlass.range_constexpr(n_cols):
-                    if key_ok[c] == 0:
-                        acc_S_rc[r, c] = -Float32.inf
-                    mx = cute.arch.fmax(mx, acc_S_rc[r, c])
-                mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=2))
-                mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=1))
-                local_max[r] = mx
-                if wtid % 4 == 0:
-                    sMax[(buf * 2 + w) * TILE_H + tScS_rc[r, 0][0]] = mx
-            cute.arch.barrier(barrier_id=B_MAX, number_of_threads=256)
-            for r in cutlass.range_constexpr(n_rows):
-                other = sMax[(buf * 2 + 1 - w) * TILE_H + tScS_rc[r, 0][0]]
-                new_max = cute.arch.fmax(row_max[r], cute.arch.fmax(local_max[r], other))
-                base = new_max * softmax_scale_log2
-                if new_max == -Float32.inf:
-                    base = Float32(0.0)
-                correction = cute.arch.exp2(row_max[r] * softmax_scale_log2 - base)
-                row_max[r] = new_max
-                tile_sum = Float32(0.0)
-                for c in cutlass.range_constexpr(n_cols):
-                    p = cute.arch.exp2(acc_S_rc[r, c] * softmax_scale_log2 - base)
-                    acc_S_rc[r, c] = p
-                    tile_sum += p
-                row_sum[r] = row_sum[r] * correction + tile_sum
-                for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
-                    acc_O_rc[r, c] = acc_O_rc[r, c] * correction
-            rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
-            rP.store(acc_S.load().to(self.dtype))
-            sP_mine = cute.local_tile(sP[None, None, buf], (TILE_H, HALF_N), (0, w))          # (64, 32)
-            cute.autovec_copy(rP, thr_qk.partition_C(sP_mine))
-            cute.arch.fence_proxy("async.shared", space="cta")   # both halves of P feed both wgmmas (async proxy)
-            cute.arch.barrier(barrier_id=B_P, number_of_threads=256)
-            self.gemm(tiled_mma_pv, acc_O, tOrP[None, None, None, buf], tOrV[None, None, None, kv_state.index],
-                      False)
-            pipeline_kv.consumer_release(kv_state)
-            kv_state.advance()
-
-        self.finish_shared_max(w, thr_pv, acc_O, acc_O_rc, tScS_rc, row_max, row_sum, sSum, mO, mLSE, mSink,
-                               softmax_scale_log2, wtid, token, head_group, batch, split, B_SUM,
-                               tiled_mma_pv, sQ, tma_atom_O, tma_O)
-
-    @cute.jit
     def finish_shared_max(self, w, thr_pv, acc_O, acc_O_rc, tScS_rc, row_max, row_sum, sSum, mO,
                           mLSE, mSink, softmax_scale_log2, wtid, token, head_group, batch, split,
-                          sum_barrier: cutlass.Constexpr, tiled_mma_pv, sQ, tma_atom_O, tma_O, item=0):
+                          sum_barrier: cutlass.Constexpr, tiled_mma_pv, sQ, tma_atom_O, tma_O):
         """Epilogue of the schedules whose two warpgroups end with the same row max (balanced, paired): my row
         sums + the other warpgroup's, sink, LSE, my half of O."""
         n_rows = cute.size(tScS_rc, mode=[0])
@@ -1000,7 +730,6 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             if wtid % 4 == 0:
                 sSum[w * TILE_H + tScS_rc[r, 0][0]] = s
         cute.arch.barrier(barrier_id=sum_barrier, number_of_threads=256)
-        self.timing_stamp(mLSE, item, 4, w == 0 and wtid == 0)
         for r in cutlass.range_constexpr(n_rows):
             m = tScS_rc[r, 0][0]
             s = row_sum[r] + sSum[(1 - w) * TILE_H + m]
@@ -1013,38 +742,28 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                                                - row_max[r] * softmax_scale_log2)
                 inv = 1.0 / denom
                 lse = (row_max[r] * softmax_scale_log2 + cute.math.log2(s)) * LN_2
-            if const_expr((self.has_lse or self.split_kv) and not self.debug_times):
+            if const_expr(self.has_lse or self.split_kv):
                 if w == 0 and wtid % 4 == 0:
                     mLSE[split, batch, head_group * TILE_H + m, token] = lse
             for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
                 acc_O_rc[r, c] = acc_O_rc[r, c] * inv
-        self.timing_stamp(mLSE, item, 6, w == 0 and wtid == 0)
         if const_expr(self.tma_store_o):
-            self.store_o_tma(w, tiled_mma_pv, acc_O, sQ, tma_atom_O, tma_O, wtid, token, head_group, batch, mLSE,
-                             item)
+            self.store_o_tma(w, tiled_mma_pv, acc_O, sQ, tma_atom_O, tma_O, wtid, token, head_group, batch)
         else:
             self.store_half(thr_pv, acc_O, mO, split, batch, token, head_group, w)
 
     @cute.jit
-    def store_o_tma(self, w, tiled_mma_pv, acc_O, sQ, tma_atom_O, tma_O, wtid, token, head_group, batch, mTimes=None,
-                    item=0):
+    def store_o_tma(self, w, tiled_mma_pv, acc_O, sQ, tma_atom_O, tma_O, wtid, token, head_group, batch):
         """My column half of O (bf16) → the Q buffer as 32-bit value pairs (the accumulator's own layout through
         ``partition_C``, swizzled like the buffer); once both halves are there, one thread stores the 64 × 512 tile
         by TMA and waits until the buffer has been read (the CTA may not exit before).  Not stmatrix: at the paired
         schedule's 208 registers its operand packing spilled 20 B (ptxas -v), the pair stores spill nothing."""
-        sO = sQ
-        if const_expr(self.persistent):
-            # a base the compiler cannot prove constant: otherwise it hoists this thread's 64 swizzled store
-            # addresses out of the item loop, where they stay live across the whole main loop (ptxas: 632 B spilled)
-            sO = cute.make_tensor(sQ.iterator + opaque_zero(), sQ.layout)
-        sO_half = cute.local_tile(sO, (TILE_H, HALF), (0, w))                        # (64 heads, 256), swizzled
+        sO_half = cute.local_tile(sQ, (TILE_H, HALF), (0, w))                        # (64 heads, 256), swizzled
         rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
         rO.store(acc_O.load().to(self.dtype))
         cute.autovec_copy(rO, tiled_mma_pv.get_slice(wtid).partition_C(sO_half))
         cute.arch.fence_proxy("async.shared", space="cta")                          # generic writes → TMA reads
-        self.timing_stamp(mTimes, item, 7, w == 0 and wtid == 0)
         cute.arch.barrier(barrier_id=O_IN_SMEM, number_of_threads=256)
-        self.timing_stamp(mTimes, item, 5, w == 0 and wtid == 0)
         if w == 0 and wtid < 32:
             gO = cute.local_tile(tma_O[None, None, token, batch], (TILE_H, HEAD_DIM), (head_group, 0))   # (64, 512)
             tma_store_tile(tma_atom_O, sQ, gO)
@@ -1070,47 +789,14 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         operands = (thr_qk, thr_pv, tSrQ, tSrK, tOrV, tOsP, tOsV, acc_O, acc_O_rc, tScS_rc, row_max, row_sum, acc_S,
                     rP)
-        if const_expr(self.persistent):
-            bidx, _, _ = cute.arch.block_idx()
-            gdim, _, _ = cute.arch.grid_dim()
-            total = self.work_items(mO)
-            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-            q_warp = w == 0 and wtid < 32
-            work = bidx
-            item = Int32(0)                                  # items this CTA has done (debug_times stamps)
-            if q_warp:
-                self.issue_q(tma_atom_Q, tma_Q, sQ, pipeline_q, work, mO, prefetch=False)
-            while work < total:
-                token, head_group, batch = self.work_coords(work, mO)
-                nxt = work + gdim
-                if q_warp and nxt < total:
-                    self.issue_q(tma_atom_Q, tma_Q, sQ, pipeline_q, nxt, mO, prefetch=True)   # into L2 only
-                _, n_keys, tile_lo, tile_hi = self.key_range(mQ, mKV, mIdx, token, window_size, 1, 0)
-                acc_O.fill(0.0)
-                row_max.fill(-Float32.inf)
-                row_sum.fill(0.0)
-                self.timing_stamp(mLSE, item, 0, w == 0 and wtid == 0)
-                pipeline_q.consumer_wait(q_state)
-                self.timing_stamp(mLSE, item, 1, w == 0 and wtid == 0)
-                state = self.paired_item(w, operands, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sP, sMax,
-                                         sSum, mIdx, mO, mLSE, mSink, kv_pipes, softmax_scale_log2, wtid, token,
-                                         head_group, batch, split, n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O,
-                                         tma_O, state, item)
-                self.timing_stamp(mLSE, item, 3, w == 0 and wtid == 0)
-                if q_warp and nxt < total:          # the O store just read the Q buffer: the next Q may land there
-                    self.issue_q(tma_atom_Q, tma_Q, sQ, pipeline_q, nxt, mO, prefetch=False)
-                q_state.advance()
-                work = nxt
-                item += 1
-        else:
-            self.paired_item(w, operands, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sP, sMax, sSum, mIdx, mO,
-                             mLSE, mSink, kv_pipes, softmax_scale_log2, wtid, token, head_group, batch, split, n_keys,
-                             seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O, state)
+        self.paired_item(w, operands, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sP, sMax, sSum, mIdx, mO,
+                         mLSE, mSink, kv_pipes, softmax_scale_log2, wtid, token, head_group, batch, split, n_keys,
+                         seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O, state)
 
     @cute.jit
     def paired_item(self, w: cutlass.Constexpr, operands, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sP, sMax,
                     sSum, mIdx, mO, mLSE, mSink, kv_pipes, softmax_scale_log2, wtid, token, head_group, batch, split,
-                    n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O, state, item=0):
+                    n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O, state):
         """One query item of :meth:`paired_half` (O, row max and sum come in reset): its pairs, the epilogue and the
         O store.  Returns the half-buffer pipelines' state past this item's pairs.  ``item``: the CTA's item count
         (debug_times stamps)."""
@@ -1124,18 +810,9 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         k_half = cute.size(tSrQ.shape[2]) // 2                              # k-blocks per column half of Q·Kᵀ
         key_end = cutlass.min(n_keys, tile_hi * TILE_N)     # a padding tile (odd count) / the next split: masked
         n_pairs = (tile_hi - tile_lo + 1) // 2
-        ahead = const_expr(w == 0 and self.prefetch_scores)
-        key_bits = Int32(0)
-        if const_expr(ahead):
-            if n_pairs > 0:
-                key_bits = self.issue_scores(w, 0, state, tiled_mma_qk, acc_S, tSrQ, tSrK, k_half, tScS_rc, kv_pipes,
-                                             mIdx, batch, token, key_end, seqlen_k, tile_lo, True)
         for p in cutlass.range(n_pairs, unroll=1):
-            if const_expr(ahead):
-                warpgroup.wait_group(0)                           # this pair's scores, issued during the last
-            else:
-                key_bits = self.issue_scores(w, p, state, tiled_mma_qk, acc_S, tSrQ, tSrK, k_half, tScS_rc,
-                                             kv_pipes, mIdx, batch, token, key_end, seqlen_k, tile_lo, False)
+            key_bits = self.issue_scores(w, p, state, tiled_mma_qk, acc_S, tSrQ, tSrK, k_half, tScS_rc, kv_pipes,
+                                         mIdx, batch, token, key_end, seqlen_k, tile_lo)
             for c in cutlass.range_constexpr(n_cols):
                 if (key_bits & (1 << c)) == 0:
                     for r in cutlass.range_constexpr(n_rows):
@@ -1174,20 +851,8 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                 cute.arch.barrier_arrive(barrier_id=PAIR_P, number_of_threads=256)
                 self.rescale_rows(acc_O_rc, corrections)
                 cute.arch.barrier(barrier_id=PAIR_P + 1, number_of_threads=256)
-                self.gemm(tiled_mma_pv_ss, acc_O, tOsP[None, None, None, 1], tOsV[None, None, None, 1], False,
-                          wait=not ahead)
-                if const_expr(ahead):       # the next pair's scores go in behind this PV, then it is waited for
-                    if p + 1 < n_pairs:
-                        next_state = state.clone()
-                        next_state.advance()
-                        key_bits = self.issue_scores(w, p + 1, next_state, tiled_mma_qk, acc_S, tSrQ, tSrK, k_half,
-                                                     tScS_rc, kv_pipes, mIdx, batch, token, key_end, seqlen_k,
-                                                     tile_lo, True, pv_in_flight=True, release_state=state)
-                    else:
-                        warpgroup.wait_group(0)
-                        kv_pipes[2].consumer_release(state)               # (odd, left)
-                else:
-                    kv_pipes[2].consumer_release(state)                   # (odd, left)
+                self.gemm(tiled_mma_pv_ss, acc_O, tOsP[None, None, None, 1], tOsV[None, None, None, 1], False)
+                kv_pipes[2].consumer_release(state)                       # (odd, left)
             else:
                 cute.arch.barrier_arrive(barrier_id=PAIR_MAX + 1, number_of_threads=256)
                 self.gemm(tiled_mma_pv_rs, acc_O, tOrP, tOrV[None, None, None, 1], False, wait=False)
@@ -1202,73 +867,29 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                 warpgroup.wait_group(0)
                 kv_pipes[1].consumer_release(state)                       # (even, right)
             state.advance()
-        self.timing_stamp(mLSE, item, 2, w == 0 and wtid == 0)
         self.finish_shared_max(w, thr_pv, acc_O, acc_O_rc, tScS_rc, row_max, row_sum, sSum, mO, mLSE, mSink,
                                softmax_scale_log2, wtid, token, head_group, batch, split, PAIR_SUM,
-                               tiled_mma_pv_rs, sQ, tma_atom_O, tma_O, item)
+                               tiled_mma_pv_rs, sQ, tma_atom_O, tma_O)
         return state
 
-    def work_items(self, mO):
-        """Persistent: the (token, head group, batch) items of the launch (one split)."""
-        return cute.size(mO.shape[2]) * (cute.size(mO.shape[3]) // TILE_H) * cute.size(mO.shape[1])
-
     @cute.jit
-    def work_coords(self, work, mO):
-        """Persistent: item ``work`` → (token, head group, batch), tokens fastest (neighbours share window keys)."""
-        seqlen_q = mO.shape[2]
-        groups = mO.shape[3] // TILE_H
-        rest = work // seqlen_q
-        return work % seqlen_q, rest % groups, rest // groups
-
-    @cute.jit
-    def issue_q(self, tma_atom_Q, mQ, sQ, pipeline_q, work, mO, prefetch: cutlass.Constexpr):
-        """Persistent, one warp: item ``work``'s Q (64 heads × 512) by TMA into the Q buffer on Q's full barrier —
-        no empty-barrier wait, the calling warp itself ordered it after the last read of the buffer — or, with
-        ``prefetch``, only into L2 (the load after the O store then comes from L2)."""
-        tQsQ, tQgQ = self.q_tile(tma_atom_Q, mQ, sQ, *self.work_coords(work, mO))
-        if const_expr(prefetch):
-            cute.prefetch(tma_atom_Q, tQgQ)
-        else:
-            pipeline_q.sync_object_full.arrive(0, pipeline_q.producer_mask)     # one elected lane: arrive + bytes
-            cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=pipeline_q.sync_object_full.get_barrier(0))
-
-    @cute.jit
-    def issue_scores(self, w: cutlass.Constexpr, p, state, tiled_mma_qk, acc_S, tSrQ, tSrK, k_half, tScS_rc, kv_pipes, mIdx, batch, token, key_end, seqlen_k, tile_lo, leave_in_flight: cutlass.Constexpr,
-                     pv_in_flight: cutlass.Constexpr = False, release_state=None):
+    def issue_scores(self, w: cutlass.Constexpr, p, state, tiled_mma_qk, acc_S, tSrQ, tSrK, k_half, tScS_rc, kv_pipes,
+                     mIdx, batch, token, key_end, seqlen_k, tile_lo):
         """Paired schedule: the key mask of pair ``p``'s tile of warpgroup ``w`` and ``S = Q·Kᵀ`` over it, the half
-        that arrives first first (WG0: left, WG1: right).  ``leave_in_flight``: return with the wgmmas still
-        running.  ``pv_in_flight``: warpgroup 0's PV on (odd, left) was committed before; it is waited for once
-        the first half of the scores is issued, and (odd, left) freed (``release_state``) before the wait for the
-        second half — the producer refills the halves in a fixed order, and (odd, left) comes before the next
-        (even, right) only once it is free.  Returns the tile's key-validity bits."""
+        that arrives first first (WG0: left, WG1: right).  Returns the tile's key-validity bits."""
         key_bits = self.key_mask_bits(cute.size(tScS_rc, mode=[1]), tScS_rc, (tile_lo + 2 * p + w) * TILE_N, mIdx,
                                       batch, token, key_end, seqlen_k)
         kv_pipes[2 * w + w].consumer_wait(state)
         self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, w], True, wait=False,
                   k_blocks=(w * k_half, (w + 1) * k_half))
-        if const_expr(pv_in_flight):
-            warpgroup.wait_group(1)
-            kv_pipes[2].consumer_release(release_state)           # (odd, left): before waiting for more keys
         kv_pipes[2 * w + 1 - w].consumer_wait(state)
-        self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, w], False, wait=not leave_in_flight,
+        self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, w], False,
                   k_blocks=((1 - w) * k_half, (2 - w) * k_half))
         return key_bits
 
     @cute.jit
-    def phase_stamp(self, mTimes, k: cutlass.Constexpr, cond):
-        """DSV4_PHASE_TIMES builds only: ``mTimes[cta, k] = %globaltimer`` (ns) where ``cond`` holds; ``cta`` the
-        linear block index (x fastest).  Stamps: 0 start, 1 Q landed, 2 first tile landed, 3 / 5 WG1 / WG2 main loop
-        done, 4 / 6 their epilogues done, 7 producer done; split partials through sRed: 9 sRed written everywhere
-        (past cluster barrier 1), 10 slice stored.  (8, cluster barrier 1 before the sRed writes, is gone with it.)"""
-        if const_expr(self.phase_times):
-            if cond:
-                bx, by, bz = cute.arch.block_idx()
-                gx, gy, _ = cute.arch.grid_dim()
-                mTimes[(bz * gy + by) * gx + bx, k] = cute.arch.globaltimer()
-
-    @cute.jit
     def cluster_reduce_half(self, half: cutlass.Constexpr, thr_pv, acc_O, mO, mLSE, sLSE, sRed, wtid, token,
-                            head_group, batch, split, mTimes):
+                            head_group, batch, split):
         """Consumer warpgroup ``half``'s share of writing the split partial through shared memory (``acc_O``: its O
         half normalized over this split's keys).  ``cluster_splits`` C > 1: merge the cluster's C partials on chip
         first (module docstring) — two cluster barriers, in which the producer warps take part too.  C = 1
@@ -1299,7 +920,6 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             cute.arch.cluster_wait()
         else:
             cute.arch.barrier(barrier_id=STAGED, number_of_threads=256)
-        self.phase_stamp(mTimes, 9, ctid == 0)                            # 9: sRed written everywhere
         # column slice `rank` (512 / C columns × 64 heads) summed in fp32 over the C peers, one 16 B vector (4 fp32
         # or 8 bf16) per peer, thread and step, each weighed by e^{lse_peer - lse_cluster} of its row
         vec = 128 // sRed.element_type.width
@@ -1337,7 +957,6 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                 for j in cutlass.range_constexpr(vec):
                     total[j] = Float32(parts[0, j])
             cute.autovec_copy(total, cute.local_tile(gO[head_group * TILE_H + row, None], (vec,), (colv,)))
-        self.phase_stamp(mTimes, 10, ctid == 0)                           # 10: slice summed and stored
         if const_expr(C > 1):
             cute.arch.cluster_arrive()                 # [2] no CTA exits while a peer still reads its sRed
             cute.arch.cluster_wait()

@@ -1,0 +1,231 @@
+"""Frozen build configurations of the Hopper attention kernels.
+
+A config says everything a build depends on: the problem's compile-time facts (head dim, causal, window, sink,
+split, output kind) and the schedule chosen for them (tile shape, stages, persistence, ...).  It is the compile
+key: two calls with equal configs share one compiled kernel.  ``for_problem`` is the one place a schedule is
+chosen, each choice with the one line of why; the measurements behind them are in ``docs/tuning/``.
+Illegal combinations are refused once, in ``__post_init__`` (``can_implement`` asks without raising)."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+SUPPORTED_HEAD_DIMS = (64, 128, 256)
+# GPUs on which the persistent builds were measured to win (docs/tuning/d1.md, d5.md); elsewhere one block per CTA
+PERSISTENT_GPUS = ("H100", "H200")
+SMALL_WINDOW_MAX = 128          # windows up to this many keys take the small-window schedule (DSV4's window)
+SMEM_PER_SM = 228 * 1024        # H100 / H200; the driver keeps 1 KB of it per CTA
+
+
+def default_tile_n(head_dim: int) -> int:
+    """KV tile width of a plain build: 128, or 64 at hd256 (where 128 would not leave two K/V stages in smem)."""
+    return 64 if head_dim == 256 else 128
+
+
+def is_small_window(window) -> bool:
+    return window is not None and int(window) <= SMALL_WINDOW_MAX
+
+
+class _Config:
+    """Shared behaviour of the frozen configs: checked on construction, ``replace`` re-checks."""
+
+    def __post_init__(self):
+        self.normalize()
+        self.check()
+
+    def normalize(self) -> None:
+        """Fill derived defaults in place (one build, one key)."""
+
+    def check(self) -> None:  # pragma: no cover - every config defines it
+        raise NotImplementedError
+
+    def can_implement(self) -> bool:
+        try:
+            self.check()
+        except ValueError:
+            return False
+        return True
+
+    def replace(self, **changes):
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class Sm90FwdConfig(_Config):
+    """:class:`dsv4lib.kernels.sm90.flash_fwd.FlashAttentionForwardSm90` (D1, D1.3, D2 partials, D5, NVFP4-1.1)."""
+    head_dim: int
+    causal: bool = False
+    has_lse: bool = True
+    window: bool = False            # a sliding window (its size is a runtime argument)
+    sink: bool = False              # a value-less per-head sink logit in the denominator
+    split_kv: bool = False          # fp32 partials + LSE per split, merged by the combine kernel
+    p_in_smem: bool = False         # D1.3's SMEM-P twin (SS-wgmma for PV) instead of P in registers
+    overlap: bool = True            # QK(j+1) issued beside PV(j) in each warpgroup (RS path only)
+    nvfp4_out: bool = False         # NVFP4-1.1: O leaves quantized
+    pack_gqa: int = 1               # q heads of one KV head folded into the M rows
+    tile_m: int = 128               # 128 (two consumer warpgroups) or 192 (three)
+    tile_n: int = 0                 # 0: default_tile_n(head_dim)
+    num_stages: int = 2             # K/V pipeline depth
+    persistent: bool = False        # a CTA per SM walks the query blocks
+    dynamic_schedule: bool = False  # persistent CTAs take their next block from a global counter
+    num_sms: int = 132              # persistent grid size
+    rescale_o_early: bool = False   # O rescaled while QK(j+1) is in flight
+    pv_wait_block: bool = False     # the PV wait in its own basic block (ptxas cannot hoist it above the softmax)
+    warpgroup_tiles: bool = False   # each consumer warpgroup visits only its own rows' K/V tiles (small windows)
+    o_in_q_stage: bool = False      # O staged in its item's dead Q stage, stored by an idle producer warp
+    l2_hints: bool = False          # Q / O evict-first, K / V evict-last
+
+    @property
+    def key_tile(self) -> int:
+        return self.tile_n or default_tile_n(self.head_dim)
+
+    def normalize(self) -> None:
+        if not self.tile_n:
+            object.__setattr__(self, "tile_n", default_tile_n(self.head_dim))
+
+    def check(self) -> None:
+        if self.head_dim not in SUPPORTED_HEAD_DIMS:
+            raise ValueError(f"head_dim {self.head_dim} not supported by the sm90 kernel {SUPPORTED_HEAD_DIMS}")
+        if self.tile_m not in (128, 192):
+            raise ValueError(f"tile_m must be 128 (2 consumer warpgroups) or 192 (3), got {self.tile_m}")
+        if self.pack_gqa < 1 or self.tile_m % self.pack_gqa:
+            raise ValueError(f"pack_gqa (q heads per KV head packed into M) must divide the {self.tile_m}-row tile, "
+                             f"got {self.pack_gqa}")
+        if self.rescale_o_early and not self.overlap:
+            raise ValueError("rescale_o_early shapes the overlapped mainloop: it needs overlap=True")
+        if self.overlap and self.p_in_smem:
+            raise ValueError("the intra-warpgroup overlap is built for the RS path (P in registers) only")
+        if self.nvfp4_out and (self.pack_gqa > 1 or self.split_kv):
+            raise ValueError("the NVFP4 epilogue is built for unpacked rows of the final output (no pack_gqa, "
+                             "no split_kv)")
+        if self.split_kv and self.sink:
+            raise ValueError("with split-KV the sink belongs to the combine kernel, not to the splits")
+        if self.persistent and not (self.overlap and not self.split_kv):
+            raise ValueError("persistent CTAs are built for the overlapped RS mainloop with the bf16 TMA-store or the "
+                             "NVFP4 epilogue (no split_kv or SMEM-P)")
+        if self.dynamic_schedule and not self.persistent:
+            raise ValueError("dynamic_schedule deals the work items of persistent CTAs: it needs persistent=True")
+        if self.warpgroup_tiles and not (self.persistent and not self.nvfp4_out):
+            raise ValueError("warpgroup_tiles splits the K/V tiles of a persistent tile between its consumer "
+                             "warpgroups (persistent=True, no NVFP4 out)")
+        if self.o_in_q_stage and not (self.persistent and not self.nvfp4_out):
+            raise ValueError("o_in_q_stage stages a persistent CTA's bf16 O in its Q stage for a storer warp "
+                             "(persistent=True, bf16 out)")
+        if self.l2_hints and not (self.warpgroup_tiles and self.o_in_q_stage):
+            raise ValueError("l2_hints is built for the warpgroup-tiles producer and the o_in_q_stage storer")
+        q_stages = 2 if self.persistent else 1
+        smem = 1024 + 2 * (q_stages * self.tile_m * self.head_dim + 2 * self.num_stages * self.key_tile * self.head_dim
+                           + (self.tile_m * self.key_tile if self.p_in_smem else 0)
+                           + (self.tile_m * self.head_dim if self.persistent and not self.o_in_q_stage else 0))
+        if smem + 1024 > SMEM_PER_SM:
+            raise ValueError(f"{smem} B of shared memory per CTA do not fit an SM (tile_m {self.tile_m}, tile_n "
+                             f"{self.key_tile}, {self.num_stages} stages, head_dim {self.head_dim})")
+
+    @classmethod
+    def for_problem(cls, head_dim: int, *, causal: bool = False, has_lse: bool = True, window=None, sink: bool = False,
+                    split_kv: bool = False, p_in_smem: bool = False, overlap: bool | None = None,
+                    nvfp4_out: bool = False, pack_gqa: int = 1, gpu_name: str | None = None,
+                    num_sms: int = 132) -> "Sm90FwdConfig":
+        """The build for one problem.  ``window``: the window size (or None); ``gpu_name``: the device's name
+        (persistence only where measured; ``None`` — a CPU compile — keeps the GPU schedule); ``overlap``:
+        None = on wherever P is in registers."""
+        overlap = (not p_in_smem) if overlap is None else bool(overlap)
+        base = dict(head_dim=head_dim, causal=bool(causal), has_lse=bool(has_lse), window=window is not None,
+                    sink=bool(sink), split_kv=bool(split_kv), p_in_smem=bool(p_in_smem), overlap=overlap,
+                    nvfp4_out=bool(nvfp4_out), pack_gqa=pack_gqa)
+        sched: dict = {}
+        if overlap and not nvfp4_out:
+            sched = dict(_D1_SCHEDULE[head_dim])
+            if is_small_window(window) and not split_kv:
+                sched = dict(_SMALL_WINDOW_SCHEDULE[head_dim])
+            if sched.get("tile_m", 128) % pack_gqa:
+                sched["tile_m"] = 128                     # the GQA pack must divide the tile's rows
+        elif overlap and nvfp4_out and _D1_SCHEDULE[head_dim].get("persistent"):
+            # the NVFP4 epilogue keeps D1's schedule but not its tile shapes: another tile_n changes the fp32 sums
+            # whose quantized bits it must reproduce (attention_fp32)
+            sched = {k: v for k, v in _D1_SCHEDULE[head_dim].items()
+                     if k in ("persistent", "dynamic_schedule", "rescale_o_early", "pv_wait_block")}
+        persistent_here = gpu_name is None or any(g in gpu_name for g in PERSISTENT_GPUS)
+        if sched.get("persistent") and (split_kv or not persistent_here):
+            sched = _without_persistence(sched)           # split partials leave by register stores, one block a CTA
+        if sched.get("persistent"):
+            sched["num_sms"] = num_sms
+        return cls(**base, **sched)
+
+
+_PERSISTENT_ONLY = ("persistent", "dynamic_schedule", "warpgroup_tiles", "o_in_q_stage", "l2_hints", "num_sms")
+
+
+def _without_persistence(sched: dict) -> dict:
+    """A schedule as one block per CTA: its persistent-only knobs dropped (a warpgroup-tiles 192-row tile back to
+    128 rows: three consumer warpgroups were measured only with warpgroup tiles)."""
+    plain = {k: v for k, v in sched.items() if k not in _PERSISTENT_ONLY}
+    if sched.get("warpgroup_tiles") and plain.get("tile_m") == 192:
+        plain["tile_m"] = 128
+    return plain
+
+
+# D1's schedule per head dim (the overlapped RS mainloop; docs/tuning/d1.md has the measurements):
+_D1_SCHEDULE: dict[int, dict] = {
+    # 192-row tile, persistent + dynamic, O in its Q stage: 0.84 -> 0.97x FA4 (the 128-row tile underfills hd64)
+    64: dict(tile_m=192, persistent=True, dynamic_schedule=True, o_in_q_stage=True),
+    # persistent + dynamic deal (the faster CTAs take more blocks), early O rescale, PV wait in its own block
+    128: dict(persistent=True, dynamic_schedule=True, rescale_o_early=True, pv_wait_block=True),
+    # 80-key tiles + early O rescale: 658 -> 688 TFLOP/s (two 128-key stages do not fit beside Q)
+    256: dict(tile_n=80, rescale_o_early=True),
+}
+# Windows of at most SMALL_WINDOW_MAX keys (D5a; docs/tuning/d5.md): a query tile visits 2-3 K/V tiles, the kernel
+# is bound by L2 re-reads of K/V, so each warpgroup visits only its own rows' tiles and a 192-row tile shares more
+_WARPGROUP_TILES_192 = dict(tile_m=192, tile_n=64, num_stages=4, persistent=True, dynamic_schedule=True,
+                            warpgroup_tiles=True, o_in_q_stage=True, l2_hints=True, rescale_o_early=True)
+_SMALL_WINDOW_SCHEDULE: dict[int, dict] = {
+    64: dict(_WARPGROUP_TILES_192),                 # 108.6 -> 98.6 us at W128 (FA4 183.5)
+    128: dict(_WARPGROUP_TILES_192),                # 1.49 -> 1.58x FA4 at W128: 5 K/V tiles per 192 rows, not 6
+    # two 96 KB Q stages do not fit: 128 rows, 32-key tiles, 3 stages (0.92 -> 1.13x FA4)
+    256: dict(_WARPGROUP_TILES_192, tile_m=128, tile_n=32, num_stages=3),
+}
+
+
+SPARSE_SCHEDULES = ("columns", "paired")
+CLUSTER_SIZES = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True)
+class SparseFwdConfig(_Config):
+    """:class:`dsv4lib.kernels.sm90.sparse_fwd.SparseAttentionForwardSm90` (D6 and the hd512 MQA decode)."""
+    gather: bool                    # keys listed per query (indices) or a dense causal / windowed range
+    causal: bool = False
+    window: bool = False
+    sink: bool = False
+    has_lse: bool = True
+    split_kv: bool = False
+    schedule: str = "columns"       # how the two consumer warpgroups share a tile (kernel docstring)
+    cluster_splits: int = 1         # C splits of a query merge on chip through DSMEM (dense split decode)
+    gather_only: bool = False       # benchmark only: the producer alone, no math, output unwritten
+    skip_mma: str | None = None     # benchmark only: "qk" or "pv" left out (wrong output), columns schedule
+
+    def check(self) -> None:
+        if self.gather and (self.causal or self.window):
+            raise ValueError("gathered keys come with their own index list: no causal / window mask on top")
+        if self.split_kv and self.sink:
+            raise ValueError("with split-KV the sink belongs to the combine kernel, not to the splits")
+        if self.schedule not in SPARSE_SCHEDULES:
+            raise ValueError(f"schedule must be one of {SPARSE_SCHEDULES}, got {self.schedule!r}")
+        if self.cluster_splits not in CLUSTER_SIZES:
+            raise ValueError(f"cluster_splits must be one of {CLUSTER_SIZES} (a portable cluster), "
+                             f"got {self.cluster_splits}")
+        if self.cluster_splits > 1 and (not self.split_kv or self.schedule != "columns" or self.gather_only):
+            raise ValueError("cluster_splits reduces the split partials of the columns schedule (split_kv=True, "
+                             "schedule='columns', not gather_only)")
+        if self.skip_mma not in (None, "qk", "pv"):
+            raise ValueError(f"skip_mma must be None, 'qk' or 'pv', got {self.skip_mma!r}")
+        if self.skip_mma is not None and self.schedule != "columns":
+            raise ValueError("skip_mma is a knob of the columns schedule")
+
+    @classmethod
+    def for_problem(cls, *, gather: bool, causal: bool = False, window: bool = False, sink: bool = False,
+                    split_kv: bool = False, cluster_splits: int = 1) -> "SparseFwdConfig":
+        # gathered keys: paired schedule (whole tiles in turn, half-tile pipelines): 423 vs 369 TFLOP/s at h64 K640;
+        # dense keys: columns (the long-KV split decode: 44.2 vs 47.8 us at H64 KV64k)
+        return cls(gather=gather, causal=causal, window=window, sink=sink and not split_kv, split_kv=split_kv,
+                   schedule="paired" if gather else "columns", cluster_splits=cluster_splits)
