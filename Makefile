@@ -10,7 +10,7 @@ test: setup
 	$(PY) -m pytest -q $(ARGS)
 
 pipeline: setup
-	$(PY) -m dsv4lib.pipeline $(ARGS)
+	$(PY) -m dsv4lib.workbook.pipeline $(ARGS)
 
 lab: setup
 	$(PY) -m jupyter lab notebooks/

@@ -29,8 +29,8 @@ import torch
 
 from dsv4lib import bench
 from dsv4lib.kernels import smoke
-from dsv4lib.nb import setup
-from dsv4lib.record import record
+from dsv4lib.workbook.nb import setup
+from dsv4lib.workbook.record import record
 
 tgt = setup(target, seed)
 record(metrics_path, device=tgt.device)

@@ -27,9 +27,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from dsv4lib import metrics
-from dsv4lib.nb import setup
-from dsv4lib.record import record
+from dsv4lib.workbook import metrics
+from dsv4lib.workbook.nb import setup
+from dsv4lib.workbook.record import record
 from dsv4lib.reference import lse_merge, sparse_attention
 from dsv4lib.reference import dsv4
 

@@ -22,7 +22,7 @@
 # derived and proved (`partition_C(sP)` = `composition(sP, tv_C)`, swizzle in the pointer) and runs the PV
 # product as an SS-wgmma.  This notebook checks both against the float64 reference over a sweep and times
 # them next to FA4, cuDNN and FlashAttention-2 in the same run; the default P path per head dim is the one
-# measured faster (`dsv4lib.attention.DEFAULT_P_PATH`).
+# measured faster (`Sm90FwdConfig.for_problem` in `dsv4lib.kernels.sm90.config`: P in registers).
 
 # %% tags=["parameters"]
 target = "auto"
@@ -42,10 +42,11 @@ import numpy as np
 import torch
 
 import dsv4lib
-from dsv4lib import bench, metrics, reference
+from dsv4lib import bench, reference
+from dsv4lib.workbook import metrics
 from dsv4lib.layouts import plots, pv_operand_mapping
-from dsv4lib.nb import setup
-from dsv4lib.record import record
+from dsv4lib.workbook.nb import setup
+from dsv4lib.workbook.record import record
 
 tgt = setup(target, seed)
 on_gpu = tgt.is_gpu and tgt.arch == "sm_90a"
@@ -83,11 +84,12 @@ plots.plot_tmem_ownership(pv_operand_mapping("sm_100a", "tmem", head_dim=128, ti
 from cutlass import Float32
 
 from dsv4lib.kernels.compile import compile_for_arch
+from dsv4lib.kernels.sm90.config import Sm90FwdConfig
 from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
 
 ptx_checks = {}
 for D in head_dims:
-    k = compile_for_arch(FlashAttentionForwardSm90(D, causal=True, has_lse=True), *fake_attention_args(D),
+    k = compile_for_arch(FlashAttentionForwardSm90(Sm90FwdConfig(D, causal=True, has_lse=True)), *fake_attention_args(D),
                          arch="sm_90a")
     ptx_checks[D] = {"rs_wgmma": k.count(rf"m64n{D}k16\.f32\.bf16\.bf16\s+\{{[^}}]*\}},\s*\{{%r"),
                      "tma": k.count(r"cp\.async\.bulk\.tensor"), "st_shared": k.count(r"st\.shared")}
@@ -148,7 +150,7 @@ if on_gpu:
                     row["margin_smem_p"] = metrics.fa4_rule_margin(out_s, ref, pt)
                 sweep.append(row)
                 del q, k, v, out, ref, pt
-    # hd512: DSV4's MQA shape (one KV head, K = V) through the hd512 kernel (dsv4lib.sparse, P in registers and
+    # hd512: DSV4's MQA shape (one KV head, K = V) through the hd512 kernel (dsv4lib.ops.sparse, P in registers and
     # shared memory); 64 query heads packed into the MMA's M rows
     for S in mqa512_seqlens:
         for causal in (False, True):
@@ -178,7 +180,7 @@ if on_gpu:
 # %%
 speed = []
 if on_gpu:
-    from dsv4lib.peers import attention_peers
+    from dsv4lib.bench.peers import attention_peers
 
     peers = attention_peers()
     B, H, S = bench_batch, bench_heads, bench_seqlen

@@ -36,8 +36,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from dsv4lib.layouts import plots, pv_operand_mapping
-from dsv4lib.nb import setup
-from dsv4lib.record import record
+from dsv4lib.workbook.nb import setup
+from dsv4lib.workbook.record import record
 
 setup(target, seed)
 record(metrics_path, mode="cpu", notes="layout algebra and proofs only: no kernel runs, CPU PASS is legitimate")

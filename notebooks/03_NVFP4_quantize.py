@@ -28,11 +28,12 @@ import numpy as np
 import torch
 
 import dsv4lib
-from dsv4lib import bench, metrics
+from dsv4lib import bench
+from dsv4lib.workbook import metrics
 from dsv4lib.kernels.compile import compile_for_arch
 from dsv4lib.kernels.nvfp4 import NVFP4QuantizeKernel, fake_args
-from dsv4lib.nb import setup
-from dsv4lib.record import record
+from dsv4lib.workbook.nb import setup
+from dsv4lib.workbook.record import record
 from dsv4lib.reference import quant as ref
 
 tgt = setup(target, seed)
@@ -172,7 +173,7 @@ if on_gpu:
         rows.append({"M": Mq, "K": Kq, "ms": t.median_ms, "gbps": bench.gbps(nbytes, t.median_ms),
                      "copy_same_bytes_gbps": bench.gbps(nbytes, t_copy.median_ms)})
         print(rows[-1])
-    from dsv4lib.results import recorded_copy_gbps, recorded_launch_floor_ms
+    from dsv4lib.workbook.results import recorded_copy_gbps, recorded_launch_floor_ms
     copy_gbps = recorded_copy_gbps(tgt.name)
     floor_ms = recorded_launch_floor_ms(tgt.name)
     best = max(r["gbps"] for r in rows)
@@ -210,9 +211,11 @@ ax.set_xlabel("column within a 16-wide NVFP4 block (byte b = column // 2, low ni
 ax.set_title("who packs which byte: quad lane t owns bytes t and 4 + t", fontsize=9)
 fig.tight_layout()
 
+from dsv4lib.kernels.sm90.config import Sm90FwdConfig
+
 from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_nvfp4_args
 
-kf = compile_for_arch(FlashAttentionForwardSm90(128, causal=False, has_lse=False, nvfp4_out=True),
+kf = compile_for_arch(FlashAttentionForwardSm90(Sm90FwdConfig(128, causal=False, has_lse=False, nvfp4_out=True)),
                       *fake_nvfp4_args(128), arch="sm_90a")
 fused_ok = kf.count("st.shared") == 0 and kf.count(r"cvt\.rn\.satfinite\.e4m3x2\.f32") == 16
 record(metrics_path, fused_compiled=fused_ok)

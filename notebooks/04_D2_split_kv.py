@@ -7,8 +7,8 @@
 # `L = log Σ e^{lse_i}`, `O = Σ e^{lse_i − L} O_i`, then the sink once: `O · e^L / (e^L + e^σ)`.
 # FA4 has split-KV only on Blackwell; on Hopper it is ours.
 #
-# Kernels: `FlashAttentionForwardSm90(split_kv=True)` (fp32 partials), `LSECombineKernel`; the cut and the
-# heuristic in `dsv4lib.splitkv`.  Decode is memory-bound, so the measure is bandwidth: bytes of K and V read
+# Kernels: `FlashAttentionForwardSm90(Sm90FwdConfig(split_kv=True))` (fp32 partials), `LSECombineKernel`; the cut and the
+# heuristic in `dsv4lib.kernels.splitkv`.  Decode is memory-bound, so the measure is bandwidth: bytes of K and V read
 # once over the time, against the copy bandwidth measured in stage 00.
 
 # %% tags=["parameters"]
@@ -27,11 +27,12 @@ import numpy as np
 import torch
 
 import dsv4lib
-from dsv4lib import bench, metrics, reference
-from dsv4lib.nb import setup
-from dsv4lib.record import record
-from dsv4lib.results import recorded_copy_gbps, recorded_launch_floor_ms
-from dsv4lib.splitkv import num_splits_heuristic, split_block_ranges
+from dsv4lib import bench, reference
+from dsv4lib.workbook import metrics
+from dsv4lib.workbook.nb import setup
+from dsv4lib.workbook.record import record
+from dsv4lib.workbook.results import recorded_copy_gbps, recorded_launch_floor_ms
+from dsv4lib.kernels.splitkv import num_splits_heuristic, split_block_ranges
 
 tgt = setup(target, seed)
 on_gpu = tgt.is_gpu and tgt.arch == "sm_90a"

@@ -3,13 +3,13 @@
 #
 # DSV4's every layer attends to a **window of 128 raw tokens including the query itself** (`t − W < s ≤ t`)
 # plus a per-head **value-less sink** logit σ added once to the softmax denominator.  In the kernel
-# (`FlashAttentionForwardSm90(window=True, sink=True)`):
+# (`FlashAttentionForwardSm90(Sm90FwdConfig(window=True, sink=True))`):
 #
 # * KV tiles wholly left of a query tile's window are **skipped** — never loaded, never multiplied — and only
 #   the tiles that cross the window's edges are masked;
 # * a **small window** (W ≤ 128, DSV4's) makes the kernel a stream: each query tile meets only 2-3 KV tiles, so the time
 #   goes into loading Q, K, V and storing O, not into the MMAs.  Such windows got a 64-row tile with 64-wide KV
-#   tiles (`dsv4lib.attention.SM90_SMALL_WINDOW_TUNING`; hd128's default until session 15, hd64's until 16): one consumer warpgroup, 83 KB of shared memory and
+#   tiles (`dsv4lib.kernels.sm90.config`; hd128's default until session 15, hd64's until 16): one consumer warpgroup, 83 KB of shared memory and
 #   at most 128 registers a thread, so **two CTAs share an SM** and one's loads and stores overlap the other's
 #   MMAs.  And the CTAs are **persistent**: 2 per SM walk the query blocks (neighbouring blocks at once, so a K/V
 #   tile read by three of them comes from L2), the producer loads the next block's Q (two Q stages) and K/V while
@@ -74,10 +74,11 @@ import torch
 from matplotlib.colors import ListedColormap
 
 import dsv4lib
-from dsv4lib import bench, metrics, reference
-from dsv4lib.nb import setup
-from dsv4lib.record import record
-from dsv4lib.tiles import tile_plan
+from dsv4lib import bench, reference
+from dsv4lib.workbook import metrics
+from dsv4lib.workbook.nb import setup
+from dsv4lib.workbook.record import record
+from dsv4lib.kernels.tiles import tile_plan
 
 tgt = setup(target, seed)
 on_gpu = tgt.is_gpu and tgt.arch == "sm_90a"
@@ -103,12 +104,12 @@ fig.tight_layout()
 # %% [markdown]
 # ## The small-window default's slots: three 192-row blocks, their three warpgroups each (W = 128, 64-key tiles)
 #
-# A block loads one descending run of key tiles (its *slots*, `dsv4lib.tiles.warpgroup_slots` — the kernel's
+# A block loads one descending run of key tiles (its *slots*, `dsv4lib.kernels.tiles.warpgroup_slots` — the kernel's
 # `warpgroup_plan`); each warpgroup waits for every slot but computes only its own 3 (blue) and hands the others back
 # untouched (grey).  5 tiles loaded per 192 rows; two 64-row blocks would load 6 per 128.
 
 # %%
-from dsv4lib.tiles import warpgroup_slots
+from dsv4lib.kernels.tiles import warpgroup_slots
 
 tile_m, blocks = 192, (3, 4, 5)
 slots = np.zeros((3 * len(blocks), 2048 // 64), dtype=np.int8)
@@ -131,9 +132,10 @@ fig.tight_layout()
 
 # %%
 from dsv4lib.kernels.compile import compile_for_arch
+from dsv4lib.kernels.sm90.config import Sm90FwdConfig
 from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
 
-k = compile_for_arch(FlashAttentionForwardSm90(128, causal=False, has_lse=True, window=True, sink=True),
+k = compile_for_arch(FlashAttentionForwardSm90(Sm90FwdConfig(128, causal=False, has_lse=True, window=True, sink=True)),
                      *fake_attention_args(128), arch="sm_90a")
 build_ok = k.ptx_target == "sm_90a"
 record(metrics_path, compiled=build_ok)
@@ -164,8 +166,8 @@ if on_gpu:
     merge_cos = metrics.cosine(merged, ref_m)
     print(checks, "merge cosine", merge_cos)
 
-    from dsv4lib.peers import attention_peers
-    from dsv4lib.results import recorded_copy_gbps
+    from dsv4lib.bench.peers import attention_peers
+    from dsv4lib.workbook.results import recorded_copy_gbps
     fa4 = attention_peers().get("FA4")
     copy_gbps = recorded_copy_gbps(tgt.name)
     B, H, S = bench_batch, bench_heads, bench_seqlen

@@ -20,7 +20,7 @@
 # * **V = K:** the PV B-operand is the same shared buffer read MN-major (a `composition` that transposes).
 #
 # Around the core, the layer (projections, RoPE, compressors, indexer score and top-k) is the reference's torch
-# code on the GPU (`dsv4lib.dsv4.layer_forward`); the window indices are built on the GPU.  **The indexer and the
+# code on the GPU (`dsv4lib.ops.dsv4.layer_forward`); the window indices are built on the GPU.  **The indexer and the
 # top-k are torch; the attention core is ours.**  Speed is TFLOP/s over the gathered pairs
 # (`2·Sq·H·K·(512 + 512)`), next to what a user can do today in torch (gather + einsum + softmax, bf16).
 
@@ -40,9 +40,11 @@ import numpy as np
 import torch
 
 import dsv4lib
-from dsv4lib import bench, dsv4, metrics, reference
-from dsv4lib.nb import setup
-from dsv4lib.record import record
+from dsv4lib import bench, reference
+from dsv4lib.ops import dsv4
+from dsv4lib.workbook import metrics
+from dsv4lib.workbook.nb import setup
+from dsv4lib.workbook.record import record
 from dsv4lib.reference import dsv4 as ref
 
 tgt = setup(target, seed)
@@ -102,10 +104,11 @@ record(metrics_path, kv_alias_checks_pass=all(alias_checks.values()))
 
 # %%
 from dsv4lib.kernels.compile import compile_for_arch
+from dsv4lib.kernels.sm90.config import SparseFwdConfig
 from dsv4lib.kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
-from dsv4lib.sparse import fake_args
+from dsv4lib.ops.sparse import fake_args
 
-k90 = compile_for_arch(SparseAttentionForwardSm90(gather=True, sink=True, has_lse=True), *fake_args(True), arch="sm_90a")
+k90 = compile_for_arch(SparseAttentionForwardSm90(SparseFwdConfig(gather=True, sink=True, has_lse=True)), *fake_args(True), arch="sm_90a")
 ptx_counts = {"QK m64n64k16": k90.count(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16"),
               "PV m64n256k16": k90.count(r"wgmma\.mma_async\.sync\.aligned\.m64n256k16"),
               "cp.async 16 B": k90.count(r"cp\.async\.cg\.shared\.global[^\n]*16;"),
@@ -127,6 +130,7 @@ record(metrics_path, compiled=build_ok)
 # evaluated from the kernel's own layouts, its checks, and the build's instruction counts.
 
 # %%
+from dsv4lib.kernels.sm90.config import SparseFwdConfig
 from dsv4lib.kernels.sm100.sparse_fwd import SparseAttentionForwardSm100
 from dsv4lib.layouts import plot_tmem_plan, tmem_plan
 
@@ -135,7 +139,7 @@ plan_checks = plan.checks()
 print(plan.layouts)
 print(plan_checks)
 plot_tmem_plan(plan)
-k100 = compile_for_arch(SparseAttentionForwardSm100(gather=True, sink=True, has_lse=True), *fake_args(True),
+k100 = compile_for_arch(SparseAttentionForwardSm100(SparseFwdConfig(gather=True, sink=True, has_lse=True)), *fake_args(True),
                         arch="sm_100a")
 ptx100 = {"UMMA f16 (M=64)": k100.count(r"tcgen05\.mma\."), "tcgen05.ld 16x32bx2": k100.count(r"tcgen05\.ld\."),
           "tcgen05.wait::ld": k100.count(r"tcgen05\.wait::ld"), "tcgen05.st": k100.count(r"tcgen05\.st\."),

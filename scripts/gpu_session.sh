@@ -19,7 +19,7 @@ for w in $what; do
   case $w in
     tests)    OUT="$out/logs" GROUP_TIMEOUT=${GROUP_TIMEOUT:-90} bash scripts/gpu_check.sh > "$out/logs/gpu_check.txt" 2>&1
               tail -n 10 "$out/logs/gpu_check.txt" ;;
-    pipeline) timeout ${PIPELINE_TIMEOUT:-330} python -m dsv4lib.pipeline --timeout 200 > "$out/logs/pipeline.txt" 2>&1
+    pipeline) timeout ${PIPELINE_TIMEOUT:-330} python -m dsv4lib.workbook.pipeline --timeout 200 > "$out/logs/pipeline.txt" 2>&1
               tr '\r' '\n' < "$out/logs/pipeline.txt" | grep -E "^\s+\S+\s+(PASS|FAIL|COMPILED-ONLY|NOT RUN)" ;;
     explore)  timeout ${EXPLORE_TIMEOUT:-240} python scripts/explore.py ${EXPLORE:-d6parts tvm512 decode roof nvfp4} 2>&1 \
                 | grep "^{" > "$out/logs/explore.txt"; cat "$out/logs/explore.txt" ;;

@@ -9,7 +9,7 @@ import torch
 
 import dsv4lib
 from dsv4lib import bench
-from dsv4lib.peers import attention_peers
+from dsv4lib.bench.peers import attention_peers
 
 B, H, S = 4, 16, 8192
 cudnn = attention_peers()["cuDNN SDPA"]

@@ -3,6 +3,8 @@ import math
 import re
 
 import pytest
+
+from dsv4lib.kernels.sm90.config import SMEM_PER_SM
 import torch
 
 import dsv4lib
@@ -22,8 +24,9 @@ def _bf16_rounding_atol(ref: torch.Tensor) -> float:
 def test_sm90_kernel_compiles_with_rs_wgmma(head_dim, causal):
     from cutlass import Float32
     from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.sm90.config import Sm90FwdConfig
     from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
-    k = compile_for_arch(FlashAttentionForwardSm90(head_dim, causal=causal, has_lse=True),
+    k = compile_for_arch(FlashAttentionForwardSm90(Sm90FwdConfig(head_dim=head_dim, causal=causal, has_lse=True)),
                          *fake_attention_args(head_dim), arch="sm_90a")
     assert k.ptx_target == "sm_90a"
     tile_n = 64 if head_dim == 256 else 128
@@ -48,8 +51,9 @@ def test_sm90_kernel_compiles_with_rs_wgmma(head_dim, causal):
 def test_sm90_smem_p_twin_compiles_with_ss_wgmma(head_dim):
     from cutlass import Float32
     from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.sm90.config import Sm90FwdConfig
     from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
-    k = compile_for_arch(FlashAttentionForwardSm90(head_dim, causal=False, has_lse=False, p_in_smem=True),
+    k = compile_for_arch(FlashAttentionForwardSm90(Sm90FwdConfig(head_dim=head_dim, causal=False, has_lse=False, p_in_smem=True)),
                          *fake_attention_args(head_dim), arch="sm_90a")
     tile_n = 64 if head_dim == 256 else 128
     ss = k.count(r"wgmma\.mma_async\.sync\.aligned[^\n]*\},\s*%rd\d+,\s*%rd")
@@ -126,47 +130,15 @@ def test_smem_p_twin_matches_the_reference(B, Sq, Sk, H, Hkv, D, causal):
 @pytest.mark.compile
 def test_window_and_sink_build():
     from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.sm90.config import Sm90FwdConfig
     from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
-    plain = compile_for_arch(FlashAttentionForwardSm90(128, causal=False, has_lse=True), *fake_attention_args(128),
+    plain = compile_for_arch(FlashAttentionForwardSm90(Sm90FwdConfig(128, causal=False, has_lse=True)), *fake_attention_args(128),
                              arch="sm_90a")
-    local = compile_for_arch(FlashAttentionForwardSm90(128, causal=False, has_lse=True, window=True, sink=True),
+    local = compile_for_arch(FlashAttentionForwardSm90(Sm90FwdConfig(128, causal=False, has_lse=True, window=True, sink=True)),
                              *fake_attention_args(128), arch="sm_90a")
     # the sink adds one exp2 per row to the epilogue; the window adds the left-edge compares
     assert local.count(r"ex2\.approx") == plain.count(r"ex2\.approx") + 2
     assert local.count(r"setp\.") > plain.count(r"setp\.")
-
-
-# the small-window default of hd128 until session 15 and of hd64 until session 16: 64-row tiles, two CTAs per SM
-SIXTY_FOUR_ROW = {"tile_m": 64, "tile_n": 64, "num_stages": 2, "warpgroup_tiles": False, "split_epilogue": False,
-                  "rescale_o_early": False, "o_in_q_stage": False, "l2_hints": False}
-# hd128's small-window default in session 15: a 128-row warpgroup-tiles build, each warpgroup storing its own O rows
-ONE_TWENTY_EIGHT_ROW_SPLIT = {"tile_m": 128, "o_in_q_stage": False, "l2_hints": False, "split_epilogue": True}
-
-
-@pytest.mark.compile
-@pytest.mark.parametrize("head_dim", [64, 128])
-def test_small_window_build_shares_its_sm_with_a_second_cta(head_dim):
-    """D5 small windows: the 64-row tile (one consumer warpgroup; hd128's default before session 15, hd64's before 16) is
-    built for two CTAs per SM — ptxas held to 128 registers a thread (no spills), 232 for the consumer after
-    setmaxnreg, shared memory under half an SM."""
-    from dsv4lib.attention import SMALL_WINDOW_MAX, is_small_window, sm90_kernel_shape
-    from dsv4lib.kernels.compile import compile_for_arch
-    from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
-    shape = dict(sm90_kernel_shape(head_dim, True, small_window=True), **SIXTY_FOUR_ROW)
-    assert shape["tile_m"] == 64 and is_small_window(128) and not is_small_window(SMALL_WINDOW_MAX + 1)
-    assert not is_small_window(None)
-    kernel = FlashAttentionForwardSm90(head_dim, causal=False, has_lse=True, window=True, sink=True, overlap=True,
-                                       **shape)
-    assert 2 * (kernel.smem_bytes() + 1024) <= kernel.SMEM_PER_SM
-    k = compile_for_arch(kernel, *fake_attention_args(head_dim, shape["dynamic_schedule"]), arch="sm_90a")
-    assert k.count(r"\.minnctapersm\s+2") == 1
-    assert k.count(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+232;") == 1
-    assert k.count(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;") == 1
-    assert k.count(r"stmatrix\.sync\.aligned\.m8n8\.x4\.shared\.b16") == head_dim // 16
-    info = k.ptxas_report()
-    if info is None:
-        pytest.skip("no ptxas on this machine to count registers (the PTX checks above ran)")
-    assert "Used 128 registers" in info and "0 bytes spill stores" in info, info[-400:]
 
 
 @pytest.mark.compile
@@ -176,19 +148,20 @@ def test_warpgroup_tiles_build_splits_the_tiles_between_its_warpgroups(head_dim)
     SM with 4 K/V stages of 64 keys, two Q stages and no O buffer (O goes into its item's Q stage: hd128 225 KB); each
     warpgroup skips the other's tiles (waits and releases with no wgmma between); 160 registers a consumer thread and
     no spills; L2 hints on Q, K, V and O; builds it cannot serve are refused, and a split-KV call takes D1's build."""
-    from dsv4lib.attention import sm90_kernel_shape
+    from _builds import sm90_kernel_shape
     from dsv4lib.kernels.common import L2_EVICT_FIRST, L2_EVICT_LAST
     from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.sm90.config import Sm90FwdConfig
     from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
     shape = sm90_kernel_shape(head_dim, True, small_window=True)
     assert shape["tile_m"] == 192 and shape["tile_n"] == 64 and shape["warpgroup_tiles"] and shape["num_stages"] == 4
     assert shape["o_in_q_stage"] and shape["l2_hints"] and not shape.get("split_epilogue")
     split = sm90_kernel_shape(head_dim, True, small_window=True, split_kv=True)
     assert not {"warpgroup_tiles", "o_in_q_stage", "persistent"} & set(split) and split["tile_n"] == 128  # D1's build
-    kernel = FlashAttentionForwardSm90(head_dim, causal=False, has_lse=True, window=True, sink=True, overlap=True,
-                                       **shape)
-    assert kernel.ctas_per_sm == 1 and kernel.smem_bytes() + 1024 <= kernel.SMEM_PER_SM
-    assert kernel.smem_bytes() == 1024 + 2 * 192 * head_dim * 2 + 4 * 2 * 64 * head_dim * 2     # Q stages + K/V, no sO
+    kernel = FlashAttentionForwardSm90(Sm90FwdConfig(head_dim=head_dim, causal=False, has_lse=True, window=True, sink=True, overlap=True,
+                                       **shape))
+    assert kernel.config.smem_bytes() + 1024 <= SMEM_PER_SM
+    assert kernel.config.smem_bytes() == 1024 + 2 * 192 * head_dim * 2 + 4 * 2 * 64 * head_dim * 2     # Q stages + K/V, no sO
     k = compile_for_arch(kernel, *fake_attention_args(head_dim, dynamic_schedule=True), arch="sm_90a")
     assert k.count(r"\.minnctapersm\s+1") == 1 and k.count(r"\.local") == 0
     assert k.count(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+160;") == 1
@@ -209,13 +182,12 @@ def test_warpgroup_tiles_build_splits_the_tiles_between_its_warpgroups(head_dim)
         assert "0 bytes spill stores" in info, info[-400:]
     for bad in (dict(tile_m=64), dict(persistent=False, dynamic_schedule=False), dict(nvfp4_out=True)):
         with pytest.raises(ValueError, match="warpgroup_tiles|persistent"):
-            FlashAttentionForwardSm90(head_dim, causal=False, has_lse=True, window=True, overlap=True,
-                                      **{**shape, **bad})
-    for bad, match in ((dict(split_epilogue=True, tile_m=128), "o_in_q_stage"),
-                       (dict(o_in_q_stage=False), "l2_hints"), (dict(warpgroup_tiles=False), "l2_hints")):
+            FlashAttentionForwardSm90(Sm90FwdConfig(head_dim=head_dim, causal=False, has_lse=True, window=True, overlap=True,
+                                      **{**shape, **bad}))
+    for bad, match in ((dict(o_in_q_stage=False), "l2_hints"), (dict(warpgroup_tiles=False), "l2_hints")):
         with pytest.raises(ValueError, match=match):
-            FlashAttentionForwardSm90(head_dim, causal=False, has_lse=True, window=True, overlap=True,
-                                      **{**shape, **bad})
+            FlashAttentionForwardSm90(Sm90FwdConfig(head_dim=head_dim, causal=False, has_lse=True, window=True, overlap=True,
+                                      **{**shape, **bad}))
 
 
 @pytest.mark.compile
@@ -223,16 +195,17 @@ def test_hd256_small_window_build_takes_32_key_warpgroup_tiles():
     """hd256 at a small window: the 128-row warpgroup-tiles build with 32-key K/V tiles (two 64 KB Q stages, O in
     them, 3 K/V stages of 32 KB: 225 KB), 240 registers a consumer thread, no spills; a split-KV call takes D1's
     tuned 128x80 build instead."""
-    from dsv4lib.attention import sm90_kernel_shape
+    from _builds import sm90_kernel_shape
     from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.sm90.config import Sm90FwdConfig
     from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
     shape = sm90_kernel_shape(256, True, small_window=True)
     assert (shape["tile_m"], shape["tile_n"], shape["num_stages"]) == (128, 32, 3)
     assert shape["warpgroup_tiles"] and shape["o_in_q_stage"] and shape["persistent"]
     assert sm90_kernel_shape(256, True, small_window=True, split_kv=True) == {"tile_m": 128, "tile_n": 80,
                                                                                "rescale_o_early": True}
-    kernel = FlashAttentionForwardSm90(256, causal=False, has_lse=True, window=True, sink=True, overlap=True, **shape)
-    assert kernel.smem_bytes() == 1024 + 2 * 128 * 256 * 2 + 3 * 2 * 32 * 256 * 2 <= kernel.SMEM_PER_SM - 1024
+    kernel = FlashAttentionForwardSm90(Sm90FwdConfig(256, causal=False, has_lse=True, window=True, sink=True, overlap=True, **shape))
+    assert kernel.config.smem_bytes() == 1024 + 2 * 128 * 256 * 2 + 3 * 2 * 32 * 256 * 2 <= SMEM_PER_SM - 1024
     k = compile_for_arch(kernel, *fake_attention_args(256, dynamic_schedule=True), arch="sm_90a")
     assert k.count(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;") == 1 and k.count(r"\.local") == 0
     assert k.count(r"cp\.async\.bulk\.wait_group\.read\s+0") == 1      # the storer warp's, after each O store
@@ -242,43 +215,23 @@ def test_hd256_small_window_build_takes_32_key_warpgroup_tiles():
 
 
 @pytest.mark.compile
-def test_split_epilogue_build_stores_each_warpgroups_rows():
-    """The session-15 build (a knob now): a persistent 128-row warpgroup-tiles tile whose warpgroups each store their
-    own 64 rows of O from their half of an O buffer (two 64-column boxes each, each storing thread waiting for its
-    previous store's read, + once at the end); 4 K/V stages, 225 KB; no L2 hints."""
-    from dsv4lib.attention import sm90_kernel_shape
-    from dsv4lib.kernels.common import L2_EVICT_FIRST, L2_EVICT_LAST
-    from dsv4lib.kernels.compile import compile_for_arch
-    from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
-    shape = dict(sm90_kernel_shape(128, True, small_window=True), **ONE_TWENTY_EIGHT_ROW_SPLIT)
-    kernel = FlashAttentionForwardSm90(128, causal=False, has_lse=True, window=True, sink=True, overlap=True, **shape)
-    assert kernel.ctas_per_sm == 1 and 200 * 1024 < kernel.smem_bytes() + 1024 <= kernel.SMEM_PER_SM
-    k = compile_for_arch(kernel, *fake_attention_args(128, dynamic_schedule=True), arch="sm_90a")
-    assert k.count(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;") == 1 and k.count(r"\.local") == 0
-    assert k.count(r"stmatrix\.sync\.aligned\.m8n8\.x4\.shared\.b16") == 8
-    assert k.count(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta") == 2
-    assert k.count(r"cp\.async\.bulk\.wait_group\.read\s+0") == 2
-    first, last = (r"mov\.b64\s+%%rd\d+, %d;" % policy for policy in (L2_EVICT_FIRST, L2_EVICT_LAST))
-    assert k.count(first) == 0 and k.count(last) == 0
-
-
-@pytest.mark.compile
 @pytest.mark.parametrize("head_dim,small_window", [(128, True), (64, True), (128, False)])
 def test_persistent_build_walks_blocks_and_overlaps_the_o_store(head_dim, small_window):
     """Persistent CTAs (hd128's D1 default; at small windows the 64-row build): two Q stages, O through its own buffer; the TMA store of
     a block is left in flight and waited for only before the next block's O overwrites the buffer and once at the
     end (two read-waits, no wait right behind the store); shared memory still fits the CTAs per SM."""
     import re
-    from dsv4lib.attention import sm90_kernel_shape
+    from _builds import sm90_kernel_shape
     from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.sm90.config import Sm90FwdConfig
     from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
     shape = sm90_kernel_shape(head_dim, True, small_window=small_window)
     assert shape["dynamic_schedule"] and shape["persistent"]
-    if small_window:                  # the small-window default stages O in its Q stage instead (test above)
-        shape.update(SIXTY_FOUR_ROW)
-    kernel = FlashAttentionForwardSm90(head_dim, causal=not small_window, has_lse=True, window=small_window,
-                                       sink=small_window, overlap=True, **shape)
-    assert kernel.ctas_per_sm * (kernel.smem_bytes() + 1024) <= kernel.SMEM_PER_SM
+    if small_window:                  # the small-window default stages O in its Q stage; here: its own sO buffer
+        shape.update(o_in_q_stage=False, l2_hints=False)
+    kernel = FlashAttentionForwardSm90(Sm90FwdConfig(head_dim=head_dim, causal=not small_window, has_lse=True, window=small_window,
+                                       sink=small_window, overlap=True, **shape))
+    assert kernel.config.smem_bytes() + 1024 <= SMEM_PER_SM
     k = compile_for_arch(kernel, *fake_attention_args(head_dim, dynamic_schedule=True), arch="sm_90a")
     # dynamic schedule: one atomic for the next block (the first is blockIdx.x), one for "this producer is done"
     assert k.count(r"\batom\.[^\n]*global[^\n]*\.add") == 2, re.findall(r"\batom\.\S+", k.ptx)
@@ -286,19 +239,20 @@ def test_persistent_build_walks_blocks_and_overlaps_the_o_store(head_dim, small_
     assert k.count(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta") == head_dim // 64    # O's boxes
     store = k.ptx.index("cp.async.bulk.commit_group")
     assert not re.match(r"\s*cp\.async\.bulk\.wait_group", k.ptx[store + len("cp.async.bulk.commit_group;"):])
-    assert k.count(r"\.minnctapersm\s+%d" % kernel.ctas_per_sm) == 1 and k.count(r"\.local") == 0
+    assert k.count(r"\.minnctapersm\s+1") == 1 and k.count(r"\.local") == 0
     for bad in (dict(split_kv=True), dict(p_in_smem=True, overlap=False), dict(overlap=False)):
         with pytest.raises(ValueError, match="persistent"):
-            FlashAttentionForwardSm90(head_dim, causal=False, has_lse=True, persistent=True, **{"overlap": True, **bad})
+            FlashAttentionForwardSm90(Sm90FwdConfig(head_dim=head_dim, causal=False, has_lse=True, persistent=True, **{"overlap": True, **bad}))
     with pytest.raises(ValueError, match="persistent=True"):
-        FlashAttentionForwardSm90(head_dim, causal=False, has_lse=True, overlap=True, dynamic_schedule=True)
+        FlashAttentionForwardSm90(Sm90FwdConfig(head_dim=head_dim, causal=False, has_lse=True, overlap=True, dynamic_schedule=True))
 
 
 @pytest.mark.compile
 def test_persistent_is_the_small_window_default_but_never_for_split_kv():
     """Small windows build persistent CTAs; a split-KV build of the same shape (D5b branches, explicit num_splits)
     does not (its fp32 partials leave by register stores), and the grid never leaves a one-CTA tail round."""
-    from dsv4lib.attention import sm90_kernel_shape
+    from _builds import sm90_kernel_shape
+    from dsv4lib.kernels.sm90.config import Sm90FwdConfig
     from dsv4lib.kernels.sm90.flash_fwd import persistent_grid
     for D in (64, 128):
         shape = sm90_kernel_shape(D, True, small_window=True)
@@ -328,19 +282,16 @@ def test_persistent_is_the_small_window_default_but_never_for_split_kv():
     (1, 900, 1300, 2, 2, 64, None, False, False),
 ])
 @pytest.mark.parametrize("dynamic", [False, True])
-def test_persistent_ctas_match_the_reference(monkeypatch, B, Sq, Sk, H, Hkv, D, window, causal, small, dynamic):
+def test_persistent_ctas_match_the_reference(B, Sq, Sk, H, Hkv, D, window, causal, small, dynamic):
     """Many more blocks than CTAs (each CTA walks several; the pipeline states run on across blocks), dealt
     statically or taken from the work counter (dynamic_schedule: three calls in a row and one on a side stream,
     the counters back at zero after each)."""
-    import sys
-    attention_module = sys.modules["dsv4lib.attention"]
-    monkeypatch.setattr(attention_module, "PERSISTENT_GPUS", {D: ("",)})   # every GPU: the build is what is tested
-    knobs = {"persistent": True, "dynamic_schedule": dynamic}
-    if small:
-        monkeypatch.setitem(attention_module.SM90_SMALL_WINDOW_TUNING, D,
-                            {**attention_module.SM90_SMALL_WINDOW_TUNING[D], **knobs})
-    else:
-        monkeypatch.setitem(attention_module.SM90_TUNING, D, {**attention_module.SM90_TUNING[D], **knobs})
+    from _builds import run_config
+    from dsv4lib.kernels.sm90.config import Sm90FwdConfig
+    from dsv4lib.ops.attention import pack_factor, work_counters
+    config = Sm90FwdConfig.for_problem(D, causal=causal, window=window, sink=True, pack_gqa=pack_factor(None, H, Hkv),
+                                       gpu_name="H200")
+    config = config.replace(persistent=True, dynamic_schedule=dynamic)
     gen = torch.Generator().manual_seed(Sq + Sk + D)
     q, k, v = _inputs(B, Sq, Sk, H, Hkv, D, gen)
     sink = torch.randn(H, generator=gen).cuda()
@@ -351,9 +302,8 @@ def test_persistent_ctas_match_the_reference(monkeypatch, B, Sq, Sk, H, Hkv, D, 
         stream = side if call == 3 else torch.cuda.current_stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            out, lse = dsv4lib.attention(q, k, v, causal=causal, window=window, sink=sink, return_lse=True,
-                                         num_splits=1)
-            counters = attention_module.work_counters(q.device) if dynamic else None
+            out, lse = run_config(config, q, k, v, window=window, sink=sink)
+            counters = work_counters(q.device) if dynamic else None
         torch.cuda.synchronize()
         _assert_matches(out, lse, ref, ref_lse, empty_rows_exact=True)
         if dynamic:
@@ -367,156 +317,29 @@ def test_persistent_ctas_match_the_reference(monkeypatch, B, Sq, Sk, H, Hkv, D, 
     (1, 500, 200, 2, 2, 64),        # Sq > Sk: warpgroups whose rows see no key
 ])
 @pytest.mark.parametrize("variant", [{}, {"dynamic_schedule": False}, {"l2_hints": False}, {"tile_m": 128},
-                                     {"tile_m": 128, "num_stages": 5}, ONE_TWENTY_EIGHT_ROW_SPLIT],
-                         ids=["default", "static", "no_hints", "rows128", "rows128_5stages", "split_epilogue"])
-def test_persistent_warpgroup_tiles_variants_match_the_reference(monkeypatch, B, Sq, Sk, H, Hkv, window, variant):
+                                     {"tile_m": 128, "num_stages": 5}],
+                         ids=["default", "static", "no_hints", "rows128", "rows128_5stages"])
+def test_persistent_warpgroup_tiles_variants_match_the_reference(B, Sq, Sk, H, Hkv, window, variant):
     """The warpgroup-tiles builds (hd128): the 192-row default and its knobs — the static deal (the storer warp walks
     every gridDim-th item), no L2 hints, a 128-row tile with O in its Q stage (4 or 5 K/V stages), and the session-15
     build (split epilogue) — twice in a row, equal to the reference and bit-identical to one another (same tiles per
     64-row warpgroup, same order)."""
-    import sys
-    attention_module = sys.modules["dsv4lib.attention"]
-    monkeypatch.setattr(attention_module, "PERSISTENT_GPUS", {128: ("",)})
+    from _builds import run_config
+    from dsv4lib.kernels.sm90.config import Sm90FwdConfig
+    from dsv4lib.ops.attention import pack_factor
     gen = torch.Generator().manual_seed(Sq + Sk + window)
     q, k, v = _inputs(B, Sq, Sk, H, Hkv, 128, gen)
     sink = torch.randn(H, generator=gen).cuda()
     ref, ref_lse = reference.attention(q.double(), k.double(), v.double(), window=window, sink=sink.double(),
                                        return_lse=True)
     default = dsv4lib.attention(q, k, v, window=window, sink=sink, return_lse=True, num_splits=1)
-    monkeypatch.setitem(attention_module.SM90_SMALL_WINDOW_TUNING, 128,
-                        {**attention_module.SM90_SMALL_WINDOW_TUNING[128], **variant})
+    config = Sm90FwdConfig.for_problem(128, window=window, sink=True, pack_gqa=pack_factor(None, H, Hkv),
+                                       gpu_name="H200").replace(**variant)
     for _ in range(2):
-        out, lse = dsv4lib.attention(q, k, v, window=window, sink=sink, return_lse=True, num_splits=1)
+        out, lse = run_config(config, q, k, v, window=window, sink=sink)
         torch.cuda.synchronize()
         _assert_matches(out, lse, ref, ref_lse, empty_rows_exact=True)
         assert torch.equal(out, default[0]) and torch.equal(lse, default[1])
-
-
-@pytest.mark.compile
-def test_persistent_cluster_pairs_build_multicasts_shared_tiles():
-    """Cluster pairs (a knob, measured slower): the small-window build with two CTAs of a cluster per pair of query
-    blocks — its K/V tiles go out as multicast TMAs (K and V, each with a 2- and a 3-coordinate box variant of the
-    4-D tensor: 2 + 2), next to the plain TMAs of a CTA's own tiles; stage releases arrive on both CTAs' barriers
-    (mapa + remote arrive); a cluster barrier at the start and one at the end; still two CTAs per SM, no local
-    memory.  Builds it cannot serve are refused."""
-    from dsv4lib.attention import sm90_kernel_shape
-    from dsv4lib.kernels.compile import compile_for_arch
-    from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
-    shape = dict(sm90_kernel_shape(128, True, small_window=True), **SIXTY_FOUR_ROW, dynamic_schedule=False,
-                 cluster_pairs=True)
-    kernel = FlashAttentionForwardSm90(128, causal=False, has_lse=True, window=True, sink=True, overlap=True, **shape)
-    assert kernel.ctas_per_sm == 2 and kernel.ctas_per_sm * (kernel.smem_bytes() + 1024) <= kernel.SMEM_PER_SM
-    k = compile_for_arch(kernel, *fake_attention_args(128), arch="sm_90a")
-    assert k.count(r"cp\.async\.bulk\.tensor\.\dd\.shared::cluster\.global[^\n]*\.multicast::cluster") == 4
-    assert k.count(r"mbarrier\.arrive\.shared::cluster") >= 4 and k.count(r"\bmapa\.shared::cluster") >= 4
-    assert k.count(r"barrier\.cluster\.arrive") == 2 and k.count(r"barrier\.cluster\.wait") == 2
-    assert k.count(r"\.minnctapersm\s+2") == 1 and k.count(r"\.local") == 0
-    for bad in (dict(dynamic_schedule=True), dict(persistent=False, dynamic_schedule=False), dict(nvfp4_out=True)):
-        with pytest.raises(ValueError, match="cluster_pairs"):
-            FlashAttentionForwardSm90(128, causal=False, has_lse=True, window=True, overlap=True, **{**shape, **bad})
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("B,Sq,Sk,H,Hkv,D,window", [
-    (2, 1000, 1000, 4, 4, 128, 128),    # DSV4's window: pairs share two of their three tiles
-    (1, 777, 1200, 2, 2, 64, 1),        # window 1, Sq < Sk, 13 blocks: the last pair has one block
-    (1, 500, 200, 2, 2, 128, 64),       # Sq > Sk: blocks that see nothing, pairs with empty slots
-    (1, 2048, 2176, 2, 2, 128, 100),    # keys ahead of the queries, a window crossing tiles
-    (2, 1000, 1000, 4, 2, 128, 128),    # GQA packed 2 into the 64-row tile
-    (1, 100, 100, 1, 1, 64, 128),       # two blocks, one pair, fewer pairs than clusters
-])
-def test_persistent_cluster_pairs_match_the_reference(monkeypatch, B, Sq, Sk, H, Hkv, D, window):
-    """Cluster pairs: both CTAs of a pair walk the same K/V slots (shared tiles multicast, own tiles alone, empty
-    slots where one has fewer), twice in a row (the pipelines and cluster barriers leave nothing behind)."""
-    import sys
-    attention_module = sys.modules["dsv4lib.attention"]
-    monkeypatch.setattr(attention_module, "PERSISTENT_GPUS", {D: ("",)})
-    monkeypatch.setitem(attention_module.SM90_SMALL_WINDOW_TUNING, D,
-                        {**attention_module.SM90_SMALL_WINDOW_TUNING[D], **SIXTY_FOUR_ROW,
-                         "dynamic_schedule": False, "cluster_pairs": True})
-    gen = torch.Generator().manual_seed(Sq + Sk + D + window)
-    q, k, v = _inputs(B, Sq, Sk, H, Hkv, D, gen)
-    sink = torch.randn(H, generator=gen).cuda()
-    ref, ref_lse = reference.attention(q.double(), k.double(), v.double(), window=window, sink=sink.double(),
-                                       return_lse=True)
-    for _ in range(2):
-        out, lse = dsv4lib.attention(q, k, v, window=window, sink=sink, return_lse=True, num_splits=1)
-        torch.cuda.synchronize()
-        _assert_matches(out, lse, ref, ref_lse, empty_rows_exact=True)
-
-
-@pytest.mark.compile
-def test_window_ring_build_streams_each_tile_once():
-    """The window ring: one CTA per SM (two Q stages + a 5-stage K/V ring fill 225 KB), shared only where the ring
-    applies (small window, queries on the keys' tile boundaries, unpacked heads, no split); O leaves by the storer
-    warp's TMA store, its read waited for there only (once in the code), no local memory; builds it cannot serve
-    are refused."""
-    from dsv4lib.attention import ring_applies, sm90_kernel_shape
-    from dsv4lib.kernels.compile import compile_for_arch
-    from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
-    shape = sm90_kernel_shape(128, True, small_window=True, ring_ok=True)
-    assert shape["ring"] and shape["tile_m"] == 128 and shape["tile_n"] == 64 and "persistent" not in shape
-    assert "ring" not in sm90_kernel_shape(128, True, small_window=True, ring_ok=True, split_kv=True)
-    assert "ring" not in sm90_kernel_shape(128, True, small_window=True)
-    assert "ring" not in sm90_kernel_shape(128, True, pack=2, small_window=True, ring_ok=True)
-    assert ring_applies(128, 1000, 1000, 1) and ring_applies(128, 1000, 1128, 1)
-    assert not ring_applies(128, 1000, 1100, 1) and not ring_applies(128, 1000, 900, 1)
-    assert not ring_applies(129, 1000, 1000, 1) and not ring_applies(128, 1000, 1000, 2)
-    assert not ring_applies(None, 1000, 1000, 1)
-    kernel = FlashAttentionForwardSm90(128, causal=False, has_lse=True, window=True, sink=True, overlap=True, **shape)
-    assert kernel.smem_bytes() + 1024 <= kernel.SMEM_PER_SM
-    k = compile_for_arch(kernel, *fake_attention_args(128), arch="sm_90a")
-    assert k.count(r"\.minnctapersm\s+1") == 1 and k.count(r"\.local") == 0
-    assert k.count(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;") == 1
-    assert k.count(r"cp\.async\.bulk\.wait_group\.read\s+0") == 1
-    assert k.count(r"\bbar\.arrive\s") == 1 and k.count(r"\bbar\.sync\s") == 2     # + the storer's wait
-    for bad in (dict(window=False), dict(tile_m=64, num_stages=2), dict(pack_gqa=2), dict(num_stages=3),
-                dict(persistent=True)):
-        with pytest.raises(ValueError, match="ring"):
-            FlashAttentionForwardSm90(128, causal=False, has_lse=True, overlap=True,
-                                      **{**shape, "window": True, **bad})
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("B,Sq,Sk,H,Hkv,window", [
-    (2, 1000, 1000, 4, 4, 128),      # DSV4's window, a ragged last item (its second half past the end)
-    (1, 2048, 2176, 2, 2, 100),      # keys 128 ahead of the queries, a window crossing tiles
-    (1, 777, 777, 2, 2, 1),          # window 1: each half skips the other's tiles (handed back unused)
-    (1, 1500, 1500, 4, 2, 64),       # GQA, heads not packed
-    (4, 1024, 1024, 64, 64, 128),    # 256 heads: CTAs walk two chunks each, the ring runs on across chunks
-])
-@pytest.mark.parametrize("ring_shape", [dict(tile_m=128, num_stages=5), dict(tile_m=64, num_stages=3),
-                                        dict(tile_m=64, num_stages=3, q_in_registers=True),
-                                        dict(tile_m=64, tile_n=32, num_stages=6, q_in_registers=True)])
-def test_window_ring_matches_the_reference(monkeypatch, B, Sq, Sk, H, Hkv, window, ring_shape):
-    """The ring builds: 128-row items (two warpgroups, one CTA per SM) and 64-row items (two CTAs per SM), Q from
-    shared memory or in registers."""
-    import sys
-    attention_module = sys.modules["dsv4lib.attention"]
-    monkeypatch.setattr(attention_module, "RING_GPUS", {128: ("",)})    # every GPU: the build is what is tested
-    monkeypatch.setitem(attention_module.SM90_RING_TUNING, 128,
-                        {**attention_module.SM90_RING_TUNING[128], **ring_shape})
-    shape = attention_module._with_device_sms(
-        attention_module.sm90_kernel_shape(128, True, small_window=True,
-                                           ring_ok=attention_module.ring_applies(window, Sq, Sk, 1)), 128)
-    assert shape.get("ring") and attention_module.ring_on_this_gpu(128)
-    gen = torch.Generator().manual_seed(Sq + Sk + window)
-    q, k, v = _inputs(B, Sq, Sk, H, Hkv, 128, gen)
-    sink = torch.randn(H, generator=gen).cuda()
-    out, lse = attention_module.attention_with_p_path(q, k, v, window=window, sink=sink, return_lse=True,
-                                                      num_splits=1, pack_gqa=False)
-    ref, ref_lse = reference.attention(q.double(), k.double(), v.double(), window=window, sink=sink.double(),
-                                       return_lse=True)
-    _assert_matches(out, lse, ref, ref_lse, empty_rows_exact=True)
-
-
-@pytest.mark.compile
-def test_small_tile_is_refused_where_it_cannot_fit():
-    from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90
-    with pytest.raises(ValueError, match="head_dim 256"):
-        FlashAttentionForwardSm90(256, causal=False, has_lse=False, overlap=True, tile_m=64, tile_n=64)
-    with pytest.raises(ValueError, match="do not fit an SM"):        # 16 + 2·2·32 KB + 1 KB > 113 KB
-        FlashAttentionForwardSm90(128, causal=False, has_lse=False, overlap=True, tile_m=64, tile_n=128)
 
 
 @pytest.mark.gpu
@@ -543,13 +366,14 @@ def test_split_kv_build_writes_fp32_partials():
     import collections
     import re
     from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.sm90.config import Sm90FwdConfig
     from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_split_args
-    k = compile_for_arch(FlashAttentionForwardSm90(128, causal=True, has_lse=True, split_kv=True, window=True),
+    k = compile_for_arch(FlashAttentionForwardSm90(Sm90FwdConfig(128, causal=True, has_lse=True, split_kv=True, window=True)),
                          *fake_split_args(128), arch="sm_90a")
     stores = collections.Counter(re.findall(r"\bst\.global\.[\w.]+", k.ptx))
     assert stores["st.global.v2.b32"] == 32            # 64 fp32 partial values per thread, in pairs
     with pytest.raises(ValueError, match="sink"):
-        FlashAttentionForwardSm90(128, causal=False, has_lse=True, split_kv=True, sink=True)
+        FlashAttentionForwardSm90(Sm90FwdConfig(128, causal=False, has_lse=True, split_kv=True, sink=True))
 
 
 @pytest.mark.parametrize("bad", [0, -2, 1.5, True])
@@ -612,13 +436,14 @@ def test_branch_merge_validates_its_branches():
 @pytest.mark.compile
 def test_overlap_build_issues_qk_and_pv_back_to_back():
     from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.sm90.config import Sm90FwdConfig
     from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
-    k = compile_for_arch(FlashAttentionForwardSm90(128, causal=True, has_lse=True, overlap=True),
+    k = compile_for_arch(FlashAttentionForwardSm90(Sm90FwdConfig(128, causal=True, has_lse=True, overlap=True)),
                          *fake_attention_args(128), arch="sm_90a")
     assert k.count("wgmma.mma_async") == 4 * 8                       # QK prologue, QK + PV in the loop, PV tail
     assert k.count(r"wgmma\.wait_group\.sync\.aligned\s+1;") == 1    # the QK retires while PV is in flight
     with pytest.raises(ValueError, match="RS path"):
-        FlashAttentionForwardSm90(128, causal=False, has_lse=False, overlap=True, p_in_smem=True)
+        FlashAttentionForwardSm90(Sm90FwdConfig(128, causal=False, has_lse=False, overlap=True, p_in_smem=True))
 
 
 @pytest.mark.compile
@@ -626,11 +451,12 @@ def test_overlap_build_issues_qk_and_pv_back_to_back():
 def test_default_tuned_build_feeds_whole_registers_to_the_rs_wgmma(head_dim):
     """The build the public function uses (overlap + SM90_TUNING): P is converted two values per instruction
     into whole 32-bit registers (no scalar cvt.rn.bf16.f32), the PV RS-wgmma takes K = tile_n in 16-steps."""
-    from dsv4lib.attention import sm90_kernel_shape
+    from _builds import sm90_kernel_shape
     from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.sm90.config import Sm90FwdConfig
     from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
     shape = sm90_kernel_shape(head_dim, True)
-    k = compile_for_arch(FlashAttentionForwardSm90(head_dim, causal=True, has_lse=True, overlap=True, **shape),
+    k = compile_for_arch(FlashAttentionForwardSm90(Sm90FwdConfig(head_dim=head_dim, causal=True, has_lse=True, overlap=True, **shape)),
                          *fake_attention_args(head_dim, shape.get("dynamic_schedule", False)), arch="sm_90a")
     assert k.count(r"cvt\.rn\.bf16\.f32") == 0 and k.count(r"cvt\.rn\.bf16x2\.f32") > 0
     rs = k.count(rf"wgmma\.mma_async\.sync\.aligned\.m64n{head_dim}k16\.f32\.bf16\.bf16\s+\{{[^}}]*\}},\s*\{{%r")
@@ -641,35 +467,30 @@ def test_default_tuned_build_feeds_whole_registers_to_the_rs_wgmma(head_dim):
 @pytest.mark.compile
 def test_schedule_knobs_build_and_are_checked():
     from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.sm90.config import Sm90FwdConfig
     from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
-    pp = compile_for_arch(FlashAttentionForwardSm90(128, causal=False, has_lse=False, overlap=True, wg_pingpong=True),
-                          *fake_attention_args(128), arch="sm_90a")
-    # ping-pong: the first warpgroup's initial arrive + one pass per loop iteration; a wait before each QK issue
-    assert pp.count(r"bar\.arrive") == 2 and pp.count(r"barrier\.sync|bar\.sync") >= 2
-    wide = compile_for_arch(FlashAttentionForwardSm90(64, causal=False, has_lse=False, overlap=True, tile_m=192),
+    wide = compile_for_arch(FlashAttentionForwardSm90(Sm90FwdConfig(64, causal=False, has_lse=False, overlap=True, tile_m=192)),
                             *fake_attention_args(64), arch="sm_90a")
     assert wide.count(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+160;") == 1     # three consumer warpgroups
-    for bad, match in [(dict(tile_m=256), "tile_m"), (dict(wg_pingpong=True), "overlap"),
+    for bad, match in [(dict(tile_m=256), "tile_m"), (dict(rescale_o_early=True), "overlap"),
                        (dict(tile_m=192, pack_gqa=128), "pack_gqa")]:
         with pytest.raises(ValueError, match=match):
-            FlashAttentionForwardSm90(64, causal=False, has_lse=False, **bad)
+            FlashAttentionForwardSm90(Sm90FwdConfig(64, causal=False, has_lse=False, **bad))
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("D,knobs,causal,window", [
-    (64, {"wg_pingpong": True}, True, None), (64, {"tile_m": 192}, False, None),
-    (64, {"tile_n": 192, "rescale_o_early": True}, True, None),
-    (128, {"wg_pingpong": True, "rescale_o_early": True}, True, None),
-    (128, {"wg_pingpong": True}, False, 200), (256, {"tile_n": 80, "rescale_o_early": True}, False, 300),
-    (256, {"tile_n": 80}, True, None),
+    (64, {"tile_m": 192}, False, None), (64, {"tile_n": 192, "rescale_o_early": True}, True, None),
+    (128, {"rescale_o_early": True}, True, None), (128, {"pv_wait_block": True}, False, 200),
+    (256, {"tile_n": 80, "rescale_o_early": True}, False, 300), (256, {"tile_n": 80}, True, None),
 ])
-def test_schedule_knobs_match_the_reference(monkeypatch, D, knobs, causal, window):
-    import sys
-    attention_module = sys.modules["dsv4lib.attention"]
-    monkeypatch.setitem(attention_module.SM90_TUNING, D, knobs)
+def test_schedule_knobs_match_the_reference(D, knobs, causal, window):
+    from _builds import run_config
+    from dsv4lib.kernels.sm90.config import Sm90FwdConfig
     gen = torch.Generator().manual_seed(D + len(knobs))
     q, k, v = _inputs(1, 777, 1100, 4, 2, D, gen)
-    out, lse = dsv4lib.attention(q, k, v, causal=causal, window=window, return_lse=True, num_splits=1)
+    config = Sm90FwdConfig(head_dim=D, causal=causal, window=window is not None, overlap=True, pack_gqa=2, **knobs)
+    out, lse = run_config(config, q, k, v, window=window)
     ref, ref_lse = reference.attention(q.double(), k.double(), v.double(), causal=causal, window=window,
                                        return_lse=True)
     _assert_matches(out, lse, ref, ref_lse)
@@ -750,19 +571,21 @@ def test_bad_gpu_input_is_rejected(case, exc, match):
 def test_gqa_packed_build_loads_q_with_a_5d_tma(head_dim, flags):
     """Packed rows = (q head in group, token): Q's TMA box spans (D, G heads, tokens) of a 5-D view."""
     from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.sm90.config import Sm90FwdConfig
     from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
-    k = compile_for_arch(FlashAttentionForwardSm90(head_dim, **flags), *fake_attention_args(head_dim), arch="sm_90a")
+    k = compile_for_arch(FlashAttentionForwardSm90(Sm90FwdConfig(head_dim, **flags)), *fake_attention_args(head_dim), arch="sm_90a")
     assert k.count(r"cp\.async\.bulk\.tensor\.5d") >= 1 and k.count(r"cp\.async\.bulk\.tensor\.4d") >= 2
     assert k.count(r"\.local") == 0
 
 
 def test_gqa_packing_needs_a_factor_dividing_the_tile():
-    from dsv4lib.attention import _pack_factor
+    from dsv4lib.ops.attention import _pack_factor
+    from dsv4lib.kernels.sm90.config import Sm90FwdConfig
     from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90
     with pytest.raises(ValueError, match="pack_gqa"):
-        FlashAttentionForwardSm90(128, causal=False, has_lse=False, pack_gqa=3)
+        FlashAttentionForwardSm90(Sm90FwdConfig(128, causal=False, has_lse=False, pack_gqa=3))
     with pytest.raises(ValueError, match="NVFP4"):
-        FlashAttentionForwardSm90(128, causal=False, has_lse=False, pack_gqa=2, nvfp4_out=True)
+        FlashAttentionForwardSm90(Sm90FwdConfig(128, causal=False, has_lse=False, pack_gqa=2, nvfp4_out=True))
     assert _pack_factor(True, 16, 2) == 8 and _pack_factor(True, 12, 2) == 1 and _pack_factor(True, 4, 4) == 1
     assert _pack_factor(False, 16, 2) == 1
 
@@ -788,27 +611,6 @@ def test_gqa_packed_matches_the_reference(B, Sq, Sk, H, Hkv, D, causal, window, 
 
 
 @pytest.mark.compile
-def test_tvm_ffi_call_path_builds():
-    """The prepared low-host-overhead path (DSV4_TVM_FFI=1): built from the symbolic argument types with
-    --enable-tvm-ffi, a function that takes torch tensors directly."""
-    from dsv4lib.attention import _compiled_sm90_tvm_ffi
-    f = _compiled_sm90_tvm_ffi(128, True, True, "rs", False, False, False)
-    assert "TVMFFI" in type(f).__name__
-
-
-@pytest.mark.gpu
-def test_tvm_ffi_call_path_matches_the_classic_path(monkeypatch):
-    import importlib
-    module = importlib.import_module("dsv4lib.attention")      # ``dsv4lib.attention`` the attribute is the function
-    gen = torch.Generator().manual_seed(5)
-    q, k, v = _inputs(2, 300, 500, 4, 2, 128, gen)
-    want = dsv4lib.attention(q, k, v, causal=True, num_splits=1)
-    monkeypatch.setattr(module, "USE_TVM_FFI", True)
-    got = dsv4lib.attention(q, k, v, causal=True, num_splits=1)
-    assert torch.equal(got, want)
-
-
-@pytest.mark.compile
 @pytest.mark.parametrize("head_dim,causal,window,knobs", [(128, False, False, {}), (128, False, True, {}),
                                                           (256, True, False, {}), (64, False, False, {}),
                                                           (128, False, True, {"pv_wait_block": False}),
@@ -819,12 +621,13 @@ def test_default_overlapped_build_keeps_its_wgmmas_asynchronous(head_dim, causal
     kernel (its C7514 "wgmma ... serialized" note) — 40 % slower, measured on the H200 in session 13 with a second P
     buffer (spilled) and with a PV wait skipped on one side of a branch.  The default builds (hd128 with pv_wait_block:
     the wait on both sides of a branch) and the knob flipped: no spills, no serialization."""
-    from dsv4lib.attention import sm90_kernel_shape
+    from _builds import sm90_kernel_shape
     from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.sm90.config import Sm90FwdConfig
     from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
     shape = dict(sm90_kernel_shape(head_dim, True), **knobs)
-    kernel = FlashAttentionForwardSm90(head_dim, causal=causal, has_lse=not window, window=window, sink=window,
-                                       overlap=True, **shape)
+    kernel = FlashAttentionForwardSm90(Sm90FwdConfig(head_dim=head_dim, causal=causal, has_lse=not window, window=window, sink=window,
+                                       overlap=True, **shape))
     k = compile_for_arch(kernel, *fake_attention_args(head_dim, shape.get("dynamic_schedule", False)), arch="sm_90a")
     info = k.ptxas_report()
     if info is None:
@@ -832,8 +635,8 @@ def test_default_overlapped_build_keeps_its_wgmmas_asynchronous(head_dim, causal
     assert "C7514" not in info and "serialized" not in info, info[-600:]
     assert "0 bytes spill stores" in info and "spill stores" in info, info[-400:]
     if shape.get("pv_wait_block"):    # the PV wait on both sides of its branch, not in the softmax's block
-        plain = compile_for_arch(FlashAttentionForwardSm90(head_dim, causal=causal, has_lse=not window, window=window,
-                                                           sink=window, overlap=True, **dict(shape, pv_wait_block=False)),
+        plain = compile_for_arch(FlashAttentionForwardSm90(Sm90FwdConfig(head_dim=head_dim, causal=causal, has_lse=not window, window=window,
+                                                           sink=window, overlap=True, **dict(shape, pv_wait_block=False))),
                                  *fake_attention_args(head_dim, shape.get("dynamic_schedule", False)), arch="sm_90a")
         waits = r"wgmma\.wait_group\.sync\.aligned\s+0;"
         assert k.count(waits) == plain.count(waits) + 1
@@ -846,12 +649,13 @@ def test_default_builds_take_wgmma_descriptors_from_uniform_registers(head_dim, 
     """Every shared-memory descriptor of the default builds' wgmmas is computed from warp-uniform values (block
     indices, pipeline stages, a shuffled warpgroup index), never from tid.x: the Q operand sliced by the thread index
     cost one R2UR per QK wgmma until session 13.  The checker itself is checked on a build that slices Q by thread."""
-    from dsv4lib.attention import sm90_kernel_shape
+    from _builds import sm90_kernel_shape
     from dsv4lib.kernels.compile import CompiledKernel, compile_for_arch
+    from dsv4lib.kernels.sm90.config import Sm90FwdConfig
     from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
     shape = sm90_kernel_shape(head_dim, True, small_window=small_window)
-    kernel = FlashAttentionForwardSm90(head_dim, causal=causal, has_lse=True, window=small_window, sink=small_window,
-                                       overlap=True, **shape)
+    kernel = FlashAttentionForwardSm90(Sm90FwdConfig(head_dim=head_dim, causal=causal, has_lse=True, window=small_window, sink=small_window,
+                                       overlap=True, **shape))
     k = compile_for_arch(kernel, *fake_attention_args(head_dim, shape.get("dynamic_schedule", False)), arch="sm_90a")
     assert k.count(r"wgmma\.mma_async") > 0
     assert k.wgmma_descriptors_from_tid() == 0

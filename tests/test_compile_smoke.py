@@ -27,7 +27,7 @@ def test_smoke_runs_on_gpu():
 
 @pytest.mark.compile
 def test_kernels_launch_on_the_callers_stream_with_the_same_device_code():
-    """Every public function passes torch's current stream (``dsv4lib.launch.current_stream``) as the kernels'
+    """Every public function passes torch's current stream (``dsv4lib.ops.launch.current_stream``) as the kernels'
     last argument, so they order with the torch work around them and can be captured in CUDA graphs.  The
     stream is a host-side launch parameter: each build with a stream has the PTX of the build without one."""
     import cuda.bindings.driver as cuda
@@ -36,13 +36,15 @@ def test_kernels_launch_on_the_callers_stream_with_the_same_device_code():
     from dsv4lib.kernels.compile import compile_for_arch
     from dsv4lib.kernels.nvfp4 import NVFP4DequantizeKernel, NVFP4QuantizeKernel, fake_dequantize_args
     from dsv4lib.kernels.nvfp4 import fake_args as quant_fake
+    from dsv4lib.kernels.sm90.config import Sm90FwdConfig
     from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
+    from dsv4lib.kernels.sm90.config import SparseFwdConfig
     from dsv4lib.kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
-    from dsv4lib.sparse import fake_args as sparse_fake
+    from dsv4lib.ops.sparse import fake_args as sparse_fake
     builds = {
-        "attention": (lambda: FlashAttentionForwardSm90(128, causal=True, has_lse=True, overlap=True),
+        "attention": (lambda: FlashAttentionForwardSm90(Sm90FwdConfig(128, causal=True, has_lse=True, overlap=True)),
                       lambda: fake_attention_args(128)),
-        "hd512": (lambda: SparseAttentionForwardSm90(gather=True, has_lse=True), lambda: sparse_fake(True)),
+        "hd512": (lambda: SparseAttentionForwardSm90(SparseFwdConfig(gather=True, has_lse=True)), lambda: sparse_fake(True)),
         "combine": (lambda: LSECombineKernel(128, has_sink=True), lambda: combine_fake(128)),
         "quantize": (lambda: NVFP4QuantizeKernel(False), quant_fake),
         "dequantize": (lambda: NVFP4DequantizeKernel(), fake_dequantize_args),

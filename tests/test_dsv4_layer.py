@@ -3,7 +3,7 @@ kernel matches the reference layer — prefill, and token-by-token decode (ring 
 import pytest
 import torch
 
-from dsv4lib import dsv4
+from dsv4lib.ops import dsv4
 from dsv4lib.reference import dsv4 as ref
 
 

@@ -4,11 +4,11 @@ import json
 import pytest
 import torch
 
-from dsv4lib import metrics
-from dsv4lib.registry import Stage, load_registry
-from dsv4lib.results import check_thresholds, decide_verdict, load_results, merge_results
-from dsv4lib.status import cell_text, render_status
-from dsv4lib.targets import arch_for_capability, detect_target, resolve_target, target_name_for_device
+from dsv4lib.workbook import metrics
+from dsv4lib.workbook.registry import Stage, load_registry
+from dsv4lib.workbook.results import check_thresholds, decide_verdict, load_results, merge_results
+from dsv4lib.workbook.status import cell_text, render_status
+from dsv4lib.workbook.targets import arch_for_capability, detect_target, resolve_target, target_name_for_device
 
 
 def _row(verdict="PASS", **m):

@@ -93,7 +93,7 @@ def test_the_public_functions_arguments_compile(dtype):
     tensors, same types), so a static/dynamic shape mismatch shows up in CI and not first on the GPU."""
     from dsv4lib.kernels.compile import compile_for_arch
     from dsv4lib.kernels.nvfp4 import NVFP4QuantizeKernel
-    from dsv4lib.nvfp4 import kernel_args
+    from dsv4lib.ops.nvfp4 import kernel_args
     n = 37
     args = kernel_args(torch.randn(n, 16).to(dtype), torch.empty(n, 2, dtype=torch.uint32),
                        torch.empty(n, dtype=torch.uint8), torch.ones(1), torch.empty(1))
@@ -193,6 +193,7 @@ def test_pv_accumulator_column_structure_behind_the_fused_epilogue():
     import cutlass.cute as cute
     import cutlass.utils.hopper_helpers as sm90_utils
     from cutlass.cute.nvgpu import OperandMajorMode, warpgroup
+    from dsv4lib.kernels.sm90.config import Sm90FwdConfig
     from dsv4lib.kernels.sm90.flash_fwd import acc_layout_rows_cols
     from dsv4lib.layouts.trace import run_traced
     for D in (64, 128, 256):
@@ -224,11 +225,12 @@ def test_fused_nvfp4_epilogue_builds(overlap, persistent):
     import collections
     import re
     from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.sm90.config import Sm90FwdConfig
     from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_nvfp4_args, fake_work_counters
     knobs = {"persistent": True, "dynamic_schedule": True, "rescale_o_early": True} if persistent else {}
     extra = (None, fake_work_counters()) if persistent else ()
-    k = compile_for_arch(FlashAttentionForwardSm90(128, causal=False, has_lse=False, nvfp4_out=True, overlap=overlap,
-                                                   **knobs), *fake_nvfp4_args(128), *extra, arch="sm_90a")
+    k = compile_for_arch(FlashAttentionForwardSm90(Sm90FwdConfig(128, causal=False, has_lse=False, nvfp4_out=True, overlap=overlap,
+                                                   **knobs)), *fake_nvfp4_args(128), *extra, arch="sm_90a")
     if persistent:                                         # the counter deals the items; no O buffer, no TMA store
         assert k.count(r"atom\.[\w.]*add") >= 2 and k.count(r"cp\.async\.bulk\.tensor\.\w+\.global\.shared") == 0
     stores = collections.Counter(re.findall(r"\bst\.global\.[\w.]+", k.ptx))
@@ -321,7 +323,7 @@ def test_dequantize_kernel_builds_from_the_public_functions_arguments(out_dtype)
     import re
     from dsv4lib.kernels.compile import compile_for_arch
     from dsv4lib.kernels.nvfp4 import NVFP4DequantizeKernel
-    from dsv4lib.nvfp4 import dequantize_args
+    from dsv4lib.ops.nvfp4 import dequantize_args
     n = 4096
     args = dequantize_args(torch.zeros(n, 2, dtype=torch.uint32), torch.zeros(n, dtype=torch.uint8),
                            torch.ones(1), torch.empty(n, 16, dtype=out_dtype))

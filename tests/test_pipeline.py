@@ -3,10 +3,10 @@ import textwrap
 
 import pytest
 
-from dsv4lib.pipeline import run_pipeline
-from dsv4lib.registry import Stage
-from dsv4lib.results import load_results
-from dsv4lib.targets import Target
+from dsv4lib.workbook.pipeline import run_pipeline
+from dsv4lib.workbook.registry import Stage
+from dsv4lib.workbook.results import load_results
+from dsv4lib.workbook.targets import Target
 
 HEADER = '''# %% tags=["parameters"]
 target = "auto"
@@ -14,7 +14,7 @@ metrics_path = ""
 value = 0.0
 
 # %%
-from dsv4lib.record import record
+from dsv4lib.workbook.record import record
 '''
 
 
@@ -50,7 +50,7 @@ def test_failures_are_recorded_and_the_pipeline_goes_on(tmp_path):
 
 
 def test_recorded_copy_bandwidth_comes_from_stage_00(tmp_path):
-    from dsv4lib.results import merge_results, recorded_copy_gbps
+    from dsv4lib.workbook.results import merge_results, recorded_copy_gbps
     assert recorded_copy_gbps("h200", default=1234.0, results_dir=tmp_path) == 1234.0      # no file yet
     merge_results("h200", {"00-env": {"metrics": {"copy_gbps": 4265.5}}}, results_dir=tmp_path)
     assert recorded_copy_gbps("h200", results_dir=tmp_path) == 4265.5
@@ -62,7 +62,7 @@ def test_recorded_launch_floor_and_the_copy_rate_yardstick(tmp_path):
     """Stage 00's timing floor (µs in the row, ms out) and the bandwidth fraction it leaves a call that moves its bytes
     at exactly the copy rate: t / (t + floor); no floor recorded, 1."""
     from dsv4lib.bench import fraction_at_copy_rate
-    from dsv4lib.results import merge_results, recorded_launch_floor_ms
+    from dsv4lib.workbook.results import merge_results, recorded_launch_floor_ms
     assert recorded_launch_floor_ms("h200", results_dir=tmp_path) == 0.0                     # no row: no floor
     merge_results("h200", {"00-env": {"metrics": {"copy_gbps": 4000.0, "launch_floor_us": 4.0}}}, results_dir=tmp_path)
     floor = recorded_launch_floor_ms("h200", results_dir=tmp_path)
@@ -73,7 +73,7 @@ def test_recorded_launch_floor_and_the_copy_rate_yardstick(tmp_path):
 
 
 def test_status_shows_a_targets_copy_rate_yardstick():
-    from dsv4lib.status import targets_text
+    from dsv4lib.workbook.status import targets_text
     text = targets_text({"bw_fraction_worst": 0.685, "bw_fraction_worst_at_copy_rate": 0.699, "fused_overhead": 0.03},
                         {"bw_fraction_worst_min": 0.85, "fused_overhead_max": 0.05})
     assert text == "targets 1/2: bw_fraction_worst 0.685 ≥ 0.85 ✗ (at copy rate 0.699), fused_overhead 0.03 ≤ 0.05 ✓"

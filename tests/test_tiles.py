@@ -1,9 +1,9 @@
-"""The warpgroup-tiles plan (dsv4lib.tiles.warpgroup_slots, the sm90 kernel's ``warpgroup_plan`` in Python): each
+"""The warpgroup-tiles plan (dsv4lib.kernels.tiles.warpgroup_slots, the sm90 kernel's ``warpgroup_plan`` in Python): each
 64-row warpgroup of a 128- or 192-row block visits exactly the key tiles its own rows see, in the block's one
 descending run of slots, and no slot is loaded that no warpgroup visits."""
 import pytest
 
-from dsv4lib.tiles import SKIPPED, tile_plan, warpgroup_slots
+from dsv4lib.kernels.tiles import SKIPPED, tile_plan, warpgroup_slots
 
 
 @pytest.mark.parametrize("tile_m", [128, 192])

@@ -11,7 +11,7 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 
 
 def launch_stream(stream: cuda.CUstream | None) -> dict:
-    """``.launch(**launch_stream(stream))``: the caller's stream (``dsv4lib.launch.current_stream``: torch's current
+    """``.launch(**launch_stream(stream))``: the caller's stream (``dsv4lib.ops.launch.current_stream``: torch's current
     stream, so the kernel is ordered with the torch work around it and can be captured in a CUDA graph); ``None``
     — builds that are only compiled, never launched — leaves the launch on the default stream."""
     return {} if stream is None else {"stream": stream}

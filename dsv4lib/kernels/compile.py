@@ -5,6 +5,7 @@ sm_100a kernel is proven to *build* here even though it can never *run* here.
 """
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import re
@@ -14,7 +15,24 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..targets import cute_arch
+SUPPORTED_ARCHS = ("sm_90a", "sm_100a")
+
+
+@contextlib.contextmanager
+def cute_arch(arch: str):
+    """Compile CuTeDSL kernels for ``arch`` (``sm_90a``/``sm_100a``) inside this block, on any machine."""
+    if arch not in SUPPORTED_ARCHS:
+        raise ValueError(f"unsupported arch {arch!r}; expected one of {SUPPORTED_ARCHS}")
+    old = os.environ.get("CUTE_DSL_ARCH")
+    os.environ["CUTE_DSL_ARCH"] = arch
+    try:
+        yield arch
+    finally:
+        if old is None:
+            os.environ.pop("CUTE_DSL_ARCH", None)
+        else:
+            os.environ["CUTE_DSL_ARCH"] = old
+
 
 
 @dataclass

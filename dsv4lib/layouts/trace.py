@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..targets import cute_arch
+from ..kernels.compile import cute_arch
 
 
 def run_traced(builder: Callable[[], dict[str, Any]], arch: str) -> dict[str, Any]:

@@ -296,7 +296,7 @@ def layer_forward(x: torch.Tensor, P: LayerWeights, cfg: DSV4Config, core=None) 
     """Prefill of one layer (positions 0..S-1): the official form — build index lists over
     ``cat(window kv, compressed)`` and run ONE sparse softmax (with the sink) over their union.
     ``core``: the attention core, ``core(q, kv, indices, *, scale, sink, return_lse)`` with the semantics of
-    :func:`sparse_attention` (default); ``dsv4lib.dsv4`` passes the GPU kernel here."""
+    :func:`sparse_attention` (default); ``dsv4lib.ops.dsv4`` passes the GPU kernel here."""
     core = sparse_attention if core is None else core
     if x.dim() != 3 or x.shape[-1] != cfg.dim:
         raise ValueError(f"x must be [B, S, dim={cfg.dim}], got {tuple(x.shape)}")

@@ -40,6 +40,7 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, tcgen05
 
 from ..common import launch_stream, online_softmax_row, sm100_allocate_tmem, sm100_softmax_handshakes
 from ..sm90.flash_fwd import LN_2, LOG2_E, row_major_smem_layout, transposed_view
+from ..sm90.config import SparseFwdConfig
 from ..sm90.sparse_fwd import HALF, HEAD_DIM, TILE_H, TILE_N, SparseAttentionForwardSm90, as_global
 
 S_LANE_BASE = 16          # S in the lanes an M=64 accumulator at base 0 (O) leaves free
@@ -47,18 +48,18 @@ O_CHUNK = 64              # O columns per TMEM ld / st round in the correction a
 
 
 class SparseAttentionForwardSm100(SparseAttentionForwardSm90):
-    """Blackwell twin of the hd512 MQA kernel (same flags as the Hopper class; ``balanced`` and ``gather_only``
-    are Hopper schedules and are refused).  Compiled, not run."""
+    """Blackwell twin of the hd512 MQA kernel (the Hopper class's config; its ``gather_only`` / ``skip_mma`` benchmark
+    knobs and the paired schedule are Hopper's and are refused).  Compiled, not run."""
 
     NUM_THREADS = 288
     MMA_WARP = 4
     LOAD_WARP0 = 5            # warps 5-8
     TMEM_COLS = 512
 
-    def __init__(self, *, gather: bool, causal: bool = False, window: bool = False, sink: bool = False,
-                 has_lse: bool = False, split_kv: bool = False, num_stages: int = 2):
-        super().__init__(gather=gather, causal=causal, window=window, sink=sink, has_lse=has_lse, split_kv=split_kv,
-                         num_stages=num_stages)
+    def __init__(self, config: SparseFwdConfig):
+        if config.schedule != "columns" or config.gather_only or config.skip_mma or config.cluster_splits > 1:
+            raise ValueError("the sm100 twin builds the columns schedule only (no benchmark knobs, no clusters)")
+        super().__init__(config)
         self.use_tma = False      # dense rows take the cp.async path here too (one producer scheme to prove)
 
     # ------------------------------------------------------------------------------ host side

@@ -60,7 +60,7 @@ class Sm90FwdConfig(_Config):
     sink: bool = False              # a value-less per-head sink logit in the denominator
     split_kv: bool = False          # fp32 partials + LSE per split, merged by the combine kernel
     p_in_smem: bool = False         # D1.3's SMEM-P twin (SS-wgmma for PV) instead of P in registers
-    overlap: bool = True            # QK(j+1) issued beside PV(j) in each warpgroup (RS path only)
+    overlap: bool = False           # QK(j+1) issued beside PV(j) in each warpgroup (RS path only)
     nvfp4_out: bool = False         # NVFP4-1.1: O leaves quantized
     pack_gqa: int = 1               # q heads of one KV head folded into the M rows
     tile_m: int = 128               # 128 (two consumer warpgroups) or 192 (three)
@@ -78,6 +78,14 @@ class Sm90FwdConfig(_Config):
     @property
     def key_tile(self) -> int:
         return self.tile_n or default_tile_n(self.head_dim)
+
+    def smem_bytes(self) -> int:
+        """Shared memory of one CTA: Q (two stages when persistent), the K and V stages, P (SMEM-P only), O (persistent,
+        not staged in Q), the mbarriers' 1 KB; bf16 everywhere."""
+        q_stages = 2 if self.persistent else 1
+        return 1024 + 2 * (q_stages * self.tile_m * self.head_dim + 2 * self.num_stages * self.key_tile * self.head_dim
+                           + (self.tile_m * self.key_tile if self.p_in_smem else 0)
+                           + (self.tile_m * self.head_dim if self.persistent and not self.o_in_q_stage else 0))
 
     def normalize(self) -> None:
         if not self.tile_n:
@@ -113,10 +121,7 @@ class Sm90FwdConfig(_Config):
                              "(persistent=True, bf16 out)")
         if self.l2_hints and not (self.warpgroup_tiles and self.o_in_q_stage):
             raise ValueError("l2_hints is built for the warpgroup-tiles producer and the o_in_q_stage storer")
-        q_stages = 2 if self.persistent else 1
-        smem = 1024 + 2 * (q_stages * self.tile_m * self.head_dim + 2 * self.num_stages * self.key_tile * self.head_dim
-                           + (self.tile_m * self.key_tile if self.p_in_smem else 0)
-                           + (self.tile_m * self.head_dim if self.persistent and not self.o_in_q_stage else 0))
+        smem = self.smem_bytes()
         if smem + 1024 > SMEM_PER_SM:
             raise ValueError(f"{smem} B of shared memory per CTA do not fit an SM (tile_m {self.tile_m}, tile_n "
                              f"{self.key_tile}, {self.num_stages} stages, head_dim {self.head_dim})")

@@ -33,7 +33,7 @@ and every byte is packed by the thread that owns its two values (no shared-memor
 writes the e4m3 scale byte.  Numerics: TE order from the fp32 O (not from a bf16-rounded O).
 
 **D2, split-KV** (``split_kv=True``): the CTA grid gets a split index (``blockIdx.z = batch·splits + split``);
-split i takes its share of the visible KV tiles (``dsv4lib.splitkv.split_block_ranges``) and writes an fp32
+split i takes its share of the visible KV tiles (``dsv4lib.kernels.splitkv.split_block_ranges``) and writes an fp32
 partial O normalized over its own keys plus its LSE — no sink: the combine kernel applies it once.
 
 **Epilogue.**  bf16 O leaves by ``stmatrix`` into the Q buffer (each warpgroup's 64 rows are the rows its own QK
@@ -42,10 +42,10 @@ read, all retired) and one TMA store of the tile, not by 4-byte register stores 
 
 **64-row tile** (``tile_m=64``): one consumer warpgroup, built for two CTAs per SM (``minnctapersm 2``: 128
 registers a thread at launch, 24 / 232 after setmaxnreg; the shared memory is checked to fit half an SM).  The
-small-window default (``dsv4lib.attention.SM90_SMALL_WINDOW_TUNING``): there one CTA's loads and stores overlap
+small-window default (``dsv4lib.ops.attention.SM90_SMALL_WINDOW_TUNING``): there one CTA's loads and stores overlap
 the other's MMAs.
 
-**Persistent CTAs** (``persistent=True``; the small-window and hd128 default, ``dsv4lib.attention``):
+**Persistent CTAs** (``persistent=True``; the small-window and hd128 default, ``dsv4lib.ops.attention``):
 ``ctas_per_sm · num_sms`` CTAs walk the query blocks; two Q stages and a separate O buffer let the producer load
 the next block while the consumers finish this one, and the O store of a block is waited for only when the next
 block needs the buffer.  **Dynamic schedule** (``dynamic_schedule=True``): a CTA's first block is its blockIdx.x,
@@ -58,7 +58,7 @@ query blocks of a head come first (longest first).  Why: a static deal ends with
 the same work differ by ~10 % (the SMs the memory system serves last; DSV4_D1_DEBUG=times stamps).
 
 **Window ring** (``ring=True``, small windows; a knob — measured slower than the persistent build, see
-``dsv4lib.attention.SM90_RING_TUNING``): each CTA (one per SM, two consumer warpgroups, 128-row items of 64-row
+``dsv4lib.ops.attention.SM90_RING_TUNING``): each CTA (one per SM, two consumer warpgroups, 128-row items of 64-row
 halves; or two CTAs per SM with 64-row items) walks a *chunk* of consecutive items of one head, and the producer streams that head's K/V tiles
 once, in key order, into a ring of ``num_stages`` stages.  A 64-row half of W = 128 needs its own tile and the two
 before it, so two of every three tiles are already in shared memory from the previous half: each tile is read from
@@ -72,7 +72,7 @@ item's Q was loaded while this one computed.  The 64-row ring has room for one Q
 ``q_in_registers`` its QK is an RS-wgmma: each item copies the next item's Q from the stage into registers before
 its O is staged there, so Q(u+1) loads during item u instead of after O(u) is stored (197 → 170 µs on the H200).
 
-**Warpgroup tiles** (``warpgroup_tiles=True``; hd128's small-window default, ``dsv4lib.attention``): a persistent
+**Warpgroup tiles** (``warpgroup_tiles=True``; hd128's small-window default, ``dsv4lib.ops.attention``): a persistent
 128-row tile of two consumer warpgroups at W = 128 needs 4 key tiles of 64, but each warpgroup's 64 rows see only
 3 of them (the lower half not the last, the upper half not the first).  The producer loads the tile's slots in the
 order [upper half's own | shared | lower half's own] (``warpgroup_plan``); the upper warpgroup visits the leading
@@ -91,7 +91,7 @@ the producer.  No O buffer (the 192-row tile's two 48 KB Q stages and 4 K/V stag
 waits for a store.  **L2 hints** (``l2_hints``): Q's loads and O's stores evict first, K/V's loads evict last.
 
 **Cluster pairs** (``cluster_pairs=True``, persistent with a static deal; a knob — measured slower, see
-``dsv4lib.attention.SM90_SMALL_WINDOW_TUNING``): the two CTAs of a (2, 1, 1) cluster take two adjacent query blocks
+``dsv4lib.ops.attention.SM90_SMALL_WINDOW_TUNING``): the two CTAs of a (2, 1, 1) cluster take two adjacent query blocks
 of one head.  At W = 128 with 64-row blocks, block u visits key tiles u-2..u and block u+1 visits u-1..u+1: two of
 each block's three tiles are the pair's.  Both CTAs walk the same sequence of K/V *slots* (``pair_plan``): the
 shared tiles first — each CTA TMAs half of the tile with ``.multicast::cluster`` into both CTAs' shared memory, so
@@ -307,7 +307,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                  softmax_scale_log2: Float32, window_size: Int32, mSink: cute.Tensor, mOutScales: cute.Tensor,
                  mSenc: cute.Tensor, stream: cuda.CUstream = None, mWork: cute.Tensor = None):
         # mWork (dynamic_schedule only): int32 (2,) = (items handed out, producers done), zero before the launch and
-        # left zero after it (dsv4lib.attention.work_counters)
+        # left zero after it (dsv4lib.ops.attention.work_counters)
         # torch (b, s, h, d) -> (s, d, h, b): the TMA tiles the first two modes
         mQ, mK, mV = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0])) for t in (mQ, mK, mV)]
         if const_expr(self.split_kv):
@@ -443,7 +443,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             seqlen_q = rows_q // self.pack_gqa
         head_kv = self.kv_head(head, mQ, mK)
         n_block_min, n_block_max = self.block_range(m_block, seqlen_q, seqlen_k, window_size)
-        if const_expr(self.split_kv):   # this split's share: ceil(n / splits) tiles (dsv4lib.splitkv.split_block_ranges)
+        if const_expr(self.split_kv):   # this split's share: ceil(n / splits) tiles (dsv4lib.kernels.splitkv.split_block_ranges)
             per_split = (cutlass.max(n_block_max - n_block_min, 0) + num_splits - 1) // num_splits
             lo = cutlass.min(n_block_min + split * per_split, n_block_max)
             n_block_max = cutlass.min(lo + per_split, n_block_max)
@@ -691,7 +691,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         ranges overlap or touch: the run has no gap) — and warpgroup ``wg_idx``'s part of it: the leading slots above
         its own tiles (skipped), its own tiles (visited), the trailing ones below (skipped).  An empty range (rows
         that see no key) skips every slot.  Returns (producer segments, slots, (leading skips, own visits, trailing
-        skips), this warpgroup's segments for ``slot_block``).  ``dsv4lib.tiles.warpgroup_slots`` is the same plan in
+        skips), this warpgroup's segments for ``slot_block``).  ``dsv4lib.kernels.tiles.warpgroup_slots`` is the same plan in
         Python (tested against the 64-row tile plan, and plotted in the D5 notebook)."""
         first_row = m_block * self.tile_m
         top, bottom = Int32(0), Int32(0)
@@ -1127,7 +1127,6 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             tSsP = thr_qk.partition_C(sP)            # where each accumulator element goes = composition(sP, tv_C)
             tOrP_smem = thr_pv.make_fragment_A(thr_pv.partition_A(sP))       # the PV MMA's view of the same buffer
             warpgroup_idx = ctidx // 128
-        n_rows = cute.size(acc_O_rc, mode=[0])                              # rows this thread owns (2)
         acc_O.fill(0.0)
         row_max.fill(-Float32.inf)
         row_sum.fill(0.0)
@@ -1224,7 +1223,7 @@ def fake_work_counters():
 
 
 def fake_attention_args(head_dim: int, dynamic_schedule: bool = False):
-    """Symbolic stand-ins for (q, k, v, o, lse) shaped like the runtime tensors ``dsv4lib.attention`` passes
+    """Symbolic stand-ins for (q, k, v, o, lse) shaped like the runtime tensors ``dsv4lib.ops.attention`` passes
     (every extent and stride dynamic, unit stride last): builds the kernel on a machine without a GPU.  With
     ``dynamic_schedule`` also the (default) stream and the work counters that such a build takes after it."""
     from cutlass.cute.runtime import make_fake_tensor

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from .launch import amax_tensor, current_stream, rows_dynamic
-from .reference import quant as ref
+from ..reference import quant as ref
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _COMPILED: dict[tuple, object] = {}
@@ -32,7 +32,7 @@ def _kernel_for(x: torch.Tensor, args: tuple, depth: int | None = None, ctas_per
     if (major, minor) not in ((9, 0), (10, 0)):
         raise RuntimeError(f"quantize_nvfp4 needs sm_90a or sm_100a, this GPU is sm_{major}{minor}")
     arch = "sm_90a" if major == 9 else "sm_100a"
-    from .kernels import nvfp4 as K
+    from ..kernels import nvfp4 as K
     depth = depth or (K.DEPTH_FP32 if x.dtype == torch.float32 else K.DEPTH)
     ctas_per_sm = K.CTAS_PER_SM if ctas_per_sm is None else ctas_per_sm
     max_ctas = ctas_per_sm * torch.cuda.get_device_properties(x.device).multi_processor_count
@@ -138,7 +138,7 @@ def dequantize_nvfp4(data, scales, global_scale, out_dtype=torch.bfloat16):
         if key not in _COMPILED:
             import cutlass.cute as cute
 
-            from .kernels.nvfp4 import NVFP4DequantizeKernel
+            from ..kernels.nvfp4 import NVFP4DequantizeKernel
             _COMPILED[key] = cute.compile(NVFP4DequantizeKernel(), *args, options=f"--gpu-arch {arch}")
         _COMPILED[key](*args)
     return y.view(M, half_k * 2)

@@ -96,3 +96,36 @@ def amax_tensor(amax, device) -> torch.Tensor:
             _AMAX_CACHE.clear()
         _AMAX_CACHE[key] = torch.tensor(float(amax), dtype=torch.float32, device=device)
     return _AMAX_CACHE[key]
+
+
+_COMPILED: dict = {}
+
+
+def compile_once(key, make_kernel, args: tuple, arch: str = "sm_90a"):
+    """The kernel ``make_kernel()`` compiled for ``args``' runtime types, once per ``key`` (a frozen config, or a
+    tuple naming the build): later calls of any shape reuse it (every extent and stride is dynamic)."""
+    fn = _COMPILED.get(key)
+    if fn is None:
+        import cutlass.cute as cute
+        fn = _COMPILED[key] = cute.compile(make_kernel(), *args, options=f"--gpu-arch {arch}")
+    return fn
+
+
+_DEVICE_FACTS: dict = {}
+
+
+def device_facts(device) -> tuple[str, int]:
+    """(name, multiprocessor count) of a CUDA device, read once."""
+    idx = torch.device(device).index
+    idx = torch.cuda.current_device() if idx is None else idx
+    if idx not in _DEVICE_FACTS:
+        props = torch.cuda.get_device_properties(idx)
+        _DEVICE_FACTS[idx] = (props.name, props.multi_processor_count)
+    return _DEVICE_FACTS[idx]
+
+
+def check_hopper(device, what: str) -> None:
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) != (9, 0):
+        raise RuntimeError(f"{what} runs on Hopper (sm_90a) only; this GPU is sm_{major}{minor} (sm_100a kernels are "
+                           "compiled, not run, in this project)")

@@ -9,7 +9,7 @@ import dataclasses
 
 import torch
 
-from .reference import dsv4 as ref
+from ..reference import dsv4 as ref
 from .sparse import sparse_attention
 
 

@@ -1,6 +1,6 @@
 """Run every stage notebook through papermill on this machine, record the results, render STATUS.md.
 
-    python -m dsv4lib.pipeline [--target auto|cpu|<gpu>] [--stages D1,D5] [--timeout SECONDS]
+    python -m dsv4lib.workbook.pipeline [--target auto|cpu|<gpu>] [--stages D1,D5] [--timeout SECONDS]
 
 Each stage runs in its own process group: a stage that raises, misses a threshold or outlives its
 timeout (a hung kernel) is recorded as FAIL with the reason, and the next stage still runs.  The exit
@@ -55,7 +55,7 @@ def run_stage(stage: Stage, target: Target, run_dir: Path, timeout_s: float | No
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
                MPLBACKEND="module://matplotlib_inline.backend_inline", PYTHONUNBUFFERED="1")   # plots land in the notebook
     t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "dsv4lib.pipeline", "--_execute", json.dumps(job)],
+    proc = subprocess.Popen([sys.executable, "-m", "dsv4lib.workbook.pipeline", "--_execute", json.dumps(job)],
                             cwd=REPO_ROOT, env=env, start_new_session=True,
                             stdout=open(run_dir / f"{stage.id}.log", "w"), stderr=subprocess.STDOUT)
     error = None
@@ -110,7 +110,7 @@ def select_stages(all_stages: list[Stage], spec: str | None) -> list[Stage]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m dsv4lib.pipeline", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m dsv4lib.workbook.pipeline", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="auto", help="auto (detect), cpu, or the GPU's name (h200, h100, ...)")
     ap.add_argument("--stages", default=None, help="comma-separated stage ids (default: all)")

@@ -6,12 +6,11 @@ CuTeDSL still compiles for either arch (set ``CUTE_DSL_ARCH``); such builds are 
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 from dataclasses import dataclass
 
-SUPPORTED_ARCHS = ("sm_90a", "sm_100a")
+from ..kernels.compile import SUPPORTED_ARCHS, cute_arch  # noqa: F401  (re-exported)
 
 
 @dataclass(frozen=True)
@@ -70,19 +69,3 @@ def resolve_target(requested: str = "auto") -> Target:
         raise ValueError(f"target {requested!r} requested but this machine is {detected.name!r} ({detected.device}); "
                          "results for a GPU target can only be recorded on that GPU")
     return detected
-
-
-@contextlib.contextmanager
-def cute_arch(arch: str):
-    """Compile CuTeDSL kernels for ``arch`` (``sm_90a``/``sm_100a``) inside this block, on any machine."""
-    if arch not in SUPPORTED_ARCHS:
-        raise ValueError(f"unsupported arch {arch!r}; expected one of {SUPPORTED_ARCHS}")
-    old = os.environ.get("CUTE_DSL_ARCH")
-    os.environ["CUTE_DSL_ARCH"] = arch
-    try:
-        yield arch
-    finally:
-        if old is None:
-            os.environ.pop("CUTE_DSL_ARCH", None)
-        else:
-            os.environ["CUTE_DSL_ARCH"] = old

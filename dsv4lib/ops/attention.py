@@ -1,0 +1,251 @@
+"""``dsv4lib.attention`` and its relatives: the public, torch-facing attention forward (D1, D1.3, D2, D5, NVFP4-1.1).
+Same signature and semantics as :func:`dsv4lib.reference.attention`.  Each function validates its input, picks a
+frozen build (:class:`dsv4lib.kernels.sm90.config.Sm90FwdConfig`) and launches it."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..kernels.sm90.config import SUPPORTED_HEAD_DIMS, Sm90FwdConfig
+from ..reference.attention import check_attention_shapes, check_window
+from .combine import combine_partials
+from .launch import (amax_tensor, check_hopper, check_num_splits, compile_once, current_stream, device_facts,
+                     placeholder, sink_arg, to_cute, workspace)
+
+SUPPORTED_DTYPES = (torch.bfloat16,)
+MQA_HEAD_DIM = 512          # DSV4: one shared KV head, K = V, through dsv4lib.ops.sparse's MQA kernel
+P_PATHS = ("rs", "smem")
+# GQA head packing (the q heads of one KV head folded into the M rows, so each K/V tile is loaded once per group):
+# decode B1 H32 Hkv4 KV64k 291 -> 75 us, prefill a tie (docs/tuning/d2.md)
+DEFAULT_PACK_GQA = True
+
+
+def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a is b or (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride())
+
+
+def check_sink(sink, H: int, device) -> None:
+    if sink is None:
+        return
+    if not isinstance(sink, torch.Tensor) or sink.dtype != torch.float32:
+        raise TypeError(f"sink must be a float32 tensor of shape [H], got {getattr(sink, 'dtype', type(sink))}")
+    if sink.shape != (H,):
+        raise ValueError(f"sink must be [H={H}], got {tuple(sink.shape)}")
+    if sink.device != device:
+        raise ValueError(f"sink must be on {device}, got {sink.device}")
+
+
+def _validate(q, k, v, window, sink) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"{name} must be bfloat16, got {t.dtype}")
+    _, _, _, D, _, _ = check_attention_shapes(q, k, v)                 # ranks, batch, heads, lengths
+    if v.shape[3] != D:
+        raise ValueError(f"head dims must match (q {D}, v {v.shape[3]}); Dv != D is not supported yet")
+    if D == MQA_HEAD_DIM:
+        if k.shape[2] != 1 or not _same_tensor(k, v):
+            raise ValueError(f"head dim {MQA_HEAD_DIM} is supported for DSV4's shape only: MQA (Hkv = 1) with K = V "
+                             f"(pass the same tensor as k and v); got Hkv={k.shape[2]}, k is v: {_same_tensor(k, v)}")
+    elif D not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"head dim {D} is not supported (supported: {SUPPORTED_HEAD_DIMS}, and {MQA_HEAD_DIM} for "
+                         "MQA with K = V)")
+    check_window(window)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not t.is_cuda:
+            raise ValueError(f"{name} must be a CUDA tensor (got device {t.device})")
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last dim (stride {t.stride(-1)})")
+        if any(s % 8 for s in t.stride()[:-1]) or t.data_ptr() % 16:
+            raise ValueError(f"{name} needs 16-byte aligned rows (strides multiple of 8 elements, aligned pointer); "
+                             f"got strides {t.stride()}")
+    if len({q.device, k.device, v.device}) != 1:
+        raise ValueError("q, k, v (and sink) must be on the same device")
+    check_sink(sink, q.shape[2], q.device)
+
+
+def pack_factor(pack_gqa, H: int, Hkv: int) -> int:
+    """q heads per KV head to pack into M: 1 (no packing) unless asked for (or defaulted) and it divides 128."""
+    want = DEFAULT_PACK_GQA if pack_gqa is None else bool(pack_gqa)
+    g = H // Hkv
+    return g if want and g > 1 and 128 % g == 0 else 1
+
+
+def config_for(q, *, causal=False, has_lse=True, window=None, sink=False, split_kv=False, p_in_smem=False,
+               overlap=None, nvfp4_out=False, pack_gqa=1) -> Sm90FwdConfig:
+    """The build for a call on ``q``'s device (its name decides persistence, its SM count the persistent grid)."""
+    name, sms = device_facts(q.device)
+    return Sm90FwdConfig.for_problem(q.shape[3], causal=causal, has_lse=has_lse, window=window, sink=sink,
+                                     split_kv=split_kv, p_in_smem=p_in_smem, overlap=overlap, nvfp4_out=nvfp4_out,
+                                     pack_gqa=pack_gqa, gpu_name=name, num_sms=sms)
+
+
+_WORK_COUNTERS: dict[tuple, torch.Tensor] = {}
+
+
+def work_counters(device) -> torch.Tensor:
+    """The dynamic persistent schedule's (items handed out, producers done) int32 counters, one pair per (device,
+    stream) so kernels on different streams never share them; zeroed once, every launch leaves them at zero."""
+    key = (str(device), torch.cuda.current_stream(device).cuda_stream)
+    if key not in _WORK_COUNTERS:
+        _WORK_COUNTERS[key] = torch.zeros(2, dtype=torch.int32, device=device)
+    return _WORK_COUNTERS[key]
+
+
+def launch(config: Sm90FwdConfig, q, k, v, o, lse, *, scale: float, window, sink_t, out_scales=None, s_enc=None):
+    """One launch of the Hopper kernel built for ``config``.  ``o`` / ``lse``: (B, Sq, H, D) and (B, H, Sq), or the
+    split workspace (splits, ...) for a split build; ``out_scales`` / ``s_enc``: the NVFP4 build's extra outputs."""
+    from cutlass import Float32, Int32
+
+    from ..kernels.sm90.flash_fwd import FlashAttentionForwardSm90
+    device = q.device
+    split = config.split_kv
+    args = (to_cute(q, 3), to_cute(k, 3), to_cute(v, 3), to_cute(o, 4 if split else 3), to_cute(lse, 3 if split else 2),
+            Float32(scale * math.log2(math.e)), Int32(window or 0), to_cute(sink_t, 0),
+            to_cute(out_scales if out_scales is not None else placeholder(device, "scales"), 0),
+            to_cute(s_enc if s_enc is not None else placeholder(device, "s_enc"), 0), current_stream(device))
+    if config.dynamic_schedule:
+        args = args + (to_cute(work_counters(device), 0),)
+    compile_once(config, lambda: FlashAttentionForwardSm90(config), args)(*args)
+
+
+def attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, return_lse=False, num_splits=None):
+    """Forward attention on the GPU.  q ``[B, Sq, H, D]``, k / v ``[B, Sk, Hkv, D]`` bf16 (v may be k);
+    returns ``out [B, Sq, H, D]`` bf16 and with ``return_lse`` ``lse [B, H, Sq]`` fp32 (natural log).
+    See :func:`dsv4lib.reference.attention` for the exact semantics.  ``num_splits`` (D2): split the KV range
+    over that many CTAs and merge by LSE; ``None`` = heuristic, ``1`` = no split; values above the number of KV
+    tiles are clamped to it."""
+    return attention_with_p_path(q, k, v, scale=scale, causal=causal, window=window, sink=sink,
+                                 return_lse=return_lse, p_path="auto", num_splits=num_splits)
+
+
+def attention_with_p_path(q, k, v, *, scale=None, causal=False, window=None, sink=None, return_lse=False,
+                          p_path="auto", num_splits=None, overlap=None, pack_gqa=None):
+    """:func:`attention` with an explicit choice of where P lives: ``"rs"`` (registers, RS-wgmma; ``"auto"``: it
+    wins or ties at every head dim) or ``"smem"`` (shared memory via the D1.3 mapping, SS-wgmma); of the
+    intra-warpgroup overlap (``None``: on with P in registers); and of GQA head packing (``None``: default)."""
+    if p_path not in P_PATHS + ("auto",):
+        raise ValueError(f"p_path must be one of {P_PATHS + ('auto',)}, got {p_path!r}")
+    check_num_splits(num_splits)
+    if isinstance(q, torch.Tensor) and q.dim() == 4 and q.shape[3] == MQA_HEAD_DIM and (p_path != "auto" or overlap):
+        raise ValueError("head dim 512 has one path (P to registers and shared memory, see dsv4lib.ops.sparse): "
+                         "p_path must be 'auto' and overlap None")
+    _validate(q, k, v, window, sink)
+    check_hopper(q.device, "dsv4lib.attention")
+    B, Sq, H, D = q.shape
+    if D == MQA_HEAD_DIM:
+        from .sparse import mqa512_attention
+        out, lse = mqa512_attention(q, k[:, :, 0], scale=scale, causal=causal, window=window, sink=sink,
+                                    num_splits=num_splits)
+        return (out, lse) if return_lse else out
+    p_in_smem = p_path == "smem"
+    if overlap and p_in_smem:
+        raise ValueError("overlap=True needs P in registers (p_path='rs')")
+    scale = D ** -0.5 if scale is None else float(scale)
+    pack = pack_factor(pack_gqa, H, k.shape[2])
+    problem = dict(causal=bool(causal), window=window, p_in_smem=p_in_smem, overlap=overlap, pack_gqa=pack)
+    config = config_for(q, has_lse=bool(return_lse), sink=sink is not None, **problem)
+    n_blocks = -(-k.shape[1] // config.tile_n)
+    if num_splits is None:
+        from ..kernels.splitkv import num_splits_heuristic
+        num_splits = num_splits_heuristic(B, H // pack, -(-Sq * pack // config.tile_m), n_blocks,
+                                          device_facts(q.device)[1])
+    num_splits = min(num_splits, n_blocks)                  # documented clamp: at most one KV tile per split
+    out = torch.empty_like(q)
+    lse = torch.empty(B, H, Sq, dtype=torch.float32, device=q.device)
+    sink_t = sink_arg(sink, q.device)
+    with torch.cuda.device(q.device):
+        if num_splits == 1:
+            launch(config, q, k, v, out, lse, scale=scale, window=window, sink_t=sink_t)
+        else:
+            o_part, lse_part = workspace(num_splits, B, Sq, H, D, q.device)
+            launch(config_for(q, split_kv=True, **problem), q, k, v, o_part, lse_part, scale=scale, window=window,
+                   sink_t=sink_t)
+            combine_partials(o_part, lse_part, out, lse, sink_t, has_sink=sink is not None)
+    return (out, lse) if return_lse else out
+
+
+def attention_branches(q, branches, *, sink=None, scale=None, return_lse=False):
+    """D5b: one softmax over the union of several key sets, computed branch by branch and merged by LSE
+    on the GPU, the sink applied once after the merge (DSV4: the window branch and the compressed branch).
+
+    ``branches``: a list of dicts ``{"k": ..., "v": ..., "causal": bool, "window": int | None}``, each a key
+    set for the same queries ``q``.  Each branch runs the kernel's split-KV build with one split into its own
+    slot of an fp32 workspace (output normalized over its keys + LSE, no sink); the combine kernel merges the
+    slots.  Equals :func:`dsv4lib.reference.attention` over the concatenated keys."""
+    if not isinstance(branches, (list, tuple)) or not branches:
+        raise ValueError("branches must be a non-empty list of {'k', 'v', 'causal', 'window'} dicts")
+    for i, br in enumerate(branches):
+        if not isinstance(br, dict) or "k" not in br or "v" not in br:
+            raise ValueError(f"branch {i} must be a dict with at least 'k' and 'v'")
+        _validate(q, br["k"], br["v"], br.get("window"), sink)
+    check_hopper(q.device, "attention_branches")
+    B, Sq, H, D = q.shape
+    if D == MQA_HEAD_DIM:
+        raise ValueError("attention_branches runs the head dims of the dense kernel (64, 128, 256)")
+    scale = D ** -0.5 if scale is None else float(scale)
+    o_part, lse_part = workspace(len(branches), B, Sq, H, D, q.device)
+    out = torch.empty_like(q)
+    lse = torch.empty(B, H, Sq, dtype=torch.float32, device=q.device)
+    sink_t = sink_arg(sink, q.device)
+    with torch.cuda.device(q.device):
+        for i, br in enumerate(branches):
+            window = br.get("window")
+            # the plain (not overlapped) split build: what the branch merge was measured and recorded with
+            config = Sm90FwdConfig.for_problem(D, causal=bool(br.get("causal", False)), window=window,
+                                               split_kv=True, overlap=False, gpu_name=device_facts(q.device)[0])
+            launch(config, q, br["k"], br["v"], o_part[i:i + 1], lse_part[i:i + 1], scale=scale, window=window,
+                   sink_t=sink_t)
+        combine_partials(o_part, lse_part, out, lse, sink_t, has_sink=sink is not None)
+    return (out, lse) if return_lse else out
+
+
+def attention_nvfp4(q, k, v, out_global_amax, *, scale=None, causal=False, window=None, sink=None):
+    """NVFP4-1.1: attention whose output leaves the kernel already quantized to NVFP4 (no bf16 round trip
+    through HBM): returns ``(data uint8 [B, Sq, H, D/2], scales uint8 [B, Sq, H, D/16] (e4m3 bits),
+    global_scale fp32 = S_dec)`` with the caller's static ``out_global_amax``.  The epilogue quantizes the
+    fp32-normalized O with TE's order of operations (see ``dsv4lib.reference.quant.nvfp4_quantize``), packing
+    the bytes in registers (NVFP4-1.2)."""
+    _validate(q, k, v, window, sink)
+    check_hopper(q.device, "attention_nvfp4")
+    if q.shape[3] == MQA_HEAD_DIM:
+        raise ValueError("attention_nvfp4 runs the head dims of the dense kernel (64, 128, 256)")
+    from ..reference.quant import nvfp4_global_encode_scale
+    amax = amax_tensor(out_global_amax, q.device)
+    if amax.numel() != 1:
+        raise ValueError(f"out_global_amax must be a scalar, got shape {tuple(amax.shape)}")
+    s_enc = nvfp4_global_encode_scale(amax.reshape(())).reshape(1).contiguous()
+    B, Sq, H, D = q.shape
+    scale = D ** -0.5 if scale is None else float(scale)
+    data = torch.empty(B, Sq, H, D // 2, dtype=torch.uint8, device=q.device)
+    scales = torch.empty(B, Sq, H, D // 16, dtype=torch.uint8, device=q.device)
+    lse = torch.empty(B, H, Sq, dtype=torch.float32, device=q.device)
+    with torch.cuda.device(q.device):
+        # the same mainloop and schedule as plain attention, so the comparison isolates the epilogue; the kernel
+        # writes whole 32-bit words (a quad assembles each block's 8 bytes, the scale bytes go 4 at a time)
+        config = config_for(q, causal=bool(causal), has_lse=False, window=window, sink=sink is not None,
+                            nvfp4_out=True)
+        launch(config, q, k, v, data.view(torch.int32), lse, scale=scale, window=window,
+               sink_t=sink_arg(sink, q.device), out_scales=scales.view(torch.int32), s_enc=s_enc)
+    return data, scales, (1.0 / s_enc).reshape(())
+
+
+def attention_fp32(q, k, v, *, scale=None, causal=False, window=None):
+    """The kernel's own fp32-normalized output (no sink), through the split build with one split: what the
+    NVFP4 epilogue quantizes.  For tests and comparisons."""
+    _validate(q, k, v, window, None)
+    check_hopper(q.device, "attention_fp32")
+    if q.shape[3] == MQA_HEAD_DIM:
+        raise ValueError("attention_fp32 runs the head dims of the dense kernel (64, 128, 256)")
+    B, Sq, H, D = q.shape
+    scale = D ** -0.5 if scale is None else float(scale)
+    o_part = torch.empty(1, B, Sq, H, D, dtype=torch.float32, device=q.device)
+    lse_part = torch.empty(1, B, H, Sq, dtype=torch.float32, device=q.device)
+    with torch.cuda.device(q.device):
+        # the plain split build's tile shapes: its fp32 sums are the ones the NVFP4 epilogue's bits are checked on
+        config = Sm90FwdConfig.for_problem(D, causal=bool(causal), window=window, split_kv=True, overlap=False,
+                                           gpu_name=device_facts(q.device)[0])
+        launch(config, q, k, v, o_part, lse_part, scale=scale, window=window, sink_t=placeholder(q.device, "sink"))
+    return o_part[0]

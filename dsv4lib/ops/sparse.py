@@ -1,0 +1,215 @@
+"""``dsv4lib.sparse_attention`` (D6) and the hd512 MQA path of ``dsv4lib.attention``: one shared KV head of dim 512
+with K = V, 64 query heads per CTA packed as the MMA M dimension
+(:class:`dsv4lib.kernels.sm90.sparse_fwd.SparseAttentionForwardSm90`).  Same semantics as
+:func:`dsv4lib.reference.sparse_attention` / :func:`dsv4lib.reference.attention`.  Validate, pick a frozen build
+(:class:`dsv4lib.kernels.sm90.config.SparseFwdConfig`) and a split count, launch."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..kernels.sm90.config import SparseFwdConfig
+from .attention import check_sink
+from .combine import combine_partials
+from .launch import (check_hopper, check_num_splits, compile_once, current_stream, device_facts, placeholder,
+                     rows_dynamic, sink_arg, workspace)
+
+HEAD_DIM = 512
+HEADS_PER_CTA = 64
+MAX_SPLITS = 64
+# clustered split partials (dense keys): C splits of a query merge on chip, so one fp32 partial in C is written and
+# read back by the combine; C = 4 measured best of 2 / 4 / 8 at H64 / H128 KV16k-64k (docs/tuning/d2.md)
+CLUSTER_SPLITS = 4
+MIN_TILES_PER_CLUSTERED_SPLIT = 2
+# gathered keys: split only small batches (an unsplit CTA takes ~40 us whatever the batch; fp32 partials cost more
+# with every token): B128 146 -> 50 us against the dense one-wave rule (docs/tuning/d2.md)
+GATHER_SPLIT_MAX_BATCH = 16
+GATHER_SPLIT_CTAS = 64
+GATHER_MAX_SPLITS = 8
+
+
+def kernel_args(q, kv, indices, o, lse, sink, scale: float, window: int, stream=None) -> tuple:
+    """q ``(B, Sq, H, 512)``, kv ``(B, Skv, 512)``, indices ``(B, Sq, K)`` int32, o ``(splits, B, Sq, H, 512)``,
+    lse ``(splits, B, H, Sq)``, sink ``(H,)`` → the kernel's arguments (+ the launch stream when given; CPU
+    compile tests leave it out)."""
+    from cutlass import Float32, Int32
+    args = (rows_dynamic(q, (3,)), rows_dynamic(kv, (2,)), rows_dynamic(indices), rows_dynamic(o, (4,)),
+            rows_dynamic(lse), Float32(scale * math.log2(math.e)), Int32(window), rows_dynamic(sink))
+    return args if stream is None else args + (stream,)
+
+
+def fake_args(gather: bool = True, split_kv: bool = False):
+    """Runtime-typed stand-ins (CPU tensors) for a CPU build of the kernel."""
+    o_dtype = torch.float32 if split_kv else torch.bfloat16
+    return kernel_args(torch.empty(1, 3, 64, HEAD_DIM, dtype=torch.bfloat16),
+                       torch.empty(1, 100, HEAD_DIM, dtype=torch.bfloat16),
+                       torch.empty(1, 3, 128 if gather else 1, dtype=torch.int32),
+                       torch.empty(2 if split_kv else 1, 1, 3, 64, HEAD_DIM, dtype=o_dtype),
+                       torch.empty(2 if split_kv else 1, 1, 64, 3, dtype=torch.float32), torch.empty(64), 1.0, 0)
+
+
+def launch(config: SparseFwdConfig, q4, kv3, idx3, o, lse, sink_t, *, scale: float, window) -> None:
+    from ..kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
+    args = kernel_args(q4, kv3, idx3, o, lse, sink_t, scale, window or 0, current_stream(q4.device))
+    compile_once(config, lambda: SparseAttentionForwardSm90(config), args)(*args)
+
+
+_ACTIVE_CLUSTERS: dict[tuple, int] = {}
+
+
+def active_clusters(cluster: int, device) -> int:
+    """How many (1, 1, ``cluster``) clusters of one-CTA-per-SM blocks the GPU holds at once (a cluster lives in
+    one GPC, so this is not simply SMs / cluster)."""
+    key = (cluster, str(device))
+    if key not in _ACTIVE_CLUSTERS:
+        from cutlass.utils import HardwareInfo
+        with torch.cuda.device(device):
+            _ACTIVE_CLUSTERS[key] = HardwareInfo(torch.cuda.current_device()).get_max_active_clusters(cluster)
+    return _ACTIVE_CLUSTERS[key]
+
+
+def cluster_for(num_splits: int, gather: bool) -> int:
+    """The cluster size of a split launch: the largest of CLUSTER_SIZE, ..., 2 that divides the split count, for
+    dense keys only (gathered keys take the paired schedule, which has no cluster build); 1 = no cluster."""
+    if num_splits < 2 or gather:
+        return 1
+    c = CLUSTER_SPLITS
+    while c > 1 and num_splits % c:
+        c //= 2
+    return c
+
+
+def gather_splits(batch_ctas: int, n_tiles: int) -> int:
+    """The split count for gathered keys: doubling from 1 while the batch is small, the launch stays within
+    GATHER_SPLIT_CTAS CTAs and every split keeps two 64-key tiles."""
+    splits = 1
+    if batch_ctas <= GATHER_SPLIT_MAX_BATCH:
+        while (splits * 2 <= GATHER_MAX_SPLITS and batch_ctas * splits * 2 <= GATHER_SPLIT_CTAS
+               and n_tiles // (splits * 2) >= 2):
+            splits *= 2
+    return splits
+
+
+def choose_splits(num_splits, batch_ctas: int, n_keys: int, device, gather: bool) -> int:
+    """``num_splits`` checked and clamped to the key tiles, or (``None``) the split count for this launch."""
+    check_num_splits(num_splits)
+    n_tiles = max(1, -(-n_keys // 64))
+    if num_splits is None and gather:
+        return gather_splits(batch_ctas, n_tiles)
+    if num_splits is None:
+        # clustered partials cost 1/C of the plain ones: fill every cluster slot the GPU has (one CTA per SM),
+        # at least MIN_TILES_PER_CLUSTERED_SPLIT tiles a split, a multiple of C splits per query
+        c = CLUSTER_SPLITS
+        per_query = active_clusters(c, device) // batch_ctas * c
+        splits = min(per_query, n_tiles // MIN_TILES_PER_CLUSTERED_SPLIT // c * c)
+        if splits >= c:
+            return splits
+        # one wave: every SM takes part; at least 4 tiles per split keep the fp32 partials small next to the keys,
+        # at most MAX_SPLITS (past ~64 the combine costs more than the extra CTAs win)
+        sms = device_facts(device)[1]
+        num_splits = 1 if batch_ctas >= sms else max(1, min(-(-sms // batch_ctas), n_tiles // 4, MAX_SPLITS))
+    return min(num_splits, n_tiles)                      # documented clamp: at least one key tile per split
+
+
+def _run(q4, kv3, idx3, *, gather, causal, window, sink, scale, num_splits):
+    """q4 (B, Sq, H, 512), kv3 (B, Skv, 512), idx3 (B, Sq, K) or None → out (B, Sq, H, 512), lse (B, H, Sq)."""
+    B, Sq, H, _ = q4.shape
+    device = q4.device
+    sink_t = sink_arg(sink, device)
+    idx = idx3 if gather else placeholder(device, "indices")
+    out = torch.empty_like(q4)
+    lse = torch.empty(B, H, Sq, dtype=torch.float32, device=device)
+    problem = dict(gather=gather, causal=causal, window=window is not None)
+    with torch.cuda.device(device):
+        if num_splits == 1:
+            config = SparseFwdConfig.for_problem(sink=sink is not None, **problem)
+            launch(config, q4, kv3, idx, out.unsqueeze(0), lse.unsqueeze(0), sink_t, scale=scale, window=window)
+        else:
+            cluster = cluster_for(num_splits, gather)
+            config = SparseFwdConfig.for_problem(split_kv=True, cluster_splits=cluster, **problem)
+            o_part, lse_part = workspace(num_splits // cluster, B, Sq, H, HEAD_DIM, device)
+            launch(config, q4, kv3, idx, o_part, lse_part, sink_t, scale=scale, window=window)
+            combine_partials(o_part, lse_part, out, lse, sink_t, has_sink=sink is not None, pdl=cluster > 1)
+    return out, lse
+
+
+def _check_kind(name, t, dims, dtype=torch.bfloat16):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != dtype:
+        raise TypeError(f"{name} must be {str(dtype).replace('torch.', '')}, got {t.dtype}")
+    if t.dim() != dims:
+        raise ValueError(f"{name} must be {dims}-D, got shape {tuple(t.shape)}")
+
+
+def _check_placement(name, t):
+    if not t.is_cuda:
+        raise ValueError(f"{name} must be a CUDA tensor (got device {t.device})")
+    if not t.is_contiguous() or t.data_ptr() % 16:
+        raise ValueError(f"{name} must be contiguous with a 16-byte aligned start (strides {t.stride()})")
+
+
+def _check_heads(H):
+    if H % HEADS_PER_CTA:
+        raise ValueError(f"the hd512 MQA kernel packs {HEADS_PER_CTA} query heads per CTA: H must be a multiple of "
+                         f"{HEADS_PER_CTA} (DSV4: 64 or 128), got {H}")
+
+
+def sparse_attention(q, kv, indices, *, scale=None, sink=None, return_lse=False, num_splits=None):
+    """DSV4 / FlashMLA sparse attention on the GPU: q ``[Sq, H, 512]`` bf16 (H a multiple of 64), kv
+    ``[Skv, 512]`` bf16 (K = V), indices ``[Sq, K]`` int32 (``-1`` or anything outside ``[0, Skv)`` = no key).
+    Returns ``out [Sq, H, 512]`` bf16 and with ``return_lse`` ``lse [Sq, H]`` fp32 (sink excluded).
+    ``num_splits``: split each query's key list over that many CTAs (decode), merged by LSE; ``None`` =
+    heuristic, ``1`` = no split, clamped to the number of 64-key tiles."""
+    _check_kind("q", q, 3)
+    _check_kind("kv", kv, 2)
+    if not isinstance(indices, torch.Tensor) or indices.dtype != torch.int32:
+        raise TypeError(f"indices must be an int32 tensor, got {getattr(indices, 'dtype', type(indices))}")
+    _check_kind("indices", indices, 2, torch.int32)
+    Sq, H, D = q.shape
+    if D != HEAD_DIM or kv.shape[1] != HEAD_DIM:
+        raise ValueError(f"sparse_attention is built for head dim {HEAD_DIM} (q {D}, kv {kv.shape[1]})")
+    if indices.shape[0] != Sq or indices.shape[1] < 1:
+        raise ValueError(f"indices must be [Sq={Sq}, K >= 1], got {tuple(indices.shape)}")
+    if kv.shape[0] < 1 or Sq < 1:
+        raise ValueError(f"need Sq >= 1 and Skv >= 1, got q {tuple(q.shape)}, kv {tuple(kv.shape)}")
+    _check_heads(H)
+    check_sink(sink, H, q.device)
+    for name, t in (("q", q), ("kv", kv), ("indices", indices)):
+        _check_placement(name, t)
+    if len({q.device, kv.device, indices.device}) != 1:
+        raise ValueError("q, kv and indices must be on the same device")
+    check_hopper(q.device, "sparse_attention")
+    scale = D ** -0.5 if scale is None else float(scale)
+    splits = choose_splits(num_splits, Sq * H // HEADS_PER_CTA, indices.shape[1], q.device, gather=True)
+    out, lse = _run(q.unsqueeze(0), kv.unsqueeze(0), indices.unsqueeze(0), gather=True, causal=False, window=None,
+                    sink=sink, scale=scale, num_splits=splits)
+    return (out[0], lse[0].t()) if return_lse else out[0]
+
+
+def mqa512_attention(q, kv, *, scale=None, causal=False, window=None, sink=None, num_splits=None):
+    """hd512 MQA with K = V (``dsv4lib.attention`` routes here): q ``[B, Sq, H, 512]``, kv ``[B, Skv, 512]``.
+    Returns ``(out [B, Sq, H, 512], lse [B, H, Sq])``."""
+    B, Sq, H, D = q.shape
+    _check_heads(H)
+    check_sink(sink, H, q.device)
+    if not q.is_contiguous() or not kv.is_contiguous():
+        raise ValueError("the hd512 MQA path needs contiguous q and k (= v)")
+    scale = D ** -0.5 if scale is None else float(scale)
+    splits = choose_splits(num_splits, B * Sq * H // HEADS_PER_CTA, min(kv.shape[1], window or kv.shape[1]),
+                           q.device, gather=False)
+    return _run(q, kv, None, gather=False, causal=bool(causal), window=window, sink=sink, scale=scale,
+                num_splits=splits)
+
+
+def gather_roof(q, kv, indices):
+    """Benchmark only: the hd512 kernel's producer alone (consumers wait and release, no math, the output left
+    unwritten) on ``sparse_attention``'s inputs — the time the gather by itself takes.  Returns nothing."""
+    Sq, H, _ = q.shape
+    out = torch.empty(1, 1, Sq, H, HEAD_DIM, dtype=torch.bfloat16, device=q.device)
+    lse = torch.empty(1, 1, H, Sq, dtype=torch.float32, device=q.device)
+    config = SparseFwdConfig.for_problem(gather=True).replace(gather_only=True)
+    with torch.cuda.device(q.device):
+        launch(config, q.unsqueeze(0), kv.unsqueeze(0), indices.unsqueeze(0), out, lse,
+               placeholder(q.device, "sink"), scale=HEAD_DIM ** -0.5, window=None)

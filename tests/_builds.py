@@ -1,0 +1,36 @@
+"""Test helpers for the Hopper attention builds: the tuned schedule as a dict of kernel-config fields, and a run of
+one explicit config through the public launch path (what a variant test times or checks)."""
+import dataclasses
+
+import torch
+
+from dsv4lib.kernels.sm90.config import Sm90FwdConfig
+
+_PROBLEM = ("head_dim", "causal", "has_lse", "window", "sink", "split_kv", "p_in_smem", "overlap", "nvfp4_out",
+            "pack_gqa")
+
+
+def sm90_kernel_shape(head_dim, overlap, pack=1, nvfp4_out=False, small_window=False, split_kv=False) -> dict:
+    """The schedule fields (tile shape, stages, persistence, ...) ``Sm90FwdConfig.for_problem`` picks on an
+    H100 / H200 for this problem; persistent-only fields are left out where the build is not persistent."""
+    cfg = Sm90FwdConfig.for_problem(head_dim, window=128 if small_window else None, split_kv=split_kv,
+                                    overlap=overlap, nvfp4_out=nvfp4_out, pack_gqa=pack, gpu_name="H200")
+    default = Sm90FwdConfig(head_dim=head_dim)
+    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
+            if f.name not in _PROBLEM + ("num_sms",) and (getattr(cfg, f.name) != getattr(default, f.name)
+                                                            or f.name in ("tile_m", "tile_n"))}
+
+
+def run_config(config: Sm90FwdConfig, q, k, v, *, window=None, sink=None, scale=None):
+    """``config`` launched on (q, k, v) as ``dsv4lib.attention`` would launch it: returns (out, lse); the outputs
+    are poisoned with NaN first."""
+    from dsv4lib.ops.attention import launch
+    from dsv4lib.ops.launch import placeholder
+    B, Sq, H, D = q.shape
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((B, H, Sq), float("nan"), dtype=torch.float32, device=q.device)
+    if config.persistent:
+        config = config.replace(num_sms=torch.cuda.get_device_properties(q.device).multi_processor_count)
+    launch(config, q, k, v, out, lse, scale=D ** -0.5 if scale is None else scale, window=window,
+           sink_t=sink if sink is not None else placeholder(q.device, "sink"))
+    return out, lse
