@@ -180,7 +180,7 @@ def test_warpgroup_tiles_build_splits_the_tiles_between_its_warpgroups(head_dim)
     info = k.ptxas_report()
     if info is not None:
         assert "0 bytes spill stores" in info, info[-400:]
-    for bad in (dict(tile_m=64), dict(persistent=False, dynamic_schedule=False), dict(nvfp4_out=True)):
+    for bad in (dict(persistent=False, dynamic_schedule=False), dict(nvfp4_out=True)):
         with pytest.raises(ValueError, match="warpgroup_tiles|persistent"):
             FlashAttentionForwardSm90(Sm90FwdConfig(head_dim=head_dim, causal=False, has_lse=True, window=True, overlap=True,
                                       **{**shape, **bad}))
@@ -215,7 +215,7 @@ def test_hd256_small_window_build_takes_32_key_warpgroup_tiles():
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("head_dim,small_window", [(128, True), (64, True), (128, False)])
+@pytest.mark.parametrize("head_dim,small_window", [(64, True), (128, False)])
 def test_persistent_build_walks_blocks_and_overlaps_the_o_store(head_dim, small_window):
     """Persistent CTAs (hd128's D1 default; at small windows the 64-row build): two Q stages, O through its own buffer; the TMA store of
     a block is left in flight and waited for only before the next block's O overwrites the buffer and once at the
@@ -579,7 +579,7 @@ def test_gqa_packed_build_loads_q_with_a_5d_tma(head_dim, flags):
 
 
 def test_gqa_packing_needs_a_factor_dividing_the_tile():
-    from dsv4lib.ops.attention import _pack_factor
+    from dsv4lib.ops.attention import pack_factor as _pack_factor
     from dsv4lib.kernels.sm90.config import Sm90FwdConfig
     from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90
     with pytest.raises(ValueError, match="pack_gqa"):

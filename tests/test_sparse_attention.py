@@ -22,8 +22,6 @@ def _build(gather, split_kv=False, **flags):
     (True, False, {"sink": True, "has_lse": True}),
     (True, True, {}),
     (False, False, {"causal": True, "window": True, "sink": True}),
-    (True, False, {"sink": True, "has_lse": True, "schedule": "balanced"}),
-    (False, True, {"causal": True, "schedule": "balanced"}),
     (True, False, {"sink": True, "has_lse": True, "schedule": "paired"}),
     (True, True, {"schedule": "paired"}),
     (False, False, {"causal": True, "window": True, "sink": True, "schedule": "paired"}),
@@ -107,8 +105,6 @@ def test_schedule_knobs_are_checked():
         SparseAttentionForwardSm90(SparseFwdConfig(gather=True, schedule="pingpong"))
     with pytest.raises(ValueError, match="skip_mma"):
         SparseAttentionForwardSm90(SparseFwdConfig(gather=True, schedule="paired", skip_mma="qk"))
-    with pytest.raises(ValueError, match="two KV buffers"):
-        SparseAttentionForwardSm90(SparseFwdConfig(gather=True, schedule="paired", num_stages=3))
 
 
 @pytest.mark.compile
@@ -147,11 +143,17 @@ def test_hd512_attention_needs_mqa_with_k_equal_v():
         dsv4lib.attention(q, _bf(1, 8, 2, 512), _bf(1, 8, 2, 512))   # two KV heads
 
 
-@pytest.fixture(params=["columns", "balanced", "paired"])
+@pytest.fixture(params=["columns", "paired"])
 def schedule(request, monkeypatch):
-    """Every warpgroup schedule of the hd512 kernel runs every GPU case."""
-    import dsv4lib.ops.sparse
-    monkeypatch.setattr(dsv4lib.ops.sparse, "SCHEDULE", request.param)
+    """Both warpgroup schedules of the hd512 kernel run every GPU case (a clustered split build stays on columns,
+    the only schedule with a cluster merge)."""
+    from dsv4lib.kernels.sm90.config import SparseFwdConfig
+    chosen = SparseFwdConfig.for_problem.__func__
+
+    def for_problem(cls, **problem):
+        config = chosen(cls, **problem)
+        return config if config.cluster_splits > 1 else config.replace(schedule=request.param)
+    monkeypatch.setattr(SparseFwdConfig, "for_problem", classmethod(for_problem))
     return request.param
 
 
@@ -232,7 +234,7 @@ def test_cluster_reduced_partials_match_the_reference(monkeypatch, B, Sq, H, Skv
     kv = torch.randn(B, Skv, 1, 512, generator=gen).to("cuda", torch.bfloat16)
     sink = (torch.randn(H, generator=gen) * 2).cuda() if with_sink else None
     n_keys = min(Skv, window or Skv)
-    used = sparse._splits(splits, B * Sq * H // 64, n_keys, q.device, gather=False)
+    used = sparse.choose_splits(splits, B * Sq * H // 64, n_keys, q.device, gather=False)
     assert sparse.cluster_for(used, gather=False) == expect_c
     if splits is None:
         assert used % cluster == 0 and used >= 2 * cluster             # the heuristic fills cluster slots
@@ -306,15 +308,15 @@ def test_cluster_size_follows_the_split_count(monkeypatch):
 
 @pytest.mark.parametrize("bad", [0, -1, True, 2.0, "4"])
 def test_bad_num_splits_is_rejected(bad):
-    from dsv4lib.ops.sparse import _splits
+    from dsv4lib.ops.sparse import choose_splits as _splits
     with pytest.raises(ValueError, match="num_splits"):
-        _splits(bad, 1, 4096, "cpu")
+        _splits(bad, 1, 4096, "cpu", gather=True)
 
 
 def test_num_splits_is_clamped_to_the_key_tiles():
-    from dsv4lib.ops.sparse import _splits
-    assert _splits(1000, 1, 300, "cpu") == 5          # 300 keys = 5 tiles of 64: at least one tile per split
-    assert _splits(3, 1, 300, "cpu") == 3
+    from dsv4lib.ops.sparse import choose_splits as _splits
+    assert _splits(1000, 1, 300, "cpu", gather=True) == 5          # 300 keys = 5 tiles of 64: at least one tile per split
+    assert _splits(3, 1, 300, "cpu", gather=True) == 3
 
 
 def test_hd512_attention_rejects_a_p_path_or_overlap():

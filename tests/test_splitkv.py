@@ -113,7 +113,7 @@ def test_combine_kernel_streams_vectors(head_dim):
 def test_combine_kernel_from_the_runtime_arguments_loads_vectors():
     """What ``combine_partials`` passes (the DSV4 decode workspace: 132 splits × 64 heads × 512) still lets the
     compiler prove 16 B alignment of each lane's columns."""
-    from dsv4lib.ops.attention import combine_args
+    from dsv4lib.ops.combine import combine_args
     from dsv4lib.kernels.combine import LSECombineKernel
     from dsv4lib.kernels.compile import compile_for_arch
     args = combine_args(torch.empty(132, 1, 1, 64, 512), torch.empty(132, 1, 64, 1),

@@ -104,7 +104,7 @@ def launch(config: Sm90FwdConfig, q, k, v, o, lse, *, scale: float, window, sink
     split = config.split_kv
     args = (to_cute(q, 3), to_cute(k, 3), to_cute(v, 3), to_cute(o, 4 if split else 3), to_cute(lse, 3 if split else 2),
             Float32(scale * math.log2(math.e)), Int32(window or 0), to_cute(sink_t, 0),
-            to_cute(out_scales if out_scales is not None else placeholder(device, "scales"), 0),
+            to_cute(out_scales, 3) if out_scales is not None else to_cute(placeholder(device, "scales"), 0),
             to_cute(s_enc if s_enc is not None else placeholder(device, "s_enc"), 0), current_stream(device))
     if config.dynamic_schedule:
         args = args + (to_cute(work_counters(device), 0),)

@@ -202,7 +202,7 @@ class SparseFwdConfig(_Config):
     causal: bool = False
     window: bool = False
     sink: bool = False
-    has_lse: bool = True
+    has_lse: bool = False
     split_kv: bool = False
     schedule: str = "columns"       # how the two consumer warpgroups share a tile (kernel docstring)
     cluster_splits: int = 1         # C splits of a query merge on chip through DSMEM (dense split decode)
@@ -232,5 +232,5 @@ class SparseFwdConfig(_Config):
                     split_kv: bool = False, cluster_splits: int = 1) -> "SparseFwdConfig":
         # gathered keys: paired schedule (whole tiles in turn, half-tile pipelines): 423 vs 369 TFLOP/s at h64 K640;
         # dense keys: columns (the long-KV split decode: 44.2 vs 47.8 us at H64 KV64k)
-        return cls(gather=gather, causal=causal, window=window, sink=sink and not split_kv, split_kv=split_kv,
+        return cls(gather=gather, causal=causal, window=window, sink=sink and not split_kv, has_lse=True, split_kv=split_kv,
                    schedule="paired" if gather else "columns", cluster_splits=cluster_splits)
