@@ -237,11 +237,10 @@ if speed:
     fig.tight_layout()
 
 # %% [markdown]
-# ## What limits us (H200 measurements, `scripts/explore.py d1tune`)
+# ## What limits us (H200 measurements; the full log: `docs/tuning/d1_d5.md`)
 # * **Registers.** Two consumer warpgroups get 240 registers each after `setmaxnreg` (the producer keeps 24);
 #   ptxas reports no spills for the 128-row tiles at hd 64/128/256.  FA4's hd64 tile is 192 rows (three consumer
-#   warpgroups at 160 registers).  Ours spilled 580 B per thread there until session 16; the current mainloop fits
-#   160 with no spill, and hd64 now takes that tile, persistent (dynamic schedule) with O staged in its item's Q
+#   warpgroups at 160 registers).  Our mainloop fits 160 with no spill, and hd64 now takes that tile, persistent (dynamic schedule) with O staged in its item's Q
 #   stage for an idle producer warp to store (`o_in_q_stage`): 481-497 → 561-576 TFLOP/s (FA4 576-588), causal
 #   455-460 → 500-504 (FA4 538-542).  At hd64 the softmax (one `exp2` per score, 16 per clock per SM) costs about
 #   as much as the two MMAs; a third warpgroup gives the tensor cores another softmax to overlap with.
@@ -250,7 +249,7 @@ if speed:
 #   tried yet.
 # * **Barrier stalls / MMA issue order.** The intra-warpgroup overlap (QK of tile j+1 issued with PV of tile j) is
 #   worth 8–16 % ("ours no overlap" column).  Warpgroup ping-pong (FA3's named-barrier turns) measured no consistent
-#   gain at hd128 (within the ~5 % run-to-run noise), so it is built (`SM90_TUNING`, `wg_pingpong`) but off.
+#   gain at hd128 (within the ~5 % run-to-run noise), so it was retired.
 #   hd256 takes `tile_n = 80` with O rescaled while QK is in flight: +5 % (non-causal and causal).
 # * **A ptxas trap.** `.to(BFloat16)` on a tile that is not 128 wide converts one value at a time; the RS wgmma then
 #   reads registers assembled from 16-bit halves after its fence and ptxas injects extra `warpgroup.arrive`
@@ -264,12 +263,12 @@ if speed:
 #   work).  So the producer takes each next block from a global counter (`dynamic_schedule`; the block goes to the
 #   consumers in shared memory next to its Q, -1 ends the walk) and the last query blocks of a head come first
 #   under a causal mask or a window.  H200: non-causal 687 → 719, causal a tie (665 / 660), W = 4096 −3 %.
-# * **Where ptxas puts the PV wait** (sessions 13-14, SASS + Nsight Compute source counters, `scripts/ncu_compare.py`):
+# * **Where ptxas puts the PV wait** (SASS + Nsight Compute source counters):
 #   with the overlap, PV(j) runs while tile j+1's softmax computes — unless ptxas hoists the wait for PV(j) above
 #   that softmax, which it does by itself (it wants to pack P early into the registers PV(j) still reads), and which
 #   serialized the softmax behind PV.  `pv_wait_block` puts the wait in a basic block of its own (a never-taken branch)
 #   so it stays below the softmax: ncu, H200, hd128 D1 / causal / W4096 3.78 / 2.05 / 1.81 → 3.74 / 1.98 / 1.76 ms.
-#   It loses at hd64, hd256 and the 64×64 small-window tiles, so it is on for hd128 only (`SM90_TUNING`).
+#   It loses at hd64, hd256 and the 64×64 small-window tiles, so it is on for hd128 only (`Sm90FwdConfig.for_problem`).
 # * **Masks, one edge at a time.** A tile crossing the causal diagonal (or the ragged end of the keys) and a tile
 #   crossing a window's left edge are masked by separate passes, each a single limit per row compared with the
 #   element's constant column offset: W4096 1.76 → 1.72 ms, the W128 window 196 → 183 µs (ncu, H200).

@@ -145,7 +145,7 @@ record(metrics_path, compiled=build_ok, builds=builds, sm100a="COMPILED-ONLY" if
 # (`bench.fraction_at_copy_rate`, recorded per shape).  Reading is cheaper than copying, so this is a yardstick, not
 # a bound (on the H100 the quantize beats it); the bound is the HBM: 0.85 of the copy at 4096² means 43 MB in
 # ~11.9 µs, i.e. ~5.7 TB/s after the ~4.4 µs floor — above the H200's 4.8 TB/s peak.  The same kernel with its
-# encoder switched off (`_encode=False`, the same loads and stores) reads 0.75 there (session 17).
+# encoder switched off (`_encode=False`, the same loads and stores) reads 0.75 there.
 # The cosine goes through `dsv4lib.dequantize_nvfp4`, the GPU dequantize kernel (bit-equal to the reference,
 # tested in `tests/test_nvfp4_kernel.py`).
 

@@ -123,7 +123,7 @@ if on_gpu:
 # launched with programmatic dependent launch, so it is already resident when the split kernel ends — merges 30
 # instead of 120.
 #
-# Where the time goes (H200, B1 H64 KV 64k, `DSV4_PHASE_TIMES=1 scripts/explore.py decodetimes`, µs from the first
+# Where the time goes (H200, B1 H64 KV 64k, per-phase `%globaltimer` stamps, µs from the first
 # CTA's start, medians): Q lands at 1.3, the first KV tile at 3.5 (every SM asks for its two 64 KB stages at once),
 # the main loop ends at ~19 — the producer alone streams the same 64 MB in ~19, so the math is hidden — then the
 # on-chip merge takes ~4.3 (~1.7 until every CTA of the cluster has its O in `sRed`, the slowest split included; ~2.6

@@ -7,46 +7,23 @@
 #
 # * KV tiles wholly left of a query tile's window are **skipped** — never loaded, never multiplied — and only
 #   the tiles that cross the window's edges are masked;
-# * a **small window** (W ≤ 128, DSV4's) makes the kernel a stream: each query tile meets only 2-3 KV tiles, so the time
-#   goes into loading Q, K, V and storing O, not into the MMAs.  Such windows got a 64-row tile with 64-wide KV
-#   tiles (`dsv4lib.kernels.sm90.config`; hd128's default until session 15, hd64's until 16): one consumer warpgroup, 83 KB of shared memory and
-#   at most 128 registers a thread, so **two CTAs share an SM** and one's loads and stores overlap the other's
-#   MMAs.  And the CTAs are **persistent**: 2 per SM walk the query blocks (neighbouring blocks at once, so a K/V
-#   tile read by three of them comes from L2), the producer loads the next block's Q (two Q stages) and K/V while
-#   the consumer still works on this one, and O leaves through its own buffer by a TMA store nobody waits for
-#   until the buffer is needed again (H200 hd128: 175 → 206 TFLOP/s).  Blocks are taken from a global counter,
-#   not dealt round-robin (`dynamic_schedule`): with a static deal the median CTA finished at 145 µs but the
-#   slowest tenth at ~159 — SMs differ in how fast the memory system serves them — and the counter lets the fast
-#   ones take more (H200 164.6 → 160.4 µs; on the H100 the static deal lost to one block per CTA, 237 vs 209 µs,
-#   the dynamic one wins, 195).  The other builds put O by `stmatrix` into the dead Q buffer and one TMA store;
-# * **what bounds W = 128, measured** (H200, B2 H16 S16k hd128): with every wgmma left out
-#   (`DSV4_D1_DEBUG=nomma scripts/explore.py d5win`) the persistent build still takes 155 µs of its 164 — its data
-#   path is the limit: a 64-row block reads 3 K/V tiles, so each tile crosses L2 → SM three times (~7 TB/s of L2
-#   traffic).  The **window ring** (`ring=True`, a knob) streams each tile once per chunk of consecutive query
-#   blocks into a ring in shared memory; its data path alone takes 133 µs (0.95 of the copy bandwidth), but the
-#   whole kernel 180 µs: with one CTA per SM the ring leaves room to prefetch only about one item, so the loads stop
-#   while the MMAs run.  The two-CTA ring of 64-row items keeps Q in registers (`q_in_registers`: RS-wgmma for QK,
-#   so the next item's Q loads a whole item ahead): 197 → 170 µs, data path alone 140; its three K/V stages are
-#   exactly an item's working set, so the next tile loads only once the item's first is done, and its chunks of
-#   consecutive items cannot be dealt dynamically (the slowest CTAs end at 170, the median at 151);
-# * **what wins at hd128 (session 15)**: Nsight Compute shows the 64-row build running the L2 at 88 % of its peak
-#   (each K/V tile read three times).  A 128-row tile loads the 4 tiles its rows see once for both warpgroups
-#   (6 for two 64-row blocks), but a plain one made each warpgroup compute all 4 — one wholly masked — and lost
-#   (173 µs).  With **warpgroup tiles** (`warpgroup_tiles`) the tile's slots are ordered [upper half's own tile |
-#   the shared ones | lower half's own tile] and each warpgroup skips the other's (waits and hands it back, no
-#   wgmma): one CTA per SM, 4 K/V stages, the early O rescale, and each warpgroup storing its own 64 rows of O
-#   (`split_epilogue`, so one's epilogue runs beside the other's last tile) — 157 → 146-148 µs (data path alone
-#   140): 1.49-1.51× FA4 run to run, right at the 1.5 bar.  Sharing across SMs instead (`cluster_pairs`: two CTAs of a cluster, the shared tiles multicast into
-#   both) cut the L2 load as much, but the two step-locked CTAs waited on each other (161 µs);
-# * **the default since session 16 (hd64 and hd128)**: the same idea one warpgroup wider — a **192-row tile** of three
-#   consumer warpgroups loads 5 K/V tiles per 192 rows (1.67 per 64 rows instead of 2; each warpgroup still
-#   visits only its own 3), with each warpgroup deciding its masks from its own 64 rows.  Two Q stages of 48 KB and 4 K/V
-#   stages fit only without an O buffer: O goes into its item's dead Q stage and an idle producer warp stores it
-#   (`o_in_q_stage`: no consumer waits for a store), and the TMAs carry L2 hints (`l2_hints`: Q and O evict-first,
-#   K/V evict-last).  H200: 145.5 → 139.9 µs at hd128 (1.58× FA4; 141.4 without the hints), 108.6 → 98.6 at hd64.
-#   More K/V stages did not help (the 128-row tile with 5: a tie), nor is there a tail to win (a CTA's time per item
-#   is the same for H = 31 … 34 heads).  hd256 has no room for 192 rows; its 128-row warpgroup tiles take 32-key
-#   K/V tiles (3 stages beside two 64 KB Q stages): 382.6 → 313.8 µs, from 0.92 to 1.13× FA4;
+# * a **small window** (W ≤ 128, DSV4's) makes the kernel a stream: each query tile meets only 2-3 KV tiles, so the
+#   time goes into moving Q, K, V and O, and measured with every wgmma left out the data path alone takes ~95 % of the
+#   kernel's time — the **L2 re-reads of K/V** bound it (a 64-row block reads 3 tiles, so each tile crosses L2 → SM
+#   three times).  So the small-window schedule (`Sm90FwdConfig.for_problem`) shares tiles inside a CTA:
+#   a **192-row tile** of three consumer warpgroups loads the 5 K/V tiles its rows see once (9 for three 64-row
+#   blocks), and each warpgroup visits only its own 3 and skips the rest (**warpgroup tiles**: the producer's slot
+#   order is one descending run, a skipped slot is waited for and handed back with no wgmma; each warpgroup decides
+#   its masks from its own 64 rows);
+# * the CTAs are **persistent** (one per SM, blocks taken from a global counter — SMs differ in how fast the memory
+#   system serves them, and the counter lets the fast ones take more) and load the next block's Q and K/V while
+#   this one computes; two 48 KB Q stages and 4 K/V stages fit only without an O buffer, so O goes into its item's
+#   dead Q stage and an idle producer warp stores it (**`o_in_q_stage`**: no consumer waits for a store); the TMAs
+#   carry **L2 hints** (Q and O evict-first, K/V evict-last).  hd256 has no room for 192 rows: 128-row warpgroup
+#   tiles with 32-key K/V tiles, 3 stages;
+# * what was tried and lost on the way (a window ring streaming each tile once per chunk of blocks, two CTAs per SM
+#   with 64-row tiles, cluster pairs multicasting the shared tiles) and every measurement behind these choices:
+#   `docs/tuning/d1_d5.md`;
 # * the sink joins the final denominator: `O = Σ e^{ℓ} v / (Σ e^{ℓ} + e^{σ})`, the LSE excludes it.
 #
 # D5b: the compressed branch (CSA/HCA entries) is a second key set; `dsv4lib.attention_branches` runs each

@@ -180,7 +180,7 @@ if on_gpu:
 #
 # Where the time went, and what changed it (H200, S 16k).  With the first schedule ("columns": warpgroup 1 computes
 # every tile's scores and the left half of O, warpgroup 2 waits for P and does the right half),
-# `scripts/explore.py d6parts` (random indices, ms) gave: Flash h64 / 640 keys — the kernel 3.63; QK MMA left out
+# timing the kernel with parts left out (random indices, ms) gave: Flash h64 / 640 keys — the kernel 3.63; QK MMA left out
 # 3.07, PV MMA left out 3.28; the producer alone (the gather, no math) 1.68.  Each part left out saved only
 # 10–20 %: the time was the *chain* per 64-key tile (gather wait → QK → softmax → P to shared memory → PV).
 #
@@ -189,9 +189,9 @@ if on_gpu:
 # KV buffers are four half-tile pipelines refilled in the order they are freed; and a key slot that holds no key
 # (`-1`) is zero-filled by the copy (src-size 0) instead of every CTA fetching the same stand-in row — on these
 # indices (the window's first rows, the compressed entries not yet ready) that hot spot was the difference
-# between random and real indices.  `scripts/bench_paired.py` on random indices, TFLOP/s, columns / paired:
-# h64 378 / 436, h128 431 / 482.  Issuing warpgroup 0's next scores behind its last PV (FA3-style,
-# `prefetch_scores`) measured *slower* (318): it delays warpgroup 1, which is the pair's critical path.
+# between random and real indices.  On random indices, TFLOP/s, columns / paired:
+# h64 378 / 436, h128 431 / 482.  Issuing warpgroup 0's next scores behind its last PV (FA3-style) measured
+# *slower* (318): it delays warpgroup 1, which is the pair's critical path (`docs/tuning/d2_d6.md`).
 # The producer alone now streams 7.6 TB/s (L2 hits) — more than twice what the kernel needs.
 
 # %%

@@ -1,10 +1,11 @@
 """D6 / hd512 MQA timing on the GPU: sparse prefill (FlashMLA shapes) vs torch gather + einsum, dense hd512 decode
-with and without split-KV.   python scripts/bench_sparse.py"""
+with and without split-KV; the two warpgroup schedules side by side.   python scripts/bench_sparse.py"""
 import torch
 
 import dsv4lib
-import dsv4lib.ops.sparse
 from dsv4lib import bench
+from dsv4lib.kernels.sm90.config import SparseFwdConfig
+from dsv4lib.ops.sparse import gather_roof, run_config
 
 
 def torch_sparse(q, kv, idx, scale):
@@ -25,21 +26,19 @@ for H, K in ((64, 640), (128, 1152)):
         inputs = [mk() for _ in range(2)]
         flops = 2.0 * Sq * H * K * (512 + 512)
         res = {}
-        for name, schedule, prefetch in (("columns", "columns", True), ("balanced", "balanced", True),
-                                         ("paired", "paired", True), ("paired_noprefetch", "paired", False)):
-            dsv4lib.ops.sparse.SCHEDULE, dsv4lib.ops.sparse.PREFETCH_SCORES = schedule, prefetch
-            t = bench.time_cuda(lambda q, kv, i: dsv4lib.sparse_attention(q, kv, i, num_splits=1), inputs, iters=10)
-            res[name] = round(bench.tflops(flops, t.median_ms))
-        dsv4lib.ops.sparse.SCHEDULE, dsv4lib.ops.sparse.PREFETCH_SCORES = None, False            # the shipped defaults
+        for schedule in ("columns", "paired"):         # the two schedules of the kernel (paired is the default)
+            config = SparseFwdConfig.for_problem(gather=True).replace(schedule=schedule)
+            t = bench.time_cuda(lambda q, kv, i: run_config(config, q, kv, i), inputs, iters=10)
+            res[schedule] = round(bench.tflops(flops, t.median_ms))
+        t = bench.time_cuda(lambda q, kv, i: dsv4lib.sparse_attention(q, kv, i, num_splits=1), inputs, iters=10)
+        res["shipped"] = round(bench.tflops(flops, t.median_ms))
         small = [(q[:1024], kv, i[:1024]) for q, kv, i in inputs]
         tp = bench.time_cuda(lambda q, kv, i: torch_sparse(q, kv, i, 512 ** -0.5), small, iters=5)
         # the gather alone (producer only): its bandwidth, and the TFLOP/s it would allow at H·4 FLOP per byte
         for schedule in ("columns", "paired"):       # the two producers (whole tiles / half tiles) timed alone
-            dsv4lib.ops.sparse.SCHEDULE = schedule
-            tg = bench.time_cuda(lambda q, kv, i: dsv4lib.ops.sparse.gather_roof(q, kv, i), inputs, iters=10)
+            tg = bench.time_cuda(lambda q, kv, i: gather_roof(q, kv, i, schedule=schedule), inputs, iters=10)
             res[f"gather_roof_tbps_{schedule}"] = round(Sq * K * 1024 / (tg.median_ms * 1e-3) / 1e12, 2)
             res[f"gather_roof_tflops_{schedule}"] = round(bench.tflops(flops, tg.median_ms))
-        dsv4lib.ops.sparse.SCHEDULE = None
         print({"kind": "sparse-prefill", "H": H, "K": K, "Sq": Sq, "tflops": res, "host_ms": round(t.host_ms, 3),
                "torch_tflops": round(bench.tflops(flops * 1024 / Sq, tp.median_ms))}, flush=True)
         del inputs, small

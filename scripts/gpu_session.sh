@@ -3,7 +3,7 @@
 #   run  carry [".device-a", ".device-b"]
 #        command: bash scripts/gpu_session.sh <commit> [what ...]
 # what: tests (scripts/gpu_check.sh), pipeline (every stage), bench (bench_sparse, bench_nvfp4, quick_bench),
-# explore (scripts/explore.py sections, $EXPLORE; default: the timings that decide the next defaults);
+# ab (scripts/ab_time.py against the tree in .ab/before, when carried);
 # default: all three — about 10 min, over the 600 s a call may take: run "tests pipeline" (~6.5 min) in one
 # call and "bench" (~3.5 min) in the next.  Results land in $OUT/session.tgz (stages/results/<gpu>.json, STATUS.md, stage logs and
 # metrics, test logs, bench output) — copy stages/results/<gpu>.json back from it.  Why one archive: the next
@@ -21,8 +21,8 @@ for w in $what; do
               tail -n 10 "$out/logs/gpu_check.txt" ;;
     pipeline) timeout ${PIPELINE_TIMEOUT:-330} python -m dsv4lib.workbook.pipeline --timeout 200 > "$out/logs/pipeline.txt" 2>&1
               tr '\r' '\n' < "$out/logs/pipeline.txt" | grep -E "^\s+\S+\s+(PASS|FAIL|COMPILED-ONLY|NOT RUN)" ;;
-    explore)  timeout ${EXPLORE_TIMEOUT:-240} python scripts/explore.py ${EXPLORE:-d6parts tvm512 decode roof nvfp4} 2>&1 \
-                | grep "^{" > "$out/logs/explore.txt"; cat "$out/logs/explore.txt" ;;
+    ab)       [ -d .ab/before/dsv4lib ] && timeout ${AB_TIMEOUT:-300} python scripts/ab_time.py --tree before=.ab/before \
+                --tree after=. --out "$out/logs/ab.json" 2>&1 | tail -n 14 | tee "$out/logs/ab.txt" ;;
     bench)    { timeout 120 python scripts/bench_sparse.py; timeout 60 python scripts/bench_nvfp4.py;
                 timeout 120 python scripts/quick_bench.py 64 128 256; } 2>&1 | grep "{" > "$out/logs/bench.txt"
               cat "$out/logs/bench.txt" ;;

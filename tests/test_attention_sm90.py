@@ -253,7 +253,7 @@ def test_persistent_is_the_small_window_default_but_never_for_split_kv():
     does not (its fp32 partials leave by register stores), and the grid never leaves a one-CTA tail round."""
     from _builds import sm90_kernel_shape
     from dsv4lib.kernels.sm90.config import Sm90FwdConfig
-    from dsv4lib.kernels.sm90.flash_fwd import persistent_grid
+    from dsv4lib.kernels.tile_scheduler import persistent_grid
     for D in (64, 128):
         shape = sm90_kernel_shape(D, True, small_window=True)
         assert shape.get("persistent") is True and shape.get("dynamic_schedule") is True
@@ -618,7 +618,7 @@ def test_gqa_packed_matches_the_reference(B, Sq, Sk, H, Hkv, D, causal, window, 
 def test_default_overlapped_build_keeps_its_wgmmas_asynchronous(head_dim, causal, window, knobs):
     """The overlapped mainloop only overlaps if ptxas keeps the wgmmas asynchronous: a register of an in-flight wgmma
     touched on some path (a spilled P buffer, a branch that skips a wait) makes ptxas serialize every wgmma of the
-    kernel (its C7514 "wgmma ... serialized" note) — 40 % slower, measured on the H200 in session 13 with a second P
+    kernel (its C7514 "wgmma ... serialized" note) — 40 % slower, measured on the H200 with a second P
     buffer (spilled) and with a PV wait skipped on one side of a branch.  The default builds (hd128 with pv_wait_block:
     the wait on both sides of a branch) and the knob flipped: no spills, no serialization."""
     from _builds import sm90_kernel_shape
@@ -648,7 +648,7 @@ def test_default_overlapped_build_keeps_its_wgmmas_asynchronous(head_dim, causal
 def test_default_builds_take_wgmma_descriptors_from_uniform_registers(head_dim, causal, small_window):
     """Every shared-memory descriptor of the default builds' wgmmas is computed from warp-uniform values (block
     indices, pipeline stages, a shuffled warpgroup index), never from tid.x: the Q operand sliced by the thread index
-    cost one R2UR per QK wgmma until session 13.  The checker itself is checked on a build that slices Q by thread."""
+    cost one R2UR per QK wgmma.  The checker itself is checked on a build that slices Q by thread."""
     from _builds import sm90_kernel_shape
     from dsv4lib.kernels.compile import CompiledKernel, compile_for_arch
     from dsv4lib.kernels.sm90.config import Sm90FwdConfig

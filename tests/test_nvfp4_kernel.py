@@ -194,7 +194,7 @@ def test_pv_accumulator_column_structure_behind_the_fused_epilogue():
     import cutlass.utils.hopper_helpers as sm90_utils
     from cutlass.cute.nvgpu import OperandMajorMode, warpgroup
     from dsv4lib.kernels.sm90.config import Sm90FwdConfig
-    from dsv4lib.kernels.sm90.flash_fwd import acc_layout_rows_cols
+    from dsv4lib.kernels.layouts import acc_layout_rows_cols
     from dsv4lib.layouts.trace import run_traced
     for D in (64, 128, 256):
         def build():

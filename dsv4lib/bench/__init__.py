@@ -59,7 +59,7 @@ def time_cuda_interleaved(fns: dict[str, Callable[..., Any]], inputs: Sequence[t
     """:func:`time_cuda` of several functions on the same inputs, their runs interleaved (run i of every function,
     then run i + 1 of every function, ...), so a drift of the clock or of the GPU's temperature during the
     measurement reaches all of them alike.  Timed one after the other, a ratio of two kernels moved by a few percent
-    with the boost clock of our H200 (session 13: FA4's own time by 3.5 % between two runs of the same code).  A
+    with the boost clock of our H200 (FA4's own time by 3.5 % between two runs of the same code).  A
     function named in ``may_fail`` (a peer that may not run the shape) that raises during warm-up is left out of the
     timing and its exception is returned under its name instead of a Timing; any other function's exception is
     raised."""

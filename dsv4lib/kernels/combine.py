@@ -28,7 +28,6 @@ load per split — 0.14 ms for what the copy bandwidth does in ~10 µs.  Now:
 from __future__ import annotations
 
 import math
-import os
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -41,7 +40,7 @@ LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
 WARPS_PER_CTA = 4
 # split loads a warp keeps in flight (16 instead of 4 changed nothing on the hd512 decode, H200: 9.4 vs 9.6 µs)
-SPLIT_UNROLL = int(os.environ.get("DSV4_COMBINE_UNROLL", "4"))
+SPLIT_UNROLL = 4
 PDL_SMEM = 96 << 10      # pdl: shared memory a CTA reserves, so at most two wait on any SM the split kernel left idle
 LSE_SLOTS = 5            # splits' LSEs a lane keeps in registers: 160 splits (the decode uses at most 132)
 

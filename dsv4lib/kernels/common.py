@@ -128,25 +128,6 @@ def sm100_allocate_tmem(storage, num_threads: cutlass.Constexpr, columns: cutlas
     return tmem, tmem.retrieve_ptr(cutlass.Float32)
 
 
-@cute.jit
-def online_softmax_row(rS: cute.Tensor, tile_max, row_max, row_sum, softmax_scale_log2):
-    """One online-softmax step for a row whose scores ``rS`` this thread holds (``tile_max``: the tile's row max,
-    partner lanes already folded in).  The max stays in raw-score units, the scale goes inside exp2; ``rS`` becomes
-    the unnormalized probabilities.  Returns ``(new row max, new running sum of this thread's columns,
-    correction e^(old max − new max))`` — the factor O must be rescaled by."""
-    new_max = cute.arch.fmax(row_max, tile_max)
-    base = new_max * softmax_scale_log2
-    if new_max == -cutlass.Float32.inf:
-        base = cutlass.Float32(0.0)
-    correction = cute.arch.exp2(row_max * softmax_scale_log2 - base)
-    tile_sum = cutlass.Float32(0.0)
-    for c in cutlass.range_constexpr(cute.size(rS)):
-        p = cute.arch.exp2(rS[c] * softmax_scale_log2 - base)
-        rS[c] = p
-        tile_sum += p
-    return new_max, row_sum * correction + tile_sum, correction
-
-
 def inline_ptx(ret, wrap, args, text: str, constraints: str, loc, ip, side_effects: bool = False):
     """Inline PTX inside a ``@dsl_user_op``: its operands are ``args`` (DSL numbers), its result the ``ret`` MLIR
     type wrapped as the DSL number type ``wrap``."""

@@ -61,7 +61,7 @@ class CompiledKernel:
         """How many ``wgmma.mma_async`` take a shared-memory descriptor computed from ``%tid.x`` (a def-use walk
         over the PTX that stops at warp shuffles, which is how a value is proven warp-uniform).  Such a descriptor
         lives in vector registers and is moved to uniform ones (one R2UR) before every wgmma; a descriptor built from
-        a warp-uniform warpgroup index stays in uniform registers (session 13: -3.8 % instructions in D1)."""
+        a warp-uniform warpgroup index stays in uniform registers (-3.8 % instructions in D1)."""
         lines = self.ptx.splitlines()
         dest = re.compile(r"\s*(?:@!?%p\d+\s+)?[a-z][\w.]*\s+(\{[^}]*\}|%\w+)\s*,(.*)")
         defs: dict[str, list[str]] = {}

@@ -69,7 +69,7 @@ def kv_alias(keys: int = 64, dims: int = 512, view_order: tuple[int, int, int] |
         import cutlass
         import cutlass.cute as cute
 
-        from ..kernels.sm90.flash_fwd import row_major_smem_layout, transposed_view
+        from ..kernels.layouts import row_major_smem_layout, transposed_view
         sKV = row_major_smem_layout(cutlass.BFloat16, keys, dims, 1)                 # (keys, dims, 1 stage)
         view = (transposed_view(dims, keys, 1) if view_order is None
                 else cute.make_ordered_layout((dims, keys, 1), order=view_order))

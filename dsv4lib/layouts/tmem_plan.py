@@ -64,7 +64,7 @@ def tmem_plan() -> TmemPlan:
         from cutlass.cute.nvgpu import OperandMajorMode, tcgen05
 
         from ..kernels.sm100.sparse_fwd import S_LANE_BASE
-        from ..kernels.sm90.sparse_fwd import HALF, TILE_H, TILE_N
+        from ..kernels.sparse_base import HALF, TILE_H, TILE_N
 
         def c_layout(n, b_major):
             mma = sm100_utils.make_trivial_tiled_mma(cutlass.BFloat16, cutlass.BFloat16, OperandMajorMode.K, b_major,

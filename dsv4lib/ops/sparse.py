@@ -203,13 +203,21 @@ def mqa512_attention(q, kv, *, scale=None, causal=False, window=None, sink=None,
                 num_splits=splits)
 
 
-def gather_roof(q, kv, indices):
+def gather_roof(q, kv, indices, *, schedule: str = "paired"):
     """Benchmark only: the hd512 kernel's producer alone (consumers wait and release, no math, the output left
-    unwritten) on ``sparse_attention``'s inputs — the time the gather by itself takes.  Returns nothing."""
+    unwritten) on ``sparse_attention``'s inputs — the time the gather by itself takes (``schedule``: whose producer,
+    whole tiles "columns" or half tiles "paired").  Returns nothing."""
+    config = SparseFwdConfig.for_problem(gather=True).replace(gather_only=True, schedule=schedule)
+    run_config(config, q, kv, indices)
+
+
+def run_config(config: SparseFwdConfig, q, kv, indices):
+    """Benchmark / test only: one explicit unsplit build on ``sparse_attention``'s inputs (q [Sq, H, 512], kv
+    [Skv, 512], indices [Sq, K] int32).  Returns (out [Sq, H, 512] bf16, lse [Sq, H] fp32), NaN before the launch."""
     Sq, H, _ = q.shape
-    out = torch.empty(1, 1, Sq, H, HEAD_DIM, dtype=torch.bfloat16, device=q.device)
-    lse = torch.empty(1, 1, H, Sq, dtype=torch.float32, device=q.device)
-    config = SparseFwdConfig.for_problem(gather=True).replace(gather_only=True)
+    out = torch.full((1, 1, Sq, H, HEAD_DIM), float("nan"), dtype=torch.bfloat16, device=q.device)
+    lse = torch.full((1, 1, H, Sq), float("nan"), dtype=torch.float32, device=q.device)
     with torch.cuda.device(q.device):
         launch(config, q.unsqueeze(0), kv.unsqueeze(0), indices.unsqueeze(0), out, lse,
                placeholder(q.device, "sink"), scale=HEAD_DIM ** -0.5, window=None)
+    return out[0, 0], lse[0, 0].t()

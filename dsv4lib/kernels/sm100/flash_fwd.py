@@ -19,7 +19,6 @@ warps (warp-collective; the seed's hang) and each is followed by ``tcgen05.wait:
 """
 from __future__ import annotations
 
-import math
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -28,9 +27,9 @@ import cutlass.utils.blackwell_helpers as sm100_utils
 from cutlass import Float32, Int32, const_expr, pipeline
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, tcgen05
 
-from ..common import launch_stream, load_kv_tiles, online_softmax_row, sm100_allocate_tmem, sm100_softmax_handshakes
+from ..common import launch_stream, load_kv_tiles, sm100_allocate_tmem, sm100_softmax_handshakes
+from ..softmax import LN_2, online_softmax_row
 
-LN_2 = math.log(2.0)
 
 
 class FlashAttentionForwardSm100:

@@ -38,18 +38,20 @@ import cutlass.utils.blackwell_helpers as sm100_utils
 from cutlass import Float32, Int32, const_expr, pipeline
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, tcgen05
 
-from ..common import launch_stream, online_softmax_row, sm100_allocate_tmem, sm100_softmax_handshakes
-from ..sm90.flash_fwd import LN_2, LOG2_E, row_major_smem_layout, transposed_view
+from ..common import launch_stream, sm100_allocate_tmem, sm100_softmax_handshakes
+from ..layouts import row_major_smem_layout, transposed_view
+from ..softmax import LN_2, LOG2_E, online_softmax_row
 from ..sm90.config import SparseFwdConfig
-from ..sm90.sparse_fwd import HALF, HEAD_DIM, TILE_H, TILE_N, SparseAttentionForwardSm90, as_global
+from ..sparse_base import HALF, HEAD_DIM, TILE_H, TILE_N, SparseAttentionBase, as_global
 
 S_LANE_BASE = 16          # S in the lanes an M=64 accumulator at base 0 (O) leaves free
 O_CHUNK = 64              # O columns per TMEM ld / st round in the correction and the epilogue
 
 
-class SparseAttentionForwardSm100(SparseAttentionForwardSm90):
-    """Blackwell twin of the hd512 MQA kernel (the Hopper class's config; its ``gather_only`` / ``skip_mma`` benchmark
-    knobs and the paired schedule are Hopper's and are refused).  Compiled, not run."""
+class SparseAttentionForwardSm100(SparseAttentionBase):
+    """Blackwell twin of the hd512 MQA kernel on the arch-neutral base (the Hopper kernel's config; its
+    ``gather_only`` / ``skip_mma`` benchmark knobs and the paired schedule are Hopper's and are refused).  Compiled,
+    not run."""
 
     NUM_THREADS = 288
     MMA_WARP = 4

@@ -40,66 +40,31 @@ partial O normalized over its own keys plus its LSE — no sink: the combine ker
 read, all retired) and one TMA store of the tile, not by 4-byte register stores (D5 W128 hd128 on the H100: 83 →
 123 TFLOP/s; D1 hd128 665 → 690).
 
-**64-row tile** (``tile_m=64``): one consumer warpgroup, built for two CTAs per SM (``minnctapersm 2``: 128
-registers a thread at launch, 24 / 232 after setmaxnreg; the shared memory is checked to fit half an SM).  The
-small-window default (``dsv4lib.ops.attention.SM90_SMALL_WINDOW_TUNING``): there one CTA's loads and stores overlap
-the other's MMAs.
+**Persistent CTAs** (``persistent=True``; D1 hd64 / hd128 and the small windows, ``Sm90FwdConfig.for_problem``):
+up to one CTA per SM walks the query blocks; two Q stages and a separate O buffer let the producer load the next
+block while the consumers finish this one, and the O store of a block is waited for only when the next block needs
+the buffer.  **Dynamic schedule** (``dynamic_schedule=True``): a CTA's first block is its blockIdx.x, every later
+one ``gridDim.x`` + a global counter's next value (``atom.add`` by the producer, issued while the current block's
+K/V load, so its latency hides); the producer writes the block into ``sWork`` next to its Q stage before the
+stage's full barrier is armed (the arrive is a release), and after the last block it completes the next stage's
+barrier with a plain arrive and -1 in ``sWork``, which ends the consumers' loop.  The last producer to finish (a
+second counter) zeroes both counters for the next launch.  Under a causal mask or a window the last query blocks
+of a head come first (longest first).  Why: a static deal ends with the slowest CTAs, and CTAs doing the same work
+differ by ~10 % (the SMs the memory system serves last).
 
-**Persistent CTAs** (``persistent=True``; the small-window and hd128 default, ``dsv4lib.ops.attention``):
-``ctas_per_sm · num_sms`` CTAs walk the query blocks; two Q stages and a separate O buffer let the producer load
-the next block while the consumers finish this one, and the O store of a block is waited for only when the next
-block needs the buffer.  **Dynamic schedule** (``dynamic_schedule=True``): a CTA's first block is its blockIdx.x,
-every later one ``gridDim.x`` + a global counter's next value (``atom.add`` by the producer, issued while the
-current block's K/V load, so its latency hides); the producer writes the block into ``sWork`` next to its Q stage
-before the stage's full barrier is armed (the arrive is a release), and after the last block it completes the
-next stage's barrier with a plain arrive and -1 in ``sWork``, which ends the consumers' loop.  The last producer
-to finish (a second counter) zeroes both counters for the next launch.  Under a causal mask or a window the last
-query blocks of a head come first (longest first).  Why: a static deal ends with the slowest CTAs, and CTAs doing
-the same work differ by ~10 % (the SMs the memory system serves last; DSV4_D1_DEBUG=times stamps).
-
-**Window ring** (``ring=True``, small windows; a knob — measured slower than the persistent build, see
-``dsv4lib.ops.attention.SM90_RING_TUNING``): each CTA (one per SM, two consumer warpgroups, 128-row items of 64-row
-halves; or two CTAs per SM with 64-row items) walks a *chunk* of consecutive items of one head, and the producer streams that head's K/V tiles
-once, in key order, into a ring of ``num_stages`` stages.  A 64-row half of W = 128 needs its own tile and the two
-before it, so two of every three tiles are already in shared memory from the previous half: each tile is read from
-L2 once per chunk instead of three times.  A warpgroup visits its tiles in ascending order and hands a tile back as
-soon as its *next* half no longer needs it; the stage and phase of a tile follow from its position in the chunk's
-stream (``ring_state``).  O is staged in the item's own Q stage; a *storer* warp (an idle producer warp) takes it
-from there: it waits on a named barrier the consumers only arrive at, issues the TMA store, waits for its read and
-hands the Q stage back to the producer.  No consumer ever waits for a store (waiting in a consumer warp stalled its
-warpgroup's next wgmma by the store's drain time, ~1 µs an item on the H200).  Q is double-buffered, so the next
-item's Q was loaded while this one computed.  The 64-row ring has room for one Q stage only; with
-``q_in_registers`` its QK is an RS-wgmma: each item copies the next item's Q from the stage into registers before
-its O is staged there, so Q(u+1) loads during item u instead of after O(u) is stored (197 → 170 µs on the H200).
-
-**Warpgroup tiles** (``warpgroup_tiles=True``; hd128's small-window default, ``dsv4lib.ops.attention``): a persistent
-128-row tile of two consumer warpgroups at W = 128 needs 4 key tiles of 64, but each warpgroup's 64 rows see only
-3 of them (the lower half not the last, the upper half not the first).  The producer loads the tile's slots in the
-order [upper half's own | shared | lower half's own] (``warpgroup_plan``); the upper warpgroup visits the leading
-slots and skips the last, the lower one skips the first — a skipped slot is waited for and released with no wgmma.
-So the tile loads 4 K/V tiles per 128 rows where two 64-row blocks load 6, and no warpgroup computes a wholly
-masked tile.  With ``split_epilogue`` each warpgroup stores its own 64 rows (its half of sO, its own TMA store,
-a 128-thread barrier), so the upper half's epilogue runs beside the lower half's last tile.  The default since
-session 16 is the same plan over a **192-row tile** of three consumer warpgroups (the slots: one run of key tiles
-descending from the top warpgroup's last; each warpgroup skips those above and below its own 3): 5 K/V tiles per 192
-rows, and each warpgroup decides which tiles to mask from its own 64 rows (``mask_row``).
+**Warpgroup tiles** (``warpgroup_tiles=True``; the small-window schedule): at W = 128 a query tile visits only 2-3
+key tiles and the kernel is bound by the L2 re-reads of K/V.  The producer loads the block's tiles once, as one run
+of slots descending from the top warpgroup's last tile (``warpgroup_plan``; the rows of adjacent warpgroups are
+adjacent, so the run has no gap); each 64-row consumer warpgroup visits its own tiles and skips those above and
+below — a skipped slot is waited for and released with no wgmma.  A 192-row tile of three consumer warpgroups loads
+5 K/V tiles where three 64-row blocks load 9, and no warpgroup computes a wholly masked tile; each warpgroup decides
+which tiles to mask from its own 64 rows (``mask_row``).
 
 **O in its Q stage** (``o_in_q_stage``, persistent): the consumers put O into the item's own Q stage (each
 warpgroup its 64 rows, whose QKs have all retired), arrive on that stage's named barrier and go on; an idle producer
 warp (``store_persistent``) waits there, TMA-stores the tile, waits for the store's read and hands the stage back to
 the producer.  No O buffer (the 192-row tile's two 48 KB Q stages and 4 K/V stages fit only so) and no consumer
 waits for a store.  **L2 hints** (``l2_hints``): Q's loads and O's stores evict first, K/V's loads evict last.
-
-**Cluster pairs** (``cluster_pairs=True``, persistent with a static deal; a knob — measured slower, see
-``dsv4lib.ops.attention.SM90_SMALL_WINDOW_TUNING``): the two CTAs of a (2, 1, 1) cluster take two adjacent query blocks
-of one head.  At W = 128 with 64-row blocks, block u visits key tiles u-2..u and block u+1 visits u-1..u+1: two of
-each block's three tiles are the pair's.  Both CTAs walk the same sequence of K/V *slots* (``pair_plan``): the
-shared tiles first — each CTA TMAs half of the tile with ``.multicast::cluster`` into both CTAs' shared memory, so
-the L2 serves it once — then each CTA's own tiles, loaded by it alone, then empty slots where it has fewer own
-tiles than its peer (the full barrier completed by a plain arrive).  A stage is refilled only when the consumers of
-both CTAs have released it (every consumer warp arrives on the stage's empty barrier in both CTAs), so the two
-CTAs run in step, two stages apart at most.  The pair's L2 traffic for K/V drops from 6 tiles to 4 (ncu, H200: L2
-throughput 88 → 77 % of peak), but the step-lock across two SMs costs more than that saves.
 
 KV tiles are visited from the last to the first, so the tiles that need masking (the ragged end of the
 keys, the causal diagonal) come first.  The running row max is kept in raw-score units and the softmax
@@ -109,7 +74,6 @@ row each thread owns.  Each K/V TMA is indexed by the loop's KV block, never stu
 """
 from __future__ import annotations
 
-import math
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -118,127 +82,20 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, Int64, Uint8, Uint32, const_expr, pipeline
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
-from cutlass.utils import LayoutEnum
 
 from ..common import (L2_EVICT_FIRST, L2_EVICT_LAST, convert_to_bf16_pairs, launch_stream,
                       load_kv_tiles, tma_copy, tma_load_tile, tma_store_tile)
+from ..block_info import BlockInfo
+from ..layouts import acc_layout_as_operand_a, acc_layout_rows_cols, row_major_smem_layout, transposed_view
 from ..nvfp4 import e2m1_code_magic, nvfp4_block_scale
+from ..softmax import LN_2, LOG2_E, online_softmax, rescale_rows
+from ..tile_scheduler import PersistentScheduler, persistent_grid
 from .config import SMEM_PER_SM, Sm90FwdConfig
-
-LOG2_E = math.log2(math.e)
-LN_2 = math.log(2.0)
+from .wgmma import gemm
 
 
-def acc_layout_rows_cols(acc_layout: cute.Layout) -> cute.Layout:
-    """View a wgmma accumulator fragment ``((2, 2, V), MMA_M, MMA_N)`` as ``(rows, cols)`` of this thread:
-    rows = ((2: row +8), MMA_M), cols = ((2: adjacent column), V, MMA_N).  Same registers, new coordinates."""
-    flat = cute.make_layout(acc_layout.shape)                            # column-major over the fragment
-    shape = ((flat.shape[0][1], flat.shape[1]), (flat.shape[0][0], flat.shape[0][2], flat.shape[2]))
-    stride = ((flat.stride[0][1], flat.stride[1]), (flat.stride[0][0], flat.stride[0][2], flat.stride[2]))
-    return cute.composition(acc_layout, cute.make_layout(shape, stride=stride))
 
-
-def acc_layout_as_operand_a(acc_layout: cute.Layout) -> cute.Layout:
-    """View the QK accumulator ``((2, 2, V), MMA_M, MMA_N)`` as the PV RS-wgmma A fragment
-    ``((2, 2, 2), MMA_M, (V/2, MMA_N))``: each 16-column k-block takes two 8-column accumulator groups.
-    Proven a same-thread re-view for bf16 by ``dsv4lib.layouts`` (D1.3)."""
-    split = cute.logical_divide(acc_layout, ((None, None, 2), None, None))   # ((2, 2, (2, V/2)), M, N)
-    s, d = split.shape, split.stride
-    return cute.make_layout(((s[0][0], s[0][1], s[0][2][0]), s[1], (s[0][2][1], s[2])),
-                            stride=((d[0][0], d[0][1], d[0][2][0]), d[1], (d[0][2][1], d[2])))
-
-
-def row_major_smem_layout(dtype, rows: int, cols: int, stages: int | None = None):
-    """A ``(rows, cols[, stages])`` shared buffer, columns contiguous, in the widest swizzle atom that fits
-    ``cols`` (128 B for bf16 ≥ 64 columns): the K-major operand layout of wgmma, stages outermost."""
-    atom = warpgroup.make_smem_layout_atom(sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, cols), dtype)
-    shape = (rows, cols) if stages is None else (rows, cols, stages)
-    return cute.tile_to_shape(atom, shape, order=(0, 1) if stages is None else (0, 1, 2))
-
-
-def transposed_view(dims: int, rows: int, stages: int):
-    """``(dims, rows, stages) → (rows, dims, stages)`` coordinates: composed with a ``(rows, dims, stages)``
-    row-major buffer it reads that buffer as ``(dims, rows, stages)`` — V stored like K, seen MN-major by the PV
-    wgmma.  (``dsv4lib.layouts.kv_alias`` proves the composition puts every element where it belongs.)"""
-    return cute.make_ordered_layout((dims, rows, stages), order=(1, 0, 2))
-
-
-class Sm90AttentionOps:
-    """The wgmma issue and the online softmax, shared by the Hopper attention kernels of this package."""
-
-
-    @cute.jit
-    def gemm(self, tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor, tCrB: cute.Tensor,
-             zero_init: cutlass.Constexpr, wait: cutlass.Constexpr = True, k_blocks: cutlass.Constexpr = None):
-        """acc (+)= A·B over every k-block (or the ``k_blocks = (lo, hi)`` range of them) as one wgmma group;
-        then wait for it unless ``wait=False``."""
-        warpgroup.fence()
-        atom = cute.make_mma_atom(tiled_mma.op)
-        atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
-        k_range = k_blocks
-        if const_expr(k_blocks is None):
-            k_range = (0, cute.size(tCrA.shape[2]))
-        for k in cutlass.range_constexpr(k_range[0], k_range[1]):
-            cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
-            atom.set(warpgroup.Field.ACCUMULATE, True)
-        warpgroup.commit_group()
-        if const_expr(wait):
-            warpgroup.wait_group(0)
-
-    @cute.jit
-    def rescale_rows(self, acc_O_rc, corrections):
-        for r in cutlass.range_constexpr(cute.size(corrections)):
-            for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
-                acc_O_rc[r, c] = acc_O_rc[r, c] * corrections[r]
-
-    @cute.jit
-    def online_softmax(self, acc_S_rc, row_max, row_sum, softmax_scale_log2, acc_O_rc, corrections,
-                       rescale_now: cutlass.Constexpr, floor_max=None):
-        """Scores → unnormalized probabilities in place, one row at a time (a row is shared by the 4 threads
-        of a quad).  The max stays in raw-score units; the scale lives inside exp2.  With ``rescale_now`` O is
-        rescaled right away; otherwise the corrections are kept for after the in-flight PV wgmma.  ``floor_max``
-        (per row, optional): a max the new one may not fall below (another warpgroup's, already ahead)."""
-        # one dependent fmax / fadd chain per row: FA4's four chains joined by a tree measured no gain on the H200
-        # (session 12, hd128, three interleaved rounds, µs, 1 / 4 / 8 chains: D1 3106-3541 / 3143-3390 / 3345-3407,
-        # W4096 1482-1552 / 1499-1514 / 1527-1543) — the other consumer warpgroup hides the chain's latency; re-measured
-        # in session 14 with the PV wait below the softmax (pv_wait_block), 2 / 4 chains were slower still (ncu)
-        for r in cutlass.range_constexpr(cute.size(row_max)):
-            mx = acc_S_rc[r, 0]
-            for c in cutlass.range_constexpr(1, cute.size(acc_S_rc, mode=[1])):
-                mx = cute.arch.fmax(mx, acc_S_rc[r, c])
-            mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=2))
-            mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=1))
-            new_max = cute.arch.fmax(row_max[r], mx)
-            if const_expr(floor_max is not None):
-                new_max = cute.arch.fmax(new_max, floor_max[r])
-            base = new_max * softmax_scale_log2
-            if new_max == -Float32.inf:
-                base = Float32(0.0)                                   # nothing visible yet: keep zeros
-            correction = cute.arch.exp2(row_max[r] * softmax_scale_log2 - base)
-            row_max[r] = new_max
-            tile_sum = Float32(0.0)
-            for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
-                p = cute.arch.exp2(acc_S_rc[r, c] * softmax_scale_log2 - base)
-                acc_S_rc[r, c] = p
-                tile_sum += p
-            row_sum[r] = row_sum[r] * correction + tile_sum
-            if const_expr(rescale_now):
-                for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
-                    acc_O_rc[r, c] = acc_O_rc[r, c] * correction
-            else:
-                corrections[r] = correction
-
-
-def persistent_grid(work_items, slots):
-    """CTAs of a persistent launch: at most ``slots`` (ctas_per_sm on every SM), and no more than needed for the
-    same number of rounds — 8192 blocks on 264 slots take 32 rounds either way, but 264 CTAs leave 8 of them a
-    32nd block while the rest idle (a 3 % tail), where 256 CTAs all finish after 32.  Works on Python ints and on
-    the kernel's dynamic Int32s."""
-    rounds = cutlass.max((work_items + slots - 1) // slots, 1)
-    return (work_items + rounds - 1) // rounds
-
-
-class FlashAttentionForwardSm90(Sm90AttentionOps):
+class FlashAttentionForwardSm90:
     """Hopper forward attention, P in registers.  ``head_dim`` 64 / 128 / 256 (Dv = D), bf16."""
 
     # (producer, consumer) registers per thread after setmaxnreg, by number of consumer warpgroups: the whole
@@ -281,15 +138,12 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         # two Q stages when persistent: the next block's Q loads while this one computes
         self.q_stages = 2 if self.persistent else 1
         self.dtype = cutlass.BFloat16
+        self.block_info = BlockInfo(tile_m=config.tile_m, tile_n=config.tile_n, causal=config.causal,
+                                    has_window=config.window, pack_gqa=config.pack_gqa,
+                                    warpgroup_tiles=config.warpgroup_tiles)
+        self.scheduler = PersistentScheduler(tile_m=config.tile_m, longest_first=config.causal or config.window)
 
     # ------------------------------------------------------------------------------ host side
-    def token(self, row):
-        """The query token of an M row: rows are (q head within the group, token) with the head fastest when
-        the q heads of a KV head are packed (``pack_gqa`` > 1); otherwise a row is a token."""
-        if const_expr(self.pack_gqa > 1):
-            return row // self.pack_gqa
-        return row
-
     def pack_heads(self, t: cute.Tensor, head_mode: int) -> cute.Tensor:
         """``(s, …, h, …)`` → ``((G, s), …, h/G, …)``: the G q heads sharing a KV head become the fast part of the
         row mode (G = ``pack_gqa``), so one CTA's 128 rows are 128/G tokens × G heads and read each K/V tile once."""
@@ -370,9 +224,9 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             batch_and_splits = batch_and_splits * cute.size(mO.shape[4])
         grid = (cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m), cute.size(mQ.shape[2]), batch_and_splits)
         if const_expr(self.persistent):
-            grid = (persistent_grid(self.work_items(mQ), self.num_sms), 1, 1)
+            grid = (persistent_grid(self.scheduler.work_items(mQ), self.num_sms), 1, 1)
             if const_expr(self.dynamic_schedule):            # every slot: the faster ones take more items
-                grid = (cutlass.min(self.work_items(mQ), self.num_sms), 1, 1)
+                grid = (cutlass.min(self.scheduler.work_items(mQ), self.num_sms), 1, 1)
         if const_expr(not self.dynamic_schedule):
             mWork = mSenc                                    # unused
         self.kernel(tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, tma_atom_O, mO, mLSE, softmax_scale_log2,
@@ -442,7 +296,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             rows_q = cute.size(mQ, mode=[0])
             seqlen_q = rows_q // self.pack_gqa
         head_kv = self.kv_head(head, mQ, mK)
-        n_block_min, n_block_max = self.block_range(m_block, seqlen_q, seqlen_k, window_size)
+        n_block_min, n_block_max = self.block_info.block_range(m_block, seqlen_q, seqlen_k, window_size)
         if const_expr(self.split_kv):   # this split's share: ceil(n / splits) tiles (dsv4lib.kernels.splitkv.split_block_ranges)
             per_split = (cutlass.max(n_block_max - n_block_min, 0) + num_splits - 1) // num_splits
             lo = cutlass.min(n_block_min + split * per_split, n_block_max)
@@ -484,24 +338,6 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                          split, seqlen_q, seqlen_k, n_block_min, n_block_max, rows_q)
 
     @cute.jit
-    def work_coords(self, work, mQ):
-        """Persistent CTAs: work item → (query block, head, batch), the query block fastest (so the CTAs running at
-        once take neighbouring blocks of one head and share its K/V tiles through L2)."""
-        m_blocks = cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m)
-        n_heads = cute.size(mQ.shape[2])
-        m_block = work % m_blocks
-        if const_expr(self.causal or self.has_window):
-            # the last query blocks first: under a causal mask or a window the first blocks of a head see the fewest
-            # keys, so the items dealt last are the short ones (longest processing time first)
-            m_block = m_blocks - 1 - m_block
-        return m_block, (work // m_blocks) % n_heads, work // (m_blocks * n_heads)
-
-    @cute.jit
-    def work_items(self, mQ):
-        """Persistent CTAs: the number of work items (query blocks × heads × batch)."""
-        return cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m) * cute.size(mQ.shape[2]) * cute.size(mQ.shape[3])
-
-    @cute.jit
     def kv_head(self, head, mQ, mK):
         """The KV head of grid head ``head``: itself when the q heads of a KV head are packed into M (the grid's
         heads are then KV heads), else GQA / MQA."""
@@ -520,15 +356,15 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         announced to the consumers in ``sWork`` next to its Q, and -1 after the last."""
         bidx, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
-        total = self.work_items(mQ)
+        total = self.scheduler.work_items(mQ)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.q_stages)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
         work = bidx                                          # the first item needs no counter (no atomic's latency)
         step = gdim
         while work < total:
-            m_block, head, batch = self.work_coords(work, mQ)
+            m_block, head, batch = self.scheduler.work_coords(work, mQ)
             head_kv = self.kv_head(head, mQ, mK)
-            n_block_min, n_block_max = self.block_range(m_block, seqlen_q, seqlen_k, window_size)
+            n_block_min, n_block_max = self.block_info.block_range(m_block, seqlen_q, seqlen_k, window_size)
             tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV = self.item_tma_views(tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV,
                                                                      sQ, sK, sV, m_block, head, head_kv, batch)
             if const_expr(self.dynamic_schedule):
@@ -541,7 +377,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                      tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
             q_state.advance()
             if const_expr(self.dynamic_schedule):
-                step = self.take_work(mWork) - work          # fetched now, used after the K/V issue below
+                step = self.scheduler.take_work(mWork) - work          # fetched now, used after the K/V issue below
             if const_expr(self.warpgroup_tiles):
                 slots, n_slots, _, _ = self.warpgroup_plan(m_block, 0, seqlen_q, seqlen_k, window_size)
                 kv_state = self.load_tile_slots(tma_atom_K, tKgK, tKsK, pipeline_k, tma_atom_V, tVgV, tVsV,
@@ -583,26 +419,6 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         return tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV
 
     @cute.jit
-    def take_work(self, mWork) -> Int32:
-        """dynamic_schedule: the next work item — gridDim.x + the global counter (every CTA's first item is its
-        blockIdx.x) — lane 0's atomic, broadcast to the warp."""
-        gdim, _, _ = cute.arch.grid_dim()
-        work = Int32(0)
-        if cute.arch.lane_idx() == 0:
-            work = cute.arch.atomic_add(mWork.iterator, Int32(1), sem="relaxed", scope="gpu")
-        return gdim + cute.arch.shuffle_sync(work, 0)
-
-    @cute.jit
-    def announced_work(self, pipeline_q, q_state, sWork, total) -> Int32:
-        """dynamic_schedule, consumers: wait for the next Q stage and read its work item (the producer's -1 after
-        the last item becomes ``total``, which ends the loop)."""
-        pipeline_q.consumer_wait(q_state)
-        work = sWork[q_state.index]
-        if work < 0:
-            work = total
-        return work
-
-    @cute.jit
     def consume_persistent(self, tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, sO, tma_atom_O, mO, mLSE, mQ, pipeline_q,
                            pipeline_k, pipeline_v, softmax_scale_log2, window_size, mSink, ctidx, seqlen_q, seqlen_k,
                            rows_q, sWork, mOutScales=None, mSenc=None):
@@ -617,23 +433,23 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         causal_shift = seqlen_k - seqlen_q
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.q_stages)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
-        total = self.work_items(mQ)
+        total = self.scheduler.work_items(mQ)
         work = bidx
         step = gdim
         if const_expr(self.dynamic_schedule):
-            work = self.announced_work(pipeline_q, q_state, sWork, total)
+            work = self.scheduler.announced_work(pipeline_q, q_state, sWork, total)
         while work < total:
             slots = None
             if const_expr(self.warpgroup_tiles):
-                m_block, head, batch = self.work_coords(work, mQ)
+                m_block, head, batch = self.scheduler.work_coords(work, mQ)
                 # this warpgroup's tiles: skip the other's that come first, visit its own, skip the rest
                 _, _, lead_and_own, slots = self.warpgroup_plan(m_block, cute.arch.make_warp_uniform(ctidx // 128),
                                                                 seqlen_q, seqlen_k, window_size)
                 n_lead, n_block_max, n_trail = lead_and_own
                 n_block_min = Int32(0)
             else:
-                m_block, head, batch = self.work_coords(work, mQ)
-                n_block_min, n_block_max = self.block_range(m_block, seqlen_q, seqlen_k, window_size)
+                m_block, head, batch = self.scheduler.work_coords(work, mQ)
+                n_block_min, n_block_max = self.block_info.block_range(m_block, seqlen_q, seqlen_k, window_size)
             acc_O.fill(0.0)
             row_max.fill(-Float32.inf)
             row_sum.fill(0.0)
@@ -658,7 +474,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                 # land first would hold the epilogue back until the other's last tile arrives
                 kv_state = self.release_empty_slots(pipeline_k, pipeline_v, kv_state, n_trail)
             if const_expr(self.dynamic_schedule):
-                work = self.announced_work(pipeline_q, q_state, sWork, total)
+                work = self.scheduler.announced_work(pipeline_q, q_state, sWork, total)
             else:
                 work += step
         if const_expr(self.dynamic_schedule and not self.o_in_q_stage):
@@ -697,7 +513,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         top, bottom = Int32(0), Int32(0)
         lo, hi = Int32(0), Int32(0)
         for w in cutlass.range_constexpr(self.consumer_warpgroups):
-            lo_w, hi_w = self.rows_key_tiles(first_row + 64 * w, first_row + 64 * w + 63, seqlen_q, seqlen_k,
+            lo_w, hi_w = self.block_info.rows_key_tiles(first_row + 64 * w, first_row + 64 * w + 63, seqlen_q, seqlen_k,
                                              window_size)
             if hi_w > lo_w:
                 if top == bottom:                            # the first non-empty range
@@ -743,11 +559,11 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                 start = start + seg[0]
         return n_block
 
-    # ------------------------------------------------------------------ empty slots
+    # ------------------------------------------------------------------ skipped slots
     @cute.jit
     def release_empty_slots(self, pipeline_k, pipeline_v, kv_state, n_empty):
-        """Cluster pairs, consumers: the empty slots after this CTA's own tiles — waited for and handed back, so
-        the stage can be refilled for both CTAs."""
+        """Warpgroup tiles, consumers: the slots above or below this warpgroup's own tiles — waited for and handed
+        back with no wgmma, so the producer can refill the stage."""
         for _ in cutlass.range(n_empty, unroll=1):
             pipeline_k.consumer_wait(kv_state)
             pipeline_k.consumer_release(kv_state)
@@ -755,28 +571,6 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
             pipeline_v.consumer_release(kv_state)
             kv_state.advance()
         return kv_state
-
-    @cute.jit
-    def block_range(self, m_block, seqlen_q, seqlen_k, window_size):
-        """The KV tiles ``[n_block_min, n_block_max)`` query block ``m_block`` visits: all of them, or those the
-        causal diagonal / the window leaves visible (tiles wholly outside are skipped, not masked)."""
-        return self.rows_key_tiles(m_block * self.tile_m, (m_block + 1) * self.tile_m - 1, seqlen_q, seqlen_k,
-                                   window_size)
-
-    @cute.jit
-    def rows_key_tiles(self, first_row, last_row, seqlen_q, seqlen_k, window_size):
-        """The KV tiles the M rows ``first_row..last_row`` visit (``block_range`` of a block, or of a ring half)."""
-        n_block_max = cute.ceil_div(seqlen_k, self.tile_n)
-        n_block_min = Int32(0)
-        if const_expr(self.has_window):
-            # the first key the first row may see: t - W + 1 (tiles left of it are skipped)
-            first_key = self.token(first_row) + seqlen_k - seqlen_q - window_size + 1
-            n_block_min = cutlass.max(first_key, 0) // self.tile_n
-        if const_expr(self.causal or self.has_window):
-            # the last key the last row may see (queries aligned to the end of the keys)
-            last_key = self.token(last_row) + seqlen_k - seqlen_q
-            n_block_max = cutlass.min(n_block_max, cutlass.max(last_key // self.tile_n + 1, 0))
-        return n_block_min, n_block_max
 
     # ------------------------------------------------------------------ O staged in its Q stage (o_in_q_stage)
     @cute.jit
@@ -808,17 +602,17 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         hand-back lets in)."""
         bidx, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
-        total = self.work_items(mQ)
+        total = self.scheduler.work_items(mQ)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.q_stages)
         work = bidx
         if const_expr(self.dynamic_schedule):
-            work = self.announced_work(pipeline_q, q_state, sWork, total)
+            work = self.scheduler.announced_work(pipeline_q, q_state, sWork, total)
         while work < total:
-            m_block, head, batch = self.work_coords(work, mQ)
+            m_block, head, batch = self.scheduler.work_coords(work, mQ)
             self.store_staged_o(tma_atom_O, mO, sQ, pipeline_q, q_state, m_block, head, batch)
             q_state.advance()
             if const_expr(self.dynamic_schedule):
-                work = self.announced_work(pipeline_q, q_state, sWork, total)
+                work = self.scheduler.announced_work(pipeline_q, q_state, sWork, total)
             else:
                 work += gdim
         if const_expr(self.dynamic_schedule):
@@ -846,53 +640,6 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         pipeline_k.producer_tail(kv_state.clone())
         pipeline_v.producer_tail(kv_state.clone())
 
-    @cute.jit
-    def mask_scores(self, acc_S_rc, tScS_rc, n_block, m_block, seqlen_k, causal_shift, window_size, wg_idx=None):
-        """-inf on the scores a query may not see, only in the tiles that need it, and only the edge that crosses
-        the tile: the right edge (the ragged end of the keys, the causal diagonal) and the window's left edge are
-        separate passes (a window's tile crosses one of them, seldom both).  Each pass turns its edge into one
-        limit per row, relative to the thread's first column, so an element costs one compare with a constant (its
-        column offset) and one select, not a column computed and compared twice.  Whether an edge crosses the tile
-        is asked of the block's rows, or, with warpgroup tiles, of this warpgroup's own 64 (``wg_idx``): in a 192-row
-        block the upper warpgroups would otherwise mask every tile of theirs."""
-        first_col = n_block * self.tile_n
-        crosses_right = first_col + self.tile_n > seqlen_k
-        if const_expr(self.causal or self.has_window):
-            crosses_right = crosses_right or (first_col + self.tile_n - 1 > self.token(self.mask_row(m_block, wg_idx, 0))
-                                              + causal_shift)
-        if crosses_right:
-            for r in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[0])):
-                m, n0 = tScS_rc[r, 0]
-                visible = seqlen_k - first_col - n0             # columns n with n - n0 < visible are kept
-                if const_expr(self.causal or self.has_window):
-                    diagonal = self.token(m_block * self.tile_m + m) + causal_shift + 1 - first_col - n0
-                    if diagonal < visible:
-                        visible = diagonal
-                for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
-                    if tScS_rc[r, c][1] - n0 >= visible:
-                        acc_S_rc[r, c] = -Float32.inf
-        if const_expr(self.has_window):     # the window's left edge crosses this tile for some row
-            if first_col <= self.token(self.mask_row(m_block, wg_idx, 1)) + causal_shift - window_size:
-                for r in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[0])):
-                    m, n0 = tScS_rc[r, 0]
-                    # columns n with n - n0 <= hidden fall out of the window (col <= token + shift - W)
-                    hidden = self.token(m_block * self.tile_m + m) + causal_shift - window_size - first_col - n0
-                    for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
-                        if tScS_rc[r, c][1] - n0 <= hidden:
-                            acc_S_rc[r, c] = -Float32.inf
-
-    @cute.jit
-    def mask_row(self, m_block, wg_idx, last: cutlass.Constexpr):
-        """The first (``last`` = 0) or last (1) M row whose keys decide whether an edge crosses a tile: the block's,
-        or with warpgroup tiles warpgroup ``wg_idx``'s own 64 rows."""
-        if const_expr(self.warpgroup_tiles):
-            row = m_block * self.tile_m + 64 * wg_idx + 63 * last
-        elif const_expr(last):
-            row = (m_block + 1) * self.tile_m - 1
-        else:
-            row = m_block * self.tile_m
-        return row
-
     def overlap_registers(self, tiled_mma_qk, row_max):
         """The overlapped mainloops' registers: S (flat and as (rows, cols)), its bf16 P view and P of the tile in
         flight, and the rows' deferred O corrections."""
@@ -909,8 +656,8 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                             seqlen_k, causal_shift, n_block_min, n_block_max, wg_idx, slots=None):
         """QK(j+1) ∥ PV(j): one S buffer, one P buffer, the O rescale deferred past the in-flight PV (or, with
         ``rescale_o_early``, done while QK(j+1) is in flight, before PV(j) is issued).  Whether the softmax of tile
-        j+1 really runs beside PV(j) is ptxas's call: by default it hoists the PV wait above the softmax (SASS, session
-        13); ``pv_wait_block`` keeps the wait below it."""
+        j+1 really runs beside PV(j) is ptxas's call: by default it hoists the PV wait above the softmax (SASS);
+        ``pv_wait_block`` keeps the wait below it."""
         acc_S, acc_S_rc, tOrP_view, tOrP, corrections = self.overlap_registers(tiled_mma_qk, row_max)
         v_state = kv_state.clone()                                           # one tile behind kv_state
         v_prev = None
@@ -920,29 +667,29 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
         if n_iter > 0:
             # prologue: the first tile alone (O is still zero, so rescaling it now is free)
             pipeline_k.consumer_wait(kv_state)
-            self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], True)
+            gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], True)
             pipeline_k.consumer_release(kv_state)
-            self.mask_scores(acc_S_rc, tScS_rc, self.slot_block(0, n_block_max, slots), m_block, seqlen_k,
+            self.block_info.mask_scores(acc_S_rc, tScS_rc, self.slot_block(0, n_block_max, slots), m_block, seqlen_k,
                              causal_shift, window_size, wg_idx)
-            self.online_softmax(acc_S_rc, row_max, row_sum, softmax_scale_log2, acc_O_rc, corrections,
+            online_softmax(acc_S_rc, row_max, row_sum, softmax_scale_log2, acc_O_rc, corrections,
                                 not self.rescale_o_early)
             convert_to_bf16_pairs(tOrP_view, tOrP)
             kv_state.advance()
             for i in cutlass.range(1, n_iter, unroll=1):
                 n_block = self.slot_block(i, n_block_max, slots)
                 pipeline_k.consumer_wait(kv_state)
-                self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], True, False)
+                gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], True, False)
                 if const_expr(self.rescale_o_early):
-                    self.rescale_rows(acc_O_rc, corrections)                 # O·corr(j) before O += P(j)·V(j)
+                    rescale_rows(acc_O_rc, corrections)                 # O·corr(j) before O += P(j)·V(j)
                 pipeline_v.consumer_wait(v_state)
-                self.gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, v_state.index], False, False)
+                gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, v_state.index], False, False)
                 if const_expr(self.pv_wait_block):
                     if i > 1:
                         pipeline_v.consumer_release(v_prev)                  # PV(j-1): waited for last tile
                 warpgroup.wait_group(1)                                      # S of tile n_block is ready
                 pipeline_k.consumer_release(kv_state)
-                self.mask_scores(acc_S_rc, tScS_rc, n_block, m_block, seqlen_k, causal_shift, window_size, wg_idx)
-                self.online_softmax(acc_S_rc, row_max, row_sum, softmax_scale_log2, acc_O_rc, corrections, False)
+                self.block_info.mask_scores(acc_S_rc, tScS_rc, n_block, m_block, seqlen_k, causal_shift, window_size, wg_idx)
+                online_softmax(acc_S_rc, row_max, row_sum, softmax_scale_log2, acc_O_rc, corrections, False)
                 if const_expr(self.pv_wait_block):
                     # PV(j) done.  The wait sits behind a branch (never the else: seqlen_k > 0 here) so that it
                     # starts a basic block of its own: in the softmax's block ptxas hoists it above the whole softmax
@@ -957,7 +704,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                     warpgroup.wait_group(0)                                  # PV done: O and P are ours again
                     pipeline_v.consumer_release(v_state)
                 if const_expr(not self.rescale_o_early):
-                    self.rescale_rows(acc_O_rc, corrections)
+                    rescale_rows(acc_O_rc, corrections)
                 convert_to_bf16_pairs(tOrP_view, tOrP)
                 if const_expr(self.pv_wait_block):
                     v_prev = v_state.clone()
@@ -967,9 +714,9 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                 if n_iter > 1:
                     pipeline_v.consumer_release(v_prev)
             if const_expr(self.rescale_o_early):
-                self.rescale_rows(acc_O_rc, corrections)
+                rescale_rows(acc_O_rc, corrections)
             pipeline_v.consumer_wait(v_state)                                # the last tile's PV
-            self.gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, v_state.index], False)
+            gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, v_state.index], False)
             pipeline_v.consumer_release(v_state)
         return kv_state                          # advanced past this block's tiles (the persistent loop goes on)
 
@@ -1024,19 +771,14 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                         mScales[row, sw, head, batch] = Int32(scale_words[sw])
 
     @cute.jit
-    def store_o_tma(self, acc_O, tiled_mma_pv, sO, tma_atom_O, gO, ctidx, reuse: cutlass.Constexpr = False,
-                    barrier_id=None, threads: cutlass.Constexpr = None):
+    def store_o_tma(self, acc_O, tiled_mma_pv, sO, tma_atom_O, gO, ctidx, reuse: cutlass.Constexpr = False):
         """bf16 O → shared memory by stmatrix, then one TMA store of the whole tile.  The buffer is Q's: each
         warpgroup writes only the 64 rows its own QK wgmmas read, all of them retired, so no barrier is needed
         before the writes; rows past the end of the sequence are clipped by the TMA unit.  ``reuse`` (persistent
         CTAs, O's own buffer): first wait until the previous block's store has read the buffer, and leave this
-        store in flight (the next block, or the end of the CTA, waits for it).  ``barrier_id`` / ``threads``: the
-        threads that meet (by default every consumer thread at EPILOGUE_BARRIER; ``split_epilogue``: one warpgroup,
-        ``ctidx`` its own thread index, ``sO`` and ``gO`` its 64 rows, ``tiled_mma_pv`` a one-warpgroup MMA)."""
-        if const_expr(barrier_id is None):
-            barrier_id = self.EPILOGUE_BARRIER
-        if const_expr(threads is None):
-            threads = 128 * self.consumer_warpgroups
+        store in flight (the next block, or the end of the CTA, waits for it).  Every consumer thread meets at
+        EPILOGUE_BARRIER."""
+        barrier_id, threads = self.EPILOGUE_BARRIER, 128 * self.consumer_warpgroups
         if const_expr(reuse):
             if ctidx < 32:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
@@ -1146,12 +888,12 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                 n_block = n_block_max - 1 - i
                 acc_S = cute.make_rmem_tensor(thr_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
                 pipeline_k.consumer_wait(kv_state)
-                self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], True)
+                gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], True)
                 pipeline_k.consumer_release(kv_state)
 
                 acc_S_rc = cute.make_tensor(acc_S.iterator, acc_layout_rows_cols(acc_S.layout))
-                self.mask_scores(acc_S_rc, tScS_rc, n_block, m_block, seqlen_k, causal_shift, window_size)
-                self.online_softmax(acc_S_rc, row_max, row_sum, softmax_scale_log2, acc_O_rc, None, True)
+                self.block_info.mask_scores(acc_S_rc, tScS_rc, n_block, m_block, seqlen_k, causal_shift, window_size)
+                online_softmax(acc_S_rc, row_max, row_sum, softmax_scale_log2, acc_O_rc, None, True)
 
                 if const_expr(self.p_in_smem):
                     # SMEM-P: bf16 P to the swizzled buffer, then make the stores visible to the async proxy
@@ -1167,7 +909,7 @@ class FlashAttentionForwardSm90(Sm90AttentionOps):
                     tOrP = cute.make_rmem_tensor_like(tOrP_acc, self.dtype)
                     tOrP.store(tOrP_acc.load().to(self.dtype))
                 pipeline_v.consumer_wait(kv_state)
-                self.gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index], False)
+                gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index], False)
                 pipeline_v.consumer_release(kv_state)
                 kv_state.advance()
 

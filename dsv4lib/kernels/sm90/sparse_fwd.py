@@ -51,7 +51,7 @@ to 520 elements so the accumulator's pairs hit distinct banks); after a cluster 
 (``512 / C`` columns × 64 heads) in fp32 over the C peers' ``sRed``, each peer's row weighed by
 ``e^{lse_peer - lse_cluster}`` from the C LSEs of that row (``ld.shared::cluster``), and stores it as the cluster's
 fp32 partial (bf16 between the CTAs because the SM-to-SM network, not the math, is the cost: 7/8 of a 128 KB fp32
-tile pulled by every CTA took ~7 µs, DSV4_PHASE_TIMES); a second barrier keeps every CTA alive until its peers have
+tile pulled by every CTA took ~7 µs); a second barrier keeps every CTA alive until its peers have
 read its buffer.  So one partial in C reaches global memory:
 the fp32 round trip (128 KB a split, written and read back by the combine) was most of what the decode lost to
 the producer-only roof (H200, H64 KV64k, 128 splits: split kernel 27.4 µs vs 19.9 producer only, combine 9.5 µs).  The combine then merges ``splits / C`` partials.
@@ -67,14 +67,12 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from ..common import convert_to_bf16_pairs, launch_stream, tma_store_tile
-from .flash_fwd import (LN_2, LOG2_E, Sm90AttentionOps, acc_layout_as_operand_a, acc_layout_rows_cols,
-                        row_major_smem_layout, transposed_view)
+from ..layouts import acc_layout_as_operand_a, acc_layout_rows_cols, row_major_smem_layout, transposed_view
+from ..softmax import LN_2, LOG2_E, online_softmax, rescale_rows
+from ..sparse_base import HALF, HEAD_DIM, TILE_H, TILE_N, SparseAttentionBase, as_global
 from .config import SparseFwdConfig
+from .wgmma import gemm
 
-HEAD_DIM = 512
-TILE_H = 64            # query heads per CTA = the MMA M
-TILE_N = 64            # keys per tile
-HALF = HEAD_DIM // 2   # output columns per consumer warpgroup
 # named barrier ids (0 is __syncthreads)
 P_FULL, P_EMPTY, FINAL = 1, 3, 5
 PAIR_MAX, PAIR_P, PAIR_SUM = 1, 3, 5   # the paired variant's: + warpgroup (M0 / M1, S0 / S1), then the row sums
@@ -87,14 +85,6 @@ ROW_GROUPS = 16                        # paired producer: 16 groups of 8 threads
 HALF_TILE_ORDER = ((0, 0), (1, 1), (0, 1), (1, 0))   # paired producer: (tile buffer, column half), order freed
 
 
-@cute.jit
-def as_global(t: cute.Tensor, align: cutlass.Constexpr) -> cute.Tensor:
-    """The same tensor with its pointer in the global address space and a known alignment (a CPU build
-    gets generic pointers from DLPack; cp.async needs global sources)."""
-    ptr = cute.make_ptr(t.element_type, t.iterator.toint(), cute.AddressSpace.gmem, assumed_align=align)
-    return cute.make_tensor(ptr, t.layout)
-
-
 def half_tile_pipelines(barriers) -> tuple:
     """The paired schedule's four single-stage cp.async pipelines, index ``2 b + h`` = (tile buffer b, column half
     h), each with its (full, empty) mbarrier pair at ``barriers + 2 i``: 128 producer threads, 128 consumer threads
@@ -105,7 +95,7 @@ def half_tile_pipelines(barriers) -> tuple:
         consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128), defer_sync=True) for i in range(4))
 
 
-class SparseAttentionForwardSm90(Sm90AttentionOps):
+class SparseAttentionForwardSm90(SparseAttentionBase):
     """MQA attention with head dim 512 and K = V.  ``gather=True``: keys listed per query in ``indices``
     (``-1`` = none); ``gather=False``: the dense key range of the query (all keys, ``causal``, ``window``)."""
 
@@ -114,19 +104,9 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
     PAIRED_PRODUCER_REGS, PAIRED_CONSUMER_REGS = 88, 208   # 128·(88 + 2·208) = 64 512
 
     def __init__(self, config: SparseFwdConfig):
-        config.check()
-        self.config = config
-        self.gather = config.gather
-        self.causal = config.causal
-        self.has_window = config.window
-        self.has_sink = config.sink
-        self.has_lse = config.has_lse
-        self.split_kv = config.split_kv
-        self.num_stages = 2
+        super().__init__(config)
         self.schedule = config.schedule
         self.paired = config.schedule == "paired"
-        # C consecutive splits of a query are one cluster and merge their partials through DSMEM (docstring)
-        self.cluster_splits = config.cluster_splits
         # columns, split-KV, no cluster: the fp32 partial leaves through sRed as row-contiguous 16 B stores (a tie
         # with the accumulator's 8 B stores, kept as the C = 1 case of the cluster code)
         self.staged_partials = self.split_kv and self.schedule == "columns" and self.cluster_splits == 1
@@ -147,7 +127,6 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         # row-sum barrier) and one TMA store of the 64 x 512 tile; fp32 split partials and the columns schedule keep
         # their register stores
         self.tma_store_o = not self.split_kv and self.paired
-        self.dtype = cutlass.BFloat16
 
     # ------------------------------------------------------------------------------ host side
     @cute.jit
@@ -337,40 +316,6 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                             head_group, batch, split, tile_lo, tile_hi, mLSE, sLSE, sRed)
 
     @cute.jit
-    def cta_coords(self, mO):
-        """This CTA's query token, head group, batch, split (``blockIdx.z = batch·splits + split``), and the split
-        count (with ``cluster_splits`` C, mO has one partial per C splits: split s is rank s % C of cluster s / C)."""
-        token, head_group, batch = cute.arch.block_idx()
-        num_splits = mO.shape[0] * self.cluster_splits
-        split = batch % num_splits
-        batch = batch // num_splits
-        return token, head_group, batch, split, num_splits
-
-    @cute.jit
-    def key_range(self, mQ, mKV, mIdx, token, window_size, num_splits, split):
-        """This query's keys: ``n_keys`` of them, key k is row ``key_lo + k`` (dense) or ``indices[k]`` (gather);
-        this split's share is the 64-key tiles ``[tile_lo, tile_hi)``."""
-        seqlen_q = mQ.shape[1]
-        seqlen_k = mKV.shape[1]
-        key_lo = Int32(0)
-        n_keys = Int32(0)
-        if const_expr(self.gather):
-            n_keys = mIdx.shape[2]
-        else:
-            pos = token + seqlen_k - seqlen_q                 # queries aligned to the end of the keys
-            key_hi = seqlen_k - 1
-            if const_expr(self.causal or self.has_window):
-                key_hi = cutlass.min(pos, seqlen_k - 1)
-            if const_expr(self.has_window):
-                key_lo = cutlass.max(pos - window_size + 1, 0)
-            n_keys = cutlass.max(key_hi - key_lo + 1, 0)
-        n_tiles = (n_keys + TILE_N - 1) // TILE_N
-        per_split = (n_tiles + num_splits - 1) // num_splits
-        tile_lo = cutlass.min(split * per_split, n_tiles)
-        tile_hi = cutlass.min(tile_lo + per_split, n_tiles)
-        return key_lo, n_keys, tile_lo, tile_hi
-
-    @cute.jit
     def wait_q(self, pipeline_q, tile_lo, tile_hi):
         """TMA path: Q has its own barrier (the cp.async path lands Q with the first KV stage instead)."""
         if const_expr(self.q_by_tma):
@@ -470,32 +415,6 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         return state
 
     @cute.jit
-    def key_row_or_none(self, mIdx, batch, token, key, key_lo, n_keys, seqlen_k) -> Int32:
-        """The KV row of key ``key`` of this query, or -1 when it is no key (padding, an invalid index)."""
-        row = Int32(-1)
-        if key < n_keys:
-            if const_expr(self.gather):
-                idx = mIdx[batch, token, key]
-                if idx >= 0 and idx < seqlen_k:
-                    row = idx
-            else:
-                row = key_lo + key
-        return row
-
-    @cute.jit
-    def key_row(self, mIdx, batch, token, key, key_lo, n_keys, seqlen_k) -> Int32:
-        """The KV row of key ``key`` of this query; an invalid key reads a valid row (masked later)."""
-        row = Int32(0)
-        if const_expr(self.gather):
-            if key < n_keys:
-                idx = mIdx[batch, token, key]
-                if idx >= 0 and idx < seqlen_k:
-                    row = idx
-        else:
-            row = key_lo + cutlass.min(key, n_keys - 1)
-        return row
-
-    @cute.jit
     def load(self, mQ, mKV, mIdx, sQ, sKV, pipeline_kv, tidx, token, head_group, batch, key_lo, n_keys,
              seqlen_k, tile_lo, tile_hi):
         """cp.async gather: warp w copies rows 16w … 16w+15 of each tile, lane l its 16 B chunks l and l+32."""
@@ -512,31 +431,6 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             pipeline_kv.producer_commit(state)                    # arrives when this thread's copies land
             state.advance()
         pipeline_kv.producer_tail(state)
-
-    @cute.jit
-    def copy_tile_rows(self, copy_atom, mQ, mKV, mIdx, sQ, sKV, stage, warp, lane, token, head_group, batch, tile,
-                       with_q, key_lo, n_keys, seqlen_k):
-        """One producer thread's cp.async share of a tile (and of Q with the first one): warp w (of 4) copies
-        rows 16w … 16w+15, lane l their 16 B chunks l and l+32."""
-        if with_q:     # Q once, completed by the first stage's barrier with the first KV tile
-            for i in cutlass.range_constexpr(TILE_H // 4):
-                r = warp * (TILE_H // 4) + i
-                gQ_row = mQ[batch, token, head_group * TILE_H + r, None]                   # (512,)
-                for half in cutlass.range_constexpr(2):
-                    c = lane + 32 * half
-                    cute.copy(copy_atom, cute.local_tile(gQ_row, (8,), (c,)),
-                              cute.local_tile(sQ[r, None], (8,), (c,)))
-        rows = cute.make_rmem_tensor((TILE_N // 4,), Int32)
-        for i in cutlass.range_constexpr(TILE_N // 4):       # all index loads first: one latency, not 16
-            rows[i] = self.key_row(mIdx, batch, token, tile * TILE_N + warp * (TILE_N // 4) + i, key_lo,
-                                   n_keys, seqlen_k)
-        for i in cutlass.range_constexpr(TILE_N // 4):
-            r = warp * (TILE_N // 4) + i
-            gKV_row = mKV[batch, rows[i], None]                                           # (512,)
-            for half in cutlass.range_constexpr(2):
-                c = lane + 32 * half
-                cute.copy(copy_atom, cute.local_tile(gKV_row, (8,), (c,)),
-                          cute.local_tile(sKV[r, None, stage], (8,), (c,)))
 
     @cute.jit
     def scores_and_left_half(self, tiled_mma_qk, tiled_mma_pv, sQ, sKV, sVt, sP, sRowScale, sRowInv, mIdx, mO,
@@ -557,13 +451,13 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             if const_expr(self.skip_mma == "qk"):
                 acc_S.fill(0.0)
             else:
-                self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], True)
+                gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], True)
             acc_S_rc = cute.make_tensor(acc_S.iterator, acc_layout_rows_cols(acc_S.layout))
             for c in cutlass.range_constexpr(n_cols):
                 if key_ok[c] == 0:
                     for r in cutlass.range_constexpr(n_rows):
                         acc_S_rc[r, c] = -Float32.inf
-            self.online_softmax(acc_S_rc, row_max, row_sum, softmax_scale_log2, acc_O_rc, corrections, False)
+            online_softmax(acc_S_rc, row_max, row_sum, softmax_scale_log2, acc_O_rc, corrections, False)
             rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
             rP.store(acc_S.load().to(self.dtype))
             if i >= 2:                                            # WG2 is done with this buffer's last use
@@ -580,7 +474,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             # the same bf16 registers, re-viewed as the RS operand (D1.3: a same-thread re-view for bf16)
             tOrP = cute.make_tensor(rP.iterator, acc_layout_as_operand_a(rP.layout))
             if const_expr(self.skip_mma != "pv"):
-                self.gemm(tiled_mma_pv, acc_O, tOrP, tOrV[None, None, None, kv_state.index], False)
+                gemm(tiled_mma_pv, acc_O, tOrP, tOrV[None, None, None, kv_state.index], False)
             pipeline_kv.consumer_release(kv_state)
             kv_state.advance()
 
@@ -642,7 +536,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                 for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
                     acc_O_rc[r, c] = acc_O_rc[r, c] * correction
             if const_expr(self.skip_mma != "pv"):
-                self.gemm(tiled_mma_pv, acc_O, tOrP[None, None, None, buf], tOrV[None, None, None, kv_state.index],
+                gemm(tiled_mma_pv, acc_O, tOrP[None, None, None, buf], tOrV[None, None, None, kv_state.index],
                           False)
             if i + 2 < n_tiles:                                    # WG1 will write this buffer again
                 cute.arch.barrier_arrive(barrier_id=P_EMPTY + buf, number_of_threads=256)
@@ -696,16 +590,6 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             if self.is_real_key(key0 + tScS_rc[0, c][1], mIdx, batch, token, n_keys, seqlen_k):
                 bits = bits | Int32(1 << c)
         return bits
-
-    @cute.jit
-    def is_real_key(self, key, mIdx, batch, token, n_keys, seqlen_k):
-        """Key ``key`` of this query exists: inside the key count and, gathered, a valid index."""
-        ok = key < n_keys
-        if const_expr(self.gather):
-            if ok:
-                idx = mIdx[batch, token, key]
-                ok = idx >= 0 and idx < seqlen_k
-        return ok
 
     @cute.jit
     def key_mask(self, key_ok, tScS_rc, key0, mIdx, batch, token, n_keys, seqlen_k):
@@ -818,12 +702,12 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                     for r in cutlass.range_constexpr(n_rows):
                         acc_S_rc[r, c] = -Float32.inf
             if const_expr(w == 0):
-                self.online_softmax(acc_S_rc, row_max, row_sum, softmax_scale_log2, acc_O_rc, corrections, True)
+                online_softmax(acc_S_rc, row_max, row_sum, softmax_scale_log2, acc_O_rc, corrections, True)
             else:          # WG0's max of this pair is a floor for mine: mine becomes the max over both tiles
                 cute.arch.barrier(barrier_id=PAIR_MAX, number_of_threads=256)
                 for r in cutlass.range_constexpr(n_rows):
                     other_max[r] = sMax[tScS_rc[r, 0][0]]
-                self.online_softmax(acc_S_rc, row_max, row_sum, softmax_scale_log2, acc_O_rc, corrections, True,
+                online_softmax(acc_S_rc, row_max, row_sum, softmax_scale_log2, acc_O_rc, corrections, True,
                                     floor_max=other_max)
             if wtid % 4 == 0:
                 for r in cutlass.range_constexpr(n_rows):
@@ -831,7 +715,7 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
             convert_to_bf16_pairs(acc_S, rP)
             if const_expr(w == 0):
                 cute.arch.barrier_arrive(barrier_id=PAIR_MAX, number_of_threads=256)
-                self.gemm(tiled_mma_pv_rs, acc_O, tOrP, tOrV[None, None, None, 0], False)
+                gemm(tiled_mma_pv_rs, acc_O, tOrP, tOrV[None, None, None, 0], False)
                 kv_pipes[0].consumer_release(state)                       # (even, left): nobody reads it again
                 # WG1's max (over both tiles) → my P and O move to it; P goes to shared memory for WG1
                 cute.arch.barrier(barrier_id=PAIR_MAX + 1, number_of_threads=256)
@@ -849,18 +733,18 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
                 cute.autovec_copy(rP, thr_qk.partition_C(sP[None, None, 0]))
                 cute.arch.fence_proxy("async.shared", space="cta")          # read by WG1's wgmma (async proxy)
                 cute.arch.barrier_arrive(barrier_id=PAIR_P, number_of_threads=256)
-                self.rescale_rows(acc_O_rc, corrections)
+                rescale_rows(acc_O_rc, corrections)
                 cute.arch.barrier(barrier_id=PAIR_P + 1, number_of_threads=256)
-                self.gemm(tiled_mma_pv_ss, acc_O, tOsP[None, None, None, 1], tOsV[None, None, None, 1], False)
+                gemm(tiled_mma_pv_ss, acc_O, tOsP[None, None, None, 1], tOsV[None, None, None, 1], False)
                 kv_pipes[2].consumer_release(state)                       # (odd, left)
             else:
                 cute.arch.barrier_arrive(barrier_id=PAIR_MAX + 1, number_of_threads=256)
-                self.gemm(tiled_mma_pv_rs, acc_O, tOrP, tOrV[None, None, None, 1], False, wait=False)
+                gemm(tiled_mma_pv_rs, acc_O, tOrP, tOrV[None, None, None, 1], False, wait=False)
                 cute.autovec_copy(rP, thr_qk.partition_C(sP[None, None, 1]))   # the RS wgmma only reads rP
                 cute.arch.fence_proxy("async.shared", space="cta")
                 cute.arch.barrier_arrive(barrier_id=PAIR_P + 1, number_of_threads=256)
                 cute.arch.barrier(barrier_id=PAIR_P, number_of_threads=256)
-                self.gemm(tiled_mma_pv_ss, acc_O, tOsP[None, None, None, 0], tOsV[None, None, None, 0], False,
+                gemm(tiled_mma_pv_ss, acc_O, tOsP[None, None, None, 0], tOsV[None, None, None, 0], False,
                           wait=False)
                 warpgroup.wait_group(1)                                   # my own tile's PV: (odd, right) free,
                 kv_pipes[3].consumer_release(state)                       # the producer's next fill after (even, left)
@@ -880,10 +764,10 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         key_bits = self.key_mask_bits(cute.size(tScS_rc, mode=[1]), tScS_rc, (tile_lo + 2 * p + w) * TILE_N, mIdx,
                                       batch, token, key_end, seqlen_k)
         kv_pipes[2 * w + w].consumer_wait(state)
-        self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, w], True, wait=False,
+        gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, w], True, wait=False,
                   k_blocks=(w * k_half, (w + 1) * k_half))
         kv_pipes[2 * w + 1 - w].consumer_wait(state)
-        self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, w], False,
+        gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, w], False,
                   k_blocks=((1 - w) * k_half, (2 - w) * k_half))
         return key_bits
 
@@ -895,12 +779,12 @@ class SparseAttentionForwardSm90(Sm90AttentionOps):
         first (module docstring) — two cluster barriers, in which the producer warps take part too.  C = 1
         (``staged_partials``): the two consumer warpgroups meet at named barriers, and the fp32 tile leaves as
         row-contiguous 16 B stores (a warp writes 512 B of one row pair) instead of the accumulator's scattered
-        8 B pairs — measured a tie (see STAGED_PARTIALS), the same code as the cluster's last step.
+        8 B pairs — measured a tie (docs/tuning/d2_d6.md), the same code as the cluster's last step.
 
         The cluster's O halves go into ``sRed`` as they are (bf16, normalized over each split's own keys) before the
         first barrier, and the LSE weights are applied while summing: the thread that sums a row's slice reads that
         row's C LSEs with its C vectors.  (Weighing first needed a barrier between the LSE exchange and the sRed
-        writes — session 17: ~1.5 µs of the decode's merge, the sRed writes now overlapping the wait for the
+        writes: ~1.5 µs of the decode's merge, the sRed writes now overlapping the wait for the
         cluster's slowest split.)"""
         C = self.cluster_splits
         ctid = half * 128 + wtid

@@ -1,0 +1,138 @@
+"""What the hd512 MQA attention kernels of both archs share (``sm90.sparse_fwd``, ``sm100.sparse_fwd``): the
+problem's constants, the CTA's coordinates, which keys a query has (gathered by index or a dense causal / windowed
+range, split into 64-key tiles per split) and the ``cp.async`` row copies that gather them.  Arch-neutral: no MMA,
+no barrier scheme."""
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32, const_expr
+
+from .block_info import BlockInfo
+from .sm90.config import SparseFwdConfig
+
+HEAD_DIM = 512
+TILE_H = 64            # query heads per CTA = the MMA M
+TILE_N = 64            # keys per tile
+HALF = HEAD_DIM // 2   # output columns per consumer warpgroup
+
+
+@cute.jit
+def as_global(t: cute.Tensor, align: cutlass.Constexpr) -> cute.Tensor:
+    """The same tensor with its pointer in the global address space and a known alignment (a CPU build
+    gets generic pointers from DLPack; cp.async needs global sources)."""
+    ptr = cute.make_ptr(t.element_type, t.iterator.toint(), cute.AddressSpace.gmem, assumed_align=align)
+    return cute.make_tensor(ptr, t.layout)
+
+
+class SparseAttentionBase:
+    """The config's problem facts on the kernel object, and the key rules (gathered / dense range, splits)."""
+
+    def __init__(self, config: SparseFwdConfig):
+        config.check()
+        self.config = config
+        self.gather = config.gather
+        self.causal = config.causal
+        self.has_window = config.window
+        self.has_sink = config.sink
+        self.has_lse = config.has_lse
+        self.split_kv = config.split_kv
+        self.num_stages = 2
+        # C consecutive splits of a query are one cluster and merge their partials through DSMEM (sm90 docstring)
+        self.cluster_splits = config.cluster_splits
+        self.dtype = cutlass.BFloat16
+        self.block_info = BlockInfo(tile_m=1, tile_n=TILE_N, causal=config.causal, has_window=config.window)
+
+    @cute.jit
+    def cta_coords(self, mO):
+        """This CTA's query token, head group, batch, split (``blockIdx.z = batch·splits + split``), and the split
+        count (with ``cluster_splits`` C, mO has one partial per C splits: split s is rank s % C of cluster s / C)."""
+        token, head_group, batch = cute.arch.block_idx()
+        num_splits = mO.shape[0] * self.cluster_splits
+        split = batch % num_splits
+        batch = batch // num_splits
+        return token, head_group, batch, split, num_splits
+
+    @cute.jit
+    def key_range(self, mQ, mKV, mIdx, token, window_size, num_splits, split):
+        """This query's keys: ``n_keys`` of them, key k is row ``key_lo + k`` (dense) or ``indices[k]`` (gather);
+        this split's share is the 64-key tiles ``[tile_lo, tile_hi)``."""
+        seqlen_q = mQ.shape[1]
+        seqlen_k = mKV.shape[1]
+        key_lo = Int32(0)
+        n_keys = Int32(0)
+        if const_expr(self.gather):
+            n_keys = mIdx.shape[2]
+        else:
+            key_hi = seqlen_k - 1
+            if const_expr(self.causal or self.has_window):
+                key_hi = cutlass.min(self.block_info.last_key(token, seqlen_q, seqlen_k), seqlen_k - 1)
+            if const_expr(self.has_window):
+                key_lo = cutlass.max(self.block_info.first_key(token, seqlen_q, seqlen_k, window_size), 0)
+            n_keys = cutlass.max(key_hi - key_lo + 1, 0)
+        n_tiles = (n_keys + TILE_N - 1) // TILE_N
+        per_split = (n_tiles + num_splits - 1) // num_splits
+        tile_lo = cutlass.min(split * per_split, n_tiles)
+        tile_hi = cutlass.min(tile_lo + per_split, n_tiles)
+        return key_lo, n_keys, tile_lo, tile_hi
+
+    @cute.jit
+    def key_row_or_none(self, mIdx, batch, token, key, key_lo, n_keys, seqlen_k) -> Int32:
+        """The KV row of key ``key`` of this query, or -1 when it is no key (padding, an invalid index)."""
+        row = Int32(-1)
+        if key < n_keys:
+            if const_expr(self.gather):
+                idx = mIdx[batch, token, key]
+                if idx >= 0 and idx < seqlen_k:
+                    row = idx
+            else:
+                row = key_lo + key
+        return row
+
+    @cute.jit
+    def key_row(self, mIdx, batch, token, key, key_lo, n_keys, seqlen_k) -> Int32:
+        """The KV row of key ``key`` of this query; an invalid key reads a valid row (masked later)."""
+        row = Int32(0)
+        if const_expr(self.gather):
+            if key < n_keys:
+                idx = mIdx[batch, token, key]
+                if idx >= 0 and idx < seqlen_k:
+                    row = idx
+        else:
+            row = key_lo + cutlass.min(key, n_keys - 1)
+        return row
+
+    @cute.jit
+    def is_real_key(self, key, mIdx, batch, token, n_keys, seqlen_k):
+        """Key ``key`` of this query exists: inside the key count and, gathered, a valid index."""
+        ok = key < n_keys
+        if const_expr(self.gather):
+            if ok:
+                idx = mIdx[batch, token, key]
+                ok = idx >= 0 and idx < seqlen_k
+        return ok
+
+    @cute.jit
+    def copy_tile_rows(self, copy_atom, mQ, mKV, mIdx, sQ, sKV, stage, warp, lane, token, head_group, batch, tile,
+                       with_q, key_lo, n_keys, seqlen_k):
+        """One producer thread's cp.async share of a tile (and of Q with the first one): warp w (of 4) copies
+        rows 16w … 16w+15, lane l their 16 B chunks l and l+32."""
+        if with_q:     # Q once, completed by the first stage's barrier with the first KV tile
+            for i in cutlass.range_constexpr(TILE_H // 4):
+                r = warp * (TILE_H // 4) + i
+                gQ_row = mQ[batch, token, head_group * TILE_H + r, None]                   # (512,)
+                for half in cutlass.range_constexpr(2):
+                    c = lane + 32 * half
+                    cute.copy(copy_atom, cute.local_tile(gQ_row, (8,), (c,)),
+                              cute.local_tile(sQ[r, None], (8,), (c,)))
+        rows = cute.make_rmem_tensor((TILE_N // 4,), Int32)
+        for i in cutlass.range_constexpr(TILE_N // 4):       # all index loads first: one latency, not 16
+            rows[i] = self.key_row(mIdx, batch, token, tile * TILE_N + warp * (TILE_N // 4) + i, key_lo,
+                                   n_keys, seqlen_k)
+        for i in cutlass.range_constexpr(TILE_N // 4):
+            r = warp * (TILE_N // 4) + i
+            gKV_row = mKV[batch, rows[i], None]                                           # (512,)
+            for half in cutlass.range_constexpr(2):
+                c = lane + 32 * half
+                cute.copy(copy_atom, cute.local_tile(gKV_row, (8,), (c,)),
+                          cute.local_tile(sKV[r, None, stage], (8,), (c,)))
