@@ -19,3 +19,14 @@ def pytest_collection_modifyitems(config, items):
 def gen():
     """A seeded generator: fresh random data per test, reproducible across runs."""
     return torch.Generator().manual_seed(1234)
+
+
+@pytest.fixture
+def poison_gpu_outputs(request):
+    """GPU tests: everything the library allocates during the test is NaN until written (tests/gpu_checks.py)."""
+    if request.node.get_closest_marker("gpu") is None:
+        yield
+        return
+    from gpu_checks import poisoned_outputs
+    with poisoned_outputs():
+        yield

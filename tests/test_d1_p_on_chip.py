@@ -1,15 +1,18 @@
-"""D1: the Hopper attention kernel — compile checks on the CPU, correctness on the GPU, input validation."""
-import math
+"""D1 on Hopper (P in registers, RS-wgmma) and its SMEM-P twin: compile and PTX checks on the CPU, correctness
+against float64 on the GPU (row by row, outputs poisoned first), input validation; the Blackwell TMEM-P build
+(compiled, not run) at the end."""
 import re
 
 import pytest
-
-from dsv4lib.kernels.sm90.config import SMEM_PER_SM
 import torch
 
 import dsv4lib
 from dsv4lib import reference
+from gpu_checks import attention_inputs, check_matches, check_output, fresh_seed, poisoned_outputs
 
+from dsv4lib.kernels.sm90.config import SMEM_PER_SM
+
+pytestmark = pytest.mark.usefixtures("poison_gpu_outputs")
 FA4_RTOL = 2
 
 
@@ -64,25 +67,6 @@ def test_sm90_smem_p_twin_compiles_with_ss_wgmma(head_dim):
     assert k.count("fence.proxy.async") >= 1
 
 
-def _assert_matches(out, lse, ref, ref_lse, *, empty_rows_exact=False):
-    """Finite output, cosine ≥ 0.9999 against the float64 reference, LSE close where the reference's is finite
-    (and, with ``empty_rows_exact``, -inf exactly on the rows that see no key)."""
-    assert torch.isfinite(out).all()
-    cos = torch.nn.functional.cosine_similarity(out.double().flatten(), ref.flatten(), 0).item()
-    assert cos >= 0.9999, cos
-    finite = torch.isfinite(ref_lse)
-    if empty_rows_exact:
-        assert torch.equal(torch.isfinite(lse), finite)
-    torch.testing.assert_close(lse.double()[finite], ref_lse[finite], atol=2e-3, rtol=1e-4)
-
-
-def _inputs(B, Sq, Sk, H, Hkv, D, gen, device="cuda"):
-    q = torch.randn(B, Sq, H, D, generator=gen).to(device, torch.bfloat16)
-    k = torch.randn(B, Sk, Hkv, D, generator=gen).to(device, torch.bfloat16)
-    v = torch.randn(B, Sk, Hkv, D, generator=gen).to(device, torch.bfloat16)
-    return q, k, v
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("B,Sq,Sk,H,Hkv,D,causal", [
     (2, 128, 128, 4, 4, 128, False),
@@ -95,8 +79,8 @@ def _inputs(B, Sq, Sk, H, Hkv, D, gen, device="cuda"):
     (1, 2048, 2048, 2, 2, 128, True),
 ])
 def test_attention_matches_float64_reference(B, Sq, Sk, H, Hkv, D, causal):
-    gen = torch.Generator().manual_seed(B * 1000 + Sq + Sk + D)
-    q, k, v = _inputs(B, Sq, Sk, H, Hkv, D, gen)
+    gen = torch.Generator().manual_seed(fresh_seed())
+    q, k, v = attention_inputs(B, Sq, Sk, H, Hkv, D, gen)
     out, lse = dsv4lib.attention(q, k, v, causal=causal, return_lse=True, num_splits=1)   # D1 itself
     torch.cuda.synchronize()
     ref, ref_lse = reference.attention(q.double(), k.double(), v.double(), causal=causal, return_lse=True)
@@ -105,8 +89,7 @@ def test_attention_matches_float64_reference(B, Sq, Sk, H, Hkv, D, causal):
     pt_err = (bf16_ref - ref).abs().max().item()
     assert torch.isfinite(out).all()
     assert err <= FA4_RTOL * pt_err + _bf16_rounding_atol(ref), (err, pt_err)
-    cos = torch.nn.functional.cosine_similarity(out.double().flatten(), ref.flatten(), 0).item()
-    assert cos >= 0.9999, cos
+    check_output(out, ref)
     torch.testing.assert_close(lse.double(), ref_lse, atol=2e-3, rtol=1e-4)
 
 
@@ -117,101 +100,13 @@ def test_attention_matches_float64_reference(B, Sq, Sk, H, Hkv, D, causal):
     (1, 513, 700, 2, 2, 256, True),
 ])
 def test_smem_p_twin_matches_the_reference(B, Sq, Sk, H, Hkv, D, causal):
-    gen = torch.Generator().manual_seed(Sq + D)
-    q, k, v = _inputs(B, Sq, Sk, H, Hkv, D, gen)
+    gen = torch.Generator().manual_seed(fresh_seed())
+    q, k, v = attention_inputs(B, Sq, Sk, H, Hkv, D, gen)
     out = dsv4lib.attention_with_p_path(q, k, v, causal=causal, p_path="smem", num_splits=1)
     rs = dsv4lib.attention_with_p_path(q, k, v, causal=causal, p_path="rs", num_splits=1)
     ref = reference.attention(q.double(), k.double(), v.double(), causal=causal)
-    cos = torch.nn.functional.cosine_similarity(out.double().flatten(), ref.flatten(), 0).item()
-    assert cos >= 0.9999, cos
+    check_output(out, ref)
     torch.testing.assert_close(out, rs, atol=2e-2, rtol=2e-2)   # same math, same P rounding
-
-
-@pytest.mark.compile
-def test_window_and_sink_build():
-    from dsv4lib.kernels.compile import compile_for_arch
-    from dsv4lib.kernels.sm90.config import Sm90FwdConfig
-    from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
-    plain = compile_for_arch(FlashAttentionForwardSm90(Sm90FwdConfig(128, causal=False, has_lse=True)), *fake_attention_args(128),
-                             arch="sm_90a")
-    local = compile_for_arch(FlashAttentionForwardSm90(Sm90FwdConfig(128, causal=False, has_lse=True, window=True, sink=True)),
-                             *fake_attention_args(128), arch="sm_90a")
-    # the sink adds one exp2 per row to the epilogue; the window adds the left-edge compares
-    assert local.count(r"ex2\.approx") == plain.count(r"ex2\.approx") + 2
-    assert local.count(r"setp\.") > plain.count(r"setp\.")
-
-
-@pytest.mark.compile
-@pytest.mark.parametrize("head_dim", [64, 128])
-def test_warpgroup_tiles_build_splits_the_tiles_between_its_warpgroups(head_dim):
-    """The small-window default (hd64 and hd128): a persistent 192-row tile of three consumer warpgroups, one CTA per
-    SM with 4 K/V stages of 64 keys, two Q stages and no O buffer (O goes into its item's Q stage: hd128 225 KB); each
-    warpgroup skips the other's tiles (waits and releases with no wgmma between); 160 registers a consumer thread and
-    no spills; L2 hints on Q, K, V and O; builds it cannot serve are refused, and a split-KV call takes D1's build."""
-    from _builds import sm90_kernel_shape
-    from dsv4lib.kernels.common import L2_EVICT_FIRST, L2_EVICT_LAST
-    from dsv4lib.kernels.compile import compile_for_arch
-    from dsv4lib.kernels.sm90.config import Sm90FwdConfig
-    from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
-    shape = sm90_kernel_shape(head_dim, True, small_window=True)
-    assert shape["tile_m"] == 192 and shape["tile_n"] == 64 and shape["warpgroup_tiles"] and shape["num_stages"] == 4
-    assert shape["o_in_q_stage"] and shape["l2_hints"] and not shape.get("split_epilogue")
-    split = sm90_kernel_shape(head_dim, True, small_window=True, split_kv=True)
-    assert not {"warpgroup_tiles", "o_in_q_stage", "persistent"} & set(split) and split["tile_n"] == 128  # D1's build
-    kernel = FlashAttentionForwardSm90(Sm90FwdConfig(head_dim=head_dim, causal=False, has_lse=True, window=True, sink=True, overlap=True,
-                                       **shape))
-    assert kernel.config.smem_bytes() + 1024 <= SMEM_PER_SM
-    assert kernel.config.smem_bytes() == 1024 + 2 * 192 * head_dim * 2 + 4 * 2 * 64 * head_dim * 2     # Q stages + K/V, no sO
-    k = compile_for_arch(kernel, *fake_attention_args(head_dim, dynamic_schedule=True), arch="sm_90a")
-    assert k.count(r"\.minnctapersm\s+1") == 1 and k.count(r"\.local") == 0
-    assert k.count(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+160;") == 1
-    assert k.count(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+32;") == 1
-    # O into the Q stage by stmatrix (each warpgroup its 64 rows: D/16 x4 per thread), the consumers arrive on the
-    # stage's named barrier (bar.arrive) and go on; the storer warp syncs there, stores the tile (D/64 boxes) and
-    # waits for its read before handing the stage back — the only read-wait in the kernel
-    assert k.count(r"stmatrix\.sync\.aligned\.m8n8\.x4\.shared\.b16") == head_dim // 16
-    assert k.count(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta") == head_dim // 64
-    assert k.count(r"cp\.async\.bulk\.wait_group\.read\s+0") == 1
-    assert k.count(r"\bbar(rier)?\.arrive") == 1
-    # evict-first on Q's load and O's store, evict-last on K and V: the policy words every TMA of theirs is given
-    # (CuTeDSL passes a policy register to each TMA; 0 where none was asked for)
-    first, last = (r"mov\.b64\s+%%rd\d+, %d;" % policy for policy in (L2_EVICT_FIRST, L2_EVICT_LAST))
-    assert k.count(first) >= 2 and k.count(last) >= 2
-    info = k.ptxas_report()
-    if info is not None:
-        assert "0 bytes spill stores" in info, info[-400:]
-    for bad in (dict(persistent=False, dynamic_schedule=False), dict(nvfp4_out=True)):
-        with pytest.raises(ValueError, match="warpgroup_tiles|persistent"):
-            FlashAttentionForwardSm90(Sm90FwdConfig(head_dim=head_dim, causal=False, has_lse=True, window=True, overlap=True,
-                                      **{**shape, **bad}))
-    for bad, match in ((dict(o_in_q_stage=False), "l2_hints"), (dict(warpgroup_tiles=False), "l2_hints")):
-        with pytest.raises(ValueError, match=match):
-            FlashAttentionForwardSm90(Sm90FwdConfig(head_dim=head_dim, causal=False, has_lse=True, window=True, overlap=True,
-                                      **{**shape, **bad}))
-
-
-@pytest.mark.compile
-def test_hd256_small_window_build_takes_32_key_warpgroup_tiles():
-    """hd256 at a small window: the 128-row warpgroup-tiles build with 32-key K/V tiles (two 64 KB Q stages, O in
-    them, 3 K/V stages of 32 KB: 225 KB), 240 registers a consumer thread, no spills; a split-KV call takes D1's
-    tuned 128x80 build instead."""
-    from _builds import sm90_kernel_shape
-    from dsv4lib.kernels.compile import compile_for_arch
-    from dsv4lib.kernels.sm90.config import Sm90FwdConfig
-    from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
-    shape = sm90_kernel_shape(256, True, small_window=True)
-    assert (shape["tile_m"], shape["tile_n"], shape["num_stages"]) == (128, 32, 3)
-    assert shape["warpgroup_tiles"] and shape["o_in_q_stage"] and shape["persistent"]
-    assert sm90_kernel_shape(256, True, small_window=True, split_kv=True) == {"tile_m": 128, "tile_n": 80,
-                                                                               "rescale_o_early": True}
-    kernel = FlashAttentionForwardSm90(Sm90FwdConfig(256, causal=False, has_lse=True, window=True, sink=True, overlap=True, **shape))
-    assert kernel.config.smem_bytes() == 1024 + 2 * 128 * 256 * 2 + 3 * 2 * 32 * 256 * 2 <= SMEM_PER_SM - 1024
-    k = compile_for_arch(kernel, *fake_attention_args(256, dynamic_schedule=True), arch="sm_90a")
-    assert k.count(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;") == 1 and k.count(r"\.local") == 0
-    assert k.count(r"cp\.async\.bulk\.wait_group\.read\s+0") == 1      # the storer warp's, after each O store
-    info = k.ptxas_report()
-    if info is not None:
-        assert "0 bytes spill stores" in info, info[-400:]
 
 
 @pytest.mark.compile
@@ -292,8 +187,8 @@ def test_persistent_ctas_match_the_reference(B, Sq, Sk, H, Hkv, D, window, causa
     config = Sm90FwdConfig.for_problem(D, causal=causal, window=window, sink=True, pack_gqa=pack_factor(None, H, Hkv),
                                        gpu_name="H200")
     config = config.replace(persistent=True, dynamic_schedule=dynamic)
-    gen = torch.Generator().manual_seed(Sq + Sk + D)
-    q, k, v = _inputs(B, Sq, Sk, H, Hkv, D, gen)
+    gen = torch.Generator().manual_seed(fresh_seed())
+    q, k, v = attention_inputs(B, Sq, Sk, H, Hkv, D, gen)
     sink = torch.randn(H, generator=gen).cuda()
     ref, ref_lse = reference.attention(q.double(), k.double(), v.double(), causal=causal, window=window,
                                        sink=sink.double(), return_lse=True)
@@ -305,132 +200,9 @@ def test_persistent_ctas_match_the_reference(B, Sq, Sk, H, Hkv, D, window, causa
             out, lse = run_config(config, q, k, v, window=window, sink=sink)
             counters = work_counters(q.device) if dynamic else None
         torch.cuda.synchronize()
-        _assert_matches(out, lse, ref, ref_lse, empty_rows_exact=True)
+        check_matches(out, lse, ref, ref_lse, empty_rows_exact=True)
         if dynamic:
             assert counters.tolist() == [0, 0]
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("B,Sq,Sk,H,Hkv,window", [
-    (1, 2000, 2000, 2, 2, 128),     # DSV4's window, 11 192-row blocks a head (the last ragged)
-    (1, 700, 900, 2, 1, 17),        # GQA packed 2, a narrow window, keys ahead
-    (1, 500, 200, 2, 2, 64),        # Sq > Sk: warpgroups whose rows see no key
-])
-@pytest.mark.parametrize("variant", [{}, {"dynamic_schedule": False}, {"l2_hints": False}, {"tile_m": 128},
-                                     {"tile_m": 128, "num_stages": 5}],
-                         ids=["default", "static", "no_hints", "rows128", "rows128_5stages"])
-def test_persistent_warpgroup_tiles_variants_match_the_reference(B, Sq, Sk, H, Hkv, window, variant):
-    """The warpgroup-tiles builds (hd128): the 192-row default and its knobs — the static deal (the storer warp walks
-    every gridDim-th item), no L2 hints, a 128-row tile with O in its Q stage (4 or 5 K/V stages), and the session-15
-    build (split epilogue) — twice in a row, equal to the reference and bit-identical to one another (same tiles per
-    64-row warpgroup, same order)."""
-    from _builds import run_config
-    from dsv4lib.kernels.sm90.config import Sm90FwdConfig
-    from dsv4lib.ops.attention import pack_factor
-    gen = torch.Generator().manual_seed(Sq + Sk + window)
-    q, k, v = _inputs(B, Sq, Sk, H, Hkv, 128, gen)
-    sink = torch.randn(H, generator=gen).cuda()
-    ref, ref_lse = reference.attention(q.double(), k.double(), v.double(), window=window, sink=sink.double(),
-                                       return_lse=True)
-    default = dsv4lib.attention(q, k, v, window=window, sink=sink, return_lse=True, num_splits=1)
-    config = Sm90FwdConfig.for_problem(128, window=window, sink=True, pack_gqa=pack_factor(None, H, Hkv),
-                                       gpu_name="H200").replace(**variant)
-    for _ in range(2):
-        out, lse = run_config(config, q, k, v, window=window, sink=sink)
-        torch.cuda.synchronize()
-        _assert_matches(out, lse, ref, ref_lse, empty_rows_exact=True)
-        assert torch.equal(out, default[0]) and torch.equal(lse, default[1])
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("B,Sq,Sk,H,Hkv,D,window,causal,use_sink", [
-    (2, 600, 600, 4, 2, 128, 128, False, True),     # DSV4's window, tiles skipped and masked
-    (1, 1000, 1000, 2, 2, 64, 1, False, True),      # window 1: only the query itself
-    (1, 777, 1200, 2, 1, 128, 300, True, False),    # Sq < Sk, window crossing tiles
-    (1, 300, 300, 4, 4, 256, 4096, False, True),    # window wider than the sequence = causal
-    (1, 500, 200, 2, 2, 128, 64, False, True),      # Sq > Sk: first rows see nothing (sink: still zeros)
-    (2, 333, 333, 4, 4, 128, None, False, True),    # sink alone
-])
-def test_window_and_sink_match_the_reference(B, Sq, Sk, H, Hkv, D, window, causal, use_sink):
-    gen = torch.Generator().manual_seed(Sq * 7 + Sk + (window or 0))
-    q, k, v = _inputs(B, Sq, Sk, H, Hkv, D, gen)
-    sink = (torch.randn(H, generator=gen) * 2).cuda() if use_sink else None
-    out, lse = dsv4lib.attention(q, k, v, causal=causal, window=window, sink=sink, return_lse=True)
-    ref, ref_lse = reference.attention(q.double(), k.double(), v.double(), causal=causal, window=window,
-                                       sink=None if sink is None else sink.double(), return_lse=True)
-    _assert_matches(out, lse, ref, ref_lse, empty_rows_exact=True)     # empty rows: -inf exactly there
-
-
-@pytest.mark.compile
-def test_split_kv_build_writes_fp32_partials():
-    import collections
-    import re
-    from dsv4lib.kernels.compile import compile_for_arch
-    from dsv4lib.kernels.sm90.config import Sm90FwdConfig
-    from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_split_args
-    k = compile_for_arch(FlashAttentionForwardSm90(Sm90FwdConfig(128, causal=True, has_lse=True, split_kv=True, window=True)),
-                         *fake_split_args(128), arch="sm_90a")
-    stores = collections.Counter(re.findall(r"\bst\.global\.[\w.]+", k.ptx))
-    assert stores["st.global.v2.b32"] == 32            # 64 fp32 partial values per thread, in pairs
-    with pytest.raises(ValueError, match="sink"):
-        FlashAttentionForwardSm90(Sm90FwdConfig(128, causal=False, has_lse=True, split_kv=True, sink=True))
-
-
-@pytest.mark.parametrize("bad", [0, -2, 1.5, True])
-def test_num_splits_is_validated(bad):
-    q = torch.zeros(1, 4, 2, 64, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="num_splits"):
-        dsv4lib.attention(q, q, q, num_splits=bad)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("B,Sq,Sk,H,Hkv,D,causal,window,use_sink,splits", [
-    (1, 1, 20000, 16, 16, 128, False, None, False, None),    # decode, heuristic
-    (1, 1, 20000, 16, 2, 128, True, None, True, 7),           # GQA, sink applied once after the merge
-    (2, 4, 9000, 8, 1, 64, True, None, False, 3),             # MTP-style few queries, MQA
-    (1, 3, 5000, 4, 4, 256, True, 1000, True, 5),             # window + sink + split
-    (1, 1, 300, 2, 2, 128, False, None, False, 64),           # more splits than tiles: clamped
-])
-def test_split_kv_matches_the_reference(B, Sq, Sk, H, Hkv, D, causal, window, use_sink, splits):
-    gen = torch.Generator().manual_seed(Sk + Sq + D)
-    q, k, v = _inputs(B, Sq, Sk, H, Hkv, D, gen)
-    sink = torch.randn(H, generator=gen).cuda() if use_sink else None
-    out, lse = dsv4lib.attention(q, k, v, causal=causal, window=window, sink=sink, return_lse=True, num_splits=splits)
-    one = dsv4lib.attention(q, k, v, causal=causal, window=window, sink=sink, num_splits=1)
-    ref, ref_lse = reference.attention(q.double(), k.double(), v.double(), causal=causal, window=window,
-                                       sink=None if sink is None else sink.double(), return_lse=True)
-    cos = torch.nn.functional.cosine_similarity(out.double().flatten(), ref.flatten(), 0).item()
-    assert cos >= 0.9999, cos
-    torch.testing.assert_close(lse.double(), ref_lse, atol=2e-3, rtol=1e-4)
-    torch.testing.assert_close(out, one, atol=2e-2, rtol=2e-2)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("D", [128, 256])
-def test_branch_merge_equals_one_softmax_over_the_union(D):
-    """D5b: SWA branch (window 128 over the raw keys) + a compressed branch (all of its keys), merged by LSE
-    with the sink once == the reference over the concatenated keys with the matching mask."""
-    gen = torch.Generator().manual_seed(D)
-    B, S, T, H = 1, 700, 40, 4
-    q, k, v = _inputs(B, S, S, H, 1, D, gen)
-    kc = torch.randn(B, T, 1, D, generator=gen).cuda().bfloat16()
-    sink = torch.randn(H, generator=gen).cuda()
-    out, lse = dsv4lib.attention_branches(q, [dict(k=k, v=k, window=128), dict(k=kc, v=kc)], sink=sink,
-                                          return_lse=True)
-    o1, l1 = reference.attention(q.double(), k.double(), k.double(), window=128, return_lse=True)
-    o2, l2 = reference.attention(q.double(), kc.double(), kc.double(), return_lse=True)
-    ref, ref_lse = reference.lse_merge([o1, o2], [l1, l2], sink=sink.double())
-    cos = torch.nn.functional.cosine_similarity(out.double().flatten(), ref.flatten(), 0).item()
-    assert cos >= 0.9999, cos
-    torch.testing.assert_close(lse.double(), ref_lse, atol=2e-3, rtol=1e-4)
-
-
-def test_branch_merge_validates_its_branches():
-    q = torch.zeros(1, 4, 2, 64, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="branches"):
-        dsv4lib.attention_branches(q, [])
-    with pytest.raises(ValueError, match="branch 0"):
-        dsv4lib.attention_branches(q, [{"k": q}])
 
 
 @pytest.mark.compile
@@ -487,13 +259,13 @@ def test_schedule_knobs_build_and_are_checked():
 def test_schedule_knobs_match_the_reference(D, knobs, causal, window):
     from _builds import run_config
     from dsv4lib.kernels.sm90.config import Sm90FwdConfig
-    gen = torch.Generator().manual_seed(D + len(knobs))
-    q, k, v = _inputs(1, 777, 1100, 4, 2, D, gen)
+    gen = torch.Generator().manual_seed(fresh_seed())
+    q, k, v = attention_inputs(1, 777, 1100, 4, 2, D, gen)
     config = Sm90FwdConfig(head_dim=D, causal=causal, window=window is not None, overlap=True, pack_gqa=2, **knobs)
     out, lse = run_config(config, q, k, v, window=window)
     ref, ref_lse = reference.attention(q.double(), k.double(), v.double(), causal=causal, window=window,
                                        return_lse=True)
-    _assert_matches(out, lse, ref, ref_lse)
+    check_matches(out, lse, ref, ref_lse)
 
 
 @pytest.mark.gpu
@@ -502,22 +274,28 @@ def test_schedule_knobs_match_the_reference(D, knobs, causal, window):
     (1, 513, 513, 2, 2, 256, True, None), (1, 900, 900, 2, 2, 128, False, 200), (1, 100, 100, 2, 2, 128, False, None),
 ])
 def test_overlapped_mainloop_matches_the_reference(B, Sq, Sk, H, Hkv, D, causal, window):
-    gen = torch.Generator().manual_seed(Sq + Sk + D)
-    q, k, v = _inputs(B, Sq, Sk, H, Hkv, D, gen)
+    gen = torch.Generator().manual_seed(fresh_seed())
+    q, k, v = attention_inputs(B, Sq, Sk, H, Hkv, D, gen)
     out, lse = dsv4lib.attention_with_p_path(q, k, v, causal=causal, window=window, return_lse=True,
                                              num_splits=1, overlap=True)
     ref, ref_lse = reference.attention(q.double(), k.double(), v.double(), causal=causal, window=window,
                                        return_lse=True)
-    _assert_matches(out, lse, ref, ref_lse)
+    check_matches(out, lse, ref, ref_lse)
 
 
 @pytest.mark.gpu
-def test_output_is_fully_written_and_deterministic():
-    gen = torch.Generator().manual_seed(7)
-    q, k, v = _inputs(1, 333, 333, 2, 2, 128, gen)
-    a = dsv4lib.attention(q, k, v)
-    b = dsv4lib.attention(q, k, v)
-    assert torch.equal(a, b) and torch.isfinite(a).all()
+@pytest.mark.parametrize("causal,window", [(False, None), (True, None), (False, 128)])
+def test_output_is_fully_written_and_deterministic(causal, window):
+    """Every output element written (the library's allocations and workspaces NaN before each call), right row by
+    row, and the same bits on a second call into NaN-poisoned memory again."""
+    gen = torch.Generator().manual_seed(fresh_seed())
+    q, k, v = attention_inputs(1, 333, 333, 2, 2, 128, gen)
+    with poisoned_outputs():
+        a = dsv4lib.attention(q, k, v, causal=causal, window=window)
+    with poisoned_outputs():
+        b = dsv4lib.attention(q, k, v, causal=causal, window=window)
+    check_output(a, reference.attention(q.double(), k.double(), v.double(), causal=causal, window=window))
+    assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("make,exc,match", [
@@ -599,15 +377,15 @@ def test_gqa_packing_needs_a_factor_dividing_the_tile():
     (2, 100, 1000, 4, 2, 128, True, 64, False, 3, False),        # forced splits with a window
 ])
 def test_gqa_packed_matches_the_reference(B, Sq, Sk, H, Hkv, D, causal, window, with_sink, splits, overlap):
-    gen = torch.Generator().manual_seed(Sq * 3 + H)
-    q, k, v = _inputs(B, Sq, Sk, H, Hkv, D, gen)
+    gen = torch.Generator().manual_seed(fresh_seed())
+    q, k, v = attention_inputs(B, Sq, Sk, H, Hkv, D, gen)
     sink = (torch.randn(H, generator=gen) * 2).cuda() if with_sink else None
     out, lse = dsv4lib.attention_with_p_path(q, k, v, causal=causal, window=window, sink=sink, return_lse=True,
                                              num_splits=splits, overlap=overlap, pack_gqa=True)
     torch.cuda.synchronize()
     ref, ref_lse = reference.attention(q.double(), k.double(), v.double(), causal=causal, window=window,
                                        sink=None if sink is None else sink.double(), return_lse=True)
-    _assert_matches(out, lse, ref, ref_lse)
+    check_matches(out, lse, ref, ref_lse)
 
 
 @pytest.mark.compile
@@ -665,3 +443,35 @@ def test_default_builds_take_wgmma_descriptors_from_uniform_registers(head_dim, 
         unproven = re.sub(r"shfl\.sync\.idx\.b32\s+(%r\d+),\s*(%r\d+),\s*0,\s*31,\s*-1;", r"mov.b32 \1, \2;",
                           k.ptx)
         assert CompiledKernel("sm_90a", None, unproven).wgmma_descriptors_from_tid() > 0
+
+
+# ---------------------------------------------------------------- Blackwell TMEM-P (compiled, not run)
+@pytest.mark.compile
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_tmem_p_kernel_compiles_for_sm100a(head_dim, causal):
+    from cutlass import Float32
+    from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.sm100.flash_fwd import FlashAttentionForwardSm100, fake_attention_args
+    k = compile_for_arch(FlashAttentionForwardSm100(head_dim, causal=causal, has_lse=True),
+                         *fake_attention_args(head_dim), arch="sm_100a")
+    assert k.ptx_target == "sm_100a"
+    mma = r"tcgen05\.mma\.cta_group::1\.kind::f16[^\n]*"
+    ts = k.count(mma + r"\[%r\d+\],\s*\[%r\d+\],\s*%rd")     # TS: accumulator AND A operand in TMEM
+    ss = k.count(mma + r"\[%r\d+\],\s*%rd\d+,\s*%rd")         # SS: A and B by SMEM descriptor
+    assert ts == 128 // 16 and ss == head_dim // 16, (ts, ss)   # PV over K = tile_n 128; QK over K = D
+    # warp-collective TMEM traffic: S and O loads, P (bf16 pairs) and O stores, each followed by its wait
+    assert k.count(r"tcgen05\.ld\.sync\.aligned\.32x32b\.x128\.b32") >= 1
+    assert k.count(rf"tcgen05\.ld\.sync\.aligned\.32x32b\.x{head_dim}\.b32") >= 1
+    assert k.count(r"tcgen05\.st\.sync\.aligned\.32x32b\.x64\.b32") >= 1          # P: 128 bf16 = 64 columns
+    assert k.count(r"tcgen05\.st\.sync\.aligned\.32x32b") == 2                   # P, and O after its rescale
+    assert k.count(r"tcgen05\.wait::ld\.sync\.aligned") >= 2 and k.count(r"tcgen05\.wait::st\.sync\.aligned") >= 1
+    assert k.count("tcgen05.alloc") == 1 and k.count("tcgen05.dealloc") == 1
+    assert k.count("tcgen05.commit") >= 4
+    assert k.count("tcgen05.fence.cta_group") == 0          # the invalid instruction the seed's kernel hung on
+
+
+def test_tmem_p_kernel_rejects_unsupported_head_dims():
+    from dsv4lib.kernels.sm100.flash_fwd import FlashAttentionForwardSm100
+    with pytest.raises(ValueError, match="head_dim"):
+        FlashAttentionForwardSm100(256, causal=False, has_lse=False)

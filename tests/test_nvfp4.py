@@ -258,7 +258,7 @@ def test_fused_nvfp4_output_equals_quantizing_the_fp32_output(D, causal):
     assert gs.item() == rgs.item()
 
 
-def _e2m1_magic_numpy(y: "np.ndarray") -> "np.ndarray":
+def _e2m1_magic_numpy(y):
     """``dsv4lib.kernels.nvfp4.e2m1_code_magic`` step by step in numpy fp32 / uint32 (IEEE adds, round to
     nearest even — what the GPU's add.f32 does)."""
     import numpy as np

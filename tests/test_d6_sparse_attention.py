@@ -7,6 +7,8 @@ import torch
 import dsv4lib
 from dsv4lib import reference
 
+pytestmark = pytest.mark.usefixtures("poison_gpu_outputs")
+
 
 def _build(gather, split_kv=False, **flags):
     from dsv4lib.kernels.compile import compile_for_arch
