@@ -147,7 +147,7 @@ record(metrics_path, compiled=build_ok, builds=builds, sm100a="COMPILED-ONLY" if
 # ~11.9 µs, i.e. ~5.7 TB/s after the ~4.4 µs floor — above the H200's 4.8 TB/s peak.  The same kernel with its
 # encoder switched off (`_encode=False`, the same loads and stores) reads 0.75 there.
 # The cosine goes through `dsv4lib.dequantize_nvfp4`, the GPU dequantize kernel (bit-equal to the reference,
-# tested in `tests/test_nvfp4_kernel.py`).
+# tested in `tests/test_nvfp4.py`).
 
 # %%
 if on_gpu:

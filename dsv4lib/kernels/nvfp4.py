@@ -13,7 +13,7 @@ E2M1 encoding differs by arch:
   the signs come from the input's sign bits by ``prmt`` — fp32-pipe work instead of integer-ALU work.  The first
   one, :func:`e2m1_code_magic` (still used by the fused attention epilogue), lets the fp32 adder round per
   binade (``|y| + 2^(22 + max(e, 0))``) and reads the code off the sum's bits with integer ops.
-  ``tests/test_nvfp4_kernel.py`` checks both against the reference's threshold encoder on > 10 M fp32 values,
+  ``tests/test_nvfp4.py`` checks both against the reference's threshold encoder on > 10 M fp32 values,
   every tie included.  Sign kept (``-0`` → ``0x8``).
 * **sm_100a** uses the hardware ``cvt.rn.satfinite.e2m1x2.f32`` through ``TensorSSA.to(Float4E2M1FN)``
   (compiled, not run, in this project).
