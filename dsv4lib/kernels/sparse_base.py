@@ -30,18 +30,17 @@ class SparseAttentionBase:
 
     def __init__(self, config: SparseFwdConfig):
         config.check()
-        self.config = config
-        self.gather = config.gather
-        self.causal = config.causal
+        self.config = config                 # its fields read as the kernel's own (__getattr__): self.gather, ...
         self.has_window = config.window
         self.has_sink = config.sink
-        self.has_lse = config.has_lse
-        self.split_kv = config.split_kv
         self.num_stages = 2
-        # C consecutive splits of a query are one cluster and merge their partials through DSMEM (sm90 docstring)
-        self.cluster_splits = config.cluster_splits
         self.dtype = cutlass.BFloat16
         self.block_info = BlockInfo(tile_m=1, tile_n=TILE_N, causal=config.causal, has_window=config.window)
+
+    def __getattr__(self, name):
+        if name == "config":                 # not set yet (a copy in the making): no recursion
+            raise AttributeError(name)
+        return getattr(self.config, name)
 
     @cute.jit
     def cta_coords(self, mO):

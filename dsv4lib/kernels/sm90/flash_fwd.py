@@ -106,27 +106,9 @@ class FlashAttentionForwardSm90:
 
     def __init__(self, config: Sm90FwdConfig):
         config.check()
-        self.config = config
-        self.head_dim = config.head_dim
-        self.causal = config.causal
-        self.has_lse = config.has_lse
-        self.tile_m = config.tile_m
-        self.tile_n = config.tile_n
-        self.num_stages = config.num_stages
-        self.p_in_smem = config.p_in_smem
+        self.config = config                 # its fields read as the kernel's own (__getattr__): self.tile_m, ...
         self.has_window = config.window
         self.has_sink = config.sink
-        self.split_kv = config.split_kv
-        self.overlap = config.overlap
-        self.nvfp4_out = config.nvfp4_out
-        self.pack_gqa = config.pack_gqa
-        self.rescale_o_early = config.rescale_o_early
-        self.pv_wait_block = config.pv_wait_block
-        self.persistent = config.persistent
-        self.dynamic_schedule = config.dynamic_schedule
-        self.warpgroup_tiles = config.warpgroup_tiles
-        self.o_in_q_stage = config.o_in_q_stage
-        self.num_sms = config.num_sms
         self.consumer_warpgroups = self.tile_m // 64
         self.NUM_THREADS = 128 * (1 + self.consumer_warpgroups)    # producer warpgroup + consumer warpgroups
         self.PRODUCER_REGS, self.CONSUMER_REGS = self.REGS_BY_CONSUMER_WARPGROUPS[self.consumer_warpgroups]
@@ -142,6 +124,11 @@ class FlashAttentionForwardSm90:
                                     has_window=config.window, pack_gqa=config.pack_gqa,
                                     warpgroup_tiles=config.warpgroup_tiles)
         self.scheduler = PersistentScheduler(tile_m=config.tile_m, longest_first=config.causal or config.window)
+
+    def __getattr__(self, name):
+        if name == "config":                 # not set yet (a copy in the making): no recursion
+            raise AttributeError(name)
+        return getattr(self.config, name)
 
     # ------------------------------------------------------------------------------ host side
     def pack_heads(self, t: cute.Tensor, head_mode: int) -> cute.Tensor:
