@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # GPU correctness run in groups, each under its own time limit, so one hanging kernel costs one group only.
 # Usage (on the GPU machine, after sourcing the bundles):  bash scripts/gpu_check.sh [group ...]
-# Logs go to $OUT (or ./runs/gpu_check), one file per group, and a summary table is printed last.
+# Logs go to $OUT (or ./runs/gpu_check), one file per group; a summary table is printed last and written as
+# summary.json (group, rc, passed, failed, skipped, errors, seconds).  Exits non-zero if any group fails, errors,
+# times out or runs no test.
 set -u
 out=${OUT:-runs/gpu_check}; mkdir -p "$out"
 declare -A groups=(
-  [d1]="matches_float64 or smem_p_twin or fully_written or bad_gpu_input or smoke_runs or gqa_packed or schedule_knobs"
+  [d1]="matches_float64 or smem_p_twin or fully_written or bad_gpu_input or smoke_runs or gqa_packed or schedule_knobs or test_hard_inputs_match or zero_lengths"
   [window]="window_and_sink"
   [split]="split_kv"
   [branch]="branch_merge"
@@ -20,6 +22,7 @@ declare -A groups=(
 order=(${@:-d1 window split branch overlap nvfp4 sparse layer streams persistent timing})
 limit=${GROUP_TIMEOUT:-150}
 summary=""
+json=""
 failed=0
 for g in "${order[@]}"; do
   expr=${groups[$g]}
@@ -28,8 +31,13 @@ for g in "${order[@]}"; do
   rc=$?
   [ "$rc" -eq 0 ] || failed=1          # a failed, timed-out (124) or empty group fails the run
   line=$(tail -n 1 "$out/pytest_$g.log")
-  summary+=$(printf '%-8s rc=%-3s %4ss  %s' "$g" "$rc" "$(( $(date +%s) - start ))" "$line")$'\n'
+  secs=$(( $(date +%s) - start ))
+  count() { echo "$line" | grep -oE "[0-9]+ $1" | grep -oE "^[0-9]+" || echo 0; }
+  summary+=$(printf '%-8s rc=%-3s %4ss  %s' "$g" "$rc" "$secs" "$line")$'\n'
+  json+=$(printf '%s{"group": "%s", "rc": %s, "passed": %s, "failed": %s, "skipped": %s, "errors": %s, "seconds": %s}' \
+          "${json:+, }" "$g" "$rc" "$(count passed)" "$(count failed)" "$(count skipped)" "$(count error)" "$secs")
 done
+echo "[$json]" > "$out/summary.json"
 echo "==== gpu_check summary ===="
 printf '%s' "$summary"
 exit $failed

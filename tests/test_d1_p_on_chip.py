@@ -14,6 +14,7 @@ from dsv4lib.kernels.sm90.config import SMEM_PER_SM
 
 pytestmark = pytest.mark.usefixtures("poison_gpu_outputs")
 FA4_RTOL = 2
+NO_PTXAS = "no ptxas to read its notes: `make setup` installs it (the nvidia-cuda-nvcc-cu12 wheel)"
 
 
 def _bf16_rounding_atol(ref: torch.Tensor) -> float:
@@ -408,8 +409,7 @@ def test_default_overlapped_build_keeps_its_wgmmas_asynchronous(head_dim, causal
                                        overlap=True, **shape))
     k = compile_for_arch(kernel, *fake_attention_args(head_dim, shape.get("dynamic_schedule", False)), arch="sm_90a")
     info = k.ptxas_report()
-    if info is None:
-        pytest.skip("no ptxas on this machine to read its notes")
+    assert info is not None, NO_PTXAS
     assert "C7514" not in info and "serialized" not in info, info[-600:]
     assert "0 bytes spill stores" in info and "spill stores" in info, info[-400:]
     if shape.get("pv_wait_block"):    # the PV wait on both sides of its branch, not in the softmax's block
@@ -475,3 +475,56 @@ def test_tmem_p_kernel_rejects_unsupported_head_dims():
     from dsv4lib.kernels.sm100.flash_fwd import FlashAttentionForwardSm100
     with pytest.raises(ValueError, match="head_dim"):
         FlashAttentionForwardSm100(256, causal=False, has_lse=False)
+
+
+# ---------------------------------------------------------------- hard inputs (every dense path, poisoned outputs)
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["scores_x30", "scores_x30_causal_split", "sink_plus_50", "sink_minus_50",
+                                  "rows_without_keys_split", "custom_scale"])
+def test_hard_inputs_match_the_reference(case):
+    """Large-magnitude scores (×30: the softmax's running max must carry the whole range), sinks of ±50 (the sink
+    dominating or vanishing from the denominator), queries that see no key at all (Sq > Sk under a causal mask, with
+    split-KV: every split of those rows empty), and a non-default ``scale``: row by row against float64."""
+    gen = torch.Generator().manual_seed(fresh_seed())
+    B, Sq, Sk, H, Hkv, D = 1, 300, 700, 4, 2, 128
+    kw, sink = dict(num_splits=1), None
+    if case == "rows_without_keys_split":
+        Sq, Sk = 700, 300
+        kw = dict(causal=True, num_splits=3)
+    q, k, v = attention_inputs(B, Sq, Sk, H, Hkv, D, gen)
+    if case.startswith("scores_x30"):
+        q = q * 30
+        if case.endswith("split"):
+            kw = dict(causal=True, num_splits=4)
+    if case.startswith("sink"):
+        sink = torch.full((H,), 50.0 if "plus" in case else -50.0, device="cuda")
+        kw = dict(window=128)
+    if case == "custom_scale":
+        kw = dict(scale=0.3, causal=True)
+    out, lse = dsv4lib.attention(q, k, v, sink=sink, return_lse=True, **kw)
+    rkw = {key: val for key, val in kw.items() if key != "num_splits"}
+    ref, ref_lse = reference.attention(q.double(), k.double(), v.double(), sink=None if sink is None else sink.double(),
+                                       return_lse=True, **rkw)
+    check_matches(out, lse, ref, ref_lse, empty_rows_exact=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fn", ["attention", "attention_fp32"])
+def test_zero_lengths_are_rejected(fn):
+    """Sequences of length 0 are refused with a ValueError (the reference's contract), never launched."""
+    bf = dict(device="cuda", dtype=torch.bfloat16)
+    for sq, sk in ((0, 8), (8, 0)):
+        q, k = torch.randn(1, sq, 2, 64, **bf), torch.randn(1, sk, 2, 64, **bf)
+        with pytest.raises(ValueError, match="length"):
+            getattr(dsv4lib, fn)(q, k, k)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal,window", [(False, None), (True, 128)])
+def test_attention_fp32_matches_float64(causal, window):
+    """The fp32-output path (what the fused NVFP4 epilogue must reproduce) against float64, row by row."""
+    gen = torch.Generator().manual_seed(fresh_seed())
+    q, k, v = attention_inputs(2, 333, 500, 4, 4, 128, gen)
+    out = dsv4lib.attention_fp32(q, k, v, causal=causal, window=window)
+    assert out.dtype == torch.float32
+    check_output(out, reference.attention(q.double(), k.double(), v.double(), causal=causal, window=window))

@@ -64,8 +64,8 @@ def test_warpgroup_tiles_build_splits_the_tiles_between_its_warpgroups(head_dim)
     first, last = (r"mov\.b64\s+%%rd\d+, %d;" % policy for policy in (L2_EVICT_FIRST, L2_EVICT_LAST))
     assert k.count(first) >= 2 and k.count(last) >= 2
     info = k.ptxas_report()
-    if info is not None:
-        assert "0 bytes spill stores" in info, info[-400:]
+    assert info is not None, "no ptxas: `make setup` installs it (the nvidia-cuda-nvcc-cu12 wheel)"
+    assert "0 bytes spill stores" in info, info[-400:]
     for bad in (dict(persistent=False, dynamic_schedule=False), dict(nvfp4_out=True)):
         with pytest.raises(ValueError, match="warpgroup_tiles|persistent"):
             FlashAttentionForwardSm90(Sm90FwdConfig(head_dim=head_dim, causal=False, has_lse=True, window=True, overlap=True,
@@ -96,8 +96,8 @@ def test_hd256_small_window_build_takes_32_key_warpgroup_tiles():
     assert k.count(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;") == 1 and k.count(r"\.local") == 0
     assert k.count(r"cp\.async\.bulk\.wait_group\.read\s+0") == 1      # the storer warp's, after each O store
     info = k.ptxas_report()
-    if info is not None:
-        assert "0 bytes spill stores" in info, info[-400:]
+    assert info is not None, "no ptxas: `make setup` installs it (the nvidia-cuda-nvcc-cu12 wheel)"
+    assert "0 bytes spill stores" in info, info[-400:]
 
 
 @pytest.mark.gpu

@@ -374,3 +374,23 @@ def test_dequantize_kernel_equals_the_reference_bit_for_bit(out_dtype):
         torch.cuda.synchronize()
         bits = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}[out_dtype]
         assert torch.equal(got.cpu().view(bits), want.view(bits)), (got.cpu().view(bits) != want.view(bits)).sum()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("window,with_sink,scale", [(128, True, None), (4096, True, 0.05), (None, False, 0.2)])
+def test_fused_nvfp4_window_sink_and_scale_match_float64(window, with_sink, scale):
+    """NVFP4-1.1 with a window, a sink and a non-default scale: the dequantized fused output against float64
+    attention, row by row (NVFP4's own rounding is ~0.1 of a row; a wrong or unwritten row is ~1), outputs poisoned
+    first."""
+    from dsv4lib import reference as attention_ref
+    from gpu_checks import check_output, fresh_seed, poisoned_outputs
+    gen = torch.Generator().manual_seed(fresh_seed())
+    B, S, H, D = 2, 700, 4, 128
+    q, k, v = (torch.randn(B, S, H, D, generator=gen).cuda().bfloat16() for _ in range(3))
+    sink = (torch.randn(H, generator=gen) * 2).cuda() if with_sink else None
+    ref = attention_ref.attention(q.double(), k.double(), v.double(), window=window, scale=scale,
+                                  sink=None if sink is None else sink.double())
+    with poisoned_outputs():
+        data, sf, gs = dsv4lib.attention_nvfp4(q, k, v, float(ref.abs().max()), window=window, sink=sink, scale=scale)
+    got = dsv4lib.dequantize_nvfp4(data.reshape(-1, D // 2), sf.reshape(-1, D // 16), gs, torch.float32)
+    check_output(got.reshape(B, S, H, D), ref, row_max=0.2, cos_min=0.99)

@@ -34,6 +34,19 @@ def cute_arch(arch: str):
             os.environ["CUTE_DSL_ARCH"] = old
 
 
+def find_ptxas() -> str | None:
+    """A ``ptxas`` to read a build's register and spill report: the one on PATH (a CUDA toolkit), else the one the
+    ``nvidia-cuda-nvcc-cu12`` wheel ships (installed by ``make setup``)."""
+    found = shutil.which("ptxas")
+    if found is None:
+        try:
+            import nvidia.cuda_nvcc as wheel
+            cand = os.path.join(list(wheel.__path__)[0], "bin", "ptxas")
+            found = cand if os.access(cand, os.X_OK) else None
+        except ImportError:
+            pass
+    return found
+
 
 @dataclass
 class CompiledKernel:
@@ -48,7 +61,7 @@ class CompiledKernel:
     def ptxas_report(self) -> str | None:
         """What ``ptxas -v`` says of this PTX (registers, spills, its notes such as C7514 "wgmma ... serialized"), or
         None where no ptxas is installed (CuTeDSL compiles with its own, which prints nothing)."""
-        ptxas = shutil.which("ptxas")
+        ptxas = find_ptxas()
         if ptxas is None:
             return None
         with tempfile.TemporaryDirectory(prefix="dsv4-ptxas-") as tmp:

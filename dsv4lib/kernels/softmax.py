@@ -74,3 +74,20 @@ def online_softmax_row(rS: cute.Tensor, tile_max, row_max, row_sum, softmax_scal
         rS[c] = p
         tile_sum += p
     return new_max, row_sum * correction + tile_sum, correction
+
+
+@cute.jit
+def finish_row(row_sum: Float32, row_max: Float32, softmax_scale_log2: Float32, sink_logit=None):
+    """The end of a row: ``(1 / denominator, LSE)`` from its full row sum (partner lanes folded in) and its raw-score
+    max.  ``sink_logit`` (optional, a callable giving σ, read only when the row saw a key): the value-less sink joins
+    the denominator once, ``e^(σ - m)`` in the row's max units; the LSE excludes it.  A row that saw no key gets
+    ``(0, -inf)``: a zero output, whatever the sink."""
+    inv = Float32(0.0)
+    lse = -Float32.inf
+    if row_sum > 0.0:
+        denom = row_sum
+        if const_expr(sink_logit is not None):
+            denom = row_sum + cute.arch.exp2(sink_logit() * LOG2_E - row_max * softmax_scale_log2)
+        inv = 1.0 / denom
+        lse = (row_max * softmax_scale_log2 + cute.math.log2(row_sum)) * LN_2
+    return inv, lse

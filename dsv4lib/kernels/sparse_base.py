@@ -37,6 +37,13 @@ class SparseAttentionBase:
         self.dtype = cutlass.BFloat16
         self.block_info = BlockInfo(tile_m=1, tile_n=TILE_N, causal=config.causal, has_window=config.window)
 
+    def sink_logit(self, mSink, head_group, row):
+        """The sink of the query head of row ``row`` of head group ``head_group``, as :func:`finish_row` reads it
+        (None without a sink)."""
+        if not self.has_sink:
+            return None
+        return lambda: mSink[head_group * TILE_H + row]
+
     def __getattr__(self, name):
         if name == "config":                 # not set yet (a copy in the making): no recursion
             raise AttributeError(name)

@@ -28,7 +28,7 @@ from cutlass import Float32, Int32, const_expr, pipeline
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, tcgen05
 
 from ..common import launch_stream, load_kv_tiles, sm100_allocate_tmem, sm100_softmax_handshakes
-from ..softmax import LN_2, online_softmax_row
+from ..softmax import finish_row, online_softmax_row
 
 
 
@@ -277,11 +277,7 @@ class FlashAttentionForwardSm100:
         pipe_o.consumer_wait(o_state)
         cute.copy(ld_o, tOtO_ld, rO)
         cute.arch.fence_view_async_tmem_load()
-        inv = Float32(0.0)
-        lse = -Float32.inf
-        if row_sum > 0.0:
-            inv = 1.0 / row_sum
-            lse = (row_max * softmax_scale_log2 + cute.math.log2(row_sum)) * LN_2
+        inv, lse = finish_row(row_sum, row_max, softmax_scale_log2)
         if row < seqlen_q:
             gO = mO[row, None, head, batch]                            # this thread's output row (D)
             for c in cutlass.range_constexpr(cute.size(rO)):

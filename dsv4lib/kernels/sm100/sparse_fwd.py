@@ -40,7 +40,7 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, tcgen05
 
 from ..common import launch_stream, sm100_allocate_tmem, sm100_softmax_handshakes
 from ..layouts import row_major_smem_layout, transposed_view
-from ..softmax import LN_2, LOG2_E, online_softmax_row
+from ..softmax import finish_row, online_softmax_row
 from ..sm90.config import SparseFwdConfig
 from ..sparse_base import HALF, HEAD_DIM, TILE_H, TILE_N, SparseAttentionBase, as_global
 
@@ -290,14 +290,7 @@ class SparseAttentionForwardSm100(SparseAttentionBase):
         o_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         pipe_o.consumer_wait(o_state)
         s = row_sum + cute.arch.shuffle_sync_bfly(row_sum, offset=16)
-        inv = Float32(0.0)
-        lse = -Float32.inf
-        if s > 0.0:
-            denom = s
-            if const_expr(self.has_sink):                     # value-less sink, once, in this row's max units
-                denom = s + cute.arch.exp2(mSink[head_group * TILE_H + row] * LOG2_E - row_max * softmax_scale_log2)
-            inv = 1.0 / denom
-            lse = (row_max * softmax_scale_log2 + cute.math.log2(s)) * LN_2          # sink excluded
+        inv, lse = finish_row(s, row_max, softmax_scale_log2, self.sink_logit(mSink, head_group, row))
         if const_expr(self.has_lse or self.split_kv):
             if col0 == 0:
                 mLSE[split, batch, head_group * TILE_H + row, token] = lse

@@ -68,7 +68,7 @@ from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from ..common import convert_to_bf16_pairs, launch_stream, tma_store_tile
 from ..layouts import acc_layout_as_operand_a, acc_layout_rows_cols, row_major_smem_layout, transposed_view
-from ..softmax import LN_2, LOG2_E, online_softmax, rescale_rows
+from ..softmax import LN_2, LOG2_E, finish_row, online_softmax, rescale_rows
 from ..sparse_base import HALF, HEAD_DIM, TILE_H, TILE_N, SparseAttentionBase, as_global
 from .config import SparseFwdConfig
 from .wgmma import gemm
@@ -489,15 +489,7 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
             s += cute.arch.shuffle_sync_bfly(s, offset=2)
             s += cute.arch.shuffle_sync_bfly(s, offset=1)
             m = tScS_rc[r, 0][0]
-            inv = Float32(0.0)
-            lse = -Float32.inf
-            if s > 0.0:
-                denom = s
-                if const_expr(self.has_sink):     # value-less sink, once, in this row's max units
-                    denom = s + cute.arch.exp2(mSink[head_group * TILE_H + m] * LOG2_E
-                                               - row_max[r] * softmax_scale_log2)
-                inv = 1.0 / denom
-                lse = (row_max[r] * softmax_scale_log2 + cute.math.log2(s)) * LN_2          # sink excluded
+            inv, lse = finish_row(s, row_max[r], softmax_scale_log2, self.sink_logit(mSink, head_group, m))
             if wtid % 4 == 0:
                 sRowInv[m] = inv
                 if const_expr(self.cluster_splits > 1):
@@ -617,15 +609,7 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
         for r in cutlass.range_constexpr(n_rows):
             m = tScS_rc[r, 0][0]
             s = row_sum[r] + sSum[(1 - w) * TILE_H + m]
-            inv = Float32(0.0)
-            lse = -Float32.inf
-            if s > 0.0:
-                denom = s
-                if const_expr(self.has_sink):
-                    denom = s + cute.arch.exp2(mSink[head_group * TILE_H + m] * LOG2_E
-                                               - row_max[r] * softmax_scale_log2)
-                inv = 1.0 / denom
-                lse = (row_max[r] * softmax_scale_log2 + cute.math.log2(s)) * LN_2
+            inv, lse = finish_row(s, row_max[r], softmax_scale_log2, self.sink_logit(mSink, head_group, m))
             if const_expr(self.has_lse or self.split_kv):
                 if w == 0 and wtid % 4 == 0:
                     mLSE[split, batch, head_group * TILE_H + m, token] = lse
