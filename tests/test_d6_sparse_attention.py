@@ -423,3 +423,23 @@ def test_sparse_hard_inputs_match_the_reference(case, schedule):
         assert torch.equal(torch.isfinite(lse), finite)
         torch.testing.assert_close(lse.double()[finite], ref_lse[finite], atol=2e-3, rtol=1e-4)
 
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("broken", [dict(gather_only=True), dict(skip_mma="pv", schedule="columns"),
+                                    dict(skip_mma="qk", schedule="columns")])
+def test_gpu_checks_catch_a_broken_kernel(broken):
+    """The checks every GPU test uses fail on kernels known to be wrong: the producer-only benchmark build (output
+    never written: NaN from the poisoned allocation) and the builds that leave out one MMA (every row wrong)."""
+    from dsv4lib.kernels.sm90.config import SparseFwdConfig
+    from dsv4lib.ops.sparse import run_config
+    gen = torch.Generator().manual_seed(fresh_seed())
+    q = torch.randn(16, 64, 512, generator=gen).to("cuda", torch.bfloat16)
+    kv = torch.randn(1000, 512, generator=gen).to("cuda", torch.bfloat16)
+    idx = torch.randint(0, 1000, (16, 256), generator=gen, dtype=torch.int32).cuda()
+    ref = reference.sparse_attention(q.double(), kv.double(), idx)
+    good, _ = run_config(SparseFwdConfig.for_problem(gather=True), q, kv, idx)
+    check_output(good, ref)                                           # the shipped build passes the same check
+    out, _ = run_config(SparseFwdConfig.for_problem(gather=True).replace(**broken), q, kv, idx)
+    with pytest.raises(AssertionError, match="non-finite|relative error"):
+        check_output(out, ref)
