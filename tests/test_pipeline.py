@@ -77,3 +77,59 @@ def test_status_shows_a_targets_copy_rate_yardstick():
     text = targets_text({"bw_fraction_worst": 0.685, "bw_fraction_worst_at_copy_rate": 0.699, "fused_overhead": 0.03},
                         {"bw_fraction_worst_min": 0.85, "fused_overhead_max": 0.05})
     assert text == "targets 1/2: bw_fraction_worst 0.685 ≥ 0.85 ✗ (at copy rate 0.699), fused_overhead 0.03 ≤ 0.05 ✓"
+
+
+def test_every_stage_declares_files_that_exist():
+    """The registry's ``depends`` (what makes a GPU result stale) names real paths: a renamed module would otherwise
+    silently stop marking results stale."""
+    from dsv4lib.workbook.provenance import REPO_ROOT
+    from dsv4lib.workbook.registry import load_registry
+    for stage in load_registry():
+        assert len(stage.depends) > 1, stage.id                       # the notebook and at least one module
+        missing = [p for p in stage.depends if not (REPO_ROOT / p).exists()]
+        assert not missing, (stage.id, missing)
+
+
+def test_a_gpu_result_is_stale_once_its_stages_files_change(tmp_path):
+    """In a scratch repository: a GPU row recorded at commit A shows STALE (naming the file) after a file of its
+    stage changed, and not for a change elsewhere; CPU rows are never marked; an unknown commit marks nothing."""
+    import subprocess
+
+    from dsv4lib.workbook.status import changed_since, render_status, stale_note
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(tmp_path), *args], capture_output=True, text=True, check=True).stdout
+    git("init", "-q")
+    git("config", "user.email", "t@t"), git("config", "user.name", "t")
+    (tmp_path / "kernel.py").write_text("a = 1\n")
+    (tmp_path / "other.py").write_text("b = 1\n")
+    git("add", "."), git("commit", "-qm", "a")
+    recorded = git("rev-parse", "--short", "HEAD").strip()
+    row = {"verdict": "PASS", "commit": recorded, "metrics": {}}
+    assert changed_since(recorded, ["kernel.py"], repo=tmp_path) == []
+    (tmp_path / "other.py").write_text("b = 2\n")
+    assert changed_since(recorded, ["kernel.py"], repo=tmp_path) == []
+    (tmp_path / "kernel.py").write_text("a = 2\n")
+    assert changed_since(recorded, ["kernel.py"], repo=tmp_path) == ["kernel.py"]
+    assert changed_since("0000000", ["kernel.py"], repo=tmp_path) is None
+    import dsv4lib.workbook.status as status
+    real = status.REPO_ROOT
+    status.REPO_ROOT = tmp_path
+    try:
+        assert "STALE" in stale_note(row, ["kernel.py"], "h200") and "kernel.py" in stale_note(row, ["kernel.py"], "h200")
+        assert stale_note(row, ["kernel.py"], "cpu") == ""
+        assert "other.py" in stale_note(row, ["other.py"], "h200")      # it changed too
+        stage = Stage("S", tmp_path / "kernel.py", "s", depends=("kernel.py",))
+        text = render_status([stage], {"h200": {"stages": {"S": row}}, "cpu": {"stages": {"S": row}}})
+        top = [line for line in text.splitlines() if line.startswith("| S ")][0]
+        cpu_cell, gpu_cell = top.split(" | ")[1:3]
+        assert "STALE" in gpu_cell and "STALE" not in cpu_cell
+    finally:
+        status.REPO_ROOT = real
+
+
+def test_the_summary_counts_each_verdict():
+    from dsv4lib.workbook.status import verdict_counts
+    rows = {"a": {"verdict": "PASS"}, "b": {"verdict": "COMPILED-ONLY"}, "c": {"verdict": "PASS"},
+            "d": {"verdict": "FAIL"}}
+    assert verdict_counts(rows) == "2 PASS, 1 FAIL, 1 COMPILED-ONLY"

@@ -22,7 +22,7 @@ from .provenance import REPO_ROOT, git_commit, utc_now, versions
 from .record import read_metrics
 from .registry import REGISTRY_PATH, RESULTS_DIR, Stage, load_registry
 from .results import decide_verdict, merge_results
-from .status import STATUS_PATH, write_status
+from .status import STATUS_PATH, verdict_counts, write_status
 from .targets import Target, resolve_target
 
 RUNS_DIR = REPO_ROOT / "runs"
@@ -137,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"dsv4 pipeline: target {target.name} ({target.device}), {len(stages)} stage(s)", file=sys.stderr)
     rows = run_pipeline(target, stages, timeout_s=args.timeout, registry=registry)
     failed = [sid for sid, r in rows.items() if r["verdict"] == "FAIL"]
-    print(f"STATUS.md written; {len(rows) - len(failed)} ok, {len(failed)} failed {failed or ''}", file=sys.stderr)
+    print(f"STATUS.md written: {verdict_counts(rows)}{' ' + str(failed) if failed else ''}; executed notebooks in "
+          f"runs/{target.name}/, results in stages/results/{target.name}.json", file=sys.stderr)
     return 1 if failed else 0
 
 

@@ -28,6 +28,9 @@ class Stage:
     # speed targets from the issues ("<metric>_min" / "_max"): shown met / missed in STATUS.md next to the
     # verdict, which stays about correctness (a slow but right kernel is PASS with its targets marked missed)
     targets: dict[str, float] = field(default_factory=dict)
+    # the files and folders (repository paths) whose change makes a recorded GPU result stale; the stage's notebook
+    # always counts
+    depends: tuple[str, ...] = ()
 
     def params_for(self, target: str) -> dict[str, Any]:
         """Base params, then ``gpu`` (any GPU target) or ``cpu``, then the exact target's overrides."""
@@ -56,7 +59,8 @@ def load_registry(path: Path = REGISTRY_PATH) -> list[Stage]:
             id=raw["id"], notebook=REPO_ROOT / raw["notebook"], title=raw.get("title", raw["id"]), needs=needs,
             timeout_s=float(raw.get("timeout_s", 900)), params=raw.get("params", {}),
             params_by_target=raw.get("params_by", {}), thresholds=raw.get("thresholds", {}),
-            thresholds_cpu=raw.get("thresholds_cpu", {}), targets=raw.get("targets", {})))
+            thresholds_cpu=raw.get("thresholds_cpu", {}), targets=raw.get("targets", {}),
+            depends=(raw["notebook"],) + tuple(raw.get("depends", ()))))
     ids = [s.id for s in stages]
     if len(ids) != len(set(ids)):
         raise ValueError(f"duplicate stage ids in {path}: {ids}")
