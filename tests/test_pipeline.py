@@ -133,3 +133,19 @@ def test_the_summary_counts_each_verdict():
     rows = {"a": {"verdict": "PASS"}, "b": {"verdict": "COMPILED-ONLY"}, "c": {"verdict": "PASS"},
             "d": {"verdict": "FAIL"}}
     assert verdict_counts(rows) == "2 PASS, 1 FAIL, 1 COMPILED-ONLY"
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--timeout", "-5"], "timeout"), (["--timeout", "0"], "timeout"), (["--stages", ""], "names no stage"),
+    (["--stages", "D9"], "unknown stage"), (["--target", "h200"], "can only be recorded on that GPU"),
+])
+def test_bad_pipeline_arguments_are_one_line_and_exit_2(argv, match, capsys):
+    import torch
+
+    from dsv4lib.workbook.pipeline import main
+    if argv[:2] == ["--target", "h200"] and torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and len(err.splitlines()) == 1 and match in err, err

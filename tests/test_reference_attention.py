@@ -138,3 +138,20 @@ def test_sparse_attention_equals_attention_on_gathered_rows(gen):
 def test_bad_input_is_rejected_clearly(call, exc, match):
     with pytest.raises(exc, match=match):
         call()
+
+
+def test_sparse_reference_refuses_what_the_kernel_refuses():
+    """Empty query / key lists and int64 indices: a clear error from the reference, as from the kernel's function
+    (``dsv4lib.sparse_attention`` checks the same before it looks at the device)."""
+    import dsv4lib
+    q, kv = torch.randn(3, 64, 512), torch.randn(5, 512)
+    for fn, qq, ii in ((sparse_attention, q, torch.zeros(3, 0, dtype=torch.int32)),
+                       (sparse_attention, q[:0], torch.zeros(0, 2, dtype=torch.int32)),
+                       (dsv4lib.sparse_attention, q.bfloat16(), torch.zeros(3, 0, dtype=torch.int32)),
+                       (dsv4lib.sparse_attention, q[:0].bfloat16(), torch.zeros(0, 2, dtype=torch.int32))):
+        kvv = kv.bfloat16() if fn is dsv4lib.sparse_attention else kv
+        with pytest.raises(ValueError, match=">= 1"):
+            fn(qq, kvv, ii)
+    for fn, qq, kvv in ((sparse_attention, q, kv), (dsv4lib.sparse_attention, q.bfloat16(), kv.bfloat16())):
+        with pytest.raises(TypeError, match="int32"):
+            fn(qq, kvv, torch.zeros(3, 2, dtype=torch.int64))

@@ -140,3 +140,13 @@ def test_global_encode_scale_is_one_correctly_rounded_division():
     assert np.array_equal(got, want[:2000])
     twice = (2688.0 / amax).numpy()                                   # what the double rounding gives
     assert (twice != want).any()                                      # so the test can tell the two apart
+
+
+def test_empty_inputs_are_refused_by_the_reference_and_the_kernel_alike():
+    """One rule for the library: an empty input is a ValueError, from the reference and from the GPU function (whose
+    shape check runs before its device check, so it is asserted here on the CPU)."""
+    import dsv4lib
+    with pytest.raises(ValueError, match="empty"):
+        Q.nvfp4_quantize(torch.randn(0, 32))
+    with pytest.raises(ValueError, match="M >= 1"):
+        dsv4lib.quantize_nvfp4(torch.randn(0, 32, dtype=torch.bfloat16))

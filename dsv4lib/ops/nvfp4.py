@@ -19,7 +19,10 @@ def _validate(x) -> None:
         raise TypeError(f"x must be bfloat16, float16 or float32, got {x.dtype}")
     if x.dim() != 2:
         raise ValueError(f"x must be 2-D [M, K], got shape {tuple(x.shape)}")
-    if x.shape[0] < 1 or x.shape[1] < 16 or x.shape[1] % 16:
+    if x.shape[0] < 1:
+        raise ValueError(f"x must have M >= 1 rows (empty inputs are refused, as by the reference), got shape "
+                         f"{tuple(x.shape)}")
+    if x.shape[1] < 16 or x.shape[1] % 16:
         raise ValueError(f"K must be a positive multiple of 16 (NVFP4 blocks are 1x16), got shape {tuple(x.shape)}")
     if not x.is_cuda:
         raise ValueError(f"x must be a CUDA tensor (got device {x.device}); "

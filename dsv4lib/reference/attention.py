@@ -164,13 +164,17 @@ def sparse_attention(q, kv, indices, *, scale=None, sink=None, return_lse=False)
         raise ValueError(f"q must be 3-D [Sq, H, D], got shape {tuple(q.shape)}")
     if kv.dim() != 2:
         raise ValueError(f"kv must be 2-D [Skv, D] (one shared head, K = V), got shape {tuple(kv.shape)}")
-    if not isinstance(indices, torch.Tensor) or indices.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"indices must be an int32 tensor, got {getattr(indices, 'dtype', type(indices))}")
+    if not isinstance(indices, torch.Tensor) or indices.dtype != torch.int32:
+        raise TypeError(f"indices must be an int32 tensor (as the kernel's), got "
+                        f"{getattr(indices, 'dtype', type(indices))}")
     Sq, H, D = q.shape
     if kv.shape[1] != D:
         raise ValueError(f"q and kv head dims differ: {D} vs {kv.shape[1]}")
     if indices.dim() != 2 or indices.shape[0] != Sq:
         raise ValueError(f"indices must be [Sq={Sq}, K], got {tuple(indices.shape)}")
+    if Sq < 1 or indices.shape[1] < 1 or kv.shape[0] < 1:
+        raise ValueError(f"need Sq >= 1, K >= 1 and Skv >= 1 (empty inputs are refused, as by the kernel), got q "
+                         f"{tuple(q.shape)}, kv {tuple(kv.shape)}, indices {tuple(indices.shape)}")
     _check_sink(sink, H)
     dt = _compute_dtype(q, kv)
     scale = D ** -0.5 if scale is None else float(scale)

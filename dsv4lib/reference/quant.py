@@ -115,6 +115,9 @@ def nvfp4_quantize(x: torch.Tensor, global_amax=None):
     _check_last_dim(x, 16, "nvfp4_quantize")
     if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise TypeError(f"nvfp4_quantize: input must be float32, bfloat16 or float16, got {x.dtype}")
+    if x.numel() == 0:
+        raise ValueError(f"nvfp4_quantize: empty input (shape {tuple(x.shape)}); empty inputs are refused, as by "
+                         "dsv4lib.quantize_nvfp4")
     xf = x.to(torch.float32)
     if global_amax is None:
         amax = xf.abs().amax() if xf.numel() else torch.zeros((), device=x.device)

@@ -99,22 +99,39 @@ def run_pipeline(target: Target, stages: list[Stage], *, timeout_s: float | None
 
 
 def select_stages(all_stages: list[Stage], spec: str | None) -> list[Stage]:
-    if not spec:
+    """The stages ``--stages`` names (None: all of them).  ValueError for an empty list or an unknown id."""
+    if spec is None:
         return all_stages
     wanted = [s.strip() for s in spec.split(",") if s.strip()]
+    if not wanted:
+        raise ValueError("--stages names no stage (leave it out to run every stage)")
     known = {s.id: s for s in all_stages}
     unknown = [w for w in wanted if w not in known]
     if unknown:
-        raise SystemExit(f"unknown stage(s) {unknown}; known: {list(known)}")
+        raise ValueError(f"unknown stage(s) {unknown}; known: {list(known)}")
     return [known[w] for w in wanted]
 
 
+def positive_seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text}")
+    return value
+
+
+class OneLineErrors(argparse.ArgumentParser):
+    def error(self, message: str):
+        """A bad argument: one line on stderr, exit status 2 (``--help`` has the usage)."""
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m dsv4lib.workbook.pipeline", description=__doc__,
+    ap = OneLineErrors(prog="python -m dsv4lib.workbook.pipeline", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="auto", help="auto (detect), cpu, or the GPU's name (h200, h100, ...)")
     ap.add_argument("--stages", default=None, help="comma-separated stage ids (default: all)")
-    ap.add_argument("--timeout", type=float, default=None, help="per-stage timeout in seconds (default: registry)")
+    ap.add_argument("--timeout", type=positive_seconds, default=None,
+                    help="per-stage timeout in seconds, > 0 (default: the registry's)")
     ap.add_argument("--registry", default=str(REGISTRY_PATH), help=argparse.SUPPRESS)
     ap.add_argument("--_execute", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -131,9 +148,12 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         return 0
 
-    target = resolve_target(args.target)
-    registry = load_registry(Path(args.registry))
-    stages = select_stages(registry, args.stages)
+    try:                 # a bad argument is one line and exit status 2, not a traceback
+        target = resolve_target(args.target)
+        registry = load_registry(Path(args.registry))
+        stages = select_stages(registry, args.stages)
+    except ValueError as exc:
+        ap.error(str(exc))
     print(f"dsv4 pipeline: target {target.name} ({target.device}), {len(stages)} stage(s)", file=sys.stderr)
     rows = run_pipeline(target, stages, timeout_s=args.timeout, registry=registry)
     failed = [sid for sid, r in rows.items() if r["verdict"] == "FAIL"]
