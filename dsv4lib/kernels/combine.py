@@ -84,7 +84,7 @@ class LSECombineKernel:
         chunk = bidx % self.chunks
         H, Sq = mO.shape[2], mO.shape[1]
         # sAcc (warps, cols) fp32: each warp's weighted sum over its share of the splits
-        sAcc = cutlass.utils.SmemAllocator().allocate_tensor(
+        sAcc = cutlass.memory.SmemAllocator().allocate_tensor(
             Float32, cute.make_layout((WARPS_PER_CTA, self.cols), stride=(self.cols, 1)), byte_alignment=16)
         merge_chunk(mOp, mLSEp, mO, mLSE, mSink, row // (H * Sq), (row // H) % Sq, row % H, chunk, tidx, sAcc,
                     self.cols, self.has_sink, 0, SPLIT_UNROLL)

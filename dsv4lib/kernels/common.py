@@ -121,7 +121,7 @@ def sm100_softmax_handshakes(storage, mma_thread, softmax_threads):
 def sm100_allocate_tmem(storage, num_threads: cutlass.Constexpr, columns: cutlass.Constexpr):
     """TMEM allocated by warp 0, its address shared through shared memory once every warp reached named barrier
     1; returns the allocator (for ``relinquish_alloc_permit`` / ``free``) and the fp32 TMEM pointer."""
-    tmem = cutlass.utils.TmemAllocator(storage.tmem_holding_buf,
+    tmem = cutlass.memory.TmemAllocator(storage.tmem_holding_buf,
                                        barrier_for_retrieve=pipeline.NamedBarrier(barrier_id=1, num_threads=num_threads))
     tmem.allocate(columns)
     tmem.wait_for_alloc()

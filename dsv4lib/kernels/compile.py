@@ -124,5 +124,9 @@ def compile_for_arch(jit_fn: Callable, *args: Any, arch: str, keep_ptx: bool = T
             ptx_files = sorted(glob.glob(os.path.join(dump, "*.ptx")))
             if not ptx_files:
                 raise RuntimeError(f"CuTeDSL wrote no PTX for {arch} in {dump}")
-            ptx = "\n".join(open(p).read() for p in ptx_files)
+            texts = []
+            for path in ptx_files:
+                with open(path) as f:
+                    texts.append(f.read())
+            ptx = "\n".join(texts)
     return CompiledKernel(arch, fn, ptx)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import warpgroup
-from cutlass.utils import LayoutEnum
+from cutlass.tensor_utils import LayoutEnum
 
 
 def acc_layout_rows_cols(acc_layout: cute.Layout) -> cute.Layout:

@@ -168,7 +168,7 @@ def _sm90_builder(variant: str, dtype: str, tile_m: int, tile_n: int, head_dim: 
     import cutlass.cute as cute
     import cutlass.utils.hopper_helpers as sm90_utils
     from cutlass.cute.nvgpu import OperandMajorMode, warpgroup
-    from cutlass.utils import LayoutEnum
+    from cutlass.tensor_utils import LayoutEnum
 
     ab = cutlass.Float8E4M3FN if dtype == "fp8" else cutlass.BFloat16
     pv_n = min(head_dim, 256)            # one wgmma is at most N=256; hd 512 issues two, same A layout

@@ -107,7 +107,7 @@ class SparseAttentionForwardSm100(SparseAttentionBase):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
         token, head_group, batch, split, num_splits = self.cta_coords(mO)
-        storage = cutlass.utils.SmemAllocator().allocate(SharedStorage)
+        storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
 
         one = pipeline.CooperativeGroup(pipeline.Agent.Thread)
         four_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, 128)

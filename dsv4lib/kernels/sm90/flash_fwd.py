@@ -248,7 +248,7 @@ class FlashAttentionForwardSm90(Sm90Epilogue):
             if const_expr(self.tma_store_o):
                 cpasync.prefetch_descriptor(tma_atom_O)
 
-        storage = cutlass.utils.SmemAllocator().allocate(SharedStorage)
+        storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
         one_thread = pipeline.CooperativeGroup(pipeline.Agent.Thread)
         consumer_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, (self.NUM_THREADS - 128) // 32)
         tile_bytes_q = self.tile_m * self.head_dim * self.dtype.width // 8

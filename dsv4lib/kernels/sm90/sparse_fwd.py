@@ -200,7 +200,7 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
         tidx, _, _ = cute.arch.thread_idx()
         token, head_group, batch, split, num_splits = self.cta_coords(mO)
 
-        storage = cutlass.utils.SmemAllocator().allocate(SharedStorage)
+        storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
         pipeline_q = None
         one_thread = pipeline.CooperativeGroup(pipeline.Agent.Thread)
         consumer_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, 8)     # both consumer warpgroups
