@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from dsv4lib.reference import model1 as M
-from dsv4lib.reference import sparse_attention
 
 
 def test_layout_sizes():
