@@ -6,7 +6,7 @@
 # ab (scripts/ab_time.py against the tree in .ab/before, when carried);
 # default: all three — about 10 min, over the 600 s a call may take: run "tests pipeline" (~6.5 min) in one
 # call and "bench" (~3.5 min) in the next.  Results land in $OUT/session.tgz (stages/results/<gpu>.json, STATUS.md, stage logs and
-# metrics, test logs, bench output) — copy stages/results/<gpu>.json back from it.  Why one archive: the next
+# metrics, test logs, bench output) — copy stages/results/<gpu>.json and stages/gpu_tests/<gpu>.json back from it.  Why one archive: the next
 # call re-syncs the tracked tree (overwriting the results this run wrote) and only a few files come back.
 set -u
 commit=${1:?usage: gpu_session.sh <commit> [tests|pipeline|bench ...]}; shift
@@ -18,7 +18,8 @@ out=${OUT:-runs/gpu_session}; mkdir -p "$out/logs"
 for w in $what; do
   case $w in
     tests)    OUT="$out/logs" GROUP_TIMEOUT=${GROUP_TIMEOUT:-90} bash scripts/gpu_check.sh > "$out/logs/gpu_check.txt" 2>&1
-              tail -n 10 "$out/logs/gpu_check.txt" ;;
+              python -m dsv4lib.workbook.gpu_tests "$out/logs/summary.json" >/dev/null   # stages/gpu_tests/<gpu>.json
+              tail -n 12 "$out/logs/gpu_check.txt" ;;
     pipeline) timeout ${PIPELINE_TIMEOUT:-330} python -m dsv4lib.workbook.pipeline --timeout 200 > "$out/logs/pipeline.txt" 2>&1
               tr '\r' '\n' < "$out/logs/pipeline.txt" | grep -E "^\s+\S+\s+(PASS|FAIL|COMPILED-ONLY|NOT RUN)" ;;
     ab)       [ -d .ab/before/dsv4lib ] && timeout ${AB_TIMEOUT:-300} python scripts/ab_time.py --tree before=.ab/before \
@@ -28,6 +29,6 @@ for w in $what; do
               cat "$out/logs/bench.txt" ;;
   esac
 done
-tar czf "$out/session.tgz" stages/results STATUS.md runs/*/*.log runs/*/*.json -C "$out" logs 2>/dev/null
+tar czf "$out/session.tgz" stages/results stages/gpu_tests STATUS.md runs/*/*.log runs/*/*.json -C "$out" logs 2>/dev/null
 rm -rf "$out/logs"
 ls -la "$out"

@@ -149,3 +149,19 @@ def test_bad_pipeline_arguments_are_one_line_and_exit_2(argv, match, capsys):
         main(argv)
     err = capsys.readouterr().err.strip()
     assert exc.value.code == 2 and len(err.splitlines()) == 1 and match in err, err
+
+
+def test_status_shows_each_gpus_last_test_run(tmp_path):
+    """A recorded gpu_check summary becomes a row of STATUS.md's GPU-tests section: totals and the groups that
+    did not pass."""
+    import json
+
+    from dsv4lib.workbook.status import render_status
+    run = {"target": "h200", "device": "NVIDIA H200", "commit": "abcdef1234", "date": "2026-11-24T20:00:00Z",
+           "groups": [{"group": "d1", "rc": 0, "passed": 43, "failed": 0, "skipped": 0, "errors": 0, "seconds": 80},
+                      {"group": "sparse", "rc": 1, "passed": 37, "failed": 4, "skipped": 0, "errors": 0, "seconds": 90}]}
+    (tmp_path / "h200.json").write_text(json.dumps(run))
+    text = render_status([], {}, gpu_tests_dir=tmp_path)
+    row = [line for line in text.splitlines() if line.startswith("| h200 ")][0]
+    assert "| 80 | 4 | 0 | 0 | sparse (rc 1) |" in row and "`abcdef1`" in row
+    assert "GPU tests" not in render_status([], {}, gpu_tests_dir=tmp_path / "none")

@@ -58,7 +58,7 @@ def git_commit() -> str:
         if sha.returncode == 0 and sha.stdout.strip():
             # the pipeline's own outputs (results, STATUS.md) do not make the measured code dirty
             dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
-                                    ":!stages/results", ":!STATUS.md"], cwd=REPO_ROOT,
+                                    ":!stages/results", ":!stages/gpu_tests", ":!STATUS.md"], cwd=REPO_ROOT,
                                    capture_output=True, text=True, timeout=10).stdout.strip()
             return sha.stdout.strip() + ("+dirty" if dirty else "")
     except (OSError, subprocess.TimeoutExpired):

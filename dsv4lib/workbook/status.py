@@ -5,6 +5,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from .gpu_tests import GPU_TESTS_DIR, gpu_tests_lines, load_gpu_tests
 from .provenance import REPO_ROOT
 from .registry import RESULTS_DIR, Stage, load_registry
 from .results import load_all_results
@@ -125,7 +126,7 @@ def cell_text(row: dict[str, Any], targets: dict[str, float] | None = None, stal
 
 
 def render_status(stages: list[Stage] | None = None, results: dict[str, dict[str, Any]] | None = None,
-                  results_dir: Path = RESULTS_DIR) -> str:
+                  results_dir: Path = RESULTS_DIR, gpu_tests_dir: Path = GPU_TESTS_DIR) -> str:
     stages = load_registry() if stages is None else stages
     results = load_all_results(results_dir) if results is None else results
     targets = sorted(results, key=lambda t: (t != "cpu", t))
@@ -167,6 +168,7 @@ def render_status(stages: list[Stage] | None = None, results: dict[str, dict[str
             lines.append(f"| {sid} | {row.get('verdict')} | {row.get('device', '')}{cc} "
                          f"| {vers} | {row.get('date', '')} | `{short_commit(row.get('commit'))}` | {reason} |")
         lines.append("")
+    lines += gpu_tests_lines(load_gpu_tests(gpu_tests_dir))
     return "\n".join(lines)
 
 
