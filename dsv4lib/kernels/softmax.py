@@ -29,20 +29,11 @@ def online_softmax(acc_S_rc, row_max, row_sum, softmax_scale_log2, acc_O_rc, cor
             mx = cute.arch.fmax(mx, acc_S_rc[r, c])
         mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=2))
         mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=1))
-        new_max = cute.arch.fmax(row_max[r], mx)
-        if const_expr(floor_max is not None):
-            new_max = cute.arch.fmax(new_max, floor_max[r])
-        base = new_max * softmax_scale_log2
-        if new_max == -Float32.inf:
-            base = Float32(0.0)                                   # nothing visible yet: keep zeros
-        correction = cute.arch.exp2(row_max[r] * softmax_scale_log2 - base)
+        new_max, new_sum, correction = online_softmax_row(acc_S_rc[r, None], mx, row_max[r], row_sum[r],
+                                                          softmax_scale_log2,
+                                                          None if floor_max is None else floor_max[r])
         row_max[r] = new_max
-        tile_sum = Float32(0.0)
-        for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
-            p = cute.arch.exp2(acc_S_rc[r, c] * softmax_scale_log2 - base)
-            acc_S_rc[r, c] = p
-            tile_sum += p
-        row_sum[r] = row_sum[r] * correction + tile_sum
+        row_sum[r] = new_sum
         if const_expr(rescale_now):
             for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
                 acc_O_rc[r, c] = acc_O_rc[r, c] * correction
@@ -58,17 +49,19 @@ def rescale_rows(acc_O_rc, corrections):
 
 
 @cute.jit
-def online_softmax_row(rS: cute.Tensor, tile_max, row_max, row_sum, softmax_scale_log2):
+def online_softmax_row(rS: cute.Tensor, tile_max, row_max, row_sum, softmax_scale_log2, floor_max=None):
     """One online-softmax step for a row whose scores ``rS`` this thread holds (``tile_max``: the tile's row max,
-    partner lanes already folded in).  The max stays in raw-score units, the scale goes inside exp2; ``rS`` becomes
-    the unnormalized probabilities.  Returns ``(new row max, new running sum of this thread's columns,
-    correction e^(old max − new max))`` — the factor O must be rescaled by."""
+    partner lanes already folded in; ``floor_max``: a max the new one may not fall below).  The max stays in raw-score
+    units, the scale goes inside exp2; ``rS`` becomes the unnormalized probabilities.  Returns ``(new row max, new
+    running sum of this thread's columns, correction e^(old max − new max))`` — the factor O must be rescaled by."""
     new_max = cute.arch.fmax(row_max, tile_max)
+    if const_expr(floor_max is not None):
+        new_max = cute.arch.fmax(new_max, floor_max)
     base = new_max * softmax_scale_log2
-    if new_max == -cutlass.Float32.inf:
-        base = cutlass.Float32(0.0)
+    if new_max == -Float32.inf:
+        base = Float32(0.0)                                       # nothing visible yet: keep zeros
     correction = cute.arch.exp2(row_max * softmax_scale_log2 - base)
-    tile_sum = cutlass.Float32(0.0)
+    tile_sum = Float32(0.0)
     for c in cutlass.range_constexpr(cute.size(rS)):
         p = cute.arch.exp2(rS[c] * softmax_scale_log2 - base)
         rS[c] = p
