@@ -2,19 +2,18 @@
 
     python scripts/ab_time.py --tree before=PATH --tree after=. [--iters 40] [--out ab.json]
 
-Both trees are imported into one process under their own names and timed run by run, interleaved, with one timing
-code (this file): CUDA events, the GPU kept busy while the host enqueues (so host time is not counted; host time is
-reported apart), a 256 MiB read flushing the L2 before every run, two input sets rotated.  The table gives the
+Both trees are imported into one process under their own names and timed run by run, interleaved, by the project's
+own ``dsv4lib.bench.time_cuda_interleaved`` (of the last tree): CUDA events, the GPU kept busy while the host enqueues
+(host time reported apart), a 256 MiB read flushing the L2 before every run, two input sets rotated.  The table gives the
 median device time per tree and after / before.
 Only the public API is called (``dsv4lib.attention``, ``sparse_attention``, ``quantize_nvfp4``, ``attention_nvfp4``),
 so any two commits with that API compare."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
-import statistics
-import time
 import sys
 
 # name -> (stage, what it calls); sizes are the stage notebooks' headline shapes
@@ -104,41 +103,22 @@ def load_trees(trees: dict[str, str]) -> dict[str, object]:
 
 
 def time_interleaved(mods: dict[str, object], iters: int) -> dict[str, dict[str, dict[str, float]]]:
-    """Per shape and tree: median device ms and median host ms.  Runs alternate tree by tree, run by run (clock and
-    thermal drift reach every tree alike).  Before each timed run the GPU sleeps for three times the slowest tree's
-    host time, so the start event fires only after the host has enqueued the whole call."""
+    """Per shape and tree: median device ms and host ms, from the project's own interleaved timing
+    (``dsv4lib.bench.time_cuda_interleaved`` of the last tree: L2 flushed by a read, the GPU asleep while the host
+    enqueues, runs alternating tree by tree) on one set of inputs both trees' calls share."""
     import torch
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    bench = importlib.import_module(f"{list(mods.values())[-1].__name__}.bench")
     out: dict[str, dict[str, dict[str, float]]] = {}
     for name, kind in SHAPES.items():
-        fns, host = {}, {}
+        fns, inputs = {}, None
         for label, mod in mods.items():
             fn, sets = make_case(kind, torch, mod)
-            for args in sets:                 # compile + warm
-                fn(*args)
-            torch.cuda.synchronize()
-            hs = []
-            for i in range(7):
-                t0 = time.perf_counter()
-                fn(*sets[i % 2])
-                hs.append((time.perf_counter() - t0) * 1e3)
-                torch.cuda.synchronize()
-            fns[label], host[label] = (fn, sets), statistics.median(hs)
-        lead_cycles = int(max(0.3, 3 * max(host.values())) * 2.0e6)
-        times = {label: [] for label in mods}
-        for i in range(iters):
-            for label, (fn, sets) in fns.items():
-                flush.view(torch.int64).amax()
-                torch.cuda._sleep(lead_cycles)
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn(*sets[i % len(sets)])
-                end.record()
-                end.synchronize()
-                times[label].append(start.elapsed_time(end))
-        out[name] = {label: {"ms": statistics.median(times[label]), "host_ms": host[label]} for label in mods}
+            fns[label] = fn
+            inputs = inputs or sets                      # the same seed: identical data in every tree
+        times = bench.time_cuda_interleaved(fns, inputs, iters=iters)
+        out[name] = {label: {"ms": t.median_ms, "host_ms": t.host_ms} for label, t in times.items()}
         print(name, {l: round(v["ms"] * 1e3, 1) for l, v in out[name].items()}, flush=True)
-        del fns
+        del fns, inputs
         torch.cuda.empty_cache()
     return out
 
