@@ -54,3 +54,68 @@ def test_kernels_launch_on_the_callers_stream_with_the_same_device_code():
         plain = compile_for_arch(make(), *args(), arch="sm_90a")
         streamed = compile_for_arch(make(), *args(), cuda.CUstream(0), arch="sm_90a")
         assert strip(plain.ptx) == strip(streamed.ptx), name
+
+
+def _ops(name):
+    import importlib
+    return importlib.import_module(f"dsv4lib.ops.{name}")     # dsv4lib.ops re-exports functions of the same names
+
+
+@pytest.mark.compile
+def test_tvm_ffi_builds_take_the_arguments_each_public_launch_passes(monkeypatch):
+    """The public functions compile each kernel with CuTeDSL's TVM-FFI ABI from one argument list and call it with
+    another (torch tensors, Python numbers, the raw stream).  On CPU tensors every launch path gets through the build's
+    argument checks (dtype, rank, static extents, strides, alignment, done in C before the launch) and stops only at
+    the launch itself — there is no GPU.  A tensor that does not fit the build is refused by those checks."""
+    from cutlass.cutlass_dsl import CuTeDSL
+    # no GPU here: CuTeDSL takes the runtime to be sm_100 and would not load an sm_90a build's host side at all
+    monkeypatch.setattr(CuTeDSL._get_dsl().envar, "arch", "sm_90a")
+    _check_tvm_ffi_launches(monkeypatch)
+
+
+def _check_tvm_ffi_launches(monkeypatch):
+    from dsv4lib.kernels.sm90.config import SparseFwdConfig, Sm90FwdConfig
+    attention, sparse, combine, nvfp4, launch = (_ops(n) for n in ("attention", "sparse", "combine", "nvfp4", "launch"))
+    for module in (attention, sparse, combine, nvfp4):
+        monkeypatch.setattr(module, "raw_stream", lambda device: 0)
+
+    def reaches_launch(call):
+        with pytest.raises(Exception) as err:
+            call()
+        assert not isinstance(err.value, (ValueError, TypeError)), err.value     # an argument check failed
+        assert "cuda" in str(err.value).lower(), err.value
+
+    gen = torch.Generator().manual_seed(0)
+    bf = lambda *s: torch.randn(*s, generator=gen).to(torch.bfloat16)
+    q, k = bf(1, 300, 4, 128), bf(1, 300, 4, 128)
+    sink = launch.sink_arg(torch.randn(4, generator=gen), q.device)
+    for config, o, lse, extra in (
+            (Sm90FwdConfig.for_problem(128, causal=True), torch.empty_like(q), torch.empty(1, 4, 300), {}),
+            (Sm90FwdConfig.for_problem(128, window=64, split_kv=True), torch.empty(3, 1, 300, 4, 128),
+             torch.empty(3, 1, 4, 300), {}),
+            (Sm90FwdConfig.for_problem(128, sink=True, has_lse=False, nvfp4_out=True),
+             torch.empty(1, 300, 4, 64, dtype=torch.uint8).view(torch.int32), torch.empty(1, 4, 300),
+             dict(out_scales=torch.empty(1, 300, 4, 8, dtype=torch.uint8).view(torch.int32), s_enc=torch.ones(1)))):
+        reaches_launch(lambda: attention.launch(config, q, k, k, o, lse, scale=0.1, window=64, sink_t=sink, **extra))
+    q4, kv, idx = bf(1, 2, 64, 512), bf(1, 100, 512), torch.randint(-1, 100, (1, 2, 128), dtype=torch.int32)
+    o_part, lse_part = torch.empty(2, 1, 2, 64, 512), torch.empty(2, 1, 64, 2)
+    sink64 = launch.sink_arg(torch.randn(64, generator=gen), q.device)
+    reaches_launch(lambda: sparse.launch(SparseFwdConfig.for_problem(gather=True, split_kv=True), q4, kv, idx, o_part,
+                                         lse_part, sink64, scale=0.05, window=None))
+    out, lse = torch.empty(1, 2, 64, 512, dtype=torch.bfloat16), torch.empty(1, 64, 2)
+    reaches_launch(lambda: combine.combine_partials(o_part, lse_part, out, lse, sink64, has_sink=True))
+    with pytest.raises((ValueError, TypeError)):             # the build's own check: fp32 partials, not bf16
+        combine.combine_partials(o_part.bfloat16(), lse_part, out, lse, sink64, has_sink=True)
+    with pytest.raises((ValueError, TypeError)):             # head dim 512 is static in the sparse build
+        sparse.launch(SparseFwdConfig.for_problem(gather=True, split_kv=True), q4, kv[..., :256].contiguous(), idx,
+                      o_part, lse_part, sink64, scale=0.05, window=None)
+    # NVFP4 quantize / dequantize: the builds the ops compile, called as the ops call them
+    from dsv4lib.kernels.nvfp4 import NVFP4DequantizeKernel, NVFP4QuantizeKernel
+    import cutlass.cute as cute
+    x = bf(8, 64).view(32, 16)
+    quant = (x, torch.empty(32, 2, dtype=torch.uint32), torch.empty(32, dtype=torch.uint8), torch.ones(1), torch.empty(1))
+    dequant = (quant[1], quant[2], torch.ones(1), torch.empty(32, 16, dtype=torch.bfloat16))
+    for kernel, tensors, make_args in ((NVFP4QuantizeKernel(False), quant, nvfp4.kernel_args),
+                                       (NVFP4DequantizeKernel(), dequant, nvfp4.dequantize_args)):
+        fn = cute.compile(kernel, *make_args(*tensors, tvm_ffi=True), options="--gpu-arch sm_90a --enable-tvm-ffi")
+        reaches_launch(lambda: fn(*tensors, 0))

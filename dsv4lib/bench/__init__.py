@@ -124,6 +124,88 @@ def fraction_at_copy_rate(nbytes: float, copy_gbps: float, floor_ms: float) -> f
     return t_bytes_ms / (t_bytes_ms + floor_ms)
 
 
+def host_us(fn: Callable[..., Any], inputs: Sequence[tuple] | None = None, *, calls: int = 50,
+            warmup: int = 3) -> float:
+    """Median host time (µs) to enqueue one call of ``fn`` on a shape already compiled: the calls run back to back
+    with no synchronization, behind a GPU sleep long enough that the launch queue never fills — what Python,
+    validation, dispatch and the launch cost, whatever the kernel's own time."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("host_us needs a CUDA device")
+    inputs = list(inputs) if inputs else [()]
+    for i in range(warmup):
+        fn(*inputs[i % len(inputs)])
+    torch.cuda.synchronize()
+    torch.cuda._sleep(int(calls * 0.2 * SLEEP_CYCLES_PER_MS))       # 0.2 ms a call: far more than any host path
+    times = []
+    for i in range(calls):
+        t0 = time.perf_counter()
+        fn(*inputs[i % len(inputs)])
+        times.append((time.perf_counter() - t0) * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+@dataclass
+class GraphTiming:
+    per_call_ms: float           # median over replays of (replay time / calls)
+    min_ms: float
+    replays: int
+    calls: int                   # calls per replay, rotating over the input sets
+    sets: int
+    host_us: float               # host_us of the same function (eager)
+
+
+def time_graph(fn: Callable[..., Any], inputs: Sequence[tuple], *, calls: int = 32, replays: int = 15,
+               flush_l2: bool = True) -> GraphTiming:
+    """Steady-state device time per call: ``calls`` calls of ``fn`` rotating over the input sets captured in one
+    CUDA graph, the graph replayed ``replays`` times (events around each replay, an L2 flush by reading before each
+    so the first sets start cold), per call = replay time / ``calls``.  No launch gap and no event floor: a
+    back-to-back stream of calls as a serving loop runs them.  ``inputs``: ≥ 4 sets of fresh random data whose
+    total should exceed the 50 MB L2 (else a set is re-read from L2 after one lap: then pass more sets).  The
+    host's time per call is measured apart (:func:`host_us`)."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("time_graph needs a CUDA device")
+    inputs = list(inputs)
+    if len(inputs) < 4:
+        raise ValueError(f"time_graph needs >= 4 rotating input sets, got {len(inputs)}")
+    host = host_us(fn, inputs)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):                      # warm-up off the capture: compiles, workspaces, counters
+        for args in inputs:
+            fn(*args)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            fn(*inputs[i % len(inputs)])
+    flush = torch.zeros(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda") if flush_l2 else None
+    graph.replay()
+    torch.cuda.synchronize()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(replays)]
+    for start, end in events:
+        if flush is not None:
+            flush_l2_by_reading(flush)
+        start.record()
+        graph.replay()
+        end.record()
+    torch.cuda.synchronize()
+    per_call = sorted(s.elapsed_time(e) / calls for s, e in events)
+    return GraphTiming(statistics.median(per_call), per_call[0], replays, calls, len(inputs), host)
+
+
+def roof_fraction(ms: float, *, nbytes: float = 0.0, flops: float = 0.0, copy_gbps: float,
+                  matmul_tflops: float) -> float:
+    """How close a call's device time is to what the GPU allows, bound by memory or by math:
+    ``max(bytes / copy rate, flops / matmul rate) / time`` (rates: stage 00's measured copy bandwidth and bf16
+    matmul throughput).  1.0 = at the roof of whichever resource binds."""
+    if ms <= 0 or copy_gbps <= 0 or matmul_tflops <= 0:
+        raise ValueError(f"roof_fraction needs a positive time and rates, got {ms}, {copy_gbps}, {matmul_tflops}")
+    floor_ms = max(nbytes / (copy_gbps * 1e9), flops / (matmul_tflops * 1e12)) * 1e3
+    return floor_ms / ms
+
+
 def visible_pairs(sq: int, sk: int, *, causal: bool = False, window: int | None = None) -> int:
     """Number of (query, key) pairs a query block sees, queries aligned to the end of the keys
     (query i sits at key position sk - sq + i), DSV4's window convention (t - W < s <= t)."""

@@ -10,8 +10,8 @@ import torch
 from ..kernels.sm90.config import SUPPORTED_HEAD_DIMS, Sm90FwdConfig
 from ..reference.attention import check_attention_shapes, check_window
 from .combine import combine_partials
-from .launch import (amax_tensor, check_hopper, check_num_splits, compile_once, current_stream, device_facts,
-                     placeholder, sink_arg, to_cute, workspace)
+from .launch import (aligned16, amax_tensor, check_hopper, check_num_splits, compile_stream, device_facts,
+                     on_device, placeholder, raw_stream, run_compiled, sink_arg, to_cute, workspace)
 
 SUPPORTED_DTYPES = (torch.bfloat16,)
 MQA_HEAD_DIM = 512          # DSV4: one shared KV head, K = V, through dsv4lib.ops.sparse's MQA kernel
@@ -73,13 +73,21 @@ def pack_factor(pack_gqa, H: int, Hkv: int) -> int:
     return g if want and g > 1 and 128 % g == 0 else 1
 
 
+_CONFIGS: dict[tuple, Sm90FwdConfig] = {}
+
+
 def config_for(q, *, causal=False, has_lse=True, window=None, sink=False, split_kv=False, p_in_smem=False,
                overlap=None, nvfp4_out=False, pack_gqa=1) -> Sm90FwdConfig:
-    """The build for a call on ``q``'s device (its name decides persistence, its SM count the persistent grid)."""
-    name, sms = device_facts(q.device)
-    return Sm90FwdConfig.for_problem(q.shape[3], causal=causal, has_lse=has_lse, window=window, sink=sink,
-                                     split_kv=split_kv, p_in_smem=p_in_smem, overlap=overlap, nvfp4_out=nvfp4_out,
-                                     pack_gqa=pack_gqa, gpu_name=name, num_sms=sms)
+    """The build for a call on ``q``'s device (its name decides persistence, its SM count the persistent grid),
+    made once per problem kind."""
+    key = (q.device, q.shape[3], causal, has_lse, window, sink, split_kv, p_in_smem, overlap, nvfp4_out, pack_gqa)
+    config = _CONFIGS.get(key)
+    if config is None:
+        name, sms = device_facts(q.device)
+        config = _CONFIGS[key] = Sm90FwdConfig.for_problem(
+            q.shape[3], causal=causal, has_lse=has_lse, window=window, sink=sink, split_kv=split_kv,
+            p_in_smem=p_in_smem, overlap=overlap, nvfp4_out=nvfp4_out, pack_gqa=pack_gqa, gpu_name=name, num_sms=sms)
+    return config
 
 
 _WORK_COUNTERS: dict[tuple, torch.Tensor] = {}
@@ -88,27 +96,37 @@ _WORK_COUNTERS: dict[tuple, torch.Tensor] = {}
 def work_counters(device) -> torch.Tensor:
     """The dynamic persistent schedule's (items handed out, producers done) int32 counters, one pair per (device,
     stream) so kernels on different streams never share them; zeroed once, every launch leaves them at zero."""
-    key = (str(device), torch.cuda.current_stream(device).cuda_stream)
-    if key not in _WORK_COUNTERS:
-        _WORK_COUNTERS[key] = torch.zeros(2, dtype=torch.int32, device=device)
-    return _WORK_COUNTERS[key]
+    key = (device, raw_stream(device))
+    counters = _WORK_COUNTERS.get(key)
+    if counters is None:
+        counters = _WORK_COUNTERS[key] = torch.zeros(2, dtype=torch.int32, device=device)
+    return counters
 
 
 def launch(config: Sm90FwdConfig, q, k, v, o, lse, *, scale: float, window, sink_t, out_scales=None, s_enc=None):
     """One launch of the Hopper kernel built for ``config``.  ``o`` / ``lse``: (B, Sq, H, D) and (B, H, Sq), or the
     split workspace (splits, ...) for a split build; ``out_scales`` / ``s_enc``: the NVFP4 build's extra outputs."""
-    from cutlass import Float32, Int32
-
-    from ..kernels.sm90.flash_fwd import FlashAttentionForwardSm90
     device = q.device
     split = config.split_kv
-    args = (to_cute(q, 3), to_cute(k, 3), to_cute(v, 3), to_cute(o, 4 if split else 3), to_cute(lse, 3 if split else 2),
-            Float32(scale * math.log2(math.e)), Int32(window or 0), to_cute(sink_t, 0),
-            to_cute(out_scales, 3) if out_scales is not None else to_cute(placeholder(device, "scales"), 0),
-            to_cute(s_enc if s_enc is not None else placeholder(device, "s_enc"), 0), current_stream(device))
-    if config.dynamic_schedule:
-        args = args + (to_cute(work_counters(device), 0),)
-    compile_once(config, lambda: FlashAttentionForwardSm90(config), args)(*args)
+    scales_t = out_scales if out_scales is not None else placeholder(device, "scales")
+    s_enc_t = s_enc if s_enc is not None else placeholder(device, "s_enc")
+    counters = (work_counters(device),) if config.dynamic_schedule else ()
+    tensors = (q, k, v, o, lse, sink_t, scales_t, s_enc_t)
+    leading = (3, 3, 3, 4 if split else 3, 3 if split else 2, 0, 0 if out_scales is None else 3, 0)
+    scale_log2 = scale * math.log2(math.e)
+
+    def compile_args():
+        from cutlass import Float32, Int32
+        t = [to_cute(x, lead, tvm_ffi=True) for x, lead in zip(tensors, leading)]
+        return (*t[:5], Float32(scale_log2), Int32(window or 0), *t[5:], compile_stream(),
+                *(to_cute(c, 0, tvm_ffi=True) for c in counters))
+
+    def make_kernel():
+        from ..kernels.sm90.flash_fwd import FlashAttentionForwardSm90
+        return FlashAttentionForwardSm90(config)
+
+    run_compiled((config, *map(aligned16, tensors)), make_kernel, compile_args,
+                 (*tensors[:5], scale_log2, window or 0, *tensors[5:], raw_stream(device), *counters))
 
 
 def attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, return_lse=False, num_splits=None):
@@ -156,7 +174,7 @@ def attention_with_p_path(q, k, v, *, scale=None, causal=False, window=None, sin
     out = torch.empty_like(q)
     lse = torch.empty(B, H, Sq, dtype=torch.float32, device=q.device)
     sink_t = sink_arg(sink, q.device)
-    with torch.cuda.device(q.device):
+    with on_device(q.device):
         if num_splits == 1:
             launch(config, q, k, v, out, lse, scale=scale, window=window, sink_t=sink_t)
         else:
@@ -190,7 +208,7 @@ def attention_branches(q, branches, *, sink=None, scale=None, return_lse=False):
     out = torch.empty_like(q)
     lse = torch.empty(B, H, Sq, dtype=torch.float32, device=q.device)
     sink_t = sink_arg(sink, q.device)
-    with torch.cuda.device(q.device):
+    with on_device(q.device):
         for i, br in enumerate(branches):
             window = br.get("window")
             # the plain (not overlapped) split build: what the branch merge was measured and recorded with
@@ -222,7 +240,7 @@ def attention_nvfp4(q, k, v, out_global_amax, *, scale=None, causal=False, windo
     data = torch.empty(B, Sq, H, D // 2, dtype=torch.uint8, device=q.device)
     scales = torch.empty(B, Sq, H, D // 16, dtype=torch.uint8, device=q.device)
     lse = torch.empty(B, H, Sq, dtype=torch.float32, device=q.device)
-    with torch.cuda.device(q.device):
+    with on_device(q.device):
         # the same mainloop and schedule as plain attention, so the comparison isolates the epilogue; the kernel
         # writes whole 32-bit words (a quad assembles each block's 8 bytes, the scale bytes go 4 at a time)
         config = config_for(q, causal=bool(causal), has_lse=False, window=window, sink=sink is not None,
@@ -243,7 +261,7 @@ def attention_fp32(q, k, v, *, scale=None, causal=False, window=None):
     scale = D ** -0.5 if scale is None else float(scale)
     o_part = torch.empty(1, B, Sq, H, D, dtype=torch.float32, device=q.device)
     lse_part = torch.empty(1, B, H, Sq, dtype=torch.float32, device=q.device)
-    with torch.cuda.device(q.device):
+    with on_device(q.device):
         # the plain split build's tile shapes: its fp32 sums are the ones the NVFP4 epilogue's bits are checked on
         config = Sm90FwdConfig.for_problem(D, causal=bool(causal), window=window, split_kv=True, overlap=False,
                                            gpu_name=device_facts(q.device)[0])

@@ -1,33 +1,57 @@
-"""Host-side launch helpers shared by the public kernel functions (``attention``, ``sparse``, ``nvfp4``): torch
-tensors → CuTe tensors, one-element placeholders for unused arguments, the split-KV workspace, static amax
-tensors.  Everything that would otherwise allocate per call is cached here, so timed loops allocate nothing
-but their outputs."""
+"""Host-side launch helpers shared by the public kernel functions (``attention``, ``sparse``, ``nvfp4``).
+
+The host path is built for ≤ 25 µs per call on a compiled shape (docs/tuning/host.md): every kernel is compiled
+once per build key with CuTeDSL's TVM-FFI ABI (``--enable-tvm-ffi``) and afterwards called with the torch tensors
+themselves, Python numbers and the raw stream handle — no per-call ``from_dlpack``, no CuTe tensor objects.  The
+compiled function checks each tensor's dtype, rank, static extents, compact strides, device and alignment in C, so
+a call that reaches it with a tensor the build was not made for fails with a ``ValueError``, never runs on garbage.
+Workspaces, placeholders, device facts and configs are cached here, so a call allocates nothing but its outputs."""
 from __future__ import annotations
+
+import contextlib
+from typing import Callable
 
 import torch
 
 
+def raw_stream(device: torch.device) -> int:
+    """torch's current stream on ``device`` as a raw handle (what a TVM-FFI build takes): the kernel is ordered
+    with the torch work around it (side streams included) and can be captured in a CUDA graph."""
+    return torch._C._cuda_getCurrentRawStream(device.index)
+
+
 def current_stream(device):
-    """torch's current stream on ``device`` as the CUDA driver handle a compiled kernel launches on: the kernel is
-    ordered with the torch work around it (side streams included) and can be captured in a CUDA graph."""
+    """torch's current stream on ``device`` as the driver handle a build compiled without TVM-FFI launches on
+    (benchmark variants and scripts that call ``cute.compile`` themselves)."""
     import cuda.bindings.driver as cuda
     return cuda.CUstream(torch.cuda.current_stream(device).cuda_stream)
 
 
-def tvm_ffi_stream():
-    """The stream argument of a TVM-FFI build: taken at call time from the environment (torch's current stream)."""
+def compile_stream():
+    """The stream parameter of a TVM-FFI build: a raw handle given at call time (:func:`raw_stream`)."""
     import cutlass.cute as cute
-    return cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    return cute.runtime.make_fake_stream()
 
 
-def to_cute(t: torch.Tensor, leading_dim: int):
-    """Every extent and stride dynamic, unit stride at ``leading_dim``; 16 B alignment assumed when true."""
+def stream_arg(stream, tvm_ffi: bool):
+    """The stream argument of a kernel's argument tuple: ``stream`` (a driver handle) for a plain build, the
+    call-time handle parameter for a TVM-FFI build, nothing (``None``) for a CPU compile test."""
+    return (compile_stream(),) if tvm_ffi else (() if stream is None else (stream,))
+
+
+def aligned16(t: torch.Tensor) -> bool:
+    return t.data_ptr() % 16 == 0
+
+
+def to_cute(t: torch.Tensor, leading_dim: int, tvm_ffi: bool = False):
+    """Every extent and stride dynamic, unit stride at ``leading_dim``; 16 B alignment assumed when true (a key of
+    the build: :func:`aligned16`)."""
     from cutlass.cute.runtime import from_dlpack
-    align = 16 if t.data_ptr() % 16 == 0 else t.element_size()       # lets the compiler vectorize
-    return from_dlpack(t, assumed_align=align).mark_layout_dynamic(leading_dim=leading_dim)
+    align = 16 if aligned16(t) else t.element_size()       # lets the compiler vectorize
+    return from_dlpack(t, assumed_align=align, enable_tvm_ffi=tvm_ffi).mark_layout_dynamic(leading_dim=leading_dim)
 
 
-def rows_dynamic(t: torch.Tensor, static_modes: tuple[int, ...] = (), align: int | None = None):
+def rows_dynamic(t: torch.Tensor, static_modes: tuple[int, ...] = (), align: int | None = None, tvm_ffi: bool = False):
     """A contiguous tensor whose extents are dynamic except ``static_modes`` (a head dim or a 16-wide block stays
     static: row copies and MMA tiling need it).  ``align``: the assumed byte alignment (default: 16 when a row
     of the last mode is a multiple of 16 B).  Works on CPU tensors too — how the CPU tests compile exactly what
@@ -35,11 +59,37 @@ def rows_dynamic(t: torch.Tensor, static_modes: tuple[int, ...] = (), align: int
     from cutlass.cute.runtime import from_dlpack
     if align is None:
         align = 16 if t.element_size() * t.shape[-1] % 16 == 0 else t.element_size()
-    ct = from_dlpack(t, assumed_align=align)
+    ct = from_dlpack(t, assumed_align=align, enable_tvm_ffi=tvm_ffi)
     for mode in range(t.dim()):
         if mode not in static_modes:
             ct = ct.mark_compact_shape_dynamic(mode=mode, stride_order=t.dim_order())
     return ct
+
+
+_COMPILED: dict = {}
+
+
+def run_compiled(key, make_kernel: Callable, compile_args: Callable[[], tuple], call_args: tuple,
+                 arch: str = "sm_90a") -> None:
+    """Launch the kernel ``make_kernel()`` built for ``key`` with ``call_args`` (torch tensors, Python numbers, the
+    raw stream).  The first call of a key compiles it as a TVM-FFI function from ``compile_args()`` (CuTe tensors of
+    the same torch tensors, ``tvm_ffi=True``); every extent the build leaves dynamic may differ in later calls.  The
+    key names the build and whatever of the arguments the compile bakes in that can change between calls (a
+    tensor's 16-byte alignment)."""
+    fn = _COMPILED.get(key)
+    if fn is None:
+        import cutlass.cute as cute
+        fn = _COMPILED[key] = cute.compile(make_kernel(), *compile_args(),
+                                           options=f"--gpu-arch {arch} --enable-tvm-ffi")
+    fn(*call_args)
+
+
+_NO_GUARD = contextlib.nullcontext()
+
+
+def on_device(device: torch.device):
+    """``torch.cuda.device(device)`` where it is not already the current device (the common case costs nothing)."""
+    return _NO_GUARD if device.index == torch.cuda.current_device() else torch.cuda.device(device)
 
 
 def check_num_splits(num_splits) -> None:
@@ -48,7 +98,7 @@ def check_num_splits(num_splits) -> None:
         raise ValueError(f"num_splits must be a positive int or None (heuristic), got {num_splits!r}")
 
 
-_PLACEHOLDERS: dict[str, dict[str, torch.Tensor]] = {}
+_PLACEHOLDERS: dict[torch.device, dict[str, torch.Tensor]] = {}
 _PLACEHOLDER_SPECS = {  # name: (dtype, value, shape)
     "sink": (torch.float32, 0.0, (1,)), "scales": (torch.uint8, 0, (1,)), "s_enc": (torch.float32, 1.0, (1,)),
     "indices": (torch.int32, -1, (1, 1, 1)),
@@ -58,7 +108,7 @@ _PLACEHOLDER_SPECS = {  # name: (dtype, value, shape)
 def placeholder(device, name: str) -> torch.Tensor:
     """Stand-ins for arguments a build does not use (no sink, no NVFP4 output, no index list), allocated once
     per device."""
-    bank = _PLACEHOLDERS.setdefault(str(device), {})
+    bank = _PLACEHOLDERS.setdefault(device, {})
     if name not in bank:
         dtype, value, shape = _PLACEHOLDER_SPECS[name]
         bank[name] = torch.full(shape, value, dtype=dtype, device=device)
@@ -66,7 +116,12 @@ def placeholder(device, name: str) -> torch.Tensor:
 
 
 def sink_arg(sink, device) -> torch.Tensor:
-    return sink.contiguous() if sink is not None else placeholder(device, "sink")
+    """The sink as the kernels read it: contiguous from a 16-byte aligned start (a copy only where the caller's is
+    not), or the placeholder."""
+    if sink is None:
+        return placeholder(device, "sink")
+    sink = sink.contiguous()
+    return sink if aligned16(sink) else sink.clone()
 
 
 _WORKSPACE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -75,7 +130,7 @@ _WORKSPACE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 def workspace(splits: int, B: int, Sq: int, H: int, D: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """fp32 partial O ``(splits, B, Sq, H, D)`` and LSE ``(splits, B, H, Sq)`` for split-KV, allocated once per
     shape and reused."""
-    key = (splits, B, Sq, H, D, str(device))
+    key = (splits, B, Sq, H, D, device)
     if key not in _WORKSPACE:
         _WORKSPACE[key] = (torch.empty(splits, B, Sq, H, D, dtype=torch.float32, device=device),
                            torch.empty(splits, B, H, Sq, dtype=torch.float32, device=device))
@@ -90,25 +145,12 @@ def amax_tensor(amax, device) -> torch.Tensor:
     and cached (a host→device copy per call would stall the host behind the GPU queue)."""
     if isinstance(amax, torch.Tensor):
         return amax.to(device=device, dtype=torch.float32)
-    key = (float(amax), str(device))
+    key = (float(amax), device)
     if key not in _AMAX_CACHE:
         if len(_AMAX_CACHE) > 64:
             _AMAX_CACHE.clear()
         _AMAX_CACHE[key] = torch.tensor(float(amax), dtype=torch.float32, device=device)
     return _AMAX_CACHE[key]
-
-
-_COMPILED: dict = {}
-
-
-def compile_once(key, make_kernel, args: tuple, arch: str = "sm_90a"):
-    """The kernel ``make_kernel()`` compiled for ``args``' runtime types, once per ``key`` (a frozen config, or a
-    tuple naming the build): later calls of any shape reuse it (every extent and stride is dynamic)."""
-    fn = _COMPILED.get(key)
-    if fn is None:
-        import cutlass.cute as cute
-        fn = _COMPILED[key] = cute.compile(make_kernel(), *args, options=f"--gpu-arch {arch}")
-    return fn
 
 
 _DEVICE_FACTS: dict = {}
@@ -124,8 +166,18 @@ def device_facts(device) -> tuple[str, int]:
     return _DEVICE_FACTS[idx]
 
 
+_CAPABILITY: dict = {}
+
+
+def capability(device) -> tuple[int, int]:
+    """A CUDA device's compute capability, read once."""
+    if device not in _CAPABILITY:
+        _CAPABILITY[device] = torch.cuda.get_device_capability(device)
+    return _CAPABILITY[device]
+
+
 def check_hopper(device, what: str) -> None:
-    major, minor = torch.cuda.get_device_capability(device)
+    major, minor = capability(device)
     if (major, minor) != (9, 0):
         raise RuntimeError(f"{what} runs on Hopper (sm_90a) only; this GPU is sm_{major}{minor} (sm_100a kernels are "
                            "compiled, not run, in this project)")

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from .launch import amax_tensor, current_stream, rows_dynamic
+from .launch import amax_tensor, capability, device_facts, on_device, raw_stream, rows_dynamic, run_compiled, stream_arg
 from ..reference import quant as ref
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-_COMPILED: dict[tuple, object] = {}
 
 
 def _validate(x) -> None:
@@ -29,33 +28,21 @@ def _validate(x) -> None:
                          "dsv4lib.reference.quant.nvfp4_quantize runs anywhere")
 
 
-def _kernel_for(x: torch.Tensor, args: tuple, depth: int | None = None, ctas_per_sm: int | None = None,
-                encode: bool = True, encoder: str | None = None):
-    major, minor = torch.cuda.get_device_capability(x.device)
+def nvfp4_arch(device, what: str) -> str:
+    major, minor = capability(device)
     if (major, minor) not in ((9, 0), (10, 0)):
-        raise RuntimeError(f"quantize_nvfp4 needs sm_90a or sm_100a, this GPU is sm_{major}{minor}")
-    arch = "sm_90a" if major == 9 else "sm_100a"
-    from ..kernels import nvfp4 as K
-    depth = depth or (K.DEPTH_FP32 if x.dtype == torch.float32 else K.DEPTH)
-    ctas_per_sm = K.CTAS_PER_SM if ctas_per_sm is None else ctas_per_sm
-    max_ctas = ctas_per_sm * torch.cuda.get_device_properties(x.device).multi_processor_count
-    encoder = encoder or K.ENCODER
-    key = (x.dtype, arch, depth, max_ctas, encode, encoder)
-    if key not in _COMPILED:
-        import cutlass.cute as cute
-        _COMPILED[key] = cute.compile(K.NVFP4QuantizeKernel(hardware_cvt=arch == "sm_100a", depth=depth,
-                                                            max_ctas=max_ctas, encode=encode, encoder=encoder),
-                                      *args, options=f"--gpu-arch {arch}")
-    return _COMPILED[key]
+        raise RuntimeError(f"{what} needs sm_90a or sm_100a, this GPU is sm_{major}{minor}")
+    return "sm_90a" if major == 9 else "sm_100a"
 
 
-def kernel_args(blocks, words, scales, amax, s_dec_out, stream=None) -> tuple:
+def kernel_args(blocks, words, scales, amax, s_dec_out, stream=None, tvm_ffi: bool = False) -> tuple:
     """The kernel's arguments as CuTe tensors: only the block count is dynamic, the 16 values of a block and
     the two words stay static (the register copies need static shapes).  Works on CPU tensors too, which
-    is how the CPU tests compile exactly what a GPU call compiles."""
-    args = (rows_dynamic(blocks, (1,), 16), rows_dynamic(words, (1,), 8), rows_dynamic(scales, (), 1),
-            rows_dynamic(amax, (0,), 4), rows_dynamic(s_dec_out, (0,), 4))
-    return args if stream is None else args + (stream,)
+    is how the CPU tests compile exactly what a GPU call compiles (``tvm_ffi``: what a TVM-FFI build is compiled
+    from)."""
+    rows = lambda t, static, align: rows_dynamic(t, static, align, tvm_ffi=tvm_ffi)
+    return (rows(blocks, (1,), 16), rows(words, (1,), 8), rows(scales, (), 1), rows(amax, (0,), 4),
+            rows(s_dec_out, (0,), 4), *stream_arg(stream, tvm_ffi))
 
 
 def quantize_nvfp4(x, global_amax=None, *, swizzle: bool = False, _depth=None, _ctas_per_sm=None, _encode=True,
@@ -66,38 +53,47 @@ def quantize_nvfp4(x, global_amax=None, *, swizzle: bool = False, _depth=None, _
     flight per thread), ``_ctas_per_sm`` (grid cap; 0: no cap), ``_encoder`` (``"lines"`` / ``"magic"``) and ``_encode=False`` (same memory traffic, no
     quantization: wrong bytes) are benchmark knobs."""
     _validate(x)
+    arch = nvfp4_arch(x.device, "quantize_nvfp4")
     x = x.contiguous()
+    if x.data_ptr() % 16:
+        x = x.clone()                                          # a block's 16 values load as whole vectors
     M, K = x.shape
     if global_amax is None:
-        amax = x.abs().amax().float()
+        amax = torch.linalg.vector_norm(x, float("inf"), dtype=torch.float32)      # max |x|, one reduction
     else:
         amax = amax_tensor(global_amax, x.device)
         if amax.numel() != 1:
             raise ValueError(f"global_amax must be a scalar, got shape {tuple(amax.shape)}")
-        amax = amax.reshape(())
     n_blocks = M * K // 16
     words = torch.empty(n_blocks, 2, dtype=torch.uint32, device=x.device)
     scales = torch.empty(n_blocks, dtype=torch.uint8, device=x.device)      # e4m3 bits
     s_dec = torch.empty(1, dtype=torch.float32, device=x.device)           # the kernel writes S_dec
-    args = kernel_args(x.view(n_blocks, 16), words, scales, amax.reshape(1), s_dec, current_stream(x.device))
-    with torch.cuda.device(x.device):
-        _kernel_for(x, args, _depth, _ctas_per_sm, _encode, _encoder)(*args)
+    tensors = (x.view(n_blocks, 16), words, scales, amax.view(1), s_dec)
+    from ..kernels import nvfp4 as K
+    depth = _depth or (K.DEPTH_FP32 if x.dtype == torch.float32 else K.DEPTH)
+    max_ctas = (K.CTAS_PER_SM if _ctas_per_sm is None else _ctas_per_sm) * device_facts(x.device)[1]
+    encoder = _encoder or K.ENCODER
+    make_kernel = lambda: K.NVFP4QuantizeKernel(hardware_cvt=arch == "sm_100a", depth=depth, max_ctas=max_ctas,
+                                                encode=_encode, encoder=encoder)
+    with on_device(x.device):
+        run_compiled(("quantize", x.dtype, arch, depth, max_ctas, _encode, encoder), make_kernel,
+                     lambda: kernel_args(*tensors, tvm_ffi=True), (*tensors, raw_stream(x.device)), arch=arch)
     data = words.view(torch.uint8).view(M, K // 2)
     scale_bytes = scales.view(M, K // 16)
     if swizzle:
         scale_bytes = ref.swizzle_scales(scale_bytes)
-    return data, scale_bytes, s_dec.reshape(())
+    return data, scale_bytes, s_dec.view(())
 
 
 _OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def dequantize_args(words, scales, global_scale, y, stream=None) -> tuple:
+def dequantize_args(words, scales, global_scale, y, stream=None, tvm_ffi: bool = False) -> tuple:
     """The dequantize kernel's arguments (block count dynamic; works on CPU tensors for the compile tests, which
-    leave the stream out)."""
-    args = (rows_dynamic(words, (1,), 8), rows_dynamic(scales, (), 1), rows_dynamic(global_scale, (0,), 4),
-            rows_dynamic(y, (1,), 16))
-    return args if stream is None else args + (stream,)
+    leave the stream out; ``tvm_ffi``: what a TVM-FFI build is compiled from)."""
+    rows = lambda t, static, align: rows_dynamic(t, static, align, tvm_ffi=tvm_ffi)
+    return (rows(words, (1,), 8), rows(scales, (), 1), rows(global_scale, (0,), 4), rows(y, (1,), 16),
+            *stream_arg(stream, tvm_ffi))
 
 
 def dequantize_nvfp4(data, scales, global_scale, out_dtype=torch.bfloat16):
@@ -124,24 +120,20 @@ def dequantize_nvfp4(data, scales, global_scale, out_dtype=torch.bfloat16):
     gs = amax_tensor(global_scale, data.device)
     if gs.numel() != 1:
         raise ValueError(f"global_scale must be a scalar, got shape {tuple(gs.shape)}")
-    major, minor = torch.cuda.get_device_capability(data.device)
-    if (major, minor) not in ((9, 0), (10, 0)):
-        raise RuntimeError(f"dequantize_nvfp4 needs sm_90a or sm_100a, this GPU is sm_{major}{minor}")
+    arch = nvfp4_arch(data.device, "dequantize_nvfp4")
     M, half_k = data.shape
     n_blocks = M * half_k // 8
     data = data.contiguous()
     if data.data_ptr() % 8:
         data = data.clone()                                    # the kernel loads a block's 8 bytes as one vector
-    words = data.view(torch.uint32).view(n_blocks, 2)
     y = torch.empty(n_blocks, 16, dtype=out_dtype, device=data.device)
-    args = dequantize_args(words, scales.contiguous().view(n_blocks), gs.reshape(1), y, current_stream(data.device))
-    arch = "sm_90a" if major == 9 else "sm_100a"
-    key = ("dequantize", out_dtype, arch)
-    with torch.cuda.device(data.device):
-        if key not in _COMPILED:
-            import cutlass.cute as cute
+    tensors = (data.view(torch.uint32).view(n_blocks, 2), scales.contiguous().view(n_blocks), gs.view(1), y)
 
-            from ..kernels.nvfp4 import NVFP4DequantizeKernel
-            _COMPILED[key] = cute.compile(NVFP4DequantizeKernel(), *args, options=f"--gpu-arch {arch}")
-        _COMPILED[key](*args)
+    def make_kernel():
+        from ..kernels.nvfp4 import NVFP4DequantizeKernel
+        return NVFP4DequantizeKernel()
+
+    with on_device(data.device):
+        run_compiled(("dequantize", out_dtype, arch), make_kernel, lambda: dequantize_args(*tensors, tvm_ffi=True),
+                     (*tensors, raw_stream(data.device)), arch=arch)
     return y.view(M, half_k * 2)

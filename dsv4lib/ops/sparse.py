@@ -12,8 +12,8 @@ import torch
 from ..kernels.sm90.config import SparseFwdConfig
 from .attention import check_sink
 from .combine import combine_partials
-from .launch import (check_hopper, check_num_splits, compile_once, current_stream, device_facts, placeholder,
-                     rows_dynamic, sink_arg, workspace)
+from .launch import (check_hopper, check_num_splits, device_facts, on_device, placeholder, raw_stream, rows_dynamic,
+                     run_compiled, sink_arg, stream_arg, workspace)
 
 HEAD_DIM = 512
 HEADS_PER_CTA = 64
@@ -29,14 +29,14 @@ GATHER_SPLIT_CTAS = 64
 GATHER_MAX_SPLITS = 8
 
 
-def kernel_args(q, kv, indices, o, lse, sink, scale: float, window: int, stream=None) -> tuple:
+def kernel_args(q, kv, indices, o, lse, sink, scale: float, window: int, stream=None, tvm_ffi: bool = False) -> tuple:
     """q ``(B, Sq, H, 512)``, kv ``(B, Skv, 512)``, indices ``(B, Sq, K)`` int32, o ``(splits, B, Sq, H, 512)``,
     lse ``(splits, B, H, Sq)``, sink ``(H,)`` → the kernel's arguments (+ the launch stream when given; CPU
-    compile tests leave it out)."""
+    compile tests leave it out; ``tvm_ffi``: the arguments a TVM-FFI build is compiled from)."""
     from cutlass import Float32, Int32
-    args = (rows_dynamic(q, (3,)), rows_dynamic(kv, (2,)), rows_dynamic(indices), rows_dynamic(o, (4,)),
-            rows_dynamic(lse), Float32(scale * math.log2(math.e)), Int32(window), rows_dynamic(sink))
-    return args if stream is None else args + (stream,)
+    rows = lambda t, static=(): rows_dynamic(t, static, tvm_ffi=tvm_ffi)
+    return (rows(q, (3,)), rows(kv, (2,)), rows(indices), rows(o, (4,)), rows(lse),
+            Float32(scale * math.log2(math.e)), Int32(window), rows(sink), *stream_arg(stream, tvm_ffi))
 
 
 def fake_args(gather: bool = True, split_kv: bool = False):
@@ -50,9 +50,14 @@ def fake_args(gather: bool = True, split_kv: bool = False):
 
 
 def launch(config: SparseFwdConfig, q4, kv3, idx3, o, lse, sink_t, *, scale: float, window) -> None:
-    from ..kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
-    args = kernel_args(q4, kv3, idx3, o, lse, sink_t, scale, window or 0, current_stream(q4.device))
-    compile_once(config, lambda: SparseAttentionForwardSm90(config), args)(*args)
+    def make_kernel():
+        from ..kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
+        return SparseAttentionForwardSm90(config)
+
+    # every tensor is contiguous from a 16-byte aligned start (checked, or made here), so the build needs no
+    # alignment key; the compiled function checks it again
+    run_compiled(config, make_kernel, lambda: kernel_args(q4, kv3, idx3, o, lse, sink_t, scale, window or 0, tvm_ffi=True),
+                 (q4, kv3, idx3, o, lse, scale * math.log2(math.e), window or 0, sink_t, raw_stream(q4.device)))
 
 
 _ACTIVE_CLUSTERS: dict[tuple, int] = {}
@@ -61,10 +66,10 @@ _ACTIVE_CLUSTERS: dict[tuple, int] = {}
 def active_clusters(cluster: int, device) -> int:
     """How many (1, 1, ``cluster``) clusters of one-CTA-per-SM blocks the GPU holds at once (a cluster lives in
     one GPC, so this is not simply SMs / cluster)."""
-    key = (cluster, str(device))
+    key = (cluster, device)
     if key not in _ACTIVE_CLUSTERS:
         from cutlass.utils import HardwareInfo
-        with torch.cuda.device(device):
+        with on_device(device):
             _ACTIVE_CLUSTERS[key] = HardwareInfo(torch.cuda.current_device()).get_max_active_clusters(cluster)
     return _ACTIVE_CLUSTERS[key]
 
@@ -121,7 +126,7 @@ def _run(q4, kv3, idx3, *, gather, causal, window, sink, scale, num_splits):
     out = torch.empty_like(q4)
     lse = torch.empty(B, H, Sq, dtype=torch.float32, device=device)
     problem = dict(gather=gather, causal=causal, window=window is not None)
-    with torch.cuda.device(device):
+    with on_device(device):
         if num_splits == 1:
             config = SparseFwdConfig.for_problem(sink=sink is not None, **problem)
             launch(config, q4, kv3, idx, out.unsqueeze(0), lse.unsqueeze(0), sink_t, scale=scale, window=window)
@@ -217,7 +222,7 @@ def run_config(config: SparseFwdConfig, q, kv, indices):
     Sq, H, _ = q.shape
     out = torch.full((1, 1, Sq, H, HEAD_DIM), float("nan"), dtype=torch.bfloat16, device=q.device)
     lse = torch.full((1, 1, H, Sq), float("nan"), dtype=torch.float32, device=q.device)
-    with torch.cuda.device(q.device):
+    with on_device(q.device):
         launch(config, q.unsqueeze(0), kv.unsqueeze(0), indices.unsqueeze(0), out, lse,
                placeholder(q.device, "sink"), scale=HEAD_DIM ** -0.5, window=None)
     return out[0, 0], lse[0, 0].t()

@@ -1,0 +1,88 @@
+"""Host µs per call of every public function on a shape already compiled (median, no sync between calls; #28's bar:
+≤ 25 µs), next to FA4's ``flash_attn_func`` and a one-element torch op in the same run; with ``--profile`` the
+cProfile breakdown of each call (where the remaining microseconds go) into DIR/host_profile.txt.
+
+    python scripts/bench_host.py [--profile DIR]
+"""
+import argparse
+import cProfile
+import io
+import json
+import pstats
+
+import torch
+
+import dsv4lib
+from dsv4lib import bench
+from dsv4lib.bench.peers import attention_peers
+
+BAR_US = 25.0
+
+
+def calls() -> dict:
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    bf = lambda *s: torch.randn(*s, device="cuda", dtype=torch.bfloat16, generator=gen)
+    q, k, v = bf(1, 4096, 16, 128), bf(1, 4096, 16, 128), bf(1, 4096, 16, 128)
+    qd, kd = bf(2, 1, 16, 128), bf(2, 8192, 16, 128)
+    sink16 = torch.randn(16, device="cuda", generator=gen)
+    q512, kv512 = bf(1, 1, 64, 512), bf(1, 65536, 1, 512)
+    qs, kvs = bf(64, 64, 512), bf(200_000, 512)
+    idx = torch.randint(0, 200_000, (64, 640), device="cuda", dtype=torch.int32, generator=gen)
+    qp, idxp = bf(4096, 64, 512), torch.randint(0, 200_000, (4096, 640), device="cuda", dtype=torch.int32, generator=gen)
+    sink64 = torch.randn(64, device="cuda", generator=gen)
+    x = bf(4096, 4096)
+    data, scales, gs = dsv4lib.quantize_nvfp4(x, 8.0)
+    branches = [dict(k=k, v=v, window=128, causal=True), dict(k=kd[:1, :4096], v=kd[:1, :4096])]
+    out = {
+        "attention hd128 prefill S4096": lambda: dsv4lib.attention(q, k, v, causal=True),
+        "attention hd128 decode split+combine": lambda: dsv4lib.attention(qd, kd, kd),
+        "attention SWA128 + sink": lambda: dsv4lib.attention(q, k, v, window=128, sink=sink16),
+        "attention hd512 MQA decode KV64k": lambda: dsv4lib.attention(q512, kv512, kv512, sink=sink64),
+        "attention_branches (2)": lambda: dsv4lib.attention_branches(q, branches, sink=sink16),
+        "attention_nvfp4": lambda: dsv4lib.attention_nvfp4(q, k, v, 8.0, causal=True),
+        "attention_fp32": lambda: dsv4lib.attention_fp32(q, k, v, causal=True),
+        "sparse_attention decode B64 K640": lambda: dsv4lib.sparse_attention(qs, kvs, idx, sink=sink64),
+        "sparse_attention prefill S4096": lambda: dsv4lib.sparse_attention(qp, kvs, idxp, sink=sink64),
+        "quantize_nvfp4 (static amax)": lambda: dsv4lib.quantize_nvfp4(x, 8.0),
+        "quantize_nvfp4 (amax of x)": lambda: dsv4lib.quantize_nvfp4(x),
+        "dequantize_nvfp4": lambda: dsv4lib.dequantize_nvfp4(data, scales, gs),
+    }
+    peers = attention_peers()
+    if "FA4" in peers:
+        out["peer: FA4 flash_attn_func hd128 S4096"] = lambda: peers["FA4"](q, k, v, causal=True)
+    one = torch.zeros(1, device="cuda")
+    out["floor: torch one-element add_"] = lambda: one.add_(1.0)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--profile", metavar="DIR", help="write the cProfile breakdown of each call to DIR/host_profile.txt")
+    args = ap.parse_args()
+    rows, report = {}, io.StringIO()
+    for name, fn in calls().items():
+        us = bench.host_us(fn, calls=100)
+        rows[name] = us
+        print(json.dumps({"call": name, "host_us": round(us, 1),
+                          "bar": None if name.startswith(("peer", "floor")) else us <= BAR_US}), flush=True)
+        if args.profile:
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(200):
+                fn()
+            prof.disable()
+            torch.cuda.synchronize()
+            report.write(f"\n===== {name}: {us:.1f} us per call (200 calls profiled) =====\n")
+            pstats.Stats(prof, stream=report).sort_stats("tottime").print_stats(14)
+    if args.profile:
+        import os
+        os.makedirs(args.profile, exist_ok=True)
+        with open(os.path.join(args.profile, "host_profile.txt"), "w") as f:
+            f.write(report.getvalue())
+    ours = {n: u for n, u in rows.items() if not n.startswith(("peer", "floor"))}
+    worst = max(ours, key=ours.get)
+    print(json.dumps({"worst": worst, "host_us": round(ours[worst], 1), "all_within_bar": ours[worst] <= BAR_US}))
+
+
+if __name__ == "__main__":
+    main()
