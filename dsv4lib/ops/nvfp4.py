@@ -69,12 +69,12 @@ def quantize_nvfp4(x, global_amax=None, *, swizzle: bool = False, _depth=None, _
     scales = torch.empty(n_blocks, dtype=torch.uint8, device=x.device)      # e4m3 bits
     s_dec = torch.empty(1, dtype=torch.float32, device=x.device)           # the kernel writes S_dec
     tensors = (x.view(n_blocks, 16), words, scales, amax.view(1), s_dec)
-    from ..kernels import nvfp4 as K
-    depth = _depth or (K.DEPTH_FP32 if x.dtype == torch.float32 else K.DEPTH)
-    max_ctas = (K.CTAS_PER_SM if _ctas_per_sm is None else _ctas_per_sm) * device_facts(x.device)[1]
-    encoder = _encoder or K.ENCODER
-    make_kernel = lambda: K.NVFP4QuantizeKernel(hardware_cvt=arch == "sm_100a", depth=depth, max_ctas=max_ctas,
-                                                encode=_encode, encoder=encoder)
+    from ..kernels import nvfp4 as nvfp4_kernels
+    depth = _depth or (nvfp4_kernels.DEPTH_FP32 if x.dtype == torch.float32 else nvfp4_kernels.DEPTH)
+    max_ctas = (nvfp4_kernels.CTAS_PER_SM if _ctas_per_sm is None else _ctas_per_sm) * device_facts(x.device)[1]
+    encoder = _encoder or nvfp4_kernels.ENCODER
+    make_kernel = lambda: nvfp4_kernels.NVFP4QuantizeKernel(hardware_cvt=arch == "sm_100a", depth=depth,
+                                                            max_ctas=max_ctas, encode=_encode, encoder=encoder)
     with on_device(x.device):
         run_compiled(("quantize", x.dtype, arch, depth, max_ctas, _encode, encoder), make_kernel,
                      lambda: kernel_args(*tensors, tvm_ffi=True), (*tensors, raw_stream(x.device)), arch=arch)
