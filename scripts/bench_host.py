@@ -52,6 +52,11 @@ def calls() -> dict:
         out["peer: FA4 flash_attn_func hd128 S4096"] = lambda: peers["FA4"](q, k, v, causal=True)
     one = torch.zeros(1, device="cuda")
     out["floor: torch one-element add_"] = lambda: one.add_(1.0)
+    # the pieces a call is made of (what the floor of this stack is): an output allocation, a view, the stream handle
+    out["piece: torch.empty [1, 4096, 16, 128]"] = lambda: torch.empty(1, 4096, 16, 128, device="cuda",
+                                                                        dtype=torch.bfloat16)
+    out["piece: unsqueeze"] = lambda: q.unsqueeze(0)
+    out["piece: raw stream handle"] = lambda: torch._C._cuda_getCurrentRawStream(0)
     return out
 
 
@@ -64,7 +69,7 @@ def main():
         us = bench.host_us(fn, calls=100)
         rows[name] = us
         print(json.dumps({"call": name, "host_us": round(us, 1),
-                          "bar": None if name.startswith(("peer", "floor")) else us <= BAR_US}), flush=True)
+                          "bar": None if name.startswith(("peer", "floor", "piece")) else us <= BAR_US}), flush=True)
         if args.profile:
             prof = cProfile.Profile()
             prof.enable()

@@ -10,7 +10,7 @@ import torch
 from ..kernels.sm90.config import SUPPORTED_HEAD_DIMS, Sm90FwdConfig
 from ..reference.attention import check_attention_shapes, check_window
 from .combine import combine_partials
-from .launch import (aligned16, amax_tensor, check_hopper, check_num_splits, compile_stream, device_facts,
+from .launch import (aligned16, amax_tensor, cached_config, check_hopper, check_num_splits, compile_stream, device_facts,
                      on_device, placeholder, raw_stream, run_compiled, sink_arg, to_cute, workspace)
 
 SUPPORTED_DTYPES = (torch.bfloat16,)
@@ -73,21 +73,27 @@ def pack_factor(pack_gqa, H: int, Hkv: int) -> int:
     return g if want and g > 1 and 128 % g == 0 else 1
 
 
-_CONFIGS: dict[tuple, Sm90FwdConfig] = {}
-
-
 def config_for(q, *, causal=False, has_lse=True, window=None, sink=False, split_kv=False, p_in_smem=False,
                overlap=None, nvfp4_out=False, pack_gqa=1) -> Sm90FwdConfig:
     """The build for a call on ``q``'s device (its name decides persistence, its SM count the persistent grid),
     made once per problem kind."""
-    key = (q.device, q.shape[3], causal, has_lse, window, sink, split_kv, p_in_smem, overlap, nvfp4_out, pack_gqa)
-    config = _CONFIGS.get(key)
-    if config is None:
-        name, sms = device_facts(q.device)
-        config = _CONFIGS[key] = Sm90FwdConfig.for_problem(
-            q.shape[3], causal=causal, has_lse=has_lse, window=window, sink=sink, split_kv=split_kv,
-            p_in_smem=p_in_smem, overlap=overlap, nvfp4_out=nvfp4_out, pack_gqa=pack_gqa, gpu_name=name, num_sms=sms)
-    return config
+    device = q.device
+
+    def make():
+        name, sms = device_facts(device)
+        return Sm90FwdConfig.for_problem(q.shape[3], causal=causal, has_lse=has_lse, window=window, sink=sink,
+                                         split_kv=split_kv, p_in_smem=p_in_smem, overlap=overlap, nvfp4_out=nvfp4_out,
+                                         pack_gqa=pack_gqa, gpu_name=name, num_sms=sms)
+    return cached_config(make, "fwd", device, q.shape[3], causal, has_lse, window, sink, split_kv, p_in_smem, overlap,
+                         nvfp4_out, pack_gqa)
+
+
+def plain_split_config(q, *, causal, window) -> Sm90FwdConfig:
+    """The plain (not overlapped) split build, one per problem kind: what the branch merge was measured and recorded
+    with, and whose fp32 sums the NVFP4 epilogue's bits are checked on (``attention_fp32``)."""
+    return cached_config(lambda: Sm90FwdConfig.for_problem(q.shape[3], causal=causal, window=window, split_kv=True,
+                                                           overlap=False, gpu_name=device_facts(q.device)[0]),
+                         "plain split", q.device, q.shape[3], causal, window)
 
 
 _WORK_COUNTERS: dict[tuple, torch.Tensor] = {}
@@ -110,7 +116,7 @@ def launch(config: Sm90FwdConfig, q, k, v, o, lse, *, scale: float, window, sink
     split = config.split_kv
     scales_t = out_scales if out_scales is not None else placeholder(device, "scales")
     s_enc_t = s_enc if s_enc is not None else placeholder(device, "s_enc")
-    counters = (work_counters(device),) if config.dynamic_schedule else ()
+    counters = work_counters(device) if config.dynamic_schedule else None       # every argument positional
     tensors = (q, k, v, o, lse, sink_t, scales_t, s_enc_t)
     leading = (3, 3, 3, 4 if split else 3, 3 if split else 2, 0, 0 if out_scales is None else 3, 0)
     scale_log2 = scale * math.log2(math.e)
@@ -119,14 +125,14 @@ def launch(config: Sm90FwdConfig, q, k, v, o, lse, *, scale: float, window, sink
         from cutlass import Float32, Int32
         t = [to_cute(x, lead, tvm_ffi=True) for x, lead in zip(tensors, leading)]
         return (*t[:5], Float32(scale_log2), Int32(window or 0), *t[5:], compile_stream(),
-                *(to_cute(c, 0, tvm_ffi=True) for c in counters))
+                None if counters is None else to_cute(counters, 0, tvm_ffi=True))
 
     def make_kernel():
         from ..kernels.sm90.flash_fwd import FlashAttentionForwardSm90
         return FlashAttentionForwardSm90(config)
 
     run_compiled((config, *map(aligned16, tensors)), make_kernel, compile_args,
-                 (*tensors[:5], scale_log2, window or 0, *tensors[5:], raw_stream(device), *counters))
+                 (*tensors[:5], scale_log2, window or 0, *tensors[5:], raw_stream(device), counters))
 
 
 def attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, return_lse=False, num_splits=None):
@@ -211,13 +217,32 @@ def attention_branches(q, branches, *, sink=None, scale=None, return_lse=False):
     with on_device(q.device):
         for i, br in enumerate(branches):
             window = br.get("window")
-            # the plain (not overlapped) split build: what the branch merge was measured and recorded with
-            config = Sm90FwdConfig.for_problem(D, causal=bool(br.get("causal", False)), window=window,
-                                               split_kv=True, overlap=False, gpu_name=device_facts(q.device)[0])
+            config = plain_split_config(q, causal=bool(br.get("causal", False)), window=window)
             launch(config, q, br["k"], br["v"], o_part[i:i + 1], lse_part[i:i + 1], scale=scale, window=window,
                    sink_t=sink_t)
         combine_partials(o_part, lse_part, out, lse, sink_t, has_sink=sink is not None)
     return (out, lse) if return_lse else out
+
+
+_SCALES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def global_scales(out_global_amax, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """NVFP4's global encode scale ``(1,)`` and decode scale ``()`` (fp32, on ``device``) for a static amax: computed on
+    the device for a tensor amax, once per value for a Python number (their torch ops would otherwise be most of the
+    call's host time; the decode scale returned for a number is then one shared read-only tensor per value)."""
+    from ..reference.quant import nvfp4_global_encode_scale
+    key = None if isinstance(out_global_amax, torch.Tensor) else (float(out_global_amax), device)
+    if key is not None and key in _SCALES:
+        return _SCALES[key]
+    amax = amax_tensor(out_global_amax, device)
+    if amax.numel() != 1:
+        raise ValueError(f"out_global_amax must be a scalar, got shape {tuple(amax.shape)}")
+    s_enc = nvfp4_global_encode_scale(amax.reshape(())).reshape(1).contiguous()
+    scales = (s_enc, (1.0 / s_enc).reshape(()))
+    if key is not None:
+        _SCALES[key] = scales
+    return scales
 
 
 def attention_nvfp4(q, k, v, out_global_amax, *, scale=None, causal=False, window=None, sink=None):
@@ -230,11 +255,7 @@ def attention_nvfp4(q, k, v, out_global_amax, *, scale=None, causal=False, windo
     check_hopper(q.device, "attention_nvfp4")
     if q.shape[3] == MQA_HEAD_DIM:
         raise ValueError("attention_nvfp4 runs the head dims of the dense kernel (64, 128, 256)")
-    from ..reference.quant import nvfp4_global_encode_scale
-    amax = amax_tensor(out_global_amax, q.device)
-    if amax.numel() != 1:
-        raise ValueError(f"out_global_amax must be a scalar, got shape {tuple(amax.shape)}")
-    s_enc = nvfp4_global_encode_scale(amax.reshape(())).reshape(1).contiguous()
+    s_enc, s_dec = global_scales(out_global_amax, q.device)
     B, Sq, H, D = q.shape
     scale = D ** -0.5 if scale is None else float(scale)
     data = torch.empty(B, Sq, H, D // 2, dtype=torch.uint8, device=q.device)
@@ -247,7 +268,7 @@ def attention_nvfp4(q, k, v, out_global_amax, *, scale=None, causal=False, windo
                             nvfp4_out=True)
         launch(config, q, k, v, data.view(torch.int32), lse, scale=scale, window=window,
                sink_t=sink_arg(sink, q.device), out_scales=scales.view(torch.int32), s_enc=s_enc)
-    return data, scales, (1.0 / s_enc).reshape(())
+    return data, scales, s_dec
 
 
 def attention_fp32(q, k, v, *, scale=None, causal=False, window=None):
@@ -262,8 +283,6 @@ def attention_fp32(q, k, v, *, scale=None, causal=False, window=None):
     o_part = torch.empty(1, B, Sq, H, D, dtype=torch.float32, device=q.device)
     lse_part = torch.empty(1, B, H, Sq, dtype=torch.float32, device=q.device)
     with on_device(q.device):
-        # the plain split build's tile shapes: its fp32 sums are the ones the NVFP4 epilogue's bits are checked on
-        config = Sm90FwdConfig.for_problem(D, causal=bool(causal), window=window, split_kv=True, overlap=False,
-                                           gpu_name=device_facts(q.device)[0])
+        config = plain_split_config(q, causal=bool(causal), window=window)
         launch(config, q, k, v, o_part, lse_part, scale=scale, window=window, sink_t=placeholder(q.device, "sink"))
     return o_part[0]

@@ -67,6 +67,15 @@ def rows_dynamic(t: torch.Tensor, static_modes: tuple[int, ...] = (), align: int
 
 
 _COMPILED: dict = {}
+_CONFIGS: dict = {}
+
+
+def cached_config(make: Callable, *key):
+    """``make()`` once per ``key`` (a frozen kernel config for one kind of problem: building one runs its checks)."""
+    config = _CONFIGS.get(key)
+    if config is None:
+        config = _CONFIGS[key] = make()
+    return config
 
 
 def run_compiled(key, make_kernel: Callable, compile_args: Callable[[], tuple], call_args: tuple,
@@ -79,8 +88,10 @@ def run_compiled(key, make_kernel: Callable, compile_args: Callable[[], tuple], 
     fn = _COMPILED.get(key)
     if fn is None:
         import cutlass.cute as cute
-        fn = _COMPILED[key] = cute.compile(make_kernel(), *compile_args(),
-                                           options=f"--gpu-arch {arch} --enable-tvm-ffi")
+        compiled = cute.compile(make_kernel(), *compile_args(), options=f"--gpu-arch {arch} --enable-tvm-ffi")
+        # the tvm_ffi.Function itself: every argument is passed positionally (none left to a default), so the
+        # Python keyword wrapper CuTeDSL puts in front of it has nothing to do
+        fn = _COMPILED[key] = getattr(compiled, "_tvm_ffi_function", None) or compiled
     fn(*call_args)
 
 

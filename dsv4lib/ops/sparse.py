@@ -12,7 +12,7 @@ import torch
 from ..kernels.sm90.config import SparseFwdConfig
 from .attention import check_sink
 from .combine import combine_partials
-from .launch import (check_hopper, check_num_splits, device_facts, on_device, placeholder, raw_stream, rows_dynamic,
+from .launch import (cached_config, check_hopper, check_num_splits, device_facts, on_device, placeholder, raw_stream, rows_dynamic,
                      run_compiled, sink_arg, stream_arg, workspace)
 
 HEAD_DIM = 512
@@ -118,24 +118,29 @@ def choose_splits(num_splits, batch_ctas: int, n_keys: int, device, gather: bool
 
 
 def _run(q4, kv3, idx3, *, gather, causal, window, sink, scale, num_splits):
-    """q4 (B, Sq, H, 512), kv3 (B, Skv, 512), idx3 (B, Sq, K) or None → out (B, Sq, H, 512), lse (B, H, Sq)."""
+    """q4 (B, Sq, H, 512), kv3 (B, Skv, 512), idx3 (B, Sq, K) or None → out (1, B, Sq, H, 512), lse (1, B, H, Sq)
+    (the kernel's own (splits = 1, ...) shapes: the callers take the views they return in one indexing each)."""
     B, Sq, H, _ = q4.shape
     device = q4.device
     sink_t = sink_arg(sink, device)
     idx = idx3 if gather else placeholder(device, "indices")
-    out = torch.empty_like(q4)
-    lse = torch.empty(B, H, Sq, dtype=torch.float32, device=device)
-    problem = dict(gather=gather, causal=causal, window=window is not None)
+    out = torch.empty(1, B, Sq, H, HEAD_DIM, dtype=torch.bfloat16, device=device)
+    lse = torch.empty(1, B, H, Sq, dtype=torch.float32, device=device)
+    window_on = window is not None
     with on_device(device):
         if num_splits == 1:
-            config = SparseFwdConfig.for_problem(sink=sink is not None, **problem)
-            launch(config, q4, kv3, idx, out.unsqueeze(0), lse.unsqueeze(0), sink_t, scale=scale, window=window)
+            config = cached_config(lambda: SparseFwdConfig.for_problem(gather=gather, causal=causal, window=window_on,
+                                                                       sink=sink is not None),
+                                   "sparse", gather, causal, window_on, sink is not None)
+            launch(config, q4, kv3, idx, out, lse, sink_t, scale=scale, window=window)
         else:
             cluster = cluster_for(num_splits, gather)
-            config = SparseFwdConfig.for_problem(split_kv=True, cluster_splits=cluster, **problem)
+            config = cached_config(lambda: SparseFwdConfig.for_problem(gather=gather, causal=causal, window=window_on,
+                                                                       split_kv=True, cluster_splits=cluster),
+                                   "sparse split", gather, causal, window_on, cluster)
             o_part, lse_part = workspace(num_splits // cluster, B, Sq, H, HEAD_DIM, device)
             launch(config, q4, kv3, idx, o_part, lse_part, sink_t, scale=scale, window=window)
-            combine_partials(o_part, lse_part, out, lse, sink_t, has_sink=sink is not None, pdl=cluster > 1)
+            combine_partials(o_part, lse_part, out[0], lse[0], sink_t, has_sink=sink is not None, pdl=cluster > 1)
     return out, lse
 
 
@@ -190,7 +195,7 @@ def sparse_attention(q, kv, indices, *, scale=None, sink=None, return_lse=False,
     splits = choose_splits(num_splits, Sq * H // HEADS_PER_CTA, indices.shape[1], q.device, gather=True)
     out, lse = _run(q.unsqueeze(0), kv.unsqueeze(0), indices.unsqueeze(0), gather=True, causal=False, window=None,
                     sink=sink, scale=scale, num_splits=splits)
-    return (out[0], lse[0].t()) if return_lse else out[0]
+    return (out[0, 0], lse[0, 0].t()) if return_lse else out[0, 0]
 
 
 def mqa512_attention(q, kv, *, scale=None, causal=False, window=None, sink=None, num_splits=None):
@@ -204,8 +209,9 @@ def mqa512_attention(q, kv, *, scale=None, causal=False, window=None, sink=None,
     scale = D ** -0.5 if scale is None else float(scale)
     splits = choose_splits(num_splits, B * Sq * H // HEADS_PER_CTA, min(kv.shape[1], window or kv.shape[1]),
                            q.device, gather=False)
-    return _run(q, kv, None, gather=False, causal=bool(causal), window=window, sink=sink, scale=scale,
-                num_splits=splits)
+    out, lse = _run(q, kv, None, gather=False, causal=bool(causal), window=window, sink=sink, scale=scale,
+                    num_splits=splits)
+    return out[0], lse[0]
 
 
 def gather_roof(q, kv, indices, *, schedule: str = "paired"):
