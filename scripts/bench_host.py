@@ -84,7 +84,7 @@ def main():
         os.makedirs(args.profile, exist_ok=True)
         with open(os.path.join(args.profile, "host_profile.txt"), "w") as f:
             f.write(report.getvalue())
-    ours = {n: u for n, u in rows.items() if not n.startswith(("peer", "floor"))}
+    ours = {n: u for n, u in rows.items() if not n.startswith(("peer", "floor", "piece"))}
     worst = max(ours, key=ours.get)
     print(json.dumps({"worst": worst, "host_us": round(ours[worst], 1), "all_within_bar": ours[worst] <= BAR_US}))
 
