@@ -208,11 +208,13 @@ if on_gpu:
                 else:
                     row[name] = bench.tflops(flops, t.median_ms)
             row["ours_ms"] = times["ours"].median_ms
+            row["host_us"] = times["ours"].host_ms * 1e3       # the host's time to enqueue the call
             speed.append(row)
             del inputs
     headline = next(r for r in speed if r["D"] == 128 and not r["causal"])
     peer = "FA4" if headline.get("FA4") else "cuDNN SDPA"
     record(metrics_path, mode="gpu", time_ms=headline["ours_ms"], tflops=headline["ours"], peer=peer,
+           host_us=headline["host_us"],
            ratio_vs_peer=headline["ours"] / headline[peer], speed=speed,
            ratio_vs_peer_worst=min(r["ours"] / r[peer] for r in speed if r.get(peer)),
            notes=f"headline B{B} H{H} S{S} hd128 non-causal; peers timed in the same run: {', '.join(peers)}")

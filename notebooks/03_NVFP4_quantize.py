@@ -146,6 +146,10 @@ record(metrics_path, compiled=build_ok, builds=builds, sm100a="COMPILED-ONLY" if
 # a bound (on the H100 the quantize beats it); the bound is the HBM: 0.85 of the copy at 4096² means 43 MB in
 # ~11.9 µs, i.e. ~5.7 TB/s after the ~4.4 µs floor — above the H200's 4.8 TB/s peak.  The same kernel with its
 # encoder switched off (`_encode=False`, the same loads and stores) reads 0.75 there.
+# **The bar is read from CUDA-graph replay** (`bench.time_graph`, #28): 32 calls over rotating inputs that together
+# exceed the L2 captured in one graph, per call = replay time / 32 — no launch gap and no event floor, the way a
+# serving loop runs the kernel; the event timings above stay recorded as a cross-check, and `host_us` is the host's
+# time to enqueue one call (`bench.host_us`).
 # The cosine goes through `dsv4lib.dequantize_nvfp4`, the GPU dequantize kernel (bit-equal to the reference,
 # tested in `tests/test_nvfp4.py`).
 
@@ -170,8 +174,15 @@ if on_gpu:
         srcs = [torch.empty(nbytes // 4, device="cuda", dtype=torch.bfloat16).normal_() for _ in range(2)]
         dst = torch.empty_like(srcs[0])
         t_copy = bench.time_cuda(dst.copy_, [(c,) for c in srcs], iters=bench_iters)
+        del srcs, dst
+        # the bar's number (#28): CUDA-graph replay over rotating inputs that together exceed the L2
+        sets = [(torch.randn(Mq, Kq, device="cuda", dtype=torch.bfloat16),)
+                for _ in range(max(4, -(-100 * 2**20 // (Mq * Kq * 2))))]
+        tg = bench.time_graph(lambda a: dsv4lib.quantize_nvfp4(a, amax), sets)
+        del sets
         rows.append({"M": Mq, "K": Kq, "ms": t.median_ms, "gbps": bench.gbps(nbytes, t.median_ms),
-                     "copy_same_bytes_gbps": bench.gbps(nbytes, t_copy.median_ms)})
+                     "graph_ms": tg.per_call_ms, "graph_gbps": bench.gbps(nbytes, tg.per_call_ms),
+                     "host_us": tg.host_us, "copy_same_bytes_gbps": bench.gbps(nbytes, t_copy.median_ms)})
         print(rows[-1])
     from dsv4lib.workbook.results import recorded_copy_gbps, recorded_launch_floor_ms
     copy_gbps = recorded_copy_gbps(tgt.name)
@@ -184,7 +195,11 @@ if on_gpu:
         # what a kernel moving these bytes at the 1 GiB copy's rate would read here, with stage 00's timing floor
         r["bw_fraction_at_copy_rate"] = bench.fraction_at_copy_rate(r["M"] * r["K"] * (2 + 1 / 2 + 1 / 16), copy_gbps, floor_ms)
     # the target holds for every shape: bw_fraction_worst is what STATUS checks; bw_fraction is the best shape
+    for r in rows:
+        r["graph_bw_fraction"] = r["graph_gbps"] / copy_gbps
     record(metrics_path, mode="gpu", mismatching_bytes=mismatch, cosine=cos_worst, gbps=best,
+           graph_bw_fraction_worst=min(r["graph_bw_fraction"] for r in rows),
+           host_us=max(r["host_us"] for r in rows),
            bw_fraction=best / copy_gbps, bw_fraction_worst=worst / copy_gbps,
            bw_fraction_worst_at_copy_rate=min(r["bw_fraction_at_copy_rate"] for r in rows),
            bw_fraction_vs_same_size_copy_worst=min(r["bw_fraction_vs_same_size_copy"] for r in rows), shapes=rows,

@@ -162,7 +162,7 @@ if on_gpu:
         times = bench.time_cuda_interleaved(fns, inputs, iters=bench_iters, may_fail=("FA4",))
         t = times["ours"]
         io_bytes = 4 * B * S * H * D * 2                         # Q, K, V read once, O written once (bf16)
-        row = {"D": D, "W": W, "ours": bench.tflops(flops, t.median_ms), "ms": t.median_ms,
+        row = {"D": D, "W": W, "ours": bench.tflops(flops, t.median_ms), "ms": t.median_ms, "host_us": t.host_ms * 1e3,
                "gbps": bench.gbps(io_bytes, t.median_ms), "floor_ms": io_bytes / (copy_gbps * 1e9) * 1e3}
         if isinstance(times.get("FA4"), Exception):           # a peer failure is reported, not fatal
             print("FA4 failed:", type(times["FA4"]).__name__, str(times["FA4"])[:120])
@@ -174,7 +174,7 @@ if on_gpu:
     head = speed[0]
     w4096 = speed[1]
     record(metrics_path, mode="gpu", cosine=min(min(c["cosine"] for c in checks), merge_cos), merge_cosine=merge_cos,
-           time_ms=head["ms"], tflops=head["ours"], peer="FA4",
+           time_ms=head["ms"], tflops=head["ours"], peer="FA4", host_us=head["host_us"],
            ratio_vs_peer=head["ours"] / head["FA4"] if head.get("FA4") else "n/a",
            ratio_vs_peer_w4096=w4096["ours"] / w4096["FA4"] if w4096.get("FA4") else "n/a",
            gbps=head["gbps"], bw_fraction=head["gbps"] / copy_gbps,

@@ -230,7 +230,7 @@ if on_gpu:
             t = bench.time_cuda(lambda q, kv, i: dsv4lib.sparse_attention(q, kv, i, num_splits=1), [(q, kv, idx)],
                                 iters=bench_iters)
             row = {"shape": name, "H": H, "K": K, "S": S, "cosine": cos, "ms": t.median_ms,
-                   "tflops": bench.tflops(flops, t.median_ms), "host_ms": t.host_ms}
+                   "tflops": bench.tflops(flops, t.median_ms), "host_us": t.host_ms * 1e3}
             if S == 4096:   # the torch peer on 1024 queries (its gathered rows alone take Sq·K·1 KiB)
                 n = 1024
                 tp = bench.time_cuda(lambda q, kv, i: torch_sparse(q, kv, i, 512 ** -0.5), [(q[:n], kv, idx[:n])],
@@ -262,6 +262,7 @@ if on_gpu:
     record(metrics_path, mode="gpu", cosine=min([r["cosine"] for r in speed_rows]
                                                 + [r[k] for r in layer_rows for k in r if k.startswith("cos")]),
            layer=layer_rows, sweep=speed_rows, time_ms=head["ms"], tflops=head["tflops"], peer="torch",
+           host_us=head["host_us"],
            ratio_vs_peer=head["tflops"] / peer["torch_tflops"], same_indices=all(r["same_indices"] for r in layer_rows),
            notes="headline Flash h64, 128 + 512 keys, S 16k; indexer score + top-k in torch, attention core ours")
 else:

@@ -7,7 +7,7 @@
 set -u
 out=${OUT:-runs/gpu_check}; mkdir -p "$out"
 declare -A groups=(
-  [d1]="matches_float64 or smem_p_twin or fully_written or bad_gpu_input or smoke_runs or gqa_packed or schedule_knobs or test_hard_inputs_match or zero_lengths"
+  [d1]="placeholder_never_written or matches_float64 or smem_p_twin or fully_written or bad_gpu_input or smoke_runs or gqa_packed or schedule_knobs or test_hard_inputs_match or zero_lengths"
   [window]="window_and_sink"
   [split]="split_kv"
   [branch]="branch_merge"
@@ -17,7 +17,7 @@ declare -A groups=(
   [layer]="test_d6_dsv4_layer"
   [streams]="test_streams"
   [persistent]="persistent"
-  [timing]="interleaved_timing"
+  [timing]="interleaved_timing or graph_timing"
 )
 order=(${@:-d1 window split branch overlap nvfp4 sparse layer streams persistent timing})
 limit=${GROUP_TIMEOUT:-150}

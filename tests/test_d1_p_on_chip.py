@@ -528,3 +528,22 @@ def test_attention_fp32_matches_float64(causal, window):
     out = dsv4lib.attention_fp32(q, k, v, causal=causal, window=window)
     assert out.dtype == torch.float32
     check_output(out, reference.attention(q.double(), k.double(), v.double(), causal=causal, window=window))
+
+
+@pytest.mark.gpu
+def test_lse_placeholder_never_written():
+    """Without ``return_lse`` an unsplit dense call (and the NVFP4 epilogue) hands the kernel a shared one-element
+    placeholder for the LSE instead of allocating one: the build must never write it (it stays NaN), at any head
+    dim, packed GQA and persistent schedules included, and the outputs still match float64."""
+    from dsv4lib.ops.launch import placeholder
+    gen = torch.Generator().manual_seed(11)
+    spare = placeholder(torch.device("cuda", torch.cuda.current_device()), "lse")
+    for D, H, Hkv, causal in ((64, 8, 8, True), (128, 16, 2, False), (256, 4, 4, True)):
+        q = torch.randn(2, 300, H, D, generator=gen).to("cuda", torch.bfloat16)
+        k, v = (torch.randn(2, 333, Hkv, D, generator=gen).to("cuda", torch.bfloat16) for _ in range(2))
+        out = dsv4lib.attention(q, k, v, causal=causal, num_splits=1)
+        dsv4lib.attention_nvfp4(q, k, v, 8.0, causal=causal) if Hkv == H else None
+        torch.cuda.synchronize()
+        assert spare.numel() == 1 and torch.isnan(spare).all(), (D, H, Hkv)
+        want = reference.attention(q.double(), k.double(), v.double(), causal=causal)
+        assert torch.nn.functional.cosine_similarity(out.double().flatten(), want.flatten(), 0) > 0.9999

@@ -155,6 +155,44 @@ def test_bench_counters_and_the_read_only_l2_flush():
     assert out.item() == buf.view(torch.int64).max().item()         # every word was read
 
 
+def test_roof_fraction_takes_the_binding_resource():
+    """roof_fraction = max(bytes / copy rate, flops / matmul rate) / time: a memory-bound and a math-bound call at
+    exactly their roof read 1, twice as slow reads 0.5; bad rates are refused."""
+    from dsv4lib import bench
+    # 1 GB at 1000 GB/s = 1 ms; 1 TFLOP at 1000 TFLOP/s = 1 ms
+    assert bench.roof_fraction(1.0, nbytes=1e9, flops=1e9, copy_gbps=1000.0, matmul_tflops=1000.0) == pytest.approx(1.0)
+    assert bench.roof_fraction(2.0, nbytes=1e6, flops=1e12, copy_gbps=1000.0, matmul_tflops=1000.0) == pytest.approx(0.5)
+    # a DSV4 Flash decode token (H 64, 640 FP8 keys of 584 B): 374 KB and 84 MFLOP sit near the ridge
+    nbytes, flops = 640 * 584, 2.0 * 64 * 640 * 1024
+    assert nbytes == pytest.approx(374e3, rel=0.01) and flops == pytest.approx(84e6, rel=0.01)
+    for bad in (dict(copy_gbps=0.0, matmul_tflops=1.0), dict(copy_gbps=1.0, matmul_tflops=-1.0)):
+        with pytest.raises(ValueError):
+            bench.roof_fraction(1.0, nbytes=1.0, **bad)
+    with pytest.raises(ValueError):
+        bench.roof_fraction(0.0, nbytes=1.0, copy_gbps=1.0, matmul_tflops=1.0)
+
+
+def test_graph_timing_needs_rotating_sets():
+    """time_graph reads steady state only over >= 4 rotating input sets (fewer would re-read one set from L2)."""
+    from dsv4lib import bench
+    with pytest.raises(ValueError, match=">= 4"):
+        bench.time_graph(lambda x: x, [(1,)] * 3)
+    with pytest.raises(ValueError, match="calls"):
+        bench.time_graph(lambda x: x, [(1,)] * 8, calls=4)
+
+
+@pytest.mark.gpu
+def test_graph_timing_reads_per_call_device_time():
+    """time_graph: per-call time of a captured stream of calls; 8 matmuls a call take > 4x one; host time apart."""
+    from dsv4lib import bench
+    sets = [(torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16),) for _ in range(4)]
+    one = bench.time_graph(lambda x: x @ x, sets, calls=8, replays=5)
+    eight = bench.time_graph(lambda x: [x @ x for _ in range(8)], sets, calls=8, replays=5)
+    assert one.calls == 8 and one.sets == 4 and one.replays == 5 and one.host_us > 0
+    assert eight.per_call_ms > 4 * one.per_call_ms > 0
+    assert bench.host_us(lambda x: x @ x, sets) > 0
+
+
 @pytest.mark.gpu
 def test_interleaved_timing_orders_work_and_reports_a_failing_peer():
     """time_cuda_interleaved: every function is timed on the same inputs, a matmul 8× the work takes longer, and a
@@ -184,3 +222,11 @@ def test_timing_needs_a_gpu_and_a_run():
     else:
         with pytest.raises(ValueError, match="iters"):
             bench.time_cuda(lambda: None, iters=0)
+
+
+def test_status_cell_shows_host_time_beside_device_time():
+    """#28: a stage that records ``host_us`` shows it next to its device time in STATUS.md."""
+    from dsv4lib.workbook.status import cell_text
+    cell = cell_text({"verdict": "PASS", "metrics": {"mode": "gpu", "time_ms": 0.031, "host_us": 23.4}})
+    assert "0.031 ms" in cell and "host 23.4 µs" in cell
+    assert "host" not in cell_text({"verdict": "PASS", "metrics": {"mode": "gpu", "time_ms": 0.031}})

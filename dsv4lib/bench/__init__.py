@@ -163,11 +163,13 @@ def time_graph(fn: Callable[..., Any], inputs: Sequence[tuple], *, calls: int = 
     back-to-back stream of calls as a serving loop runs them.  ``inputs``: ≥ 4 sets of fresh random data whose
     total should exceed the 50 MB L2 (else a set is re-read from L2 after one lap: then pass more sets).  The
     host's time per call is measured apart (:func:`host_us`)."""
-    if not torch.cuda.is_available():
-        raise RuntimeError("time_graph needs a CUDA device")
     inputs = list(inputs)
     if len(inputs) < 4:
         raise ValueError(f"time_graph needs >= 4 rotating input sets, got {len(inputs)}")
+    if calls < len(inputs) or replays < 1:
+        raise ValueError(f"time_graph needs calls >= the input sets ({len(inputs)}) and replays >= 1")
+    if not torch.cuda.is_available():
+        raise RuntimeError("time_graph needs a CUDA device")
     host = host_us(fn, inputs)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())

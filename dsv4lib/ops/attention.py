@@ -178,7 +178,9 @@ def attention_with_p_path(q, k, v, *, scale=None, causal=False, window=None, sin
                                           device_facts(q.device)[1])
     num_splits = min(num_splits, n_blocks)                  # documented clamp: at most one KV tile per split
     out = torch.empty_like(q)
-    lse = torch.empty(B, H, Sq, dtype=torch.float32, device=q.device)
+    # an unsplit build without LSE never writes it: a placeholder saves the allocation
+    lse = (torch.empty(B, H, Sq, dtype=torch.float32, device=q.device) if return_lse or num_splits > 1
+           else placeholder(q.device, "lse"))
     sink_t = sink_arg(sink, q.device)
     with on_device(q.device):
         if num_splits == 1:
@@ -260,7 +262,7 @@ def attention_nvfp4(q, k, v, out_global_amax, *, scale=None, causal=False, windo
     scale = D ** -0.5 if scale is None else float(scale)
     data = torch.empty(B, Sq, H, D // 2, dtype=torch.uint8, device=q.device)
     scales = torch.empty(B, Sq, H, D // 16, dtype=torch.uint8, device=q.device)
-    lse = torch.empty(B, H, Sq, dtype=torch.float32, device=q.device)
+    lse = placeholder(q.device, "lse")                  # the NVFP4 build writes no LSE
     with on_device(q.device):
         # the same mainloop and schedule as plain attention, so the comparison isolates the epilogue; the kernel
         # writes whole 32-bit words (a quad assembles each block's 8 bytes, the scale bytes go 4 at a time)

@@ -112,7 +112,7 @@ def check_num_splits(num_splits) -> None:
 _PLACEHOLDERS: dict[torch.device, dict[str, torch.Tensor]] = {}
 _PLACEHOLDER_SPECS = {  # name: (dtype, value, shape)
     "sink": (torch.float32, 0.0, (1,)), "scales": (torch.uint8, 0, (1,)), "s_enc": (torch.float32, 1.0, (1,)),
-    "indices": (torch.int32, -1, (1, 1, 1)),
+    "indices": (torch.int32, -1, (1, 1, 1)), "lse": (torch.float32, float("nan"), (1, 1, 1)),
 }
 
 
@@ -153,14 +153,14 @@ _AMAX_CACHE: dict[tuple, torch.Tensor] = {}
 
 def amax_tensor(amax, device) -> torch.Tensor:
     """A static amax as a device tensor: a tensor is used as is; a Python number is copied to the device once
-    and cached (a host→device copy per call would stall the host behind the GPU queue)."""
+    (as a ``(1,)`` tensor) and cached (a host→device copy per call would stall the host behind the GPU queue)."""
     if isinstance(amax, torch.Tensor):
         return amax.to(device=device, dtype=torch.float32)
     key = (float(amax), device)
     if key not in _AMAX_CACHE:
         if len(_AMAX_CACHE) > 64:
             _AMAX_CACHE.clear()
-        _AMAX_CACHE[key] = torch.tensor(float(amax), dtype=torch.float32, device=device)
+        _AMAX_CACHE[key] = torch.tensor([float(amax)], dtype=torch.float32, device=device)     # (1,): as the kernels take it
     return _AMAX_CACHE[key]
 
 

@@ -68,7 +68,7 @@ def quantize_nvfp4(x, global_amax=None, *, swizzle: bool = False, _depth=None, _
     words = torch.empty(n_blocks, 2, dtype=torch.uint32, device=x.device)
     scales = torch.empty(n_blocks, dtype=torch.uint8, device=x.device)      # e4m3 bits
     s_dec = torch.empty(1, dtype=torch.float32, device=x.device)           # the kernel writes S_dec
-    tensors = (x.view(n_blocks, 16), words, scales, amax.view(1), s_dec)
+    tensors = (x.view(n_blocks, 16), words, scales, amax if amax.dim() == 1 else amax.view(1), s_dec)
     from ..kernels import nvfp4 as nvfp4_kernels
     depth = _depth or (nvfp4_kernels.DEPTH_FP32 if x.dtype == torch.float32 else nvfp4_kernels.DEPTH)
     max_ctas = (nvfp4_kernels.CTAS_PER_SM if _ctas_per_sm is None else _ctas_per_sm) * device_facts(x.device)[1]
@@ -127,7 +127,8 @@ def dequantize_nvfp4(data, scales, global_scale, out_dtype=torch.bfloat16):
     if data.data_ptr() % 8:
         data = data.clone()                                    # the kernel loads a block's 8 bytes as one vector
     y = torch.empty(n_blocks, 16, dtype=out_dtype, device=data.device)
-    tensors = (data.view(torch.uint32).view(n_blocks, 2), scales.contiguous().view(n_blocks), gs.view(1), y)
+    tensors = (data.view(torch.uint32).view(n_blocks, 2), scales.contiguous().view(n_blocks),
+               gs if gs.dim() == 1 else gs.view(1), y)
 
     def make_kernel():
         from ..kernels.nvfp4 import NVFP4DequantizeKernel

@@ -113,6 +113,8 @@ def cell_text(row: dict[str, Any], targets: dict[str, float] | None = None, stal
         parts.append(f"cos {_fmt_cos(m['cosine'])}")
     if "time_ms" in m:
         parts.append(f"{_fmt(m['time_ms'])} ms")
+    if "host_us" in m:
+        parts.append(f"host {_fmt(m['host_us'])} µs")
     if "tflops" in m:
         parts.append(f"{_fmt(m['tflops'])} TFLOP/s")
     if "gbps" in m:
