@@ -230,7 +230,8 @@ if on_gpu:
             t = bench.time_cuda(lambda q, kv, i: dsv4lib.sparse_attention(q, kv, i, num_splits=1), [(q, kv, idx)],
                                 iters=bench_iters)
             row = {"shape": name, "H": H, "K": K, "S": S, "cosine": cos, "ms": t.median_ms,
-                   "tflops": bench.tflops(flops, t.median_ms), "host_us": t.host_ms * 1e3}
+                   "tflops": bench.tflops(flops, t.median_ms),
+                   "host_us": bench.host_us(lambda: dsv4lib.sparse_attention(q, kv, idx, num_splits=1))}
             if S == 4096:   # the torch peer on 1024 queries (its gathered rows alone take Sq·K·1 KiB)
                 n = 1024
                 tp = bench.time_cuda(lambda q, kv, i: torch_sparse(q, kv, i, 512 ** -0.5), [(q[:n], kv, idx[:n])],
