@@ -1,7 +1,9 @@
 """The public torch functions: each validates its input, picks a frozen kernel config and launches."""
 from .attention import attention, attention_branches, attention_fp32, attention_nvfp4, attention_with_p_path
+from .decode import sparse_decode
+from .kvcache import Model1Cache
 from .nvfp4 import dequantize_nvfp4, quantize_nvfp4
 from .sparse import sparse_attention
 
 __all__ = ["attention", "attention_branches", "attention_fp32", "attention_nvfp4", "attention_with_p_path",
-           "quantize_nvfp4", "dequantize_nvfp4", "sparse_attention"]
+           "quantize_nvfp4", "dequantize_nvfp4", "sparse_attention", "sparse_decode", "Model1Cache"]

@@ -113,6 +113,7 @@ _PLACEHOLDERS: dict[torch.device, dict[str, torch.Tensor]] = {}
 _PLACEHOLDER_SPECS = {  # name: (dtype, value, shape)
     "sink": (torch.float32, 0.0, (1,)), "scales": (torch.uint8, 0, (1,)), "s_enc": (torch.float32, 1.0, (1,)),
     "indices": (torch.int32, -1, (1, 1, 1)), "lse": (torch.float32, float("nan"), (1, 1, 1)),
+    "lengths": (torch.int32, 0, (1,)), "cache": (torch.uint8, 0, (1, 16)),
 }
 
 

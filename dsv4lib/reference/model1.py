@@ -42,9 +42,12 @@ def new_cache(num_pages: int, page_size: int, device=None) -> torch.Tensor:
 
 
 def tile_scales(k: torch.Tensor) -> torch.Tensor:
-    """The UE8M0 scale exponents ``log2(s)`` (int32 ``[N, 7]``) of keys ``k [N, 512]``."""
+    """The UE8M0 scale exponents ``log2(s)`` (int32 ``[N, 7]``) of keys ``k [N, 512]``: ``ceil(log2(x))`` of the fp32
+    ``x = max(amax / 448, 1e-4)``, exact (from the float's own exponent and mantissa, ``frexp``; a rounded ``log2`` can
+    land on the integer below for an x just above a power of two) — the rule the GPU writer computes bit by bit."""
     amax = k[:, :NOPE_DIMS].float().abs().reshape(-1, TILES, TILE).amax(-1)
-    return torch.ceil(torch.log2(torch.clamp_min(amax / E4M3_MAX, AMAX_FLOOR))).to(torch.int32)
+    mantissa, exponent = torch.frexp(torch.clamp_min(amax / E4M3_MAX, AMAX_FLOOR))     # x = m · 2^e, m in [0.5, 1)
+    return (exponent - (mantissa == 0.5).to(exponent.dtype)).to(torch.int32)
 
 
 def quantize_keys(k: torch.Tensor) -> torch.Tensor:

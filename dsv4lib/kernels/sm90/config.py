@@ -234,3 +234,28 @@ class SparseFwdConfig(_Config):
         # dense keys: columns (the long-KV split decode: 44.2 vs 47.8 us at H64 KV64k)
         return cls(gather=gather, causal=causal, window=window, sink=sink and not split_kv, has_lse=True, split_kv=split_kv,
                    schedule="paired" if gather else "columns", cluster_splits=cluster_splits)
+
+
+@dataclass(frozen=True)
+class Model1DecodeConfig(SparseFwdConfig):
+    """:class:`dsv4lib.kernels.sm90.model1_decode.Model1DecodeSm90` (D7): the gathered hd512 kernel reading its keys
+    from FP8 MODEL1 pages, one index list per cache.  Always the paired schedule (its half-tile fills are what the
+    dequantizing producer overlaps with the MMAs)."""
+    gather: bool = True
+    schedule: str = "paired"
+    extra_cache: bool = False       # a second cache (the compressed one) with its own index list
+    topk_length: bool = False       # per-batch valid lengths of the main list
+    extra_topk_length: bool = False  # ... of the extra list
+
+    def check(self) -> None:
+        super().check()
+        if not self.gather or self.schedule != "paired" or self.gather_only or self.skip_mma is not None:
+            raise ValueError("the MODEL1 decode is the gathered, paired kernel (no benchmark knobs)")
+        if self.extra_topk_length and not self.extra_cache:
+            raise ValueError("extra_topk_length needs extra_cache")
+
+    @classmethod
+    def for_decode(cls, *, extra_cache: bool, topk_length: bool, extra_topk_length: bool, sink: bool,
+                   split_kv: bool) -> "Model1DecodeConfig":
+        return cls(sink=sink and not split_kv, has_lse=True, split_kv=split_kv, extra_cache=extra_cache,
+                   topk_length=topk_length, extra_topk_length=extra_topk_length)

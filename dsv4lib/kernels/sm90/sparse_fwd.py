@@ -85,11 +85,11 @@ ROW_GROUPS = 16                        # paired producer: 16 groups of 8 threads
 HALF_TILE_ORDER = ((0, 0), (1, 1), (0, 1), (1, 0))   # paired producer: (tile buffer, column half), order freed
 
 
-def half_tile_pipelines(barriers) -> tuple:
+def half_tile_pipelines(barriers, producer=pipeline.PipelineCpAsync) -> tuple:
     """The paired schedule's four single-stage cp.async pipelines, index ``2 b + h`` = (tile buffer b, column half
     h), each with its (full, empty) mbarrier pair at ``barriers + 2 i``: 128 producer threads, 128 consumer threads
     (the one warpgroup that frees it).  Plain Python, so the four are built at trace time."""
-    return tuple(pipeline.PipelineCpAsync.create(
+    return tuple(producer.create(
         barrier_storage=barriers + 2 * i, num_stages=1,
         producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128),
         consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128), defer_sync=True) for i in range(4))
@@ -136,6 +136,29 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
         # mLSE (splits, B, H, Sq)  mSink (H,).  All global (a CPU build gets generic pointers from DLPack).
         mQ, mKV, mO = as_global(mQ, 16), as_global(mKV, 16), as_global(mO, 16)     # 1 KiB / 2 KiB rows
         mIdx, mLSE, mSink = as_global(mIdx, 4), as_global(mLSE, 4), as_global(mSink, 4)
+        common = self.build_common(mQ, mO)
+        tma_atom_KV = tma_KV = None
+        if const_expr(self.use_tma):
+            # (B, Skv, 512) -> (Skv, 512, B): the TMA tiles the first two
+            sKV_layout = common[4]
+            tma_atom_KV, tma_KV = cpasync.make_tiled_tma_atom(
+                cpasync.CopyBulkTensorTileG2SOp(), cute.make_tensor(mKV.iterator, cute.select(mKV.layout, mode=[1, 2, 0])),
+                cute.select(sKV_layout, mode=[0, 1]), (TILE_N, HEAD_DIM))
+        self.kernel(mQ, mKV, mIdx, mO, mLSE, softmax_scale_log2, window_size, mSink, *common, tma_atom_KV,
+                    tma_KV).launch(grid=self.grid(mQ, mO), block=[self.NUM_THREADS, 1, 1], min_blocks_per_mp=1,
+                                   cluster=(1, 1, self.cluster_splits) if const_expr(self.cluster_splits > 1) else None,
+                                   **launch_stream(stream))
+
+    def grid(self, mQ, mO):
+        """(token, head group, batch · splits); mO holds one partial per cluster: splits = its count × cluster_splits."""
+        return (cute.size(mQ.shape[1]), cute.size(mQ.shape[2]) // TILE_H,
+                cute.size(mQ.shape[0]) * cute.size(mO.shape[0]) * self.cluster_splits)
+
+    @cute.jit
+    def build_common(self, mQ, mO):
+        """What every variant's launch builds at trace time: the three wgmmas, the Q / KV stage / P shared layouts, the
+        shared storage, Q's TMA (when Q comes by TMA) and O's TMA store (paired, bf16 out); in the order
+        :meth:`kernel` takes them after its data arguments."""
         mma = lambda a_source, n: sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.K if n <= TILE_N else OperandMajorMode.MN,
             Float32, (1, 1, 1), (TILE_H, n), a_source=a_source)
@@ -146,7 +169,6 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
         sKV_layout = row_major_smem_layout(self.dtype, TILE_N, HEAD_DIM, self.num_stages)
         sP_layout = row_major_smem_layout(self.dtype, TILE_H, TILE_N, 2)
 
-
         @cute.struct
         class SharedStorage:
             mbar_KV: cute.struct.MemRange[cutlass.Int64, 8 if self.paired else self.num_stages * 2]
@@ -155,47 +177,47 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
             sMax: cute.struct.MemRange[Float32, 2 * 2 * TILE_H]      # paired: each warpgroup's row maxima
             sSum: cute.struct.MemRange[Float32, 2 * TILE_H]          # paired: each warpgroup's row sums
             sLSE: cute.struct.MemRange[Float32, TILE_H]              # cluster_splits: this split's row LSEs
+            sKeyAddr: cute.struct.MemRange[Int32, 2 * TILE_N]        # a producer's resolved key addresses of a pair
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
             sKV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
             sP: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sP_layout)], 1024]
             mbar_Q: cute.struct.MemRange[cutlass.Int64, 2]
 
-        tma_atom_Q = tma_Q = tma_atom_KV = tma_KV = None
-        op = cpasync.CopyBulkTensorTileG2SOp()
+        tma_atom_Q = tma_Q = None
         if const_expr(self.q_by_tma):
-            # (B, Sq, H, 512) -> (H, 512, Sq, B) and (B, Skv, 512) -> (Skv, 512, B): the TMA tiles the first two
+            # (B, Sq, H, 512) -> (H, 512, Sq, B): the TMA tiles the first two
             tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(
-                op, cute.make_tensor(mQ.iterator, cute.select(mQ.layout, mode=[2, 3, 1, 0])), sQ_layout,
-                (TILE_H, HEAD_DIM))
-        if const_expr(self.use_tma):
-            tma_atom_KV, tma_KV = cpasync.make_tiled_tma_atom(
-                op, cute.make_tensor(mKV.iterator, cute.select(mKV.layout, mode=[1, 2, 0])),
-                cute.select(sKV_layout, mode=[0, 1]), (TILE_N, HEAD_DIM))
-
+                cpasync.CopyBulkTensorTileG2SOp(), cute.make_tensor(mQ.iterator, cute.select(mQ.layout, mode=[2, 3, 1, 0])),
+                sQ_layout, (TILE_H, HEAD_DIM))
         tma_atom_O = tma_O = None
         if const_expr(self.tma_store_o):
             # (1, B, Sq, H, 512) -> (H, 512, Sq, B), like Q (one split: its index is always 0)
             tma_atom_O, tma_O = cpasync.make_tiled_tma_atom(
                 cpasync.CopyBulkTensorTileS2GOp(), cute.make_tensor(mO.iterator, cute.select(mO.layout, mode=[3, 4, 2, 1])),
                 sQ_layout, (TILE_H, HEAD_DIM))
-
-        # mO holds one partial per cluster: splits = its count × cluster_splits
-        grid = (cute.size(mQ.shape[1]), cute.size(mQ.shape[2]) // TILE_H,
-                cute.size(mQ.shape[0]) * cute.size(mO.shape[0]) * self.cluster_splits)
-        self.kernel(mQ, mKV, mIdx, mO, mLSE, softmax_scale_log2, window_size, mSink, sQ_layout, sKV_layout,
-                    sP_layout, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, SharedStorage,
-                    tma_atom_Q, tma_Q, tma_atom_KV, tma_KV, tma_atom_O, tma_O).launch(
-            grid=grid, block=[self.NUM_THREADS, 1, 1], min_blocks_per_mp=1,
-            cluster=(1, 1, self.cluster_splits) if const_expr(self.cluster_splits > 1) else None,
-            **launch_stream(stream))
+        return (tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ_layout, sKV_layout, sP_layout, SharedStorage,
+                tma_atom_Q, tma_Q, tma_atom_O, tma_O)
 
     # ---------------------------------------------------------------------------- device side
     @cute.kernel
     def kernel(self, mQ: cute.Tensor, mKV: cute.Tensor, mIdx: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
-               softmax_scale_log2: Float32, window_size: Int32, mSink: cute.Tensor,
-               sQ_layout: cute.ComposedLayout, sKV_layout: cute.ComposedLayout, sP_layout: cute.ComposedLayout,
-               tiled_mma_qk: cute.TiledMma, tiled_mma_pv_rs: cute.TiledMma, tiled_mma_pv_ss: cute.TiledMma,
-               SharedStorage: cutlass.Constexpr, tma_atom_Q, tma_Q, tma_atom_KV, tma_KV, tma_atom_O, tma_O):
+               softmax_scale_log2: Float32, window_size: Int32, mSink: cute.Tensor, tiled_mma_qk: cute.TiledMma,
+               tiled_mma_pv_rs: cute.TiledMma, tiled_mma_pv_ss: cute.TiledMma, sQ_layout: cute.ComposedLayout,
+               sKV_layout: cute.ComposedLayout, sP_layout: cute.ComposedLayout, SharedStorage: cutlass.Constexpr,
+               tma_atom_Q, tma_Q, tma_atom_O, tma_O, tma_atom_KV, tma_KV):
+        self.cta(mQ, mKV, mIdx, mKV.shape[1], mO, mLSE, softmax_scale_log2, window_size, mSink, tiled_mma_qk,
+                 tiled_mma_pv_rs, tiled_mma_pv_ss, sQ_layout, sKV_layout, sP_layout, SharedStorage, tma_atom_Q, tma_Q,
+                 tma_atom_O, tma_O, tma_atom_KV, tma_KV)
+
+    @cute.jit
+    def cta(self, mQ: cute.Tensor, mKV, mIdx, seqlen_k: Int32, mO: cute.Tensor, mLSE: cute.Tensor,
+            softmax_scale_log2: Float32, window_size: Int32, mSink: cute.Tensor, tiled_mma_qk: cute.TiledMma,
+            tiled_mma_pv_rs: cute.TiledMma, tiled_mma_pv_ss: cute.TiledMma, sQ_layout: cute.ComposedLayout,
+            sKV_layout: cute.ComposedLayout, sP_layout: cute.ComposedLayout, SharedStorage: cutlass.Constexpr,
+            tma_atom_Q, tma_Q, tma_atom_O, tma_O, tma_atom_KV, tma_KV):
+        """One CTA of any variant.  ``mKV`` / ``mIdx`` / ``seqlen_k``: the keys as this variant's key rules
+        (:meth:`key_range`, :meth:`is_real_key`, the producer) read them — a bf16 (B, Skv, 512) tensor, its index
+        list and Skv here; a subclass may pass its own key sources (the FP8 decode's page lists)."""
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
         token, head_group, batch, split, num_splits = self.cta_coords(mO)
@@ -223,7 +245,7 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
                 cpasync.prefetch_descriptor(tma_atom_Q)
             # one single-stage pipeline per (tile buffer b, column half h), index 2 b + h; each released by the one
             # warpgroup that reads it last (see paired_half)
-            pipeline_kv = half_tile_pipelines(storage.mbar_KV.data_ptr())
+            pipeline_kv = self.half_tile_pipelines(storage.mbar_KV.data_ptr())
         elif const_expr(not self.use_tma):
             pipeline_kv = pipeline.PipelineCpAsync.create(
                 barrier_storage=storage.mbar_KV.data_ptr(), num_stages=self.num_stages,
@@ -241,6 +263,7 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
         sMax = storage.sMax.get_tensor(cute.make_layout(4 * TILE_H))
         sSum = storage.sSum.get_tensor(cute.make_layout(2 * TILE_H))
         sLSE = storage.sLSE.get_tensor(cute.make_layout(TILE_H))
+        sKeyAddr = storage.sKeyAddr.get_tensor(cute.make_layout(2 * TILE_N))
         # cluster_splits: the weighted fp32 O (64 heads × 512, padded rows) over the dead Q and KV buffers (192 KB,
         # contiguous: sKV follows sQ); written only after the last wgmma / TMA of the CTA retired
         # (bf16 between the CTAs of a cluster: DSMEM carries half the bytes; see cluster_reduce_half)
@@ -248,7 +271,6 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
         sRed = cute.make_tensor(cute.recast_ptr(storage.sQ.data_ptr(), dtype=red_dtype),
                                 cute.make_layout((TILE_H, HEAD_DIM), stride=(HEAD_DIM + RED_PAD, 1)))
 
-        seqlen_k = mKV.shape[1]
         key_lo, n_keys, tile_lo, tile_hi = self.key_range(mQ, mKV, mIdx, token, window_size, num_splits, split)
         pipeline_init_wait(cluster_shape_mn=(1, 1))
 
@@ -257,7 +279,7 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
             if const_expr(self.paired):
                 self.load_paired(tma_atom_Q, tma_Q, mKV, mIdx, sQ, sKV, pipeline_q, pipeline_kv, warp_idx, tidx,
                                  token, head_group, batch, key_lo, n_keys, seqlen_k, tile_lo, tile_hi, mQ, mO,
-                                 window_size, mLSE)
+                                 window_size, mLSE, sKeyAddr)
             elif const_expr(self.use_tma):
                 if warp_idx == 0:
                     self.load_tma(tma_atom_Q, tma_Q, tma_atom_KV, tma_KV, sQ, sKV, pipeline_q, pipeline_kv, token,
@@ -315,6 +337,10 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
             self.right_half(tiled_mma_pv_ss, sVt, sP, sRowScale, sRowInv, mO, pipeline_kv, tidx - 256, token,
                             head_group, batch, split, tile_lo, tile_hi, mLSE, sLSE, sRed)
 
+    def half_tile_pipelines(self, barriers) -> tuple:
+        """The paired schedule's four half-tile pipelines (filled by ``cp.async`` here)."""
+        return half_tile_pipelines(barriers)
+
     @cute.jit
     def wait_q(self, pipeline_q, tile_lo, tile_hi):
         """TMA path: Q has its own barrier (the cp.async path lands Q with the first KV stage instead)."""
@@ -360,7 +386,8 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
 
     @cute.jit
     def load_paired(self, tma_atom_Q, tma_Q, mKV, mIdx, sQ, sKV, pipeline_q, kv_pipes, warp_idx, tidx, token,
-                    head_group, batch, key_lo, n_keys, seqlen_k, tile_lo, tile_hi, mQ, mO, window_size, mLSE):
+                    head_group, batch, key_lo, n_keys, seqlen_k, tile_lo, tile_hi, mQ, mO, window_size, mLSE,
+                    sKeyAddr):
         """Producer of the paired schedule: Q by TMA (warp 0; persistent: the consumers load it), then per pair of
         tiles the four half-tiles in the order the consumers free them — (even, left), (odd, right), (even, right),
         (odd, left).  Persistent: the same for each of this CTA's items, back to back (the next item's first
@@ -369,7 +396,7 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
         if warp_idx == 0:
             self.load_q_tma(tma_atom_Q, tma_Q, sQ, pipeline_q, token, head_group, batch, tile_lo, tile_hi)
         state = self.gather_pairs(mKV, mIdx, sKV, kv_pipes, tidx, token, batch, key_lo, n_keys, seqlen_k,
-                                  tile_lo, tile_hi, state)
+                                  tile_lo, tile_hi, state, sKeyAddr)
         # the tail of a one-stage pipeline: wait until the last fill is freed (no mbarrier arrive after exit);
         # producer_tail itself loops over a stage count that is a runtime value once the tuple crossed an if
         for pipe in kv_pipes:
@@ -377,11 +404,11 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
 
     @cute.jit
     def gather_pairs(self, mKV, mIdx, sKV, kv_pipes, tidx, token, batch, key_lo, n_keys, seqlen_k, tile_lo, tile_hi,
-                     state):
+                     state, sKeyAddr):
         """The paired producer's gather of one item's tiles ``[tile_lo, tile_hi)``, a pair at a time.  Thread t copies
         16 B chunk ``t % 8`` of each 128 B segment of rows ``t // 8 + 16 k`` (k < 4): a group of 8 threads reads
         128 contiguous bytes of one row, and each thread needs only 4 row indices per tile.  Returns the pipelines'
-        state past the item."""
+        state past the item.  (``sKeyAddr``: shared room for a pair's key addresses, for producers that share them.)"""
         copy_atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), self.dtype,
                                         num_bits_per_copy=128)
         group = tidx // 8

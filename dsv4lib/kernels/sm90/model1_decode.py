@@ -1,0 +1,264 @@
+"""D7 on Hopper: the DSV4 decode straight from the production KV caches — FP8 "MODEL1" pages (spec
+``dsv4_attention.md`` §8-§9; byte layout in :mod:`dsv4lib.reference.model1`), a window cache and a compressed
+("extra") cache, each with its own index list and valid length, one softmax over both with the sink once
+(FlashMLA's ``flash_mla_with_kvcache(..., is_fp8_kvcache=True)``).
+
+It is the gathered hd512 kernel of D6 (:class:`dsv4lib.kernels.sm90.sparse_fwd.SparseAttentionForwardSm90`, paired
+schedule: two consumer warpgroups taking whole 64-key tiles in turn, four half-tile buffers) with another producer
+and other key rules; the consumers' MMAs, softmax, epilogue and split partials are the same code.
+
+**Keys.**  Key ``k`` of a query is entry ``k`` of the main list while ``k < L1`` (``L1`` = ``topk_length[b]`` clamped
+to the list, or the whole list), else entry ``k - L1`` of the extra list (``k < L1 + L2``): the two lists are one key
+sequence, so a short main list does not leave padding tiles.  An entry that is ``-1`` or outside its cache's index
+space (``num_pages · page_size``) is no key (masked, its row zero-filled).
+
+**Producer: dequantize on the way in.**  No TMA gather on sm_90, and the MMAs want bf16, so the producer warpgroup
+reads the FP8 bytes into registers and writes bf16 rows into the half-tile buffers the consumers read — no bf16
+staging copy in global memory.  Thread ``t`` serves rows ``t // 16 + 8 i`` (8 per tile) and, in column half ``h``,
+the 16 columns ``256 h + 16 (t % 16)``: for a nope column that is one 16-byte load of 16 e4m3 values and one scale
+byte (the 16 columns lie in one 64-dim tile), for the rope columns (``h = 1``, ``t % 16 >= 12``) 32 bytes of bf16
+copied as they are.  The loads of 4 rows (2 with one cache) are issued before the first is converted (a memory latency per
+4 rows, not per row; more spill at the producer's 88 registers).  e4m3 → bf16: ``cvt.rn.f16x2.e4m3x2`` (exact), widened to fp32, times the power-of-two
+scale (exact), ``cvt.rn.bf16x2.f32`` (exact: 4 significant bits).  Each producer thread then fences its shared
+writes for the async proxy (the consumers' wgmma reads them) and arrives on the half-tile's barrier (a plain
+``PipelineAsync``: no cp.async left)."""
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64, Uint8, Uint32, const_expr, pipeline
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+from ..common import inline_ptx, launch_stream
+from ..sparse_base import HALF, HEAD_DIM, TILE_N, as_global
+from .config import Model1DecodeConfig
+from .sparse_fwd import HALF_TILE_ORDER, SparseAttentionForwardSm90, half_tile_pipelines
+
+NOPE_DIMS = 448
+PART_BYTES = 576
+SCALE_GROUP_BYTES = 8
+ROW_GROUPS = 8                    # producer: 8 groups of 16 threads, a group fills one row's column half
+ROWS_PER_THREAD = TILE_N // ROW_GROUPS
+COLS_PER_THREAD = HALF // 16      # 16 columns = 16 e4m3 bytes = one 16-byte load
+ROPE_LANE = (NOPE_DIMS - HALF) // COLS_PER_THREAD    # 12: in the right half, lanes 12-15 hold the 64 rope columns
+PRODUCER_SYNC = 7                 # named barrier of the producer warpgroup (the consumers use 1-6)
+# rows whose loads are issued before the first is converted: as many as fit the producer's 88 registers without a
+# spill (ptxas -v: with an extra cache 4 fit, 8 spill 404 B; with one cache 2 fit, 4 spill 152 B)
+ROWS_IN_FLIGHT = {True: 4, False: 2}
+
+
+@dsl_user_op
+def e4m3x2_to_bf16x2(word: Uint32, scale: Float32, high: bool, *, loc=None, ip=None) -> Uint32:
+    """Two e4m3 bytes of ``word`` (bytes 0-1, or 2-3 when ``high``) times ``scale`` (a power of two) → one bf16x2
+    word (first byte in the low half).  Exact for every e4m3 value and every scale that keeps the product normal."""
+    half = "hi" if high else "lo"
+    text = ("{ .reg .b16 lo, hi, a, b; .reg .b32 h2; .reg .f32 fa, fb; mov.b32 {lo, hi}, $1; "
+            f"cvt.rn.f16x2.e4m3x2 h2, {half}; mov.b32 {{a, b}}, h2; cvt.f32.f16 fa, a; cvt.f32.f16 fb, b; "
+            "mul.f32 fa, fa, $2; mul.f32 fb, fb, $2; cvt.rn.bf16x2.f32 $0, fb, fa; }")
+    return inline_ptx(T.i32(), Uint32, [Uint32(word), Float32(scale)], text, "=r,r,f", loc, ip)
+
+
+@dsl_user_op
+def ue8m0_scale(byte: Uint32, *, loc=None, ip=None) -> Float32:
+    """A UE8M0 scale byte ``b`` → ``2^(b - 127)`` (its fp32 bit pattern is ``b << 23``)."""
+    return inline_ptx(T.f32(), Float32, [Uint32(byte)], "{ .reg .b32 t; shl.b32 t, $1, 23; mov.b32 $0, t; }", "=f,r",
+                      loc, ip)
+
+
+class PageList:
+    """One MODEL1 cache and its index list as the kernel reads them, for one batch entry: the cache's address and
+    page geometry, its index space, the list and its valid length."""
+
+    def __init__(self, mCache: cute.Tensor, mIdx: cute.Tensor, mLen: cute.Tensor, page_size: Int32,
+                 has_length: bool, batch):
+        self.base = mCache.iterator.toint()                           # Int64 address of page 0
+        self.page_bytes = cute.size(mCache, mode=[1])
+        self.page_size = page_size
+        self.n_keys = cute.size(mCache, mode=[0]) * page_size         # its index space
+        self.idx = mIdx                                               # (B, Sq, K)
+        self.length = cute.size(mIdx, mode=[2])
+        if has_length:
+            self.length = cutlass.min(cutlass.max(mLen[batch], 0), self.length)
+
+
+class KeyLists:
+    """The decode's key sequence: the main list's first ``main.length`` entries, then the extra list's (when there is
+    one).  ``n_keys`` of them; a key is addressed in one index space, the extra cache's after the main one's."""
+
+    def __init__(self, main: PageList, extra: PageList | None):
+        self.main = main
+        self.extra = extra
+        self.n_keys = main.length + (extra.length if extra is not None else 0)
+
+
+class Model1DecodeSm90(SparseAttentionForwardSm90):
+    """MQA decode with head dim 512, K = V, keys gathered from FP8 MODEL1 pages (module docstring)."""
+
+    def __init__(self, config: Model1DecodeConfig):
+        if not isinstance(config, Model1DecodeConfig):
+            raise TypeError(f"Model1DecodeSm90 takes a Model1DecodeConfig, got {type(config).__name__}")
+        super().__init__(config)
+        self.rows_in_flight = ROWS_IN_FLIGHT[config.extra_cache]
+
+    # ------------------------------------------------------------------------------ host side
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mCache: cute.Tensor, mIdx: cute.Tensor, mLen: cute.Tensor,
+                 mCache2: cute.Tensor, mIdx2: cute.Tensor, mLen2: cute.Tensor, page_size: Int32, page_size2: Int32,
+                 mO: cute.Tensor, mLSE: cute.Tensor, softmax_scale_log2: Float32, mSink: cute.Tensor,
+                 stream: cuda.CUstream = None):
+        # mQ (B, s_q, H, 512) bf16  mCache (pages, page_bytes) uint8  mIdx (B, s_q, K) int32  mLen (B,) int32
+        # mCache2 / mIdx2 (B, s_q, K2) / mLen2: the extra cache (placeholders without)  mO (splits, B, s_q, H, 512)
+        # mLSE (splits, B, H, s_q)  mSink (H,)
+        mQ, mO, mCache, mCache2 = as_global(mQ, 16), as_global(mO, 16), as_global(mCache, 16), as_global(mCache2, 16)
+        mIdx, mLen, mIdx2, mLen2 = as_global(mIdx, 4), as_global(mLen, 4), as_global(mIdx2, 4), as_global(mLen2, 4)
+        mLSE, mSink = as_global(mLSE, 4), as_global(mSink, 4)
+        common = self.build_common(mQ, mO)
+        self.kernel(mQ, mCache, mIdx, mLen, mCache2, mIdx2, mLen2, page_size, page_size2, mO, mLSE,
+                    softmax_scale_log2, mSink, *common).launch(
+            grid=self.grid(mQ, mO), block=[self.NUM_THREADS, 1, 1], min_blocks_per_mp=1, **launch_stream(stream))
+
+    # ---------------------------------------------------------------------------- device side
+    @cute.kernel
+    def kernel(self, mQ: cute.Tensor, mCache: cute.Tensor, mIdx: cute.Tensor, mLen: cute.Tensor,
+               mCache2: cute.Tensor, mIdx2: cute.Tensor, mLen2: cute.Tensor, page_size: Int32, page_size2: Int32,
+               mO: cute.Tensor, mLSE: cute.Tensor, softmax_scale_log2: Float32, mSink: cute.Tensor,
+               tiled_mma_qk: cute.TiledMma, tiled_mma_pv_rs: cute.TiledMma, tiled_mma_pv_ss: cute.TiledMma,
+               sQ_layout: cute.ComposedLayout, sKV_layout: cute.ComposedLayout, sP_layout: cute.ComposedLayout,
+               SharedStorage: cutlass.Constexpr, tma_atom_Q, tma_Q, tma_atom_O, tma_O):
+        _, _, batch, _, _ = self.cta_coords(mO)
+        extra = None
+        if const_expr(self.extra_cache):
+            extra = PageList(mCache2, mIdx2, mLen2, page_size2, self.extra_topk_length, batch)
+        keys = KeyLists(PageList(mCache, mIdx, mLen, page_size, self.topk_length, batch), extra)
+        self.cta(mQ, keys, keys, Int32(0), mO, mLSE, softmax_scale_log2, Int32(0), mSink, tiled_mma_qk,
+                 tiled_mma_pv_rs, tiled_mma_pv_ss, sQ_layout, sKV_layout, sP_layout, SharedStorage, tma_atom_Q, tma_Q,
+                 tma_atom_O, tma_O, None, None)
+
+    def half_tile_pipelines(self, barriers) -> tuple:
+        """Filled by generic stores (each producer thread arrives once its rows are written and fenced)."""
+        return half_tile_pipelines(barriers, producer=pipeline.PipelineAsync)
+
+    # ------------------------------------------------------------------------------ key rules
+    @cute.jit
+    def key_range(self, mQ, keys, _keys, token, window_size, num_splits, split):
+        """This query's ``n_keys`` keys (both lists) as 64-key tiles, this split's share ``[tile_lo, tile_hi)``."""
+        n_tiles = (keys.n_keys + TILE_N - 1) // TILE_N
+        per_split = (n_tiles + num_splits - 1) // num_splits
+        tile_lo = cutlass.min(split * per_split, n_tiles)
+        tile_hi = cutlass.min(tile_lo + per_split, n_tiles)
+        return Int32(0), keys.n_keys, tile_lo, tile_hi
+
+    @cute.jit
+    def key_address(self, keys: KeyLists, batch, token, key, n_keys) -> Int32:
+        """Key ``key`` of this query in the joint index space (the extra cache's keys after the main one's), or -1
+        when it is no key."""
+        u = Int32(-1)
+        if key < n_keys:
+            if key < keys.main.length:
+                idx = keys.main.idx[batch, token, key]
+                if idx >= 0 and idx < keys.main.n_keys:
+                    u = idx
+            else:
+                if const_expr(self.extra_cache):
+                    idx = keys.extra.idx[batch, token, key - keys.main.length]
+                    if idx >= 0 and idx < keys.extra.n_keys:
+                        u = keys.main.n_keys + idx
+        return u
+
+    @cute.jit
+    def is_real_key(self, key, keys, batch, token, n_keys, seqlen_k):
+        return self.key_address(keys, batch, token, key, n_keys) >= 0
+
+    # ------------------------------------------------------------------------------ producer
+    @cute.jit
+    def gather_pairs(self, keys, _keys, sKV, kv_pipes, tidx, token, batch, key_lo, n_keys, seqlen_k, tile_lo,
+                     tile_hi, state, sKeyAddr):
+        """The producer's fills of one item's tiles ``[tile_lo, tile_hi)``, a pair at a time, half-tiles in the order
+        the consumers free them (module docstring).  The pair's 128 key addresses are resolved once, one per thread,
+        into ``sKeyAddr`` (a register array of 16 per thread spilled).  Returns the pipelines' state past the item."""
+        group = tidx // (HALF // COLS_PER_THREAD)
+        lane = tidx % (HALF // COLS_PER_THREAD)
+        for p in cutlass.range((tile_hi - tile_lo + 1) // 2, unroll=1):
+            cute.arch.barrier(barrier_id=PRODUCER_SYNC, number_of_threads=128)    # last pair's addresses all read
+            sKeyAddr[tidx] = self.key_address(keys, batch, token, (tile_lo + 2 * p) * TILE_N + tidx, n_keys)
+            cute.arch.barrier(barrier_id=PRODUCER_SYNC, number_of_threads=128)
+            for j in cutlass.range_constexpr(4):
+                b, h = HALF_TILE_ORDER[j]
+                kv_pipes[2 * b + h].producer_acquire(state)
+                self.fill_half_tile(keys, sKeyAddr, b, h, sKV, group, lane)
+                cute.arch.fence_proxy("async.shared", space="cta")   # generic writes → the consumers' wgmma
+                kv_pipes[2 * b + h].producer_commit(state)
+            state.advance()
+        return state
+
+    @cute.jit
+    def fill_half_tile(self, keys: KeyLists, sKeyAddr, b: cutlass.Constexpr, h: cutlass.Constexpr, sKV, group,
+                       lane):
+        """This thread's 16 columns (``256 h + 16 lane``) of its 8 rows of half-tile (b, h), dequantized to bf16."""
+        col = h * HALF + lane * COLS_PER_THREAD
+        rope = False
+        if const_expr(h == 1):
+            rope = lane >= ROPE_LANE
+        raw = cute.make_rmem_tensor(cute.make_layout((self.rows_in_flight, 8), stride=(8, 1)), Uint32)   # 32 B a row
+        scale_bytes = cute.make_rmem_tensor((self.rows_in_flight,), Uint32)
+        for batch_of_rows in cutlass.range_constexpr(ROWS_PER_THREAD // self.rows_in_flight):
+            for i in cutlass.range_constexpr(self.rows_in_flight):         # the batch's loads first
+                u = sKeyAddr[b * TILE_N + group + ROW_GROUPS * (batch_of_rows * self.rows_in_flight + i)]
+                part, group_at = self.key_bytes(keys, cutlass.max(u, 0))
+                if rope:
+                    src = part + Int64(NOPE_DIMS + (lane - ROPE_LANE) * 2 * COLS_PER_THREAD)
+                    cute.autovec_copy(gmem_words(src, 8), raw[i, None])              # 32 B of bf16
+                else:
+                    cute.autovec_copy(gmem_words(part + Int64(col), 4), cute.local_tile(raw[i, None], (4,), (0,)))
+                    scale_bytes[i] = Uint32(gmem_byte(group_at + Int64(col // 64)))
+            for i in cutlass.range_constexpr(self.rows_in_flight):
+                k = batch_of_rows * self.rows_in_flight + i
+                u = sKeyAddr[b * TILE_N + group + ROW_GROUPS * k]
+                out = cute.make_rmem_tensor((8,), Uint32)                              # 16 bf16
+                if u < 0:
+                    for w in cutlass.range_constexpr(8):
+                        out[w] = Uint32(0)
+                elif rope:
+                    for w in cutlass.range_constexpr(8):
+                        out[w] = raw[i, w]
+                else:
+                    scale = ue8m0_scale(scale_bytes[i])
+                    for w in cutlass.range_constexpr(4):
+                        out[2 * w] = e4m3x2_to_bf16x2(raw[i, w], scale, False)
+                        out[2 * w + 1] = e4m3x2_to_bf16x2(raw[i, w], scale, True)
+                r = group + ROW_GROUPS * k
+                out_bf16 = cute.make_tensor(cute.recast_ptr(out.iterator, dtype=self.dtype), cute.make_layout(16))
+                cute.autovec_copy(out_bf16, cute.local_tile(sKV[r, None, b], (16,), (col // 16,)))
+
+    @cute.jit
+    def key_bytes(self, keys: KeyLists, u):
+        """Addresses of key ``u``'s 576-byte part and of its 8-byte scale group (``u`` in the joint index space)."""
+        base = keys.main.base
+        page_size = keys.main.page_size
+        page_bytes = keys.main.page_bytes
+        a = u
+        if const_expr(self.extra_cache):
+            if u >= keys.main.n_keys:
+                base = keys.extra.base
+                page_size = keys.extra.page_size
+                page_bytes = keys.extra.page_bytes
+                a = u - keys.main.n_keys
+        page = a // page_size
+        slot = a - page * page_size
+        page_base = base + Int64(page) * Int64(page_bytes)
+        return (page_base + Int64(slot * PART_BYTES),
+                page_base + Int64(page_size * PART_BYTES + slot * SCALE_GROUP_BYTES))
+
+
+@cute.jit
+def gmem_words(address: Int64, n: cutlass.Constexpr) -> cute.Tensor:
+    """``n`` 32-bit words of global memory at a 16-byte aligned address."""
+    ptr = cute.make_ptr(Uint32, address, cute.AddressSpace.gmem, assumed_align=16)
+    return cute.make_tensor(ptr, cute.make_layout(n))
+
+
+@cute.jit
+def gmem_byte(address: Int64) -> Uint8:
+    ptr = cute.make_ptr(Uint8, address, cute.AddressSpace.gmem, assumed_align=1)
+    return cute.make_tensor(ptr, cute.make_layout(1))[0]

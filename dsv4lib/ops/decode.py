@@ -1,0 +1,140 @@
+"""``dsv4lib.sparse_decode`` (D7): the DSV4 decode step on the production FP8 MODEL1 caches, FlashMLA's
+``flash_mla_with_kvcache(..., is_fp8_kvcache=True)`` semantics, one call
+(:class:`dsv4lib.kernels.sm90.model1_decode.Model1DecodeSm90`).  Validate, pick a frozen build and a split count,
+launch; split launches merge by LSE (:mod:`dsv4lib.ops.combine`) and apply the sink there."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..kernels.sm90.config import Model1DecodeConfig
+from .attention import check_sink
+from .combine import combine_partials
+from .kvcache import cache_pages, check_pages
+from .launch import (cached_config, check_hopper, check_num_splits, on_device, placeholder, raw_stream, rows_dynamic,
+                     run_compiled, sink_arg, stream_arg, workspace)
+from .sparse import HEAD_DIM, HEADS_PER_CTA, gather_splits
+
+DECODE_HEADS = (64, 128)
+DECODE_SQ = (1, 2)             # one token, or two with MTP
+
+
+def decode_args(q, pages, idx, lengths, pages2, idx2, lengths2, page_size: int, page_size2: int, o, lse, scale: float,
+                sink, stream=None, tvm_ffi: bool = False) -> tuple:
+    """The kernel's arguments (CPU tensors too: the compile tests build exactly these)."""
+    from cutlass import Float32, Int32
+    rows = lambda t, static=(), align=None: rows_dynamic(t, static, align=align, tvm_ffi=tvm_ffi)
+    return (rows(q, (3,)), rows(pages, align=16), rows(idx), rows(lengths), rows(pages2, align=16), rows(idx2),
+            rows(lengths2), Int32(page_size), Int32(page_size2), rows(o, (4,)), rows(lse),
+            Float32(scale * math.log2(math.e)), rows(sink), *stream_arg(stream, tvm_ffi))
+
+
+def fake_args(extra: bool = True, split_kv: bool = False) -> tuple:
+    """Runtime-typed stand-ins (CPU tensors) for a CPU build."""
+    from ..reference.model1 import page_bytes
+    o_dtype = torch.float32 if split_kv else torch.bfloat16
+    splits = 2 if split_kv else 1
+    return decode_args(torch.empty(3, 1, 64, HEAD_DIM, dtype=torch.bfloat16),
+                       torch.empty(5, page_bytes(64), dtype=torch.uint8), torch.empty(3, 1, 128, dtype=torch.int32),
+                       torch.empty(3, dtype=torch.int32), torch.empty(7, page_bytes(2), dtype=torch.uint8),
+                       torch.empty(3, 1, 512, dtype=torch.int32), torch.empty(3, dtype=torch.int32), 64, 2,
+                       torch.empty(splits, 3, 1, 64, HEAD_DIM, dtype=o_dtype),
+                       torch.empty(splits, 3, 64, 1, dtype=torch.float32), 1.0, torch.empty(64))
+
+
+def launch(config: Model1DecodeConfig, args: tuple) -> None:
+    def make_kernel():
+        from ..kernels.sm90.model1_decode import Model1DecodeSm90
+        return Model1DecodeSm90(config)
+
+    run_compiled(config, make_kernel, lambda: decode_args(*args, tvm_ffi=True), (*args[:11], args[11] * math.log2(math.e),
+                                                                               args[12], raw_stream(args[0].device)))
+
+
+def _check_int32(name, t, shape, device):
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.int32:
+        raise TypeError(f"{name} must be an int32 tensor, got {getattr(t, 'dtype', type(t))}")
+    if t.dim() != len(shape) or any(s is not None and t.shape[i] != s for i, s in enumerate(shape)) or t.numel() < 1:
+        want = ", ".join("K" if s is None else str(s) for s in shape)
+        raise ValueError(f"{name} must be [{want}], got {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device}, q on {device}")
+    if not t.is_contiguous() or t.data_ptr() % 16:
+        raise ValueError(f"{name} must be contiguous from a 16-byte aligned start (strides {t.stride()})")
+
+
+def sparse_decode(q, k_cache, indices, topk_length=None, *, extra_k_cache=None, extra_indices=None,
+                  extra_topk_length=None, sink=None, scale=None, return_lse=False, num_splits=None):
+    """DSV4 decode over FP8 MODEL1 caches (FlashMLA's semantics): q ``[B, s_q, H, 512]`` bf16 (s_q 1 or 2, H 64 or
+    128); ``k_cache`` a :class:`dsv4lib.Model1Cache` or FlashMLA's ``[num_pages, page_size, 1, 584]`` view;
+    ``indices [B, s_q, K]`` int32 into its index space (``page · page_size + slot``; ``-1`` or an address outside the
+    cache = no key); ``topk_length [B]`` int32: only the first ``topk_length[b]`` entries count (clamped to
+    ``[0, K]`` on the GPU — no host sync).  The optional extra cache (the compressed one, its own page size) comes
+    with ``extra_indices [B, s_q, K2]`` and ``extra_topk_length``.  One softmax over both lists, the per-head
+    ``sink [H]`` fp32 once.  Returns ``out [B, s_q, H, 512]`` bf16 and with ``return_lse`` ``lse [B, H, s_q]`` fp32
+    (natural log, sink excluded; -inf for a query without keys).  ``num_splits``: split each query's keys over that
+    many CTAs (merged by LSE); ``None`` = heuristic."""
+    if not isinstance(q, torch.Tensor) or q.dtype != torch.bfloat16:
+        raise TypeError(f"q must be a bf16 tensor, got {getattr(q, 'dtype', type(q))}")
+    if q.dim() != 4 or q.shape[3] != HEAD_DIM:
+        raise ValueError(f"q must be [B, s_q, H, {HEAD_DIM}], got {tuple(q.shape)}")
+    B, s_q, H, _ = q.shape
+    if H not in DECODE_HEADS or s_q not in DECODE_SQ or B < 1:
+        raise ValueError(f"sparse_decode takes H in {DECODE_HEADS} and s_q in {DECODE_SQ} (B >= 1), got "
+                         f"{tuple(q.shape)}")
+    if not q.is_cuda or not q.is_contiguous() or q.data_ptr() % 16:
+        raise ValueError("q must be a contiguous CUDA tensor from a 16-byte aligned start")
+    device = q.device
+    pages, page_size = cache_pages(k_cache, "k_cache")
+    check_pages(pages, page_size, "k_cache")
+    if pages.device != device:
+        raise ValueError(f"k_cache is on {pages.device}, q on {device}")
+    _check_int32("indices", indices, (B, s_q, None), device)
+    if topk_length is not None:
+        _check_int32("topk_length", topk_length, (B,), device)
+    extra = extra_k_cache is not None
+    if extra:
+        pages2, page_size2 = cache_pages(extra_k_cache, "extra_k_cache")
+        check_pages(pages2, page_size2, "extra_k_cache")
+        if pages2.device != device:
+            raise ValueError(f"extra_k_cache is on {pages2.device}, q on {device}")
+        if extra_indices is None:
+            raise ValueError("extra_k_cache needs extra_indices")
+        _check_int32("extra_indices", extra_indices, (B, s_q, None), device)
+        if extra_topk_length is not None:
+            _check_int32("extra_topk_length", extra_topk_length, (B,), device)
+    else:
+        if extra_indices is not None or extra_topk_length is not None:
+            raise ValueError("extra_indices / extra_topk_length need extra_k_cache")
+        pages2, page_size2 = placeholder(device, "cache"), 1
+    check_sink(sink, H, device)
+    check_num_splits(num_splits)
+    check_hopper(device, "sparse_decode")
+    scale = HEAD_DIM ** -0.5 if scale is None else float(scale)
+
+    n_keys = indices.shape[2] + (extra_indices.shape[2] if extra else 0)
+    n_tiles = -(-n_keys // 64)
+    splits = gather_splits(B * s_q * H // HEADS_PER_CTA, n_tiles) if num_splits is None else min(num_splits, n_tiles)
+    lengths = topk_length if topk_length is not None else placeholder(device, "lengths")
+    lengths2 = extra_topk_length if extra_topk_length is not None else placeholder(device, "lengths")
+    idx2 = extra_indices if extra else placeholder(device, "indices")
+    sink_t = sink_arg(sink, device)
+    out = torch.empty(1, B, s_q, H, HEAD_DIM, dtype=torch.bfloat16, device=device)
+    lse = torch.empty(1, B, H, s_q, dtype=torch.float32, device=device)
+    flags = dict(extra_cache=extra, topk_length=topk_length is not None,
+                 extra_topk_length=extra_topk_length is not None)
+    with on_device(device):
+        if splits == 1:
+            config = cached_config(lambda: Model1DecodeConfig.for_decode(sink=sink is not None, split_kv=False, **flags),
+                                   "model1", sink is not None, *flags.values())
+            launch(config, (q, pages, indices, lengths, pages2, idx2, lengths2, page_size, page_size2, out, lse, scale,
+                            sink_t))
+        else:
+            config = cached_config(lambda: Model1DecodeConfig.for_decode(sink=False, split_kv=True, **flags),
+                                   "model1 split", *flags.values())
+            o_part, lse_part = workspace(splits, B, s_q, H, HEAD_DIM, device)
+            launch(config, (q, pages, indices, lengths, pages2, idx2, lengths2, page_size, page_size2, o_part,
+                            lse_part, scale, sink_t))
+            combine_partials(o_part, lse_part, out[0], lse[0], sink_t, has_sink=sink is not None)
+    return (out[0], lse[0]) if return_lse else out[0]

@@ -1,0 +1,224 @@
+"""D7: the decode on FP8 MODEL1 caches — the GPU cache writer (bit-equal to the reference), ``dsv4lib.sparse_decode``
+(builds on the CPU with the instructions it is about, rejects bad input, and on a Hopper GPU matches the float64
+reference over the same FP8 cache), and where FlashMLA's Hopper kernels are present (``.device-c``) the cross-check
+that FlashMLA decodes our writer's bytes to what our decode computes."""
+import re
+
+import pytest
+import torch
+
+import dsv4lib
+from dsv4lib.reference import model1 as M
+from gpu_checks import check_output, fresh_seed
+
+pytestmark = pytest.mark.usefixtures("poison_gpu_outputs")
+
+
+# ------------------------------------------------------------------------------------------------ builds (CPU)
+def _build_decode(extra, split_kv, arch="sm_90a"):
+    from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.sm90.config import Model1DecodeConfig
+    from dsv4lib.kernels.sm90.model1_decode import Model1DecodeSm90
+    from dsv4lib.ops.decode import fake_args
+    config = Model1DecodeConfig.for_decode(extra_cache=extra, topk_length=extra, extra_topk_length=extra,
+                                           sink=not split_kv, split_kv=split_kv)
+    return compile_for_arch(Model1DecodeSm90(config), *fake_args(extra, split_kv), arch=arch)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("extra,split_kv", [(True, False), (False, False), (True, True)])
+def test_decode_builds_dequantizing_in_the_producer(extra, split_kv):
+    k = _build_decode(extra, split_kv)
+    assert k.ptx_target == "sm_90a"
+    # 4 half-tiles x 8 rows x 8 e4m3 pairs per producer thread: every key byte is converted on chip, no bf16 copy
+    assert k.count(r"cvt\.rn\.f16x2\.e4m3x2") == 4 * 8 * 8
+    # the rows arrive by 16-byte loads into registers (nope: one per row, rope: two), not by cp.async
+    assert k.count(r"cp\.async\.(ca|cg)") == 0
+    assert k.count(r"ld\.global\.v4\.b32") == 2 * 8 + 2 * 8 * 3
+    assert k.count(r"st\.shared\.v4") == 4 * 8 * 2        # 16 bf16 a row as two 16-byte stores
+    # the consumers are D6's paired ones: QK in two column halves, PV RS + SS per warpgroup
+    assert k.count(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16") == 2 * 512 // 16
+    assert k.count(r"cp\.async\.bulk\.tensor\.4d\.shared::cta\.global\.tile\.mbarrier") == 8      # Q by TMA
+    assert k.count(r"\.local") == 0
+    report = k.ptxas_report()
+    if report is not None:
+        spills = re.findall(r"(\d+) bytes spill stores", report)
+        assert spills and all(s == "0" for s in spills), report
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_cache_writer_builds(arch):
+    from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.model1_cache import Model1AppendKernel
+    from dsv4lib.ops.kvcache import fake_write_args
+    k = compile_for_arch(Model1AppendKernel(), *fake_write_args(), arch=arch)
+    assert k.ptx_target == arch
+    assert k.count(r"cvt\.rn\.satfinite\.e4m3x2\.f32") == 8       # 16 values per lane, two per instruction
+    assert k.count(r"st\.global\.v4") == 3                        # 16 e4m3 bytes, or 32 rope bytes
+    assert k.count(r"shfl\.sync\.bfly") == 2                      # the tile's amax over its 4 lanes
+
+
+# ------------------------------------------------------------------------------------------------ bad input (CPU)
+def _cpu_args():
+    q = torch.zeros(2, 1, 64, 512, dtype=torch.bfloat16)
+    idx = torch.zeros(2, 1, 128, dtype=torch.int32)
+    return q, idx
+
+
+@pytest.mark.parametrize("change,exc,match", [
+    (lambda q, i: (q.float(), i), TypeError, "bf16"),
+    (lambda q, i: (q[..., :256], i), ValueError, "512"),
+    (lambda q, i: (torch.zeros(2, 1, 32, 512, dtype=torch.bfloat16), i), ValueError, "H in"),
+    (lambda q, i: (torch.zeros(2, 3, 64, 512, dtype=torch.bfloat16), i), ValueError, "s_q"),
+    (lambda q, i: (q, i), ValueError, "CUDA"),
+])
+def test_decode_rejects_bad_q(change, exc, match):
+    q, idx = change(*_cpu_args())
+    with pytest.raises(exc, match=match):
+        dsv4lib.sparse_decode(q, torch.zeros(1, 64, 1, 584, dtype=torch.uint8), idx)
+
+
+@pytest.mark.parametrize("view,exc,match", [
+    (torch.zeros(3, 64, 1, 584, dtype=torch.float16), TypeError, "uint8 or float8"),
+    (torch.zeros(3, 64, 584, dtype=torch.uint8), ValueError, r"\[num_pages, page_size, 1, 584\]"),
+    (torch.zeros(3, 64, 1, 576, dtype=torch.uint8), ValueError, "584"),
+    (torch.zeros(3, 64, 1, 584, dtype=torch.uint8), ValueError, "page stride"),   # pages not padded to 576 B
+    ("not a cache", TypeError, "Model1Cache"),
+])
+def test_cache_views_are_checked(view, exc, match):
+    from dsv4lib.ops.kvcache import cache_pages
+    with pytest.raises(exc, match=match):
+        cache_pages(view)
+
+
+def test_flashmla_view_round_trips_to_the_pages():
+    from dsv4lib.ops.kvcache import Model1Cache, cache_pages
+    cache = Model1Cache(5, 64, device="cpu")
+    cache.data.random_(0, 256)
+    view = cache.flashmla_view()
+    assert view.shape == (5, 64, 1, 584) and view.stride(0) == M.page_bytes(64)
+    pages, page_size = cache_pages(view)
+    assert page_size == 64 and pages.data_ptr() == cache.data.data_ptr() and torch.equal(pages, cache.data)
+
+
+# ------------------------------------------------------------------------------------------------ GPU
+def _random_keys(n, gen, device):
+    """Keys over a wide range of magnitudes (scale exponents from the 1e-4 floor to ~2^6), a few zero tiles."""
+    k = torch.randn(n, 512, generator=gen) * torch.logspace(-5, 4, n, base=2.0)[torch.randperm(n, generator=gen)][:, None]
+    k[torch.randint(0, n, (max(1, n // 50),), generator=gen), :64] = 0
+    return k.bfloat16().to(device)
+
+
+def _filled_cache(num_pages, page_size, gen, device):
+    cache = dsv4lib.Model1Cache(num_pages, page_size, device=device)
+    n = cache.num_keys
+    cache.append(torch.randperm(n, generator=gen).to(torch.int32).to(device), _random_keys(n, gen, device))
+    return cache
+
+
+@pytest.mark.gpu
+def test_cache_writer_is_bit_equal_to_the_reference():
+    gen = torch.Generator().manual_seed(fresh_seed())
+    for page_size in (64, 2, 5):
+        num_pages = 37
+        n = 300
+        k = _random_keys(n, gen, "cuda")
+        addresses = torch.randperm(num_pages * page_size, generator=gen)[:n].to(torch.int32)
+        addresses[::17] = -1                                            # padding: written nowhere
+        addresses[5] = num_pages * page_size                            # out of range: written nowhere
+        ours = dsv4lib.Model1Cache(num_pages, page_size, device="cuda")
+        ours.data.random_(0, 256, generator=None)                       # poison: untouched bytes must stay as they are
+        ref = ours.data.clone()
+        ours.append(addresses.cuda(), k)
+        keep = (addresses >= 0) & (addresses < num_pages * page_size)
+        M.write_keys(ref, page_size, addresses[keep].cuda(), k[keep.cuda()])
+        diff = (ours.data != ref).nonzero()
+        assert diff.numel() == 0, f"page size {page_size}: {diff.shape[0]} bytes differ, first at {diff[0].tolist()}"
+
+
+def _decode_inputs(B, s_q, H, extra, lengths, sink, gen, device="cuda"):
+    main = _filled_cache(24, 64, gen, device)                            # 1536 window slots
+    q = (torch.randn(B, s_q, H, 512, generator=gen) * 0.5).bfloat16().to(device)
+    idx = torch.randint(0, main.num_keys, (B, s_q, 128), generator=gen, dtype=torch.int32)
+    idx[torch.rand(idx.shape, generator=gen) < 0.05] = -1                # invalid entries
+    idx[0, 0, :3] = torch.tensor([main.num_keys, 1 << 30, -7])           # out of range = no key
+    kw = {}
+    if lengths:
+        kw["topk_length"] = torch.randint(0, 129, (B,), generator=gen, dtype=torch.int32).to(device)
+        kw["topk_length"][0] = 128
+    if extra:
+        cmp = _filled_cache(512, 2, gen, device)                         # 1024 compressed slots, HCA-like pages
+        kw["extra_k_cache"] = cmp
+        kw["extra_indices"] = torch.randint(0, cmp.num_keys, (B, s_q, 512), generator=gen,
+                                            dtype=torch.int32).to(device)
+        if lengths:
+            kw["extra_topk_length"] = torch.randint(0, 513, (B,), generator=gen, dtype=torch.int32).to(device)
+    if sink:
+        kw["sink"] = torch.randn(H, generator=gen).to(device)
+    return q, main, idx.to(device), kw
+
+
+def _reference(q, main, idx, kw):
+    extra = kw.get("extra_k_cache")
+    return M.sparse_decode(q, main.data, main.page_size, idx, kw.get("topk_length"),
+                           extra_k_cache=None if extra is None else extra.data,
+                           extra_page_size=None if extra is None else extra.page_size,
+                           extra_indices=kw.get("extra_indices"), extra_topk_length=kw.get("extra_topk_length"),
+                           sink=kw.get("sink"), return_lse=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,s_q,H,extra,lengths,sink", [
+    (3, 1, 64, True, True, True),       # small batch: split over CTAs, merged by LSE, sink in the combine
+    (3, 2, 128, True, False, True),     # MTP, 128 heads
+    (70, 1, 64, True, True, True),      # a batch past the split rule: one CTA per (token, head group)
+    (20, 2, 128, False, True, False),   # the window cache alone
+    (1, 1, 128, False, False, True),
+])
+def test_decode_matches_the_reference_over_the_same_fp8_cache(B, s_q, H, extra, lengths, sink):
+    gen = torch.Generator().manual_seed(fresh_seed())
+    q, main, idx, kw = _decode_inputs(B, s_q, H, extra, lengths, sink, gen)
+    out, lse = dsv4lib.sparse_decode(q, main, idx, **kw, return_lse=True)
+    ref_out, ref_lse = _reference(q, main, idx, kw)
+    check_output(out, ref_out)
+    seen = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), seen)                        # a query with no key: -inf, no NaN
+    torch.testing.assert_close(lse[seen], ref_lse[seen].float(), atol=2e-3, rtol=0)
+
+
+@pytest.mark.gpu
+def test_decode_splits_agree_and_views_work():
+    """Every split count gives the same answer (to bf16 rounding), and FlashMLA's 4-D cache views are taken as the
+    cache objects are."""
+    gen = torch.Generator().manual_seed(fresh_seed())
+    q, main, idx, kw = _decode_inputs(4, 1, 64, True, True, True, gen)
+    ref_out, _ = _reference(q, main, idx, kw)
+    for splits in (1, 2, 5, 10):
+        check_output(dsv4lib.sparse_decode(q, main, idx, **kw, num_splits=splits), ref_out)
+    kw_views = dict(kw, extra_k_cache=kw["extra_k_cache"].flashmla_view())
+    check_output(dsv4lib.sparse_decode(q, main.flashmla_view(), idx, **kw_views), ref_out)
+
+
+@pytest.mark.gpu
+def test_flashmla_decodes_our_cache_as_we_do():
+    flash_mla = pytest.importorskip("vllm.third_party.flashmla.flash_mla_interface",
+                                    reason="FlashMLA's Hopper kernels (.device-c) are not installed")
+    gen = torch.Generator().manual_seed(fresh_seed())
+    B, H = 8, 64
+    main = _filled_cache(16, 64, gen, "cuda")
+    cmp = _filled_cache(16, 64, gen, "cuda")
+    q = (torch.randn(B, 1, H, 512, generator=gen) * 0.5).bfloat16().cuda()
+    idx = torch.randint(0, main.num_keys, (B, 1, 128), generator=gen, dtype=torch.int32).cuda()
+    idx2 = torch.randint(0, cmp.num_keys, (B, 1, 512), generator=gen, dtype=torch.int32).cuda()
+    len1 = torch.randint(1, 129, (B,), generator=gen, dtype=torch.int32).cuda()
+    len2 = torch.randint(1, 513, (B,), generator=gen, dtype=torch.int32).cuda()
+    sink = torch.randn(H, generator=gen).cuda()
+    meta = flash_mla.get_mla_metadata()[0]
+    theirs, _ = flash_mla.flash_mla_with_kvcache(
+        q, main.flashmla_view(), None, None, 512, meta, softmax_scale=512 ** -0.5, is_fp8_kvcache=True, indices=idx,
+        attn_sink=sink, extra_k_cache=cmp.flashmla_view(), extra_indices_in_kvcache=idx2, topk_length=len1,
+        extra_topk_length=len2)
+    ours = dsv4lib.sparse_decode(q, main, idx, len1, extra_k_cache=cmp, extra_indices=idx2, extra_topk_length=len2,
+                                 sink=sink)
+    check_output(ours, theirs.view_as(ours).double(), cos_min=0.9999)
