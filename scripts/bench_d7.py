@@ -1,0 +1,35 @@
+"""D7 benchmark table: ours vs FlashMLA's MODEL1 decode (where .device-c is installed) vs our bf16 sparse_attention on
+the dequantized rows, every shape of issue #35, by CUDA-graph replay.  Usage: python scripts/bench_d7.py [--shapes 0,1]
+[--no-bf16] [--window-slots N] [--compressed-slots N]"""
+import argparse
+
+import torch
+
+from dsv4lib.bench import d7
+from dsv4lib.workbook.results import recorded_copy_gbps, recorded_env_metric
+from dsv4lib.workbook.targets import detect_target
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default=",".join(str(i) for i in range(len(d7.SHAPES))))
+    ap.add_argument("--no-bf16", action="store_true")
+    ap.add_argument("--window-slots", type=int, default=256 << 10)
+    ap.add_argument("--compressed-slots", type=int, default=512 << 10)
+    args = ap.parse_args()
+    target = detect_target().name
+    copy_gbps = recorded_copy_gbps(target)
+    matmul = recorded_env_metric(target, "matmul_tflops", 700.0)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    window = d7.filled_cache(args.window_slots, 64, gen)
+    compressed = d7.filled_cache(args.compressed_slots, 64, gen)
+    fm = d7.flashmla()
+    print(f"{torch.cuda.get_device_name()}  copy {copy_gbps:.0f} GB/s  matmul {matmul:.0f} TFLOP/s  "
+          f"FlashMLA {'present' if fm else 'not run'}")
+    for i in (int(s) for s in args.shapes.split(",")):
+        case = d7.make_case(*d7.SHAPES[i], window, compressed)
+        print(d7.fmt_row(d7.bench_case(case, copy_gbps, matmul, fm, bf16_peer=not args.no_bf16)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
