@@ -121,8 +121,8 @@ def _filled_cache(num_pages, page_size, gen, device):
 def test_cache_writer_is_bit_equal_to_the_reference():
     gen = torch.Generator().manual_seed(fresh_seed())
     for page_size in (64, 2, 5):
-        num_pages = 37
         n = 300
+        num_pages = -(-2 * n // page_size)                              # room for every key, and free slots
         k = _random_keys(n, gen, "cuda")
         addresses = torch.randperm(num_pages * page_size, generator=gen)[:n].to(torch.int32)
         addresses[::17] = -1                                            # padding: written nowhere

@@ -1,0 +1,224 @@
+# %% [markdown]
+# # D7 — The DSV4 decode on the production KV cache: FP8 "MODEL1" pages, one call
+#
+# Hopper deployments of DeepSeek-V4 keep every layer's keys in FP8 "MODEL1" pages (a window cache and a compressed
+# cache) and decode with FlashMLA's `flash_mla_with_kvcache(..., is_fp8_kvcache=True)` — a kernel DeepSeek dropped
+# upstream.  `dsv4lib.sparse_decode` is that call, readable and maintained:
+#
+# * **the cache** (`dsv4lib.Model1Cache`): a key is 584 bytes — 448 e4m3 "nope" dims in 7 tiles of 64, each tile with
+#   a power-of-two UE8M0 scale, the 64 rope dims as bf16, 7 scale bytes and a pad; a page stores all its keys'
+#   576-byte parts first, then their 8-byte scale groups, padded to a multiple of 576 bytes.  New keys are written
+#   by a GPU kernel (`Model1Cache.append`) bit-equal to the torch reference.
+# * **the decode** (`dsv4lib.kernels.sm90.model1_decode.Model1DecodeSm90`): D6's gathered hd512 kernel (64 heads as
+#   the MMA M, K = V, two consumer warpgroups taking 64-key tiles in turn) with a producer that reads the FP8 bytes
+#   and writes bf16 tiles — dequantized on chip, no bf16 copy of the cache.  The two index lists are one key
+#   sequence (the window list's valid entries, then the compressed list's), one softmax, the sink once.
+#
+# Peers timed in the same run: FlashMLA's MODEL1 decode (where `.device-c` is installed), our bf16
+# `sparse_attention` over the dequantized rows (1.75x the bytes), a torch gather + matmul.
+
+# %% tags=["parameters"]
+target = "auto"
+metrics_path = ""
+seed = 0
+shapes = [0, 1, 2, 3, 4]              # rows of dsv4lib.bench.d7.SHAPES
+window_slots = 256 << 10
+compressed_slots = 512 << 10
+
+# %%
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+
+import dsv4lib
+from dsv4lib.bench import d7
+from dsv4lib.reference import model1 as M
+from dsv4lib.workbook.nb import setup
+from dsv4lib.workbook.record import record
+from dsv4lib.workbook.results import recorded_copy_gbps, recorded_env_metric
+
+tgt = setup(target, seed)
+on_gpu = tgt.is_gpu and tgt.arch == "sm_90a"
+
+# %% [markdown]
+# ## One key's 584 bytes, and one page of 64 keys
+#
+# Left: the record of one key (its bytes in order), coloured by what they hold.  Right: where the bytes of a
+# 64-key page go — the 576-byte parts of all keys first (one row each), then the scale groups packed 8 bytes a key,
+# then the padding to a multiple of 576 bytes.
+
+# %%
+gen = torch.Generator().manual_seed(seed)
+key = torch.randn(1, 512, generator=gen) * torch.linspace(0.05, 4, 512)
+rec = M.quantize_keys(key)[0]
+regions = np.zeros(M.KEY_BYTES)
+for t in range(M.TILES):
+    regions[t * 64:(t + 1) * 64] = t % 2            # the 7 nope tiles, alternating
+regions[M.NOPE_DIMS:M.PART_BYTES] = 2               # rope bf16
+regions[M.PART_BYTES:M.PART_BYTES + M.TILES] = 3    # scales
+regions[-1] = 4                                     # pad
+page_size = 64
+pb = M.page_bytes(page_size)
+page_map = np.full(pb, 4.0)
+page_map[:page_size * M.PART_BYTES] = 0
+page_map[page_size * M.PART_BYTES:page_size * M.KEY_BYTES] = 3
+fig, axes = plt.subplots(1, 2, figsize=(13, 3.2))
+cmap = plt.get_cmap("tab10", 5)
+axes[0].imshow(regions.reshape(8, 73), cmap=cmap, vmin=-0.5, vmax=4.5, aspect="auto")
+axes[0].set_title("one key: 7 e4m3 tiles (alternating) | rope bf16 | 7 UE8M0 scales | pad  (73 bytes a row)", fontsize=9)
+axes[1].imshow(page_map.reshape(-1, 576), cmap=cmap, vmin=-0.5, vmax=4.5, aspect="auto", interpolation="nearest")
+axes[1].set_title(f"one page of {page_size} keys: {pb} bytes, 576 a row (parts, scale groups, pad)", fontsize=9)
+for ax in axes:
+    ax.set_xticks([])
+fig.tight_layout()
+print("scale exponents of the key's tiles:", (rec[M.PART_BYTES:M.PART_BYTES + M.TILES].int() - 127).tolist())
+
+# %% [markdown]
+# ## The reference: FP8 round trip and the decode over the dequantized cache (float64, any machine)
+
+# %%
+keys = (torch.randn(256, 512, generator=gen) * 2).bfloat16()
+back = M.dequantize_records(M.quantize_keys(keys))
+rt_cos = torch.nn.functional.cosine_similarity(back.flatten(), keys.double().flatten(), dim=0).item()
+print(f"e4m3 round trip of N(0, 4) keys: cosine {rt_cos:.6f}")
+record(metrics_path, round_trip_cosine=rt_cos)
+
+# %% [markdown]
+# ## The kernels build for sm_90a (on any machine) with the instructions this design needs
+#
+# The decode's producer converts every e4m3 pair on chip (`cvt.rn.f16x2.e4m3x2`: 4 half-tiles × 8 rows × 8 per
+# thread), loads rows 16 bytes at a time into registers (no cp.async), and spills nothing at its 88 registers.
+
+# %%
+from dsv4lib.kernels.compile import compile_for_arch
+from dsv4lib.kernels.model1_cache import Model1AppendKernel
+from dsv4lib.kernels.sm90.config import Model1DecodeConfig
+from dsv4lib.kernels.sm90.model1_decode import Model1DecodeSm90
+from dsv4lib.ops.decode import fake_args
+from dsv4lib.ops.kvcache import fake_write_args
+
+kd = compile_for_arch(Model1DecodeSm90(Model1DecodeConfig.for_decode(extra_cache=True, topk_length=True,
+                                                                       extra_topk_length=True, sink=True,
+                                                                       split_kv=False)), *fake_args(True), arch="sm_90a")
+kw = compile_for_arch(Model1AppendKernel(), *fake_write_args(), arch="sm_90a")
+ptx_counts = {"e4m3x2 -> f16x2": kd.count(r"cvt\.rn\.f16x2\.e4m3x2"), "16 B row loads": kd.count(r"ld\.global\.v4"),
+              "cp.async": kd.count(r"cp\.async\.(ca|cg)"), "QK m64n64k16": kd.count(r"m64n64k16"),
+              "local (spills)": kd.count(r"\.local"), "writer f32 -> e4m3x2": kw.count(r"cvt\.rn\.satfinite\.e4m3x2")}
+print(ptx_counts)
+build_ok = (kd.ptx_target == "sm_90a" and ptx_counts["e4m3x2 -> f16x2"] == 256 and ptx_counts["cp.async"] == 0
+            and ptx_counts["local (spills)"] == 0 and ptx_counts["writer f32 -> e4m3x2"] == 8)
+record(metrics_path, compiled=build_ok)
+
+# %% [markdown]
+# ## On the GPU: the writer against the reference, byte for byte
+
+# %%
+if on_gpu:
+    g = torch.Generator().manual_seed(seed + 1)
+    n, ps = 2000, 64
+    cache = dsv4lib.Model1Cache(-(-2 * n // ps), ps, device="cuda")
+    ref_pages = cache.data.clone()
+    k_new = (torch.randn(n, 512, generator=g) * torch.logspace(-4, 3, n, base=2.0)[:, None]).bfloat16().cuda()
+    addr = torch.randperm(cache.num_keys, generator=g)[:n].to(torch.int32).cuda()
+    cache.append(addr, k_new)
+    M.write_keys(ref_pages, ps, addr, k_new)
+    writer_mismatch = int((cache.data != ref_pages).sum())
+    print("writer: bytes that differ from the reference:", writer_mismatch)
+    record(metrics_path, writer_mismatched_bytes=writer_mismatch)
+
+# %% [markdown]
+# ## On the GPU: the decode against float64 over the same FP8 cache
+#
+# A Flash-shaped batch (H 64, 128 window keys + 512 compressed keys, random valid lengths, invalid entries) and a
+# Pro-shaped one (H 128, 1024 compressed keys) — cosine and the worst row's relative error against
+# `reference.model1.sparse_decode`; and, where FlashMLA is present, FlashMLA's output on our writer's bytes.
+
+# %%
+def decode_check(B, H, n_win, n_cmp, g):
+    win = d7.filled_cache(8192, 64, g)
+    cmp_ = d7.filled_cache(8192, 64, g)
+    case = d7.make_case(B, H, n_win, n_cmp, win, cmp_, sets=1, seed=seed)
+    q, idx, len1, idx2, len2 = case.sets[0]
+    idx[0, 0, :5] = -1
+    out, lse = d7.ours_fn(case)(q, idx, len1, idx2, len2), None
+    ref_out = M.sparse_decode(q, win.data, 64, idx, len1, extra_k_cache=cmp_.data, extra_page_size=64,
+                              extra_indices=idx2, extra_topk_length=len2, sink=case.sink)
+    o, r = out.double().flatten(1), ref_out.flatten(1)
+    cos = (o * r).sum() / (o.norm() * r.norm())
+    rows = ((out.double() - ref_out).norm(dim=-1) / ref_out.norm(dim=-1)).max()
+    fm = d7.flashmla()
+    fm_cos = float("nan")
+    if fm is not None:
+        theirs = d7.flashmla_fn(case, fm)(q, idx, len1, idx2, len2)[0].double().flatten(1)
+        fm_cos = ((o * theirs).sum() / (o.norm() * theirs.norm())).item()
+    return cos.item(), rows.item(), fm_cos
+
+
+if on_gpu:
+    g = torch.Generator(device="cuda").manual_seed(seed + 2)
+    checks = {f"B{B} H{H}": decode_check(B, H, nw, nc, g) for B, H, nw, nc in ((5, 64, 128, 512), (70, 128, 128, 1024))}
+    for name, (c, r, f) in checks.items():
+        print(f"{name}: cosine {c:.7f}  worst row rel. err {r:.4f}  vs FlashMLA on the same bytes: cosine {f:.7f}")
+    record(metrics_path, cosine=min(c for c, _, _ in checks.values()),
+           row_rel_err_worst=max(r for _, r, _ in checks.values()))
+    fm_cos = [f for _, _, f in checks.values()]
+    record(metrics_path, flashmla_cosine=min(fm_cos) if not np.isnan(fm_cos).any() else "not run")
+
+# %% [markdown]
+# ## Speed: ours, FlashMLA, bf16 over the dequantized rows (CUDA-graph replay, 8 input sets)
+#
+# Caches of 256k window + 512k compressed slots (64-key pages) filled with random keys; each token attends to
+# random keys of both.  `roof` = max(bytes / copy rate, flops / matmul rate) / time with stage 00's rates
+# (bytes: 584 per key + q + o; flops: 2·(512 + 512) per query-head-key).  `ratio` = FlashMLA time / ours.
+
+# %%
+if on_gpu:
+    copy_gbps = recorded_copy_gbps(tgt.name)
+    matmul_tflops = recorded_env_metric(tgt.name, "matmul_tflops", 700.0)
+    g = torch.Generator(device="cuda").manual_seed(seed + 3)
+    window_cache = d7.filled_cache(window_slots, 64, g)
+    compressed_cache = d7.filled_cache(compressed_slots, 64, g)
+    fm = d7.flashmla()
+    rows = []
+    for i in shapes:
+        case = d7.make_case(*d7.SHAPES[i], window_cache, compressed_cache, seed=seed)
+        rows.append(d7.bench_case(case, copy_gbps, matmul_tflops, fm))
+        print(d7.fmt_row(rows[-1]), flush=True)
+    big = [r for r in rows if r["B"] >= 64]
+    b1 = [r for r in rows if r["B"] == 1]
+    pro = [r for r in rows if r["B"] == 128 and r["H"] == 128]
+    metrics = {"roof_fraction_worst": min(r["roof_fraction"] for r in big) if big else "not run",
+               "b1_us": b1[0]["ours_us"] if b1 else "not run",
+               "tflops_pro": pro[0]["ours_tflops"] if pro else "not run",
+               "host_us": max(r["host_us"] for r in rows)}
+    if fm is not None:
+        metrics["ratio_vs_flashmla_worst"] = min(r["ratio_vs_flashmla"] for r in big) if big else "not run"
+        metrics["ratio_vs_flashmla_b1"] = b1[0]["ratio_vs_flashmla"] if b1 else "not run"
+        metrics["flashmla_host_us"] = max(r["flashmla_host_us"] for r in rows)
+    else:
+        metrics["ratio_vs_flashmla_worst"] = metrics["ratio_vs_flashmla_b1"] = "not run"
+    record(metrics_path, **metrics)
+    labels = [f"B{r['B']} H{r['H']}\n{r['keys']}" for r in rows]
+    x = np.arange(len(rows))
+    fig, ax = plt.subplots(figsize=(10, 3.5))
+    ax.bar(x - 0.27, [r["ours_us"] for r in rows], 0.27, label="ours (FP8 cache)")
+    if fm is not None:
+        ax.bar(x, [r["flashmla_us"] for r in rows], 0.27, label="FlashMLA (FP8 cache)")
+    ax.bar(x + 0.27, [r["bf16_us"] for r in rows], 0.27, label="ours bf16 rows (1.75x bytes)")
+    ax.set_xticks(x, labels, fontsize=8)
+    ax.set_ylabel("device µs per call (graph replay)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+
+# %% [markdown]
+# ## Where it stands
+#
+# The first version is correct and slower than FlashMLA: its producer reads 16 bytes per row and thread into
+# registers and converts them, with only 4 rows' loads in flight (more spill at 88 registers) — a memory latency per
+# 4 rows, so the producer is latency-bound (docs/tuning/d7.md).  The next step stages the FP8 bytes in shared memory
+# by bulk asynchronous copies (one per key part, completing on the half-tile's transaction barrier) and converts
+# them there.
+
+# %%
+record(metrics_path, mode="gpu" if on_gpu else "compile",
+       notes="FP8 MODEL1 decode: writer bit-exact, decode vs float64 and FlashMLA" if on_gpu else "")
