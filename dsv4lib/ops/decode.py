@@ -12,12 +12,23 @@ from ..kernels.sm90.config import Model1DecodeConfig
 from .attention import check_sink
 from .combine import combine_partials
 from .kvcache import cache_pages, check_pages
-from .launch import (cached_config, check_hopper, check_num_splits, on_device, placeholder, raw_stream, rows_dynamic,
+from .launch import (cached_config, check_hopper, check_num_splits, device_facts, on_device, placeholder, raw_stream, rows_dynamic,
                      run_compiled, sink_arg, stream_arg, workspace)
-from .sparse import HEAD_DIM, HEADS_PER_CTA, gather_splits
+from .sparse import HEAD_DIM, HEADS_PER_CTA
 
 DECODE_HEADS = (64, 128)
 DECODE_SQ = (1, 2)             # one token, or two with MTP
+# split while the launch would still fit in one wave of SMs with twice the CTAs (the FP8 producer is bound by memory
+# latency, so idle SMs are the first loss: H100 B64 H64 ran 64 CTAs on 132 SMs), a split keeping >= 1 key tile
+DECODE_MAX_SPLITS = 16
+
+
+def decode_splits(batch_ctas: int, n_tiles: int, sms: int) -> int:
+    """The split count of a decode launch of ``batch_ctas`` (token, head group) CTAs over ``n_tiles`` 64-key tiles."""
+    splits = 1
+    while splits * 2 <= DECODE_MAX_SPLITS and batch_ctas * splits * 2 <= sms and n_tiles // (splits * 2) >= 1:
+        splits *= 2
+    return splits
 
 
 def decode_args(q, pages, idx, lengths, pages2, idx2, lengths2, page_size: int, page_size2: int, o, lse, scale: float,
@@ -115,7 +126,10 @@ def sparse_decode(q, k_cache, indices, topk_length=None, *, extra_k_cache=None, 
 
     n_keys = indices.shape[2] + (extra_indices.shape[2] if extra else 0)
     n_tiles = -(-n_keys // 64)
-    splits = gather_splits(B * s_q * H // HEADS_PER_CTA, n_tiles) if num_splits is None else min(num_splits, n_tiles)
+    if num_splits is None:
+        splits = decode_splits(B * s_q * H // HEADS_PER_CTA, n_tiles, device_facts(device)[1])
+    else:
+        splits = min(num_splits, n_tiles)
     lengths = topk_length if topk_length is not None else placeholder(device, "lengths")
     lengths2 = extra_topk_length if extra_topk_length is not None else placeholder(device, "lengths")
     idx2 = extra_indices if extra else placeholder(device, "indices")

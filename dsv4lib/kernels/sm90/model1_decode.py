@@ -14,20 +14,22 @@ space (``num_pages · page_size``) is no key (masked, its row zero-filled).
 
 **Producer: dequantize on the way in.**  No TMA gather on sm_90, and the MMAs want bf16, so the producer warpgroup
 reads the FP8 bytes into registers and writes bf16 rows into the half-tile buffers the consumers read — no bf16
-staging copy in global memory.  Thread ``t`` serves rows ``t // 16 + 8 i`` (8 per tile) and, in column half ``h``,
-the 16 columns ``256 h + 16 (t % 16)``: for a nope column that is one 16-byte load of 16 e4m3 values and one scale
-byte (the 16 columns lie in one 64-dim tile), for the rope columns (``h = 1``, ``t % 16 >= 12``) 32 bytes of bf16
-copied as they are.  The loads of 4 rows (2 with one cache) are issued before the first is converted (a memory latency per
-4 rows, not per row; more spill at the producer's 88 registers).  e4m3 → bf16: ``cvt.rn.f16x2.e4m3x2`` (exact), widened to fp32, times the power-of-two
-scale (exact), ``cvt.rn.bf16x2.f32`` (exact: 4 significant bits).  Each producer thread then fences its shared
-writes for the async proxy (the consumers' wgmma reads them) and arrives on the half-tile's barrier (a plain
-``PipelineAsync``: no cp.async left)."""
+staging copy in global memory.  A pair's 128 key addresses are resolved once, one per producer thread, into shared
+memory.  Thread ``t`` serves rows ``t // 16 + 8 i`` (8 per tile) and, in column half ``h``, the 16 columns
+``256 h + 16 (t % 16)``: for a nope column that is one 16-byte load of 16 e4m3 values and one scale byte (the 16
+columns lie in one 64-dim tile) — all 8 rows' loads issued before the first is converted, one memory latency per
+half-tile; the rope columns (``h = 1``, ``t % 16 >= 12``) are bf16 already and go by ``cp.async`` straight into
+the tile (the thread waits for them before it arrives).  e4m3 → bf16: ``cvt.rn.f16x2.e4m3x2`` (exact), widened to
+fp32, times the power-of-two scale (exact), ``cvt.rn.bf16x2.f32`` (exact: 4 significant bits).  Each producer
+thread then fences its shared writes for the async proxy (the consumers' wgmma reads them) and arrives on the
+half-tile's barrier (a plain ``PipelineAsync``)."""
 from __future__ import annotations
 
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint8, Uint32, const_expr, pipeline
+from cutlass.cute.nvgpu import cpasync
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 from ..common import inline_ptx, launch_stream
@@ -43,9 +45,6 @@ ROWS_PER_THREAD = TILE_N // ROW_GROUPS
 COLS_PER_THREAD = HALF // 16      # 16 columns = 16 e4m3 bytes = one 16-byte load
 ROPE_LANE = (NOPE_DIMS - HALF) // COLS_PER_THREAD    # 12: in the right half, lanes 12-15 hold the 64 rope columns
 PRODUCER_SYNC = 7                 # named barrier of the producer warpgroup (the consumers use 1-6)
-# rows whose loads are issued before the first is converted: as many as fit the producer's 88 registers without a
-# spill (ptxas -v: with an extra cache 4 fit, 8 spill 404 B; with one cache 2 fit, 4 spill 152 B)
-ROWS_IN_FLIGHT = {True: 4, False: 2}
 
 
 @dsl_user_op
@@ -99,7 +98,6 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         if not isinstance(config, Model1DecodeConfig):
             raise TypeError(f"Model1DecodeSm90 takes a Model1DecodeConfig, got {type(config).__name__}")
         super().__init__(config)
-        self.rows_in_flight = ROWS_IN_FLIGHT[config.extra_cache]
 
     # ------------------------------------------------------------------------------ host side
     @cute.jit
@@ -195,39 +193,46 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
     @cute.jit
     def fill_half_tile(self, keys: KeyLists, sKeyAddr, b: cutlass.Constexpr, h: cutlass.Constexpr, sKV, group,
                        lane):
-        """This thread's 16 columns (``256 h + 16 lane``) of its 8 rows of half-tile (b, h), dequantized to bf16."""
+        """This thread's 16 columns (``256 h + 16 lane``) of its 8 rows of half-tile (b, h), in bf16.  Rope columns
+        (right half, lanes 12-15) are bf16 already: ``cp.async`` copies them, waited for before the thread arrives.
+        Nope columns: the 8 rows' 16-byte loads all go out first, then each row is converted and stored."""
         col = h * HALF + lane * COLS_PER_THREAD
         rope = False
         if const_expr(h == 1):
             rope = lane >= ROPE_LANE
-        raw = cute.make_rmem_tensor(cute.make_layout((self.rows_in_flight, 8), stride=(8, 1)), Uint32)   # 32 B a row
-        scale_bytes = cute.make_rmem_tensor((self.rows_in_flight,), Uint32)
-        for batch_of_rows in cutlass.range_constexpr(ROWS_PER_THREAD // self.rows_in_flight):
-            for i in cutlass.range_constexpr(self.rows_in_flight):         # the batch's loads first
-                u = sKeyAddr[b * TILE_N + group + ROW_GROUPS * (batch_of_rows * self.rows_in_flight + i)]
-                part, group_at = self.key_bytes(keys, cutlass.max(u, 0))
-                if rope:
-                    src = part + Int64(NOPE_DIMS + (lane - ROPE_LANE) * 2 * COLS_PER_THREAD)
-                    cute.autovec_copy(gmem_words(src, 8), raw[i, None])              # 32 B of bf16
-                else:
-                    cute.autovec_copy(gmem_words(part + Int64(col), 4), cute.local_tile(raw[i, None], (4,), (0,)))
-                    scale_bytes[i] = Uint32(gmem_byte(group_at + Int64(col // 64)))
-            for i in cutlass.range_constexpr(self.rows_in_flight):
-                k = batch_of_rows * self.rows_in_flight + i
-                u = sKeyAddr[b * TILE_N + group + ROW_GROUPS * k]
-                out = cute.make_rmem_tensor((8,), Uint32)                              # 16 bf16
-                if u < 0:
-                    for w in cutlass.range_constexpr(8):
-                        out[w] = Uint32(0)
-                elif rope:
-                    for w in cutlass.range_constexpr(8):
-                        out[w] = raw[i, w]
-                else:
-                    scale = ue8m0_scale(scale_bytes[i])
-                    for w in cutlass.range_constexpr(4):
-                        out[2 * w] = e4m3x2_to_bf16x2(raw[i, w], scale, False)
-                        out[2 * w + 1] = e4m3x2_to_bf16x2(raw[i, w], scale, True)
+        if rope:
+            copy_atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), self.dtype,
+                                            num_bits_per_copy=128)
+            for k in cutlass.range_constexpr(ROWS_PER_THREAD):
                 r = group + ROW_GROUPS * k
+                u = sKeyAddr[b * TILE_N + r]
+                real = cute.make_rmem_tensor(cute.make_layout((1, 1), stride=(0, 0)), cutlass.Boolean)
+                real[0] = u >= 0                                     # no key: zero-filled, nothing read
+                part, _ = self.key_bytes(keys, cutlass.max(u, 0))
+                src = gmem_bf16(part + Int64(NOPE_DIMS + (lane - ROPE_LANE) * 2 * COLS_PER_THREAD), 16)
+                for c in cutlass.range_constexpr(2):
+                    cute.copy(copy_atom, cute.logical_divide(cute.local_tile(src, (8,), (c,)), (8,)),
+                              cute.logical_divide(cute.local_tile(sKV[r, None, b], (8,), (2 * (col // 16) + c,)),
+                                                  (8,)), pred=real)
+            cute.arch.cp_async_wait_group(0)
+        else:
+            raw = cute.make_rmem_tensor(cute.make_layout((ROWS_PER_THREAD, 4), stride=(4, 1)), Uint32)  # 16 B a row
+            scale_bytes = cute.make_rmem_tensor((ROWS_PER_THREAD,), Uint32)
+            for k in cutlass.range_constexpr(ROWS_PER_THREAD):     # every row's load first: one latency
+                u = sKeyAddr[b * TILE_N + group + ROW_GROUPS * k]
+                part, group_at = self.key_bytes(keys, cutlass.max(u, 0))
+                cute.autovec_copy(gmem_words(part + Int64(col), 4), raw[k, None])
+                scale_bytes[k] = Uint32(gmem_byte(group_at + Int64(col // 64)))
+            for k in cutlass.range_constexpr(ROWS_PER_THREAD):
+                r = group + ROW_GROUPS * k
+                u = sKeyAddr[b * TILE_N + r]
+                out = cute.make_rmem_tensor((8,), Uint32)                              # 16 bf16
+                scale = ue8m0_scale(scale_bytes[k])
+                if u < 0:
+                    scale = Float32(0.0)                         # no key: zeros (a stand-in row was read)
+                for w in cutlass.range_constexpr(4):
+                    out[2 * w] = e4m3x2_to_bf16x2(raw[k, w], scale, False)
+                    out[2 * w + 1] = e4m3x2_to_bf16x2(raw[k, w], scale, True)
                 out_bf16 = cute.make_tensor(cute.recast_ptr(out.iterator, dtype=self.dtype), cute.make_layout(16))
                 cute.autovec_copy(out_bf16, cute.local_tile(sKV[r, None, b], (16,), (col // 16,)))
 
@@ -255,6 +260,13 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
 def gmem_words(address: Int64, n: cutlass.Constexpr) -> cute.Tensor:
     """``n`` 32-bit words of global memory at a 16-byte aligned address."""
     ptr = cute.make_ptr(Uint32, address, cute.AddressSpace.gmem, assumed_align=16)
+    return cute.make_tensor(ptr, cute.make_layout(n))
+
+
+@cute.jit
+def gmem_bf16(address: Int64, n: cutlass.Constexpr) -> cute.Tensor:
+    """``n`` bf16 of global memory at a 16-byte aligned address."""
+    ptr = cute.make_ptr(cutlass.BFloat16, address, cute.AddressSpace.gmem, assumed_align=16)
     return cute.make_tensor(ptr, cute.make_layout(n))
 
 
