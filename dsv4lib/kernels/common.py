@@ -159,3 +159,11 @@ def convert_to_bf16_pairs(src: cute.Tensor, dst: cute.Tensor):
     dst32 = cute.recast_tensor(dst, Uint32)
     for i in cutlass.range_constexpr(cute.size(dst32)):
         dst32[i] = cvt_bf16x2(src[2 * i], src[2 * i + 1])
+
+
+@cute.jit
+def gmem_view(dtype: cutlass.Constexpr, address: Int64, n: cutlass.Constexpr, align: cutlass.Constexpr) -> cute.Tensor:
+    """``n`` elements of ``dtype`` in global memory at a raw address with a known byte alignment (the FP8 cache's
+    kernels address key records by byte offsets, not through a tensor layout)."""
+    ptr = cute.make_ptr(dtype, address, cute.AddressSpace.gmem, assumed_align=align)
+    return cute.make_tensor(ptr, cute.make_layout(n))

@@ -21,7 +21,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint8, Uint32
 
-from .common import launch_stream
+from .common import gmem_view, launch_stream
 from .nvfp4 import f32_bits, f32_from_bits
 
 WARPS = 4
@@ -31,13 +31,6 @@ PART_BYTES = 576          # a key's [nope e4m3 | rope bf16] part
 SCALE_GROUP_BYTES = 8     # its 7 scale bytes + 1 pad
 E4M3_MAX = 448.0
 AMAX_FLOOR = 1e-4
-
-
-@cute.jit
-def gmem_bytes(base: Int64, offset, n: cutlass.Constexpr, align: cutlass.Constexpr) -> cute.Tensor:
-    """``n`` bytes of global memory at ``base + offset`` (an address), with a known alignment."""
-    ptr = cute.make_ptr(Uint8, base + Int64(offset), cute.AddressSpace.gmem, assumed_align=align)
-    return cute.make_tensor(ptr, cute.make_layout(n))
 
 
 @cute.jit
@@ -96,13 +89,14 @@ class Model1AppendKernel:
                     r8 = cute.make_rmem_tensor((16,), cutlass.Float8E4M3FN)
                     r8.store(rQ.load().to(cutlass.Float8E4M3FN))                  # RNE, never above 448
                     cute.autovec_copy(cute.make_tensor(cute.recast_ptr(r8.iterator, dtype=Uint8), cute.make_layout(16)),
-                                      gmem_bytes(part, lane * 16, 16, 16))
+                                      gmem_view(Uint8, part + Int64(lane * 16), 16, 16))
                     if lane % 4 == 0:
-                        sb = gmem_bytes(group, lane // 4, 1, 1)
+                        sb = gmem_view(Uint8, group + Int64(lane // 4), 1, 1)
                         sb[0] = Uint8(exp + 127)
                 else:
                     rope = cute.make_tensor(cute.recast_ptr(rX.iterator, dtype=Uint8), cute.make_layout(32))
-                    cute.autovec_copy(rope, gmem_bytes(part, NOPE_DIMS + (lane - NOPE_DIMS // 16) * 32, 32, 16))
+                    rope_at = part + Int64(NOPE_DIMS + (lane - NOPE_DIMS // 16) * 32)
+                    cute.autovec_copy(rope, gmem_view(Uint8, rope_at, 32, 16))
                     if lane == NOPE_DIMS // 16:
-                        pad = gmem_bytes(group, SCALE_GROUP_BYTES - 1, 1, 1)
+                        pad = gmem_view(Uint8, group + Int64(SCALE_GROUP_BYTES - 1), 1, 1)
                         pad[0] = Uint8(0)

@@ -76,11 +76,16 @@ class SparseAttentionBase:
             if const_expr(self.has_window):
                 key_lo = cutlass.max(self.block_info.first_key(token, seqlen_q, seqlen_k, window_size), 0)
             n_keys = cutlass.max(key_hi - key_lo + 1, 0)
+        tile_lo, tile_hi = self.split_tiles(n_keys, num_splits, split)
+        return key_lo, n_keys, tile_lo, tile_hi
+
+    @cute.jit
+    def split_tiles(self, n_keys, num_splits, split):
+        """Split ``split``'s share ``[tile_lo, tile_hi)`` of the ``n_keys`` keys' 64-key tiles."""
         n_tiles = (n_keys + TILE_N - 1) // TILE_N
         per_split = (n_tiles + num_splits - 1) // num_splits
         tile_lo = cutlass.min(split * per_split, n_tiles)
-        tile_hi = cutlass.min(tile_lo + per_split, n_tiles)
-        return key_lo, n_keys, tile_lo, tile_hi
+        return tile_lo, cutlass.min(tile_lo + per_split, n_tiles)
 
     @cute.jit
     def key_row_or_none(self, mIdx, batch, token, key, key_lo, n_keys, seqlen_k) -> Int32:

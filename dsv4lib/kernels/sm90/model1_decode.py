@@ -32,7 +32,7 @@ from cutlass import Float32, Int32, Int64, Uint8, Uint32, const_expr, pipeline
 from cutlass.cute.nvgpu import cpasync
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from ..common import inline_ptx, launch_stream
+from ..common import gmem_view, inline_ptx, launch_stream
 from ..sparse_base import HALF, HEAD_DIM, TILE_N, as_global
 from .config import Model1DecodeConfig
 from .sparse_fwd import HALF_TILE_ORDER, SparseAttentionForwardSm90, half_tile_pipelines
@@ -141,10 +141,7 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
     @cute.jit
     def key_range(self, mQ, keys, _keys, token, window_size, num_splits, split):
         """This query's ``n_keys`` keys (both lists) as 64-key tiles, this split's share ``[tile_lo, tile_hi)``."""
-        n_tiles = (keys.n_keys + TILE_N - 1) // TILE_N
-        per_split = (n_tiles + num_splits - 1) // num_splits
-        tile_lo = cutlass.min(split * per_split, n_tiles)
-        tile_hi = cutlass.min(tile_lo + per_split, n_tiles)
+        tile_lo, tile_hi = self.split_tiles(keys.n_keys, num_splits, split)
         return Int32(0), keys.n_keys, tile_lo, tile_hi
 
     @cute.jit
@@ -209,7 +206,8 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
                 real = cute.make_rmem_tensor(cute.make_layout((1, 1), stride=(0, 0)), cutlass.Boolean)
                 real[0] = u >= 0                                     # no key: zero-filled, nothing read
                 part, _ = self.key_bytes(keys, cutlass.max(u, 0))
-                src = gmem_bf16(part + Int64(NOPE_DIMS + (lane - ROPE_LANE) * 2 * COLS_PER_THREAD), 16)
+                rope_at = part + Int64(NOPE_DIMS + (lane - ROPE_LANE) * 2 * COLS_PER_THREAD)
+                src = gmem_view(cutlass.BFloat16, rope_at, 16, 16)
                 for c in cutlass.range_constexpr(2):
                     cute.copy(copy_atom, cute.logical_divide(cute.local_tile(src, (8,), (c,)), (8,)),
                               cute.logical_divide(cute.local_tile(sKV[r, None, b], (8,), (2 * (col // 16) + c,)),
@@ -221,8 +219,8 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
             for k in cutlass.range_constexpr(ROWS_PER_THREAD):     # every row's load first: one latency
                 u = sKeyAddr[b * TILE_N + group + ROW_GROUPS * k]
                 part, group_at = self.key_bytes(keys, cutlass.max(u, 0))
-                cute.autovec_copy(gmem_words(part + Int64(col), 4), raw[k, None])
-                scale_bytes[k] = Uint32(gmem_byte(group_at + Int64(col // 64)))
+                cute.autovec_copy(gmem_view(Uint32, part + Int64(col), 4, 16), raw[k, None])
+                scale_bytes[k] = Uint32(gmem_view(Uint8, group_at + Int64(col // 64), 1, 1)[0])
             for k in cutlass.range_constexpr(ROWS_PER_THREAD):
                 r = group + ROW_GROUPS * k
                 u = sKeyAddr[b * TILE_N + r]
@@ -254,23 +252,3 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         page_base = base + Int64(page) * Int64(page_bytes)
         return (page_base + Int64(slot * PART_BYTES),
                 page_base + Int64(page_size * PART_BYTES + slot * SCALE_GROUP_BYTES))
-
-
-@cute.jit
-def gmem_words(address: Int64, n: cutlass.Constexpr) -> cute.Tensor:
-    """``n`` 32-bit words of global memory at a 16-byte aligned address."""
-    ptr = cute.make_ptr(Uint32, address, cute.AddressSpace.gmem, assumed_align=16)
-    return cute.make_tensor(ptr, cute.make_layout(n))
-
-
-@cute.jit
-def gmem_bf16(address: Int64, n: cutlass.Constexpr) -> cute.Tensor:
-    """``n`` bf16 of global memory at a 16-byte aligned address."""
-    ptr = cute.make_ptr(cutlass.BFloat16, address, cute.AddressSpace.gmem, assumed_align=16)
-    return cute.make_tensor(ptr, cute.make_layout(n))
-
-
-@cute.jit
-def gmem_byte(address: Int64) -> Uint8:
-    ptr = cute.make_ptr(Uint8, address, cute.AddressSpace.gmem, assumed_align=1)
-    return cute.make_tensor(ptr, cute.make_layout(1))[0]
