@@ -1,6 +1,6 @@
 """D7 benchmark table: ours vs FlashMLA's MODEL1 decode (where .device-c is installed) vs our bf16 sparse_attention on
 the dequantized rows, every shape of issue #35, by CUDA-graph replay.  Usage: python scripts/bench_d7.py [--shapes 0,1]
-[--no-bf16] [--window-slots N] [--compressed-slots N]"""
+[--no-bf16] [--splits 1,2,4] [--window-slots N] [--compressed-slots N]"""
 import argparse
 
 import torch
@@ -14,6 +14,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default=",".join(str(i) for i in range(len(d7.SHAPES))))
     ap.add_argument("--no-bf16", action="store_true")
+    ap.add_argument("--splits", default="", help="also time ours at these forced split counts, e.g. 1,2,4")
     ap.add_argument("--window-slots", type=int, default=256 << 10)
     ap.add_argument("--compressed-slots", type=int, default=512 << 10)
     args = ap.parse_args()
@@ -29,6 +30,9 @@ def main():
     for i in (int(s) for s in args.shapes.split(",")):
         case = d7.make_case(*d7.SHAPES[i], window, compressed)
         print(d7.fmt_row(d7.bench_case(case, copy_gbps, matmul, fm, bf16_peer=not args.no_bf16)), flush=True)
+        if args.splits:
+            sweep = d7.split_sweep(case, [int(s) for s in args.splits.split(",")])
+            print("    splits: " + "  ".join(f"{s}: {us:.1f} us" for s, us in sweep.items()), flush=True)
 
 
 if __name__ == "__main__":

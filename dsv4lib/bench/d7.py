@@ -79,11 +79,16 @@ def make_case(B, H, n_win, n_cmp, window, compressed, *, sets: int = 8, seed: in
     return DecodeCase(B, H, n_win, n_cmp, rows, window, compressed, sink)
 
 
-def ours_fn(case: DecodeCase):
+def ours_fn(case: DecodeCase, num_splits: int | None = None):
     import dsv4lib
     return lambda q, idx, len1, idx2, len2: dsv4lib.sparse_decode(
         q, case.window, idx, len1, extra_k_cache=case.compressed, extra_indices=idx2, extra_topk_length=len2,
-        sink=case.sink)
+        sink=case.sink, num_splits=num_splits)
+
+
+def split_sweep(case: DecodeCase, splits) -> dict:
+    """Device µs of ours at each forced split count (the heuristic's check: ``ops.decode.decode_splits``)."""
+    return {s: time_graph(ours_fn(case, s), case.sets).per_call_ms * 1e3 for s in splits}
 
 
 def flashmla_fn(case: DecodeCase, fm):

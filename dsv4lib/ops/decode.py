@@ -18,15 +18,17 @@ from .sparse import HEAD_DIM, HEADS_PER_CTA
 
 DECODE_HEADS = (64, 128)
 DECODE_SQ = (1, 2)             # one token, or two with MTP
-# split while the launch would still fit in one wave of SMs with twice the CTAs (the FP8 producer is bound by memory
-# latency, so idle SMs are the first loss: H100 B64 H64 ran 64 CTAs on 132 SMs), a split keeping >= 1 key tile
+# split only while the split launch stays within half a wave of SMs: each split writes a 128 KB fp32 partial that the
+# combine reads back, and with the rolling producer a CTA's 10-18 tiles cost less than that round trip once the SMs are
+# half busy.  Measured (H100, issue #35 shapes): B64 H64 1 / 2 / 4 splits 50 / 75 / 91 µs, B128 H64 53 / 146 µs,
+# B1 H64 43 / 32 / 24 / 17 µs at 1 / 2 / 4 / 8 splits.  A split keeps at least one 64-key tile.
 DECODE_MAX_SPLITS = 16
 
 
 def decode_splits(batch_ctas: int, n_tiles: int, sms: int) -> int:
     """The split count of a decode launch of ``batch_ctas`` (token, head group) CTAs over ``n_tiles`` 64-key tiles."""
     splits = 1
-    while splits * 2 <= DECODE_MAX_SPLITS and batch_ctas * splits * 2 <= sms and n_tiles // (splits * 2) >= 1:
+    while splits * 2 <= DECODE_MAX_SPLITS and batch_ctas * splits * 2 <= sms // 2 and n_tiles // (splits * 2) >= 1:
         splits *= 2
     return splits
 

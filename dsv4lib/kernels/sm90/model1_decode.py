@@ -14,14 +14,18 @@ space (``num_pages · page_size``) is no key (masked, its row zero-filled).
 
 **Producer: dequantize on the way in.**  No TMA gather on sm_90, and the MMAs want bf16, so the producer warpgroup
 reads the FP8 bytes into registers and writes bf16 rows into the half-tile buffers the consumers read — no bf16
-staging copy in global memory.  A pair's 128 key addresses are resolved once, one per producer thread, into shared
-memory.  Thread ``t`` serves rows ``t // 16 + 8 i`` (8 per tile) and, in column half ``h``, the 16 columns
-``256 h + 16 (t % 16)``: for a nope column that is one 16-byte load of 16 e4m3 values and one scale byte (the 16
-columns lie in one 64-dim tile) — all 8 rows' loads issued before the first is converted, one memory latency per
-half-tile; the rope columns (``h = 1``, ``t % 16 >= 12``) are bf16 already and go by ``cp.async`` straight into
-the tile (the thread waits for them before it arrives).  e4m3 → bf16: ``cvt.rn.f16x2.e4m3x2`` (exact), widened to
-fp32, times the power-of-two scale (exact), ``cvt.rn.bf16x2.f32`` (exact: 4 significant bits).  Each producer
-thread then fences its shared writes for the async proxy (the consumers' wgmma reads them) and arrives on the
+staging copy in global memory.  *Key records*: each key is resolved once — thread ``t`` resolves key ``t`` of the
+next pair while this pair is filled (index load, page / slot division, its 8 scale bytes) — into a shared record
+(address of its 576-byte part, its scale bytes; double-buffered, published once the pair's last buffer is free), so
+the hot loop does no index arithmetic and no scale loads.  *Rolling loads*: thread ``t`` serves rows ``t // 16 + 8 i``
+(8 per tile) and, in column half ``h``, the 16 columns ``256 h + 16 (t % 16)``: one 16-byte load of 16 e4m3 values a
+row, its scale byte from the record.  It holds 8 rows in registers, and as soon as a row is converted and stored those
+registers take the same row of the *next* half-tile, so 8 loads stay in flight through the conversions and through the
+wait for the next buffer (H100: 0.45x → 0.9x FlashMLA at B ≥ 64, H64).  The rope columns (``h = 1``,
+``t % 16 >= 12``) are bf16 already and go by ``cp.async`` straight into the tile, committed as a group and waited for
+before the thread arrives.  e4m3 → bf16: ``cvt.rn.f16x2.e4m3x2`` (exact), widened to fp32, times the power-of-two
+scale (exact), ``cvt.rn.bf16x2.f32`` (exact: 4 significant bits); a row without a key (scale byte 0) is zeros.  Each
+producer thread then fences its shared writes for the async proxy (the consumers' wgmma reads them) and arrives on the
 half-tile's barrier (a plain ``PipelineAsync``)."""
 from __future__ import annotations
 
@@ -93,6 +97,8 @@ class KeyLists:
 
 class Model1DecodeSm90(SparseAttentionForwardSm90):
     """MQA decode with head dim 512, K = V, keys gathered from FP8 MODEL1 pages (module docstring)."""
+
+    KEY_ADDR_SLOTS = 2 * 2 * 2 * TILE_N      # key records: (part address, scale bytes) × a pair's 128 keys × 2 buffers
 
     def __init__(self, config: Model1DecodeConfig):
         if not isinstance(config, Model1DecodeConfig):
@@ -167,72 +173,132 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
 
     # ------------------------------------------------------------------------------ producer
     @cute.jit
+    def key_records(self, sKeyAddr) -> cute.Tensor:
+        """The producer's key records in shared memory: ``[word, key of the pair, buffer]``, word 0 the address of the
+        key's 576-byte part, word 1 its 8 scale bytes (0 for no key).  Two buffers: the next pair's records are written
+        while this pair's are read."""
+        return cute.make_tensor(sKeyAddr.iterator, cute.make_layout((2, 2 * TILE_N, 2), stride=(1, 2, 4 * TILE_N)))
+
+    @cute.jit
+    def record_scales(self, sKeyAddr) -> cute.Tensor:
+        """The records' scale bytes one by one: ``[64-dim tile, key of the pair, buffer]`` (word 1's bytes)."""
+        return cute.make_tensor(cute.recast_ptr(sKeyAddr.iterator + 1, dtype=Uint8),
+                                cute.make_layout((8, 2 * TILE_N, 2), stride=(1, 16, 32 * TILE_N)))
+
+    @cute.jit
+    def fetch_record(self, keys: KeyLists, batch, token, key, n_keys):
+        """Key ``key`` of this query → (address of its 576-byte part, its 8 scale bytes as one int64); no key: the
+        main cache's key 0 as a stand-in address (never a hot spot worth avoiding: a padding tile's 64 reads of one
+        L2 line) and scales 0 — a real key never has a zero scale byte (the writer's smallest scale is 2^-13)."""
+        u = self.key_address(keys, batch, token, key, n_keys)
+        part, group_at = self.key_bytes(keys, cutlass.max(u, 0))
+        scales = Int64(0)
+        if u >= 0:
+            scales = gmem_view(Int64, group_at, 1, 8)[0]
+        return part, scales
+
+    @cute.jit
     def gather_pairs(self, keys, _keys, sKV, kv_pipes, tidx, token, batch, key_lo, n_keys, seqlen_k, tile_lo,
                      tile_hi, state, sKeyAddr):
         """The producer's fills of one item's tiles ``[tile_lo, tile_hi)``, a pair at a time, half-tiles in the order
-        the consumers free them (module docstring).  The pair's 128 key addresses are resolved once, one per thread,
-        into ``sKeyAddr`` (a register array of 16 per thread spilled).  Returns the pipelines' state past the item."""
+        the consumers free them (module docstring).  Rolling loads: a thread holds 8 rows' bytes in registers, and as
+        soon as a row is converted the same registers take that row of the *next* half-tile — the loads stay in flight
+        through the conversions and through the wait for the next buffer.  Each thread resolves one key of the next
+        pair during this pair (index and scale loads behind the fills) and publishes its record once the last
+        half-tile's buffer is free (the consumers freed it, so every producer thread is done with the old records).
+        Returns the pipelines' state past the item."""
         group = tidx // (HALF // COLS_PER_THREAD)
         lane = tidx % (HALF // COLS_PER_THREAD)
-        for p in cutlass.range((tile_hi - tile_lo + 1) // 2, unroll=1):
-            cute.arch.barrier(barrier_id=PRODUCER_SYNC, number_of_threads=128)    # last pair's addresses all read
-            sKeyAddr[tidx] = self.key_address(keys, batch, token, (tile_lo + 2 * p) * TILE_N + tidx, n_keys)
-            cute.arch.barrier(barrier_id=PRODUCER_SYNC, number_of_threads=128)
+        records = self.key_records(sKeyAddr)
+        scale_of = self.record_scales(sKeyAddr)
+        raw = cute.make_rmem_tensor(cute.make_layout((ROWS_PER_THREAD, 4), stride=(4, 1)), Uint32)   # 16 B a row
+        scale_bytes = cute.make_rmem_tensor((ROWS_PER_THREAD,), Uint32)
+        n_pairs = (tile_hi - tile_lo + 1) // 2
+        part, scales = self.fetch_record(keys, batch, token, tile_lo * TILE_N + tidx, n_keys)
+        records[0, tidx, 0] = part
+        records[1, tidx, 0] = scales
+        cute.arch.barrier(barrier_id=PRODUCER_SYNC, number_of_threads=128)
+        b0, h0 = HALF_TILE_ORDER[0]
+        for k in cutlass.range_constexpr(ROWS_PER_THREAD):
+            self.load_row(records, scale_of, 0, b0, h0, group, lane, k, raw, scale_bytes)
+        for p in cutlass.range(n_pairs, unroll=1):
+            buf = p % 2
             for j in cutlass.range_constexpr(4):
                 b, h = HALF_TILE_ORDER[j]
+                if const_expr(j == 0):      # the next pair's key (past the item: no key, nothing read)
+                    part, scales = self.fetch_record(keys, batch, token, (tile_lo + 2 * p + 2) * TILE_N + tidx,
+                                                     n_keys)
                 kv_pipes[2 * b + h].producer_acquire(state)
-                self.fill_half_tile(keys, sKeyAddr, b, h, sKV, group, lane)
+                next_buf = buf
+                if const_expr(j == 3):      # the next half-tile is the next pair's: publish its records first
+                    records[0, tidx, 1 - buf] = part
+                    records[1, tidx, 1 - buf] = scales
+                    cute.arch.barrier(barrier_id=PRODUCER_SYNC, number_of_threads=128)
+                    next_buf = 1 - buf
+                self.fill_half_tile(records, scale_of, buf, b, h, next_buf, HALF_TILE_ORDER[(j + 1) % 4], sKV, group,
+                                    lane, raw, scale_bytes)
                 cute.arch.fence_proxy("async.shared", space="cta")   # generic writes → the consumers' wgmma
                 kv_pipes[2 * b + h].producer_commit(state)
             state.advance()
         return state
 
     @cute.jit
-    def fill_half_tile(self, keys: KeyLists, sKeyAddr, b: cutlass.Constexpr, h: cutlass.Constexpr, sKV, group,
-                       lane):
-        """This thread's 16 columns (``256 h + 16 lane``) of its 8 rows of half-tile (b, h), in bf16.  Rope columns
-        (right half, lanes 12-15) are bf16 already: ``cp.async`` copies them, waited for before the thread arrives.
-        Nope columns: the 8 rows' 16-byte loads all go out first, then each row is converted and stored."""
+    def load_row(self, records, scale_of, buf, b: cutlass.Constexpr, h: cutlass.Constexpr, group, lane,
+                 k: cutlass.Constexpr, raw, scale_bytes):
+        """Issue the load of this thread's row ``group + 8 k`` of half-tile (b, h): the 16 e4m3 bytes of columns
+        ``256 h + 16 lane`` into ``raw[k]``, its scale byte of that 64-column tile (from the record) into
+        ``scale_bytes[k]``.  The rope lanes (right half, 12-15) load too — 16 bytes of their row's rope, the L2 lines
+        their ``cp.async`` reads, never used — so that no lane-dependent branch has to carry registers."""
         col = h * HALF + lane * COLS_PER_THREAD
+        key = b * TILE_N + group + ROW_GROUPS * k
+        cute.autovec_copy(gmem_view(Uint32, records[0, key, buf] + Int64(col), 4, 16), raw[k, None])
+        scale_bytes[k] = Uint32(scale_of[col // 64, key, buf])
+
+    @cute.jit
+    def fill_half_tile(self, records, scale_of, buf, b: cutlass.Constexpr, h: cutlass.Constexpr, next_buf,
+                       next_half: cutlass.Constexpr, sKV, group, lane, raw, scale_bytes):
+        """Write this thread's 16 columns of its 8 rows of half-tile (b, h) in bf16, each row's registers reloaded with
+        the next half-tile's row right after.  Nope columns: 16 e4m3 values times the row's power-of-two scale (a row
+        without a key — scale byte 0 — is zeros, whatever its stand-in bytes hold).  Rope columns (right half, lanes
+        12-15): bf16 already, ``cp.async`` straight into the tile (zero-filled for no key), waited for before the
+        thread arrives."""
+        col = h * HALF + lane * COLS_PER_THREAD
+        nb, nh = next_half
         rope = False
         if const_expr(h == 1):
             rope = lane >= ROPE_LANE
-        if rope:
-            copy_atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), self.dtype,
-                                            num_bits_per_copy=128)
-            for k in cutlass.range_constexpr(ROWS_PER_THREAD):
-                r = group + ROW_GROUPS * k
-                u = sKeyAddr[b * TILE_N + r]
+        copy_atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), self.dtype,
+                                        num_bits_per_copy=128)
+        for k in cutlass.range_constexpr(ROWS_PER_THREAD):
+            r = group + ROW_GROUPS * k
+            if rope:
                 real = cute.make_rmem_tensor(cute.make_layout((1, 1), stride=(0, 0)), cutlass.Boolean)
-                real[0] = u >= 0                                     # no key: zero-filled, nothing read
-                part, _ = self.key_bytes(keys, cutlass.max(u, 0))
-                rope_at = part + Int64(NOPE_DIMS + (lane - ROPE_LANE) * 2 * COLS_PER_THREAD)
+                real[0] = records[1, b * TILE_N + r, buf] != Int64(0)   # no key: zero-filled, nothing read
+                rope_at = records[0, b * TILE_N + r, buf] + Int64(NOPE_DIMS + (lane - ROPE_LANE) * 2 * COLS_PER_THREAD)
                 src = gmem_view(cutlass.BFloat16, rope_at, 16, 16)
                 for c in cutlass.range_constexpr(2):
                     cute.copy(copy_atom, cute.logical_divide(cute.local_tile(src, (8,), (c,)), (8,)),
                               cute.logical_divide(cute.local_tile(sKV[r, None, b], (8,), (2 * (col // 16) + c,)),
                                                   (8,)), pred=real)
-            cute.arch.cp_async_wait_group(0)
-        else:
-            raw = cute.make_rmem_tensor(cute.make_layout((ROWS_PER_THREAD, 4), stride=(4, 1)), Uint32)  # 16 B a row
-            scale_bytes = cute.make_rmem_tensor((ROWS_PER_THREAD,), Uint32)
-            for k in cutlass.range_constexpr(ROWS_PER_THREAD):     # every row's load first: one latency
-                u = sKeyAddr[b * TILE_N + group + ROW_GROUPS * k]
-                part, group_at = self.key_bytes(keys, cutlass.max(u, 0))
-                cute.autovec_copy(gmem_view(Uint32, part + Int64(col), 4, 16), raw[k, None])
-                scale_bytes[k] = Uint32(gmem_view(Uint8, group_at + Int64(col // 64), 1, 1)[0])
-            for k in cutlass.range_constexpr(ROWS_PER_THREAD):
-                r = group + ROW_GROUPS * k
-                u = sKeyAddr[b * TILE_N + r]
+            else:
                 out = cute.make_rmem_tensor((8,), Uint32)                              # 16 bf16
                 scale = ue8m0_scale(scale_bytes[k])
-                if u < 0:
-                    scale = Float32(0.0)                         # no key: zeros (a stand-in row was read)
+                keep = Uint32(0xFFFFFFFF)
+                if scale_bytes[k] == Uint32(0):
+                    keep = Uint32(0)         # no key: zeros, even where the stand-in row's bytes are not finite
                 for w in cutlass.range_constexpr(4):
-                    out[2 * w] = e4m3x2_to_bf16x2(raw[k, w], scale, False)
-                    out[2 * w + 1] = e4m3x2_to_bf16x2(raw[k, w], scale, True)
+                    word = raw[k, w] & keep
+                    out[2 * w] = e4m3x2_to_bf16x2(word, scale, False)
+                    out[2 * w + 1] = e4m3x2_to_bf16x2(word, scale, True)
                 out_bf16 = cute.make_tensor(cute.recast_ptr(out.iterator, dtype=self.dtype), cute.make_layout(16))
                 cute.autovec_copy(out_bf16, cute.local_tile(sKV[r, None, b], (16,), (col // 16,)))
+            self.load_row(records, scale_of, next_buf, nb, nh, group, lane, k, raw, scale_bytes)
+        if const_expr(h == 1):
+            # the rope copies must land before the thread arrives: a cp.async outside a committed group is not
+            # waited for by wait_group (the first version had no commit — harmless while the nope lanes were slow,
+            # stale rope columns once they were not)
+            cute.arch.cp_async_commit_group()
+            cute.arch.cp_async_wait_group(0)
 
     @cute.jit
     def key_bytes(self, keys: KeyLists, u):

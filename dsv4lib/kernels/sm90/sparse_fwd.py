@@ -102,6 +102,7 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
     NUM_THREADS = 384
     PRODUCER_REGS, CONSUMER_REGS = 56, 224          # 128·(56 + 2·224) = 64 512 ≤ 65 536
     PAIRED_PRODUCER_REGS, PAIRED_CONSUMER_REGS = 88, 208   # 128·(88 + 2·208) = 64 512
+    KEY_ADDR_SLOTS = 2                              # int64 words of shared room for a producer's key records
 
     def __init__(self, config: SparseFwdConfig):
         super().__init__(config)
@@ -177,7 +178,8 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
             sMax: cute.struct.MemRange[Float32, 2 * 2 * TILE_H]      # paired: each warpgroup's row maxima
             sSum: cute.struct.MemRange[Float32, 2 * TILE_H]          # paired: each warpgroup's row sums
             sLSE: cute.struct.MemRange[Float32, TILE_H]              # cluster_splits: this split's row LSEs
-            sKeyAddr: cute.struct.MemRange[Int32, 2 * TILE_N]        # a producer's resolved key addresses of a pair
+            # a producer's resolved key records (its own layout of KEY_ADDR_SLOTS words; unused by the bf16 gather)
+            sKeyAddr: cute.struct.Align[cute.struct.MemRange[cutlass.Int64, self.KEY_ADDR_SLOTS], 16]
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
             sKV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
             sP: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sP_layout)], 1024]
@@ -263,7 +265,7 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
         sMax = storage.sMax.get_tensor(cute.make_layout(4 * TILE_H))
         sSum = storage.sSum.get_tensor(cute.make_layout(2 * TILE_H))
         sLSE = storage.sLSE.get_tensor(cute.make_layout(TILE_H))
-        sKeyAddr = storage.sKeyAddr.get_tensor(cute.make_layout(2 * TILE_N))
+        sKeyAddr = storage.sKeyAddr.get_tensor(cute.make_layout(self.KEY_ADDR_SLOTS))
         # cluster_splits: the weighted fp32 O (64 heads × 512, padded rows) over the dead Q and KV buffers (192 KB,
         # contiguous: sKV follows sQ); written only after the last wgmma / TMA of the CTA retired
         # (bf16 between the CTAs of a cluster: DSMEM carries half the bytes; see cluster_reduce_half)
