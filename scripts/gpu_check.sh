@@ -18,8 +18,9 @@ declare -A groups=(
   [streams]="test_streams"
   [persistent]="persistent"
   [timing]="interleaved_timing or graph_timing"
+  [d7]="test_d7_fp8_decode"
 )
-order=(${@:-d1 window split branch overlap nvfp4 sparse layer streams persistent timing})
+order=(${@:-d1 window split branch overlap nvfp4 sparse layer streams persistent timing d7})
 limit=${GROUP_TIMEOUT:-150}
 summary=""
 json=""
