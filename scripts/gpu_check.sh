@@ -22,21 +22,35 @@ declare -A groups=(
 )
 order=(${@:-d1 window split branch overlap nvfp4 sparse layer streams persistent timing d7})
 limit=${GROUP_TIMEOUT:-150}
+parallel=${PARALLEL:-1}       # groups at once: their JIT compiles are CPU-bound and independent (the timing group
+                             # always runs alone, last)
+run_group() {
+  local g=$1 start rc
+  start=$(date +%s)
+  timeout -k 5 "$limit" python -m pytest -m gpu -q -p no:cacheprovider --tb=short -k "${groups[$g]}" tests/ \
+    >"$out/pytest_$g.log" 2>&1
+  rc=$?
+  echo "$rc $(( $(date +%s) - start ))" > "$out/rc_$g.txt"
+}
+for g in "${order[@]}"; do
+  [ "$g" = timing ] && continue
+  while [ "$(jobs -rp | wc -l)" -ge "$parallel" ]; do wait -n; done
+  run_group "$g" &
+done
+wait
+for g in "${order[@]}"; do [ "$g" = timing ] && run_group "$g"; done
 summary=""
 json=""
 failed=0
 for g in "${order[@]}"; do
-  expr=${groups[$g]}
-  start=$(date +%s)
-  timeout -k 5 "$limit" python -m pytest -m gpu -q -p no:cacheprovider --tb=short -k "$expr" tests/ >"$out/pytest_$g.log" 2>&1
-  rc=$?
+  read -r rc secs < "$out/rc_$g.txt"
   [ "$rc" -eq 0 ] || failed=1          # a failed, timed-out (124) or empty group fails the run
   line=$(tail -n 1 "$out/pytest_$g.log")
-  secs=$(( $(date +%s) - start ))
   count() { echo "$line" | grep -oE "[0-9]+ $1" | grep -oE "^[0-9]+" || echo 0; }
   summary+=$(printf '%-8s rc=%-3s %4ss  %s' "$g" "$rc" "$secs" "$line")$'\n'
   json+=$(printf '%s{"group": "%s", "rc": %s, "passed": %s, "failed": %s, "skipped": %s, "errors": %s, "seconds": %s}' \
           "${json:+, }" "$g" "$rc" "$(count passed)" "$(count failed)" "$(count skipped)" "$(count error)" "$secs")
+  rm -f "$out/rc_$g.txt"
 done
 echo "[$json]" > "$out/summary.json"
 echo "==== gpu_check summary ===="

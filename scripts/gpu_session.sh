@@ -17,7 +17,7 @@ export DSV4_COMMIT=$commit
 out=${OUT:-runs/gpu_session}; mkdir -p "$out/logs"
 for w in $what; do
   case $w in
-    tests)    OUT="$out/logs" GROUP_TIMEOUT=${GROUP_TIMEOUT:-150} bash scripts/gpu_check.sh > "$out/logs/gpu_check.txt" 2>&1
+    tests)    OUT="$out/logs" GROUP_TIMEOUT=${GROUP_TIMEOUT:-150} PARALLEL=${PARALLEL:-3} bash scripts/gpu_check.sh > "$out/logs/gpu_check.txt" 2>&1
               python -m dsv4lib.workbook.gpu_tests "$out/logs/summary.json" >/dev/null   # stages/gpu_tests/<gpu>.json
               tail -n 12 "$out/logs/gpu_check.txt" ;;
     pipeline) timeout ${PIPELINE_TIMEOUT:-330} python -m dsv4lib.workbook.pipeline --timeout 200 > "$out/logs/pipeline.txt" 2>&1
