@@ -65,16 +65,46 @@ def launch(config: Model1DecodeConfig, args: tuple) -> None:
                                                                                args[12], raw_stream(args[0].device)))
 
 
-def _check_int32(name, t, shape, device):
-    if not isinstance(t, torch.Tensor) or t.dtype != torch.int32:
+def _check_int32(name, t, shape: tuple, device_index: int) -> None:
+    """``t`` is an int32 CUDA tensor of ``shape`` (a 0 there: any length ≥ 1) on the device of q, contiguous from a
+    16-byte aligned start.  Written for the host path: a few attribute reads, one tuple compare."""
+    if not isinstance(t, torch.Tensor) or t.dtype is not torch.int32:
         raise TypeError(f"{name} must be an int32 tensor, got {getattr(t, 'dtype', type(t))}")
-    if t.dim() != len(shape) or any(s is not None and t.shape[i] != s for i, s in enumerate(shape)) or t.numel() < 1:
-        want = ", ".join("K" if s is None else str(s) for s in shape)
-        raise ValueError(f"{name} must be [{want}], got {tuple(t.shape)}")
-    if t.device != device:
-        raise ValueError(f"{name} is on {t.device}, q on {device}")
+    got = tuple(t.shape)
+    if len(got) != len(shape) or got[:-1] != shape[:-1] or got[-1] < 1 or shape[-1] not in (0, got[-1]):
+        want = ", ".join(str(x) if x else "K" for x in shape)
+        raise ValueError(f"{name} must be [{want}], got {got}")
+    if t.get_device() != device_index:
+        raise ValueError(f"{name} is on {t.device}, q on cuda:{device_index}")
     if not t.is_contiguous() or t.data_ptr() % 16:
         raise ValueError(f"{name} must be contiguous from a 16-byte aligned start (strides {t.stride()})")
+
+
+_PLANS: dict = {}
+
+
+def _plan(device, B: int, s_q: int, H: int, n_keys: int, num_splits, extra: bool, lengths: bool, lengths2: bool,
+          sink: bool):
+    """(config, splits, placeholders) of one kind of call, built once: the split count, the frozen build and the
+    stand-ins of the arguments the call leaves out."""
+    key = (device, B, s_q, H, n_keys, num_splits, extra, lengths, lengths2, sink)
+    plan = _PLANS.get(key)
+    if plan is None:
+        n_tiles = -(-n_keys // 64)
+        if num_splits is None:
+            splits = decode_splits(B * s_q * H // HEADS_PER_CTA, n_tiles, device_facts(device)[1])
+        else:
+            splits = min(num_splits, n_tiles)
+        flags = dict(extra_cache=extra, topk_length=lengths, extra_topk_length=lengths2)
+        if splits == 1:
+            config = cached_config(lambda: Model1DecodeConfig.for_decode(sink=sink, split_kv=False, **flags),
+                                   "model1", sink, *flags.values())
+        else:
+            config = cached_config(lambda: Model1DecodeConfig.for_decode(sink=False, split_kv=True, **flags),
+                                   "model1 split", *flags.values())
+        plan = _PLANS[key] = (config, splits, placeholder(device, "lengths"), placeholder(device, "indices"),
+                              placeholder(device, "cache"))
+    return plan
 
 
 def sparse_decode(q, k_cache, indices, topk_length=None, *, extra_k_cache=None, extra_indices=None,
@@ -99,58 +129,50 @@ def sparse_decode(q, k_cache, indices, topk_length=None, *, extra_k_cache=None, 
     if not q.is_cuda or not q.is_contiguous() or q.data_ptr() % 16:
         raise ValueError("q must be a contiguous CUDA tensor from a 16-byte aligned start")
     device = q.device
+    dev = q.get_device()
     pages, page_size = cache_pages(k_cache, "k_cache")
     check_pages(pages, page_size, "k_cache")
-    if pages.device != device:
+    if pages.get_device() != dev:
         raise ValueError(f"k_cache is on {pages.device}, q on {device}")
-    _check_int32("indices", indices, (B, s_q, None), device)
+    _check_int32("indices", indices, (B, s_q, 0), dev)
     if topk_length is not None:
-        _check_int32("topk_length", topk_length, (B,), device)
+        _check_int32("topk_length", topk_length, (B,), dev)
     extra = extra_k_cache is not None
     if extra:
         pages2, page_size2 = cache_pages(extra_k_cache, "extra_k_cache")
         check_pages(pages2, page_size2, "extra_k_cache")
-        if pages2.device != device:
+        if pages2.get_device() != dev:
             raise ValueError(f"extra_k_cache is on {pages2.device}, q on {device}")
         if extra_indices is None:
             raise ValueError("extra_k_cache needs extra_indices")
-        _check_int32("extra_indices", extra_indices, (B, s_q, None), device)
+        _check_int32("extra_indices", extra_indices, (B, s_q, 0), dev)
         if extra_topk_length is not None:
-            _check_int32("extra_topk_length", extra_topk_length, (B,), device)
-    else:
-        if extra_indices is not None or extra_topk_length is not None:
-            raise ValueError("extra_indices / extra_topk_length need extra_k_cache")
-        pages2, page_size2 = placeholder(device, "cache"), 1
+            _check_int32("extra_topk_length", extra_topk_length, (B,), dev)
+    elif extra_indices is not None or extra_topk_length is not None:
+        raise ValueError("extra_indices / extra_topk_length need extra_k_cache")
     check_sink(sink, H, device)
     check_num_splits(num_splits)
     check_hopper(device, "sparse_decode")
     scale = HEAD_DIM ** -0.5 if scale is None else float(scale)
 
     n_keys = indices.shape[2] + (extra_indices.shape[2] if extra else 0)
-    n_tiles = -(-n_keys // 64)
-    if num_splits is None:
-        splits = decode_splits(B * s_q * H // HEADS_PER_CTA, n_tiles, device_facts(device)[1])
-    else:
-        splits = min(num_splits, n_tiles)
-    lengths = topk_length if topk_length is not None else placeholder(device, "lengths")
-    lengths2 = extra_topk_length if extra_topk_length is not None else placeholder(device, "lengths")
-    idx2 = extra_indices if extra else placeholder(device, "indices")
+    config, splits, no_lengths, no_indices, no_cache = _plan(device, B, s_q, H, n_keys, num_splits, extra,
+                                                             topk_length is not None, extra_topk_length is not None,
+                                                             sink is not None)
+    if not extra:
+        pages2, page_size2, extra_indices = no_cache, 1, no_indices
+    lengths = no_lengths if topk_length is None else topk_length
+    lengths2 = no_lengths if extra_topk_length is None else extra_topk_length
     sink_t = sink_arg(sink, device)
     out = torch.empty(1, B, s_q, H, HEAD_DIM, dtype=torch.bfloat16, device=device)
     lse = torch.empty(1, B, H, s_q, dtype=torch.float32, device=device)
-    flags = dict(extra_cache=extra, topk_length=topk_length is not None,
-                 extra_topk_length=extra_topk_length is not None)
     with on_device(device):
         if splits == 1:
-            config = cached_config(lambda: Model1DecodeConfig.for_decode(sink=sink is not None, split_kv=False, **flags),
-                                   "model1", sink is not None, *flags.values())
-            launch(config, (q, pages, indices, lengths, pages2, idx2, lengths2, page_size, page_size2, out, lse, scale,
-                            sink_t))
+            launch(config, (q, pages, indices, lengths, pages2, extra_indices, lengths2, page_size, page_size2, out,
+                            lse, scale, sink_t))
         else:
-            config = cached_config(lambda: Model1DecodeConfig.for_decode(sink=False, split_kv=True, **flags),
-                                   "model1 split", *flags.values())
             o_part, lse_part = workspace(splits, B, s_q, H, HEAD_DIM, device)
-            launch(config, (q, pages, indices, lengths, pages2, idx2, lengths2, page_size, page_size2, o_part,
-                            lse_part, scale, sink_t))
+            launch(config, (q, pages, indices, lengths, pages2, extra_indices, lengths2, page_size, page_size2,
+                            o_part, lse_part, scale, sink_t))
             combine_partials(o_part, lse_part, out[0], lse[0], sink_t, has_sink=sink is not None)
     return (out[0], lse[0]) if return_lse else out[0]
