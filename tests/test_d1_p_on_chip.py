@@ -107,7 +107,7 @@ def test_smem_p_twin_matches_the_reference(B, Sq, Sk, H, Hkv, D, causal):
     rs = dsv4lib.attention_with_p_path(q, k, v, causal=causal, p_path="rs", num_splits=1)
     ref = reference.attention(q.double(), k.double(), v.double(), causal=causal)
     check_output(out, ref)
-    torch.testing.assert_close(out, rs, atol=2e-2, rtol=2e-2)   # same math, same P rounding
+    check_output(rs, ref)            # both P paths against float64 (not against each other: 2e-2 hid a wrong row)
 
 
 @pytest.mark.compile

@@ -50,4 +50,4 @@ def test_split_kv_matches_the_reference(B, Sq, Sk, H, Hkv, D, causal, window, us
                                        sink=None if sink is None else sink.double(), return_lse=True)
     check_output(out, ref)
     torch.testing.assert_close(lse.double(), ref_lse, atol=2e-3, rtol=1e-4)
-    torch.testing.assert_close(out, one, atol=2e-2, rtol=2e-2)
+    check_output(one, ref)           # the unsplit launch against float64 as well, row by row
