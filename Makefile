@@ -12,5 +12,10 @@ test: setup
 pipeline: setup
 	$(PY) -m dsv4lib.workbook.pipeline $(ARGS)
 
+# JupyterLab at the repository root (notebooks/, runs/ with the executed notebooks and figures, STATUS.md), with the
+# repo's own lab settings (.jupyter/lab/user-settings: .py files open as notebooks); --allow-root where it runs as root
+# (GPU boxes, containers).  ARGS go to jupyter lab, e.g.  make lab ARGS="--no-browser --port 8890"
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 lab: setup
-	$(PY) -m jupyter lab notebooks/
+	JUPYTERLAB_SETTINGS_DIR=$(CURDIR)/.jupyter/lab/user-settings $(PY) -m jupyter lab --ServerApp.root_dir=$(CURDIR) \
+		$(ROOT_FLAG) $(ARGS)

@@ -165,3 +165,22 @@ def test_status_shows_each_gpus_last_test_run(tmp_path):
     row = [line for line in text.splitlines() if line.startswith("| h200 ")][0]
     assert "| 80 | 4 | 0 | 0 | sparse (rc 1) |" in row and "`abcdef1`" in row
     assert "GPU tests" not in render_status([], {}, gpu_tests_dir=tmp_path / "none")
+
+
+def test_make_lab_opens_stage_notebooks_as_notebooks_at_the_repo_root():
+    """`make lab` (dry run): the repo root as the server's root, the repo's lab settings, ARGS passed on, --allow-root
+    where it runs as root; the shipped setting opens .py files with jupytext's notebook view."""
+    import json
+    import os
+    import re
+    import subprocess
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    cmd = subprocess.run(["make", "-n", "lab", "ARGS=--port 8931"], cwd=root, capture_output=True, text=True,
+                         check=True).stdout
+    assert f"--ServerApp.root_dir={root}" in cmd and "--port 8931" in cmd
+    assert f"JUPYTERLAB_SETTINGS_DIR={root}/.jupyter/lab/user-settings" in cmd
+    assert ("--allow-root" in cmd) == (os.getuid() == 0)
+    text = (root / ".jupyter/lab/user-settings/@jupyterlab/docmanager-extension/plugin.jupyterlab-settings").read_text()
+    settings = json.loads(re.sub(r"^\s*//.*$", "", text, flags=re.MULTILINE))
+    assert settings["defaultViewers"] == {"python": "Jupytext Notebook"}      # Markdown stays Markdown
