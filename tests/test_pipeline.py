@@ -184,3 +184,21 @@ def test_make_lab_opens_stage_notebooks_as_notebooks_at_the_repo_root():
     text = (root / ".jupyter/lab/user-settings/@jupyterlab/docmanager-extension/plugin.jupyterlab-settings").read_text()
     settings = json.loads(re.sub(r"^\s*//.*$", "", text, flags=re.MULTILINE))
     assert settings["defaultViewers"] == {"python": "Jupytext Notebook"}      # Markdown stays Markdown
+
+
+def test_progress_is_plain_lines_off_a_terminal(tmp_path, monkeypatch, capsys):
+    """Not a terminal (a log file, CI): no carriage returns — a start line, a line while a long stage runs (elapsed
+    time and the cells done so far, read from papermill's autosave), the result line."""
+    from dsv4lib.workbook import pipeline
+    monkeypatch.setattr(pipeline, "PROGRESS_EVERY_S", 2)
+    stages = [_stage(tmp_path, "slow", 'import time\ntime.sleep(7)\nrecord(metrics_path, mode="cpu", value=5.0)\n')]
+    rows = run_pipeline(Target("cpu", "cpu", "", None), stages, results_dir=tmp_path / "results",
+                        status_path=tmp_path / "STATUS.md", runs_dir=tmp_path / "runs", registry=stages)
+    assert rows["slow"]["verdict"] == "PASS"
+    err = capsys.readouterr().err
+    assert "\r" not in err
+    lines = err.splitlines()
+    assert lines[0] == "[1/1] slow …" and lines[-1].split()[:2] == ["slow", "PASS"]
+    running = [ln for ln in lines if ln.startswith("      slow")]
+    assert running and all(ln.split()[2].rstrip(",") == "s" for ln in running)
+    assert any(", cell " in ln for ln in running)             # the autosaved notebook says how far it got

@@ -36,12 +36,30 @@ def _execute_notebook(notebook: str, output: str, parameters: dict[str, Any], ce
     nb = jupytext.read(notebook)
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.metadata.setdefault("language_info", {"name": "python"})
+    # autosave every few seconds: the parent reads the partly executed notebook for its progress lines
     papermill.execute_notebook(nb, output, parameters=parameters, kernel_name="python3", language="python",
-                               execution_timeout=int(cell_timeout), progress_bar=False, cwd=str(REPO_ROOT))
+                               execution_timeout=int(cell_timeout), progress_bar=False, cwd=str(REPO_ROOT),
+                               autosave_cell_every=PROGRESS_EVERY_S // 2)
 
 
-def run_stage(stage: Stage, target: Target, run_dir: Path, timeout_s: float | None = None) -> dict[str, Any]:
-    """Execute one stage notebook in a fresh process group; return its result row."""
+PROGRESS_EVERY_S = 10     # a long stage says where it is this often (elapsed time, cells done)
+
+
+def cells_done(output: Path) -> tuple[int, int] | None:
+    """(cells completed, cells) of a notebook papermill is executing, from its last autosave; None before the first
+    save or while the file is being rewritten."""
+    try:
+        cells = json.loads(Path(output).read_text())["cells"]
+    except (OSError, ValueError, KeyError):
+        return None
+    done = sum(1 for c in cells if c.get("metadata", {}).get("papermill", {}).get("status") == "completed")
+    return done, len(cells)
+
+
+def run_stage(stage: Stage, target: Target, run_dir: Path, timeout_s: float | None = None,
+              on_progress=None) -> dict[str, Any]:
+    """Execute one stage notebook in a fresh process group; return its result row.  ``on_progress(elapsed_s,
+    cells)`` is called every :data:`PROGRESS_EVERY_S` while it runs (``cells``: :func:`cells_done`)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     metrics_path = run_dir / f"{stage.id}.metrics.json"
     error_path = run_dir / f"{stage.id}.error.txt"
@@ -60,7 +78,16 @@ def run_stage(stage: Stage, target: Target, run_dir: Path, timeout_s: float | No
                             stdout=open(run_dir / f"{stage.id}.log", "w"), stderr=subprocess.STDOUT)
     error = None
     try:
-        rc = proc.wait(timeout=timeout)
+        while True:
+            left = timeout - (time.monotonic() - t0)
+            try:
+                rc = proc.wait(timeout=max(0.0, min(left, PROGRESS_EVERY_S)))
+                break
+            except subprocess.TimeoutExpired:
+                if left <= PROGRESS_EVERY_S:
+                    raise
+                if on_progress is not None:
+                    on_progress(time.monotonic() - t0, cells_done(job["output"]))
         if rc != 0:
             error = error_path.read_text().strip() if error_path.exists() else f"stage process exited with {rc}"
     except subprocess.TimeoutExpired:
@@ -83,19 +110,56 @@ def run_stage(stage: Stage, target: Target, run_dir: Path, timeout_s: float | No
 def run_pipeline(target: Target, stages: list[Stage], *, timeout_s: float | None = None,
                  results_dir: Path = RESULTS_DIR, status_path: Path = STATUS_PATH,
                  runs_dir: Path = RUNS_DIR, registry: list[Stage] | None = None) -> dict[str, dict[str, Any]]:
-    from tqdm.auto import tqdm
-
     rows: dict[str, dict[str, Any]] = {}
-    bar = tqdm(stages, desc=f"stages on {target.name}", unit="stage", file=sys.stderr)
-    for stage in bar:
-        bar.set_postfix_str(stage.id)
-        row = run_stage(stage, target, Path(runs_dir) / target.name, timeout_s)
+    progress = Progress(target.name, len(stages))
+    for i, stage in enumerate(stages):
+        progress.start(i, stage.id)
+        row = run_stage(stage, target, Path(runs_dir) / target.name, timeout_s,
+                        on_progress=lambda t, cells, sid=stage.id: progress.running(sid, t, cells))
         rows[stage.id] = row
         merge_results(target.name, {stage.id: row}, results_dir)   # saved per stage: a crash loses nothing
-        tqdm.write(f"  {stage.id:<10} {row['verdict']:<14} {row['wall_s']:>7.1f} s  {row['reason'][:100]}",
-                   file=sys.stderr)
+        progress.done(f"  {stage.id:<10} {row['verdict']:<14} {row['wall_s']:>7.1f} s  {row['reason'][:100]}")
+    progress.close()
     write_status(status_path, stages=registry if registry is not None else stages, results_dir=results_dir)
     return rows
+
+
+class Progress:
+    """The pipeline's console: a tqdm bar on a terminal; plain lines otherwise (a log file or a CI run gets no
+    carriage returns): ``[i/n] stage …`` when a stage starts, a line every :data:`PROGRESS_EVERY_S` while it runs
+    (elapsed seconds, cells done), its result line when it ends."""
+
+    def __init__(self, target: str, n: int, stream=None):
+        self.stream = stream or sys.stderr
+        self.n = n
+        self.bar = None
+        if self.stream.isatty():
+            from tqdm.auto import tqdm
+            self.bar = tqdm(total=n, desc=f"stages on {target}", unit="stage", file=self.stream)
+
+    def start(self, i: int, sid: str) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(sid)
+        else:
+            print(f"[{i + 1}/{self.n}] {sid} …", file=self.stream, flush=True)
+
+    def running(self, sid: str, elapsed_s: float, cells) -> None:
+        where = f", cell {cells[0]}/{cells[1]}" if cells else ""
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"{sid} {elapsed_s:.0f} s{where}")
+        else:
+            print(f"      {sid} {elapsed_s:5.0f} s{where}", file=self.stream, flush=True)
+
+    def done(self, line: str) -> None:
+        if self.bar is not None:
+            self.bar.write(line, file=self.stream)
+            self.bar.update(1)
+        else:
+            print(line, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 def select_stages(all_stages: list[Stage], spec: str | None) -> list[Stage]:
