@@ -87,10 +87,8 @@ record(metrics_path, round_trip_cosine=rt_cos)
 # ## The kernels build for sm_90a (on any machine) with the instructions this design needs
 #
 # The decode's producer converts every e4m3 pair on chip (`cvt.rn.f16x2.e4m3x2`: 4 half-tiles × 8 rows × 8 per
-# thread), loads the nope bytes 16 at a time into registers — rolling: each converted row's registers take the same
-# row of the next half-tile at once, so 8 loads stay in flight — reads each key's address and scale bytes from a
-# shared record resolved once per key, copies the bf16 rope dims by cp.async straight into the tile (committed as a
-# group before the wait), and spills nothing at its 88 registers.
+# thread), loads the nope bytes 16 at a time into registers (a half-tile's 8 rows in flight at once), copies the bf16
+# rope dims by cp.async straight into the tile, and spills nothing at its 88 registers.
 
 # %%
 from dsv4lib.kernels.compile import compile_for_arch
@@ -216,11 +214,11 @@ if on_gpu:
 # %% [markdown]
 # ## Where it stands
 #
-# Correct, and at 0.7-0.9x FlashMLA (H100 and H200, 2026-11-25; the first version was at 0.45x): key records
-# resolved once per key and rolling loads took the producer's index arithmetic and most of its exposed memory
-# latency away (docs/tuning/d7.md).  What is left: at 128 heads the two CTAs of a token dequantize the same keys
-# (FlashMLA's 2-CTA "crossover" halves that), the conversion costs 6 instructions a pair where f16 MMAs would need 2,
-# and the consumers' paired schedule takes about as long per tile as the producer.
+# The first version is correct and slower than FlashMLA: its producer reads 16 bytes per row and thread into
+# registers and converts them — 8 rows' loads in flight per thread, a memory latency per half-tile — so the
+# producer is latency-bound (docs/tuning/d7.md).  The next step stages the FP8 bytes in shared memory
+# by bulk asynchronous copies (one per key part, completing on the half-tile's transaction barrier) and converts
+# them there.
 
 # %%
 record(metrics_path, mode="gpu" if on_gpu else "compile",
