@@ -8,7 +8,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${DSV4_VENV:-.venv}
 PY=${PYTHON:-python3}
+say() { echo "setup: $*" >&2; }         # one line per step: a first run takes minutes, never silently
 if [ ! -x "$VENV/bin/python" ]; then
+  say "creating $VENV"
   "$PY" -m venv --system-site-packages "$VENV"
 fi
 VPY="$VENV/bin/python"
@@ -16,8 +18,12 @@ stamp="$VENV/.dsv4-installed"
 if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ]; then exit 0; fi
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 if ! "$VPY" -c "import torch" 2>/dev/null; then
+  say "installing torch 2.13.0 (the CPU build, ~200 MB)"
   "$VPY" -m pip install -q "torch==2.13.0"
 fi
+say "installing dsv4lib with CuTeDSL, ptxas and the notebook stack (pip, a minute or two on a first run)"
 "$VPY" -m pip install -q -e ".[notebooks]"
+say "registering the venv's Jupyter kernel"
 "$VPY" -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (dsv4-workbook)" >/dev/null
 touch "$stamp"
+say "done ($VENV)"
