@@ -1,4 +1,4 @@
-"""Host µs per call of every public function on a shape already compiled (median, no sync between calls; #28's bar:
+"""Host µs per call of every public function (the FP8 decode included, with its bare compiled launch as a piece) on a shape already compiled (median, no sync between calls; #28's bar:
 ≤ 25 µs), next to FA4's ``flash_attn_func`` and a one-element torch op in the same run; with ``--profile`` the
 cProfile breakdown of each call (where the remaining microseconds go) into DIR/host_profile.txt.
 
@@ -14,7 +14,9 @@ import torch
 
 import dsv4lib
 from dsv4lib import bench
+from dsv4lib.bench import d7
 from dsv4lib.bench.peers import attention_peers
+from dsv4lib.ops import launch
 
 BAR_US = 25.0
 
@@ -47,6 +49,11 @@ def calls() -> dict:
         "quantize_nvfp4 (amax of x)": lambda: dsv4lib.quantize_nvfp4(x),
         "dequantize_nvfp4": lambda: dsv4lib.dequantize_nvfp4(data, scales, gs),
     }
+    window, compressed = d7.filled_cache(1 << 14, 64, gen), d7.filled_cache(1 << 15, 64, gen)
+    case = d7.make_case(64, 64, 128, 512, window, compressed, sets=1)
+    decode = d7.ours_fn(case)
+    out["sparse_decode FP8 B64 H64 128+512"] = lambda: decode(*case.sets[0])
+    out["piece: sparse_decode's compiled launch"] = decode_launch(case)
     peers = attention_peers()
     if "FA4" in peers:
         out["peer: FA4 flash_attn_func hd128 S4096"] = lambda: peers["FA4"](q, k, v, causal=True)
@@ -58,6 +65,20 @@ def calls() -> dict:
     out["piece: unsqueeze"] = lambda: q.unsqueeze(0)
     out["piece: raw stream handle"] = lambda: torch._C._cuda_getCurrentRawStream(0)
     return out
+
+
+def decode_launch(case) -> callable:
+    """The TVM-FFI function of ``case``'s unsplit decode build called with ready arguments: what a D7 call costs
+    below the Python of ``sparse_decode`` (validation, plan, output allocation)."""
+    q, idx, len1, idx2, len2 = case.sets[0]
+    dsv4lib.sparse_decode(q, case.window, idx, len1, extra_k_cache=case.compressed, extra_indices=idx2,
+                          extra_topk_length=len2, sink=case.sink, num_splits=1)          # compiles the build
+    fn = next(f for k, f in launch._COMPILED.items() if type(k).__name__ == "Model1DecodeConfig" and not k.split_kv)
+    o = torch.empty(1, *q.shape, dtype=torch.bfloat16, device="cuda")
+    lse = torch.empty(1, q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32, device="cuda")
+    args = (q, case.window.data, idx, len1, case.compressed.data, idx2, len2, case.window.page_size,
+            case.compressed.page_size, o, lse, 512 ** -0.5 * 1.4426950408889634, case.sink, launch.raw_stream(q.device))
+    return lambda: fn(*args)
 
 
 def main():

@@ -203,12 +203,8 @@ def test_decode_is_exact_and_repeatable_with_every_sm_busy():
     while every small case passed.)  Three runs agree bit for bit, and the first tokens match the float64 reference."""
     gen = torch.Generator().manual_seed(fresh_seed())
     B, H = torch.cuda.get_device_properties(0).multi_processor_count, 64
-    main = dsv4lib.Model1Cache(1024, 64, device="cuda")                  # 64k window slots, 37 MB
-    cmp = dsv4lib.Model1Cache(2048, 64, device="cuda")                   # 128k compressed slots, 75 MB
-    for cache in (main, cmp):
-        for lo in range(0, cache.num_keys, 1 << 15):
-            cache.append(torch.arange(lo, lo + (1 << 15), dtype=torch.int32, device="cuda"),
-                         _random_keys(1 << 15, gen, "cuda"))
+    main = _filled_cache(1024, 64, gen, "cuda")                           # 64k window slots, 37 MB
+    cmp = _filled_cache(2048, 64, gen, "cuda")                            # 128k compressed slots, 75 MB
     q = (torch.randn(B, 1, H, 512, generator=gen) * 0.5).bfloat16().cuda()
     idx = torch.randint(0, main.num_keys, (B, 1, 128), generator=gen, dtype=torch.int32).cuda()
     idx2 = torch.randint(0, cmp.num_keys, (B, 1, 512), generator=gen, dtype=torch.int32).cuda()
