@@ -33,6 +33,7 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint8, Uint32, const_expr, pipeline
+from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync
 from cutlass.cutlass_dsl import T, dsl_user_op
 
@@ -69,6 +70,22 @@ def ue8m0_scale(byte: Uint32, *, loc=None, ip=None) -> Float32:
                       loc, ip)
 
 
+@dsl_user_op
+def load_b64_if(address: Int64, pred: Int32, *, loc=None, ip=None) -> Int64:
+    """The 8 bytes at a global ``address`` where ``pred`` is non-zero, else 0 — no select on the loaded value, so
+    nothing waits for the load before its value is used."""
+    text = "{ .reg .pred p; setp.ne.b32 p, $2, 0; mov.b64 $0, 0; @p ld.global.b64 $0, [$1]; }"
+    return inline_ptx(T.i64(), Int64, [Int64(address), Int32(pred)], text, "=l,l,r", loc, ip)
+
+
+@dsl_user_op
+def prefetch_l2_if(address: Int64, pred: Int32, *, loc=None, ip=None) -> None:
+    """Prefetch a key's 576-byte part (16-byte aligned) into L2 where ``pred`` is non-zero (one bulk prefetch)."""
+    text = (f"{{ .reg .pred p; setp.ne.b32 p, $1, 0; @p cp.async.bulk.prefetch.L2.global [$0], {PART_BYTES}; }}")
+    llvm.inline_asm(None, [Int64(address).ir_value(loc=loc, ip=ip), Int32(pred).ir_value(loc=loc, ip=ip)], text,
+                    "l,r", has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
 class PageList:
     """One MODEL1 cache and its index list as the kernel reads them, for one batch entry: the cache's address and
     page geometry, its index space, the list and its valid length."""
@@ -80,7 +97,8 @@ class PageList:
         self.page_size = page_size
         self.n_keys = cute.size(mCache, mode=[0]) * page_size         # its index space
         self.idx = mIdx                                               # (B, Sq, K)
-        self.length = cute.size(mIdx, mode=[2])
+        self.list_len = cute.size(mIdx, mode=[2])                     # K (≥ 1)
+        self.length = self.list_len
         if has_length:
             self.length = cutlass.min(cutlass.max(mLen[batch], 0), self.length)
 
@@ -153,19 +171,42 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
     @cute.jit
     def key_address(self, keys: KeyLists, batch, token, key, n_keys) -> Int32:
         """Key ``key`` of this query in the joint index space (the extra cache's keys after the main one's), or -1
-        when it is no key."""
+        when it is no key (the consumers' key mask: one index load)."""
+        main_i, extra_i = Int32(-1), Int32(-1)
+        if key < n_keys:
+            if key < keys.main.length:
+                main_i = keys.main.idx[batch, token, key]
+            else:
+                if const_expr(self.extra_cache):
+                    extra_i = keys.extra.idx[batch, token, key - keys.main.length]
+        return self.joint_address(keys, key, n_keys, main_i, extra_i)
+
+    @cute.jit
+    def joint_address(self, keys: KeyLists, key, n_keys, main_i, extra_i) -> Int32:
+        """Key ``key``'s address in the joint index space from its entries in the main and extra lists (only the
+        list the key is in counts), -1 for no key: past both lengths, ``-1``, or outside its cache's index space."""
         u = Int32(-1)
         if key < n_keys:
             if key < keys.main.length:
-                idx = keys.main.idx[batch, token, key]
-                if idx >= 0 and idx < keys.main.n_keys:
-                    u = idx
+                if main_i >= 0 and main_i < keys.main.n_keys:
+                    u = main_i
             else:
                 if const_expr(self.extra_cache):
-                    idx = keys.extra.idx[batch, token, key - keys.main.length]
-                    if idx >= 0 and idx < keys.extra.n_keys:
-                        u = keys.main.n_keys + idx
+                    if extra_i >= 0 and extra_i < keys.extra.n_keys:
+                        u = keys.main.n_keys + extra_i
         return u
+
+    @cute.jit
+    def load_indices(self, keys: KeyLists, batch, token, key):
+        """Issue the loads of key ``key``'s entries in both lists (positions clamped into each list: whichever list
+        the key is in, the other load is harmless).  Nothing here looks at the values, so the loads stay in flight
+        until :meth:`fetch_record` uses them a pair later (the producer resolves keys two pairs ahead)."""
+        main_i = keys.main.idx[batch, token, cutlass.max(cutlass.min(key, keys.main.list_len - 1), 0)]
+        extra_i = Int32(-1)
+        if const_expr(self.extra_cache):
+            extra_i = keys.extra.idx[batch, token,
+                                     cutlass.max(cutlass.min(key - keys.main.length, keys.extra.list_len - 1), 0)]
+        return main_i, extra_i
 
     @cute.jit
     def is_real_key(self, key, keys, batch, token, n_keys, seqlen_k):
@@ -186,16 +227,17 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
                                 cute.make_layout((8, 2 * TILE_N, 2), stride=(1, 16, 32 * TILE_N)))
 
     @cute.jit
-    def fetch_record(self, keys: KeyLists, batch, token, key, n_keys):
-        """Key ``key`` of this query → (address of its 576-byte part, its 8 scale bytes as one int64); no key: the
-        main cache's key 0 as a stand-in address (never a hot spot worth avoiding: a padding tile's 64 reads of one
-        L2 line) and scales 0 — a real key never has a zero scale byte (the writer's smallest scale is 2^-13)."""
-        u = self.key_address(keys, batch, token, key, n_keys)
+    def fetch_record(self, keys: KeyLists, key, n_keys, indices):
+        """Key ``key`` of this query (its list entries ``indices`` from :meth:`load_indices`) → (address of its
+        576-byte part, its 8 scale bytes as one int64, loading); its part is prefetched into L2 at once, so the rows'
+        loads a pair later hit L2.  No key: the main cache's key 0 as a stand-in address (never a hot spot worth
+        avoiding: a padding tile's 64 reads of one L2 line) and scales 0 — a real key never has a zero scale byte
+        (the writer's smallest scale is 2^-13)."""
+        u = self.joint_address(keys, key, n_keys, *indices)
         part, group_at = self.key_bytes(keys, cutlass.max(u, 0))
-        scales = Int64(0)
-        if u >= 0:
-            scales = gmem_view(Int64, group_at, 1, 8)[0]
-        return part, scales
+        real = Int32(1) if u >= 0 else Int32(0)
+        prefetch_l2_if(part, real)
+        return part, load_b64_if(group_at, real)
 
     @cute.jit
     def gather_pairs(self, keys, _keys, sKV, kv_pipes, tidx, token, batch, key_lo, n_keys, seqlen_k, tile_lo,
@@ -214,9 +256,12 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         raw = cute.make_rmem_tensor(cute.make_layout((ROWS_PER_THREAD, 4), stride=(4, 1)), Uint32)   # 16 B a row
         scale_bytes = cute.make_rmem_tensor((ROWS_PER_THREAD,), Uint32)
         n_pairs = (tile_hi - tile_lo + 1) // 2
-        part, scales = self.fetch_record(keys, batch, token, tile_lo * TILE_N + tidx, n_keys)
+        key0 = tile_lo * TILE_N + tidx                                   # my key of pair 0
+        key_end = cutlass.min(n_keys, tile_hi * TILE_N)     # past it (padding tile, the next split's): no key
+        part, scales = self.fetch_record(keys, key0, key_end, self.load_indices(keys, batch, token, key0))
         records[0, tidx, 0] = part
         records[1, tidx, 0] = scales
+        next_indices = self.load_indices(keys, batch, token, key0 + 2 * TILE_N)
         cute.arch.barrier(barrier_id=PRODUCER_SYNC, number_of_threads=128)
         b0, h0 = HALF_TILE_ORDER[0]
         for k in cutlass.range_constexpr(ROWS_PER_THREAD):
@@ -225,9 +270,9 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
             buf = p % 2
             for j in cutlass.range_constexpr(4):
                 b, h = HALF_TILE_ORDER[j]
-                if const_expr(j == 0):      # the next pair's key (past the item: no key, nothing read)
-                    part, scales = self.fetch_record(keys, batch, token, (tile_lo + 2 * p + 2) * TILE_N + tidx,
-                                                     n_keys)
+                if const_expr(j == 0):      # the next pair's record; the indices of the pair after it
+                    part, scales = self.fetch_record(keys, key0 + (2 * p + 2) * TILE_N, key_end, next_indices)
+                    next_indices = self.load_indices(keys, batch, token, key0 + (2 * p + 4) * TILE_N)
                 kv_pipes[2 * b + h].producer_acquire(state)
                 next_buf = buf
                 if const_expr(j == 3):      # the next half-tile is the next pair's: publish its records first
