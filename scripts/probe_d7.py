@@ -9,18 +9,24 @@ garbage in every variant but ``full`` — this is a measurement, never a result.
   no_mma        consumers' wgmmas removed (producer-bound, softmax and barriers kept)
   floor         idle producer and no wgmma: launch, Q, records, barriers, softmax, epilogue
 
-Usage: python scripts/probe_d7.py [--shapes 1,2,4] [--variants full,no_mma]"""
+``--trace``: the full kernel with a clock64 stamp (first thread of the warpgroup that does it) at each half-tile
+pipeline event — producer acquired / committing, consumer waited / releasing — per CTA and pair; prints the median
+over CTAs of each event's time from the pair's first event, in SM clocks.
+
+Usage: python scripts/probe_d7.py [--shapes 1,2,4] [--variants full,no_mma] [--trace]"""
 import argparse
+import dataclasses
 
 import cutlass
 import cutlass.cute as cute
 import torch
-from cutlass import Uint32
-from cutlass.cutlass_dsl import dsl_user_op
+from cutlass import Int32, Int64, Uint32
+from cutlass.cutlass_dsl import T, dsl_user_op
 
 from dsv4lib.bench import d7, time_graph
 from dsv4lib.kernels.sm90 import model1_decode as md
 from dsv4lib.kernels.sm90 import sparse_fwd as sf
+from dsv4lib.kernels.common import inline_ptx
 from dsv4lib.ops import launch
 
 ORIGINAL = dict(convert=md.e4m3x2_to_bf16x2, load_row=md.Model1DecodeSm90.load_row,
@@ -70,6 +76,84 @@ VARIANTS = {
 }
 
 
+TRACE_CTAS, TRACE_PAIRS, EVENTS = 512, 16, ("acquired", "committing", "waited", "releasing")
+HALF_TILES = ("(0,L)", "(1,R)", "(0,R)", "(1,L)")       # pipeline i = 2 b + h; printed in the producer's fill order
+FILL_ORDER = (0, 3, 1, 2)
+
+
+@dsl_user_op
+def clock64(*, loc=None, ip=None) -> Int64:
+    return inline_ptx(T.i64(), Int64, [], "mov.u64 $0, %clock64;", "=l", loc, ip, side_effects=True)
+
+
+@cute.jit
+def stamp(address: cutlass.Constexpr, pipe: cutlass.Constexpr, event: cutlass.Constexpr, pair):
+    tidx, _, _ = cute.arch.thread_idx()
+    bx, by, bz = cute.arch.block_idx()
+    gx, gy, _ = cute.arch.grid_dim()
+    cta = (bz * gy + by) * gx + bx
+    if tidx % 128 == 0 and cta < TRACE_CTAS and pair < TRACE_PAIRS:
+        buf = cute.make_tensor(cute.make_ptr(Int64, Int64(address), cute.AddressSpace.gmem, assumed_align=8),
+                               cute.make_layout((16, TRACE_PAIRS, TRACE_CTAS)))
+        buf[event * 4 + pipe, pair, cta] = clock64()
+
+
+@dataclasses.dataclass
+class TracedPipe:
+    """A half-tile pipeline whose four calls stamp the clock (the acquire / wait after, the commit / release
+    before).  A dataclass: the DSL carries it through run-time branches field by field."""
+
+    pipe: object
+    i: int
+    address: int
+
+    def producer_acquire(self, state):
+        self.pipe.producer_acquire(state)
+        stamp(self.address, self.i, 0, state.count)
+
+    def producer_commit(self, state):
+        stamp(self.address, self.i, 1, state.count)
+        self.pipe.producer_commit(state)
+
+    def consumer_wait(self, state):
+        self.pipe.consumer_wait(state)
+        stamp(self.address, self.i, 2, state.count)
+
+    def consumer_release(self, state):
+        stamp(self.address, self.i, 3, state.count)
+        self.pipe.consumer_release(state)
+
+
+def trace(case) -> None:
+    buf = torch.zeros(TRACE_CTAS, TRACE_PAIRS, 16, dtype=torch.int64, device="cuda")
+    plain = md.Model1DecodeSm90.half_tile_pipelines
+    md.Model1DecodeSm90.half_tile_pipelines = lambda self, barriers: tuple(
+        TracedPipe(p, i, buf.data_ptr()) for i, p in enumerate(plain(self, barriers)))
+    launch._COMPILED.clear()
+    try:
+        d7.ours_fn(case)(*case.sets[0])
+        torch.cuda.synchronize()
+        buf.zero_()
+        d7.ours_fn(case)(*case.sets[1])
+        torch.cuda.synchronize()
+    finally:
+        md.Model1DecodeSm90.half_tile_pipelines = plain
+        launch._COMPILED.clear()
+    t = buf.view(TRACE_CTAS, TRACE_PAIRS, 4, 4).double()        # (cta, pair, event, pipe)
+    used = t[:, 0].amax(dim=(1, 2)) > 0
+    t = t[used]
+    print(f"trace B{case.B} H{case.H}: {int(used.sum())} CTAs, SM clocks from the pair's first event (median)")
+    kernel0 = t[:, 0].where(t[:, 0] > 0, float("inf")).amin(dim=(1, 2))
+    for p in range(TRACE_PAIRS):
+        if not bool((t[:, p, 0, 0] > 0).all()):
+            break
+        first = t[:, p].where(t[:, p] > 0, float("inf")).amin(dim=(1, 2))
+        rel = (t[:, p] - first.view(-1, 1, 1)).median(dim=0).values
+        cells = "  ".join(f"{HALF_TILES[i]} " + "/".join(f"{rel[e, i]:6.0f}" for e in range(4)) for i in FILL_ORDER)
+        begin = (first - kernel0).median().item()
+        print(f"  pair {p}: at {begin:7.0f}  [acq/commit/wait/release]  {cells}")
+
+
 def apply(variant: str) -> None:
     parts = {**ORIGINAL, **VARIANTS[variant]}
     md.e4m3x2_to_bf16x2 = parts["convert"]
@@ -83,11 +167,16 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="1,2,4")
     ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--trace", action="store_true")
     args = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     window = d7.filled_cache(256 << 10, 64, gen)
     compressed = d7.filled_cache(512 << 10, 64, gen)
     cases = [d7.make_case(*d7.SHAPES[int(i)], window, compressed) for i in args.shapes.split(",")]
+    if args.trace:
+        for c in cases:
+            trace(c)
+        return
     variants = args.variants.split(",")
     table = {}
     for v in variants:

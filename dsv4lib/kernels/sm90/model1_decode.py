@@ -33,7 +33,6 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint8, Uint32, const_expr, pipeline
-from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync
 from cutlass.cutlass_dsl import T, dsl_user_op
 
@@ -76,14 +75,6 @@ def load_b64_if(address: Int64, pred: Int32, *, loc=None, ip=None) -> Int64:
     nothing waits for the load before its value is used."""
     text = "{ .reg .pred p; setp.ne.b32 p, $2, 0; mov.b64 $0, 0; @p ld.global.b64 $0, [$1]; }"
     return inline_ptx(T.i64(), Int64, [Int64(address), Int32(pred)], text, "=l,l,r", loc, ip)
-
-
-@dsl_user_op
-def prefetch_l2_if(address: Int64, pred: Int32, *, loc=None, ip=None) -> None:
-    """Prefetch a key's 576-byte part (16-byte aligned) into L2 where ``pred`` is non-zero (one bulk prefetch)."""
-    text = (f"{{ .reg .pred p; setp.ne.b32 p, $1, 0; @p cp.async.bulk.prefetch.L2.global [$0], {PART_BYTES}; }}")
-    llvm.inline_asm(None, [Int64(address).ir_value(loc=loc, ip=ip), Int32(pred).ir_value(loc=loc, ip=ip)], text,
-                    "l,r", has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
 
 
 class PageList:
@@ -229,15 +220,12 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
     @cute.jit
     def fetch_record(self, keys: KeyLists, key, n_keys, indices):
         """Key ``key`` of this query (its list entries ``indices`` from :meth:`load_indices`) → (address of its
-        576-byte part, its 8 scale bytes as one int64, loading); its part is prefetched into L2 at once, so the rows'
-        loads a pair later hit L2.  No key: the main cache's key 0 as a stand-in address (never a hot spot worth
+        576-byte part, its 8 scale bytes as one int64, still loading).  No key: the main cache's key 0 as a stand-in address (never a hot spot worth
         avoiding: a padding tile's 64 reads of one L2 line) and scales 0 — a real key never has a zero scale byte
         (the writer's smallest scale is 2^-13)."""
         u = self.joint_address(keys, key, n_keys, *indices)
         part, group_at = self.key_bytes(keys, cutlass.max(u, 0))
-        real = Int32(1) if u >= 0 else Int32(0)
-        prefetch_l2_if(part, real)
-        return part, load_b64_if(group_at, real)
+        return part, load_b64_if(group_at, Int32(1) if u >= 0 else Int32(0))
 
     @cute.jit
     def gather_pairs(self, keys, _keys, sKV, kv_pipes, tidx, token, batch, key_lo, n_keys, seqlen_k, tile_lo,
