@@ -77,7 +77,7 @@ VARIANTS = {
 
 
 TRACE_CTAS, TRACE_PAIRS, EVENTS = 512, 16, ("acquired", "committing", "waited", "releasing")
-HALF_TILES = ("(0,L)", "(1,R)", "(0,R)", "(1,L)")       # pipeline i = 2 b + h; printed in the producer's fill order
+HALF_TILES = ("(0,L)", "(0,R)", "(1,L)", "(1,R)")       # pipeline i = 2 b + h; printed in the producer's fill order
 FILL_ORDER = (0, 3, 1, 2)
 
 

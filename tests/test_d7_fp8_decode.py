@@ -34,13 +34,17 @@ def test_decode_builds_dequantizing_in_the_producer(extra, split_kv):
     assert k.count(r"cvt\.rn\.f16x2\.e4m3x2") == 4 * 8 * 8
     # nope bytes arrive by 16-byte loads into registers, rolling: the first half-tile's 8 rows before the pair loop,
     # then in each of the 4 fills every converted row's registers reloaded with the next half-tile's row; the rope
-    # dims, bf16 already, by cp.async straight into the tile (2 a row, right halves only), committed as a group
-    # before the wait (an uncommitted cp.async is not waited for: stale rope columns under load)
+    # dims, bf16 already, by cp.async straight into the tile (2 a row, right halves only), their threads arriving on
+    # the half-tile's barrier through the copies (arrive.noinc: the hardware arrives once they land; no thread waits
+    # for a DRAM latency, and no copy can be left unwaited — the first version's stale rope columns)
     assert k.count(r"ld\.global\.v4\.b32") == 8 + 4 * 8
     assert k.count(r"cp\.async\.cg\.shared\.global") == 2 * 8 * 2
-    assert k.count(r"cp\.async\.commit_group") == k.count(r"cp\.async\.wait_group") == 2
-    # the key records (part address, scale bytes) are resolved once per key, not per row: one division pair a key
+    assert k.count(r"cp\.async\.mbarrier\.arrive\.noinc") == 2
+    assert k.count(r"cp\.async\.wait_group") == 0
+    # the key records (part address, scale bytes) are resolved once per key, not per row: one division pair a key;
+    # the consumers' key mask comes from the records in shared memory, not from the index lists
     assert k.count(r"ld\.global\.b8") == 0
+    assert k.count(r"ld\.global\.b64") == 2          # the scale words: the record before the loop, the one in it
     assert k.count(r"st\.shared\.v4") == 4 * 8 * 2        # 16 bf16 a row as two 16-byte stores
     # the consumers are D6's paired ones: QK in two column halves, PV RS + SS per warpgroup
     assert k.count(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16") == 2 * 512 // 16

@@ -22,8 +22,10 @@ the hot loop does no index arithmetic and no scale loads.  *Rolling loads*: thre
 row, its scale byte from the record.  It holds 8 rows in registers, and as soon as a row is converted and stored those
 registers take the same row of the *next* half-tile, so 8 loads stay in flight through the conversions and through the
 wait for the next buffer (H100: 0.45x → 0.9x FlashMLA at B ≥ 64, H64).  The rope columns (``h = 1``,
-``t % 16 >= 12``) are bf16 already and go by ``cp.async`` straight into the tile, committed as a group and waited for
-before the thread arrives.  e4m3 → bf16: ``cvt.rn.f16x2.e4m3x2`` (exact), widened to fp32, times the power-of-two
+``t % 16 >= 12``) are bf16 already and go by ``cp.async`` straight into the tile; those threads do not wait for
+them: their arrive on the half-tile's barrier is ``cp.async.mbarrier.arrive.noinc``, which the hardware performs once
+the copies have landed (waiting for them cost each right half a DRAM latency, ~2.5k SM clocks of the producer's ~15k a
+pair).  e4m3 → bf16: ``cvt.rn.f16x2.e4m3x2`` (exact), widened to fp32, times the power-of-two
 scale (exact), ``cvt.rn.bf16x2.f32`` (exact: 4 significant bits); a row without a key (scale byte 0) is zeros.  Each
 producer thread then fences its shared writes for the async proxy (the consumers' wgmma reads them) and arrives on the
 half-tile's barrier (a plain ``PipelineAsync``)."""
@@ -108,6 +110,7 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
     """MQA decode with head dim 512, K = V, keys gathered from FP8 MODEL1 pages (module docstring)."""
 
     KEY_ADDR_SLOTS = 2 * 2 * 2 * TILE_N      # key records: (part address, scale bytes) × a pair's 128 keys × 2 buffers
+    KEY_MASK_AFTER_WAIT = True               # the consumers' key mask comes from the records (is_real_key)
 
     def __init__(self, config: Model1DecodeConfig):
         if not isinstance(config, Model1DecodeConfig):
@@ -160,19 +163,6 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         return Int32(0), keys.n_keys, tile_lo, tile_hi
 
     @cute.jit
-    def key_address(self, keys: KeyLists, batch, token, key, n_keys) -> Int32:
-        """Key ``key`` of this query in the joint index space (the extra cache's keys after the main one's), or -1
-        when it is no key (the consumers' key mask: one index load)."""
-        main_i, extra_i = Int32(-1), Int32(-1)
-        if key < n_keys:
-            if key < keys.main.length:
-                main_i = keys.main.idx[batch, token, key]
-            else:
-                if const_expr(self.extra_cache):
-                    extra_i = keys.extra.idx[batch, token, key - keys.main.length]
-        return self.joint_address(keys, key, n_keys, main_i, extra_i)
-
-    @cute.jit
     def joint_address(self, keys: KeyLists, key, n_keys, main_i, extra_i) -> Int32:
         """Key ``key``'s address in the joint index space from its entries in the main and extra lists (only the
         list the key is in counts), -1 for no key: past both lengths, ``-1``, or outside its cache's index space."""
@@ -199,9 +189,19 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
                                      cutlass.max(cutlass.min(key - keys.main.length, keys.extra.list_len - 1), 0)]
         return main_i, extra_i
 
+    def key_source(self, keys: KeyLists, sKeyAddr, tile_lo) -> KeyLists:
+        """The consumers read key validity from the producer's key records (:meth:`is_real_key`)."""
+        keys.records = self.key_records(sKeyAddr)
+        keys.tile_lo = tile_lo
+        return keys
+
     @cute.jit
     def is_real_key(self, key, keys, batch, token, n_keys, seqlen_k):
-        return self.key_address(keys, batch, token, key, n_keys) >= 0
+        """Key ``key`` (of a tile this consumer has waited for) is real: its record's scale word is not 0.  The
+        producer published the pair's records before filling its first half-tile, and overwrites them only once
+        the pair's last half-tile is free — so no index is loaded from global memory on the consumers' path."""
+        rel = key - keys.tile_lo * TILE_N
+        return keys.records[1, rel % (2 * TILE_N), (rel // (2 * TILE_N)) % 2] != Int64(0)
 
     # ------------------------------------------------------------------------------ producer
     @cute.jit
@@ -271,7 +271,13 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
                 self.fill_half_tile(records, scale_of, buf, b, h, next_buf, HALF_TILE_ORDER[(j + 1) % 4], sKV, group,
                                     lane, raw, scale_bytes)
                 cute.arch.fence_proxy("async.shared", space="cta")   # generic writes → the consumers' wgmma
-                kv_pipes[2 * b + h].producer_commit(state)
+                if const_expr(h == 1):
+                    if lane >= ROPE_LANE:   # arrives once its rope copies have landed; the thread does not wait
+                        cute.arch.cp_async_mbarrier_arrive_noinc(kv_pipes[2 * b + h].producer_get_barrier(state))
+                    else:
+                        kv_pipes[2 * b + h].producer_commit(state)
+                else:
+                    kv_pipes[2 * b + h].producer_commit(state)
             state.advance()
         return state
 
@@ -293,8 +299,8 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         """Write this thread's 16 columns of its 8 rows of half-tile (b, h) in bf16, each row's registers reloaded with
         the next half-tile's row right after.  Nope columns: 16 e4m3 values times the row's power-of-two scale (a row
         without a key — scale byte 0 — is zeros, whatever its stand-in bytes hold).  Rope columns (right half, lanes
-        12-15): bf16 already, ``cp.async`` straight into the tile (zero-filled for no key), waited for before the
-        thread arrives."""
+        12-15): bf16 already, ``cp.async`` straight into the tile (zero-filled for no key); the thread's arrive waits
+        for them, not the thread (:meth:`gather_pairs`)."""
         col = h * HALF + lane * COLS_PER_THREAD
         nb, nh = next_half
         rope = False
@@ -326,12 +332,6 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
                 out_bf16 = cute.make_tensor(cute.recast_ptr(out.iterator, dtype=self.dtype), cute.make_layout(16))
                 cute.autovec_copy(out_bf16, cute.local_tile(sKV[r, None, b], (16,), (col // 16,)))
             self.load_row(records, scale_of, next_buf, nb, nh, group, lane, k, raw, scale_bytes)
-        if const_expr(h == 1):
-            # the rope copies must land before the thread arrives: a cp.async outside a committed group is not
-            # waited for by wait_group (the first version had no commit — harmless while the nope lanes were slow,
-            # stale rope columns once they were not)
-            cute.arch.cp_async_commit_group()
-            cute.arch.cp_async_wait_group(0)
 
     @cute.jit
     def key_bytes(self, keys: KeyLists, u):

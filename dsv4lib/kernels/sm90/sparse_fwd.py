@@ -103,6 +103,9 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
     PRODUCER_REGS, CONSUMER_REGS = 56, 224          # 128·(56 + 2·224) = 64 512 ≤ 65 536
     PAIRED_PRODUCER_REGS, PAIRED_CONSUMER_REGS = 88, 208   # 128·(88 + 2·208) = 64 512
     KEY_ADDR_SLOTS = 2                              # int64 words of shared room for a producer's key records
+    # paired schedule: the consumers' key mask computed after the tile's first wait (from what the producer published
+    # with the tile, see key_source) instead of from global memory before it
+    KEY_MASK_AFTER_WAIT = False
 
     def __init__(self, config: SparseFwdConfig):
         super().__init__(config)
@@ -274,6 +277,7 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
                                 cute.make_layout((TILE_H, HEAD_DIM), stride=(HEAD_DIM + RED_PAD, 1)))
 
         key_lo, n_keys, tile_lo, tile_hi = self.key_range(mQ, mKV, mIdx, token, window_size, num_splits, split)
+        mIdx = self.key_source(mIdx, sKeyAddr, tile_lo)
         pipeline_init_wait(cluster_shape_mn=(1, 1))
 
         if warp_idx < 4:
@@ -342,6 +346,11 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
     def half_tile_pipelines(self, barriers) -> tuple:
         """The paired schedule's four half-tile pipelines (filled by ``cp.async`` here)."""
         return half_tile_pipelines(barriers)
+
+    def key_source(self, mIdx, sKeyAddr, tile_lo):
+        """What :meth:`is_real_key` reads, given the producer's shared key room and the CTA's first tile: the index
+        list itself here (a subclass may point its consumers at records its producer publishes)."""
+        return mIdx
 
     @cute.jit
     def wait_q(self, pipeline_q, tile_lo, tile_hi):
@@ -774,9 +783,13 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
                      mIdx, batch, token, key_end, seqlen_k, tile_lo):
         """Paired schedule: the key mask of pair ``p``'s tile of warpgroup ``w`` and ``S = Q·Kᵀ`` over it, the half
         that arrives first first (WG0: left, WG1: right).  Returns the tile's key-validity bits."""
-        key_bits = self.key_mask_bits(cute.size(tScS_rc, mode=[1]), tScS_rc, (tile_lo + 2 * p + w) * TILE_N, mIdx,
-                                      batch, token, key_end, seqlen_k)
+        key0 = (tile_lo + 2 * p + w) * TILE_N
+        n_cols = cute.size(tScS_rc, mode=[1])
+        if const_expr(not self.KEY_MASK_AFTER_WAIT):     # global loads: issued before the wait, hidden by it
+            key_bits = self.key_mask_bits(n_cols, tScS_rc, key0, mIdx, batch, token, key_end, seqlen_k)
         kv_pipes[2 * w + w].consumer_wait(state)
+        if const_expr(self.KEY_MASK_AFTER_WAIT):         # published with the tile: readable once it is here
+            key_bits = self.key_mask_bits(n_cols, tScS_rc, key0, mIdx, batch, token, key_end, seqlen_k)
         gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, w], True, wait=False,
                   k_blocks=(w * k_half, (w + 1) * k_half))
         kv_pipes[2 * w + 1 - w].consumer_wait(state)
