@@ -115,6 +115,10 @@ class TracedPipe:
         stamp(self.address, self.i, 1, state.count)
         self.pipe.producer_commit(state)
 
+    def producer_get_barrier(self, state):     # the rope lanes' arrive (cp.async.mbarrier.arrive.noinc) follows
+        stamp(self.address, self.i, 1, state.count)
+        return self.pipe.producer_get_barrier(state)
+
     def consumer_wait(self, state):
         self.pipe.consumer_wait(state)
         stamp(self.address, self.i, 2, state.count)

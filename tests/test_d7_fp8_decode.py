@@ -51,7 +51,8 @@ def test_decode_builds_dequantizing_in_the_producer(extra, split_kv):
     assert k.count(r"cp\.async\.bulk\.tensor\.4d\.shared::cta\.global\.tile\.mbarrier") == 8      # Q by TMA
     assert k.count(r"\.local") == 0
     report = k.ptxas_report()
-    if report is not None:
+    # (the GPU machine's CUDA 13.0 ptxas reads PTX up to 9.0, CuTeDSL writes 9.4: checked where `make setup`'s is)
+    if report is not None and "Unsupported .version" not in report:
         # the production call (window + compressed cache) spills nothing; the one-cache build spills 24 B around
         # its producer loop (ptxas -v, 2026-11-25) — bounded here so that it cannot grow unnoticed
         spills = [int(s) for s in re.findall(r"(\d+) bytes spill stores", report)]
