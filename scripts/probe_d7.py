@@ -5,6 +5,7 @@ garbage in every variant but ``full`` — this is a measurement, never a result.
   full          the kernel as shipped
   no_convert    producer loads and stores, e4m3 → bf16 conversion replaced by a copy of the raw words
   no_gmem       producer converts and stores, no global loads of key bytes (registers hold a constant)
+  no_rope       no rope cp.async: the right halves' rope lanes convert their bytes as e4m3 like every other lane
   idle_producer producer fetches key records and arrives, nothing loaded, converted or stored (consumer-bound)
   no_mma        consumers' wgmmas removed (producer-bound, softmax and barriers kept)
   floor         idle producer and no wgmma: launch, Q, records, barriers, softmax, epilogue
@@ -30,7 +31,7 @@ from dsv4lib.kernels.common import inline_ptx
 from dsv4lib.ops import launch
 
 ORIGINAL = dict(convert=md.e4m3x2_to_bf16x2, load_row=md.Model1DecodeSm90.load_row,
-                fill=md.Model1DecodeSm90.fill_half_tile, gemm=sf.gemm)
+                fill=md.Model1DecodeSm90.fill_half_tile, gemm=sf.gemm, rope_lane=md.ROPE_LANE)
 
 
 @dsl_user_op
@@ -70,6 +71,7 @@ VARIANTS = {
     "full": {},
     "no_convert": dict(convert=copy_word),
     "no_gmem": dict(load_row=load_row_constant),
+    "no_rope": dict(rope_lane=16),
     "idle_producer": dict(load_row=load_row_nothing, fill=fill_nothing),
     "no_mma": dict(gemm=gemm_nothing),
     "floor": dict(load_row=load_row_nothing, fill=fill_nothing, gemm=gemm_nothing),
@@ -164,6 +166,7 @@ def apply(variant: str) -> None:
     md.Model1DecodeSm90.load_row = parts["load_row"]
     md.Model1DecodeSm90.fill_half_tile = parts["fill"]
     sf.gemm = parts["gemm"]
+    md.ROPE_LANE = parts["rope_lane"]
     launch._COMPILED.clear()
 
 
@@ -177,9 +180,11 @@ def main():
     window = d7.filled_cache(256 << 10, 64, gen)
     compressed = d7.filled_cache(512 << 10, 64, gen)
     cases = [d7.make_case(*d7.SHAPES[int(i)], window, compressed) for i in args.shapes.split(",")]
-    if args.trace:
+    if args.trace:                 # of the first variant named (full by default)
+        apply(args.variants.split(",")[0] if args.variants != ",".join(VARIANTS) else "full")
         for c in cases:
             trace(c)
+        apply("full")
         return
     variants = args.variants.split(",")
     table = {}
