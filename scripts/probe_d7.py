@@ -149,6 +149,10 @@ def trace(case) -> None:
     used = t[:, 0].amax(dim=(1, 2)) > 0
     t = t[used]
     print(f"trace B{case.B} H{case.H}: {int(used.sum())} CTAs, SM clocks from the pair's first event (median)")
+    stamped = t.where(t > 0, float("nan")).flatten(1)
+    span = stamped.nan_to_num(-float("inf")).amax(1) - stamped.nan_to_num(float("inf")).amin(1)
+    q = torch.quantile(span, torch.tensor([0.0, 0.5, 0.9, 1.0], dtype=span.dtype, device=span.device)).tolist()
+    print("  CTA span first → last event, clocks: min %.0f  median %.0f  p90 %.0f  max %.0f" % tuple(q))
     kernel0 = t[:, 0].where(t[:, 0] > 0, float("inf")).amin(dim=(1, 2))
     for p in range(TRACE_PAIRS):
         if not bool((t[:, p, 0, 0] > 0).all()):
