@@ -31,7 +31,8 @@ def test_decode_builds_dequantizing_in_the_producer(extra, split_kv):
     k = _build_decode(extra, split_kv)
     assert k.ptx_target == "sm_90a"
     # 4 half-tiles x 8 rows x 8 e4m3 pairs per producer thread: every key byte is converted on chip, no bf16 copy
-    assert k.count(r"cvt\.rn\.f16x2\.e4m3x2") == 4 * 8 * 8
+    assert k.count(r"mul\.rn\.bf16x2") == 4 * 8 * 8          # bits placed, one multiply a pair
+    assert k.count(r"cvt\.rn\.f16x2\.e4m3x2") == 4 * 8 * 8   # the fp32 path of rows scaled above 2^7
     # nope bytes arrive by 16-byte loads into registers, rolling: the first half-tile's 8 rows before the pair loop,
     # then in each of the 4 fills every converted row's registers reloaded with the next half-tile's row; the rope
     # dims, bf16 already, by cp.async straight into the tile (2 a row, right halves only), their threads arriving on
@@ -222,6 +223,44 @@ def test_decode_is_exact_and_repeatable_with_every_sm_busy():
     few = 8
     ref_out, _ = _reference(q[:few], main, idx[:few], dict(kw, extra_indices=idx2[:few], extra_topk_length=len2[:few]))
     check_output(runs[0][:few], ref_out)
+
+
+@pytest.mark.gpu
+def test_decode_dequantizes_every_byte_and_scale_exactly():
+    """The producer's e4m3 → bf16 conversion, bit for bit: each query has exactly one key (its softmax weight is 1,
+    so every head's output row *is* that key as the kernel dequantized it).  The keys' nope bytes run through every
+    e4m3 pattern but NaN (subnormals, ±0, the largest ±448), their scale bytes through 2^-13 … 2^7 (the placed-bits
+    path, 4 instructions a pair) and above (2^8, 2^13, 2^23: the fp32 path), their rope random bf16."""
+    gen = torch.Generator().manual_seed(fresh_seed())
+    page_size, n = 64, 256
+    cache = dsv4lib.Model1Cache(n // page_size, page_size, device="cuda")
+    patterns = torch.tensor([v for v in range(256) if v not in (0x7F, 0xFF)], dtype=torch.uint8)
+    keys = torch.arange(n)
+    nope = patterns[(keys[:, None] * 37 + torch.arange(M.NOPE_DIMS)) % patterns.numel()]        # [n, 448]
+    scale_bytes = torch.tensor(list(range(127 - 13, 127 + 8)) + [127 + 8, 127 + 13, 127 + 23], dtype=torch.uint8)
+    scales = scale_bytes[(keys[:, None] * 7 + torch.arange(M.TILES)) % scale_bytes.numel()]       # [n, 7]
+    rope = torch.randn(n, M.HEAD_DIM - M.NOPE_DIMS, generator=gen).bfloat16().view(torch.uint8)   # [n, 128]
+    pages = cache.data.view(n // page_size, -1).cpu()
+    slot = keys % page_size
+    part = slot[:, None] * M.PART_BYTES + torch.arange(M.PART_BYTES)
+    group = page_size * M.PART_BYTES + slot[:, None] * M.SCALE_GROUP_BYTES + torch.arange(M.TILES)
+    pages[(keys // page_size)[:, None], part] = torch.cat([nope, rope], 1)
+    pages[(keys // page_size)[:, None], group] = scales
+    cache.data.copy_(pages.view_as(cache.data))
+    expected = M.read_keys(cache.data, page_size).bfloat16()                   # exact: x · 2^e has 4 significant bits
+    assert torch.equal(M.read_keys(cache.data, page_size)[:, :M.NOPE_DIMS], expected[:, :M.NOPE_DIMS].double())
+    B, H = n, 64
+    # scores near 0 whatever the key's scale: the one weight is exp2(~0) = 1 exactly
+    q = (torch.randn(B, 1, H, 512, generator=gen) * 2.0 ** -40).bfloat16().cuda()
+    idx = torch.full((B, 1, 128), -1, dtype=torch.int32)
+    idx[torch.arange(B), 0, torch.randint(0, 128, (B,), generator=gen)] = keys[torch.randperm(n, generator=gen)].int()
+    key_of = idx.max(-1).values[:, 0]                                          # each query's one key
+    for splits in (1, None):                                                   # one CTA, and the split rule's choice
+        out = dsv4lib.sparse_decode(q, cache, idx.cuda(), num_splits=splits)
+        want = expected[key_of.cuda()][:, None, None, :].expand_as(out)
+        bad = (out != want).any(-1)                  # values (an e4m3 -0 comes out of the fp32 accumulator as +0)
+        assert not bad.any(), (f"splits {splits}: {int(bad.sum())} of {bad.numel()} rows differ, first "
+                               f"query {bad.nonzero()[0].tolist()}")
 
 
 @pytest.mark.gpu

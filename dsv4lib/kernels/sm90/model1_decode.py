@@ -25,8 +25,12 @@ wait for the next buffer (H100: 0.45x → 0.9x FlashMLA at B ≥ 64, H64).  The 
 ``t % 16 >= 12``) are bf16 already and go by ``cp.async`` straight into the tile; those threads do not wait for
 them: their arrive on the half-tile's barrier is ``cp.async.mbarrier.arrive.noinc``, which the hardware performs once
 the copies have landed (waiting for them cost each right half a DRAM latency, ~2.5k SM clocks of the producer's ~15k a
-pair).  e4m3 → bf16: ``cvt.rn.f16x2.e4m3x2`` (exact), widened to fp32, times the power-of-two
-scale (exact), ``cvt.rn.bf16x2.f32`` (exact: 4 significant bits); a row without a key (scale byte 0) is zeros.  Each
+pair).  e4m3 → bf16 without a conversion instruction: each byte's bits placed where they make the bf16 of
+``x · 2^-120`` (``prmt`` with sign replication, a shift, a mask), times ``2^(120 + e)`` by one ``mul.rn.bf16x2`` —
+4 instructions a pair instead of 6 (:func:`e4m3x2_placed_bf16x2`; exact, subnormals included).  A row whose scale
+is above ``2^7`` (a 64-dim tile with a value ≥ 57 344; ``2^(120 + e)`` would not be a bf16) takes the fp32 path:
+``cvt.rn.f16x2.e4m3x2``, widened, times the scale, ``cvt.rn.bf16x2.f32``.  A row without a key (scale byte 0) is
+zeros.  Each
 producer thread then fences its shared writes for the async proxy (the consumers' wgmma reads them) and arrives on the
 half-tile's barrier (a plain ``PipelineAsync``)."""
 from __future__ import annotations
@@ -50,6 +54,7 @@ ROW_GROUPS = 8                    # producer: 8 groups of 16 threads, a group fi
 ROWS_PER_THREAD = TILE_N // ROW_GROUPS
 COLS_PER_THREAD = HALF // 16      # 16 columns = 16 e4m3 bytes = one 16-byte load
 ROPE_LANE = (NOPE_DIMS - HALF) // COLS_PER_THREAD    # 12: in the right half, lanes 12-15 hold the 64 rope columns
+PLACED_SCALE_MAX = 127 + 7       # scale bytes up to 2^7 take the placed-bits conversion; larger ones the fp32 path
 PRODUCER_SYNC = 7                 # named barrier of the producer warpgroup (the consumers use 1-6)
 
 
@@ -62,6 +67,32 @@ def e4m3x2_to_bf16x2(word: Uint32, scale: Float32, high: bool, *, loc=None, ip=N
             f"cvt.rn.f16x2.e4m3x2 h2, {half}; mov.b32 {{a, b}}, h2; cvt.f32.f16 fa, a; cvt.f32.f16 fb, b; "
             "mul.f32 fa, fa, $2; mul.f32 fb, fb, $2; cvt.rn.bf16x2.f32 $0, fb, fa; }")
     return inline_ptx(T.i32(), Uint32, [Uint32(word), Float32(scale)], text, "=r,r,f", loc, ip)
+
+
+@dsl_user_op
+def e4m3x2_placed_bf16x2(word: Uint32, scale2: Uint32, high: bool, *, loc=None, ip=None) -> Uint32:
+    """Two e4m3 bytes of ``word`` (bytes 0-1, or 2-3 when ``high``) times a power of two → one bf16x2 word, in four
+    integer / bf16 instructions and no conversion: each byte's sign goes to bit 15 of its half and its 7 exponent and
+    mantissa bits to bits 10-4 (the bf16 of ``x · 2^-120`` exactly, e4m3 subnormals as bf16 subnormals), then one
+    ``mul.rn.bf16x2`` by ``scale2`` = ``2^(120 + e)`` in both halves (:func:`bf16x2_placed_scale`; exact).  ``prmt``'s
+    sign-replicate mode writes each byte next to a byte of copies of its sign: shifted left by 4 the sign lands on bit
+    15 (and on bits 11-14 and the next half's bits 0-3, which the mask clears — bf16 mantissa bits an e4m3 value never
+    has).  No NaN or Inf can come out: the e4m3 NaN pattern becomes a finite value (the writer saturates, never
+    writes NaN)."""
+    selector = "0xB3A2" if high else "0x9180"
+    text = (f"{{ .reg .b32 t; prmt.b32 t, $1, 0, {selector}; shl.b32 t, t, 4; and.b32 t, t, 0x87F087F0; "
+            "mul.rn.bf16x2 $0, t, $2; }")
+    return inline_ptx(T.i32(), Uint32, [Uint32(word), Uint32(scale2)], text, "=r,r,r", loc, ip)
+
+
+@dsl_user_op
+def bf16x2_placed_scale(byte: Uint32, *, loc=None, ip=None) -> Uint32:
+    """A UE8M0 scale byte ``b`` (``2^e``, ``e = b - 127``) → ``2^(120 + e)`` as bf16 in both halves (exponent field
+    ``b + 120``: a bf16 while ``b ≤ PLACED_SCALE_MAX``), the factor :func:`e4m3x2_placed_bf16x2` multiplies by; 0 for
+    ``b = 0`` (no key: its row is zeros)."""
+    text = ("{ .reg .b32 t; .reg .pred z; setp.eq.u32 z, $1, 0; add.u32 t, $1, 120; shl.b32 t, t, 7; "
+            "prmt.b32 t, t, 0, 0x1010; selp.b32 $0, 0, t, z; }")
+    return inline_ptx(T.i32(), Uint32, [Uint32(byte)], text, "=r,r", loc, ip)
 
 
 @dsl_user_op
@@ -321,14 +352,16 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
                                                   (8,)), pred=real)
             else:
                 out = cute.make_rmem_tensor((8,), Uint32)                              # 16 bf16
-                scale = ue8m0_scale(scale_bytes[k])
-                keep = Uint32(0xFFFFFFFF)
-                if scale_bytes[k] == Uint32(0):
-                    keep = Uint32(0)         # no key: zeros, even where the stand-in row's bytes are not finite
-                for w in cutlass.range_constexpr(4):
-                    word = raw[k, w] & keep
-                    out[2 * w] = e4m3x2_to_bf16x2(word, scale, False)
-                    out[2 * w + 1] = e4m3x2_to_bf16x2(word, scale, True)
+                if scale_bytes[k] <= Uint32(PLACED_SCALE_MAX):    # every real cache: 4 instructions a pair
+                    scale2 = bf16x2_placed_scale(scale_bytes[k])  # 0 for no key: zeros, whatever the stand-in holds
+                    for w in cutlass.range_constexpr(4):
+                        out[2 * w] = e4m3x2_placed_bf16x2(raw[k, w], scale2, False)
+                        out[2 * w + 1] = e4m3x2_placed_bf16x2(raw[k, w], scale2, True)
+                else:                # |key| ≥ 2^7 · 448 = 57 344 somewhere in its 64-dim tile: through fp32
+                    scale = ue8m0_scale(scale_bytes[k])
+                    for w in cutlass.range_constexpr(4):
+                        out[2 * w] = e4m3x2_to_bf16x2(raw[k, w], scale, False)
+                        out[2 * w + 1] = e4m3x2_to_bf16x2(raw[k, w], scale, True)
                 out_bf16 = cute.make_tensor(cute.recast_ptr(out.iterator, dtype=self.dtype), cute.make_layout(16))
                 cute.autovec_copy(out_bf16, cute.local_tile(sKV[r, None, b], (16,), (col // 16,)))
             self.load_row(records, scale_of, next_buf, nb, nh, group, lane, k, raw, scale_bytes)
