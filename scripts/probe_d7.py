@@ -3,6 +3,7 @@ the kernel switched off, so the difference to the full kernel is that part's cos
 garbage in every variant but ``full`` — this is a measurement, never a result.
 
   full          the kernel as shipped
+  fp32_convert  every row through the fp32 conversion (cvt e4m3x2, widen, multiply, cvt bf16x2), not placed bits
   no_convert    producer loads and stores, e4m3 → bf16 conversion replaced by a copy of the raw words
   no_gmem       producer converts and stores, no global loads of key bytes (registers hold a constant)
   no_rope       no rope cp.async: the right halves' rope lanes convert their bytes as e4m3 like every other lane
@@ -31,7 +32,8 @@ from dsv4lib.kernels.common import inline_ptx
 from dsv4lib.ops import launch
 
 ORIGINAL = dict(convert=md.e4m3x2_to_bf16x2, load_row=md.Model1DecodeSm90.load_row,
-                fill=md.Model1DecodeSm90.fill_half_tile, gemm=sf.gemm, rope_lane=md.ROPE_LANE)
+                fill=md.Model1DecodeSm90.fill_half_tile, gemm=sf.gemm, rope_lane=md.ROPE_LANE,
+                placed_max=md.PLACED_SCALE_MAX)
 
 
 @dsl_user_op
@@ -55,7 +57,8 @@ def nothing(*args, **kwargs) -> None:
 
 VARIANTS = {
     "full": {},
-    "no_convert": dict(convert=copy_word),
+    "fp32_convert": dict(placed_max=0),
+    "no_convert": dict(convert=copy_word, placed_max=0),
     "no_gmem": dict(load_row=load_row_constant),
     "no_rope": dict(rope_lane=16),
     "idle_producer": dict(load_row=nothing, fill=nothing),
@@ -157,6 +160,7 @@ def apply(variant: str) -> None:
     md.Model1DecodeSm90.fill_half_tile = parts["fill"]
     sf.gemm = parts["gemm"]
     md.ROPE_LANE = parts["rope_lane"]
+    md.PLACED_SCALE_MAX = parts["placed_max"]
     launch._COMPILED.clear()
 
 

@@ -332,6 +332,21 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         without a key — scale byte 0 — is zeros, whatever its stand-in bytes hold).  Rope columns (right half, lanes
         12-15): bf16 already, ``cp.async`` straight into the tile (zero-filled for no key); the thread's arrive waits
         for them, not the thread (:meth:`gather_pairs`)."""
+        largest = scale_bytes[0]
+        for k in cutlass.range_constexpr(1, ROWS_PER_THREAD):
+            largest = cutlass.max(largest, scale_bytes[k])
+        # one branch a fill, not one a row; a row scaled above 2^7 (|key| ≥ 57 344 in its 64-dim tile) sends my 8
+        # rows through fp32
+        if largest <= Uint32(PLACED_SCALE_MAX):
+            self.fill_rows(records, scale_of, buf, b, h, next_buf, next_half, sKV, group, lane, raw, scale_bytes, True)
+        else:
+            self.fill_rows(records, scale_of, buf, b, h, next_buf, next_half, sKV, group, lane, raw, scale_bytes, False)
+
+    @cute.jit
+    def fill_rows(self, records, scale_of, buf, b: cutlass.Constexpr, h: cutlass.Constexpr, next_buf,
+                  next_half: cutlass.Constexpr, sKV, group, lane, raw, scale_bytes, placed: cutlass.Constexpr):
+        """:meth:`fill_half_tile`'s rows, converted by placed bits (``placed``: 4 instructions a pair) or through
+        fp32 (6)."""
         col = h * HALF + lane * COLS_PER_THREAD
         nb, nh = next_half
         rope = False
@@ -352,16 +367,19 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
                                                   (8,)), pred=real)
             else:
                 out = cute.make_rmem_tensor((8,), Uint32)                              # 16 bf16
-                if scale_bytes[k] <= Uint32(PLACED_SCALE_MAX):    # every real cache: 4 instructions a pair
+                if const_expr(placed):
                     scale2 = bf16x2_placed_scale(scale_bytes[k])  # 0 for no key: zeros, whatever the stand-in holds
                     for w in cutlass.range_constexpr(4):
                         out[2 * w] = e4m3x2_placed_bf16x2(raw[k, w], scale2, False)
                         out[2 * w + 1] = e4m3x2_placed_bf16x2(raw[k, w], scale2, True)
-                else:                # |key| ≥ 2^7 · 448 = 57 344 somewhere in its 64-dim tile: through fp32
+                else:
                     scale = ue8m0_scale(scale_bytes[k])
+                    keep = Uint32(0xFFFFFFFF)
+                    if scale_bytes[k] == Uint32(0):
+                        keep = Uint32(0)     # no key: zeros, even where the stand-in row's bytes are not finite
                     for w in cutlass.range_constexpr(4):
-                        out[2 * w] = e4m3x2_to_bf16x2(raw[k, w], scale, False)
-                        out[2 * w + 1] = e4m3x2_to_bf16x2(raw[k, w], scale, True)
+                        out[2 * w] = e4m3x2_to_bf16x2(raw[k, w] & keep, scale, False)
+                        out[2 * w + 1] = e4m3x2_to_bf16x2(raw[k, w] & keep, scale, True)
                 out_bf16 = cute.make_tensor(cute.recast_ptr(out.iterator, dtype=self.dtype), cute.make_layout(16))
                 cute.autovec_copy(out_bf16, cute.local_tile(sKV[r, None, b], (16,), (col // 16,)))
             self.load_row(records, scale_of, next_buf, nb, nh, group, lane, k, raw, scale_bytes)
