@@ -4,8 +4,6 @@ garbage in every variant but ``full`` — this is a measurement, never a result.
 
   full          the kernel as shipped
   fp32_convert  every row through the fp32 conversion (cvt e4m3x2, widen, multiply, cvt bf16x2), not placed bits
-  second_multiply  no branch: every row placed bits, times 2^(120 + min(e, 7)) and then 2^max(e - 7, 0)
-  placed_only   no branch, one multiply (wrong for scales above 2^7): the cost of the fp32 copy's code
   no_convert    producer loads and stores, e4m3 → bf16 conversion replaced by a copy of the raw words
   no_gmem       producer converts and stores, no global loads of key bytes (registers hold a constant)
   no_rope       no rope cp.async: the right halves' rope lanes convert their bytes as e4m3 like every other lane
@@ -35,7 +33,7 @@ from dsv4lib.ops import launch
 
 ORIGINAL = dict(convert=md.e4m3x2_to_bf16x2, load_row=md.Model1DecodeSm90.load_row,
                 fill=md.Model1DecodeSm90.fill_half_tile, gemm=sf.gemm, rope_lane=md.ROPE_LANE,
-                placed_max=md.PLACED_SCALE_MAX, wide=md.Model1DecodeSm90.WIDE_SCALES)
+                placed_max=md.PLACED_SCALE_MAX)
 
 
 @dsl_user_op
@@ -60,8 +58,6 @@ def nothing(*args, **kwargs) -> None:
 VARIANTS = {
     "full": {},
     "fp32_convert": dict(placed_max=0),
-    "second_multiply": dict(wide="second_multiply"),
-    "placed_only": dict(wide="none"),
     "no_convert": dict(convert=copy_word, placed_max=0),
     "no_gmem": dict(load_row=load_row_constant),
     "no_rope": dict(rope_lane=16),
@@ -165,7 +161,6 @@ def apply(variant: str) -> None:
     sf.gemm = parts["gemm"]
     md.ROPE_LANE = parts["rope_lane"]
     md.PLACED_SCALE_MAX = parts["placed_max"]
-    md.Model1DecodeSm90.WIDE_SCALES = parts["wide"]
     launch._COMPILED.clear()
 
 

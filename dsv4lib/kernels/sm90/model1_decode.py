@@ -96,20 +96,6 @@ def bf16x2_placed_scale(byte: Uint32, *, loc=None, ip=None) -> Uint32:
 
 
 @dsl_user_op
-def bf16x2_wide_scale(byte: Uint32, *, loc=None, ip=None) -> Uint32:
-    """The rest of a scale byte's factor beyond ``2^7``: ``2^max(b - PLACED_SCALE_MAX, 0)`` as bf16 in both halves
-    (1.0 for every scale the placed factor covers)."""
-    text = (f"{{ .reg .b32 t; max.u32 t, $1, {127 + 7}; sub.u32 t, t, 7; shl.b32 t, t, 7; "
-            "prmt.b32 $0, t, 0, 0x1010; }")
-    return inline_ptx(T.i32(), Uint32, [Uint32(byte)], text, "=r,r", loc, ip)
-
-
-@dsl_user_op
-def bf16x2_mul(a: Uint32, b: Uint32, *, loc=None, ip=None) -> Uint32:
-    return inline_ptx(T.i32(), Uint32, [Uint32(a), Uint32(b)], "mul.rn.bf16x2 $0, $1, $2;", "=r,r,r", loc, ip)
-
-
-@dsl_user_op
 def ue8m0_scale(byte: Uint32, *, loc=None, ip=None) -> Float32:
     """A UE8M0 scale byte ``b`` → ``2^(b - 127)`` (its fp32 bit pattern is ``b << 23``)."""
     return inline_ptx(T.f32(), Float32, [Uint32(byte)], "{ .reg .b32 t; shl.b32 t, $1, 23; mov.b32 $0, t; }", "=f,r",
@@ -156,7 +142,6 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
 
     KEY_ADDR_SLOTS = 2 * 2 * 2 * TILE_N      # key records: (part address, scale bytes) × a pair's 128 keys × 2 buffers
     KEY_MASK_AFTER_WAIT = True               # the consumers' key mask comes from the records (is_real_key)
-    WIDE_SCALES = "branch"                   # A/B: "branch" (fp32 copy of a fill's rows) or "second_multiply"
 
     def __init__(self, config: Model1DecodeConfig):
         if not isinstance(config, Model1DecodeConfig):
@@ -347,14 +332,12 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         without a key — scale byte 0 — is zeros, whatever its stand-in bytes hold).  Rope columns (right half, lanes
         12-15): bf16 already, ``cp.async`` straight into the tile (zero-filled for no key); the thread's arrive waits
         for them, not the thread (:meth:`gather_pairs`)."""
-        if const_expr(self.WIDE_SCALES != "branch"):
-            self.fill_rows(records, scale_of, buf, b, h, next_buf, next_half, sKV, group, lane, raw, scale_bytes, True)
-            return
         largest = scale_bytes[0]
         for k in cutlass.range_constexpr(1, ROWS_PER_THREAD):
             largest = cutlass.max(largest, scale_bytes[k])
-        # one branch a fill, not one a row; a row scaled above 2^7 (|key| ≥ 57 344 in its 64-dim tile) sends my 8
-        # rows through fp32
+        # one branch a fill, not one a row (a branch per row: H100 B128 H64 50.9 → 59.2 µs); a row scaled above 2^7
+        # (|key| ≥ 57 344 in its 64-dim tile) sends my 8 rows through fp32.  The fp32 copy of the rows' code costs
+        # ~2 % unused (a build without it: 49.9 µs); a second multiply on every row instead of the copy: 53.2 µs
         if largest <= Uint32(PLACED_SCALE_MAX):
             self.fill_rows(records, scale_of, buf, b, h, next_buf, next_half, sKV, group, lane, raw, scale_bytes, True)
         else:
@@ -386,17 +369,10 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
             else:
                 out = cute.make_rmem_tensor((8,), Uint32)                              # 16 bf16
                 if const_expr(placed):
-                    placed_byte = scale_bytes[k]
-                    if const_expr(self.WIDE_SCALES == "second_multiply"):
-                        placed_byte = cutlass.min(placed_byte, Uint32(PLACED_SCALE_MAX))
-                    scale2 = bf16x2_placed_scale(placed_byte)     # 0 for no key: zeros, whatever the stand-in holds
+                    scale2 = bf16x2_placed_scale(scale_bytes[k])  # 0 for no key: zeros, whatever the stand-in holds
                     for w in cutlass.range_constexpr(4):
                         out[2 * w] = e4m3x2_placed_bf16x2(raw[k, w], scale2, False)
                         out[2 * w + 1] = e4m3x2_placed_bf16x2(raw[k, w], scale2, True)
-                    if const_expr(self.WIDE_SCALES == "second_multiply"):
-                        wide = bf16x2_wide_scale(scale_bytes[k])
-                        for w in cutlass.range_constexpr(8):
-                            out[w] = bf16x2_mul(out[w], wide)
                 else:
                     scale = ue8m0_scale(scale_bytes[k])
                     keep = Uint32(0xFFFFFFFF)
