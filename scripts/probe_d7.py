@@ -7,6 +7,7 @@ garbage in every variant but ``full`` — this is a measurement, never a result.
   no_convert    producer loads and stores, e4m3 → bf16 conversion replaced by a copy of the raw words
   no_gmem       producer converts and stores, no global loads of key bytes (registers hold a constant)
   no_rope       no rope cp.async: the right halves' rope lanes convert their bytes as e4m3 like every other lane
+  lane_t16      the producer's old thread slots (lane t % 16: every warp splits between rope copies and conversion)
   idle_producer producer fetches key records and arrives, nothing loaded, converted or stored (consumer-bound)
   no_mma        consumers' wgmmas removed (producer-bound, softmax and barriers kept)
   floor         idle producer and no wgmma: launch, Q, records, barriers, softmax, epilogue
@@ -33,6 +34,7 @@ from dsv4lib.ops import launch
 
 ORIGINAL = dict(convert=md.e4m3x2_to_bf16x2, load_row=md.Model1DecodeSm90.load_row,
                 fill=md.Model1DecodeSm90.fill_half_tile, gemm=sf.gemm, rope_lane=md.ROPE_LANE,
+                slot=md.Model1DecodeSm90.producer_slot,
                 placed_max=md.PLACED_SCALE_MAX)
 
 
@@ -51,6 +53,11 @@ def load_row_constant(self, records, scale_of, buf, b: cutlass.Constexpr, h: cut
         raw[k, w] = scale_bytes[k] ^ Uint32(0x38383838 + w)
 
 
+@cute.jit
+def slot_t16(self, tidx):
+    return tidx // 16, tidx % 16
+
+
 def nothing(*args, **kwargs) -> None:
     """A switched-off part: called while the kernel is traced, it emits nothing (plain Python, any signature)."""
 
@@ -61,6 +68,7 @@ VARIANTS = {
     "no_convert": dict(convert=copy_word, placed_max=0),
     "no_gmem": dict(load_row=load_row_constant),
     "no_rope": dict(rope_lane=16),
+    "lane_t16": dict(slot=slot_t16),
     "idle_producer": dict(load_row=nothing, fill=nothing),
     "no_mma": dict(gemm=nothing),
     "floor": dict(load_row=nothing, fill=nothing, gemm=nothing),
@@ -160,6 +168,7 @@ def apply(variant: str) -> None:
     md.Model1DecodeSm90.fill_half_tile = parts["fill"]
     sf.gemm = parts["gemm"]
     md.ROPE_LANE = parts["rope_lane"]
+    md.Model1DecodeSm90.producer_slot = parts["slot"]
     md.PLACED_SCALE_MAX = parts["placed_max"]
     launch._COMPILED.clear()
 

@@ -17,13 +17,13 @@ reads the FP8 bytes into registers and writes bf16 rows into the half-tile buffe
 staging copy in global memory.  *Key records*: each key is resolved once — thread ``t`` resolves key ``t`` of the
 next pair while this pair is filled (index load, page / slot division, its 8 scale bytes) — into a shared record
 (address of its 576-byte part, its scale bytes; double-buffered, published once the pair's last buffer is free), so
-the hot loop does no index arithmetic and no scale loads.  *Rolling loads*: thread ``t`` serves rows ``t // 16 + 8 i``
-(8 per tile) and, in column half ``h``, the 16 columns ``256 h + 16 (t % 16)``: one 16-byte load of 16 e4m3 values a
+the hot loop does no index arithmetic and no scale loads.  *Rolling loads*: thread ``t`` serves rows ``t % 8 + 8 i``
+(8 per tile) and, in column half ``h``, the 16 columns ``256 h + 16 (t // 8)``: one 16-byte load of 16 e4m3 values a
 row, its scale byte from the record.  It holds 8 rows in registers, and as soon as a row is converted and stored those
 registers take the same row of the *next* half-tile, so 8 loads stay in flight through the conversions and through the
 wait for the next buffer (H100: 0.45x → 0.9x FlashMLA at B ≥ 64, H64).  The rope columns (``h = 1``,
-``t % 16 >= 12``) are bf16 already and go by ``cp.async`` straight into the tile; those threads do not wait for
-them: their arrive on the half-tile's barrier is ``cp.async.mbarrier.arrive.noinc``, which the hardware performs once
+``t // 8 >= 12``: warp 3, so no warp diverges between the two jobs) are bf16 already and go by ``cp.async``
+straight into the tile; those threads do not wait for them: their arrive on the half-tile's barrier is ``cp.async.mbarrier.arrive.noinc``, which the hardware performs once
 the copies have landed (waiting for them cost each right half a DRAM latency, ~2.5k SM clocks of the producer's ~15k a
 pair).  e4m3 → bf16 without a conversion instruction: each byte's bits placed where they make the bf16 of
 ``x · 2^-120`` (``prmt`` with sign replication, a shift, a mask), times ``2^(120 + e)`` by one ``mul.rn.bf16x2`` —
@@ -50,10 +50,10 @@ from .sparse_fwd import HALF_TILE_ORDER, SparseAttentionForwardSm90, half_tile_p
 NOPE_DIMS = 448
 PART_BYTES = 576
 SCALE_GROUP_BYTES = 8
-ROW_GROUPS = 8                    # producer: 8 groups of 16 threads, a group fills one row's column half
+ROW_GROUPS = 8                    # producer: thread t fills rows t % 8 + 8 k, columns 16 (t // 8) of a column half
 ROWS_PER_THREAD = TILE_N // ROW_GROUPS
 COLS_PER_THREAD = HALF // 16      # 16 columns = 16 e4m3 bytes = one 16-byte load
-ROPE_LANE = (NOPE_DIMS - HALF) // COLS_PER_THREAD    # 12: in the right half, lanes 12-15 hold the 64 rope columns
+ROPE_LANE = (NOPE_DIMS - HALF) // COLS_PER_THREAD    # 12: in the right half, lanes 12-15 (warp 3) hold the rope
 PLACED_SCALE_MAX = 127 + 7       # scale bytes up to 2^7 take the placed-bits conversion; larger ones the fp32 path
 PRODUCER_SYNC = 7                 # named barrier of the producer warpgroup (the consumers use 1-6)
 
@@ -268,8 +268,7 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         pair during this pair (index and scale loads behind the fills) and publishes its record once the last
         half-tile's buffer is free (the consumers freed it, so every producer thread is done with the old records).
         Returns the pipelines' state past the item."""
-        group = tidx // (HALF // COLS_PER_THREAD)
-        lane = tidx % (HALF // COLS_PER_THREAD)
+        group, lane = self.producer_slot(tidx)
         records = self.key_records(sKeyAddr)
         scale_of = self.record_scales(sKeyAddr)
         raw = cute.make_rmem_tensor(cute.make_layout((ROWS_PER_THREAD, 4), stride=(4, 1)), Uint32)   # 16 B a row
@@ -311,6 +310,14 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
                     kv_pipes[2 * b + h].producer_commit(state)
             state.advance()
         return state
+
+    @cute.jit
+    def producer_slot(self, tidx):
+        """Thread ``tidx``'s (row group, 16-column lane): rows ``group + 8 k``, columns ``256 h + 16 lane``.  Lane
+        ``t // 8`` makes the right halves' rope lanes (12-15) exactly warp 3, so no warp splits between converting
+        and copying on every row (with lane ``t % 16`` every warp did: right halves filled in ~4k SM clocks against
+        ~2.5k for left ones, H100 trace of session 23)."""
+        return tidx % ROW_GROUPS, tidx // ROW_GROUPS
 
     @cute.jit
     def load_row(self, records, scale_of, buf, b: cutlass.Constexpr, h: cutlass.Constexpr, group, lane,
