@@ -34,7 +34,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, const_expr
 
-from .common import launch_stream
+from .common import exp2, launch_stream
 
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
@@ -137,9 +137,9 @@ def merge_chunk(mOp: cute.Tensor, mLSEp: cute.Tensor, mO: cute.Tensor, mLSE: cut
         base = Float32(0.0)                                      # no split saw a key
     total = Float32(0.0)
     for j in cutlass.range_constexpr(LSE_SLOTS):
-        total += cute.arch.exp2(lse_r[j] * LOG2_E - base)        # exp2(-inf) = 0: missing splits add nothing
+        total += exp2(lse_r[j] * LOG2_E - base)        # exp2(-inf) = 0: missing splits add nothing
     for i in cutlass.range(lane + 32 * LSE_SLOTS, num_splits, 32, unroll=1):
-        total += cute.arch.exp2(mLSEp[i, b, h, s] * LOG2_E - base)
+        total += exp2(mLSEp[i, b, h, s] * LOG2_E - base)
     total = butterfly(total, lambda x, y: x + y)
     lse = -Float32.inf
     inv_total = Float32(0.0)
@@ -166,7 +166,7 @@ def merge_chunk(mOp: cute.Tensor, mLSEp: cute.Tensor, mO: cute.Tensor, mLSE: cut
     if const_expr(has_sink):
         # e^L / (e^L + e^σ) = 1 / (1 + e^{σ - L}); an empty row stays 0 because its weights are 0
         if total > 0.0:
-            gate = 1.0 / (1.0 + cute.arch.exp2((sink - lse) * LOG2_E))
+            gate = 1.0 / (1.0 + exp2((sink - lse) * LOG2_E))
     for c in cutlass.range_constexpr((cols + 32 * WARPS_PER_CTA - 1) // (32 * WARPS_PER_CTA)):
         col = c * 32 * WARPS_PER_CTA + tidx
         if col < cols:
@@ -200,7 +200,7 @@ def add_split_batch(acc: cute.Tensor, tOr: cute.Tensor, lse_i: cute.Tensor, i0, 
                     inv_total: Float32, vec: cutlass.Constexpr, unroll: cutlass.Constexpr):
     """``acc += Σ_k e^{lse_k - L} · O_k`` over a batch loaded by :func:`load_split_batch`."""
     for k in cutlass.range_constexpr(unroll):
-        w = cute.arch.exp2(lse_i[k] * LOG2_E - base) * inv_total
+        w = exp2(lse_i[k] * LOG2_E - base) * inv_total
         # a split past the end, or an empty split (w = 0: its partial may be unwritten, NaN bits) adds nothing
         w = w if i0 + WARPS_PER_CTA * k < num_splits else Float32(0.0)
         for j in cutlass.range_constexpr(vec):

@@ -137,6 +137,14 @@ def inline_ptx(ret, wrap, args, text: str, constraints: str, loc, ip, side_effec
 
 
 @dsl_user_op
+def exp2(x: Float32, *, loc=None, ip=None) -> Float32:
+    """``2^x`` by ``ex2.approx.ftz.f32`` (what softmax wants: one MUFU op, ``2^-inf = 0``).  Our own, not
+    ``cute.arch.exp2``: that one is deprecated and marked as having side effects, which pins every call in place
+    (no scheduling around it, no dead-code removal)."""
+    return inline_ptx(T.f32(), Float32, [Float32(x)], "ex2.approx.ftz.f32 $0, $1;", "=f,f", loc, ip)
+
+
+@dsl_user_op
 def cvt_bf16x2(lo: Float32, hi: Float32, *, loc=None, ip=None) -> Uint32:
     """Two fp32 → one 32-bit word of two bf16 (round to nearest even), ``lo`` in the low half."""
     return inline_ptx(T.i32(), Uint32, [Float32(lo), Float32(hi)], "cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,f,f", loc, ip)

@@ -60,15 +60,18 @@ class CompiledKernel:
 
     def ptxas_report(self) -> str | None:
         """What ``ptxas -v`` says of this PTX (registers, spills, its notes such as C7514 "wgmma ... serialized"), or
-        None where no ptxas is installed (CuTeDSL compiles with its own, which prints nothing)."""
+        None where no ptxas is installed, or where the one installed is older than the PTX CuTeDSL writes (the GPU
+        machine's CUDA 13.0 ptxas reads PTX 9.0, CuTeDSL writes 9.4; CuTeDSL compiles with its own, which prints
+        nothing)."""
         ptxas = find_ptxas()
         if ptxas is None:
             return None
         with tempfile.TemporaryDirectory(prefix="dsv4-ptxas-") as tmp:
             with open(os.path.join(tmp, "k.ptx"), "w") as f:
                 f.write(self.ptx)
-            return subprocess.run([ptxas, f"-arch={self.arch}", "-v", os.path.join(tmp, "k.ptx"), "-o",
-                                   os.path.join(tmp, "k.cubin")], capture_output=True, text=True).stderr
+            report = subprocess.run([ptxas, f"-arch={self.arch}", "-v", os.path.join(tmp, "k.ptx"), "-o",
+                                     os.path.join(tmp, "k.cubin")], capture_output=True, text=True).stderr
+        return None if "Unsupported .version" in report else report
 
     def wgmma_descriptors_from_tid(self) -> int:
         """How many ``wgmma.mma_async`` take a shared-memory descriptor computed from ``%tid.x`` (a def-use walk

@@ -10,6 +10,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, const_expr
 
+from .common import exp2
+
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
 
@@ -60,10 +62,10 @@ def online_softmax_row(rS: cute.Tensor, tile_max, row_max, row_sum, softmax_scal
     base = new_max * softmax_scale_log2
     if new_max == -Float32.inf:
         base = Float32(0.0)                                       # nothing visible yet: keep zeros
-    correction = cute.arch.exp2(row_max * softmax_scale_log2 - base)
+    correction = exp2(row_max * softmax_scale_log2 - base)
     tile_sum = Float32(0.0)
     for c in cutlass.range_constexpr(cute.size(rS)):
-        p = cute.arch.exp2(rS[c] * softmax_scale_log2 - base)
+        p = exp2(rS[c] * softmax_scale_log2 - base)
         rS[c] = p
         tile_sum += p
     return new_max, row_sum * correction + tile_sum, correction
@@ -80,7 +82,7 @@ def finish_row(row_sum: Float32, row_max: Float32, softmax_scale_log2: Float32, 
     if row_sum > 0.0:
         denom = row_sum
         if const_expr(sink_logit is not None):
-            denom = row_sum + cute.arch.exp2(sink_logit() * LOG2_E - row_max * softmax_scale_log2)
+            denom = row_sum + exp2(sink_logit() * LOG2_E - row_max * softmax_scale_log2)
         inv = 1.0 / denom
         lse = (row_max * softmax_scale_log2 + cute.math.log2(row_sum)) * LN_2
     return inv, lse

@@ -66,7 +66,7 @@ from cutlass import Float32, Int32, const_expr, pipeline
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
-from ..common import convert_to_bf16_pairs, launch_stream, tma_store_tile
+from ..common import convert_to_bf16_pairs, exp2, launch_stream, tma_store_tile
 from ..layouts import acc_layout_as_operand_a, acc_layout_rows_cols, row_major_smem_layout, transposed_view
 from ..softmax import LN_2, LOG2_E, finish_row, online_softmax, rescale_rows
 from ..sparse_base import HALF, HEAD_DIM, TILE_H, TILE_N, SparseAttentionBase, as_global
@@ -746,7 +746,7 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
                     base = new_max * softmax_scale_log2
                     if new_max == -Float32.inf:
                         base = Float32(0.0)
-                    corrections[r] = cute.arch.exp2(row_max[r] * softmax_scale_log2 - base)
+                    corrections[r] = exp2(row_max[r] * softmax_scale_log2 - base)
                     row_max[r] = new_max
                     row_sum[r] = row_sum[r] * corrections[r]
                     for c in cutlass.range_constexpr(n_cols):
@@ -884,7 +884,7 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
         if mx > -Float32.inf:
             norm = Float32(0.0)
             for p in cutlass.range_constexpr(C):
-                weight[p] = cute.arch.exp2((lse_p[p, 0] - mx) * LOG2_E)    # exp2(-inf) = 0: empty adds 0
+                weight[p] = exp2((lse_p[p, 0] - mx) * LOG2_E)    # exp2(-inf) = 0: empty adds 0
                 norm += weight[p]
             lse_cluster = mx + cute.math.log2(norm) * LN_2
             inv_norm = 1.0 / norm
