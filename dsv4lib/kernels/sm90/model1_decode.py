@@ -137,6 +137,14 @@ class KeyLists:
         self.n_keys = main.length + (extra.length if extra is not None else 0)
 
 
+class RecordedKeys:
+    """What the consumers know of the keys: the producer's key records in shared memory and the CTA's first tile."""
+
+    def __init__(self, records: cute.Tensor, tile_lo):
+        self.records = records
+        self.tile_lo = tile_lo
+
+
 class Model1DecodeSm90(SparseAttentionForwardSm90):
     """MQA decode with head dim 512, K = V, keys gathered from FP8 MODEL1 pages (module docstring)."""
 
@@ -220,11 +228,9 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
                                      cutlass.max(cutlass.min(key - keys.main.length, keys.extra.list_len - 1), 0)]
         return main_i, extra_i
 
-    def key_source(self, keys: KeyLists, sKeyAddr, tile_lo) -> KeyLists:
+    def key_source(self, keys: KeyLists, sKeyAddr, tile_lo) -> RecordedKeys:
         """The consumers read key validity from the producer's key records (:meth:`is_real_key`)."""
-        keys.records = self.key_records(sKeyAddr)
-        keys.tile_lo = tile_lo
-        return keys
+        return RecordedKeys(self.key_records(sKeyAddr), tile_lo)
 
     @cute.jit
     def is_real_key(self, key, keys, batch, token, n_keys, seqlen_k):
@@ -251,9 +257,9 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
     @cute.jit
     def fetch_record(self, keys: KeyLists, key, n_keys, indices):
         """Key ``key`` of this query (its list entries ``indices`` from :meth:`load_indices`) → (address of its
-        576-byte part, its 8 scale bytes as one int64, still loading).  No key: the main cache's key 0 as a stand-in address (never a hot spot worth
-        avoiding: a padding tile's 64 reads of one L2 line) and scales 0 — a real key never has a zero scale byte
-        (the writer's smallest scale is 2^-13)."""
+        576-byte part, its 8 scale bytes as one int64, still loading).  No key: the main cache's key 0 as a stand-in
+        address (never a hot spot worth avoiding: a padding tile's 64 reads of one L2 line) and scales 0 — a real key
+        never has a zero scale byte (the writer's smallest scale is 2^-13)."""
         u = self.joint_address(keys, key, n_keys, *indices)
         part, group_at = self.key_bytes(keys, cutlass.max(u, 0))
         return part, load_b64_if(group_at, Int32(1) if u >= 0 else Int32(0))
@@ -269,6 +275,7 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         half-tile's buffer is free (the consumers freed it, so every producer thread is done with the old records).
         Returns the pipelines' state past the item."""
         group, lane = self.producer_slot(tidx)
+        rope_lane = lane >= ROPE_LANE                 # in a right half: copies the rope (warp 3)
         records = self.key_records(sKeyAddr)
         scale_of = self.record_scales(sKeyAddr)
         raw = cute.make_rmem_tensor(cute.make_layout((ROWS_PER_THREAD, 4), stride=(4, 1)), Uint32)   # 16 B a row
@@ -301,11 +308,8 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
                 self.fill_half_tile(records, scale_of, buf, b, h, next_buf, HALF_TILE_ORDER[(j + 1) % 4], sKV, group,
                                     lane, raw, scale_bytes)
                 cute.arch.fence_proxy("async.shared", space="cta")   # generic writes → the consumers' wgmma
-                if const_expr(h == 1):
-                    if lane >= ROPE_LANE:   # arrives once its rope copies have landed; the thread does not wait
-                        cute.arch.cp_async_mbarrier_arrive_noinc(kv_pipes[2 * b + h].producer_get_barrier(state))
-                    else:
-                        kv_pipes[2 * b + h].producer_commit(state)
+                if rope_lane and const_expr(h == 1):    # arrives once its rope copies have landed; no wait
+                    cute.arch.cp_async_mbarrier_arrive_noinc(kv_pipes[2 * b + h].producer_get_barrier(state))
                 else:
                     kv_pipes[2 * b + h].producer_commit(state)
             state.advance()
