@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 ARGS ?=
 
-.PHONY: setup test pipeline lab
+.PHONY: setup test pipeline lab gallery
 setup:
 	@bash scripts/bootstrap.sh
 
@@ -19,3 +19,9 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 lab: setup
 	JUPYTERLAB_SETTINGS_DIR=$(CURDIR)/.jupyter/lab/user-settings $(PY) -m jupyter lab --ServerApp.root_dir=$(CURDIR) \
 		$(ROOT_FLAG) $(ARGS)
+
+# The README's gallery (docs/gallery/<stage>.png, committed, small): one figure per stage from the last pipeline run
+# on this machine (runs/cpu by default; TARGET=h200 after copying a GPU's runs/ back).  Run `make pipeline` first.
+TARGET ?= cpu
+gallery: setup
+	$(PY) -m dsv4lib.workbook.reports --target $(TARGET)

@@ -202,3 +202,74 @@ def test_progress_is_plain_lines_off_a_terminal(tmp_path, monkeypatch, capsys):
     running = [ln for ln in lines if ln.startswith("      slow")]
     assert running and all(ln.split()[2].rstrip(",") == "s" for ln in running)
     assert any(", cell " in ln for ln in running)             # the autosaved notebook says how far it got
+
+
+FIGURES = '''
+import matplotlib.pyplot as plt
+for n in range(n_figures):
+    plt.figure(figsize=(2, 1)); plt.plot([0, n + 1]); plt.title(f"figure {n + 1}"); plt.show()
+'''
+
+
+def test_each_stage_leaves_figures_an_html_report_and_a_trusted_notebook(tmp_path, monkeypatch):
+    """The pipeline's outputs for a person: figures/<stage>-<n>.png, <stage>.html (prose and figures inline), the
+    executed notebook signed — also for a stage that failed after drawing; a re-run drawing fewer figures leaves none of
+    the earlier run's behind."""
+    import nbformat
+    from nbformat.sign import NotebookNotary
+
+    monkeypatch.setenv("JUPYTER_DATA_DIR", str(tmp_path / "jupyter-data"))      # a private trust database
+    draw = _stage(tmp_path, "draw", '# %% [markdown]\n# Prose of the draw stage\n# %%\n' + FIGURES +
+                  'record(metrics_path, mode="cpu", value=5.0)\n', params={"n_figures": 2})
+    dies = _stage(tmp_path, "dies", FIGURES + 'raise RuntimeError("after the figure")\n', params={"n_figures": 1})
+    runs = tmp_path / "runs"
+    kw = dict(results_dir=tmp_path / "results", status_path=tmp_path / "STATUS.md", runs_dir=runs)
+    rows = run_pipeline(Target("cpu", "cpu", "", None), [draw, dies], registry=[draw, dies], **kw)
+    assert rows["draw"]["verdict"] == "PASS" and rows["dies"]["verdict"] == "FAIL"
+    figures = runs / "cpu" / "figures"
+    assert sorted(p.name for p in figures.iterdir()) == ["dies-1.png", "draw-1.png", "draw-2.png"]
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in figures.iterdir())
+    html = (runs / "cpu" / "draw.html").read_text()
+    assert "Prose of the draw stage" in html and html.count("<img") == 2
+    assert "after the figure" in (runs / "cpu" / "dies.html").read_text()           # the traceback is in the report
+    for sid in ("draw", "dies"):
+        nb = nbformat.read(str(runs / "cpu" / f"{sid}.ipynb"), as_version=4)
+        assert NotebookNotary().check_signature(nb), sid
+    assert "[draw.html](runs/cpu/draw.html)" in (tmp_path / "STATUS.md").read_text()
+
+    draw.params["n_figures"] = 1                                # fewer figures now: draw-2.png must go
+    run_pipeline(Target("cpu", "cpu", "", None), [draw], registry=[draw, dies], **kw)
+    assert sorted(p.name for p in figures.iterdir()) == ["dies-1.png", "draw-1.png"]
+
+
+def test_the_readme_gallery_shows_one_small_committed_figure_per_stage(tmp_path):
+    """README's gallery: every registered stage's picked figure is committed under docs/gallery, shown in the README, and
+    small; write_gallery makes them from a run's figures (scaled down) and refuses a run that lacks one."""
+    import subprocess
+
+    from PIL import Image
+
+    from dsv4lib.workbook.provenance import REPO_ROOT
+    from dsv4lib.workbook.registry import load_registry
+    from dsv4lib.workbook.reports import GALLERY_DIR, write_gallery
+
+    readme = (REPO_ROOT / "README.md").read_text()
+    shown = [s.id for s in load_registry() if s.gallery_figure > 0]
+    assert shown
+    tracked = subprocess.run(["git", "-C", str(REPO_ROOT), "ls-files", "docs/gallery"], capture_output=True,
+                             text=True).stdout.split()
+    total = 0
+    for sid in shown:
+        path = GALLERY_DIR / f"{sid}.png"
+        assert f"(docs/gallery/{sid}.png)" in readme, sid
+        assert path.exists() and (not tracked or f"docs/gallery/{sid}.png" in tracked), sid
+        total += path.stat().st_size
+    assert total < 400 * 1024
+
+    figures = tmp_path / "runs" / "cpu" / "figures"
+    figures.mkdir(parents=True)
+    Image.new("RGB", (1800, 600), "red").save(figures / "S-2.png")
+    out = write_gallery(tmp_path / "runs", "cpu", {"S": 2}, out_dir=tmp_path / "gallery", width_px=600)
+    assert Image.open(out[0]).size == (600, 200)
+    with pytest.raises(FileNotFoundError, match="run the pipeline"):
+        write_gallery(tmp_path / "runs", "cpu", {"S": 1}, out_dir=tmp_path / "gallery")

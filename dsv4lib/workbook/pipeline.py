@@ -4,7 +4,8 @@
 
 Each stage runs in its own process group: a stage that raises, misses a threshold or outlives its
 timeout (a hung kernel) is recorded as FAIL with the reason, and the next stage still runs.  The exit
-code is 1 if any stage failed.  Executed notebooks go to ``runs/<target>/`` (git-ignored).
+code is 1 if any stage failed.  Executed notebooks go to ``runs/<target>/`` (git-ignored), each with an HTML report
+``<stage>.html`` and its figures as ``figures/<stage>-<n>.png`` (:mod:`.reports`); the notebooks are signed (trusted).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from typing import Any
 from .provenance import REPO_ROOT, git_commit, utc_now, versions
 from .record import read_metrics
 from .registry import REGISTRY_PATH, RESULTS_DIR, Stage, load_registry
+from .reports import write_reports
 from .results import decide_verdict, merge_results
 from .status import STATUS_PATH, verdict_counts, write_status
 from .targets import Target, resolve_target
@@ -63,7 +65,9 @@ def run_stage(stage: Stage, target: Target, run_dir: Path, timeout_s: float | No
     run_dir.mkdir(parents=True, exist_ok=True)
     metrics_path = run_dir / f"{stage.id}.metrics.json"
     error_path = run_dir / f"{stage.id}.error.txt"
-    for p in (metrics_path, error_path):
+    # an earlier run's notebook and report go first: a stage that dies before papermill writes must not be reported
+    # with the previous run's outputs
+    for p in (metrics_path, error_path, run_dir / f"{stage.id}.ipynb", run_dir / f"{stage.id}.html"):
         p.unlink(missing_ok=True)
     params = stage.params_for(target.name)
     params.update(target=target.name, metrics_path=str(metrics_path))
@@ -119,6 +123,10 @@ def run_pipeline(target: Target, stages: list[Stage], *, timeout_s: float | None
         rows[stage.id] = row
         merge_results(target.name, {stage.id: row}, results_dir)   # saved per stage: a crash loses nothing
         progress.done(f"  {stage.id:<10} {row['verdict']:<14} {row['wall_s']:>7.1f} s  {row['reason'][:100]}")
+        try:      # the report of a failed stage too: its figures and traceback explain the FAIL
+            write_reports(Path(runs_dir), target.name, stage.id)
+        except Exception as exc:  # noqa: BLE001 - a report that cannot be written never costs the recorded result
+            progress.done(f"  {stage.id:<10} (no HTML report / figures: {type(exc).__name__}: {exc})"[:160])
     progress.close()
     write_status(status_path, stages=registry if registry is not None else stages, results_dir=results_dir)
     return rows
@@ -221,8 +229,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"dsv4 pipeline: target {target.name} ({target.device}), {len(stages)} stage(s)", file=sys.stderr)
     rows = run_pipeline(target, stages, timeout_s=args.timeout, registry=registry)
     failed = [sid for sid, r in rows.items() if r["verdict"] == "FAIL"]
-    print(f"STATUS.md written: {verdict_counts(rows)}{' ' + str(failed) if failed else ''}; executed notebooks in "
-          f"runs/{target.name}/, results in stages/results/{target.name}.json", file=sys.stderr)
+    print(f"STATUS.md written: {verdict_counts(rows)}{' ' + str(failed) if failed else ''}; results in "
+          f"stages/results/{target.name}.json; reports in runs/{target.name}/<stage>.html, figures in "
+          f"runs/{target.name}/figures/, executed (trusted) notebooks in runs/{target.name}/<stage>.ipynb",
+          file=sys.stderr)
     return 1 if failed else 0
 
 

@@ -31,6 +31,8 @@ class Stage:
     # the files and folders (repository paths) whose change makes a recorded GPU result stale; the stage's notebook
     # always counts
     depends: tuple[str, ...] = ()
+    # which of the stage's figures (1-based, in cell order) the README's gallery shows; 0: none
+    gallery_figure: int = 1
 
     def params_for(self, target: str) -> dict[str, Any]:
         """Base params, then ``gpu`` (any GPU target) or ``cpu``, then the exact target's overrides."""
@@ -60,7 +62,8 @@ def load_registry(path: Path = REGISTRY_PATH) -> list[Stage]:
             timeout_s=float(raw.get("timeout_s", 900)), params=raw.get("params", {}),
             params_by_target=raw.get("params_by", {}), thresholds=raw.get("thresholds", {}),
             thresholds_cpu=raw.get("thresholds_cpu", {}), targets=raw.get("targets", {}),
-            depends=(raw["notebook"],) + tuple(raw.get("depends", ()))))
+            depends=(raw["notebook"],) + tuple(raw.get("depends", ())),
+            gallery_figure=int(raw.get("gallery_figure", 1))))
     ids = [s.id for s in stages]
     if len(ids) != len(set(ids)):
         raise ValueError(f"duplicate stage ids in {path}: {ids}")

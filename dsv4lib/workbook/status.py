@@ -9,6 +9,7 @@ from typing import Any
 from .gpu_tests import GPU_TESTS_DIR, gpu_tests_lines, load_gpu_tests
 from .provenance import REPO_ROOT
 from .registry import RESULTS_DIR, Stage, load_registry
+from .reports import report_paths
 from .results import load_all_results
 
 STATUS_PATH = REPO_ROOT / "STATUS.md"
@@ -96,6 +97,11 @@ def stale_note(row: dict[str, Any], depends: tuple[str, ...] | list[str] | None,
     return f"**STALE** ({shown} changed since)"
 
 
+def report_link(target: str, stage_id: str) -> str:
+    """STATUS.md's relative link to a stage's HTML report (:func:`.reports.report_paths`)."""
+    return report_paths(Path("runs"), target, stage_id)["html"].as_posix()
+
+
 def short_commit(commit: Any) -> str:
     return str(commit or "?")[:7]
 
@@ -159,7 +165,9 @@ def render_status(stages: list[Stage] | None = None, results: dict[str, dict[str
              "Verdicts: PASS (met every threshold; on a GPU target the kernels ran on that GPU), FAIL, "
              "COMPILED-ONLY (kernels built, not run: no GPU), NOT RUN. `ratio` = peer time / our time "
              "(> 1: faster than the peer). sm_100a kernels are always compiled, not run. STALE: the stage's files "
-             "(`depends` in stages/stages.toml) changed after the result was recorded — re-run it on that GPU.", ""]
+             "(`depends` in stages/stages.toml) changed after the result was recorded — re-run it on that GPU. "
+             "report: the executed notebook as HTML (prose, figures, outputs), written by the pipeline under `runs/` "
+             "on the machine that ran it (not committed; `make pipeline` makes the cpu ones here).", ""]
     lines.append("| stage | " + " | ".join(targets) + " |")
     lines.append("|---|" + "---|" * len(targets))
     for sid in ids:
@@ -174,8 +182,8 @@ def render_status(stages: list[Stage] | None = None, results: dict[str, dict[str
     for t in targets:
         lines.append(f"## {t}")
         lines.append("")
-        lines.append("| stage | verdict | device | versions | date | commit | reason / notes |")
-        lines.append("|---|---|---|---|---|---|---|")
+        lines.append("| stage | verdict | device | versions | date | commit | reason / notes | report |")
+        lines.append("|---|---|---|---|---|---|---|---|")
         for sid in ids:
             row = results[t].get("stages", {}).get(sid)
             if not row:
@@ -184,7 +192,8 @@ def render_status(stages: list[Stage] | None = None, results: dict[str, dict[str
             reason = str(row.get("reason", "")).replace("|", "\\|").replace("\n", " ")[:300]
             cc = f" (cc {row['capability']})" if row.get("capability") else ""
             lines.append(f"| {sid} | {row.get('verdict')} | {row.get('device', '')}{cc} "
-                         f"| {vers} | {row.get('date', '')} | `{short_commit(row.get('commit'))}` | {reason} |")
+                         f"| {vers} | {row.get('date', '')} | `{short_commit(row.get('commit'))}` | {reason} "
+                         f"| [{sid}.html]({report_link(t, sid)}) |")
         lines.append("")
     lines += gpu_tests_lines(load_gpu_tests(gpu_tests_dir))
     return "\n".join(lines)
