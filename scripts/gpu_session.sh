@@ -29,6 +29,8 @@ for w in $what; do
               cat "$out/logs/bench.txt" ;;
   esac
 done
-tar czf "$out/session.tgz" stages/results stages/gpu_tests STATUS.md runs/*/*.log runs/*/*.json -C "$out" logs 2>/dev/null
+# the stage reports and figures come back too (a few MB): what a person looks at
+tar czf "$out/session.tgz" stages/results stages/gpu_tests STATUS.md runs/*/*.log runs/*/*.json runs/*/*.html \
+    runs/*/figures -C "$out" logs 2>/dev/null
 rm -rf "$out/logs"
 ls -la "$out"
