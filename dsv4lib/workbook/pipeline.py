@@ -35,11 +35,12 @@ def _execute_notebook(notebook: str, output: str, parameters: dict[str, Any], ce
     import jupytext
     import papermill
 
+    from .kernelspec import KERNEL_NAME, kernel_metadata
+
     nb = jupytext.read(notebook)
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.metadata.setdefault("language_info", {"name": "python"})
+    nb.metadata.update(kernel_metadata())   # what JupyterLab sees on connect: the executed notebook opens unmodified
     # autosave every few seconds: the parent reads the partly executed notebook for its progress lines
-    papermill.execute_notebook(nb, output, parameters=parameters, kernel_name="python3", language="python",
+    papermill.execute_notebook(nb, output, parameters=parameters, kernel_name=KERNEL_NAME, language="python",
                                execution_timeout=int(cell_timeout), progress_bar=False, cwd=str(REPO_ROOT),
                                autosave_cell_every=PROGRESS_EVERY_S // 2)
 
