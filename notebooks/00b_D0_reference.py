@@ -20,7 +20,7 @@ seq_len = 1024          # prefill length for the key-set picture
 window = 128
 csa_topk = 32
 query = 900             # the query whose key sets are drawn
-decode_len = 300        # tokens for decode vs prefill (HCA needs >= 128 for an entry)
+decode_len = 300        # tokens for decode vs prefill (HCA needs at least 128 for an entry)
 
 # %%
 import matplotlib.pyplot as plt

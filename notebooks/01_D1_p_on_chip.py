@@ -29,8 +29,8 @@ target = "auto"
 metrics_path = ""
 seed = 0
 head_dims = [64, 128, 256]
-seqlens = [128, 1000, 4096, 16384]      # correctness sweep (B=1, H=2; tails included)
-mqa512_seqlens = [128, 1000, 4096]      # hd512 MQA (DSV4: H=64 query heads, one KV head, K = V)
+seqlens = [128, 1000, 4096, 16384]      # correctness sweep (B 1, H 2; tails included)
+mqa512_seqlens = [128, 1000, 4096]      # hd512 MQA (DSV4: 64 query heads, one KV head, K equal to V)
 bench_batch = 4
 bench_heads = 16
 bench_seqlen = 8192

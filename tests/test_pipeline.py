@@ -1,4 +1,5 @@
 """The papermill pipeline end to end on tiny notebooks: a passing, a raising and a hanging stage."""
+import re
 import textwrap
 
 import pytest
@@ -273,3 +274,27 @@ def test_the_readme_gallery_shows_one_small_committed_figure_per_stage(tmp_path)
     assert Image.open(out[0]).size == (600, 200)
     with pytest.raises(FileNotFoundError, match="run the pipeline"):
         write_gallery(tmp_path / "runs", "cpu", {"S": 1}, out_dir=tmp_path / "gallery")
+
+
+def test_papermill_parses_every_parameter_of_every_stage_notebook(caplog):
+    """``papermill --help-notebook`` lists every parameter with its default: each assignment of each stage's
+    parameters cell is understood (a trailing comment with '=' in it made papermill skip the line, with a warning only
+    in the stage's log)."""
+    import jupytext
+    from papermill.inspection import _infer_parameters
+
+    from dsv4lib.workbook.kernelspec import kernel_metadata
+    from dsv4lib.workbook.registry import load_registry
+
+    for stage in load_registry():
+        nb = jupytext.read(stage.notebook)
+        nb.metadata.update(kernel_metadata())
+        for cell in nb.cells:
+            cell.metadata.setdefault("tags", [])
+        cell = next(c for c in nb.cells if "parameters" in c.metadata.tags)
+        assigned = [line.split("=")[0].strip() for line in cell.source.splitlines()
+                    if re.match(r"^[A-Za-z_]\w*\s*(:[^=]*)?=", line)]
+        caplog.clear()
+        parsed = [p.name for p in _infer_parameters(nb)]
+        assert parsed == [a.split(":")[0].strip() for a in assigned], (stage.id, caplog.text)
+        assert "Unable to parse" not in caplog.text, (stage.id, caplog.text)
