@@ -21,9 +21,11 @@ def gen():
     return torch.Generator().manual_seed(1234)
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def poison_gpu_outputs(request):
-    """GPU tests: everything the library allocates during the test is NaN until written (tests/gpu_checks.py)."""
+    """Every GPU test, in every file: everything allocated during the test (by the library or the test) is NaN until
+    written, cached workspaces too (tests/gpu_checks.py) — a region a kernel fails to write can never pass as a previous
+    call's leftovers."""
     if request.node.get_closest_marker("gpu") is None:
         yield
         return

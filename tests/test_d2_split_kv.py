@@ -7,7 +7,6 @@ import dsv4lib
 from dsv4lib import reference
 from gpu_checks import attention_inputs, check_matches, check_output, fresh_seed, poisoned_outputs
 
-pytestmark = pytest.mark.usefixtures("poison_gpu_outputs")
 
 
 @pytest.mark.compile

