@@ -7,7 +7,7 @@
 set -u
 out=${OUT:-runs/gpu_check}; mkdir -p "$out"
 declare -A groups=(
-  [d1]="placeholder_never_written or matches_float64 or smem_p_twin or fully_written or bad_gpu_input or smoke_runs or gqa_packed or schedule_knobs or test_hard_inputs_match or zero_lengths"
+  [d1]="placeholder_never_written or matches_float64 or smem_p_twin or fully_written or bad_gpu_input or smoke_runs or gqa_packed or schedule_knobs or test_hard_inputs_match or zero_lengths or custom_scale_reaches"
   [window]="window_and_sink"
   [split]="split_kv"
   [branch]="branch_merge"

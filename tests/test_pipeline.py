@@ -1,5 +1,6 @@
 """The papermill pipeline end to end on tiny notebooks: a passing, a raising and a hanging stage."""
 import re
+from pathlib import Path
 import textwrap
 
 import pytest
@@ -298,3 +299,31 @@ def test_papermill_parses_every_parameter_of_every_stage_notebook(caplog):
         parsed = [p.name for p in _infer_parameters(nb)]
         assert parsed == [a.split(":")[0].strip() for a in assigned], (stage.id, caplog.text)
         assert "Unable to parse" not in caplog.text, (stage.id, caplog.text)
+
+
+def test_every_gpu_test_is_in_a_group_of_the_gpu_runner():
+    """scripts/gpu_check.sh runs the GPU tests by -k groups: a GPU test no group selects would never run on a GPU (and
+    its absence would not show in the pass counts).  Each group expression is evaluated as pytest's -k does (a
+    substring of the test's name, its file's name or a marker)."""
+    import subprocess
+    import sys
+
+    from _pytest.mark.expression import Expression
+
+    from dsv4lib.workbook.provenance import REPO_ROOT
+
+    script = (REPO_ROOT / "scripts" / "gpu_check.sh").read_text()
+    groups = dict(re.findall(r'^\s*\[(\w+)\]="([^"]+)"', script, flags=re.M))
+    assert len(groups) >= 10, groups
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "gpu", "-p", "no:cacheprovider",
+                          "tests/"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300).stdout
+    node_ids = [line for line in out.splitlines() if "::" in line]
+    assert len(node_ids) > 100, out[-2000:]
+    compiled = {g: Expression.compile(expr) for g, expr in groups.items()}
+    orphans = []
+    for node in node_ids:
+        path, name = node.split("::", 1)
+        names = [Path(path).name, name, "gpu"]
+        if not any(e.evaluate(lambda sub, **_: any(sub.lower() in n.lower() for n in names)) for e in compiled.values()):
+            orphans.append(node)
+    assert not orphans, f"GPU tests no group of scripts/gpu_check.sh runs: {orphans}"
