@@ -143,15 +143,23 @@ def _double_click_entry(driver, name: str) -> None:
     ActionChains(driver).double_click(_wait(f"file-browser entry {name}", entry, browser=driver)).perform()
 
 
-def _go_to_folder(driver, folder: str) -> None:
-    """The file browser at ``folder`` (repository-relative), by its home crumb and double-clicks."""
-    def at_root():
-        _by_css(driver, ".jp-BreadCrumbs-home")[0].click()
-        time.sleep(0.3)
-        return _by_css(driver, ".jp-BreadCrumbs")[0].text.strip() in ("", "/")
-    _wait("the file browser at the repository root", at_root, browser=driver)
-    for part in filter(None, folder.split("/")):
-        _double_click_entry(driver, part)
+def _go_to_folder(driver, base: str, folder: str) -> None:
+    """The file browser at ``folder`` (repository-relative): JupyterLab's ``/lab/tree/<folder>`` URL opens a folder in
+    the file browser (the files themselves are then opened by double-clicks); waits until its crumbs say so."""
+    want = [p for p in folder.split("/") if p]
+    driver.get(f"{base}/lab/tree/{folder}" if want else f"{base}/lab")      # /lab/tree/ alone is "not found"
+
+    def there():
+        crumbs = [c for c in _by_css(driver, ".jp-BreadCrumbs") if c.is_displayed()]
+        if crumbs and [p.strip() for p in crumbs[0].text.split("/") if p.strip()] == want:
+            return True
+        if not want:                       # the workspace may restore another folder: the home crumb goes to the root
+            for home in _by_css(driver, ".jp-BreadCrumbs-home"):
+                if home.is_displayed():
+                    home.click()
+        return False
+    _wait(f"the file browser at /{folder}", there, browser=driver)
+    _wait("the file browser's listing", lambda: _by_css(driver, ".jp-DirListing-item"), browser=driver)
 
 
 def _current_tab(driver):
@@ -174,13 +182,11 @@ def _close_current_tab(driver) -> None:
 
 
 def test_stage_notebooks_open_as_notebooks_with_the_venv_kernel_idle_and_unmodified(lab, browser):
-    browser.get(f"{lab}/lab")
-    _wait("the file browser", lambda: _by_css(browser, ".jp-DirListing-item"), browser=browser)
     stages = load_registry()
     problems = []
     for stage in stages:
         path = stage.notebook.relative_to(REPO_ROOT)
-        _go_to_folder(browser, str(path.parent))
+        _go_to_folder(browser, lab, str(path.parent))
         _double_click_entry(browser, path.name)
         panel = _wait(f"{path.name} as a notebook", lambda: (p := _current_panel(browser)) is not None
                       and "jp-NotebookPanel" in p.get_attribute("class") and p, browser=browser, shot=stage.id)
@@ -204,10 +210,8 @@ def test_stage_notebooks_open_as_notebooks_with_the_venv_kernel_idle_and_unmodif
 def test_an_executed_notebook_shows_its_figures_trusted_and_status_md_opens_as_markdown(lab, browser,
                                                                                        executed_stage):
     path, n_figures = executed_stage
-    browser.get(f"{lab}/lab")
-    _wait("the file browser", lambda: _by_css(browser, ".jp-DirListing-item"), browser=browser)
     folder, name = path.rsplit("/", 1)
-    _go_to_folder(browser, folder)
+    _go_to_folder(browser, lab, folder)
     _double_click_entry(browser, name)
     images = _wait(f"{n_figures} figures of {name}", lambda: len(imgs := _by_css(
         browser, ".jp-NotebookPanel:not(.lm-mod-hidden) .jp-OutputArea-output img")) >= n_figures and imgs,
@@ -222,7 +226,7 @@ def test_an_executed_notebook_shows_its_figures_trusted_and_status_md_opens_as_m
     assert code_with_outputs and all(c["metadata"].get("trusted") for c in code_with_outputs), "not trusted"
     _close_current_tab(browser)
 
-    _go_to_folder(browser, "")
+    _go_to_folder(browser, lab, "")
     _double_click_entry(browser, "STATUS.md")
     panel = _wait("STATUS.md in the editor", lambda: (p := _current_panel(browser)) is not None
                   and "jp-FileEditor" in " ".join(e.get_attribute("class") for e in

@@ -125,7 +125,9 @@ def run_pipeline(target: Target, stages: list[Stage], *, timeout_s: float | None
         merge_results(target.name, {stage.id: row}, results_dir)   # saved per stage: a crash loses nothing
         progress.done(f"  {stage.id:<10} {row['verdict']:<14} {row['wall_s']:>7.1f} s  {row['reason'][:100]}")
         try:      # the report of a failed stage too: its figures and traceback explain the FAIL
-            write_reports(Path(runs_dir), target.name, stage.id)
+            note = write_reports(Path(runs_dir), target.name, stage.id).get("note")
+            if note:
+                progress.done(f"  {stage.id:<10} ({note}; figures written)"[:160])
         except Exception as exc:  # noqa: BLE001 - a report that cannot be written never costs the recorded result
             progress.done(f"  {stage.id:<10} (no HTML report / figures: {type(exc).__name__}: {exc})"[:160])
     progress.close()

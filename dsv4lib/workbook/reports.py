@@ -74,7 +74,8 @@ def sign_notebook(path: Path) -> None:
 
 def write_reports(runs_dir: Path, target: str, stage_id: str) -> dict[str, object]:
     """Figures, HTML report and trust for one executed stage notebook; ``{}`` when the stage left no notebook (it
-    failed before papermill wrote one).  Returns ``{"html": Path, "figures": [Path, ...]}``."""
+    failed before papermill wrote one).  Returns ``{"html": Path, "figures": [Path, ...]}``; ``html`` None (and a
+    ``note`` why) where nbconvert is not installed — the GPU machine's bundle has papermill without it."""
     import nbformat
 
     paths = report_paths(runs_dir, target, stage_id)
@@ -82,8 +83,11 @@ def write_reports(runs_dir: Path, target: str, stage_id: str) -> dict[str, objec
         return {}
     nb = nbformat.read(str(paths["notebook"]), as_version=4)
     figures = export_figures(nb, paths["figures"], stage_id)
-    html = export_html(nb, paths["html"])
     sign_notebook(paths["notebook"])
+    try:
+        html = export_html(nb, paths["html"])
+    except ImportError as exc:    # a machine with papermill but no nbconvert (the GPU bundle): figures only
+        return {"html": None, "figures": figures, "note": f"no HTML report: {exc}"}
     return {"html": html, "figures": figures}
 
 
