@@ -327,3 +327,13 @@ def test_every_gpu_test_is_in_a_group_of_the_gpu_runner():
         if not any(e.evaluate(lambda sub, **_: any(sub.lower() in n.lower() for n in names)) for e in compiled.values()):
             orphans.append(node)
     assert not orphans, f"GPU tests no group of scripts/gpu_check.sh runs: {orphans}"
+
+
+def test_recorded_notes_read_true_on_every_target():
+    """A stage's recorded note is shown on every target's row: none may speak of "CPU" as if the run were one (the GPU
+    rows of D0-ref and D1.3 said "CPU PASS is legitimate")."""
+    from dsv4lib.workbook.registry import load_registry
+
+    for stage in load_registry():
+        for note in re.findall(r'notes="([^"]*)"', stage.notebook.read_text()):
+            assert "CPU PASS" not in note, (stage.id, note)
