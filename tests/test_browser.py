@@ -147,17 +147,12 @@ def _go_to_folder(driver, base: str, folder: str) -> None:
     """The file browser at ``folder`` (repository-relative): JupyterLab's ``/lab/tree/<folder>`` URL opens a folder in
     the file browser (the files themselves are then opened by double-clicks); waits until its crumbs say so."""
     want = [p for p in folder.split("/") if p]
-    driver.get(f"{base}/lab/tree/{folder}" if want else f"{base}/lab")      # /lab/tree/ alone is "not found"
+    # /lab/tree/ alone is "not found"; /lab would restore the workspace's folder: ?reset starts it afresh at the root
+    driver.get(f"{base}/lab/tree/{folder}" if want else f"{base}/lab?reset")
 
     def there():
         crumbs = [c for c in _by_css(driver, ".jp-BreadCrumbs") if c.is_displayed()]
-        if crumbs and [p.strip() for p in crumbs[0].text.split("/") if p.strip()] == want:
-            return True
-        if not want:                       # the workspace may restore another folder: the home crumb goes to the root
-            for home in _by_css(driver, ".jp-BreadCrumbs-home"):
-                if home.is_displayed():
-                    home.click()
-        return False
+        return crumbs and [p.strip() for p in crumbs[0].text.split("/") if p.strip()] == want
     _wait(f"the file browser at /{folder}", there, browser=driver)
     _wait("the file browser's listing", lambda: _by_css(driver, ".jp-DirListing-item"), browser=driver)
 
