@@ -370,3 +370,37 @@ def test_the_checks_catch_a_build_that_skips_a_store():
     # what the old whole-tensor check saw when the allocator handed back a correct call's memory: it passed
     stale = torch.where(broken.isnan(), good, broken)
     assert cosine(stale, ref) >= 0.9999
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["scores_x30", "sink_plus_50", "sink_minus_50", "no_valid_index", "all_duplicates",
+                                  "zero_lengths"])
+def test_decode_hard_inputs_match_the_reference(case):
+    """The hard-input family of the sparse kernel, on the FP8 caches: scores ×30, sinks of ±50, index lists with no
+    valid entry (-1 and out of range only: zero output, LSE -inf), every entry the same key (counted K times), and
+    valid lengths of 0 in both lists (no key at all) — unsplit and split, row by row against float64."""
+    gen = torch.Generator().manual_seed(fresh_seed())
+    B, H = 5, 64
+    q, main, idx, kw = _decode_inputs(B, 1, H, True, True, True, gen)
+    if case == "scores_x30":
+        q = q * 30
+    elif case.startswith("sink"):
+        kw["sink"] = torch.full((H,), 50.0 if "plus" in case else -50.0, device="cuda")
+    elif case == "no_valid_index":
+        idx = torch.where(torch.rand(idx.shape, device="cuda") < 0.5, -1, main.num_keys + 3).to(torch.int32)
+        n2 = kw["extra_k_cache"].num_keys
+        kw["extra_indices"] = torch.where(torch.rand(kw["extra_indices"].shape, device="cuda") < 0.5, -1,
+                                          n2).to(torch.int32)
+    elif case == "all_duplicates":
+        idx = idx[:, :, :1].expand_as(idx).contiguous()
+        kw["extra_indices"] = kw["extra_indices"][:, :, :1].expand_as(kw["extra_indices"]).contiguous()
+    elif case == "zero_lengths":
+        kw["topk_length"] = torch.zeros(B, dtype=torch.int32, device="cuda")
+        kw["extra_topk_length"] = torch.zeros(B, dtype=torch.int32, device="cuda")
+    ref_out, ref_lse = _reference(q, main, idx, kw)
+    for splits in (1, 4):
+        out, lse = dsv4lib.sparse_decode(q, main, idx, **kw, return_lse=True, num_splits=splits)
+        check_output(out, ref_out)
+        seen = torch.isfinite(ref_lse)
+        assert torch.equal(torch.isfinite(lse), seen)
+        torch.testing.assert_close(lse[seen].double(), ref_lse[seen], atol=2e-3, rtol=1e-4)
