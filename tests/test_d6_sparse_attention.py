@@ -52,6 +52,14 @@ def test_hd512_kernel_builds_from_the_public_functions_arguments(gather, split_k
         # ... each with a src-size operand: a row that is no key is zero-filled, not read
         assert k.count(r"cp\.async\.cg\.shared\.global[^\n]*, 16, %r\d+;") == 4 * 16
         assert k.count(r"cp\.async\.mbarrier\.arrive\.noinc") == 4
+        if gather:
+            # the producer publishes each key's validity: the flags' writers have their copies counted
+            # (cp.async.mbarrier.arrive without .noinc) and arrive themselves with release on each half-tile (4 + the
+            # consumers' 4 releases); the consumers load no index from global memory (44 ld.global before: 2 × 16
+            # index loads of theirs)
+            assert k.count(r"cp\.async\.mbarrier\.arrive\.shared") == 4
+            assert k.count(r"\tmbarrier\.arrive\.shared") == 8
+            assert k.count(r"ld\.global") <= 12
         assert k.count(r"cp\.async\.bulk\.tensor\.4d\.shared::cta\.global\.tile\.mbarrier") == 8     # Q
         assert k.count(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+88") == 1
         assert k.count(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+208") == 1

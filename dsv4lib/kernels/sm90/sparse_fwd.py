@@ -63,7 +63,9 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, const_expr, pipeline
+from cutlass._mlir.dialects import nvvm
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
+from cutlass.cutlass_dsl import dsl_user_op
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from ..common import convert_to_bf16_pairs, exp2, launch_stream, tma_store_tile
@@ -85,6 +87,23 @@ ROW_GROUPS = 16                        # paired producer: 16 groups of 8 threads
 HALF_TILE_ORDER = ((0, 0), (1, 1), (0, 1), (1, 0))   # paired producer: (tile buffer, column half), order freed
 
 
+@dsl_user_op
+def cp_async_arrive_counted(mbar_ptr, *, loc=None, ip=None) -> None:
+    """``cp.async.mbarrier.arrive`` without ``.noinc``: the barrier's pending count goes up by one now and back down
+    when this thread's earlier ``cp.async`` copies land, so the phase still waits for them — and the thread owes its
+    own (release) arrive, which is what publishes its generic shared stores (the key flags) to the consumers."""
+    nvvm.cp_async_mbarrier_arrive(mbar_ptr.to_llvm_ptr(loc=loc, ip=ip), noinc=False, loc=loc, ip=ip)
+
+
+class KeyFlags:
+    """The consumers' view of the paired producer's key flags (:meth:`SparseAttentionForwardSm90.gather_pairs`):
+    ``flags[key of the pair, pair % 2]`` is 1 for a real key, and keys count from the CTA's first tile."""
+
+    def __init__(self, flags: cute.Tensor, tile_lo):
+        self.flags = flags
+        self.tile_lo = tile_lo
+
+
 def half_tile_pipelines(barriers, producer=pipeline.PipelineCpAsync) -> tuple:
     """The paired schedule's four single-stage cp.async pipelines, index ``2 b + h`` = (tile buffer b, column half
     h), each with its (full, empty) mbarrier pair at ``barriers + 2 i``: 128 producer threads, 128 consumer threads
@@ -102,10 +121,16 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
     NUM_THREADS = 384
     PRODUCER_REGS, CONSUMER_REGS = 56, 224          # 128·(56 + 2·224) = 64 512 ≤ 65 536
     PAIRED_PRODUCER_REGS, PAIRED_CONSUMER_REGS = 88, 208   # 128·(88 + 2·208) = 64 512
-    KEY_ADDR_SLOTS = 2                              # int64 words of shared room for a producer's key records
+    # int64 words of shared room for a producer's key records: here the gathered paired producer's key flags (one
+    # int32 per key of a pair, two pairs)
+    KEY_ADDR_SLOTS = 2 * TILE_N
     # paired schedule: the consumers' key mask computed after the tile's first wait (from what the producer published
     # with the tile, see key_source) instead of from global memory before it
     KEY_MASK_AFTER_WAIT = False
+    # the gathered paired producer publishes each key's validity (it has the row index anyway) so the consumers read
+    # one shared word per key after their wait instead of loading and testing its index from global memory before it
+    # (a branch per key column: H200 Sq 4096 H64 K640 441 → 471 TFLOP/s with the mask switched off, probe_d6.py)
+    PRODUCER_KEY_FLAGS = True
 
     def __init__(self, config: SparseFwdConfig):
         super().__init__(config)
@@ -131,6 +156,8 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
         # row-sum barrier) and one TMA store of the 64 x 512 tile; fp32 split partials and the columns schedule keep
         # their register stores
         self.tma_store_o = not self.split_kv and self.paired
+        self.key_flags = self.paired and self.gather and self.PRODUCER_KEY_FLAGS
+        self.key_mask_after_wait = self.KEY_MASK_AFTER_WAIT or self.key_flags
 
     # ------------------------------------------------------------------------------ host side
     @cute.jit
@@ -277,7 +304,7 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
                                 cute.make_layout((TILE_H, HEAD_DIM), stride=(HEAD_DIM + RED_PAD, 1)))
 
         key_lo, n_keys, tile_lo, tile_hi = self.key_range(mQ, mKV, mIdx, token, window_size, num_splits, split)
-        mIdx = self.key_source(mIdx, sKeyAddr, tile_lo)
+        keys_seen = self.key_source(mIdx, sKeyAddr, tile_lo)       # what the consumers test key validity on
         pipeline_init_wait(cluster_shape_mn=(1, 1))
 
         if warp_idx < 4:
@@ -323,18 +350,18 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
             self.wait_q(pipeline_q, tile_lo, tile_hi)
             if warp_idx < 8:
                 self.paired_half(0, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sKV, sVt, sP, sMax, sSum,
-                                 mIdx, mO, mLSE, mSink, pipeline_kv, softmax_scale_log2, tidx - 128, token,
+                                 keys_seen, mO, mLSE, mSink, pipeline_kv, softmax_scale_log2, tidx - 128, token,
                                  head_group, batch, split, n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O,
                                  mQ, mKV, window_size, tma_atom_Q, tma_Q, pipeline_q)
             else:
                 self.paired_half(1, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sKV, sVt, sP, sMax, sSum,
-                                 mIdx, mO, mLSE, mSink, pipeline_kv, softmax_scale_log2, tidx - 256, token,
+                                 keys_seen, mO, mLSE, mSink, pipeline_kv, softmax_scale_log2, tidx - 256, token,
                                  head_group, batch, split, n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O,
                                  mQ, mKV, window_size, tma_atom_Q, tma_Q, pipeline_q)
         elif warp_idx < 8:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.wait_q(pipeline_q, tile_lo, tile_hi)
-            self.scores_and_left_half(tiled_mma_qk, tiled_mma_pv_rs, sQ, sKV, sVt, sP, sRowScale, sRowInv, mIdx,
+            self.scores_and_left_half(tiled_mma_qk, tiled_mma_pv_rs, sQ, sKV, sVt, sP, sRowScale, sRowInv, keys_seen,
                                       mO, mLSE, mSink, pipeline_kv, softmax_scale_log2, tidx - 128, token,
                                       head_group, batch, split, key_lo, n_keys, seqlen_k, tile_lo, tile_hi, sLSE,
                                       sRed)
@@ -348,9 +375,30 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
         return half_tile_pipelines(barriers)
 
     def key_source(self, mIdx, sKeyAddr, tile_lo):
-        """What :meth:`is_real_key` reads, given the producer's shared key room and the CTA's first tile: the index
-        list itself here (a subclass may point its consumers at records its producer publishes)."""
+        """What :meth:`is_real_key` reads, given the producer's shared key room and the CTA's first tile: the gathered
+        paired producer's key flags (:class:`KeyFlags`), else the index list itself (a subclass may point its consumers
+        at records its producer publishes)."""
+        if self.key_flags:
+            return KeyFlags(self.key_flag_view(sKeyAddr), tile_lo)
         return mIdx
+
+    @cute.jit
+    def key_flag_view(self, sKeyAddr) -> cute.Tensor:
+        """The key flags in the producer's shared key room: ``[key of the pair, pair % 2]`` int32."""
+        return cute.make_tensor(cute.recast_ptr(sKeyAddr.iterator, dtype=Int32),
+                                cute.make_layout((2 * TILE_N, 2), stride=(1, 2 * TILE_N)))
+
+    @cute.jit
+    def is_real_key(self, key, mIdx, batch, token, n_keys, seqlen_k):
+        """From the producer's key flags (``mIdx`` a :class:`KeyFlags`: the tile's wait has published them), else
+        :meth:`SparseAttentionBase.is_real_key` from the index list."""
+        ok = key < n_keys
+        if const_expr(isinstance(mIdx, KeyFlags)):
+            rel = key - mIdx.tile_lo * TILE_N
+            ok = mIdx.flags[rel % (2 * TILE_N), (rel // (2 * TILE_N)) % 2] != Int32(0)
+        else:
+            ok = SparseAttentionBase.is_real_key(self, key, mIdx, batch, token, n_keys, seqlen_k)
+        return ok
 
     @cute.jit
     def wait_q(self, pipeline_q, tile_lo, tile_hi):
@@ -427,12 +475,22 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
         rows_per_group = TILE_N // ROW_GROUPS
         segments = HALF // 64                                     # 128 B segments per half row
         rows = cute.make_rmem_tensor((2 * rows_per_group,), Int32)
+        flags = self.key_flag_view(sKeyAddr)
         for p in cutlass.range((tile_hi - tile_lo + 1) // 2, unroll=1):
             for b in cutlass.range_constexpr(2):                  # all 8 index loads first: one latency
                 for k in cutlass.range_constexpr(rows_per_group):
                     rows[b * rows_per_group + k] = self.key_row_or_none(
                         mIdx, batch, token, (tile_lo + 2 * p + b) * TILE_N + group + ROW_GROUPS * k, key_lo, n_keys,
                         seqlen_k)
+            if const_expr(self.key_flags):
+                # the pair's key flags, by the first thread of each row's group (buffer p % 2: last read in pair
+                # p - 2, whose half-tiles the consumers had all freed before this producer finished pair p - 1);
+                # published by that thread's release arrive on each of the pair's four half-tiles below
+                if chunk == 0:
+                    for b in cutlass.range_constexpr(2):
+                        for k in cutlass.range_constexpr(rows_per_group):
+                            flags[b * TILE_N + group + ROW_GROUPS * k, p % 2] = Int32(
+                                rows[b * rows_per_group + k] >= 0)
             for j in cutlass.range_constexpr(4):
                 b, h = HALF_TILE_ORDER[j]
                 kv_pipes[2 * b + h].producer_acquire(state)
@@ -448,7 +506,14 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
                         c = (h * segments + seg) * 8 + chunk                                   # 16 B chunk of the row
                         cute.copy(copy_atom, cute.logical_divide(cute.local_tile(gKV_row, (8,), (c,)), (8,)),
                                   cute.logical_divide(cute.local_tile(sKV[r, None, b], (8,), (c,)), (8,)), pred=real)
-                kv_pipes[2 * b + h].producer_commit(state)          # arrives when this thread's copies land
+                if const_expr(self.key_flags):
+                    if chunk == 0:     # the flags' writers: the copies counted, and a release arrive of their own
+                        cp_async_arrive_counted(kv_pipes[2 * b + h].producer_get_barrier(state))
+                        cute.arch.mbarrier_arrive(kv_pipes[2 * b + h].producer_get_barrier(state))
+                    else:
+                        kv_pipes[2 * b + h].producer_commit(state)   # arrives when this thread's copies land
+                else:
+                    kv_pipes[2 * b + h].producer_commit(state)       # arrives when this thread's copies land
             state.advance()
         return state
 
@@ -785,10 +850,10 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
         that arrives first first (WG0: left, WG1: right).  Returns the tile's key-validity bits."""
         key0 = (tile_lo + 2 * p + w) * TILE_N
         n_cols = cute.size(tScS_rc, mode=[1])
-        if const_expr(not self.KEY_MASK_AFTER_WAIT):     # global loads: issued before the wait, hidden by it
+        if const_expr(not self.key_mask_after_wait):     # global loads: issued before the wait, hidden by it
             key_bits = self.key_mask_bits(n_cols, tScS_rc, key0, mIdx, batch, token, key_end, seqlen_k)
         kv_pipes[2 * w + w].consumer_wait(state)
-        if const_expr(self.KEY_MASK_AFTER_WAIT):         # published with the tile: readable once it is here
+        if const_expr(self.key_mask_after_wait):         # published with the tile: readable once it is here
             key_bits = self.key_mask_bits(n_cols, tScS_rc, key0, mIdx, batch, token, key_end, seqlen_k)
         gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, w], True, wait=False,
                   k_blocks=(w * k_half, (w + 1) * k_half))
