@@ -853,10 +853,10 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
         if const_expr(not self.key_mask_after_wait):     # global loads: issued before the wait, hidden by it
             key_bits = self.key_mask_bits(n_cols, tScS_rc, key0, mIdx, batch, token, key_end, seqlen_k)
         kv_pipes[2 * w + w].consumer_wait(state)
-        if const_expr(self.key_mask_after_wait):         # published with the tile: readable once it is here
-            key_bits = self.key_mask_bits(n_cols, tScS_rc, key0, mIdx, batch, token, key_end, seqlen_k)
         gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, w], True, wait=False,
                   k_blocks=(w * k_half, (w + 1) * k_half))
+        if const_expr(self.key_mask_after_wait):   # published with the tile: read while the first QK half runs
+            key_bits = self.key_mask_bits(n_cols, tScS_rc, key0, mIdx, batch, token, key_end, seqlen_k)
         kv_pipes[2 * w + 1 - w].consumer_wait(state)
         gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, w], False,
                   k_blocks=((1 - w) * k_half, (2 - w) * k_half))
