@@ -8,6 +8,7 @@ garbage in every variant but ``full`` — this is a measurement, never a result.
   no_gmem       producer converts and stores, no global loads of key bytes (registers hold a constant)
   no_rope       no rope cp.async: the right halves' rope lanes convert their bytes as e4m3 like every other lane
   lane_t16      the producer's old thread slots (lane t % 16: every warp splits between rope copies and conversion)
+  l2_256        the key-byte loads with an L2::256B prefetch hint (FlashMLA's); the output is right in this one
   idle_producer producer fetches key records and arrives, nothing loaded, converted or stored (consumer-bound)
   no_mma        consumers' wgmmas removed (producer-bound, softmax and barriers kept)
   floor         idle producer and no wgmma: launch, Q, records, barriers, softmax, epilogue
@@ -24,6 +25,7 @@ import cutlass
 import cutlass.cute as cute
 import torch
 from cutlass import Int32, Int64, Uint32
+from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 from dsv4lib.bench import d7, time_graph
@@ -53,6 +55,30 @@ def load_row_constant(self, records, scale_of, buf, b: cutlass.Constexpr, h: cut
         raw[k, w] = scale_bytes[k] ^ Uint32(0x38383838 + w)
 
 
+@dsl_user_op
+def ld_global_v4_l2_256(address: Int64, *, loc=None, ip=None):
+    """16 bytes at a global address as four words, with an L2 256-byte prefetch hint (FlashMLA's hint on its nope
+    loads): the first of the four warps reading a key's 256-byte half brings the rest of it into L2."""
+    words = llvm.StructType.get_literal([T.i32()] * 4)
+    res = llvm.inline_asm(words, [Int64(address).ir_value(loc=loc, ip=ip)],
+                          "ld.global.L2::256B.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l",
+                          has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+    return tuple(Uint32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(4))
+
+
+@cute.jit
+def load_row_l2_256(self, records, scale_of, buf, b: cutlass.Constexpr, h: cutlass.Constexpr, group, lane,
+                    k: cutlass.Constexpr, raw, scale_bytes):
+    col = h * md.HALF + lane * md.COLS_PER_THREAD
+    key = b * md.TILE_N + group + md.ROW_GROUPS * k
+    w0, w1, w2, w3 = ld_global_v4_l2_256(records[0, key, buf] + Int64(col))
+    raw[k, 0] = w0
+    raw[k, 1] = w1
+    raw[k, 2] = w2
+    raw[k, 3] = w3
+    scale_bytes[k] = Uint32(scale_of[col // 64, key, buf])
+
+
 @cute.jit
 def slot_t16(self, tidx):
     return tidx // 16, tidx % 16
@@ -69,6 +95,7 @@ VARIANTS = {
     "no_gmem": dict(load_row=load_row_constant),
     "no_rope": dict(rope_lane=16),
     "lane_t16": dict(slot=slot_t16),
+    "l2_256": dict(load_row=load_row_l2_256),
     "idle_producer": dict(load_row=nothing, fill=nothing),
     "no_mma": dict(gemm=nothing),
     "floor": dict(load_row=nothing, fill=nothing, gemm=nothing),
