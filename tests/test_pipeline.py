@@ -1,4 +1,5 @@
 """The papermill pipeline end to end on tiny notebooks: a passing, a raising and a hanging stage."""
+import base64
 import re
 from pathlib import Path
 import textwrap
@@ -337,3 +338,28 @@ def test_recorded_notes_read_true_on_every_target():
     for stage in load_registry():
         for note in re.findall(r'notes="([^"]*)"', stage.notebook.read_text()):
             assert "CPU PASS" not in note, (stage.id, note)
+
+
+def test_reports_without_nbconvert_still_write_figures_and_sign(tmp_path, monkeypatch):
+    """The GPU machine's bundle has papermill but no nbconvert: a stage's report is then its figures and the signed
+    notebook, with a note saying why there is no HTML — never an exception that costs the stage's row."""
+    import nbformat
+    from nbformat.sign import NotebookNotary
+    from nbformat.v4 import new_code_cell, new_notebook, new_output
+
+    from dsv4lib.workbook import reports
+
+    monkeypatch.setenv("JUPYTER_DATA_DIR", str(tmp_path / "jupyter-data"))
+    png = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\0" * 16).decode()
+    nb = new_notebook(cells=[new_code_cell("plot()", outputs=[new_output("display_data", data={"image/png": png})])])
+    (tmp_path / "cpu").mkdir()
+    nbformat.write(nb, str(tmp_path / "cpu" / "S.ipynb"))
+
+    def no_nbconvert(nb, path):
+        raise ImportError("No module named 'nbconvert'")
+    monkeypatch.setattr(reports, "export_html", no_nbconvert)
+    out = reports.write_reports(tmp_path, "cpu", "S")
+    assert out["html"] is None and "nbconvert" in out["note"]
+    assert [p.name for p in out["figures"]] == ["S-1.png"]
+    assert not (tmp_path / "cpu" / "S.html").exists()
+    assert NotebookNotary().check_signature(nbformat.read(str(tmp_path / "cpu" / "S.ipynb"), as_version=4))
