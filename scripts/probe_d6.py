@@ -3,8 +3,8 @@ CUDA-graph replay on FlashMLA's prefill shapes (every index valid, so ``no_key_m
 A measurement, never a result.
 
   full          the kernel as shipped
-  no_key_mask   the consumers' per-key validity test (a global index load and a branch per key column) replaced by
-                ``key < n_keys`` only
+  no_key_mask   the consumers' per-key validity test (since session 25 a shared-memory flag the producer
+                publishes; before, a global index load and a branch per key column) replaced by ``key < n_keys``
 
 Usage: python scripts/probe_d6.py [--variants full,no_key_mask]"""
 import argparse
@@ -14,7 +14,7 @@ import torch
 
 import dsv4lib
 from dsv4lib import bench
-from dsv4lib.kernels import sparse_base
+from dsv4lib.kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
 from dsv4lib.ops import launch
 
 
@@ -28,7 +28,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--variants", default="full,no_key_mask")
     args = ap.parse_args()
-    cls = next(c for c in vars(sparse_base).values() if isinstance(c, type) and "is_real_key" in vars(c))
+    cls = SparseAttentionForwardSm90                   # its is_real_key reads the producer's flags or the index list
     original = cls.is_real_key
     gen = torch.Generator(device="cuda").manual_seed(0)
     shapes = ((4096, 64, 640), (16384, 64, 640), (4096, 128, 1152), (1024, 64, 640))

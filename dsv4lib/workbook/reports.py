@@ -15,6 +15,8 @@ from __future__ import annotations
 import base64
 from pathlib import Path
 
+from .provenance import REPO_ROOT
+
 FIGURES = "figures"
 
 
@@ -92,7 +94,7 @@ def write_reports(runs_dir: Path, target: str, stage_id: str) -> dict[str, objec
 
 
 # --- the README's gallery: one small figure per stage, committed ---------------------------------------------------
-GALLERY_DIR = Path(__file__).resolve().parents[2] / "docs" / "gallery"
+GALLERY_DIR = REPO_ROOT / "docs" / "gallery"
 GALLERY_WIDTH_PX = 640
 
 
