@@ -51,15 +51,17 @@ def test_hd512_kernel_builds_from_the_public_functions_arguments(gather, split_k
         # every key row by cp.async into four half-tile pipelines (4 rows × 4 segments per half), Q by TMA
         # ... each with a src-size operand: a row that is no key is zero-filled, not read
         assert k.count(r"cp\.async\.cg\.shared\.global[^\n]*, 16, %r\d+;") == 4 * 16
-        assert k.count(r"cp\.async\.mbarrier\.arrive\.noinc") == 4
         if gather:
-            # the producer publishes each key's validity: the flags' writers have their copies counted
-            # (cp.async.mbarrier.arrive without .noinc) and arrive themselves with release on each half-tile (4 + the
-            # consumers' 4 releases); the consumers load no index from global memory (44 ld.global before: 2 × 16
-            # index loads of theirs)
+            # the producer publishes each key's validity: every producer thread has its copies counted
+            # (cp.async.mbarrier.arrive without .noinc) and arrives itself with release on each half-tile (4 + the
+            # consumers' 4 releases), so the flag writers' stores are seen; the consumers load no index from global
+            # memory (44 ld.global before: 2 × 16 index loads of theirs)
+            assert k.count(r"cp\.async\.mbarrier\.arrive\.noinc") == 0
             assert k.count(r"cp\.async\.mbarrier\.arrive\.shared") == 4
             assert k.count(r"\tmbarrier\.arrive\.shared") == 8
             assert k.count(r"ld\.global") <= 12
+        else:
+            assert k.count(r"cp\.async\.mbarrier\.arrive\.noinc") == 4   # arrives when the thread's copies land
         assert k.count(r"cp\.async\.bulk\.tensor\.4d\.shared::cta\.global\.tile\.mbarrier") == 8     # Q
         assert k.count(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+88") == 1
         assert k.count(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+208") == 1
@@ -122,7 +124,10 @@ def test_paired_gather_only_build_frees_every_half_tile():
     """The paired producer timed alone: four half-tile pipelines filled by cp.async, Q by TMA, no math."""
     k = _build(True, gather_only=True, schedule="paired")
     assert k.count(r"cp\.async\.cg\.shared\.global[^\n]*, 16, %r\d+;") == 4 * 16
-    assert k.count(r"cp\.async\.mbarrier\.arrive\.noinc") == 4
+    # each half-tile: the thread's copies counted, then its own arrive (the key flags' publication), + the
+    # stand-in consumers' 4 releases
+    assert k.count(r"cp\.async\.mbarrier\.arrive\.shared") == 4
+    assert k.count(r"\tmbarrier\.arrive\.shared") == 8
     assert k.count("wgmma") == 0 and k.count(r"st\.global") == 0
 
 

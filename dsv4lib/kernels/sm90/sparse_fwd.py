@@ -34,7 +34,9 @@ the other's P from shared memory (SS, barriers ``S0`` / ``S1``).  While one warp
 other's wgmmas keep the tensor cores busy.  The KV stages are split into column halves with their own
 barriers (four one-stage pipelines), filled in the order they are freed, so the gather of the next pair
 starts while the current one is still being multiplied: the left half of the even tile is free as soon as
-warpgroup 0's RS product is done.  Q comes by TMA.  A tile count that is not even gets one masked tile.
+warpgroup 0's RS product is done.  Q comes by TMA.  A tile count that is not even gets one masked tile.  The gathered
+producer also writes a validity flag per key of the pair into shared memory, published by its arrives on the
+half-tile barriers: the consumers mask from those flags, not from the index list in global memory (6-9 % of D6).
 
 **Epilogue** (paired, bf16 out): once both warpgroups passed the row-sum barrier every QK has retired,
 so each writes its normalized column half of O into the Q buffer (value pairs through the accumulator's own
@@ -392,7 +394,6 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
     def is_real_key(self, key, mIdx, batch, token, n_keys, seqlen_k):
         """From the producer's key flags (``mIdx`` a :class:`KeyFlags`: the tile's wait has published them), else
         :meth:`SparseAttentionBase.is_real_key` from the index list."""
-        ok = key < n_keys
         if const_expr(isinstance(mIdx, KeyFlags)):
             rel = key - mIdx.tile_lo * TILE_N
             ok = mIdx.flags[rel % (2 * TILE_N), (rel // (2 * TILE_N)) % 2] != Int32(0)
@@ -475,7 +476,8 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
         rows_per_group = TILE_N // ROW_GROUPS
         segments = HALF // 64                                     # 128 B segments per half row
         rows = cute.make_rmem_tensor((2 * rows_per_group,), Int32)
-        flags = self.key_flag_view(sKeyAddr)
+        if const_expr(self.key_flags):
+            flags = self.key_flag_view(sKeyAddr)
         for p in cutlass.range((tile_hi - tile_lo + 1) // 2, unroll=1):
             for b in cutlass.range_constexpr(2):                  # all 8 index loads first: one latency
                 for k in cutlass.range_constexpr(rows_per_group):
@@ -507,11 +509,10 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
                         cute.copy(copy_atom, cute.logical_divide(cute.local_tile(gKV_row, (8,), (c,)), (8,)),
                                   cute.logical_divide(cute.local_tile(sKV[r, None, b], (8,), (c,)), (8,)), pred=real)
                 if const_expr(self.key_flags):
-                    if chunk == 0:     # the flags' writers: the copies counted, and a release arrive of their own
-                        cp_async_arrive_counted(kv_pipes[2 * b + h].producer_get_barrier(state))
-                        cute.arch.mbarrier_arrive(kv_pipes[2 * b + h].producer_get_barrier(state))
-                    else:
-                        kv_pipes[2 * b + h].producer_commit(state)   # arrives when this thread's copies land
+                    # the copies counted, then a release arrive of the thread's own: it publishes the flag writers'
+                    # stores (every thread alike, so no branch on who wrote flags)
+                    cp_async_arrive_counted(kv_pipes[2 * b + h].producer_get_barrier(state))
+                    cute.arch.mbarrier_arrive(kv_pipes[2 * b + h].producer_get_barrier(state))
                 else:
                     kv_pipes[2 * b + h].producer_commit(state)       # arrives when this thread's copies land
             state.advance()
