@@ -476,14 +476,16 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
         rows_per_group = TILE_N // ROW_GROUPS
         segments = HALF // 64                                     # 128 B segments per half row
         rows = cute.make_rmem_tensor((2 * rows_per_group,), Int32)
+        # past it (an odd count's padding tile, or the next split's keys): no key — neither loaded nor flagged real
+        key_end = cutlass.min(n_keys, tile_hi * TILE_N)
         if const_expr(self.key_flags):
             flags = self.key_flag_view(sKeyAddr)
         for p in cutlass.range((tile_hi - tile_lo + 1) // 2, unroll=1):
             for b in cutlass.range_constexpr(2):                  # all 8 index loads first: one latency
                 for k in cutlass.range_constexpr(rows_per_group):
                     rows[b * rows_per_group + k] = self.key_row_or_none(
-                        mIdx, batch, token, (tile_lo + 2 * p + b) * TILE_N + group + ROW_GROUPS * k, key_lo, n_keys,
-                        seqlen_k)
+                        mIdx, batch, token, (tile_lo + 2 * p + b) * TILE_N + group + ROW_GROUPS * k, key_lo,
+                        key_end, seqlen_k)
             if const_expr(self.key_flags):
                 # the pair's key flags, by the first thread of each row's group (buffer p % 2: last read in pair
                 # p - 2, whose half-tiles the consumers had all freed before this producer finished pair p - 1);
