@@ -9,6 +9,7 @@ garbage in every variant but ``full`` — this is a measurement, never a result.
   no_rope       no rope cp.async: the right halves' rope lanes convert their bytes as e4m3 like every other lane
   lane_t16      the producer's old thread slots (lane t % 16: every warp splits between rope copies and conversion)
   l2_256        the key-byte loads with an L2::256B prefetch hint (FlashMLA's); the output is right in this one
+  no_crossover  H = 128 without the head-pair cluster (each CTA dequantizes every row); right too
   idle_producer producer fetches key records and arrives, nothing loaded, converted or stored (consumer-bound)
   no_mma        consumers' wgmmas removed (producer-bound, softmax and barriers kept)
   floor         idle producer and no wgmma: launch, Q, records, barriers, softmax, epilogue
@@ -32,12 +33,12 @@ from dsv4lib.bench import d7, time_graph
 from dsv4lib.kernels.sm90 import model1_decode as md
 from dsv4lib.kernels.sm90 import sparse_fwd as sf
 from dsv4lib.kernels.common import inline_ptx
-from dsv4lib.ops import launch
+from dsv4lib.ops import decode, launch
 
 ORIGINAL = dict(convert=md.e4m3x2_to_bf16x2, load_row=md.Model1DecodeSm90.load_row,
                 fill=md.Model1DecodeSm90.fill_half_tile, gemm=sf.gemm, rope_lane=md.ROPE_LANE,
                 slot=md.Model1DecodeSm90.producer_slot,
-                placed_max=md.PLACED_SCALE_MAX)
+                placed_max=md.PLACED_SCALE_MAX, crossover=decode.HEAD_PAIR_CLUSTER)
 
 
 @dsl_user_op
@@ -46,10 +47,11 @@ def copy_word(word: Uint32, scale, high: bool, *, loc=None, ip=None) -> Uint32:
 
 
 @cute.jit
-def load_row_constant(self, records, scale_of, buf, b: cutlass.Constexpr, h: cutlass.Constexpr, group, lane,
+def load_row_constant(self, records, scale_of, buf, b: cutlass.Constexpr, h: cutlass.Constexpr, slot,
                       k: cutlass.Constexpr, raw, scale_bytes):
+    group, lane, first_k = slot[:3]
     col = h * md.HALF + lane * md.COLS_PER_THREAD
-    key = b * md.TILE_N + group + md.ROW_GROUPS * k
+    key = b * md.TILE_N + group + md.ROW_GROUPS * (first_k + k)
     scale_bytes[k] = Uint32(scale_of[col // 64, key, buf])
     for w in cutlass.range_constexpr(4):      # distinct run-time words: no conversion folded away
         raw[k, w] = scale_bytes[k] ^ Uint32(0x38383838 + w)
@@ -67,10 +69,11 @@ def ld_global_v4_l2_256(address: Int64, *, loc=None, ip=None):
 
 
 @cute.jit
-def load_row_l2_256(self, records, scale_of, buf, b: cutlass.Constexpr, h: cutlass.Constexpr, group, lane,
+def load_row_l2_256(self, records, scale_of, buf, b: cutlass.Constexpr, h: cutlass.Constexpr, slot,
                     k: cutlass.Constexpr, raw, scale_bytes):
+    group, lane, first_k = slot[:3]
     col = h * md.HALF + lane * md.COLS_PER_THREAD
-    key = b * md.TILE_N + group + md.ROW_GROUPS * k
+    key = b * md.TILE_N + group + md.ROW_GROUPS * (first_k + k)
     w0, w1, w2, w3 = ld_global_v4_l2_256(records[0, key, buf] + Int64(col))
     raw[k, 0] = w0
     raw[k, 1] = w1
@@ -96,6 +99,7 @@ VARIANTS = {
     "no_rope": dict(rope_lane=16),
     "lane_t16": dict(slot=slot_t16),
     "l2_256": dict(load_row=load_row_l2_256),
+    "no_crossover": dict(crossover=False),
     "idle_producer": dict(load_row=nothing, fill=nothing),
     "no_mma": dict(gemm=nothing),
     "floor": dict(load_row=nothing, fill=nothing, gemm=nothing),
@@ -197,6 +201,8 @@ def apply(variant: str) -> None:
     md.ROPE_LANE = parts["rope_lane"]
     md.Model1DecodeSm90.producer_slot = parts["slot"]
     md.PLACED_SCALE_MAX = parts["placed_max"]
+    decode.HEAD_PAIR_CLUSTER = parts["crossover"]
+    decode._PLANS.clear()
     launch._COMPILED.clear()
 
 

@@ -14,14 +14,45 @@ from gpu_checks import check_output, cosine, fresh_seed
 
 
 # ------------------------------------------------------------------------------------------------ builds (CPU)
-def _build_decode(extra, split_kv, arch="sm_90a"):
+def _build_decode(extra, split_kv, arch="sm_90a", head_pair_cluster=False):
     from dsv4lib.kernels.compile import compile_for_arch
     from dsv4lib.kernels.sm90.config import Model1DecodeConfig
     from dsv4lib.kernels.sm90.model1_decode import Model1DecodeSm90
     from dsv4lib.ops.decode import fake_args
     config = Model1DecodeConfig.for_decode(extra_cache=extra, topk_length=extra, extra_topk_length=extra,
-                                           sink=not split_kv, split_kv=split_kv)
-    return compile_for_arch(Model1DecodeSm90(config), *fake_args(extra, split_kv), arch=arch)
+                                           sink=not split_kv, split_kv=split_kv, head_pair_cluster=head_pair_cluster)
+    return compile_for_arch(Model1DecodeSm90(config), *fake_args(extra, split_kv, heads=128 if head_pair_cluster else 64),
+                            arch=arch)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("split_kv", [False, True])
+def test_head_pair_build_converts_half_the_rows_and_stores_them_into_the_peer(split_kv):
+    """H = 128, the crossover: a cluster of the token's two head-group CTAs, each converting 4 of a thread's 8 rows
+    per half-tile and storing each into its own buffer and the peer's (st.async, bytes completed on the peer's full
+    barrier); the rope lanes copy both CTAs' rows; the consumers free a buffer in both CTAs."""
+    k = _build_decode(True, split_kv, head_pair_cluster=True)
+    assert k.count(r"mul\.rn\.bf16x2") == 4 * 4 * 8              # half the rows of the one-CTA build
+    assert k.count(r"st\.shared\.v4") == 2 * 4 * 4 * 2           # local stores: 4 rows, 2 chunks, both paths
+    assert k.count(r"st\.async\.shared::cluster\.mbarrier::complete_tx::bytes\.v4\.b32") == 2 * 4 * 4 * 2
+    assert k.count(r"ld\.global\.v4\.b32") == 4 + 2 * 4 * 4
+    assert k.count(r"cp\.async\.cg\.shared\.global") == 2 * 2 * 8 * 2     # rope: all 8 rows, in each CTA
+    assert k.count(r"mbarrier\.expect_tx") == 4                   # the peer's bytes, once per half-tile
+    assert k.count(r"mapa") >= 1
+    assert k.count(r"barrier\.cluster\.arrive") >= 1 and k.count(r"barrier\.cluster\.wait") >= 1
+    assert k.count(r"\.local") == 0
+
+
+def test_peer_store_offsets_match_the_traced_kv_layout():
+    """The crossover addresses the peer's KV buffer by byte offsets (``kv_chunk_offset``): equal, for every 16-byte
+    chunk of every row, to where the kernel's own swizzled layout puts it (traced by CuTeDSL on the CPU)."""
+    from dsv4lib.kernels.sm90.model1_decode import kv_chunk_offset
+    from dsv4lib.layouts.kv_alias import kv_alias
+    phys = kv_alias(64, 512).k_physical                            # [key, dim] element offsets, swizzle applied
+    for row in range(64):
+        for chunk in range(64):
+            assert kv_chunk_offset(row, chunk, 0) == 2 * int(phys[row, 8 * chunk]), (row, chunk)
+    assert kv_chunk_offset(5, 3, 1) - kv_chunk_offset(5, 3, 0) == 64 * 512 * 2
 
 
 @pytest.mark.compile
@@ -202,13 +233,15 @@ def test_decode_matches_the_reference_over_the_same_fp8_cache(B, s_q, H, extra, 
 
 
 @pytest.mark.gpu
-def test_decode_is_exact_and_repeatable_with_every_sm_busy():
+@pytest.mark.parametrize("H", [64, 128])
+def test_decode_is_exact_and_repeatable_with_every_sm_busy(H):
     """The race the small cases cannot show: one CTA per SM and caches larger than the L2, so the producer's
     stores, its asynchronous rope copies and the consumers' reads interleave as they do in production.  (A missing
     ``cp.async.commit_group`` let the consumers read stale rope columns here — NaN rows, different bits run to run —
-    while every small case passed.)  Three runs agree bit for bit, and the first tokens match the float64 reference."""
+    while every small case passed.)  Three runs agree bit for bit, and the first tokens match the float64 reference.
+    H = 128 runs the head-pair clusters: the peers' stores and cross-CTA releases under the same load."""
     gen = torch.Generator().manual_seed(fresh_seed())
-    B, H = torch.cuda.get_device_properties(0).multi_processor_count, 64
+    B = torch.cuda.get_device_properties(0).multi_processor_count * 64 // H
     main = _filled_cache(1024, 64, gen, "cuda")                           # 64k window slots, 37 MB
     cmp = _filled_cache(2048, 64, gen, "cuda")                            # 128k compressed slots, 75 MB
     q = (torch.randn(B, 1, H, 512, generator=gen) * 0.5).bfloat16().cuda()
@@ -223,6 +256,25 @@ def test_decode_is_exact_and_repeatable_with_every_sm_busy():
     few = 8
     ref_out, _ = _reference(q[:few], main, idx[:few], dict(kw, extra_indices=idx2[:few], extra_topk_length=len2[:few]))
     check_output(runs[0][:few], ref_out)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,num_splits", [(40, 1), (2, 4)])
+def test_head_pair_clusters_compute_what_one_cta_per_head_group_computes(B, num_splits, monkeypatch):
+    """H = 128: the crossover (two head-group CTAs as a cluster, each dequantizing half the rows into both) against
+    the build without it (each CTA dequantizes every row), bit for bit — the same bytes, the same MMAs — unsplit
+    and split, and both against the float64 reference."""
+    from dsv4lib.ops import decode
+    gen = torch.Generator().manual_seed(fresh_seed())
+    q, main, idx, kw = _decode_inputs(B, 1, 128, True, True, True, gen)
+    monkeypatch.setattr(decode, "HEAD_PAIR_CLUSTER", True)
+    paired = dsv4lib.sparse_decode(q, main, idx, **kw, num_splits=num_splits)
+    monkeypatch.setattr(decode, "HEAD_PAIR_CLUSTER", False)
+    decode._PLANS.clear()
+    single = dsv4lib.sparse_decode(q, main, idx, **kw, num_splits=num_splits)
+    decode._PLANS.clear()
+    assert torch.equal(paired, single)
+    check_output(paired, _reference(q, main, idx, kw)[0])
 
 
 @pytest.mark.gpu

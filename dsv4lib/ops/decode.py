@@ -23,6 +23,8 @@ DECODE_SQ = (1, 2)             # one token, or two with MTP
 # half busy.  Measured (H100, issue #35 shapes): B64 H64 1 / 2 / 4 splits 50 / 75 / 91 µs, B128 H64 53 / 146 µs,
 # B1 H64 43 / 32 / 24 / 17 µs at 1 / 2 / 4 / 8 splits.  A split keeps at least one 64-key tile.
 DECODE_MAX_SPLITS = 16
+# H = 128: the two head-group CTAs of a token as one cluster that dequantizes each key once (the crossover)
+HEAD_PAIR_CLUSTER = True
 
 
 def decode_splits(batch_ctas: int, n_tiles: int, sms: int) -> int:
@@ -43,17 +45,17 @@ def decode_args(q, pages, idx, lengths, pages2, idx2, lengths2, page_size: int, 
             Float32(scale * math.log2(math.e)), rows(sink), *stream_arg(stream, tvm_ffi))
 
 
-def fake_args(extra: bool = True, split_kv: bool = False) -> tuple:
+def fake_args(extra: bool = True, split_kv: bool = False, heads: int = 64) -> tuple:
     """Runtime-typed stand-ins (CPU tensors) for a CPU build."""
     from ..reference.model1 import page_bytes
     o_dtype = torch.float32 if split_kv else torch.bfloat16
     splits = 2 if split_kv else 1
-    return decode_args(torch.empty(3, 1, 64, HEAD_DIM, dtype=torch.bfloat16),
+    return decode_args(torch.empty(3, 1, heads, HEAD_DIM, dtype=torch.bfloat16),
                        torch.empty(5, page_bytes(64), dtype=torch.uint8), torch.empty(3, 1, 128, dtype=torch.int32),
                        torch.empty(3, dtype=torch.int32), torch.empty(7, page_bytes(2), dtype=torch.uint8),
                        torch.empty(3, 1, 512, dtype=torch.int32), torch.empty(3, dtype=torch.int32), 64, 2,
-                       torch.empty(splits, 3, 1, 64, HEAD_DIM, dtype=o_dtype),
-                       torch.empty(splits, 3, 64, 1, dtype=torch.float32), 1.0, torch.empty(64))
+                       torch.empty(splits, 3, 1, heads, HEAD_DIM, dtype=o_dtype),
+                       torch.empty(splits, 3, heads, 1, dtype=torch.float32), 1.0, torch.empty(heads))
 
 
 def launch(config: Model1DecodeConfig, args: tuple) -> None:
@@ -95,7 +97,8 @@ def _plan(device, B: int, s_q: int, H: int, n_keys: int, num_splits, extra: bool
             splits = decode_splits(B * s_q * H // HEADS_PER_CTA, n_tiles, device_facts(device)[1])
         else:
             splits = min(num_splits, n_tiles)
-        flags = dict(extra_cache=extra, topk_length=lengths, extra_topk_length=lengths2)
+        flags = dict(extra_cache=extra, topk_length=lengths, extra_topk_length=lengths2,
+                     head_pair_cluster=HEAD_PAIR_CLUSTER and H == 2 * HEADS_PER_CTA)
         if splits == 1:
             config = cached_config(lambda: Model1DecodeConfig.for_decode(sink=sink, split_kv=False, **flags),
                                    "model1", sink, *flags.values())

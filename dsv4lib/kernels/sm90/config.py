@@ -246,6 +246,9 @@ class Model1DecodeConfig(SparseFwdConfig):
     extra_cache: bool = False       # a second cache (the compressed one) with its own index list
     topk_length: bool = False       # per-batch valid lengths of the main list
     extra_topk_length: bool = False  # ... of the extra list
+    # H = 128: the token's two head-group CTAs form a cluster and each dequantizes half of every half-tile's rows into
+    # both CTAs' buffers (the crossover; model1_decode's module docstring)
+    head_pair_cluster: bool = False
 
     def check(self) -> None:
         super().check()
@@ -256,6 +259,6 @@ class Model1DecodeConfig(SparseFwdConfig):
 
     @classmethod
     def for_decode(cls, *, extra_cache: bool, topk_length: bool, extra_topk_length: bool, sink: bool,
-                   split_kv: bool) -> "Model1DecodeConfig":
+                   split_kv: bool, head_pair_cluster: bool = False) -> "Model1DecodeConfig":
         return cls(sink=sink and not split_kv, has_lse=True, split_kv=split_kv, extra_cache=extra_cache,
-                   topk_length=topk_length, extra_topk_length=extra_topk_length)
+                   topk_length=topk_length, extra_topk_length=extra_topk_length, head_pair_cluster=head_pair_cluster)

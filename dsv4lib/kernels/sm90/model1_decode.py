@@ -35,11 +35,14 @@ producer thread then fences its shared writes for the async proxy (the consumers
 half-tile's barrier (a plain ``PipelineAsync``)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint8, Uint32, const_expr, pipeline
 from cutlass.cute.nvgpu import cpasync
+from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 from ..common import gmem_view, inline_ptx, launch_stream
@@ -56,6 +59,40 @@ COLS_PER_THREAD = HALF // 16      # 16 columns = 16 e4m3 bytes = one 16-byte loa
 ROPE_LANE = (NOPE_DIMS - HALF) // COLS_PER_THREAD    # 12: in the right half, lanes 12-15 (warp 3) hold the rope
 PLACED_SCALE_MAX = 127 + 7       # scale bytes up to 2^7 take the placed-bits conversion; larger ones the fp32 path
 PRODUCER_SYNC = 7                 # named barrier of the producer warpgroup (the consumers use 1-6)
+HEAD_PAIR = 2                     # CTAs of a head-pair cluster (H = 128: a token's two head groups)
+
+
+def kv_chunk_offset(row, chunk, stage):
+    """Byte offset in the KV buffers (``row_major_smem_layout(bf16, 64, 512, 2)``) of 16-byte chunk ``chunk`` (0-63)
+    of key row ``row`` in stage ``stage``: 8-row × 128 B atoms stacked along the rows, then along the columns, then
+    the stages; in each 128 B line chunk ``c`` sits at slot ``c ^ (row % 8)`` (the 128 B swizzle).  Plain arithmetic
+    on Python or DSL integers: the crossover's peer stores address the peer's buffer by it (checked against the
+    traced layout on the CPU, ``tests/test_d7_fp8_decode.py``)."""
+    return (stage * (TILE_N * HEAD_DIM * 2) + (chunk // 8) * (TILE_N * 128) + row * 128
+            + ((chunk % 8) ^ (row % 8)) * 16)
+
+
+@dataclass(frozen=True)
+class HeadPairPipeline(pipeline.PipelineAsync):
+    """A half-tile pipeline of the head-pair cluster: a ``PipelineAsync`` (full barrier: 128 local producer arrivals +
+    the peer's stores as transaction bytes; empty barrier: 256 arrivals) whose consumers free the buffer in both CTAs
+    at once — each consumer thread arrives on its own CTA's empty barrier and on the peer's, because either CTA's
+    producer writes into both buffers.  (No field of its own: a pipeline is carried through the kernel's runtime
+    ``if``s, where only its dataclass fields can go; the peer's rank is read where it is needed.)"""
+
+    @classmethod
+    def create_pair(cls, barriers) -> "HeadPairPipeline":
+        inner = pipeline.PipelineAsync.create(
+            barrier_storage=barriers, num_stages=1,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128 * HEAD_PAIR), defer_sync=True)
+        return cls(inner.sync_object_full, inner.sync_object_empty, inner.num_stages, inner.producer_mask,
+                   inner.consumer_mask)
+
+    def consumer_release(self, state, *, loc=None, ip=None):
+        empty = self.consumer_get_barrier(state)
+        cute.arch.mbarrier_arrive(empty)
+        cute.arch.mbarrier_arrive(empty, peer_cta_rank_in_cluster=cute.arch.block_idx_in_cluster() ^ 1)
 
 
 @dsl_user_op
@@ -100,6 +137,40 @@ def ue8m0_scale(byte: Uint32, *, loc=None, ip=None) -> Float32:
     """A UE8M0 scale byte ``b`` → ``2^(b - 127)`` (its fp32 bit pattern is ``b << 23``)."""
     return inline_ptx(T.f32(), Float32, [Uint32(byte)], "{ .reg .b32 t; shl.b32 t, $1, 23; mov.b32 $0, t; }", "=f,r",
                       loc, ip)
+
+
+@dsl_user_op
+def shared_address(ptr: cute.Pointer, *, loc=None, ip=None) -> Int32:
+    """A shared-memory pointer as its 32-bit shared address (the base of a buffer whose pieces are addressed by byte
+    offsets, e.g. in a peer CTA through ``mapa``)."""
+    return Int32(llvm.ptrtoint(T.i32(), ptr.to_llvm_ptr(loc=loc, ip=ip), loc=loc, ip=ip))
+
+
+@dsl_user_op
+def peer_address(address: Int32, rank: Int32, *, loc=None, ip=None) -> Int32:
+    """``mapa``: a shared address of this CTA → the same place in CTA ``rank`` of the cluster (a shared::cluster
+    address)."""
+    return inline_ptx(T.i32(), Int32, [Int32(address), Int32(rank)], "mapa.shared::cluster.u32 $0, $1, $2;", "=r,r,r",
+                      loc, ip)
+
+
+def _store_v4(text: str, args: list, loc, ip) -> None:
+    llvm.inline_asm(None, [a.ir_value(loc=loc, ip=ip) for a in args], text, ",".join(["r"] * len(args)),
+                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+@dsl_user_op
+def st_shared_v4(address: Int32, words: tuple, offset: int, *, loc=None, ip=None) -> None:
+    """16 bytes (four 32-bit words) at the shared address ``address + offset`` (``offset`` a constant)."""
+    _store_v4(f"st.shared.v4.b32 [$0+{offset}], {{$1, $2, $3, $4}};", [Int32(address), *map(Uint32, words)], loc, ip)
+
+
+@dsl_user_op
+def st_async_v4(address: Int32, words: tuple, barrier: Int32, offset: int, *, loc=None, ip=None) -> None:
+    """16 bytes into another CTA of the cluster at the shared::cluster address ``address + offset``, completing 16
+    transaction bytes on that CTA's mbarrier at ``barrier`` (also a shared::cluster address) when they land."""
+    _store_v4(f"st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [$0+{offset}], {{$1, $2, $3, $4}}, [$5];",
+              [Int32(address), *map(Uint32, words), Int32(barrier)], loc, ip)
 
 
 @dsl_user_op
@@ -156,6 +227,11 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         if not isinstance(config, Model1DecodeConfig):
             raise TypeError(f"Model1DecodeSm90 takes a Model1DecodeConfig, got {type(config).__name__}")
         super().__init__(config)
+        self.crossover = config.head_pair_cluster
+        # rows a producer thread converts per half-tile: all 8 of its row group, or with the crossover its CTA's half
+        self.convert_rows = ROWS_PER_THREAD // HEAD_PAIR if self.crossover else ROWS_PER_THREAD
+        if self.crossover:
+            self.pipeline_cluster = (1, HEAD_PAIR)
 
     # ------------------------------------------------------------------------------ host side
     @cute.jit
@@ -172,7 +248,8 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         common = self.build_common(mQ, mO)
         self.kernel(mQ, mCache, mIdx, mLen, mCache2, mIdx2, mLen2, page_size, page_size2, mO, mLSE,
                     softmax_scale_log2, mSink, *common).launch(
-            grid=self.grid(mQ, mO), block=[self.NUM_THREADS, 1, 1], min_blocks_per_mp=1, **launch_stream(stream))
+            grid=self.grid(mQ, mO), block=[self.NUM_THREADS, 1, 1], min_blocks_per_mp=1,
+            cluster=(1, HEAD_PAIR, 1) if const_expr(self.crossover) else None, **launch_stream(stream))
 
     # ---------------------------------------------------------------------------- device side
     @cute.kernel
@@ -192,8 +269,11 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
                  tma_atom_O, tma_O, None, None)
 
     def half_tile_pipelines(self, barriers) -> tuple:
-        """Filled by generic stores (each producer thread arrives once its rows are written and fenced)."""
-        return half_tile_pipelines(barriers, producer=pipeline.PipelineAsync)
+        """Filled by generic stores (each producer thread arrives once its rows are written and fenced); with the
+        crossover each freed by the consumers of both CTAs (:class:`HeadPairPipeline`)."""
+        if const_expr(not self.crossover):
+            return half_tile_pipelines(barriers, producer=pipeline.PipelineAsync)
+        return tuple(HeadPairPipeline.create_pair(barriers + 2 * i) for i in range(4))
 
     # ------------------------------------------------------------------------------ key rules
     @cute.jit
@@ -279,8 +359,25 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         rope_lane = lane >= ROPE_LANE                 # in a right half: copies the rope (warp 3)
         records = self.key_records(sKeyAddr)
         scale_of = self.record_scales(sKeyAddr)
-        raw = cute.make_rmem_tensor(cute.make_layout((ROWS_PER_THREAD, 4), stride=(4, 1)), Uint32)   # 16 B a row
-        scale_bytes = cute.make_rmem_tensor((ROWS_PER_THREAD,), Uint32)
+        raw = cute.make_rmem_tensor(cute.make_layout((self.convert_rows, 4), stride=(4, 1)), Uint32)   # 16 B a row
+        scale_bytes = cute.make_rmem_tensor((self.convert_rows,), Uint32)
+        # my rows of a half-tile: group + 8 (first_k + k), k < convert_rows; with the crossover the CTA of cluster rank
+        # c converts rows 32 c … 32 c + 31 and stores them into the peer's buffer too
+        first_k = Int32(0)
+        peer = Int32(0)
+        chunk_at = (Int32(0), Int32(0))
+        peer_chunk_at = (Int32(0), Int32(0))
+        if const_expr(self.crossover):
+            rank = cute.arch.block_idx_in_cluster()
+            first_k = rank * self.convert_rows
+            peer = rank ^ 1
+            # where my 16 columns of my first row (stage 0, left half) sit, as two 16-byte chunks, here and in the
+            # peer; every other row / stage / half is a constant offset from these (kv_chunk_offset: row % 8 is my
+            # row group whatever k, so the swizzle is the same in every row I write)
+            kv_base = shared_address(sKV.iterator)
+            chunk_at = tuple(kv_base + kv_chunk_offset(group + ROW_GROUPS * first_k, 2 * lane + c, 0) for c in range(2))
+            peer_chunk_at = tuple(peer_address(a, peer) for a in chunk_at)
+        slot = (group, lane, first_k, peer, chunk_at, peer_chunk_at)
         n_pairs = (tile_hi - tile_lo + 1) // 2
         key0 = tile_lo * TILE_N + tidx                                   # my key of pair 0
         key_end = cutlass.min(n_keys, tile_hi * TILE_N)     # past it (padding tile, the next split's): no key
@@ -290,8 +387,8 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         next_indices = self.load_indices(keys, batch, token, key0 + 2 * TILE_N)
         cute.arch.barrier(barrier_id=PRODUCER_SYNC, number_of_threads=128)
         b0, h0 = HALF_TILE_ORDER[0]
-        for k in cutlass.range_constexpr(ROWS_PER_THREAD):
-            self.load_row(records, scale_of, 0, b0, h0, group, lane, k, raw, scale_bytes)
+        for k in cutlass.range_constexpr(self.convert_rows):
+            self.load_row(records, scale_of, 0, b0, h0, slot, k, raw, scale_bytes)
         for p in cutlass.range(n_pairs, unroll=1):
             buf = p % 2
             for j in cutlass.range_constexpr(4):
@@ -300,14 +397,18 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
                     part, scales = self.fetch_record(keys, key0 + (2 * p + 2) * TILE_N, key_end, next_indices)
                     next_indices = self.load_indices(keys, batch, token, key0 + (2 * p + 4) * TILE_N)
                 kv_pipes[2 * b + h].producer_acquire(state)
+                if const_expr(self.crossover):
+                    if tidx == 0:       # the peer's half of the rows arrives as transaction bytes (its st.async)
+                        cute.arch.mbarrier_expect_tx(kv_pipes[2 * b + h].producer_get_barrier(state),
+                                                     self.peer_bytes(h))
                 next_buf = buf
                 if const_expr(j == 3):      # the next half-tile is the next pair's: publish its records first
                     records[0, tidx, 1 - buf] = part
                     records[1, tidx, 1 - buf] = scales
                     cute.arch.barrier(barrier_id=PRODUCER_SYNC, number_of_threads=128)
                     next_buf = 1 - buf
-                self.fill_half_tile(records, scale_of, buf, b, h, next_buf, HALF_TILE_ORDER[(j + 1) % 4], sKV, group,
-                                    lane, raw, scale_bytes)
+                self.fill_half_tile(records, scale_of, buf, b, h, next_buf, HALF_TILE_ORDER[(j + 1) % 4], sKV, slot,
+                                    raw, scale_bytes, kv_pipes[2 * b + h].producer_get_barrier(state))
                 cute.arch.fence_proxy("async.shared", space="cta")   # generic writes → the consumers' wgmma
                 if rope_lane and const_expr(h == 1):    # arrives once its rope copies have landed; no wait
                     cute.arch.cp_async_mbarrier_arrive_noinc(kv_pipes[2 * b + h].producer_get_barrier(state))
@@ -324,60 +425,71 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         ~2.5k for left ones, H100 trace of session 23)."""
         return tidx % ROW_GROUPS, tidx // ROW_GROUPS
 
+    def peer_bytes(self, h: int) -> int:
+        """Bytes the peer CTA stores into a half-tile of column half ``h`` (crossover): its 32 rows × the converted
+        columns (the rope columns each CTA copies for itself)."""
+        lanes = ROPE_LANE if h == 1 else HALF // COLS_PER_THREAD
+        return TILE_N // HEAD_PAIR * lanes * COLS_PER_THREAD * 2
+
     @cute.jit
-    def load_row(self, records, scale_of, buf, b: cutlass.Constexpr, h: cutlass.Constexpr, group, lane,
+    def load_row(self, records, scale_of, buf, b: cutlass.Constexpr, h: cutlass.Constexpr, slot,
                  k: cutlass.Constexpr, raw, scale_bytes):
-        """Issue the load of this thread's row ``group + 8 k`` of half-tile (b, h): the 16 e4m3 bytes of columns
+        """Issue the load of this thread's row ``group + 8 (first_k + k)`` of half-tile (b, h): the 16 e4m3 bytes of columns
         ``256 h + 16 lane`` into ``raw[k]``, its scale byte of that 64-column tile (from the record) into
         ``scale_bytes[k]``.  The rope lanes (right half, 12-15) load too — 16 bytes of their row's rope, the L2 lines
         their ``cp.async`` reads, never used — so that no lane-dependent branch has to carry registers."""
+        group, lane, first_k, _, _, _ = slot
         col = h * HALF + lane * COLS_PER_THREAD
-        key = b * TILE_N + group + ROW_GROUPS * k
+        key = b * TILE_N + group + ROW_GROUPS * (first_k + k)
         cute.autovec_copy(gmem_view(Uint32, records[0, key, buf] + Int64(col), 4, 16), raw[k, None])
         scale_bytes[k] = Uint32(scale_of[col // 64, key, buf])
 
     @cute.jit
     def fill_half_tile(self, records, scale_of, buf, b: cutlass.Constexpr, h: cutlass.Constexpr, next_buf,
-                       next_half: cutlass.Constexpr, sKV, group, lane, raw, scale_bytes):
+                       next_half: cutlass.Constexpr, sKV, slot, raw, scale_bytes, full_barrier):
         """Write this thread's 16 columns of its 8 rows of half-tile (b, h) in bf16, each row's registers reloaded with
         the next half-tile's row right after.  Nope columns: 16 e4m3 values times the row's power-of-two scale (a row
         without a key — scale byte 0 — is zeros, whatever its stand-in bytes hold).  Rope columns (right half, lanes
         12-15): bf16 already, ``cp.async`` straight into the tile (zero-filled for no key); the thread's arrive waits
         for them, not the thread (:meth:`gather_pairs`)."""
         largest = scale_bytes[0]
-        for k in cutlass.range_constexpr(1, ROWS_PER_THREAD):
+        for k in cutlass.range_constexpr(1, self.convert_rows):
             largest = cutlass.max(largest, scale_bytes[k])
         # one branch a fill, not one a row (a branch per row: H100 B128 H64 50.9 → 59.2 µs); a row scaled above 2^7
         # (|key| ≥ 57 344 in its 64-dim tile) sends my 8 rows through fp32.  The fp32 copy of the rows' code costs
         # ~2 % unused (a build without it: 49.9 µs); a second multiply on every row instead of the copy: 53.2 µs
         if largest <= Uint32(PLACED_SCALE_MAX):
-            self.fill_rows(records, scale_of, buf, b, h, next_buf, next_half, sKV, group, lane, raw, scale_bytes, True)
+            self.fill_rows(records, scale_of, buf, b, h, next_buf, next_half, sKV, slot, raw, scale_bytes,
+                           full_barrier, True)
         else:
-            self.fill_rows(records, scale_of, buf, b, h, next_buf, next_half, sKV, group, lane, raw, scale_bytes, False)
+            self.fill_rows(records, scale_of, buf, b, h, next_buf, next_half, sKV, slot, raw, scale_bytes,
+                           full_barrier, False)
 
     @cute.jit
     def fill_rows(self, records, scale_of, buf, b: cutlass.Constexpr, h: cutlass.Constexpr, next_buf,
-                  next_half: cutlass.Constexpr, sKV, group, lane, raw, scale_bytes, placed: cutlass.Constexpr):
+                  next_half: cutlass.Constexpr, sKV, slot, raw, scale_bytes, full_barrier, placed: cutlass.Constexpr):
         """:meth:`fill_half_tile`'s rows, converted by placed bits (``placed``: 4 instructions a pair) or through
-        fp32 (6)."""
+        fp32 (6).  Crossover: each converted row goes to the peer's buffer too (``st.async``, completing bytes on the
+        peer's full barrier of the half-tile), and the rope lanes copy the peer's rows' rope as well (a ``cp.async``
+        cannot write into another CTA)."""
+        group, lane, first_k, peer, chunk_at, peer_chunk_at = slot
         col = h * HALF + lane * COLS_PER_THREAD
+        peer_full = Int32(0)
+        if const_expr(self.crossover):
+            peer_full = peer_address(shared_address(full_barrier), peer)
         nb, nh = next_half
         rope = False
         if const_expr(h == 1):
             rope = lane >= ROPE_LANE
         copy_atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), self.dtype,
                                         num_bits_per_copy=128)
-        for k in cutlass.range_constexpr(ROWS_PER_THREAD):
-            r = group + ROW_GROUPS * k
+        for k in cutlass.range_constexpr(self.convert_rows):
+            r = group + ROW_GROUPS * (first_k + k)
             if rope:
-                real = cute.make_rmem_tensor(cute.make_layout((1, 1), stride=(0, 0)), cutlass.Boolean)
-                real[0] = records[1, b * TILE_N + r, buf] != Int64(0)   # no key: zero-filled, nothing read
-                rope_at = records[0, b * TILE_N + r, buf] + Int64(NOPE_DIMS + (lane - ROPE_LANE) * 2 * COLS_PER_THREAD)
-                src = gmem_view(cutlass.BFloat16, rope_at, 16, 16)
-                for c in cutlass.range_constexpr(2):
-                    cute.copy(copy_atom, cute.logical_divide(cute.local_tile(src, (8,), (c,)), (8,)),
-                              cute.logical_divide(cute.local_tile(sKV[r, None, b], (8,), (2 * (col // 16) + c,)),
-                                                  (8,)), pred=real)
+                self.copy_rope(records, buf, b, r, lane, col, sKV, copy_atom)
+                if const_expr(self.crossover):        # the peer's row of the same k
+                    self.copy_rope(records, buf, b, group + ROW_GROUPS * (self.convert_rows - first_k + k), lane,
+                                   col, sKV, copy_atom)
             else:
                 out = cute.make_rmem_tensor((8,), Uint32)                              # 16 bf16
                 if const_expr(placed):
@@ -393,9 +505,31 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
                     for w in cutlass.range_constexpr(4):
                         out[2 * w] = e4m3x2_to_bf16x2(raw[k, w] & keep, scale, False)
                         out[2 * w + 1] = e4m3x2_to_bf16x2(raw[k, w] & keep, scale, True)
-                out_bf16 = cute.make_tensor(cute.recast_ptr(out.iterator, dtype=self.dtype), cute.make_layout(16))
-                cute.autovec_copy(out_bf16, cute.local_tile(sKV[r, None, b], (16,), (col // 16,)))
-            self.load_row(records, scale_of, next_buf, nb, nh, group, lane, k, raw, scale_bytes)
+                if const_expr(self.crossover):
+                    # here and into the peer's buffer: the same two 16-byte chunks, at constant offsets from my first
+                    # row's (k rows of 8 further, 1 KiB each; the half's 4 column atoms; the stage)
+                    step = kv_chunk_offset(ROW_GROUPS * k, 32 * h, b) - kv_chunk_offset(0, 0, 0)
+                    for c in cutlass.range_constexpr(2):
+                        words = (out[4 * c], out[4 * c + 1], out[4 * c + 2], out[4 * c + 3])
+                        st_shared_v4(chunk_at[c], words, step)
+                        st_async_v4(peer_chunk_at[c], words, peer_full, step)
+                else:
+                    out_bf16 = cute.make_tensor(cute.recast_ptr(out.iterator, dtype=self.dtype), cute.make_layout(16))
+                    cute.autovec_copy(out_bf16, cute.local_tile(sKV[r, None, b], (16,), (col // 16,)))
+            self.load_row(records, scale_of, next_buf, nb, nh, slot, k, raw, scale_bytes)
+
+    @cute.jit
+    def copy_rope(self, records, buf, b: cutlass.Constexpr, r, lane, col, sKV, copy_atom):
+        """Row ``r``'s 16 rope columns of this lane (bf16 already) by two ``cp.async`` into the tile; zero-filled,
+        nothing read, for a row without a key."""
+        real = cute.make_rmem_tensor(cute.make_layout((1, 1), stride=(0, 0)), cutlass.Boolean)
+        real[0] = records[1, b * TILE_N + r, buf] != Int64(0)   # no key: zero-filled, nothing read
+        rope_at = records[0, b * TILE_N + r, buf] + Int64(NOPE_DIMS + (lane - ROPE_LANE) * 2 * COLS_PER_THREAD)
+        src = gmem_view(cutlass.BFloat16, rope_at, 16, 16)
+        for c in cutlass.range_constexpr(2):
+            cute.copy(copy_atom, cute.logical_divide(cute.local_tile(src, (8,), (c,)), (8,)),
+                      cute.logical_divide(cute.local_tile(sKV[r, None, b], (8,), (2 * (col // 16) + c,)), (8,)),
+                      pred=real)
 
     @cute.jit
     def key_bytes(self, keys: KeyLists, u):

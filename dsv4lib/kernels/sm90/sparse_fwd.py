@@ -160,6 +160,10 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
         self.tma_store_o = not self.split_kv and self.paired
         self.key_flags = self.paired and self.gather and self.PRODUCER_KEY_FLAGS
         self.key_mask_after_wait = self.KEY_MASK_AFTER_WAIT or self.key_flags
+        # the cluster whose CTAs use each other's pipeline barriers (none here: the split clusters merge through their
+        # own cluster barriers at the end); a subclass that does sets it, and every barrier is initialized cluster-wide
+        # before any CTA of it goes on
+        self.pipeline_cluster = (1, 1)
 
     # ------------------------------------------------------------------------------ host side
     @cute.jit
@@ -285,7 +289,7 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
                 barrier_storage=storage.mbar_KV.data_ptr(), num_stages=self.num_stages,
                 producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128),
                 consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 256), defer_sync=True)
-        pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
+        pipeline_init_arrive(cluster_shape_mn=self.pipeline_cluster, is_relaxed=True)
 
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)       # (64 heads, 512)
         sKV = storage.sKV.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)   # (64 keys, 512, stages)
@@ -307,7 +311,7 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
 
         key_lo, n_keys, tile_lo, tile_hi = self.key_range(mQ, mKV, mIdx, token, window_size, num_splits, split)
         keys_seen = self.key_source(mIdx, sKeyAddr, tile_lo)       # what the consumers test key validity on
-        pipeline_init_wait(cluster_shape_mn=(1, 1))
+        pipeline_init_wait(cluster_shape_mn=self.pipeline_cluster)
 
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.producer_regs)
