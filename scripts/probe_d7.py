@@ -10,7 +10,6 @@ garbage in every variant but ``full`` — this is a measurement, never a result.
   lane_t16      the producer's old thread slots (lane t % 16: every warp splits between rope copies and conversion)
   l2_256        the key-byte loads with an L2::256B prefetch hint (FlashMLA's); the output is right in this one
   no_crossover  H = 128 without the head-pair cluster (each CTA dequantizes every row); right too
-  ahead1        the crossover with loads one half-tile ahead (not two); right too
   idle_producer producer fetches key records and arrives, nothing loaded, converted or stored (consumer-bound)
   no_mma        consumers' wgmmas removed (producer-bound, softmax and barriers kept)
   floor         idle producer and no wgmma: launch, Q, records, barriers, softmax, epilogue
@@ -39,8 +38,7 @@ from dsv4lib.ops import decode, launch
 ORIGINAL = dict(convert=md.e4m3x2_to_bf16x2, load_row=md.Model1DecodeSm90.load_row,
                 fill=md.Model1DecodeSm90.fill_half_tile, gemm=sf.gemm, rope_lane=md.ROPE_LANE,
                 slot=md.Model1DecodeSm90.producer_slot,
-                placed_max=md.PLACED_SCALE_MAX, crossover=decode.HEAD_PAIR_CLUSTER,
-                ahead=md.Model1DecodeSm90.CROSSOVER_AHEAD)
+                placed_max=md.PLACED_SCALE_MAX, crossover=decode.HEAD_PAIR_CLUSTER)
 
 
 @dsl_user_op
@@ -102,7 +100,6 @@ VARIANTS = {
     "lane_t16": dict(slot=slot_t16),
     "l2_256": dict(load_row=load_row_l2_256),
     "no_crossover": dict(crossover=False),
-    "ahead1": dict(ahead=1),
     "idle_producer": dict(load_row=nothing, fill=nothing),
     "no_mma": dict(gemm=nothing),
     "floor": dict(load_row=nothing, fill=nothing, gemm=nothing),
@@ -205,7 +202,6 @@ def apply(variant: str) -> None:
     md.Model1DecodeSm90.producer_slot = parts["slot"]
     md.PLACED_SCALE_MAX = parts["placed_max"]
     decode.HEAD_PAIR_CLUSTER = parts["crossover"]
-    md.Model1DecodeSm90.CROSSOVER_AHEAD = parts["ahead"]
     decode._PLANS.clear()
     launch._COMPILED.clear()
 

@@ -222,7 +222,6 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
     KEY_ADDR_SLOTS = 2 * 2 * 2 * TILE_N      # key records: (part address, scale bytes) × a pair's 128 keys × 2 buffers
     KEY_MASK_AFTER_WAIT = True               # the consumers' key mask comes from the records (is_real_key)
     PRODUCER_KEY_FLAGS = False               # (the records carry key validity: no separate flags)
-    CROSSOVER_AHEAD = 2                      # half-tiles of loads in flight per producer thread with the crossover
 
     def __init__(self, config: Model1DecodeConfig):
         if not isinstance(config, Model1DecodeConfig):
@@ -231,9 +230,6 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         self.crossover = config.head_pair_cluster
         # rows a producer thread converts per half-tile: all 8 of its row group, or with the crossover its CTA's half
         self.convert_rows = ROWS_PER_THREAD // HEAD_PAIR if self.crossover else ROWS_PER_THREAD
-        # half-tiles of rows a producer thread has loading at once: 8 rows × 16 B = 32 registers either way (88 a
-        # producer thread: 8 rows of two half-tiles spilled), so the crossover's 4 rows a half-tile go two ahead
-        self.ahead = self.CROSSOVER_AHEAD if self.crossover else 1
         if self.crossover:
             self.pipeline_cluster = (1, HEAD_PAIR)
 
@@ -363,11 +359,8 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         rope_lane = lane >= ROPE_LANE                 # in a right half: copies the rope (warp 3)
         records = self.key_records(sKeyAddr)
         scale_of = self.record_scales(sKeyAddr)
-        # 16 B a row, for `ahead` half-tiles at once: the rows of half-tile j + ahead are loaded as those of j convert
-        raw = cute.make_rmem_tensor(cute.make_layout((self.ahead, self.convert_rows, 4),
-                                                     stride=(4 * self.convert_rows, 4, 1)), Uint32)
-        scale_bytes = cute.make_rmem_tensor(cute.make_layout((self.ahead, self.convert_rows),
-                                                             stride=(self.convert_rows, 1)), Uint32)
+        raw = cute.make_rmem_tensor(cute.make_layout((self.convert_rows, 4), stride=(4, 1)), Uint32)   # 16 B a row
+        scale_bytes = cute.make_rmem_tensor((self.convert_rows,), Uint32)
         # my rows of a half-tile: group + 8 (first_k + k), k < convert_rows; with the crossover the CTA of cluster rank
         # c converts rows 32 c … 32 c + 31 and stores them into the peer's buffer too
         first_k = Int32(0)
@@ -393,10 +386,9 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         records[1, tidx, 0] = scales
         next_indices = self.load_indices(keys, batch, token, key0 + 2 * TILE_N)
         cute.arch.barrier(barrier_id=PRODUCER_SYNC, number_of_threads=128)
-        for a in cutlass.range_constexpr(self.ahead):
-            b0, h0 = HALF_TILE_ORDER[a]
-            for k in cutlass.range_constexpr(self.convert_rows):
-                self.load_row(records, scale_of, 0, b0, h0, slot, k, raw[a, None, None], scale_bytes[a, None])
+        b0, h0 = HALF_TILE_ORDER[0]
+        for k in cutlass.range_constexpr(self.convert_rows):
+            self.load_row(records, scale_of, 0, b0, h0, slot, k, raw, scale_bytes)
         for p in cutlass.range(n_pairs, unroll=1):
             buf = p % 2
             for j in cutlass.range_constexpr(4):
@@ -409,17 +401,14 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
                     if tidx == 0:       # the peer's half of the rows arrives as transaction bytes (its st.async)
                         cute.arch.mbarrier_expect_tx(kv_pipes[2 * b + h].producer_get_barrier(state),
                                                      self.peer_bytes(h))
-                if const_expr(j == 4 - self.ahead):   # this fill loads the next pair's rows: publish its records
-                    # (their buffer held pair p - 1's: every producer thread is past that pair's fills, and both
-                    # consumer warpgroups read its key masks before freeing (0,R) of it — acquired above, j ≥ 2)
+                next_buf = buf
+                if const_expr(j == 3):      # the next half-tile is the next pair's: publish its records first
                     records[0, tidx, 1 - buf] = part
                     records[1, tidx, 1 - buf] = scales
                     cute.arch.barrier(barrier_id=PRODUCER_SYNC, number_of_threads=128)
-                next_buf = buf if const_expr(j + self.ahead < 4) else 1 - buf
-                # registers of set j % ahead: converted here, then reloaded with the rows of half-tile j + ahead
-                self.fill_half_tile(records, scale_of, buf, b, h, next_buf, HALF_TILE_ORDER[(j + self.ahead) % 4], sKV,
-                                    slot, raw[j % self.ahead, None, None], scale_bytes[j % self.ahead, None],
-                                    kv_pipes[2 * b + h].producer_get_barrier(state))
+                    next_buf = 1 - buf
+                self.fill_half_tile(records, scale_of, buf, b, h, next_buf, HALF_TILE_ORDER[(j + 1) % 4], sKV, slot,
+                                    raw, scale_bytes, kv_pipes[2 * b + h].producer_get_barrier(state))
                 cute.arch.fence_proxy("async.shared", space="cta")   # generic writes → the consumers' wgmma
                 if rope_lane and const_expr(h == 1):    # arrives once its rope copies have landed; no wait
                     cute.arch.cp_async_mbarrier_arrive_noinc(kv_pipes[2 * b + h].producer_get_barrier(state))
