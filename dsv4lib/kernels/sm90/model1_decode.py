@@ -75,24 +75,26 @@ def kv_chunk_offset(row, chunk, stage):
 @dataclass(frozen=True)
 class HeadPairPipeline(pipeline.PipelineAsync):
     """A half-tile pipeline of the head-pair cluster: a ``PipelineAsync`` (full barrier: 128 local producer arrivals +
-    the peer's stores as transaction bytes; empty barrier: 256 arrivals) whose consumers free the buffer in both CTAs
-    at once — each consumer thread arrives on its own CTA's empty barrier and on the peer's, because either CTA's
-    producer writes into both buffers.  (No field of its own: a pipeline is carried through the kernel's runtime
-    ``if``s, where only its dataclass fields can go; the peer's rank is read where it is needed.)"""
+    the peer's stores as transaction bytes) whose consumers free the buffer in both CTAs at once, because either
+    CTA's producer writes into both buffers: one lane of each consumer warp arrives on its own CTA's empty barrier and
+    on the peer's (8 arrivals: the warp's wgmma reads of the buffer completed at its ``wgmma.wait_group``, which every
+    lane passed; 128 remote arrives a release cost more).  (No field of its own: a pipeline is carried through the
+    kernel's runtime ``if``s, where only its dataclass fields can go; the peer's rank is read where it is needed.)"""
 
     @classmethod
     def create_pair(cls, barriers) -> "HeadPairPipeline":
         inner = pipeline.PipelineAsync.create(
             barrier_storage=barriers, num_stages=1,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128 * HEAD_PAIR), defer_sync=True)
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * HEAD_PAIR), defer_sync=True)
         return cls(inner.sync_object_full, inner.sync_object_empty, inner.num_stages, inner.producer_mask,
                    inner.consumer_mask)
 
     def consumer_release(self, state, *, loc=None, ip=None):
         empty = self.consumer_get_barrier(state)
-        cute.arch.mbarrier_arrive(empty)
-        cute.arch.mbarrier_arrive(empty, peer_cta_rank_in_cluster=cute.arch.block_idx_in_cluster() ^ 1)
+        with cute.arch.elect_one():
+            cute.arch.mbarrier_arrive(empty)
+            cute.arch.mbarrier_arrive(empty, peer_cta_rank_in_cluster=cute.arch.block_idx_in_cluster() ^ 1)
 
 
 @dsl_user_op
