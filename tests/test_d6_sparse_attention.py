@@ -161,15 +161,24 @@ def test_hd512_attention_needs_mqa_with_k_equal_v():
 @pytest.fixture(params=["columns", "paired"])
 def schedule(request, monkeypatch):
     """Both warpgroup schedules of the hd512 kernel run every GPU case (a clustered split build stays on columns,
-    the only schedule with a cluster merge)."""
+    the only schedule with a cluster merge).  The public functions keep one config per kind of problem
+    (``launch.cached_config``), keyed without the schedule: the test gets a config cache of its own, or the second
+    schedule would silently reuse the first one's build (it did: the paired split path went untested, and a bug in
+    it through)."""
     from dsv4lib.kernels.sm90.config import SparseFwdConfig
+    from dsv4lib.ops import launch
     chosen = SparseFwdConfig.for_problem.__func__
+    built = []
 
     def for_problem(cls, **problem):
         config = chosen(cls, **problem)
-        return config if config.cluster_splits > 1 else config.replace(schedule=request.param)
+        config = config if config.cluster_splits > 1 else config.replace(schedule=request.param)
+        built.append(config.schedule)
+        return config
     monkeypatch.setattr(SparseFwdConfig, "for_problem", classmethod(for_problem))
-    return request.param
+    monkeypatch.setattr(launch, "_CONFIGS", {})
+    yield request.param
+    assert built, "no config was built under the schedule fixture"
 
 
 @pytest.mark.gpu
