@@ -2,9 +2,14 @@
 ≤ 25 µs), next to FA4's ``flash_attn_func`` and a one-element torch op in the same run; with ``--profile`` the
 cProfile breakdown of each call (where the remaining microseconds go) into DIR/host_profile.txt.
 
-    python scripts/bench_host.py [--profile DIR]
+    python scripts/bench_host.py [--profile DIR] [--split]
+
+``--split``: each call timed a second time with every compiled launch replaced by a no-op (the kernels' TVM-FFI
+functions are not called): what is left is Python, validation, allocations and views; the difference is the
+launches themselves (TVM-FFI argument checks + ``cuLaunchKernel``).
 """
 import argparse
+import contextlib
 import cProfile
 import io
 import json
@@ -63,6 +68,10 @@ def calls() -> dict:
     out["piece: torch.empty [1, 4096, 16, 128]"] = lambda: torch.empty(1, 4096, 16, 128, device="cuda",
                                                                         dtype=torch.bfloat16)
     out["piece: unsqueeze"] = lambda: q.unsqueeze(0)
+    out["piece: index [0]"] = lambda: q[0]
+    out["piece: torch.cuda.current_device()"] = torch.cuda.current_device
+    out["piece: five attribute reads (dtype, shape, is_contiguous, data_ptr, get_device)"] = lambda: (
+        q.dtype, q.shape, q.is_contiguous(), q.data_ptr(), q.get_device())
     out["piece: raw stream handle"] = lambda: torch._C._cuda_getCurrentRawStream(0)
     return out
 
@@ -81,16 +90,38 @@ def decode_launch(case) -> callable:
     return lambda: fn(*args)
 
 
+@contextlib.contextmanager
+def launches_stubbed():
+    """Every compiled kernel function (``launch._COMPILED``, all built by the first timing) replaced by a counter."""
+    launched = [0]
+
+    def stub(*_):
+        launched[0] += 1
+
+    saved = dict(launch._COMPILED)
+    launch._COMPILED.update({k: stub for k in saved})
+    try:
+        yield launched
+    finally:
+        launch._COMPILED.update(saved)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--profile", metavar="DIR", help="write the cProfile breakdown of each call to DIR/host_profile.txt")
+    ap.add_argument("--split", action="store_true", help="also time each call with its launches stubbed out")
     args = ap.parse_args()
     rows, report = {}, io.StringIO()
     for name, fn in calls().items():
         us = bench.host_us(fn, calls=100)
         rows[name] = us
-        print(json.dumps({"call": name, "host_us": round(us, 1),
-                          "bar": None if name.startswith(("peer", "floor", "piece")) else us <= BAR_US}), flush=True)
+        row = {"call": name, "host_us": round(us, 1),
+               "bar": None if name.startswith(("peer", "floor", "piece")) else us <= BAR_US}
+        if args.split and not name.startswith(("peer", "floor", "piece")):
+            with launches_stubbed() as launched:
+                row["no_launch_us"] = round(bench.host_us(fn, calls=100), 1)
+            row["launches"] = launched[0] // 103                 # host_us: 3 warm-up + 100 timed calls
+        print(json.dumps(row), flush=True)
         if args.profile:
             prof = cProfile.Profile()
             prof.enable()

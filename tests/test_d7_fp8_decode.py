@@ -456,3 +456,54 @@ def test_decode_hard_inputs_match_the_reference(case):
         seen = torch.isfinite(ref_lse)
         assert torch.equal(torch.isfinite(lse), seen)
         torch.testing.assert_close(lse[seen].double(), ref_lse[seen], atol=2e-3, rtol=1e-4)
+
+
+# ------------------------------------------------------------------------------------ sparse_prefill (#36), same kernel
+@pytest.mark.parametrize("change,exc,match", [
+    (lambda q, i, n: (q.float(), i, n), TypeError, "bf16"),
+    (lambda q, i, n: (q[None], i, n), ValueError, r"\[Sq >= 1, H, 512\]"),
+    (lambda q, i, n: (q[..., :256], i, n), ValueError, "512"),
+    (lambda q, i, n: (q, i[:2], n), ValueError, r"indices must be \[Sq=3"),
+    (lambda q, i, n: (q, i.long(), n), TypeError, "indices must be an int32"),
+    (lambda q, i, n: (q, i[:, None], n), ValueError, "indices"),
+    (lambda q, i, n: (q, i, n[:2]), ValueError, r"topk_length must be \[Sq=3\]"),
+    (lambda q, i, n: (q, i, n.float()), TypeError, "topk_length"),
+    (lambda q, i, n: (q, i, n), ValueError, "CUDA"),                    # all well formed, but on the CPU
+])
+def test_prefill_rejects_bad_input(change, exc, match):
+    q, idx, lengths = change(torch.zeros(3, 64, 512, dtype=torch.bfloat16), torch.zeros(3, 128, dtype=torch.int32),
+                             torch.zeros(3, dtype=torch.int32))
+    with pytest.raises(exc, match=match):
+        dsv4lib.sparse_prefill(q, torch.zeros(1, 64, 1, 584, dtype=torch.uint8), idx, lengths)
+
+
+def test_prefill_checks_the_extra_lists_against_the_queries():
+    q, idx = torch.zeros(3, 64, 512, dtype=torch.bfloat16), torch.zeros(3, 128, dtype=torch.int32)
+    cache = torch.zeros(1, 64, 1, 584, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=r"extra_indices must be \[Sq=3"):
+        dsv4lib.sparse_prefill(q, cache, idx, extra_k_cache=cache, extra_indices=torch.zeros(4, 9, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"extra_topk_length must be \[Sq=3\]"):
+        dsv4lib.sparse_prefill(q, cache, idx, extra_k_cache=cache, extra_indices=idx,
+                               extra_topk_length=torch.zeros(3, 1, dtype=torch.int32))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("Sq,H,extra,lengths,sink", [
+    (300, 64, True, True, True),        # many tokens: one CTA per (token, head group), no split
+    (130, 128, False, True, False),     # 128 heads (the head-pair cluster), the window cache alone
+    (5, 64, True, False, True),         # a short prefill: split over CTAs, merged by LSE
+])
+def test_prefill_matches_the_reference_over_the_same_fp8_cache(Sq, H, extra, lengths, sink):
+    gen = torch.Generator().manual_seed(fresh_seed())
+    q, main, idx, kw = _decode_inputs(Sq, 1, H, extra, lengths, sink, gen)     # token t = decode row (t, 0)
+    ref_out, ref_lse = _reference(q, main, idx, kw)
+    prefill_kw = dict(kw)
+    if extra:
+        prefill_kw["extra_indices"] = kw["extra_indices"][:, 0]
+    out, lse = dsv4lib.sparse_prefill(q[:, 0], main, idx[:, 0], **prefill_kw, return_lse=True)
+    assert out.shape == (Sq, H, 512) and lse.shape == (Sq, H)
+    check_output(out, ref_out[:, 0])
+    ref_lse = ref_lse[:, :, 0]
+    seen = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), seen)
+    torch.testing.assert_close(lse[seen], ref_lse[seen].float(), atol=2e-3, rtol=0)

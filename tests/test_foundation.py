@@ -78,7 +78,9 @@ def test_speed_targets_show_met_and_missed_without_touching_the_verdict():
     assert "tflops 347 ≥ 400 ✗" in text and "ratio_vs_peer 0.8 ≥ 0.7 ✓" in text and "overhead 0.03 ≤ 0.05 ✓" in text
     assert "targets" not in cell_text(dict(row, metrics=dict(row["metrics"], mode="compile")), targets)  # CPU rows: none
     stages = load_registry()
-    assert next(s for s in stages if s.id == "D6").targets == {"tflops_min": 400.0}
+    assert next(s for s in stages if s.id == "D6").targets == {
+        "tflops_min": 400.0, "tflops_worst_min": 640.0, "ratio_vs_flashmla_worst_min": 1.15,
+        "fp8_cache_ratio_vs_flashmla_bf16_min": 1.0}
 
 
 def test_registry_loads_and_points_at_notebooks():

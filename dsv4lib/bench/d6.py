@@ -1,0 +1,109 @@
+"""D6's comparisons with FlashMLA (issue #36), timed by CUDA-graph replay in one run:
+
+* **bf16 sparse prefill**: ``dsv4lib.sparse_attention`` against FlashMLA's Hopper ``flash_mla_sparse_fwd`` on the same
+  bf16 rows and random index lists (the issue's table of shapes);
+* **prefill straight from the FP8 MODEL1 caches**: ``dsv4lib.sparse_prefill`` against FlashMLA's FP8 decode kernel run
+  over the prefill's queries (each token one decode row: the only FlashMLA kernel that reads the MODEL1 caches) and
+  against FlashMLA's bf16 kernel on rows already dequantized and gathered into one bf16 table (the staging pass that
+  production prefill pays is not even counted), with our bf16 kernel on the same table beside it.
+
+FlashMLA comes from ``.device-c`` (:func:`dsv4lib.bench.d7.flashmla`); without it the peer columns are ``None``.
+TFLOP/s are counted over listed keys, ``2 · (512 + 512)`` per (query, head, key), as the issue counts them."""
+from __future__ import annotations
+
+import torch
+
+from . import d7, tflops, time_graph
+
+HEAD_DIM = 512
+SCALE = HEAD_DIM ** -0.5
+# (Sq, H, keys per query): the issue's table — Flash (h64, 128 + 512) and Pro (h128, 128 + 1024)
+BF16_SHAPES = ((4096, 64, 640), (16384, 64, 640), (4096, 128, 1152), (1024, 64, 640))
+# (Sq, H, window keys, compressed keys) of the FP8-cache prefill
+FP8_SHAPES = ((4096, 64, 128, 512), (4096, 128, 128, 1024))
+POOL_ROWS = 1 << 18            # the bf16 key pool (256 MiB: past the L2)
+SETS = 4                       # rotating input sets per timing
+CALLS = 4                      # calls per graph replay (a call takes milliseconds: no launch gap to hide)
+
+
+def _timed(fn, sets) -> float:
+    """Device µs per call (graph replay over the rotating sets)."""
+    return time_graph(fn, sets, calls=CALLS, replays=5).per_call_ms * 1e3
+
+
+def flashmla_sparse_fn(fm, sink):
+    """FlashMLA's bf16 sparse prefill on ``sparse_attention``'s argument shapes (q [Sq, H, 512], kv [Skv, 512],
+    indices [Sq, K])."""
+    return lambda q, kv, idx: fm.flash_mla_sparse_fwd(q, kv.view(-1, 1, HEAD_DIM), idx.view(idx.shape[0], 1, -1),
+                                                      SCALE, HEAD_DIM, attn_sink=sink)[0]
+
+
+def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double().flatten(), b.double().flatten()
+    return float(a @ b / (a.norm() * b.norm()))
+
+
+def bf16_rows_vs_flashmla(fm, gen: torch.Generator, shapes=BF16_SHAPES) -> list[dict]:
+    """Per shape: our bf16 sparse prefill (one split, per-head sink) and FlashMLA's on the same inputs."""
+    import dsv4lib
+    kv = torch.randn(POOL_ROWS, HEAD_DIM, device="cuda", dtype=torch.bfloat16, generator=gen)
+    rows = []
+    for Sq, H, K in shapes:
+        sink = torch.randn(H, device="cuda", generator=gen)
+        sets = [(torch.randn(Sq, H, HEAD_DIM, device="cuda", dtype=torch.bfloat16, generator=gen), kv,
+                 torch.randint(0, POOL_ROWS, (Sq, K), device="cuda", dtype=torch.int32, generator=gen))
+                for _ in range(SETS)]
+        ours = lambda q, kv, idx: dsv4lib.sparse_attention(q, kv, idx, sink=sink, num_splits=1)
+        flops = 2.0 * (HEAD_DIM + HEAD_DIM) * Sq * H * K
+        us = _timed(ours, sets)
+        row = dict(Sq=Sq, H=H, K=K, ours_us=us, ours_tflops=tflops(flops, us / 1e3), flashmla_us=None)
+        if fm is not None:
+            theirs = flashmla_sparse_fn(fm, sink)
+            row["cosine_vs_flashmla"] = cosine(ours(*sets[0]), theirs(*sets[0]))
+            fm_us = _timed(theirs, sets)
+            row.update(flashmla_us=fm_us, flashmla_tflops=tflops(flops, fm_us / 1e3), ratio_vs_flashmla=fm_us / us)
+        rows.append(row)
+        del sets
+    return rows
+
+
+def fp8_prefill_vs_flashmla(fm, gen: torch.Generator, shapes=FP8_SHAPES, *, window_keys: int = 1 << 16,
+                            compressed_keys: int = 1 << 17, check_tokens: int = 64) -> list[dict]:
+    """Per shape: ``sparse_prefill`` over a window cache and a compressed cache of 64-key MODEL1 pages (random keys
+    written by our writer, random index lists, valid lengths near the full lists, per-head sink), its cosine
+    against the float64 reference over the same FP8 cache on the first ``check_tokens`` tokens, and the peers."""
+    import dsv4lib
+    from ..reference import model1 as M
+    window = d7.filled_cache(window_keys, 64, gen)
+    compressed = d7.filled_cache(compressed_keys, 64, gen)
+    rows = []
+    for Sq, H, n_win, n_cmp in shapes:
+        case = d7.make_case(Sq, H, n_win, n_cmp, window, compressed, sets=SETS)
+        sink = case.sink
+        # the prefill's arguments: token t is decode row (t, 0)
+        sets = [(q[:, 0], idx[:, 0], len1, idx2[:, 0], len2) for q, idx, len1, idx2, len2 in case.sets]
+        ours = lambda q, idx, len1, idx2, len2: dsv4lib.sparse_prefill(
+            q, window, idx, len1, extra_k_cache=compressed, extra_indices=idx2, extra_topk_length=len2, sink=sink)
+        q, idx, len1, idx2, len2 = sets[0]
+        n = check_tokens
+        want = M.sparse_decode(q[:n, None], window.data, 64, idx[:n, None], len1[:n], extra_k_cache=compressed.data,
+                               extra_page_size=64, extra_indices=idx2[:n, None], extra_topk_length=len2[:n],
+                               sink=sink)[:, 0]
+        got = ours(*sets[0])
+        row = dict(Sq=Sq, H=H, keys=f"{n_win}+{n_cmp}", cosine=cosine(got[:n], want))
+        us = _timed(ours, sets)
+        row.update(ours_us=us, ours_tflops=tflops(case.flops, us / 1e3))
+        table = d7.bf16_rows(case)                                      # both caches dequantized, one bf16 table
+        joint = [(s[0][:, 0].contiguous(), d7.joint_indices(case, *s[1:])) for s in case.sets]
+        row["ours_bf16_table_us"] = _timed(lambda q, j: dsv4lib.sparse_attention(q, table, j, sink=sink, num_splits=1),
+                                           joint)
+        if fm is not None:
+            decode = d7.flashmla_fn(case, fm)
+            row["cosine_vs_flashmla_fp8"] = cosine(got, decode(*case.sets[0])[0][:, 0])
+            row["flashmla_fp8_decode_us"] = _timed(decode, case.sets)
+            row["flashmla_bf16_table_us"] = _timed(lambda q, j: flashmla_sparse_fn(fm, sink)(q, table, j), joint)
+            row["ratio_vs_flashmla_bf16"] = row["flashmla_bf16_table_us"] / us
+            row["ratio_vs_flashmla_fp8_decode"] = row["flashmla_fp8_decode_us"] / us
+        rows.append(row)
+        del table, joint, sets, case
+    return rows
