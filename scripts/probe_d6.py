@@ -1,12 +1,20 @@
-"""Where D6's (bf16 sparse prefill) time goes: the shipped kernel against variants with one part switched off, by
-CUDA-graph replay on FlashMLA's prefill shapes (every index valid, so ``no_key_mask`` computes the same result).
-A measurement, never a result.
+"""Where D6's (bf16 sparse prefill) time goes: the shipped kernel against variants, by CUDA-graph replay on FlashMLA's
+prefill shapes (every index valid, so ``no_key_mask`` computes the same result).  A measurement, never a result.
 
-  full          the kernel as shipped
-  no_key_mask   the consumers' per-key validity test (since session 25 a shared-memory flag the producer
-                publishes; before, a global index load and a branch per key column) replaced by ``key < n_keys``
+  full                the kernel as shipped
+  no_key_mask         the consumers' per-key validity test (since session 25 a shared-memory flag the producer
+                      publishes; before, a global index load and a branch per key column) replaced by ``key < n_keys``
+  head_group_fastest  the grid's x runs over (token, head group) with the head group fastest, so the H = 128 CTAs of a
+                      token (two head groups gathering the same keys) are launched next to each other and the second
+                      finds its rows in L2 — FlashMLA's order (``blockIdx.x = token · H/64 + head group``).  Shipped:
+                      (token, head group, batch·splits), token fastest: a token's second head group starts Sq CTAs
+                      later, its gather back to DRAM.  The output is right in this one.
 
-Usage: python scripts/probe_d6.py [--variants full,no_key_mask]"""
+``--pool-rows``: the bf16 key pool the indices draw from.  Default ``max(Sq, 8192)`` rows (8-16 MiB: L2-resident, the
+measurements of session 25); the D6 notebook's FlashMLA section draws from 2^18 rows (256 MiB), where H = 128 read
+427 TFLOP/s against FlashMLA's 496 while H = 64 tied (session 27) — the head-group order is the suspect.
+
+Usage: python scripts/probe_d6.py [--variants full,no_key_mask,head_group_fastest] [--pool-rows N]"""
 import argparse
 
 import cutlass.cute as cute
@@ -15,8 +23,8 @@ import torch
 import dsv4lib
 from dsv4lib import bench
 from dsv4lib.kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
+from dsv4lib.kernels.sparse_base import TILE_H
 from dsv4lib.ops import launch
-
 
 
 @cute.jit
@@ -24,30 +32,67 @@ def only_in_range(self, key, mIdx, batch, token, n_keys, seqlen_k):
     return key < n_keys
 
 
+def grid_head_group_fastest(self, mQ, mO):
+    """(token · head groups + head group, 1, batch · splits): x has room for any Sq (y would stop at 65 535)."""
+    return (cute.size(mQ.shape[1]) * (cute.size(mQ.shape[2]) // TILE_H), 1,
+            cute.size(mQ.shape[0]) * cute.size(mO.shape[0]) * self.cluster_splits)
+
+
+@cute.jit
+def cta_coords_head_group_fastest(self, mO):
+    """:meth:`cta_coords` of :func:`grid_head_group_fastest`'s grid (mO ``(splits, B, Sq, H, 512)``)."""
+    flat, _, batch = cute.arch.block_idx()
+    head_groups = mO.shape[3] // TILE_H
+    token = flat // head_groups
+    head_group = flat - token * head_groups
+    num_splits = mO.shape[0] * self.cluster_splits
+    split = batch % num_splits
+    batch = batch // num_splits
+    return token, head_group, batch, split, num_splits
+
+
+def patch(cls, variant: str, original: dict) -> None:
+    """The kernel class as ``variant`` builds it (``full``: as shipped)."""
+    for name, fn in original.items():
+        setattr(cls, name, fn)
+    if variant == "no_key_mask":
+        cls.is_real_key = only_in_range
+    elif variant == "head_group_fastest":
+        cls.grid, cls.cta_coords = grid_head_group_fastest, cta_coords_head_group_fastest
+    elif variant != "full":
+        raise SystemExit(f"unknown variant {variant!r}")
+    launch._COMPILED.clear()
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--variants", default="full,no_key_mask")
+    ap.add_argument("--variants", default="full,no_key_mask,head_group_fastest")
+    ap.add_argument("--pool-rows", type=int, default=0, help="rows of the bf16 key pool (0: max(Sq, 8192))")
     args = ap.parse_args()
     cls = SparseAttentionForwardSm90                   # its is_real_key reads the producer's flags or the index list
-    original = cls.is_real_key
+    original = {name: cls.__dict__.get(name, getattr(cls, name)) for name in ("is_real_key", "grid", "cta_coords")}
     gen = torch.Generator(device="cuda").manual_seed(0)
     shapes = ((4096, 64, 640), (16384, 64, 640), (4096, 128, 1152), (1024, 64, 640))
     print(f"{torch.cuda.get_device_name()}: TFLOP/s by graph replay (sink, num_splits=1)")
     for Sq, H, K in shapes:
-        kv = torch.randn(max(Sq, 8192), 512, device="cuda", dtype=torch.bfloat16, generator=gen)
+        kv = torch.randn(args.pool_rows or max(Sq, 8192), 512, device="cuda", dtype=torch.bfloat16, generator=gen)
         sink = torch.randn(H, device="cuda", generator=gen)
         sets = [(torch.randn(Sq, H, 512, device="cuda", dtype=torch.bfloat16, generator=gen),
                  torch.randint(0, kv.shape[0], (Sq, K), device="cuda", dtype=torch.int32, generator=gen))
                 for _ in range(4)]
         flops = 2.0 * Sq * H * K * 1024
         row = []
+        want = None
         for v in args.variants.split(","):
-            cls.is_real_key = original if v == "full" else only_in_range
-            launch._COMPILED.clear()
-            t = bench.time_graph(lambda q, i: dsv4lib.sparse_attention(q, kv, i, sink=sink, num_splits=1), sets)
+            patch(cls, v, original)
+            fn = lambda q, i: dsv4lib.sparse_attention(q, kv, i, sink=sink, num_splits=1)
+            if v in ("full", "head_group_fastest"):             # the variants that must compute the shipped result
+                got = fn(*sets[0])
+                want = got if want is None else want
+                assert torch.equal(got, want), f"{v} differs from the shipped kernel"
+            t = bench.time_graph(fn, sets)
             row.append(f"{v} {bench.tflops(flops, t.per_call_ms):6.1f}")
-        cls.is_real_key = original
-        launch._COMPILED.clear()
+        patch(cls, "full", original)
         print(f"  Sq {Sq:5d} H {H:3d} K {K:4d}: " + "   ".join(row), flush=True)
 
 
