@@ -110,12 +110,12 @@ def _check_tvm_ffi_launches(monkeypatch):
         sparse.launch(SparseFwdConfig.for_problem(gather=True, split_kv=True), q4, kv[..., :256].contiguous(), idx,
                       o_part, lse_part, sink64, scale=0.05, window=None)
     # NVFP4 quantize / dequantize: the builds the ops compile, called as the ops call them
-    from dsv4lib.kernels.nvfp4 import NVFP4DequantizeKernel, NVFP4QuantizeKernel
+    from dsv4lib.kernels.nvfp4 import NVFP4DequantizeMatrixKernel, NVFP4QuantizeMatrixKernel
     import cutlass.cute as cute
-    x = bf(8, 64).view(32, 16)
-    quant = (x, torch.empty(32, 2, dtype=torch.uint32), torch.empty(32, dtype=torch.uint8), torch.ones(1), torch.empty(1))
-    dequant = (quant[1], quant[2], torch.ones(1), torch.empty(32, 16, dtype=torch.bfloat16))
-    for kernel, tensors, make_args in ((NVFP4QuantizeKernel(False), quant, nvfp4.kernel_args),
-                                       (NVFP4DequantizeKernel(), dequant, nvfp4.dequantize_args)):
+    x = bf(8, 64)
+    quant = (x, torch.empty(8, 32, dtype=torch.uint8), torch.empty(8, 4, dtype=torch.uint8), torch.ones(1), torch.empty(1))
+    dequant = (quant[1], quant[2], torch.ones(1), torch.empty(8, 64, dtype=torch.bfloat16))
+    for kernel, tensors, make_args in ((NVFP4QuantizeMatrixKernel(False), quant, nvfp4.matrix_args),
+                                       (NVFP4DequantizeMatrixKernel(), dequant, nvfp4.dequantize_matrix_args)):
         fn = cute.compile(kernel, *make_args(*tensors, tvm_ffi=True), options="--gpu-arch sm_90a --enable-tvm-ffi")
         reaches_launch(lambda: fn(*tensors, 0))

@@ -1,5 +1,7 @@
 """NVFP4-1.0: the quantize kernel builds for both archs with the right E2M1 path, rejects bad input, and on a
 Hopper GPU reproduces the reference's bytes exactly."""
+import re
+
 import pytest
 import torch
 
@@ -92,13 +94,49 @@ def test_the_public_functions_arguments_compile(dtype):
     """The GPU call compiles from runtime tensors, not from fake_args: build from those exact arguments (CPU
     tensors, same types), so a static/dynamic shape mismatch shows up in CI and not first on the GPU."""
     from dsv4lib.kernels.compile import compile_for_arch
-    from dsv4lib.kernels.nvfp4 import NVFP4QuantizeKernel
-    from dsv4lib.ops.nvfp4 import kernel_args
-    n = 37
-    args = kernel_args(torch.randn(n, 16).to(dtype), torch.empty(n, 2, dtype=torch.uint32),
-                       torch.empty(n, dtype=torch.uint8), torch.ones(1), torch.empty(1))
-    k = compile_for_arch(NVFP4QuantizeKernel(False), *args, arch="sm_90a")
+    from dsv4lib.kernels.nvfp4 import NVFP4QuantizeMatrixKernel
+    from dsv4lib.ops.nvfp4 import matrix_args
+    M, K = 37, 48
+    args = matrix_args(torch.randn(M, K).to(dtype), torch.empty(M, K // 2, dtype=torch.uint8),
+                       torch.empty(M, K // 16, dtype=torch.uint8), torch.ones(1), torch.empty(1))
+    k = compile_for_arch(NVFP4QuantizeMatrixKernel(False), *args, arch="sm_90a")
     assert k.count(r"mad\.lo\.u32") >= 16                          # the line encoder's code packing
+
+
+def _without_kernel_names(ptx: str) -> str:
+    """PTX with the entry's mangled name (it holds the Python class name) and the debug lines left out."""
+    lines = [l for l in ptx.splitlines() if not l.strip().startswith((".loc", ".file", "//"))]
+    return re.sub(r"kernel_cutlass_kernel_\w+?(_param_\d+)?\b", lambda m: "KERNEL" + (m.group(1) or ""), "\n".join(lines))
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("arch,dtype", [("sm_90a", torch.bfloat16), ("sm_90a", torch.float32), ("sm_100a", torch.float16)])
+def test_matrix_builds_are_the_block_builds_device_code(arch, dtype):
+    """The public functions launch builds that take the caller's matrices (x [M, K], data [M, K/2], scales
+    [M, K/16], y [M, K]) and make the 1×16-block views at trace time, so the host creates no torch view per call
+    (issue #28: ~1.5 µs each).  Their device code is the block builds', byte for byte (only the class name in the
+    entry's symbol differs): same loads, same stores, same alignment — the views only moved from torch to CuTe."""
+    from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels import nvfp4 as kernels
+    from dsv4lib.ops import nvfp4 as ops
+    M, K = 24, 96
+    n = M * K // 16
+    x = torch.randn(M, K).to(dtype)
+    hardware = arch == "sm_100a"
+    blocks = compile_for_arch(kernels.NVFP4QuantizeKernel(hardware), *ops.kernel_args(
+        x.view(n, 16), torch.empty(n, 2, dtype=torch.uint32), torch.empty(n, dtype=torch.uint8), torch.ones(1),
+        torch.empty(1)), arch=arch)
+    matrix = compile_for_arch(kernels.NVFP4QuantizeMatrixKernel(hardware), *ops.matrix_args(
+        x, torch.empty(M, K // 2, dtype=torch.uint8), torch.empty(M, K // 16, dtype=torch.uint8), torch.ones(1),
+        torch.empty(1)), arch=arch)
+    assert _without_kernel_names(matrix.ptx) == _without_kernel_names(blocks.ptx)
+    blocks = compile_for_arch(kernels.NVFP4DequantizeKernel(), *ops.dequantize_args(
+        torch.zeros(n, 2, dtype=torch.uint32), torch.zeros(n, dtype=torch.uint8), torch.ones(1),
+        torch.empty(n, 16, dtype=dtype)), arch=arch)
+    matrix = compile_for_arch(kernels.NVFP4DequantizeMatrixKernel(), *ops.dequantize_matrix_args(
+        torch.zeros(M, K // 2, dtype=torch.uint8), torch.zeros(M, K // 16, dtype=torch.uint8), torch.ones(1),
+        torch.empty(M, K, dtype=dtype)), arch=arch)
+    assert _without_kernel_names(matrix.ptx) == _without_kernel_names(blocks.ptx)
 
 
 @pytest.mark.compile
@@ -322,13 +360,13 @@ def test_dequantize_kernel_builds_from_the_public_functions_arguments(out_dtype)
     per value (16 more for the subnormal codes' ``m · 0.5``), no fused multiply-add that would skip a rounding."""
     import re
     from dsv4lib.kernels.compile import compile_for_arch
-    from dsv4lib.kernels.nvfp4 import NVFP4DequantizeKernel
-    from dsv4lib.ops.nvfp4 import dequantize_args
-    n = 4096
-    args = dequantize_args(torch.zeros(n, 2, dtype=torch.uint32), torch.zeros(n, dtype=torch.uint8),
-                           torch.ones(1), torch.empty(n, 16, dtype=out_dtype))
+    from dsv4lib.kernels.nvfp4 import NVFP4DequantizeMatrixKernel
+    from dsv4lib.ops.nvfp4 import dequantize_matrix_args
+    M, K = 64, 1024
+    args = dequantize_matrix_args(torch.zeros(M, K // 2, dtype=torch.uint8), torch.zeros(M, K // 16, dtype=torch.uint8),
+                                  torch.ones(1), torch.empty(M, K, dtype=out_dtype))
     for arch in ("sm_90a", "sm_100a"):
-        k = compile_for_arch(NVFP4DequantizeKernel(), *args, arch=arch)
+        k = compile_for_arch(NVFP4DequantizeMatrixKernel(), *args, arch=arch)
         assert k.count(r"ld\.global\.v2\.(u32|b32)") == 1
         stores = set(re.findall(r"st\.global\.\S+", k.ptx))
         assert stores == {"st.global.v4.b32"}, stores

@@ -359,6 +359,29 @@ class NVFP4QuantizeKernel:
                         cute.autovec_copy(mX[blk + round_stride, None], rX[s, None])
 
 
+@cute.jit
+def as_blocks(t: cute.Tensor, n_blocks, per_block: cutlass.Constexpr, dtype=None) -> cute.Tensor:
+    """A compact row-major tensor (the caller's matrix) seen as ``n_blocks`` rows of ``per_block`` elements of
+    ``dtype`` (its own element type by default; a byte matrix as uint32 words): the same memory, so the host passes
+    the tensors it allocates and returns, with no torch view per call (each costs ~1.5 µs of host time)."""
+    ptr = t.iterator if const_expr(dtype is None) else cute.recast_ptr(t.iterator, dtype=dtype)
+    return cute.make_tensor(ptr, cute.make_layout((n_blocks, per_block), stride=(per_block, 1)))
+
+
+class NVFP4QuantizeMatrixKernel(NVFP4QuantizeKernel):
+    """:class:`NVFP4QuantizeKernel` called with the public shapes: ``x [M, K]``, ``data [M, K/2]`` uint8,
+    ``scales [M, K/16]`` uint8 (one byte per 1×16 block), ``amax (1,)``, ``s_dec_out (1,)`` — all compact.  The
+    block views are made here, at trace time; the device kernel is the same one."""
+
+    @cute.jit
+    def __call__(self, mX: cute.Tensor, mData: cute.Tensor, mScales: cute.Tensor, mAmax: cute.Tensor,
+                 mSdec: cute.Tensor, stream: cuda.CUstream = None):
+        n_blocks = cute.size(mScales)                      # M · K / 16
+        scales = cute.make_tensor(mScales.iterator, cute.make_layout(n_blocks))
+        NVFP4QuantizeKernel.__call__(self, as_blocks(mX, n_blocks, 16), as_blocks(mData, n_blocks, 2, Uint32), scales,
+                                     mAmax, mSdec, stream)
+
+
 def fake_args(dtype=cutlass.BFloat16):
     from cutlass.cute.runtime import make_fake_tensor
     n = cute.sym_int()
@@ -421,6 +444,19 @@ class NVFP4DequantizeKernel:
             rOut = cute.make_rmem_tensor((16,), mY.element_type)
             rOut.store(rY.load().to(mY.element_type))
             cute.autovec_copy(rOut, mY[blk, None])
+
+
+class NVFP4DequantizeMatrixKernel(NVFP4DequantizeKernel):
+    """:class:`NVFP4DequantizeKernel` called with the public shapes: ``data [M, K/2]`` uint8, ``scales [M, K/16]``
+    uint8, ``global_scale (1,)``, ``y [M, K]`` — all compact; the same device kernel."""
+
+    @cute.jit
+    def __call__(self, mData: cute.Tensor, mScales: cute.Tensor, mGlobal: cute.Tensor, mY: cute.Tensor,
+                 stream: cuda.CUstream = None):
+        n_blocks = cute.size(mScales)                      # M · K / 16
+        scales = cute.make_tensor(mScales.iterator, cute.make_layout(n_blocks))
+        NVFP4DequantizeKernel.__call__(self, as_blocks(mData, n_blocks, 2, Uint32), scales, mGlobal,
+                                       as_blocks(mY, n_blocks, 16), stream)
 
 
 def fake_dequantize_args(dtype=cutlass.BFloat16):

@@ -36,13 +36,23 @@ def nvfp4_arch(device, what: str) -> str:
 
 
 def kernel_args(blocks, words, scales, amax, s_dec_out, stream=None, tvm_ffi: bool = False) -> tuple:
-    """The kernel's arguments as CuTe tensors: only the block count is dynamic, the 16 values of a block and
-    the two words stay static (the register copies need static shapes).  Works on CPU tensors too, which
-    is how the CPU tests compile exactly what a GPU call compiles (``tvm_ffi``: what a TVM-FFI build is compiled
-    from)."""
+    """The block build's arguments (:class:`dsv4lib.kernels.nvfp4.NVFP4QuantizeKernel`, the device kernel's own
+    shapes): only the block count is dynamic, the 16 values of a block and the two words stay static (the register
+    copies need static shapes).  :func:`quantize_nvfp4` launches the matrix build (:func:`matrix_args`), whose
+    device code is this one's (a CPU test compares the PTX); benchmarks and compile tests build this one.  Works on
+    CPU tensors (``tvm_ffi``: what a TVM-FFI build is compiled from)."""
     rows = lambda t, static, align: rows_dynamic(t, static, align, tvm_ffi=tvm_ffi)
     return (rows(blocks, (1,), 16), rows(words, (1,), 8), rows(scales, (), 1), rows(amax, (0,), 4),
             rows(s_dec_out, (0,), 4), *stream_arg(stream, tvm_ffi))
+
+
+def matrix_args(x, data, scales, amax, s_dec_out, stream=None, tvm_ffi: bool = False) -> tuple:
+    """The arguments of :class:`dsv4lib.kernels.nvfp4.NVFP4QuantizeMatrixKernel` (what :func:`quantize_nvfp4` builds
+    and launches): the caller's ``x [M, K]`` and the outputs as returned — ``data [M, K/2]``, ``scales [M, K/16]`` —
+    every extent dynamic; ``data`` 8-byte aligned (its block's two words move as one vector)."""
+    rows = lambda t, static, align: rows_dynamic(t, static, align, tvm_ffi=tvm_ffi)
+    return (rows(x, (), 16), rows(data, (), 8), rows(scales, (), 1), rows(amax, (0,), 4), rows(s_dec_out, (0,), 4),
+            *stream_arg(stream, tvm_ffi))
 
 
 def quantize_nvfp4(x, global_amax=None, *, swizzle: bool = False, _depth=None, _ctas_per_sm=None, _encode=True,
@@ -64,22 +74,20 @@ def quantize_nvfp4(x, global_amax=None, *, swizzle: bool = False, _depth=None, _
         amax = amax_tensor(global_amax, x.device)
         if amax.numel() != 1:
             raise ValueError(f"global_amax must be a scalar, got shape {tuple(amax.shape)}")
-    n_blocks = M * K // 16
-    words = torch.empty(n_blocks, 2, dtype=torch.uint32, device=x.device)
-    scales = torch.empty(n_blocks, dtype=torch.uint8, device=x.device)      # e4m3 bits
-    s_dec = torch.empty(1, dtype=torch.float32, device=x.device)           # the kernel writes S_dec
-    tensors = (x.view(n_blocks, 16), words, scales, amax if amax.dim() == 1 else amax.view(1), s_dec)
+    # the outputs as returned: the build takes the matrices and makes its block views itself (no torch view here)
+    data = torch.empty(M, K // 2, dtype=torch.uint8, device=x.device)
+    scale_bytes = torch.empty(M, K // 16, dtype=torch.uint8, device=x.device)     # e4m3 bits
+    s_dec = torch.empty(1, dtype=torch.float32, device=x.device)                  # the kernel writes S_dec
+    tensors = (x, data, scale_bytes, amax if amax.dim() == 1 else amax.view(1), s_dec)
     from ..kernels import nvfp4 as nvfp4_kernels
     depth = _depth or (nvfp4_kernels.DEPTH_FP32 if x.dtype == torch.float32 else nvfp4_kernels.DEPTH)
     max_ctas = (nvfp4_kernels.CTAS_PER_SM if _ctas_per_sm is None else _ctas_per_sm) * device_facts(x.device)[1]
     encoder = _encoder or nvfp4_kernels.ENCODER
-    make_kernel = lambda: nvfp4_kernels.NVFP4QuantizeKernel(hardware_cvt=arch == "sm_100a", depth=depth,
-                                                            max_ctas=max_ctas, encode=_encode, encoder=encoder)
+    make_kernel = lambda: nvfp4_kernels.NVFP4QuantizeMatrixKernel(hardware_cvt=arch == "sm_100a", depth=depth,
+                                                                  max_ctas=max_ctas, encode=_encode, encoder=encoder)
     with on_device(x.device):
         run_compiled(("quantize", x.dtype, arch, depth, max_ctas, _encode, encoder), make_kernel,
-                     lambda: kernel_args(*tensors, tvm_ffi=True), (*tensors, raw_stream(x.device)), arch=arch)
-    data = words.view(torch.uint8).view(M, K // 2)
-    scale_bytes = scales.view(M, K // 16)
+                     lambda: matrix_args(*tensors, tvm_ffi=True), (*tensors, raw_stream(x.device)), arch=arch)
     if swizzle:
         scale_bytes = ref.swizzle_scales(scale_bytes)
     return data, scale_bytes, s_dec.view(())
@@ -89,10 +97,20 @@ _OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def dequantize_args(words, scales, global_scale, y, stream=None, tvm_ffi: bool = False) -> tuple:
-    """The dequantize kernel's arguments (block count dynamic; works on CPU tensors for the compile tests, which
-    leave the stream out; ``tvm_ffi``: what a TVM-FFI build is compiled from)."""
+    """The dequantize block build's arguments (block count dynamic; works on CPU tensors for the compile tests,
+    which leave the stream out; ``tvm_ffi``: what a TVM-FFI build is compiled from).  :func:`dequantize_nvfp4`
+    launches the matrix build (:func:`dequantize_matrix_args`), whose device code is this one's."""
     rows = lambda t, static, align: rows_dynamic(t, static, align, tvm_ffi=tvm_ffi)
     return (rows(words, (1,), 8), rows(scales, (), 1), rows(global_scale, (0,), 4), rows(y, (1,), 16),
+            *stream_arg(stream, tvm_ffi))
+
+
+def dequantize_matrix_args(data, scales, global_scale, y, stream=None, tvm_ffi: bool = False) -> tuple:
+    """The arguments of :class:`dsv4lib.kernels.nvfp4.NVFP4DequantizeMatrixKernel` (what :func:`dequantize_nvfp4`
+    builds and launches): ``data [M, K/2]`` (8-byte aligned), ``scales [M, K/16]``, ``global_scale (1,)``,
+    ``y [M, K]`` — every extent dynamic."""
+    rows = lambda t, static, align: rows_dynamic(t, static, align, tvm_ffi=tvm_ffi)
+    return (rows(data, (), 8), rows(scales, (), 1), rows(global_scale, (0,), 4), rows(y, (), 16),
             *stream_arg(stream, tvm_ffi))
 
 
@@ -122,19 +140,18 @@ def dequantize_nvfp4(data, scales, global_scale, out_dtype=torch.bfloat16):
         raise ValueError(f"global_scale must be a scalar, got shape {tuple(gs.shape)}")
     arch = nvfp4_arch(data.device, "dequantize_nvfp4")
     M, half_k = data.shape
-    n_blocks = M * half_k // 8
     data = data.contiguous()
     if data.data_ptr() % 8:
         data = data.clone()                                    # the kernel loads a block's 8 bytes as one vector
-    y = torch.empty(n_blocks, 16, dtype=out_dtype, device=data.device)
-    tensors = (data.view(torch.uint32).view(n_blocks, 2), scales.contiguous().view(n_blocks),
-               gs if gs.dim() == 1 else gs.view(1), y)
+    y = torch.empty(M, half_k * 2, dtype=out_dtype, device=data.device)
+    # the caller's matrices as they are: the build makes its block views itself (no torch view here)
+    tensors = (data, scales.contiguous(), gs if gs.dim() == 1 else gs.view(1), y)
 
     def make_kernel():
-        from ..kernels.nvfp4 import NVFP4DequantizeKernel
-        return NVFP4DequantizeKernel()
+        from ..kernels.nvfp4 import NVFP4DequantizeMatrixKernel
+        return NVFP4DequantizeMatrixKernel()
 
     with on_device(data.device):
-        run_compiled(("dequantize", out_dtype, arch), make_kernel, lambda: dequantize_args(*tensors, tvm_ffi=True),
+        run_compiled(("dequantize", out_dtype, arch), make_kernel, lambda: dequantize_matrix_args(*tensors, tvm_ffi=True),
                      (*tensors, raw_stream(data.device)), arch=arch)
-    return y.view(M, half_k * 2)
+    return y
