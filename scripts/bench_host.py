@@ -82,9 +82,10 @@ def decode_launch(case) -> callable:
     q, idx, len1, idx2, len2 = case.sets[0]
     dsv4lib.sparse_decode(q, case.window, idx, len1, extra_k_cache=case.compressed, extra_indices=idx2,
                           extra_topk_length=len2, sink=case.sink, num_splits=1)          # compiles the build
-    fn = next(f for k, f in launch._COMPILED.items() if type(k).__name__ == "Model1DecodeConfig" and not k.split_kv)
-    o = torch.empty(1, *q.shape, dtype=torch.bfloat16, device="cuda")
-    lse = torch.empty(1, q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32, device="cuda")
+    fn = next(f for k, f in launch._COMPILED.items() if isinstance(k, tuple) and k[1:] == ("public",)
+              and type(k[0]).__name__ == "Model1DecodeConfig")              # the unsplit build sparse_decode launches
+    o = torch.empty(*q.shape, dtype=torch.bfloat16, device="cuda")
+    lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32, device="cuda")
     args = (q, case.window.data, idx, len1, case.compressed.data, idx2, len2, case.window.page_size,
             case.compressed.page_size, o, lse, 512 ** -0.5 * 1.4426950408889634, case.sink, launch.raw_stream(q.device))
     return lambda: fn(*args)

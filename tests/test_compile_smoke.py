@@ -75,8 +75,9 @@ def test_tvm_ffi_builds_take_the_arguments_each_public_launch_passes(monkeypatch
 
 def _check_tvm_ffi_launches(monkeypatch):
     from dsv4lib.kernels.sm90.config import SparseFwdConfig, Sm90FwdConfig
-    attention, sparse, combine, nvfp4, launch = (_ops(n) for n in ("attention", "sparse", "combine", "nvfp4", "launch"))
-    for module in (attention, sparse, combine, nvfp4):
+    attention, sparse, combine, nvfp4, launch, decode = (_ops(n) for n in ("attention", "sparse", "combine", "nvfp4",
+                                                                            "launch", "decode"))
+    for module in (attention, sparse, combine, nvfp4, decode):
         monkeypatch.setattr(module, "raw_stream", lambda device: 0)
 
     def reaches_launch(call):
@@ -102,6 +103,16 @@ def _check_tvm_ffi_launches(monkeypatch):
     sink64 = launch.sink_arg(torch.randn(64, generator=gen), q.device)
     reaches_launch(lambda: sparse.launch(SparseFwdConfig.for_problem(gather=True, split_kv=True), q4, kv, idx, o_part,
                                          lse_part, sink64, scale=0.05, window=None))
+    # sparse_attention's public build: the caller's unbatched tensors, unsplit and into the split workspace
+    reaches_launch(lambda: sparse.launch(SparseFwdConfig.for_problem(gather=True, sink=True), q4[0], kv[0], idx[0],
+                                         torch.empty(2, 64, 512, dtype=torch.bfloat16), torch.empty(64, 2), sink64,
+                                         scale=0.05, window=None, public=True))
+    reaches_launch(lambda: sparse.launch(SparseFwdConfig.for_problem(gather=True, split_kv=True), q4[0], kv[0], idx[0],
+                                         o_part, lse_part, sink64, scale=0.05, window=None, public=True))
+    with pytest.raises((ValueError, TypeError)):             # the public build's q has no batch mode
+        sparse.launch(SparseFwdConfig.for_problem(gather=True, sink=True), q4, kv[0], idx[0],
+                      torch.empty(2, 64, 512, dtype=torch.bfloat16), torch.empty(64, 2), sink64, scale=0.05,
+                      window=None, public=True)
     out, lse = torch.empty(1, 2, 64, 512, dtype=torch.bfloat16), torch.empty(1, 64, 2)
     reaches_launch(lambda: combine.combine_partials(o_part, lse_part, out, lse, sink64, has_sink=True))
     with pytest.raises((ValueError, TypeError)):             # the build's own check: fp32 partials, not bf16
@@ -109,6 +120,20 @@ def _check_tvm_ffi_launches(monkeypatch):
     with pytest.raises((ValueError, TypeError)):             # head dim 512 is static in the sparse build
         sparse.launch(SparseFwdConfig.for_problem(gather=True, split_kv=True), q4, kv[..., :256].contiguous(), idx,
                       o_part, lse_part, sink64, scale=0.05, window=None)
+    # the FP8 decode: the unsplit build writes sparse_decode's outputs as returned, the split build its workspace
+    from dsv4lib.kernels.sm90.config import Model1DecodeConfig
+    from dsv4lib.reference.model1 import page_bytes
+    q1 = bf(2, 1, 64, 512)
+    cache_args = (torch.zeros(3, page_bytes(64), dtype=torch.uint8), torch.zeros(2, 1, 128, dtype=torch.int32),
+                  torch.zeros(2, dtype=torch.int32), torch.zeros(3, page_bytes(64), dtype=torch.uint8),
+                  torch.zeros(2, 1, 64, dtype=torch.int32), torch.zeros(2, dtype=torch.int32), 64, 64)
+    flags = dict(extra_cache=True, topk_length=True, extra_topk_length=True)
+    unsplit = Model1DecodeConfig.for_decode(sink=True, split_kv=False, **flags)
+    reaches_launch(lambda: decode.launch(unsplit, (q1, *cache_args, torch.empty(2, 1, 64, 512, dtype=torch.bfloat16),
+                                                   torch.empty(2, 64, 1), 0.05, sink64), public=True))
+    reaches_launch(lambda: decode.launch(Model1DecodeConfig.for_decode(sink=False, split_kv=True, **flags),
+                                         (q1, *cache_args, torch.empty(2, 2, 1, 64, 512), torch.empty(2, 2, 64, 1),
+                                          0.05, sink64)))
     # NVFP4 quantize / dequantize: the builds the ops compile, called as the ops call them
     from dsv4lib.kernels.nvfp4 import NVFP4DequantizeMatrixKernel, NVFP4QuantizeMatrixKernel
     import cutlass.cute as cute

@@ -92,6 +92,38 @@ def test_decode_builds_dequantizing_in_the_producer(extra, split_kv):
 
 
 @pytest.mark.compile
+@pytest.mark.parametrize("heads", [64, 128])
+def test_unsplit_decode_build_takes_the_outputs_as_returned(heads):
+    """``sparse_decode``'s unsplit launch writes o [B, s_q, H, 512] / lse [B, H, s_q] as allocated and returned (the
+    split mode added at trace time: two torch views fewer per call, issue #28).  Its device code is the batched
+    build's byte for byte — H = 128 with the head-pair cluster too."""
+    import re
+    from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.sm90.config import Model1DecodeConfig
+    from dsv4lib.kernels.sm90.model1_decode import Model1DecodeSm90
+    from dsv4lib.kernels.sm90.sparse_public import model1_decode_public
+    from dsv4lib.ops.decode import decode_args
+    config = Model1DecodeConfig.for_decode(sink=True, split_kv=False, extra_cache=True, topk_length=True,
+                                           extra_topk_length=True, head_pair_cluster=heads == 128)
+    q = torch.empty(3, 1, heads, 512, dtype=torch.bfloat16)
+    pages, idx, lengths = torch.empty(5, M.page_bytes(64), dtype=torch.uint8), torch.empty(3, 1, 128, dtype=torch.int32), \
+        torch.empty(3, dtype=torch.int32)
+    pages2, idx2 = torch.empty(7, M.page_bytes(2), dtype=torch.uint8), torch.empty(3, 1, 512, dtype=torch.int32)
+    o, lse = torch.empty(1, 3, 1, heads, 512, dtype=torch.bfloat16), torch.empty(1, 3, heads, 1)
+    args = lambda o, lse: decode_args(q, pages, idx, lengths, pages2, idx2, lengths, 64, 2, o, lse, 0.05,
+                                      torch.empty(heads))
+    batched = compile_for_arch(Model1DecodeSm90(config), *args(o, lse), arch="sm_90a")
+    public = compile_for_arch(model1_decode_public(config), *args(o[0], lse[0]), arch="sm_90a")
+
+    def device_code(ptx):
+        lines = [l for l in ptx.splitlines() if not l.strip().startswith((".loc", ".file", "//"))]
+        return re.sub(r"kernel_cutlass_kernel_\w+?(_param_\d+)?\b", lambda m: "KERNEL" + (m.group(1) or ""),
+                      "\n".join(lines))
+    assert "cp.async.bulk.tensor" in batched.ptx                    # the O store: by TMA, through the split mode
+    assert device_code(public.ptx) == device_code(batched.ptx)
+
+
+@pytest.mark.compile
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 def test_cache_writer_builds(arch):
     from dsv4lib.kernels.compile import compile_for_arch

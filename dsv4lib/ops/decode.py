@@ -41,7 +41,7 @@ def decode_args(q, pages, idx, lengths, pages2, idx2, lengths2, page_size: int, 
     from cutlass import Float32, Int32
     rows = lambda t, static=(), align=None: rows_dynamic(t, static, align=align, tvm_ffi=tvm_ffi)
     return (rows(q, (3,)), rows(pages, align=16), rows(idx), rows(lengths), rows(pages2, align=16), rows(idx2),
-            rows(lengths2), Int32(page_size), Int32(page_size2), rows(o, (4,)), rows(lse),
+            rows(lengths2), Int32(page_size), Int32(page_size2), rows(o, (o.dim() - 1,)), rows(lse),
             Float32(scale * math.log2(math.e)), rows(sink), *stream_arg(stream, tvm_ffi))
 
 
@@ -58,13 +58,18 @@ def fake_args(extra: bool = True, split_kv: bool = False, heads: int = 64) -> tu
                        torch.empty(splits, 3, heads, 1, dtype=torch.float32), 1.0, torch.empty(heads))
 
 
-def launch(config: Model1DecodeConfig, args: tuple) -> None:
+def launch(config: Model1DecodeConfig, args: tuple, public: bool = False) -> None:
+    """One launch of the build for ``config`` on :func:`decode_args`' tensors; ``public``: the unsplit build that takes
+    o ``[B, s_q, H, 512]`` / lse ``[B, H, s_q]`` as ``sparse_decode`` returns them (no view on the host path)."""
     def make_kernel():
+        if public:
+            from ..kernels.sm90.sparse_public import model1_decode_public
+            return model1_decode_public(config)
         from ..kernels.sm90.model1_decode import Model1DecodeSm90
         return Model1DecodeSm90(config)
 
-    run_compiled(config, make_kernel, lambda: decode_args(*args, tvm_ffi=True), (*args[:11], args[11] * math.log2(math.e),
-                                                                               args[12], raw_stream(args[0].device)))
+    run_compiled((config, "public") if public else config, make_kernel, lambda: decode_args(*args, tvm_ffi=True),
+                 (*args[:11], args[11] * math.log2(math.e), args[12], raw_stream(args[0].device)))
 
 
 def _check_int32(name, t, shape: tuple, device_index: int) -> None:
@@ -167,15 +172,16 @@ def sparse_decode(q, k_cache, indices, topk_length=None, *, extra_k_cache=None, 
     lengths = no_lengths if topk_length is None else topk_length
     lengths2 = no_lengths if extra_topk_length is None else extra_topk_length
     sink_t = sink_arg(sink, device)
-    out = torch.empty(1, B, s_q, H, HEAD_DIM, dtype=torch.bfloat16, device=device)
-    lse = torch.empty(1, B, H, s_q, dtype=torch.float32, device=device)
+    # the outputs as returned: the unsplit build takes them as they are (its split mode is added at trace time)
+    out = torch.empty(B, s_q, H, HEAD_DIM, dtype=torch.bfloat16, device=device)
+    lse = torch.empty(B, H, s_q, dtype=torch.float32, device=device)
     with on_device(device):
         if splits == 1:
             launch(config, (q, pages, indices, lengths, pages2, extra_indices, lengths2, page_size, page_size2, out,
-                            lse, scale, sink_t))
+                            lse, scale, sink_t), public=True)
         else:
             o_part, lse_part = workspace(splits, B, s_q, H, HEAD_DIM, device)
             launch(config, (q, pages, indices, lengths, pages2, extra_indices, lengths2, page_size, page_size2,
                             o_part, lse_part, scale, sink_t))
-            combine_partials(o_part, lse_part, out[0], lse[0], sink_t, has_sink=sink is not None)
-    return (out[0], lse[0]) if return_lse else out[0]
+            combine_partials(o_part, lse_part, out, lse, sink_t, has_sink=sink is not None)
+    return (out, lse) if return_lse else out

@@ -32,10 +32,14 @@ GATHER_MAX_SPLITS = 8
 def kernel_args(q, kv, indices, o, lse, sink, scale: float, window: int, stream=None, tvm_ffi: bool = False) -> tuple:
     """q ``(B, Sq, H, 512)``, kv ``(B, Skv, 512)``, indices ``(B, Sq, K)`` int32, o ``(splits, B, Sq, H, 512)``,
     lse ``(splits, B, H, Sq)``, sink ``(H,)`` → the kernel's arguments (+ the launch stream when given; CPU
-    compile tests leave it out; ``tvm_ffi``: the arguments a TVM-FFI build is compiled from)."""
+    compile tests leave it out; ``tvm_ffi``: the arguments a TVM-FFI build is compiled from).  The public build
+    (:class:`dsv4lib.kernels.sm90.sparse_public.SparseAttentionPublicSm90`) takes the same without the batch mode
+    (q ``[Sq, H, 512]``, kv ``[Skv, 512]``, indices ``[Sq, K]``, o ``[Sq, H, 512]`` and lse ``[H, Sq]`` when unsplit);
+    the head dim (the last mode of q, kv, o) stays static either way."""
     from cutlass import Float32, Int32
     rows = lambda t, static=(): rows_dynamic(t, static, tvm_ffi=tvm_ffi)
-    return (rows(q, (3,)), rows(kv, (2,)), rows(indices), rows(o, (4,)), rows(lse),
+    last = lambda t: (t.dim() - 1,)
+    return (rows(q, last(q)), rows(kv, last(kv)), rows(indices), rows(o, last(o)), rows(lse),
             Float32(scale * math.log2(math.e)), Int32(window), rows(sink), *stream_arg(stream, tvm_ffi))
 
 
@@ -49,14 +53,20 @@ def fake_args(gather: bool = True, split_kv: bool = False):
                        torch.empty(2 if split_kv else 1, 1, 64, 3, dtype=torch.float32), torch.empty(64), 1.0, 0)
 
 
-def launch(config: SparseFwdConfig, q4, kv3, idx3, o, lse, sink_t, *, scale: float, window) -> None:
+def launch(config: SparseFwdConfig, q4, kv3, idx3, o, lse, sink_t, *, scale: float, window, public: bool = False) -> None:
+    """One launch of the build for ``config``: batched tensors (:func:`kernel_args`), or with ``public`` the
+    caller's unbatched ones (``sparse_attention``: no torch view on the host path, issue #28)."""
     def make_kernel():
+        if public:
+            from ..kernels.sm90.sparse_public import SparseAttentionPublicSm90
+            return SparseAttentionPublicSm90(config)
         from ..kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
         return SparseAttentionForwardSm90(config)
 
     # every tensor is contiguous from a 16-byte aligned start (checked, or made here), so the build needs no
     # alignment key; the compiled function checks it again
-    run_compiled(config, make_kernel, lambda: kernel_args(q4, kv3, idx3, o, lse, sink_t, scale, window or 0, tvm_ffi=True),
+    run_compiled((config, "public") if public else config, make_kernel,
+                 lambda: kernel_args(q4, kv3, idx3, o, lse, sink_t, scale, window or 0, tvm_ffi=True),
                  (q4, kv3, idx3, o, lse, scale * math.log2(math.e), window or 0, sink_t, raw_stream(q4.device)))
 
 
@@ -117,30 +127,38 @@ def choose_splits(num_splits, batch_ctas: int, n_keys: int, device, gather: bool
     return min(num_splits, n_tiles)                      # documented clamp: at least one key tile per split
 
 
-def _run(q4, kv3, idx3, *, gather, causal, window, sink, scale, num_splits):
+def _run(q4, kv3, idx3, *, gather, causal, window, sink, scale, num_splits, public=False):
     """q4 (B, Sq, H, 512), kv3 (B, Skv, 512), idx3 (B, Sq, K) or None → out (1, B, Sq, H, 512), lse (1, B, H, Sq)
-    (the kernel's own (splits = 1, ...) shapes: the callers take the views they return in one indexing each)."""
-    B, Sq, H, _ = q4.shape
+    (the kernel's own (splits = 1, ...) shapes: the callers take the views they return in one indexing each).
+    ``public``: ``sparse_attention``'s unbatched q [Sq, H, 512], kv [Skv, 512], idx [Sq, K] → out [Sq, H, 512],
+    lse [H, Sq], through the public build (no view of the caller's tensors, none of the outputs)."""
+    if public:
+        (Sq, H, _), B = q4.shape, 1
+    else:
+        B, Sq, H, _ = q4.shape
     device = q4.device
     sink_t = sink_arg(sink, device)
     idx = idx3 if gather else placeholder(device, "indices")
-    out = torch.empty(1, B, Sq, H, HEAD_DIM, dtype=torch.bfloat16, device=device)
-    lse = torch.empty(1, B, H, Sq, dtype=torch.float32, device=device)
+    lead = () if public else (1, B)
+    out = torch.empty(*lead, Sq, H, HEAD_DIM, dtype=torch.bfloat16, device=device)
+    lse = torch.empty(*lead, H, Sq, dtype=torch.float32, device=device)
     window_on = window is not None
     with on_device(device):
         if num_splits == 1:
             config = cached_config(lambda: SparseFwdConfig.for_problem(gather=gather, causal=causal, window=window_on,
                                                                        sink=sink is not None),
                                    "sparse", gather, causal, window_on, sink is not None)
-            launch(config, q4, kv3, idx, out, lse, sink_t, scale=scale, window=window)
+            launch(config, q4, kv3, idx, out, lse, sink_t, scale=scale, window=window, public=public)
         else:
             cluster = cluster_for(num_splits, gather)
             config = cached_config(lambda: SparseFwdConfig.for_problem(gather=gather, causal=causal, window=window_on,
                                                                        split_kv=True, cluster_splits=cluster),
                                    "sparse split", gather, causal, window_on, cluster)
             o_part, lse_part = workspace(num_splits // cluster, B, Sq, H, HEAD_DIM, device)
-            launch(config, q4, kv3, idx, o_part, lse_part, sink_t, scale=scale, window=window)
-            combine_partials(o_part, lse_part, out[0], lse[0], sink_t, has_sink=sink is not None, pdl=cluster > 1)
+            launch(config, q4, kv3, idx, o_part, lse_part, sink_t, scale=scale, window=window, public=public)
+            # the combine takes (B, Sq, H, D) / (B, H, Sq): a split call launches twice anyway
+            combine_partials(o_part, lse_part, out.unsqueeze(0) if public else out[0],
+                             lse.unsqueeze(0) if public else lse[0], sink_t, has_sink=sink is not None, pdl=cluster > 1)
     return out, lse
 
 
@@ -193,9 +211,9 @@ def sparse_attention(q, kv, indices, *, scale=None, sink=None, return_lse=False,
     check_hopper(q.device, "sparse_attention")
     scale = D ** -0.5 if scale is None else float(scale)
     splits = choose_splits(num_splits, Sq * H // HEADS_PER_CTA, indices.shape[1], q.device, gather=True)
-    out, lse = _run(q.unsqueeze(0), kv.unsqueeze(0), indices.unsqueeze(0), gather=True, causal=False, window=None,
-                    sink=sink, scale=scale, num_splits=splits)
-    return (out[0, 0], lse[0, 0].t()) if return_lse else out[0, 0]
+    out, lse = _run(q, kv, indices, gather=True, causal=False, window=None, sink=sink, scale=scale,
+                    num_splits=splits, public=True)
+    return (out, lse.t()) if return_lse else out
 
 
 def mqa512_attention(q, kv, *, scale=None, causal=False, window=None, sink=None, num_splits=None):

@@ -1,0 +1,68 @@
+"""``dsv4lib.sparse_attention``'s build of the hd512 kernel: :class:`SparseAttentionForwardSm90` called with the
+public shapes, so the host passes the caller's tensors and its outputs as allocated (issue #28: on the H200's host
+each torch view costs ~1.5 µs, and the batched build needed four per call — three ``unsqueeze`` and ``out[0, 0]``).
+
+The kernel's own shapes carry a batch mode (and the output a split mode): q ``(B, Sq, H, 512)``, kv ``(B, Skv, 512)``,
+indices ``(B, Sq, K)``, o ``(splits, B, Sq, H, 512)``, lse ``(splits, B, H, Sq)``.  Here those unit modes are added
+at trace time, each with a *dynamic* extent 1 and the stride a compact batch mode would have (the tensor's cosize),
+so the layouts reaching the device code have exactly the types and values of a batched call with B = 1: the device
+code is the batched build's (a CPU test compares the PTX) and only the host-side wrapper differs."""
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64
+
+from .sparse_fwd import SparseAttentionForwardSm90
+
+
+def with_unit_modes(t: cute.Tensor, rank: int) -> cute.Tensor:
+    """``t`` with unit modes prepended up to ``rank`` (dynamic extent 1, stride the cosize of ``t``: a compact outer
+    mode's stride); ``t`` itself when it has that rank already (the split workspace)."""
+    if cute.rank(t.layout) >= rank:
+        return t
+    # a compact outer stride is a multiple of the static inner extents (512 for a row of keys): say so, as the
+    # batched build's DLPack layouts do, or the 16-byte row copies could not be proven aligned
+    static = 1
+    for extent in t.shape:
+        static *= extent if isinstance(extent, int) else 1
+    unit = cute.make_layout(Int32(1), stride=cute.assume(Int64(cute.cosize(t.layout)), divby=static))
+    return cute.make_tensor(t.iterator, cute.prepend(t.layout, unit, up_to_rank=rank))
+
+
+class SparseAttentionPublicSm90(SparseAttentionForwardSm90):
+    """The same kernel taking q ``[Sq, H, 512]``, kv ``[Skv, 512]``, indices ``[Sq, K]`` and either o ``[Sq, H,
+    512]`` / lse ``[H, Sq]`` (unsplit) or the split workspace (its own 5-D / 4-D shapes)."""
+
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mKV: cute.Tensor, mIdx: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+                 softmax_scale_log2: Float32, window_size: Int32, mSink: cute.Tensor, stream: cuda.CUstream = None):
+        SparseAttentionForwardSm90.__call__(self, with_unit_modes(mQ, 4), with_unit_modes(mKV, 3),
+                                            with_unit_modes(mIdx, 3), with_unit_modes(mO, 5),
+                                            with_unit_modes(mLSE, 4), softmax_scale_log2, window_size, mSink, stream)
+
+
+def _model1_public():
+    """The D7 decode's public build, made on first use (its module pulls in the FP8 producer)."""
+    from .model1_decode import Model1DecodeSm90
+
+    class Model1DecodePublicSm90(Model1DecodeSm90):
+        """``sparse_decode``'s unsplit build: :class:`Model1DecodeSm90` writing o ``[B, s_q, H, 512]`` and lse ``[B,
+        H, s_q]`` as allocated (the split mode added at trace time, as above); the device code is the batched
+        build's."""
+
+        @cute.jit
+        def __call__(self, mQ: cute.Tensor, mCache: cute.Tensor, mIdx: cute.Tensor, mLen: cute.Tensor,
+                     mCache2: cute.Tensor, mIdx2: cute.Tensor, mLen2: cute.Tensor, page_size: Int32, page_size2: Int32,
+                     mO: cute.Tensor, mLSE: cute.Tensor, softmax_scale_log2: Float32, mSink: cute.Tensor,
+                     stream: cuda.CUstream = None):
+            Model1DecodeSm90.__call__(self, mQ, mCache, mIdx, mLen, mCache2, mIdx2, mLen2, page_size, page_size2,
+                                      with_unit_modes(mO, 5), with_unit_modes(mLSE, 4), softmax_scale_log2, mSink,
+                                      stream)
+
+    return Model1DecodePublicSm90
+
+
+def model1_decode_public(config):
+    """A :class:`Model1DecodeSm90` build for ``config`` that takes ``sparse_decode``'s unsplit outputs as allocated."""
+    return _model1_public()(config)
