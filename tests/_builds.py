@@ -1,6 +1,8 @@
-"""Test helpers for the Hopper attention builds: the tuned schedule as a dict of kernel-config fields, and a run of
-one explicit config through the public launch path (what a variant test times or checks)."""
+"""Test helpers for the Hopper attention builds: the tuned schedule as a dict of kernel-config fields, a run of
+one explicit config through the public launch path (what a variant test times or checks), and the device code of a
+build for comparing two builds of one kernel."""
 import dataclasses
+import re
 
 import torch
 
@@ -34,3 +36,10 @@ def run_config(config: Sm90FwdConfig, q, k, v, *, window=None, sink=None, scale=
     launch(config, q, k, v, out, lse, scale=D ** -0.5 if scale is None else scale, window=window,
            sink_t=sink if sink is not None else placeholder(q.device, "sink"))
     return out, lse
+
+
+def device_code(ptx: str) -> str:
+    """A build's PTX without the debug lines and with the entry's mangled name (it holds the Python class name and is
+    cut at a fixed length) normalized: two builds whose device code is the same compare equal."""
+    lines = [line for line in ptx.splitlines() if not line.strip().startswith((".loc", ".file", "//"))]
+    return re.sub(r"kernel_cutlass_kernel_\w+?(_param_\d+)?\b", lambda m: "KERNEL" + (m.group(1) or ""), "\n".join(lines))

@@ -19,13 +19,6 @@ def _build(gather, split_kv=False, **flags):
                             *fake_args(gather, split_kv), arch="sm_90a")
 
 
-def _device_code(ptx: str) -> str:
-    """PTX without debug lines, the entry's mangled name (it holds the Python class name) normalized."""
-    import re
-    lines = [l for l in ptx.splitlines() if not l.strip().startswith((".loc", ".file", "//"))]
-    return re.sub(r"kernel_cutlass_kernel_\w+?(_param_\d+)?\b", lambda m: "KERNEL" + (m.group(1) or ""), "\n".join(lines))
-
-
 @pytest.mark.compile
 @pytest.mark.parametrize("split_kv", [False, True])
 def test_sparse_attention_build_is_the_batched_builds_device_code(split_kv):
@@ -33,7 +26,7 @@ def test_sparse_attention_build_is_the_batched_builds_device_code(split_kv):
     kv [Skv, 512], indices [Sq, K] and its outputs o [Sq, H, 512] / lse [H, Sq] as allocated, the batch (and
     split) modes added at trace time — no torch view on the host path (issue #28).  Its device code is the batched
     build's at B = 1, byte for byte: the unit modes reach the kernel with the batched layouts' types and values."""
-    from cutlass import Float32, Int32
+    from _builds import device_code
     from dsv4lib.kernels.compile import compile_for_arch
     from dsv4lib.kernels.sm90.config import SparseFwdConfig
     from dsv4lib.kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
@@ -54,7 +47,7 @@ def test_sparse_attention_build_is_the_batched_builds_device_code(split_kv):
     public = compile_for_arch(SparseAttentionPublicSm90(config), *kernel_args(
         q, kv, idx, o_public, lse_public, sink, 0.05, 0), arch="sm_90a")
     assert "ld.global" in batched.ptx or "cp.async" in batched.ptx
-    assert _device_code(public.ptx) == _device_code(batched.ptx)
+    assert device_code(public.ptx) == device_code(batched.ptx)
 
 
 @pytest.mark.compile

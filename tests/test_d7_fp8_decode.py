@@ -97,7 +97,7 @@ def test_unsplit_decode_build_takes_the_outputs_as_returned(heads):
     """``sparse_decode``'s unsplit launch writes o [B, s_q, H, 512] / lse [B, H, s_q] as allocated and returned (the
     split mode added at trace time: two torch views fewer per call, issue #28).  Its device code is the batched
     build's byte for byte — H = 128 with the head-pair cluster too."""
-    import re
+    from _builds import device_code
     from dsv4lib.kernels.compile import compile_for_arch
     from dsv4lib.kernels.sm90.config import Model1DecodeConfig
     from dsv4lib.kernels.sm90.model1_decode import Model1DecodeSm90
@@ -114,11 +114,6 @@ def test_unsplit_decode_build_takes_the_outputs_as_returned(heads):
                                       torch.empty(heads))
     batched = compile_for_arch(Model1DecodeSm90(config), *args(o, lse), arch="sm_90a")
     public = compile_for_arch(model1_decode_public(config), *args(o[0], lse[0]), arch="sm_90a")
-
-    def device_code(ptx):
-        lines = [l for l in ptx.splitlines() if not l.strip().startswith((".loc", ".file", "//"))]
-        return re.sub(r"kernel_cutlass_kernel_\w+?(_param_\d+)?\b", lambda m: "KERNEL" + (m.group(1) or ""),
-                      "\n".join(lines))
     assert "cp.async.bulk.tensor" in batched.ptx                    # the O store: by TMA, through the split mode
     assert device_code(public.ptx) == device_code(batched.ptx)
 

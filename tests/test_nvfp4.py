@@ -1,7 +1,5 @@
 """NVFP4-1.0: the quantize kernel builds for both archs with the right E2M1 path, rejects bad input, and on a
 Hopper GPU reproduces the reference's bytes exactly."""
-import re
-
 import pytest
 import torch
 
@@ -103,12 +101,6 @@ def test_the_public_functions_arguments_compile(dtype):
     assert k.count(r"mad\.lo\.u32") >= 16                          # the line encoder's code packing
 
 
-def _without_kernel_names(ptx: str) -> str:
-    """PTX with the entry's mangled name (it holds the Python class name) and the debug lines left out."""
-    lines = [l for l in ptx.splitlines() if not l.strip().startswith((".loc", ".file", "//"))]
-    return re.sub(r"kernel_cutlass_kernel_\w+?(_param_\d+)?\b", lambda m: "KERNEL" + (m.group(1) or ""), "\n".join(lines))
-
-
 @pytest.mark.compile
 @pytest.mark.parametrize("arch,dtype", [("sm_90a", torch.bfloat16), ("sm_90a", torch.float32), ("sm_100a", torch.float16)])
 def test_matrix_builds_are_the_block_builds_device_code(arch, dtype):
@@ -116,6 +108,7 @@ def test_matrix_builds_are_the_block_builds_device_code(arch, dtype):
     [M, K/16], y [M, K]) and make the 1×16-block views at trace time, so the host creates no torch view per call
     (issue #28: ~1.5 µs each).  Their device code is the block builds', byte for byte (only the class name in the
     entry's symbol differs): same loads, same stores, same alignment — the views only moved from torch to CuTe."""
+    from _builds import device_code
     from dsv4lib.kernels.compile import compile_for_arch
     from dsv4lib.kernels import nvfp4 as kernels
     from dsv4lib.ops import nvfp4 as ops
@@ -129,14 +122,14 @@ def test_matrix_builds_are_the_block_builds_device_code(arch, dtype):
     matrix = compile_for_arch(kernels.NVFP4QuantizeMatrixKernel(hardware), *ops.matrix_args(
         x, torch.empty(M, K // 2, dtype=torch.uint8), torch.empty(M, K // 16, dtype=torch.uint8), torch.ones(1),
         torch.empty(1)), arch=arch)
-    assert _without_kernel_names(matrix.ptx) == _without_kernel_names(blocks.ptx)
+    assert device_code(matrix.ptx) == device_code(blocks.ptx)
     blocks = compile_for_arch(kernels.NVFP4DequantizeKernel(), *ops.dequantize_args(
         torch.zeros(n, 2, dtype=torch.uint32), torch.zeros(n, dtype=torch.uint8), torch.ones(1),
         torch.empty(n, 16, dtype=dtype)), arch=arch)
     matrix = compile_for_arch(kernels.NVFP4DequantizeMatrixKernel(), *ops.dequantize_matrix_args(
         torch.zeros(M, K // 2, dtype=torch.uint8), torch.zeros(M, K // 16, dtype=torch.uint8), torch.ones(1),
         torch.empty(M, K, dtype=dtype)), arch=arch)
-    assert _without_kernel_names(matrix.ptx) == _without_kernel_names(blocks.ptx)
+    assert device_code(matrix.ptx) == device_code(blocks.ptx)
 
 
 @pytest.mark.compile
