@@ -4,17 +4,16 @@ prefill shapes (every index valid, so ``no_key_mask`` computes the same result).
   full                the kernel as shipped
   no_key_mask         the consumers' per-key validity test (since session 25 a shared-memory flag the producer
                       publishes; before, a global index load and a branch per key column) replaced by ``key < n_keys``
-  head_group_fastest  the grid's x runs over (token, head group) with the head group fastest, so the H = 128 CTAs of a
-                      token (two head groups gathering the same keys) are launched next to each other and the second
-                      finds its rows in L2 — FlashMLA's order (``blockIdx.x = token · H/64 + head group``).  Shipped:
-                      (token, head group, batch·splits), token fastest: a token's second head group starts Sq CTAs
-                      later, its gather back to DRAM.  The output is right in this one.
+  token_fastest       the grid as before session 27: (token, head group, batch·splits), token fastest, so a token's
+                      second head group (H = 128) starts Sq CTAs after its first and gathers from DRAM again.
+                      Shipped since: ``HEAD_GROUP_FASTEST`` (x = token · head groups + head group, FlashMLA's order:
+                      the two CTAs launch side by side and the second finds the rows in L2).  Same output.
 
 ``--pool-rows``: the bf16 key pool the indices draw from.  Default ``max(Sq, 8192)`` rows (8-16 MiB: L2-resident, the
 measurements of session 25); the D6 notebook's FlashMLA section draws from 2^18 rows (256 MiB), where H = 128 read
-427 TFLOP/s against FlashMLA's 496 while H = 64 tied (session 27) — the head-group order is the suspect.
+427 TFLOP/s against FlashMLA's 496 while H = 64 tied (session 27, token-fastest grid) — the order was the suspect.
 
-Usage: python scripts/probe_d6.py [--variants full,no_key_mask,head_group_fastest] [--pool-rows N]"""
+Usage: python scripts/probe_d6.py [--variants full,no_key_mask,token_fastest] [--pool-rows N]"""
 import argparse
 
 import cutlass.cute as cute
@@ -23,7 +22,6 @@ import torch
 import dsv4lib
 from dsv4lib import bench
 from dsv4lib.kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
-from dsv4lib.kernels.sparse_base import TILE_H
 from dsv4lib.ops import launch
 
 
@@ -32,33 +30,14 @@ def only_in_range(self, key, mIdx, batch, token, n_keys, seqlen_k):
     return key < n_keys
 
 
-def grid_head_group_fastest(self, mQ, mO):
-    """(token · head groups + head group, 1, batch · splits): x has room for any Sq (y would stop at 65 535)."""
-    return (cute.size(mQ.shape[1]) * (cute.size(mQ.shape[2]) // TILE_H), 1,
-            cute.size(mQ.shape[0]) * cute.size(mO.shape[0]) * self.cluster_splits)
-
-
-@cute.jit
-def cta_coords_head_group_fastest(self, mO):
-    """:meth:`cta_coords` of :func:`grid_head_group_fastest`'s grid (mO ``(splits, B, Sq, H, 512)``)."""
-    flat, _, batch = cute.arch.block_idx()
-    head_groups = mO.shape[3] // TILE_H
-    token = flat // head_groups
-    head_group = flat - token * head_groups
-    num_splits = mO.shape[0] * self.cluster_splits
-    split = batch % num_splits
-    batch = batch // num_splits
-    return token, head_group, batch, split, num_splits
-
-
 def patch(cls, variant: str, original: dict) -> None:
     """The kernel class as ``variant`` builds it (``full``: as shipped)."""
-    for name, fn in original.items():
-        setattr(cls, name, fn)
+    for name, value in original.items():
+        setattr(cls, name, value)
     if variant == "no_key_mask":
         cls.is_real_key = only_in_range
-    elif variant == "head_group_fastest":
-        cls.grid, cls.cta_coords = grid_head_group_fastest, cta_coords_head_group_fastest
+    elif variant == "token_fastest":
+        cls.HEAD_GROUP_FASTEST = False
     elif variant != "full":
         raise SystemExit(f"unknown variant {variant!r}")
     launch._COMPILED.clear()
@@ -66,11 +45,11 @@ def patch(cls, variant: str, original: dict) -> None:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--variants", default="full,no_key_mask,head_group_fastest")
+    ap.add_argument("--variants", default="full,no_key_mask,token_fastest")
     ap.add_argument("--pool-rows", type=int, default=0, help="rows of the bf16 key pool (0: max(Sq, 8192))")
     args = ap.parse_args()
     cls = SparseAttentionForwardSm90                   # its is_real_key reads the producer's flags or the index list
-    original = {name: cls.__dict__.get(name, getattr(cls, name)) for name in ("is_real_key", "grid", "cta_coords")}
+    original = {name: cls.__dict__[name] for name in ("is_real_key", "HEAD_GROUP_FASTEST")}
     gen = torch.Generator(device="cuda").manual_seed(0)
     shapes = ((4096, 64, 640), (16384, 64, 640), (4096, 128, 1152), (1024, 64, 640))
     print(f"{torch.cuda.get_device_name()}: TFLOP/s by graph replay (sink, num_splits=1)")
@@ -86,7 +65,7 @@ def main():
         for v in args.variants.split(","):
             patch(cls, v, original)
             fn = lambda q, i: dsv4lib.sparse_attention(q, kv, i, sink=sink, num_splits=1)
-            if v in ("full", "head_group_fastest"):             # the variants that must compute the shipped result
+            if v in ("full", "token_fastest"):                  # the variants that must compute the shipped result
                 got = fn(*sets[0])
                 want = got if want is None else want
                 assert torch.equal(got, want), f"{v} differs from the shipped kernel"

@@ -20,6 +20,21 @@ def _build(gather, split_kv=False, **flags):
 
 
 @pytest.mark.compile
+def test_a_tokens_head_groups_launch_side_by_side():
+    """Gathered keys: blockIdx.x = token · head groups + head group (FlashMLA's order), so at H = 128 the two CTAs that
+    gather one token's keys start together and the second reads the rows from L2 — the kernel reads no ctaid.y.  The
+    dense builds keep (token, head group) in (x, y); so does the D7 decode, whose H = 128 head pair is a cluster
+    along y."""
+    gathered = _build(True, sink=True, has_lse=True, schedule="paired")
+    dense = _build(False, causal=True, sink=True)
+    assert gathered.count(r"%ctaid\.x") >= 1 and gathered.count(r"%ctaid\.y") == 0
+    assert dense.count(r"%ctaid\.y") >= 1
+    from dsv4lib.kernels.sm90.model1_decode import Model1DecodeSm90
+    from dsv4lib.kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
+    assert SparseAttentionForwardSm90.HEAD_GROUP_FASTEST and not Model1DecodeSm90.HEAD_GROUP_FASTEST
+
+
+@pytest.mark.compile
 @pytest.mark.parametrize("split_kv", [False, True])
 def test_sparse_attention_build_is_the_batched_builds_device_code(split_kv):
     """``sparse_attention`` launches the public build (``SparseAttentionPublicSm90``): the caller's q [Sq, H, 512],

@@ -28,6 +28,15 @@ def as_global(t: cute.Tensor, align: cutlass.Constexpr) -> cute.Tensor:
 class SparseAttentionBase:
     """The config's problem facts on the kernel object, and the key rules (gathered / dense range, splits)."""
 
+    # gathered keys: blockIdx.x = token · head groups + head group (FlashMLA's order), so the head groups of a token
+    # — at H = 128 two CTAs gathering the same keys — launch side by side and the second reads the rows the first
+    # brought into L2; with the token fastest (the other kernels' order) they start Sq CTAs apart.  A kernel whose
+    # head groups form a cluster along y (the D7 crossover) keeps that order.
+    HEAD_GROUP_FASTEST = False
+
+    def head_group_fastest(self) -> bool:
+        return self.HEAD_GROUP_FASTEST and self.gather
+
     def __init__(self, config: SparseFwdConfig):
         config.check()
         self.config = config                 # its fields read as the kernel's own (__getattr__): self.gather, ...
@@ -52,8 +61,15 @@ class SparseAttentionBase:
     @cute.jit
     def cta_coords(self, mO):
         """This CTA's query token, head group, batch, split (``blockIdx.z = batch·splits + split``), and the split
-        count (with ``cluster_splits`` C, mO has one partial per C splits: split s is rank s % C of cluster s / C)."""
+        count (with ``cluster_splits`` C, mO has one partial per C splits: split s is rank s % C of cluster s / C).
+        ``blockIdx.x`` is the token, or with :meth:`head_group_fastest` token · head groups + head group (mO
+        ``(splits, B, Sq, H, 512)``: H / 64 head groups)."""
         token, head_group, batch = cute.arch.block_idx()
+        if const_expr(self.head_group_fastest()):
+            head_groups = mO.shape[3] // TILE_H
+            flat = token
+            token = flat // head_groups
+            head_group = flat - token * head_groups
         num_splits = mO.shape[0] * self.cluster_splits
         split = batch % num_splits
         batch = batch // num_splits

@@ -224,6 +224,7 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
     KEY_ADDR_SLOTS = 2 * 2 * 2 * TILE_N      # key records: (part address, scale bytes) × a pair's 128 keys × 2 buffers
     KEY_MASK_AFTER_WAIT = True               # the consumers' key mask comes from the records (is_real_key)
     PRODUCER_KEY_FLAGS = False               # (the records carry key validity: no separate flags)
+    HEAD_GROUP_FASTEST = False               # the crossover's head pair is a cluster along y (grid y = head group)
 
     def __init__(self, config: Model1DecodeConfig):
         if not isinstance(config, Model1DecodeConfig):

@@ -1,8 +1,10 @@
 """D6 on Hopper: DSV4 attention core — one shared KV head of dim 512 (K = V), 64 query heads packed as the MMA
 M dimension, keys gathered by index (FlashMLA's sparse form) or taken as a dense causal / windowed range.
 
-One CTA computes one query token × 64 heads (``blockIdx = (token, head group, batch·splits + split)``):
-every KV row it loads serves all 64 heads, which is the whole point of MQA packing.
+One CTA computes one query token × 64 heads (``blockIdx = (token, head group, batch·splits + split)``; gathered
+keys: ``(token · head groups + head group, 1, batch·splits + split)``, so the head groups of a token — at H = 128 two
+CTAs gathering the same rows — run side by side and share them through L2): every KV row it loads serves all 64
+heads, which is the whole point of MQA packing.
 
 * **warpgroup 0 — producer.**  Gathers 64 KV rows per tile with ``cp.async`` (16 B per copy, each warp
   owns 16 rows, a row's 1 KiB read by one warp in two coalesced sweeps) into a 128 B-swizzled
@@ -133,6 +135,7 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
     # one shared word per key after their wait instead of loading and testing its index from global memory before it
     # (a branch per key column: H200 Sq 4096 H64 K640 441 → 471 TFLOP/s with the mask switched off, probe_d6.py)
     PRODUCER_KEY_FLAGS = True
+    HEAD_GROUP_FASTEST = True                       # gathered keys: a token's head groups side by side (the base)
 
     def __init__(self, config: SparseFwdConfig):
         super().__init__(config)
@@ -187,9 +190,13 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
                                    **launch_stream(stream))
 
     def grid(self, mQ, mO):
-        """(token, head group, batch · splits); mO holds one partial per cluster: splits = its count × cluster_splits."""
-        return (cute.size(mQ.shape[1]), cute.size(mQ.shape[2]) // TILE_H,
-                cute.size(mQ.shape[0]) * cute.size(mO.shape[0]) * self.cluster_splits)
+        """(token, head group, batch · splits), or (token · head groups + head group, 1, batch · splits) with
+        :meth:`head_group_fastest` (x has room for any Sq; y would stop at 65 535); mO holds one partial per cluster:
+        splits = its count × cluster_splits."""
+        batch_splits = cute.size(mQ.shape[0]) * cute.size(mO.shape[0]) * self.cluster_splits
+        if const_expr(self.head_group_fastest()):
+            return (cute.size(mQ.shape[1]) * (cute.size(mQ.shape[2]) // TILE_H), 1, batch_splits)
+        return (cute.size(mQ.shape[1]), cute.size(mQ.shape[2]) // TILE_H, batch_splits)
 
     @cute.jit
     def build_common(self, mQ, mO):
