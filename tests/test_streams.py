@@ -92,7 +92,23 @@ def test_every_public_function_replays_in_a_cuda_graph():
     x = bf(64, 256)
     data, scales, gs = dsv4lib.quantize_nvfp4(bf(64, 256), 6.0)
     branches = [dict(k=k, v=v, window=64, causal=True), dict(k=k[:, :300], v=v[:, :300])]
+    # D7 / the FP8-cache prefill: MODEL1 caches written by the GPU writer, index lists and valid lengths
+    main, cmp = dsv4lib.Model1Cache(8, 64, device="cuda"), dsv4lib.Model1Cache(64, 2, device="cuda")
+    for cache in (main, cmp):
+        cache.append(torch.arange(cache.num_keys, dtype=torch.int32, device="cuda"), bf(cache.num_keys, 512))
+    qd, qp = bf(3, 1, 64, 512), bf(5, 64, 512)
+    lists = lambda n, K, space: torch.randint(-1, space, (n, K), generator=gen, dtype=torch.int32).cuda()
+    idx_d, idx2_d, idx_p, idx2_p = lists(3, 128, 512), lists(3, 100, 128), lists(5, 128, 512), lists(5, 100, 128)
+    len_d, len_p = torch.tensor([128, 7, 0], dtype=torch.int32).cuda(), torch.full((5,), 90, dtype=torch.int32).cuda()
+    sink64 = sink.repeat(16)
+    decode = lambda splits: dsv4lib.sparse_decode(qd, main, idx_d[:, None], len_d, extra_k_cache=cmp,
+                                                  extra_indices=idx2_d[:, None], sink=sink64, return_lse=True,
+                                                  num_splits=splits)
     calls = {
+        "sparse_decode": lambda: decode(1),
+        "sparse_decode split": lambda: decode(4),
+        "sparse_prefill": lambda: dsv4lib.sparse_prefill(qp, main, idx_p, extra_k_cache=cmp, extra_indices=idx2_p,
+                                                         extra_topk_length=len_p, sink=sink64, return_lse=True),
         "attention_branches": lambda: dsv4lib.attention_branches(q, branches, sink=sink, return_lse=True),
         "attention_nvfp4": lambda: dsv4lib.attention_nvfp4(q, k, v, 8.0, causal=True, sink=sink),
         "attention_fp32": lambda: dsv4lib.attention_fp32(q, k, v, window=100),
@@ -113,8 +129,9 @@ def test_every_public_function_replays_in_a_cuda_graph():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured = {name: as_tuple(fn()) for name, fn in calls.items()}
-    for t in (q, k, v, qs, kvs, x):
+    for t in (q, k, v, qs, kvs, x, qd, qp):
         t.copy_(torch.randn(t.shape, generator=gen).to("cuda", t.dtype))
+    main.append(torch.arange(main.num_keys, dtype=torch.int32, device="cuda"), bf(main.num_keys, 512))
     data.copy_(dsv4lib.quantize_nvfp4(bf(64, 256), 6.0)[0])
     graph.replay()
     torch.cuda.synchronize()
