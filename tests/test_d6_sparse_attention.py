@@ -29,6 +29,9 @@ def test_a_tokens_head_groups_launch_side_by_side():
     dense = _build(False, causal=True, sink=True)
     assert gathered.count(r"%ctaid\.x") >= 1 and gathered.count(r"%ctaid\.y") == 0
     assert dense.count(r"%ctaid\.y") >= 1
+    # the gathered split build (the small-batch decode) lets its PDL-launched combine go past the main loop
+    assert _build(True, True, schedule="paired").count(r"griddepcontrol\.launch_dependents") == 1
+    assert gathered.count(r"griddepcontrol\.launch_dependents") == 0
     from dsv4lib.kernels.sm90.model1_decode import Model1DecodeSm90
     from dsv4lib.kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
     assert SparseAttentionForwardSm90.HEAD_GROUP_FASTEST and not Model1DecodeSm90.HEAD_GROUP_FASTEST

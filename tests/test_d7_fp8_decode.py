@@ -82,6 +82,8 @@ def test_decode_builds_dequantizing_in_the_producer(extra, split_kv):
     assert k.count(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16") == 2 * 512 // 16
     assert k.count(r"cp\.async\.bulk\.tensor\.4d\.shared::cta\.global\.tile\.mbarrier") == 8      # Q by TMA
     assert k.count(r"\.local") == 0
+    # a split build lets its combine (launched with PDL) go once past the main loop: one trigger, by one thread
+    assert k.count(r"griddepcontrol\.launch_dependents") == (1 if split_kv else 0)
     report = k.ptxas_report()
     # (the GPU machine's CUDA 13.0 ptxas reads PTX up to 9.0, CuTeDSL writes 9.4: checked where `make setup`'s is)
     if report is not None and "Unsupported .version" not in report:

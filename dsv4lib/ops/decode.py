@@ -183,5 +183,6 @@ def sparse_decode(q, k_cache, indices, topk_length=None, *, extra_k_cache=None, 
             o_part, lse_part = workspace(splits, B, s_q, H, HEAD_DIM, device)
             launch(config, (q, pages, indices, lengths, pages2, extra_indices, lengths2, page_size, page_size2,
                             o_part, lse_part, scale, sink_t))
-            combine_partials(o_part, lse_part, out, lse, sink_t, has_sink=sink is not None)
+            # PDL: the combine's launch hides behind the split kernel, which lets it go once past its main loop
+            combine_partials(o_part, lse_part, out, lse, sink_t, has_sink=sink is not None, pdl=True)
     return (out, lse) if return_lse else out

@@ -156,9 +156,11 @@ def _run(q4, kv3, idx3, *, gather, causal, window, sink, scale, num_splits, publ
                                    "sparse split", gather, causal, window_on, cluster)
             o_part, lse_part = workspace(num_splits // cluster, B, Sq, H, HEAD_DIM, device)
             launch(config, q4, kv3, idx, o_part, lse_part, sink_t, scale=scale, window=window, public=public)
-            # the combine takes (B, Sq, H, D) / (B, H, Sq): a split call launches twice anyway
+            # the combine takes (B, Sq, H, D) / (B, H, Sq): a split call launches twice anyway.  PDL behind a cluster
+            # split and behind the gathered (paired) split, whose CTAs let it go once past their main loops
             combine_partials(o_part, lse_part, out.unsqueeze(0) if public else out[0],
-                             lse.unsqueeze(0) if public else lse[0], sink_t, has_sink=sink is not None, pdl=cluster > 1)
+                             lse.unsqueeze(0) if public else lse[0], sink_t, has_sink=sink is not None,
+                             pdl=cluster > 1 or gather)
     return out, lse
 
 

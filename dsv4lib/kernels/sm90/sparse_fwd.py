@@ -852,6 +852,11 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
                 warpgroup.wait_group(0)
                 kv_pipes[1].consumer_release(state)                       # (even, right)
             state.advance()
+        if const_expr(self.split_kv and w == 0):
+            # past the main loop: a combine launched with PDL (kernels.combine) may be scheduled now, its launch
+            # hidden behind this kernel's epilogue (its griddepcontrol.wait still waits for every partial)
+            if wtid == 0:
+                cute.arch.griddepcontrol_launch_dependents()
         self.finish_shared_max(w, thr_pv, acc_O, acc_O_rc, tScS_rc, row_max, row_sum, sSum, mO, mLSE, mSink,
                                softmax_scale_log2, wtid, token, head_group, batch, split, PAIR_SUM,
                                tiled_mma_pv_rs, sQ, tma_atom_O, tma_O)
