@@ -103,7 +103,7 @@ def test_unsplit_decode_build_takes_the_outputs_as_returned(heads):
     from dsv4lib.kernels.compile import compile_for_arch
     from dsv4lib.kernels.sm90.config import Model1DecodeConfig
     from dsv4lib.kernels.sm90.model1_decode import Model1DecodeSm90
-    from dsv4lib.kernels.sm90.sparse_public import model1_decode_public
+    from dsv4lib.kernels.sm90.sparse_public import Model1DecodePublicSm90
     from dsv4lib.ops.decode import decode_args
     config = Model1DecodeConfig.for_decode(sink=True, split_kv=False, extra_cache=True, topk_length=True,
                                            extra_topk_length=True, head_pair_cluster=heads == 128)
@@ -115,7 +115,7 @@ def test_unsplit_decode_build_takes_the_outputs_as_returned(heads):
     args = lambda o, lse: decode_args(q, pages, idx, lengths, pages2, idx2, lengths, 64, 2, o, lse, 0.05,
                                       torch.empty(heads))
     batched = compile_for_arch(Model1DecodeSm90(config), *args(o, lse), arch="sm_90a")
-    public = compile_for_arch(model1_decode_public(config), *args(o[0], lse[0]), arch="sm_90a")
+    public = compile_for_arch(Model1DecodePublicSm90(config), *args(o[0], lse[0]), arch="sm_90a")
     assert "cp.async.bulk.tensor" in batched.ptx                    # the O store: by TMA, through the split mode
     assert device_code(public.ptx) == device_code(batched.ptx)
 

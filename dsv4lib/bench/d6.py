@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from ..workbook.metrics import cosine
 from . import d7, tflops, time_graph
 
 HEAD_DIM = 512
@@ -38,11 +39,6 @@ def flashmla_sparse_fn(fm, sink):
     indices [Sq, K])."""
     return lambda q, kv, idx: fm.flash_mla_sparse_fwd(q, kv.view(-1, 1, HEAD_DIM), idx.view(idx.shape[0], 1, -1),
                                                       SCALE, HEAD_DIM, attn_sink=sink)[0]
-
-
-def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double().flatten(), b.double().flatten()
-    return float(a @ b / (a.norm() * b.norm()))
 
 
 def bf16_rows_vs_flashmla(fm, gen: torch.Generator, shapes=BF16_SHAPES, pools=POOL_ROWS) -> list[dict]:

@@ -63,8 +63,8 @@ def launch(config: Model1DecodeConfig, args: tuple, public: bool = False) -> Non
     o ``[B, s_q, H, 512]`` / lse ``[B, H, s_q]`` as ``sparse_decode`` returns them (no view on the host path)."""
     def make_kernel():
         if public:
-            from ..kernels.sm90.sparse_public import model1_decode_public
-            return model1_decode_public(config)
+            from ..kernels.sm90.sparse_public import Model1DecodePublicSm90
+            return Model1DecodePublicSm90(config)
         from ..kernels.sm90.model1_decode import Model1DecodeSm90
         return Model1DecodeSm90(config)
 

@@ -13,6 +13,7 @@ import cuda.bindings.driver as cuda
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
+from .model1_decode import Model1DecodeSm90
 from .sparse_fwd import SparseAttentionForwardSm90
 
 
@@ -42,27 +43,14 @@ class SparseAttentionPublicSm90(SparseAttentionForwardSm90):
                                             with_unit_modes(mLSE, 4), softmax_scale_log2, window_size, mSink, stream)
 
 
-def _model1_public():
-    """The D7 decode's public build, made on first use (its module pulls in the FP8 producer)."""
-    from .model1_decode import Model1DecodeSm90
+class Model1DecodePublicSm90(Model1DecodeSm90):
+    """``sparse_decode``'s unsplit build: :class:`Model1DecodeSm90` writing o ``[B, s_q, H, 512]`` and lse ``[B, H,
+    s_q]`` as allocated (the split mode added at trace time, as above); the device code is the batched build's."""
 
-    class Model1DecodePublicSm90(Model1DecodeSm90):
-        """``sparse_decode``'s unsplit build: :class:`Model1DecodeSm90` writing o ``[B, s_q, H, 512]`` and lse ``[B,
-        H, s_q]`` as allocated (the split mode added at trace time, as above); the device code is the batched
-        build's."""
-
-        @cute.jit
-        def __call__(self, mQ: cute.Tensor, mCache: cute.Tensor, mIdx: cute.Tensor, mLen: cute.Tensor,
-                     mCache2: cute.Tensor, mIdx2: cute.Tensor, mLen2: cute.Tensor, page_size: Int32, page_size2: Int32,
-                     mO: cute.Tensor, mLSE: cute.Tensor, softmax_scale_log2: Float32, mSink: cute.Tensor,
-                     stream: cuda.CUstream = None):
-            Model1DecodeSm90.__call__(self, mQ, mCache, mIdx, mLen, mCache2, mIdx2, mLen2, page_size, page_size2,
-                                      with_unit_modes(mO, 5), with_unit_modes(mLSE, 4), softmax_scale_log2, mSink,
-                                      stream)
-
-    return Model1DecodePublicSm90
-
-
-def model1_decode_public(config):
-    """A :class:`Model1DecodeSm90` build for ``config`` that takes ``sparse_decode``'s unsplit outputs as allocated."""
-    return _model1_public()(config)
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mCache: cute.Tensor, mIdx: cute.Tensor, mLen: cute.Tensor,
+                 mCache2: cute.Tensor, mIdx2: cute.Tensor, mLen2: cute.Tensor, page_size: Int32, page_size2: Int32,
+                 mO: cute.Tensor, mLSE: cute.Tensor, softmax_scale_log2: Float32, mSink: cute.Tensor,
+                 stream: cuda.CUstream = None):
+        Model1DecodeSm90.__call__(self, mQ, mCache, mIdx, mLen, mCache2, mIdx2, mLen2, page_size, page_size2,
+                                  with_unit_modes(mO, 5), with_unit_modes(mLSE, 4), softmax_scale_log2, mSink, stream)
