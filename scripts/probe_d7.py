@@ -202,7 +202,7 @@ def apply(variant: str) -> None:
     md.Model1DecodeSm90.producer_slot = parts["slot"]
     md.PLACED_SCALE_MAX = parts["placed_max"]
     decode.HEAD_PAIR_CLUSTER = parts["crossover"]
-    decode._PLANS.clear()
+    launch.forget_plans()
     launch._COMPILED.clear()
 
 

@@ -232,3 +232,53 @@ def test_status_cell_shows_host_time_beside_device_time():
     cell = cell_text({"verdict": "PASS", "metrics": {"mode": "gpu", "time_ms": 0.031, "host_us": 23.4}})
     assert "0.031 ms" in cell and "host 23.4 µs" in cell
     assert "host" not in cell_text({"verdict": "PASS", "metrics": {"mode": "gpu", "time_ms": 0.031}})
+
+
+def test_call_plan_keys_hold_what_validation_reads():
+    """A public call's plan key (``ops.launch.tensor_sig`` per tensor) changes with each thing validation reads of a
+    tensor — dtype, shape, strides, 16-byte alignment, and the CUDA device index (-1 off the GPU; the GPU test
+    checks the rest) — so a plan is never reused for a tensor it was not
+    validated for; a key that cannot be hashed finds no plan and is not kept."""
+    from dsv4lib.ops import launch
+    t = torch.zeros(4, 8, dtype=torch.bfloat16)
+    sig = launch.tensor_sig(t)
+    assert sig == launch.tensor_sig(torch.ones(4, 8, dtype=torch.bfloat16))     # another tensor, same kind
+    assert launch.tensor_sig(None) is None
+    others = [t.float(), t.t(), t[:, ::2], torch.zeros(4, 9, dtype=torch.bfloat16)[:, 1:], t.view(8, 4)]
+    for other in others:
+        assert launch.tensor_sig(other) != sig, other
+    with pytest.raises(AttributeError):
+        launch.tensor_sig([1, 2])
+    assert launch.find_plan(("x", [1])) is None                 # unhashable: no plan, no error
+    launch.keep_plan(("x", [1]), print)
+    assert ("x", (1,)) not in launch._PLANS
+
+
+def test_a_new_build_or_a_swapped_one_forgets_every_plan():
+    """Plans hold the compiled functions they launch: any change of the builds (a new one, a script stubbing or
+    clearing them) drops every plan, so none launches a function that is no longer the build of its key."""
+    from dsv4lib.ops import launch
+    launch.keep_plan(("probe",), print)
+    assert launch.find_plan(("probe",)) is print
+    launch._COMPILED[("probe build",)] = print
+    assert launch.find_plan(("probe",)) is None
+    launch.keep_plan(("probe",), print)
+    launch._COMPILED.update({("probe build",): len})
+    assert launch.find_plan(("probe",)) is None
+    launch.keep_plan(("probe",), print)
+    del launch._COMPILED[("probe build",)]
+    assert launch.find_plan(("probe",)) is None
+
+
+def test_refused_calls_make_no_plan():
+    """A call the full path refuses (CPU tensors here) raises every time and leaves no plan behind."""
+    import dsv4lib
+    from dsv4lib.ops import launch
+    q = torch.zeros(1, 8, 2, 64, dtype=torch.bfloat16)
+    before = len(launch._PLANS)
+    for _ in range(2):
+        with pytest.raises(ValueError):
+            dsv4lib.attention(q, q, q)
+        with pytest.raises(ValueError):
+            dsv4lib.sparse_attention(q[0], q[0, :, 0], torch.zeros(8, 4, dtype=torch.int32))
+    assert len(launch._PLANS) == before

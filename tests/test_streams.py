@@ -140,3 +140,47 @@ def test_every_public_function_replays_in_a_cuda_graph():
         for got, new, before in zip(captured[name], want, old[name]):
             assert torch.equal(got.reshape(-1).view(torch.uint8), new.reshape(-1).view(torch.uint8)), name
         assert not all(torch.equal(n, b) for n, b in zip(want, old[name])), f"{name}: inputs did not change its output"
+
+
+@pytest.mark.gpu
+def test_a_known_kind_of_call_takes_its_plan_and_still_refuses_bad_input():
+    """The host path of a repeated call (issue #28): the second call of a kind reuses the first one's plan (no new
+    plan made) and is right on new data; a call that differs in anything validation reads — dtype, strides (a
+    non-contiguous view), alignment, an option's type, K = V for head dim 512 — is refused with the same error as a
+    first call, never run through a plan made for another kind of call."""
+    from dsv4lib.ops import launch
+    gen = torch.Generator().manual_seed(fresh_seed())
+    bf = lambda *s: torch.randn(*s, generator=gen).to("cuda", torch.bfloat16)
+    q, k, v = bf(1, 300, 4, 128), bf(1, 300, 4, 128), bf(1, 300, 4, 128)
+    dsv4lib.attention(q, k, v, causal=True)
+    plans = len(launch._PLANS)
+    q2, k2, v2 = bf(1, 300, 4, 128), bf(1, 300, 4, 128), bf(1, 300, 4, 128)
+    out = dsv4lib.attention(q2, k2, v2, causal=True)
+    assert len(launch._PLANS) == plans                 # the same kind of call: no new plan
+    check_output(out, reference.attention(q2.double(), k2.double(), v2.double(), causal=True))
+    with pytest.raises(TypeError):
+        dsv4lib.attention(q, k, v.float(), causal=True)
+    with pytest.raises(ValueError):                    # last dim not contiguous: another stride tuple, another key
+        dsv4lib.attention(q, k, bf(1, 300, 4, 256)[..., ::2], causal=True)
+    with pytest.raises(ValueError):                    # a 2-byte-aligned start
+        dsv4lib.attention(q, k, bf(1 * 300 * 4 * 128 + 1).view(-1)[1:].view(1, 300, 4, 128), causal=True)
+    dsv4lib.attention(q, k, v, window=1)
+    with pytest.raises(ValueError):                    # window=True after window=1: the option's type is in the key
+        dsv4lib.attention(q, k, v, window=True)
+    # head dim 512 needs K = V: a plan made with k is v must not take a call whose v is another tensor
+    qd, kv = bf(1, 1, 64, 512), bf(1, 500, 1, 512)
+    dsv4lib.attention(qd, kv, kv)
+    with pytest.raises(ValueError):
+        dsv4lib.attention(qd, kv, bf(1, 500, 1, 512))
+    # the decode: a plan made for a Model1Cache's pages must refuse the same call with an int64 index list
+    cache = dsv4lib.Model1Cache(8, 64, device="cuda")
+    cache.append(torch.arange(cache.num_keys, dtype=torch.int32, device="cuda"), bf(cache.num_keys, 512))
+    idx = torch.randint(-1, 512, (2, 1, 128), generator=gen, dtype=torch.int32).cuda()
+    qs = bf(2, 1, 64, 512)
+    first = dsv4lib.sparse_decode(qs, cache, idx)
+    again = dsv4lib.sparse_decode(qs, cache, idx)
+    assert torch.equal(first, again)
+    with pytest.raises(TypeError):
+        dsv4lib.sparse_decode(qs, cache, idx.long())
+    with pytest.raises(ValueError):
+        dsv4lib.sparse_decode(qs, cache, idx, num_splits=0)

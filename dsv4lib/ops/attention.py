@@ -9,9 +9,10 @@ import torch
 
 from ..kernels.sm90.config import SUPPORTED_HEAD_DIMS, Sm90FwdConfig
 from ..reference.attention import check_attention_shapes, check_window
-from .combine import combine_partials
-from .launch import (aligned16, amax_tensor, cached_config, check_hopper, check_num_splits, compile_stream, device_facts,
-                     on_device, placeholder, raw_stream, run_compiled, sink_arg, to_cute, workspace)
+from .combine import combine_launcher
+from .launch import (aligned16, amax_tensor, cached_config, check_hopper, check_num_splits, compile_stream, compiled,
+                     device_facts, find_plan, keep_plan, on_device, placeholder, raw_stream, sink_arg, tensor_sig,
+                     to_cute, workspace)
 
 SUPPORTED_DTYPES = (torch.bfloat16,)
 MQA_HEAD_DIM = 512          # DSV4: one shared KV head, K = V, through dsv4lib.ops.sparse's MQA kernel
@@ -99,40 +100,57 @@ def plain_split_config(q, *, causal, window) -> Sm90FwdConfig:
 _WORK_COUNTERS: dict[tuple, torch.Tensor] = {}
 
 
-def work_counters(device) -> torch.Tensor:
+def work_counters(device, stream: int) -> torch.Tensor:
     """The dynamic persistent schedule's (items handed out, producers done) int32 counters, one pair per (device,
     stream) so kernels on different streams never share them; zeroed once, every launch leaves them at zero."""
-    key = (device, raw_stream(device))
+    key = (device, stream)
     counters = _WORK_COUNTERS.get(key)
     if counters is None:
         counters = _WORK_COUNTERS[key] = torch.zeros(2, dtype=torch.int32, device=device)
     return counters
 
 
-def launch(config: Sm90FwdConfig, q, k, v, o, lse, *, scale: float, window, sink_t, out_scales=None, s_enc=None):
-    """One launch of the Hopper kernel built for ``config``.  ``o`` / ``lse``: (B, Sq, H, D) and (B, H, Sq), or the
-    split workspace (splits, ...) for a split build; ``out_scales`` / ``s_enc``: the NVFP4 build's extra outputs."""
-    device = q.device
+def launcher(config: Sm90FwdConfig, device, *, scale: float, window):
+    """The launch of the Hopper kernel built for ``config`` as a function of the call's tensors ``(q, k, v, o, lse,
+    sink_t[, out_scales, s_enc])``: ``o`` / ``lse`` (B, Sq, H, D) and (B, H, Sq), or the split workspace (splits, ...)
+    for a split build; ``out_scales`` / ``s_enc`` the NVFP4 build's extra outputs.  The build is looked up (compiled
+    the first time) on the first launch; a call plan keeps the launcher, so later launches only pass arguments."""
     split = config.split_kv
-    scales_t = out_scales if out_scales is not None else placeholder(device, "scales")
-    s_enc_t = s_enc if s_enc is not None else placeholder(device, "s_enc")
-    counters = work_counters(device) if config.dynamic_schedule else None       # every argument positional
-    tensors = (q, k, v, o, lse, sink_t, scales_t, s_enc_t)
-    leading = (3, 3, 3, 4 if split else 3, 3 if split else 2, 0, 0 if out_scales is None else 3, 0)
+    leading = (3, 3, 3, 4 if split else 3, 3 if split else 2, 0, 3, 0)
     scale_log2 = scale * math.log2(math.e)
+    win = window or 0
+    dynamic = config.dynamic_schedule
+    no_scales, no_s_enc = placeholder(device, "scales"), placeholder(device, "s_enc")
+    fn = None
 
-    def compile_args():
-        from cutlass import Float32, Int32
-        t = [to_cute(x, lead, tvm_ffi=True) for x, lead in zip(tensors, leading)]
-        return (*t[:5], Float32(scale_log2), Int32(window or 0), *t[5:], compile_stream(),
-                None if counters is None else to_cute(counters, 0, tvm_ffi=True))
+    def go(q, k, v, o, lse, sink_t, out_scales=None, s_enc=None):
+        nonlocal fn
+        scales_t = no_scales if out_scales is None else out_scales
+        s_enc_t = no_s_enc if s_enc is None else s_enc
+        stream = raw_stream(device)
+        counters = work_counters(device, stream) if dynamic else None     # every argument positional
+        if fn is None:
+            tensors = (q, k, v, o, lse, sink_t, scales_t, s_enc_t)
 
-    def make_kernel():
-        from ..kernels.sm90.flash_fwd import FlashAttentionForwardSm90
-        return FlashAttentionForwardSm90(config)
+            def compile_args():
+                from cutlass import Float32, Int32
+                lead = leading if out_scales is not None else leading[:6] + (0, 0)
+                t = [to_cute(x, d, tvm_ffi=True) for x, d in zip(tensors, lead)]
+                return (*t[:5], Float32(scale_log2), Int32(win), *t[5:], compile_stream(),
+                        None if counters is None else to_cute(counters, 0, tvm_ffi=True))
 
-    run_compiled((config, *map(aligned16, tensors)), make_kernel, compile_args,
-                 (*tensors[:5], scale_log2, window or 0, *tensors[5:], raw_stream(device), counters))
+            def make_kernel():
+                from ..kernels.sm90.flash_fwd import FlashAttentionForwardSm90
+                return FlashAttentionForwardSm90(config)
+
+            fn = compiled((config, *map(aligned16, tensors)), make_kernel, compile_args)
+        fn(q, k, v, o, lse, scale_log2, win, sink_t, scales_t, s_enc_t, stream, counters)
+    return go
+
+
+def launch(config: Sm90FwdConfig, q, k, v, o, lse, *, scale: float, window, sink_t, out_scales=None, s_enc=None):
+    """One launch of the Hopper kernel built for ``config`` (:func:`launcher`)."""
+    launcher(config, q.device, scale=scale, window=window)(q, k, v, o, lse, sink_t, out_scales, s_enc)
 
 
 def attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, return_lse=False, num_splits=None):
@@ -141,8 +159,17 @@ def attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, retu
     See :func:`dsv4lib.reference.attention` for the exact semantics.  ``num_splits`` (D2): split the KV range
     over that many CTAs and merge by LSE; ``None`` = heuristic, ``1`` = no split; values above the number of KV
     tiles are clamped to it."""
-    return attention_with_p_path(q, k, v, scale=scale, causal=causal, window=window, sink=sink,
-                                 return_lse=return_lse, p_path="auto", num_splits=num_splits)
+    try:
+        key = ("attention", tensor_sig(q), tensor_sig(k), tensor_sig(v), tensor_sig(sink), scale, causal, window,
+               type(window), return_lse, num_splits, type(num_splits))
+    except AttributeError:
+        key = None                                   # a non-tensor argument: the full path says which
+    plan = find_plan(key)
+    if plan is None:
+        plan = keep_plan(key, _plan(q, k, v, scale=scale, causal=causal, window=window, sink=sink,
+                                    return_lse=return_lse, p_path="auto", num_splits=num_splits, overlap=None,
+                                    pack_gqa=None))
+    return plan(q, k, v, sink)
 
 
 def attention_with_p_path(q, k, v, *, scale=None, causal=False, window=None, sink=None, return_lse=False,
@@ -150,6 +177,22 @@ def attention_with_p_path(q, k, v, *, scale=None, causal=False, window=None, sin
     """:func:`attention` with an explicit choice of where P lives: ``"rs"`` (registers, RS-wgmma; ``"auto"``: it
     wins or ties at every head dim) or ``"smem"`` (shared memory via the D1.3 mapping, SS-wgmma); of the
     intra-warpgroup overlap (``None``: on with P in registers); and of GQA head packing (``None``: default)."""
+    try:
+        key = ("attention_with_p_path", tensor_sig(q), tensor_sig(k), tensor_sig(v), tensor_sig(sink), scale, causal,
+               window, type(window), return_lse, p_path, num_splits, type(num_splits), overlap, pack_gqa)
+    except AttributeError:
+        key = None
+    plan = find_plan(key)
+    if plan is None:
+        plan = keep_plan(key, _plan(q, k, v, scale=scale, causal=causal, window=window, sink=sink,
+                                    return_lse=return_lse, p_path=p_path, num_splits=num_splits, overlap=overlap,
+                                    pack_gqa=pack_gqa))
+    return plan(q, k, v, sink)
+
+
+def _plan(q, k, v, *, scale, causal, window, sink, return_lse, p_path, num_splits, overlap, pack_gqa):
+    """Validate one kind of :func:`attention_with_p_path` call and return its plan: a function of ``(q, k, v, sink)``
+    that allocates the outputs and launches (see ``launch.tensor_sig`` for what may differ between calls of a plan)."""
     if p_path not in P_PATHS + ("auto",):
         raise ValueError(f"p_path must be one of {P_PATHS + ('auto',)}, got {p_path!r}")
     check_num_splits(num_splits)
@@ -159,11 +202,18 @@ def attention_with_p_path(q, k, v, *, scale=None, causal=False, window=None, sin
     _validate(q, k, v, window, sink)
     check_hopper(q.device, "dsv4lib.attention")
     B, Sq, H, D = q.shape
+    device = q.device
     if D == MQA_HEAD_DIM:
-        from .sparse import mqa512_attention
-        out, lse = mqa512_attention(q, k[:, :, 0], scale=scale, causal=causal, window=window, sink=sink,
-                                    num_splits=num_splits)
-        return (out, lse) if return_lse else out
+        from .sparse import mqa512_plan
+        run512 = mqa512_plan(q, k[:, :, 0], scale=scale, causal=causal, window=window, sink=sink,
+                             num_splits=num_splits)
+
+        def run_mqa(q, k, v, sink):
+            if not _same_tensor(k, v):               # what a plan's key cannot see: K = V must hold every call
+                _validate(q, k, v, window, sink)
+            out, lse = run512(q, k[:, :, 0], sink)
+            return (out, lse) if return_lse else out
+        return run_mqa
     p_in_smem = p_path == "smem"
     if overlap and p_in_smem:
         raise ValueError("overlap=True needs P in registers (p_path='rs')")
@@ -175,22 +225,32 @@ def attention_with_p_path(q, k, v, *, scale=None, causal=False, window=None, sin
     if num_splits is None:
         from ..kernels.splitkv import num_splits_heuristic
         num_splits = num_splits_heuristic(B, H // pack, -(-Sq * pack // config.tile_m), n_blocks,
-                                          device_facts(q.device)[1])
+                                          device_facts(device)[1])
     num_splits = min(num_splits, n_blocks)                  # documented clamp: at most one KV tile per split
-    out = torch.empty_like(q)
+    lse_shape = (B, H, Sq)
     # an unsplit build without LSE never writes it: a placeholder saves the allocation
-    lse = (torch.empty(B, H, Sq, dtype=torch.float32, device=q.device) if return_lse or num_splits > 1
-           else placeholder(q.device, "lse"))
-    sink_t = sink_arg(sink, q.device)
-    with on_device(q.device):
-        if num_splits == 1:
-            launch(config, q, k, v, out, lse, scale=scale, window=window, sink_t=sink_t)
-        else:
-            o_part, lse_part = workspace(num_splits, B, Sq, H, D, q.device)
-            launch(config_for(q, split_kv=True, **problem), q, k, v, o_part, lse_part, scale=scale, window=window,
-                   sink_t=sink_t)
-            combine_partials(o_part, lse_part, out, lse, sink_t, has_sink=sink is not None)
-    return (out, lse) if return_lse else out
+    new_lse = bool(return_lse) or num_splits > 1
+    no_lse = placeholder(device, "lse")
+    with_sink = sink is not None
+    if num_splits == 1:
+        go = launcher(config, device, scale=scale, window=window)
+    else:
+        go = launcher(config_for(q, split_kv=True, **problem), device, scale=scale, window=window)
+        o_part, lse_part = workspace(num_splits, B, Sq, H, D, device)
+        combine = combine_launcher(D, device, has_sink=with_sink)
+
+    def run(q, k, v, sink):
+        out = torch.empty_like(q)
+        lse = torch.empty(lse_shape, dtype=torch.float32, device=device) if new_lse else no_lse
+        sink_t = sink_arg(sink, device)
+        with on_device(device):
+            if num_splits == 1:
+                go(q, k, v, out, lse, sink_t)
+            else:
+                go(q, k, v, o_part, lse_part, sink_t)
+                combine(o_part, lse_part, out, lse, sink_t)
+        return (out, lse) if return_lse else out
+    return run
 
 
 def attention_branches(q, branches, *, sink=None, scale=None, return_lse=False):
@@ -201,6 +261,19 @@ def attention_branches(q, branches, *, sink=None, scale=None, return_lse=False):
     set for the same queries ``q``.  Each branch runs the kernel's split-KV build with one split into its own
     slot of an fp32 workspace (output normalized over its keys + LSE, no sink); the combine kernel merges the
     slots.  Equals :func:`dsv4lib.reference.attention` over the concatenated keys."""
+    try:
+        key = ("branches", tensor_sig(q), tensor_sig(sink), scale, return_lse,
+               *[(tensor_sig(br["k"]), tensor_sig(br["v"]), br.get("causal", False), br.get("window"),
+                  type(br.get("window"))) for br in branches])
+    except (AttributeError, TypeError, KeyError):
+        key = None
+    plan = find_plan(key)
+    if plan is None:
+        plan = keep_plan(key, _branches_plan(q, branches, sink=sink, scale=scale, return_lse=return_lse))
+    return plan(q, branches, sink)
+
+
+def _branches_plan(q, branches, *, sink, scale, return_lse):
     if not isinstance(branches, (list, tuple)) or not branches:
         raise ValueError("branches must be a non-empty list of {'k', 'v', 'causal', 'window'} dicts")
     for i, br in enumerate(branches):
@@ -209,21 +282,28 @@ def attention_branches(q, branches, *, sink=None, scale=None, return_lse=False):
         _validate(q, br["k"], br["v"], br.get("window"), sink)
     check_hopper(q.device, "attention_branches")
     B, Sq, H, D = q.shape
+    device = q.device
     if D == MQA_HEAD_DIM:
         raise ValueError("attention_branches runs the head dims of the dense kernel (64, 128, 256)")
     scale = D ** -0.5 if scale is None else float(scale)
-    o_part, lse_part = workspace(len(branches), B, Sq, H, D, q.device)
-    out = torch.empty_like(q)
-    lse = torch.empty(B, H, Sq, dtype=torch.float32, device=q.device)
-    sink_t = sink_arg(sink, q.device)
-    with on_device(q.device):
-        for i, br in enumerate(branches):
-            window = br.get("window")
-            config = plain_split_config(q, causal=bool(br.get("causal", False)), window=window)
-            launch(config, q, br["k"], br["v"], o_part[i:i + 1], lse_part[i:i + 1], scale=scale, window=window,
-                   sink_t=sink_t)
-        combine_partials(o_part, lse_part, out, lse, sink_t, has_sink=sink is not None)
-    return (out, lse) if return_lse else out
+    o_part, lse_part = workspace(len(branches), B, Sq, H, D, device)
+    # each branch into its own slot of the workspace (views made once, with the plan)
+    slots = [(launcher(plain_split_config(q, causal=bool(br.get("causal", False)), window=br.get("window")), device,
+                       scale=scale, window=br.get("window")), o_part[i:i + 1], lse_part[i:i + 1])
+             for i, br in enumerate(branches)]
+    combine = combine_launcher(D, device, has_sink=sink is not None)
+    lse_shape = (B, H, Sq)
+
+    def run(q, branches, sink):
+        out = torch.empty_like(q)
+        lse = torch.empty(lse_shape, dtype=torch.float32, device=device)
+        sink_t = sink_arg(sink, device)
+        with on_device(device):
+            for (go, o_slot, lse_slot), br in zip(slots, branches):
+                go(q, br["k"], br["v"], o_slot, lse_slot, sink_t)
+            combine(o_part, lse_part, out, lse, sink_t)
+        return (out, lse) if return_lse else out
+    return run
 
 
 _SCALES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -253,38 +333,74 @@ def attention_nvfp4(q, k, v, out_global_amax, *, scale=None, causal=False, windo
     global_scale fp32 = S_dec)`` with the caller's static ``out_global_amax``.  The epilogue quantizes the
     fp32-normalized O with TE's order of operations (see ``dsv4lib.reference.quant.nvfp4_quantize``), packing
     the bytes in registers (NVFP4-1.2)."""
+    try:          # a tensor amax is read on the GPU every call; a number is part of the plan
+        amax_key = tensor_sig(out_global_amax) if isinstance(out_global_amax, torch.Tensor) else (
+            out_global_amax, type(out_global_amax))
+        key = ("attention_nvfp4", tensor_sig(q), tensor_sig(k), tensor_sig(v), tensor_sig(sink), amax_key, scale,
+               causal, window, type(window))
+    except AttributeError:
+        key = None
+    plan = find_plan(key)
+    if plan is None:
+        plan = keep_plan(key, _nvfp4_plan(q, k, v, out_global_amax, scale=scale, causal=causal, window=window,
+                                          sink=sink))
+    return plan(q, k, v, out_global_amax, sink)
+
+
+def _nvfp4_plan(q, k, v, out_global_amax, *, scale, causal, window, sink):
     _validate(q, k, v, window, sink)
     check_hopper(q.device, "attention_nvfp4")
     if q.shape[3] == MQA_HEAD_DIM:
         raise ValueError("attention_nvfp4 runs the head dims of the dense kernel (64, 128, 256)")
-    s_enc, s_dec = global_scales(out_global_amax, q.device)
+    device = q.device
+    number_amax = not isinstance(out_global_amax, torch.Tensor)
+    fixed_scales = global_scales(out_global_amax, device) if number_amax else None
     B, Sq, H, D = q.shape
     scale = D ** -0.5 if scale is None else float(scale)
-    data = torch.empty(B, Sq, H, D // 2, dtype=torch.uint8, device=q.device)
-    scales = torch.empty(B, Sq, H, D // 16, dtype=torch.uint8, device=q.device)
-    lse = placeholder(q.device, "lse")                  # the NVFP4 build writes no LSE
-    with on_device(q.device):
-        # the same mainloop and schedule as plain attention, so the comparison isolates the epilogue; the kernel
-        # writes whole 32-bit words (a quad assembles each block's 8 bytes, the scale bytes go 4 at a time)
-        config = config_for(q, causal=bool(causal), has_lse=False, window=window, sink=sink is not None,
-                            nvfp4_out=True)
-        launch(config, q, k, v, data.view(torch.int32), lse, scale=scale, window=window,
-               sink_t=sink_arg(sink, q.device), out_scales=scales.view(torch.int32), s_enc=s_enc)
-    return data, scales, s_dec
+    no_lse = placeholder(device, "lse")                 # the NVFP4 build writes no LSE
+    # the same mainloop and schedule as plain attention, so the comparison isolates the epilogue; the kernel
+    # writes whole 32-bit words (a quad assembles each block's 8 bytes, the scale bytes go 4 at a time)
+    go = launcher(config_for(q, causal=bool(causal), has_lse=False, window=window, sink=sink is not None,
+                             nvfp4_out=True), device, scale=scale, window=window)
+
+    def run(q, k, v, out_global_amax, sink):
+        s_enc, s_dec = fixed_scales or global_scales(out_global_amax, device)
+        data = torch.empty(B, Sq, H, D // 2, dtype=torch.uint8, device=device)
+        scales = torch.empty(B, Sq, H, D // 16, dtype=torch.uint8, device=device)
+        with on_device(device):
+            go(q, k, v, data.view(torch.int32), no_lse, sink_arg(sink, device), scales.view(torch.int32), s_enc)
+        return data, scales, s_dec
+    return run
 
 
 def attention_fp32(q, k, v, *, scale=None, causal=False, window=None):
     """The kernel's own fp32-normalized output (no sink), through the split build with one split: what the
     NVFP4 epilogue quantizes.  For tests and comparisons."""
+    try:
+        key = ("attention_fp32", tensor_sig(q), tensor_sig(k), tensor_sig(v), scale, causal, window, type(window))
+    except AttributeError:
+        key = None
+    plan = find_plan(key)
+    if plan is None:
+        plan = keep_plan(key, _fp32_plan(q, k, v, scale=scale, causal=causal, window=window))
+    return plan(q, k, v)
+
+
+def _fp32_plan(q, k, v, *, scale, causal, window):
     _validate(q, k, v, window, None)
     check_hopper(q.device, "attention_fp32")
     if q.shape[3] == MQA_HEAD_DIM:
         raise ValueError("attention_fp32 runs the head dims of the dense kernel (64, 128, 256)")
+    device = q.device
     B, Sq, H, D = q.shape
     scale = D ** -0.5 if scale is None else float(scale)
-    o_part = torch.empty(1, B, Sq, H, D, dtype=torch.float32, device=q.device)
-    lse_part = torch.empty(1, B, H, Sq, dtype=torch.float32, device=q.device)
-    with on_device(q.device):
-        config = plain_split_config(q, causal=bool(causal), window=window)
-        launch(config, q, k, v, o_part, lse_part, scale=scale, window=window, sink_t=placeholder(q.device, "sink"))
-    return o_part[0]
+    go = launcher(plain_split_config(q, causal=bool(causal), window=window), device, scale=scale, window=window)
+    no_sink = placeholder(device, "sink")
+
+    def run(q, k, v):
+        o_part = torch.empty(1, B, Sq, H, D, dtype=torch.float32, device=device)
+        lse_part = torch.empty(1, B, H, Sq, dtype=torch.float32, device=device)
+        with on_device(device):
+            go(q, k, v, o_part, lse_part, no_sink)
+        return o_part[0]
+    return run

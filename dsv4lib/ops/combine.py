@@ -2,7 +2,7 @@
 the dense (``ops.attention``) and the hd512 (``ops.sparse``) paths alike."""
 from __future__ import annotations
 
-from .launch import aligned16, raw_stream, rows_dynamic, run_compiled, stream_arg, to_cute
+from .launch import aligned16, compiled, raw_stream, rows_dynamic, stream_arg, to_cute
 
 
 def combine_args(o_part, lse_part, out, lse, sink_t, stream=None, tvm_ffi: bool = False) -> tuple:
@@ -14,16 +14,24 @@ def combine_args(o_part, lse_part, out, lse, sink_t, stream=None, tvm_ffi: bool 
             cute_t(sink_t, 0), *stream_arg(stream, tvm_ffi))
 
 
+def combine_launcher(D: int, device, *, has_sink: bool, pdl: bool = False):
+    """The combine as a function of ``(o_part (splits, B, Sq, H, D) fp32, lse_part (splits, B, H, Sq), out (B, Sq, H,
+    D) bf16, lse (B, H, Sq), sink_t)``; the build is looked up (compiled the first time) on the first launch.
+    ``pdl``: launched with programmatic dependent launch behind a split kernel that lets it go early."""
+    fn = None
+
+    def go(o_part, lse_part, out, lse, sink_t):
+        nonlocal fn
+        if fn is None:
+            from ..kernels.combine import LSECombineKernel
+            tensors = (o_part, lse_part, out, lse, sink_t)
+            fn = compiled(("combine", D, has_sink, pdl, *map(aligned16, tensors[1:])),
+                          lambda: LSECombineKernel(D, has_sink=has_sink, pdl=pdl),
+                          lambda: combine_args(*tensors, tvm_ffi=True))
+        fn(o_part, lse_part, out, lse, sink_t, raw_stream(device))
+    return go
+
+
 def combine_partials(o_part, lse_part, out, lse, sink_t, *, has_sink: bool, pdl: bool = False) -> None:
-    """``o_part (splits, B, Sq, H, D)`` fp32, ``lse_part (splits, B, H, Sq)`` → ``out (B, Sq, H, D)`` bf16,
-    ``lse (B, H, Sq)``.  ``pdl``: launched with programmatic dependent launch behind a split kernel that lets it go
-    early (the hd512 decode)."""
-    D = o_part.shape[-1]
-
-    def make_kernel():
-        from ..kernels.combine import LSECombineKernel
-        return LSECombineKernel(D, has_sink=has_sink, pdl=pdl)
-
-    tensors = (o_part, lse_part, out, lse, sink_t)
-    run_compiled(("combine", D, has_sink, pdl, *map(aligned16, tensors[1:])), make_kernel,
-                 lambda: combine_args(*tensors, tvm_ffi=True), (*tensors, raw_stream(out.device)))
+    """One combine launch (:func:`combine_launcher`)."""
+    combine_launcher(o_part.shape[-1], out.device, has_sink=has_sink, pdl=pdl)(o_part, lse_part, out, lse, sink_t)

@@ -10,10 +10,10 @@ import torch
 
 from ..kernels.sm90.config import Model1DecodeConfig
 from .attention import check_sink
-from .combine import combine_partials
-from .kvcache import cache_pages, check_pages
-from .launch import (cached_config, check_hopper, check_num_splits, device_facts, on_device, placeholder, raw_stream, rows_dynamic,
-                     run_compiled, sink_arg, stream_arg, workspace)
+from .combine import combine_launcher
+from .kvcache import Model1Cache, cache_pages, check_pages
+from .launch import (cached_config, check_hopper, check_num_splits, compiled, device_facts, find_plan, keep_plan, on_device,
+                     placeholder, raw_stream, rows_dynamic, sink_arg, stream_arg, tensor_sig, workspace)
 from .sparse import HEAD_DIM, HEADS_PER_CTA
 
 DECODE_HEADS = (64, 128)
@@ -58,18 +58,37 @@ def fake_args(extra: bool = True, split_kv: bool = False, heads: int = 64) -> tu
                        torch.empty(splits, 3, heads, 1, dtype=torch.float32), 1.0, torch.empty(heads))
 
 
-def launch(config: Model1DecodeConfig, args: tuple, public: bool = False) -> None:
-    """One launch of the build for ``config`` on :func:`decode_args`' tensors; ``public``: the unsplit build that takes
-    o ``[B, s_q, H, 512]`` / lse ``[B, H, s_q]`` as ``sparse_decode`` returns them (no view on the host path)."""
-    def make_kernel():
-        if public:
-            from ..kernels.sm90.sparse_public import Model1DecodePublicSm90
-            return Model1DecodePublicSm90(config)
-        from ..kernels.sm90.model1_decode import Model1DecodeSm90
-        return Model1DecodeSm90(config)
+def launcher(config: Model1DecodeConfig, device, *, page_size: int, page_size2: int, scale: float,
+             public: bool = False):
+    """The launch of the build for ``config`` as a function of :func:`decode_args`' tensors ``(q, pages, idx, lengths,
+    pages2, idx2, lengths2, o, lse, sink)``; ``public``: the unsplit build that takes o ``[B, s_q, H, 512]`` / lse
+    ``[B, H, s_q]`` as ``sparse_decode`` returns them (no view on the host path).  The build is looked up (compiled
+    the first time) on the first launch."""
+    scale_log2 = scale * math.log2(math.e)
+    fn = None
 
-    run_compiled((config, "public") if public else config, make_kernel, lambda: decode_args(*args, tvm_ffi=True),
-                 (*args[:11], args[11] * math.log2(math.e), args[12], raw_stream(args[0].device)))
+    def go(q, pages, idx, lengths, pages2, idx2, lengths2, o, lse, sink_t):
+        nonlocal fn
+        if fn is None:
+            def make_kernel():
+                if public:
+                    from ..kernels.sm90.sparse_public import Model1DecodePublicSm90
+                    return Model1DecodePublicSm90(config)
+                from ..kernels.sm90.model1_decode import Model1DecodeSm90
+                return Model1DecodeSm90(config)
+            fn = compiled((config, "public") if public else config, make_kernel,
+                          lambda: decode_args(q, pages, idx, lengths, pages2, idx2, lengths2, page_size, page_size2,
+                                              o, lse, scale, sink_t, tvm_ffi=True))
+        fn(q, pages, idx, lengths, pages2, idx2, lengths2, page_size, page_size2, o, lse, scale_log2, sink_t,
+           raw_stream(device))
+    return go
+
+
+def launch(config: Model1DecodeConfig, args: tuple, public: bool = False) -> None:
+    """One launch of the build for ``config`` on :func:`decode_args`' arguments (:func:`launcher`)."""
+    q, pages, idx, lengths, pages2, idx2, lengths2, page_size, page_size2, o, lse, scale, sink = args
+    launcher(config, q.device, page_size=page_size, page_size2=page_size2, scale=scale, public=public)(
+        q, pages, idx, lengths, pages2, idx2, lengths2, o, lse, sink)
 
 
 def _check_int32(name, t, shape: tuple, device_index: int) -> None:
@@ -87,32 +106,28 @@ def _check_int32(name, t, shape: tuple, device_index: int) -> None:
         raise ValueError(f"{name} must be contiguous from a 16-byte aligned start (strides {t.stride()})")
 
 
-_PLANS: dict = {}
+def _config(device, B: int, s_q: int, H: int, n_keys: int, num_splits, extra: bool, lengths: bool, lengths2: bool,
+            sink: bool):
+    """(config, splits) of one kind of call: the split count and the frozen build."""
+    n_tiles = -(-n_keys // 64)
+    if num_splits is None:
+        splits = decode_splits(B * s_q * H // HEADS_PER_CTA, n_tiles, device_facts(device)[1])
+    else:
+        splits = min(num_splits, n_tiles)
+    flags = dict(extra_cache=extra, topk_length=lengths, extra_topk_length=lengths2,
+                 head_pair_cluster=HEAD_PAIR_CLUSTER and H == 2 * HEADS_PER_CTA)
+    if splits == 1:
+        return cached_config(lambda: Model1DecodeConfig.for_decode(sink=sink, split_kv=False, **flags),
+                             "model1", sink, *flags.values()), 1
+    return cached_config(lambda: Model1DecodeConfig.for_decode(sink=False, split_kv=True, **flags),
+                         "model1 split", *flags.values()), splits
 
 
-def _plan(device, B: int, s_q: int, H: int, n_keys: int, num_splits, extra: bool, lengths: bool, lengths2: bool,
-          sink: bool):
-    """(config, splits, placeholders) of one kind of call, built once: the split count, the frozen build and the
-    stand-ins of the arguments the call leaves out."""
-    key = (device, B, s_q, H, n_keys, num_splits, extra, lengths, lengths2, sink)
-    plan = _PLANS.get(key)
-    if plan is None:
-        n_tiles = -(-n_keys // 64)
-        if num_splits is None:
-            splits = decode_splits(B * s_q * H // HEADS_PER_CTA, n_tiles, device_facts(device)[1])
-        else:
-            splits = min(num_splits, n_tiles)
-        flags = dict(extra_cache=extra, topk_length=lengths, extra_topk_length=lengths2,
-                     head_pair_cluster=HEAD_PAIR_CLUSTER and H == 2 * HEADS_PER_CTA)
-        if splits == 1:
-            config = cached_config(lambda: Model1DecodeConfig.for_decode(sink=sink, split_kv=False, **flags),
-                                   "model1", sink, *flags.values())
-        else:
-            config = cached_config(lambda: Model1DecodeConfig.for_decode(sink=False, split_kv=True, **flags),
-                                   "model1 split", *flags.values())
-        plan = _PLANS[key] = (config, splits, placeholder(device, "lengths"), placeholder(device, "indices"),
-                              placeholder(device, "cache"))
-    return plan
+def _cache_sig(cache):
+    """A cache argument in a plan's key: a Model1Cache by its pages and page size, a view as a tensor."""
+    if isinstance(cache, Model1Cache):
+        return Model1Cache, tensor_sig(cache.data), cache.page_size
+    return tensor_sig(cache)
 
 
 def sparse_decode(q, k_cache, indices, topk_length=None, *, extra_k_cache=None, extra_indices=None,
@@ -126,6 +141,24 @@ def sparse_decode(q, k_cache, indices, topk_length=None, *, extra_k_cache=None, 
     ``sink [H]`` fp32 once.  Returns ``out [B, s_q, H, 512]`` bf16 and with ``return_lse`` ``lse [B, H, s_q]`` fp32
     (natural log, sink excluded; -inf for a query without keys).  ``num_splits``: split each query's keys over that
     many CTAs (merged by LSE); ``None`` = heuristic."""
+    try:
+        key = ("sparse_decode", tensor_sig(q), _cache_sig(k_cache), tensor_sig(indices), tensor_sig(topk_length),
+               _cache_sig(extra_k_cache), tensor_sig(extra_indices), tensor_sig(extra_topk_length), tensor_sig(sink),
+               scale, return_lse, num_splits, type(num_splits))
+    except AttributeError:
+        key = None
+    plan = find_plan(key)
+    if plan is None:
+        plan = keep_plan(key, _decode_plan(q, k_cache, indices, topk_length, extra_k_cache=extra_k_cache,
+                                           extra_indices=extra_indices, extra_topk_length=extra_topk_length,
+                                           sink=sink, scale=scale, return_lse=return_lse, num_splits=num_splits))
+    return plan(q, k_cache, indices, topk_length, extra_k_cache, extra_indices, extra_topk_length, sink)
+
+
+def _decode_plan(q, k_cache, indices, topk_length, *, extra_k_cache, extra_indices, extra_topk_length, sink, scale,
+                 return_lse, num_splits):
+    """Validate one kind of :func:`sparse_decode` call and return its plan: a function of the call's tensors that
+    allocates the outputs and launches."""
     if not isinstance(q, torch.Tensor) or q.dtype != torch.bfloat16:
         raise TypeError(f"q must be a bf16 tensor, got {getattr(q, 'dtype', type(q))}")
     if q.dim() != 4 or q.shape[3] != HEAD_DIM:
@@ -164,25 +197,37 @@ def sparse_decode(q, k_cache, indices, topk_length=None, *, extra_k_cache=None, 
     scale = HEAD_DIM ** -0.5 if scale is None else float(scale)
 
     n_keys = indices.shape[2] + (extra_indices.shape[2] if extra else 0)
-    config, splits, no_lengths, no_indices, no_cache = _plan(device, B, s_q, H, n_keys, num_splits, extra,
-                                                             topk_length is not None, extra_topk_length is not None,
-                                                             sink is not None)
+    config, splits = _config(device, B, s_q, H, n_keys, num_splits, extra, topk_length is not None,
+                             extra_topk_length is not None, sink is not None)
+    no_lengths, no_indices, no_cache = (placeholder(device, name) for name in ("lengths", "indices", "cache"))
+    cache_object = isinstance(k_cache, Model1Cache)
+    extra_object = isinstance(extra_k_cache, Model1Cache)
     if not extra:
-        pages2, page_size2, extra_indices = no_cache, 1, no_indices
-    lengths = no_lengths if topk_length is None else topk_length
-    lengths2 = no_lengths if extra_topk_length is None else extra_topk_length
-    sink_t = sink_arg(sink, device)
+        page_size2 = 1
+    out_shape, lse_shape = (B, s_q, H, HEAD_DIM), (B, H, s_q)
     # the outputs as returned: the unsplit build takes them as they are (its split mode is added at trace time)
-    out = torch.empty(B, s_q, H, HEAD_DIM, dtype=torch.bfloat16, device=device)
-    lse = torch.empty(B, H, s_q, dtype=torch.float32, device=device)
-    with on_device(device):
-        if splits == 1:
-            launch(config, (q, pages, indices, lengths, pages2, extra_indices, lengths2, page_size, page_size2, out,
-                            lse, scale, sink_t), public=True)
+    go = launcher(config, device, page_size=page_size, page_size2=page_size2, scale=scale, public=splits == 1)
+    if splits > 1:
+        o_part, lse_part = workspace(splits, B, s_q, H, HEAD_DIM, device)
+        # PDL: the combine's launch hides behind the split kernel, which lets it go once past its main loop
+        combine = combine_launcher(HEAD_DIM, device, has_sink=sink is not None, pdl=True)
+
+    def run(q, k_cache, indices, topk_length, extra_k_cache, extra_indices, extra_topk_length, sink):
+        pages = k_cache.data if cache_object else cache_pages(k_cache)[0]
+        if extra:
+            pages2 = extra_k_cache.data if extra_object else cache_pages(extra_k_cache)[0]
         else:
-            o_part, lse_part = workspace(splits, B, s_q, H, HEAD_DIM, device)
-            launch(config, (q, pages, indices, lengths, pages2, extra_indices, lengths2, page_size, page_size2,
-                            o_part, lse_part, scale, sink_t))
-            # PDL: the combine's launch hides behind the split kernel, which lets it go once past its main loop
-            combine_partials(o_part, lse_part, out, lse, sink_t, has_sink=sink is not None, pdl=True)
-    return (out, lse) if return_lse else out
+            pages2, extra_indices = no_cache, no_indices
+        lengths = no_lengths if topk_length is None else topk_length
+        lengths2 = no_lengths if extra_topk_length is None else extra_topk_length
+        sink_t = sink_arg(sink, device)
+        out = torch.empty(out_shape, dtype=torch.bfloat16, device=device)
+        lse = torch.empty(lse_shape, dtype=torch.float32, device=device)
+        with on_device(device):
+            if splits == 1:
+                go(q, pages, indices, lengths, pages2, extra_indices, lengths2, out, lse, sink_t)
+            else:
+                go(q, pages, indices, lengths, pages2, extra_indices, lengths2, o_part, lse_part, sink_t)
+                combine(o_part, lse_part, out, lse, sink_t)
+        return (out, lse) if return_lse else out
+    return run

@@ -66,7 +66,36 @@ def rows_dynamic(t: torch.Tensor, static_modes: tuple[int, ...] = (), align: int
     return ct
 
 
-_COMPILED: dict = {}
+_PLANS: dict = {}
+MAX_PLANS = 4096
+
+
+class _Builds(dict):
+    """The compiled functions by build key.  Any change (a new build, a script swapping or clearing builds) forgets
+    every call plan, because a plan holds the functions it launches."""
+
+    def __setitem__(self, key, fn):
+        super().__setitem__(key, fn)
+        _PLANS.clear()
+
+    def __delitem__(self, key):
+        super().__delitem__(key)
+        _PLANS.clear()
+
+    def update(self, *args, **kwargs):
+        super().update(*args, **kwargs)
+        _PLANS.clear()
+
+    def clear(self):
+        super().clear()
+        _PLANS.clear()
+
+    def pop(self, *args):
+        _PLANS.clear()
+        return super().pop(*args)
+
+
+_COMPILED: dict = _Builds()
 _CONFIGS: dict = {}
 
 
@@ -78,21 +107,66 @@ def cached_config(make: Callable, *key):
     return config
 
 
-def run_compiled(key, make_kernel: Callable, compile_args: Callable[[], tuple], call_args: tuple,
-                 arch: str = "sm_90a") -> None:
-    """Launch the kernel ``make_kernel()`` built for ``key`` with ``call_args`` (torch tensors, Python numbers, the
-    raw stream).  The first call of a key compiles it as a TVM-FFI function from ``compile_args()`` (CuTe tensors of
-    the same torch tensors, ``tvm_ffi=True``); every extent the build leaves dynamic may differ in later calls.  The
-    key names the build and whatever of the arguments the compile bakes in that can change between calls (a
-    tensor's 16-byte alignment)."""
+def compiled(key, make_kernel: Callable, compile_args: Callable[[], tuple], arch: str = "sm_90a"):
+    """The function of the kernel ``make_kernel()`` built for ``key``, called with torch tensors, Python numbers and
+    the raw stream.  The first request of a key compiles it as a TVM-FFI function from ``compile_args()`` (CuTe
+    tensors of the same torch tensors, ``tvm_ffi=True``); every extent the build leaves dynamic may differ in later
+    calls.  The key names the build and whatever of the arguments the compile bakes in that can change between calls
+    (a tensor's 16-byte alignment)."""
     fn = _COMPILED.get(key)
     if fn is None:
         import cutlass.cute as cute
-        compiled = cute.compile(make_kernel(), *compile_args(), options=f"--gpu-arch {arch} --enable-tvm-ffi")
+        build = cute.compile(make_kernel(), *compile_args(), options=f"--gpu-arch {arch} --enable-tvm-ffi")
         # the tvm_ffi.Function itself: every argument is passed positionally (none left to a default), so the
         # Python keyword wrapper CuTeDSL puts in front of it has nothing to do
-        fn = _COMPILED[key] = getattr(compiled, "_tvm_ffi_function", None) or compiled
-    fn(*call_args)
+        fn = _COMPILED[key] = getattr(build, "_tvm_ffi_function", None) or build
+    return fn
+
+
+def run_compiled(key, make_kernel: Callable, compile_args: Callable[[], tuple], call_args: tuple,
+                 arch: str = "sm_90a") -> None:
+    """Launch the build of ``key`` (:func:`compiled`) with ``call_args``."""
+    compiled(key, make_kernel, compile_args, arch)(*call_args)
+
+
+# ---- call plans: the host path of a repeated call (issue #28) ----
+# A public function validates a call and works out what to launch (config, split count, output shapes, placeholders,
+# the compiled functions) once per *kind* of call, and keeps that as a plan: a function of the call's tensors that
+# allocates the outputs and launches.  The plan's key holds everything the validation read: each tensor argument's
+# shape, strides, dtype, device and 16-byte alignment, and every option as passed (with the types of the integer
+# options, so ``True`` is not taken for ``1``).  A call whose key is known skips straight to its plan; any other call
+# (a new shape, a bad argument, something unhashable) takes the full path, which raises or makes the plan.  What a
+# key cannot hold (two arguments being the same tensor) the plan checks itself.
+
+def tensor_sig(t):
+    """What a plan depends on of a tensor argument (``None`` stays ``None``); AttributeError for a non-tensor."""
+    if t is None:
+        return None
+    return t.shape, t.stride(), t.dtype, t.get_device(), t.data_ptr() & 15
+
+
+def find_plan(key):
+    """The plan of ``key``, or None (unknown, or a key that cannot be hashed: the full path explains the argument)."""
+    try:
+        return _PLANS.get(key)
+    except TypeError:
+        return None
+
+
+def keep_plan(key, plan):
+    """Remember ``plan`` under ``key`` (when the key can be hashed) and return it."""
+    if key is not None:
+        if len(_PLANS) >= MAX_PLANS:
+            _PLANS.clear()
+        try:
+            _PLANS[key] = plan
+        except TypeError:
+            pass
+    return plan
+
+
+def forget_plans() -> None:
+    _PLANS.clear()
 
 
 _NO_GUARD = contextlib.nullcontext()

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from .launch import amax_tensor, capability, device_facts, on_device, raw_stream, rows_dynamic, run_compiled, stream_arg
+from .launch import (amax_tensor, capability, compiled, device_facts, find_plan, keep_plan, on_device, raw_stream,
+                     rows_dynamic, stream_arg, tensor_sig)
 from ..reference import quant as ref
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -62,35 +63,58 @@ def quantize_nvfp4(x, global_amax=None, *, swizzle: bool = False, _depth=None, _
     ``global_amax``: a static amax; by default ``max|x|`` (one extra torch reduction).  ``_depth`` (tiles in
     flight per thread), ``_ctas_per_sm`` (grid cap; 0: no cap), ``_encoder`` (``"lines"`` / ``"magic"``) and ``_encode=False`` (same memory traffic, no
     quantization: wrong bytes) are benchmark knobs."""
+    try:          # a tensor amax is read on the GPU every call; a number is part of the plan
+        amax_key = tensor_sig(global_amax) if isinstance(global_amax, torch.Tensor) else (global_amax, type(global_amax))
+        key = ("quantize_nvfp4", tensor_sig(x), amax_key, swizzle, _depth, _ctas_per_sm, _encode, _encoder)
+    except AttributeError:
+        key = None
+    plan = find_plan(key)
+    if plan is None:
+        plan = keep_plan(key, _quantize_plan(x, global_amax, swizzle=swizzle, depth=_depth, ctas_per_sm=_ctas_per_sm,
+                                             encode=_encode, encoder=_encoder))
+    return plan(x, global_amax)
+
+
+def _quantize_plan(x, global_amax, *, swizzle, depth, ctas_per_sm, encode, encoder):
     _validate(x)
-    arch = nvfp4_arch(x.device, "quantize_nvfp4")
-    x = x.contiguous()
-    if x.data_ptr() % 16:
-        x = x.clone()                                          # a block's 16 values load as whole vectors
+    device = x.device
+    arch = nvfp4_arch(device, "quantize_nvfp4")
     M, K = x.shape
-    if global_amax is None:
-        amax = torch.linalg.vector_norm(x, float("inf"), dtype=torch.float32)      # max |x|, one reduction
-    else:
-        amax = amax_tensor(global_amax, x.device)
+    if global_amax is not None:
+        amax = amax_tensor(global_amax, device)
         if amax.numel() != 1:
             raise ValueError(f"global_amax must be a scalar, got shape {tuple(amax.shape)}")
-    # the outputs as returned: the build takes the matrices and makes its block views itself (no torch view here)
-    data = torch.empty(M, K // 2, dtype=torch.uint8, device=x.device)
-    scale_bytes = torch.empty(M, K // 16, dtype=torch.uint8, device=x.device)     # e4m3 bits
-    s_dec = torch.empty(1, dtype=torch.float32, device=x.device)                  # the kernel writes S_dec
-    tensors = (x, data, scale_bytes, amax if amax.dim() == 1 else amax.view(1), s_dec)
+    fixed_amax = None if global_amax is None or isinstance(global_amax, torch.Tensor) else amax.view(1)
     from ..kernels import nvfp4 as nvfp4_kernels
-    depth = _depth or (nvfp4_kernels.DEPTH_FP32 if x.dtype == torch.float32 else nvfp4_kernels.DEPTH)
-    max_ctas = (nvfp4_kernels.CTAS_PER_SM if _ctas_per_sm is None else _ctas_per_sm) * device_facts(x.device)[1]
-    encoder = _encoder or nvfp4_kernels.ENCODER
+    depth = depth or (nvfp4_kernels.DEPTH_FP32 if x.dtype == torch.float32 else nvfp4_kernels.DEPTH)
+    max_ctas = (nvfp4_kernels.CTAS_PER_SM if ctas_per_sm is None else ctas_per_sm) * device_facts(device)[1]
+    encoder = encoder or nvfp4_kernels.ENCODER
     make_kernel = lambda: nvfp4_kernels.NVFP4QuantizeMatrixKernel(hardware_cvt=arch == "sm_100a", depth=depth,
-                                                                  max_ctas=max_ctas, encode=_encode, encoder=encoder)
-    with on_device(x.device):
-        run_compiled(("quantize", x.dtype, arch, depth, max_ctas, _encode, encoder), make_kernel,
-                     lambda: matrix_args(*tensors, tvm_ffi=True), (*tensors, raw_stream(x.device)), arch=arch)
-    if swizzle:
-        scale_bytes = ref.swizzle_scales(scale_bytes)
-    return data, scale_bytes, s_dec.view(())
+                                                                  max_ctas=max_ctas, encode=encode, encoder=encoder)
+    build = ("quantize", x.dtype, arch, depth, max_ctas, encode, encoder)
+
+    def run(x, global_amax):
+        x = x.contiguous()
+        if x.data_ptr() % 16:
+            x = x.clone()                                      # a block's 16 values load as whole vectors
+        if fixed_amax is not None:
+            amax = fixed_amax
+        elif global_amax is None:
+            amax = torch.linalg.vector_norm(x, float("inf"), dtype=torch.float32).view(1)   # max |x|, one reduction
+        else:
+            amax = amax_tensor(global_amax, device).view(1)
+        # the outputs as returned: the build takes the matrices and makes its block views itself (no torch view)
+        data = torch.empty(M, K // 2, dtype=torch.uint8, device=device)
+        scale_bytes = torch.empty(M, K // 16, dtype=torch.uint8, device=device)     # e4m3 bits
+        s_dec = torch.empty(1, dtype=torch.float32, device=device)                  # the kernel writes S_dec
+        tensors = (x, data, scale_bytes, amax, s_dec)
+        with on_device(device):
+            compiled(build, make_kernel, lambda: matrix_args(*tensors, tvm_ffi=True), arch=arch)(
+                *tensors, raw_stream(device))
+        if swizzle:
+            scale_bytes = ref.swizzle_scales(scale_bytes)
+        return data, scale_bytes, s_dec.view(())
+    return run
 
 
 _OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -121,6 +145,19 @@ def dequantize_nvfp4(data, scales, global_scale, out_dtype=torch.bfloat16):
     reference.  ``data`` uint8 ``[M, K/2]``, ``scales`` uint8 ``[M, K/16]`` (the plain layout, not swizzled),
     ``global_scale`` a scalar (Python number or one-element tensor, e.g. the third output of
     :func:`quantize_nvfp4`)."""
+    try:          # a tensor global scale is read on the GPU every call; a number is part of the plan
+        gs_key = tensor_sig(global_scale) if isinstance(global_scale, torch.Tensor) else (global_scale,
+                                                                                         type(global_scale))
+        key = ("dequantize_nvfp4", tensor_sig(data), tensor_sig(scales), gs_key, out_dtype)
+    except AttributeError:
+        key = None
+    plan = find_plan(key)
+    if plan is None:
+        plan = keep_plan(key, _dequantize_plan(data, scales, global_scale, out_dtype))
+    return plan(data, scales, global_scale)
+
+
+def _dequantize_plan(data, scales, global_scale, out_dtype):
     if not isinstance(data, torch.Tensor) or not isinstance(scales, torch.Tensor):
         raise TypeError("data and scales must be torch tensors")
     if data.dtype != torch.uint8 or scales.dtype != torch.uint8:
@@ -134,24 +171,30 @@ def dequantize_nvfp4(data, scales, global_scale, out_dtype=torch.bfloat16):
     if data.device != scales.device:
         raise ValueError(f"data and scales must be on the same device, got {data.device} and {scales.device}")
     if not data.is_cuda:
-        return ref.nvfp4_dequantize(data, scales, global_scale, out_dtype=out_dtype)
-    gs = amax_tensor(global_scale, data.device)
+        return lambda data, scales, global_scale: ref.nvfp4_dequantize(data, scales, global_scale,
+                                                                        out_dtype=out_dtype)
+    device = data.device
+    gs = amax_tensor(global_scale, device)
     if gs.numel() != 1:
         raise ValueError(f"global_scale must be a scalar, got shape {tuple(gs.shape)}")
-    arch = nvfp4_arch(data.device, "dequantize_nvfp4")
+    fixed_gs = None if isinstance(global_scale, torch.Tensor) else gs.view(1)
+    arch = nvfp4_arch(device, "dequantize_nvfp4")
     M, half_k = data.shape
-    data = data.contiguous()
-    if data.data_ptr() % 8:
-        data = data.clone()                                    # the kernel loads a block's 8 bytes as one vector
-    y = torch.empty(M, half_k * 2, dtype=out_dtype, device=data.device)
-    # the caller's matrices as they are: the build makes its block views itself (no torch view here)
-    tensors = (data, scales.contiguous(), gs if gs.dim() == 1 else gs.view(1), y)
 
     def make_kernel():
         from ..kernels.nvfp4 import NVFP4DequantizeMatrixKernel
         return NVFP4DequantizeMatrixKernel()
 
-    with on_device(data.device):
-        run_compiled(("dequantize", out_dtype, arch), make_kernel, lambda: dequantize_matrix_args(*tensors, tvm_ffi=True),
-                     (*tensors, raw_stream(data.device)), arch=arch)
-    return y
+    def run(data, scales, global_scale):
+        data = data.contiguous()
+        if data.data_ptr() % 8:
+            data = data.clone()                                # the kernel loads a block's 8 bytes as one vector
+        gs = fixed_gs if fixed_gs is not None else amax_tensor(global_scale, device).view(1)
+        y = torch.empty(M, half_k * 2, dtype=out_dtype, device=device)
+        # the caller's matrices as they are: the build makes its block views itself (no torch view here)
+        tensors = (data, scales.contiguous(), gs, y)
+        with on_device(device):
+            compiled(("dequantize", out_dtype, arch), make_kernel,
+                     lambda: dequantize_matrix_args(*tensors, tvm_ffi=True), arch=arch)(*tensors, raw_stream(device))
+        return y
+    return run

@@ -11,9 +11,9 @@ import torch
 
 from ..kernels.sm90.config import SparseFwdConfig
 from .attention import check_sink
-from .combine import combine_partials
-from .launch import (cached_config, check_hopper, check_num_splits, device_facts, on_device, placeholder, raw_stream, rows_dynamic,
-                     run_compiled, sink_arg, stream_arg, workspace)
+from .combine import combine_launcher
+from .launch import (cached_config, check_hopper, check_num_splits, compiled, device_facts, find_plan, keep_plan, on_device,
+                     placeholder, raw_stream, rows_dynamic, sink_arg, stream_arg, tensor_sig, workspace)
 
 HEAD_DIM = 512
 HEADS_PER_CTA = 64
@@ -53,21 +53,34 @@ def fake_args(gather: bool = True, split_kv: bool = False):
                        torch.empty(2 if split_kv else 1, 1, 64, 3, dtype=torch.float32), torch.empty(64), 1.0, 0)
 
 
-def launch(config: SparseFwdConfig, q4, kv3, idx3, o, lse, sink_t, *, scale: float, window, public: bool = False) -> None:
-    """One launch of the build for ``config``: batched tensors (:func:`kernel_args`), or with ``public`` the
-    caller's unbatched ones (``sparse_attention``: no torch view on the host path, issue #28)."""
-    def make_kernel():
-        if public:
-            from ..kernels.sm90.sparse_public import SparseAttentionPublicSm90
-            return SparseAttentionPublicSm90(config)
-        from ..kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
-        return SparseAttentionForwardSm90(config)
+def launcher(config: SparseFwdConfig, device, *, scale: float, window, public: bool = False):
+    """The launch of the build for ``config`` as a function of ``(q, kv, idx, o, lse, sink_t)``: batched tensors
+    (:func:`kernel_args`), or with ``public`` the caller's unbatched ones (``sparse_attention``: no torch view on the
+    host path, issue #28).  Every tensor is contiguous from a 16-byte aligned start (checked, or made here), so the
+    build needs no alignment key; the compiled function checks it again.  The build is looked up (compiled the first
+    time) on the first launch."""
+    scale_log2 = scale * math.log2(math.e)
+    win = window or 0
+    fn = None
 
-    # every tensor is contiguous from a 16-byte aligned start (checked, or made here), so the build needs no
-    # alignment key; the compiled function checks it again
-    run_compiled((config, "public") if public else config, make_kernel,
-                 lambda: kernel_args(q4, kv3, idx3, o, lse, sink_t, scale, window or 0, tvm_ffi=True),
-                 (q4, kv3, idx3, o, lse, scale * math.log2(math.e), window or 0, sink_t, raw_stream(q4.device)))
+    def go(q4, kv3, idx3, o, lse, sink_t):
+        nonlocal fn
+        if fn is None:
+            def make_kernel():
+                if public:
+                    from ..kernels.sm90.sparse_public import SparseAttentionPublicSm90
+                    return SparseAttentionPublicSm90(config)
+                from ..kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
+                return SparseAttentionForwardSm90(config)
+            fn = compiled((config, "public") if public else config, make_kernel,
+                          lambda: kernel_args(q4, kv3, idx3, o, lse, sink_t, scale, win, tvm_ffi=True))
+        fn(q4, kv3, idx3, o, lse, scale_log2, win, sink_t, raw_stream(device))
+    return go
+
+
+def launch(config: SparseFwdConfig, q4, kv3, idx3, o, lse, sink_t, *, scale: float, window, public: bool = False) -> None:
+    """One launch of the build for ``config`` (:func:`launcher`)."""
+    launcher(config, q4.device, scale=scale, window=window, public=public)(q4, kv3, idx3, o, lse, sink_t)
 
 
 _ACTIVE_CLUSTERS: dict[tuple, int] = {}
@@ -127,41 +140,46 @@ def choose_splits(num_splits, batch_ctas: int, n_keys: int, device, gather: bool
     return min(num_splits, n_tiles)                      # documented clamp: at least one key tile per split
 
 
-def _run(q4, kv3, idx3, *, gather, causal, window, sink, scale, num_splits, public=False):
-    """q4 (B, Sq, H, 512), kv3 (B, Skv, 512), idx3 (B, Sq, K) or None → out (1, B, Sq, H, 512), lse (1, B, H, Sq)
-    (the kernel's own (splits = 1, ...) shapes: the callers take the views they return in one indexing each).
-    ``public``: ``sparse_attention``'s unbatched q [Sq, H, 512], kv [Skv, 512], idx [Sq, K] → out [Sq, H, 512],
-    lse [H, Sq], through the public build (no view of the caller's tensors, none of the outputs)."""
-    if public:
-        (Sq, H, _), B = q4.shape, 1
-    else:
-        B, Sq, H, _ = q4.shape
-    device = q4.device
-    sink_t = sink_arg(sink, device)
-    idx = idx3 if gather else placeholder(device, "indices")
+def _runner(B: int, Sq: int, H: int, device, *, gather, causal, window, with_sink: bool, scale, num_splits,
+            public=False):
+    """The launches of one kind of call as a function of ``(q4, kv3, idx3, sink)``: q4 (B, Sq, H, 512), kv3 (B, Skv,
+    512), idx3 (B, Sq, K) or None → out (1, B, Sq, H, 512), lse (1, B, H, Sq) (the kernel's own (splits = 1, ...)
+    shapes: the callers take the views they return in one indexing each).  ``public``: ``sparse_attention``'s
+    unbatched q [Sq, H, 512], kv [Skv, 512], idx [Sq, K] → out [Sq, H, 512], lse [H, Sq], through the public build
+    (no view of the caller's tensors, none of the outputs)."""
+    no_idx = placeholder(device, "indices")
     lead = () if public else (1, B)
-    out = torch.empty(*lead, Sq, H, HEAD_DIM, dtype=torch.bfloat16, device=device)
-    lse = torch.empty(*lead, H, Sq, dtype=torch.float32, device=device)
     window_on = window is not None
-    with on_device(device):
-        if num_splits == 1:
-            config = cached_config(lambda: SparseFwdConfig.for_problem(gather=gather, causal=causal, window=window_on,
-                                                                       sink=sink is not None),
-                                   "sparse", gather, causal, window_on, sink is not None)
-            launch(config, q4, kv3, idx, out, lse, sink_t, scale=scale, window=window, public=public)
-        else:
-            cluster = cluster_for(num_splits, gather)
-            config = cached_config(lambda: SparseFwdConfig.for_problem(gather=gather, causal=causal, window=window_on,
-                                                                       split_kv=True, cluster_splits=cluster),
-                                   "sparse split", gather, causal, window_on, cluster)
-            o_part, lse_part = workspace(num_splits // cluster, B, Sq, H, HEAD_DIM, device)
-            launch(config, q4, kv3, idx, o_part, lse_part, sink_t, scale=scale, window=window, public=public)
-            # the combine takes (B, Sq, H, D) / (B, H, Sq): a split call launches twice anyway.  PDL behind a cluster
-            # split and behind the gathered (paired) split, whose CTAs let it go once past their main loops
-            combine_partials(o_part, lse_part, out.unsqueeze(0) if public else out[0],
-                             lse.unsqueeze(0) if public else lse[0], sink_t, has_sink=sink is not None,
-                             pdl=cluster > 1 or gather)
-    return out, lse
+    if num_splits == 1:
+        config = cached_config(lambda: SparseFwdConfig.for_problem(gather=gather, causal=causal, window=window_on,
+                                                                   sink=with_sink),
+                               "sparse", gather, causal, window_on, with_sink)
+        go = launcher(config, device, scale=scale, window=window, public=public)
+    else:
+        cluster = cluster_for(num_splits, gather)
+        config = cached_config(lambda: SparseFwdConfig.for_problem(gather=gather, causal=causal, window=window_on,
+                                                                   split_kv=True, cluster_splits=cluster),
+                               "sparse split", gather, causal, window_on, cluster)
+        o_part, lse_part = workspace(num_splits // cluster, B, Sq, H, HEAD_DIM, device)
+        go = launcher(config, device, scale=scale, window=window, public=public)
+        # the combine takes (B, Sq, H, D) / (B, H, Sq): a split call launches twice anyway.  PDL behind a cluster
+        # split and behind the gathered (paired) split, whose CTAs let it go once past their main loops
+        combine = combine_launcher(HEAD_DIM, device, has_sink=with_sink, pdl=cluster > 1 or gather)
+
+    def run(q4, kv3, idx3, sink):
+        sink_t = sink_arg(sink, device)
+        idx = idx3 if gather else no_idx
+        out = torch.empty(*lead, Sq, H, HEAD_DIM, dtype=torch.bfloat16, device=device)
+        lse = torch.empty(*lead, H, Sq, dtype=torch.float32, device=device)
+        with on_device(device):
+            if num_splits == 1:
+                go(q4, kv3, idx, out, lse, sink_t)
+            else:
+                go(q4, kv3, idx, o_part, lse_part, sink_t)
+                combine(o_part, lse_part, out.unsqueeze(0) if public else out[0],
+                        lse.unsqueeze(0) if public else lse[0], sink_t)
+        return out, lse
+    return run
 
 
 def _check_kind(name, t, dims, dtype=torch.bfloat16):
@@ -192,6 +210,19 @@ def sparse_attention(q, kv, indices, *, scale=None, sink=None, return_lse=False,
     Returns ``out [Sq, H, 512]`` bf16 and with ``return_lse`` ``lse [Sq, H]`` fp32 (sink excluded).
     ``num_splits``: split each query's key list over that many CTAs (decode), merged by LSE; ``None`` =
     heuristic, ``1`` = no split, clamped to the number of 64-key tiles."""
+    try:
+        key = ("sparse_attention", tensor_sig(q), tensor_sig(kv), tensor_sig(indices), tensor_sig(sink), scale,
+               return_lse, num_splits, type(num_splits))
+    except AttributeError:
+        key = None
+    plan = find_plan(key)
+    if plan is None:
+        plan = keep_plan(key, _sparse_plan(q, kv, indices, scale=scale, sink=sink, return_lse=return_lse,
+                                           num_splits=num_splits))
+    return plan(q, kv, indices, sink)
+
+
+def _sparse_plan(q, kv, indices, *, scale, sink, return_lse, num_splits):
     _check_kind("q", q, 3)
     _check_kind("kv", kv, 2)
     if not isinstance(indices, torch.Tensor) or indices.dtype != torch.int32:
@@ -213,14 +244,19 @@ def sparse_attention(q, kv, indices, *, scale=None, sink=None, return_lse=False,
     check_hopper(q.device, "sparse_attention")
     scale = D ** -0.5 if scale is None else float(scale)
     splits = choose_splits(num_splits, Sq * H // HEADS_PER_CTA, indices.shape[1], q.device, gather=True)
-    out, lse = _run(q, kv, indices, gather=True, causal=False, window=None, sink=sink, scale=scale,
-                    num_splits=splits, public=True)
-    return (out, lse.t()) if return_lse else out
+    run = _runner(1, Sq, H, q.device, gather=True, causal=False, window=None, with_sink=sink is not None,
+                  scale=scale, num_splits=splits, public=True)
+
+    def run_sparse(q, kv, indices, sink):
+        out, lse = run(q, kv, indices, sink)
+        return (out, lse.t()) if return_lse else out
+    return run_sparse
 
 
-def mqa512_attention(q, kv, *, scale=None, causal=False, window=None, sink=None, num_splits=None):
-    """hd512 MQA with K = V (``dsv4lib.attention`` routes here): q ``[B, Sq, H, 512]``, kv ``[B, Skv, 512]``.
-    Returns ``(out [B, Sq, H, 512], lse [B, H, Sq])``."""
+def mqa512_plan(q, kv, *, scale=None, causal=False, window=None, sink=None, num_splits=None):
+    """hd512 MQA with K = V (``dsv4lib.attention`` routes here, validated there but for what follows): the plan of
+    q ``[B, Sq, H, 512]``, kv ``[B, Skv, 512]`` as a function of ``(q, kv, sink)`` → ``(out [B, Sq, H, 512], lse
+    [B, H, Sq])``."""
     B, Sq, H, D = q.shape
     _check_heads(H)
     check_sink(sink, H, q.device)
@@ -229,9 +265,13 @@ def mqa512_attention(q, kv, *, scale=None, causal=False, window=None, sink=None,
     scale = D ** -0.5 if scale is None else float(scale)
     splits = choose_splits(num_splits, B * Sq * H // HEADS_PER_CTA, min(kv.shape[1], window or kv.shape[1]),
                            q.device, gather=False)
-    out, lse = _run(q, kv, None, gather=False, causal=bool(causal), window=window, sink=sink, scale=scale,
-                    num_splits=splits)
-    return out[0], lse[0]
+    run = _runner(B, Sq, H, q.device, gather=False, causal=bool(causal), window=window, with_sink=sink is not None,
+                  scale=scale, num_splits=splits)
+
+    def run_mqa(q, kv, sink):
+        out, lse = run(q, kv, None, sink)
+        return out[0], lse[0]
+    return run_mqa
 
 
 def gather_roof(q, kv, indices, *, schedule: str = "paired"):
