@@ -32,3 +32,13 @@ def poison_gpu_outputs(request):
     from gpu_checks import poisoned_outputs
     with poisoned_outputs():
         yield
+
+
+@pytest.fixture(autouse=True)
+def fresh_call_plans():
+    """Every test starts and ends with no call plan (``dsv4lib.ops.launch``): a plan fixes the tuning constants and
+    configs it was made with, so one test's monkeypatches never reach another test through a plan."""
+    from dsv4lib.ops import launch
+    launch.forget_plans()
+    yield
+    launch.forget_plans()

@@ -184,6 +184,7 @@ def test_persistent_ctas_match_the_reference(B, Sq, Sk, H, Hkv, D, window, causa
     from _builds import run_config
     from dsv4lib.kernels.sm90.config import Sm90FwdConfig
     from dsv4lib.ops.attention import pack_factor, work_counters
+    from dsv4lib.ops.launch import raw_stream
     config = Sm90FwdConfig.for_problem(D, causal=causal, window=window, sink=True, pack_gqa=pack_factor(None, H, Hkv),
                                        gpu_name="H200")
     config = config.replace(persistent=True, dynamic_schedule=dynamic)
@@ -198,7 +199,7 @@ def test_persistent_ctas_match_the_reference(B, Sq, Sk, H, Hkv, D, window, causa
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             out, lse = run_config(config, q, k, v, window=window, sink=sink)
-            counters = work_counters(q.device) if dynamic else None
+            counters = work_counters(q.device, raw_stream(q.device)) if dynamic else None
         torch.cuda.synchronize()
         check_matches(out, lse, ref, ref_lse, empty_rows_exact=True)
         if dynamic:

@@ -226,6 +226,7 @@ def schedule(request, monkeypatch):
         return config
     monkeypatch.setattr(SparseFwdConfig, "for_problem", classmethod(for_problem))
     monkeypatch.setattr(launch, "_CONFIGS", {})
+    launch.forget_plans()                      # and no call plan made with another schedule's build
     yield request.param
     assert built, "no config was built under the schedule fixture"
 
@@ -297,7 +298,9 @@ def test_cluster_reduced_partials_match_the_reference(monkeypatch, B, Sq, H, Skv
     """Split-KV whose C splits merge on chip through DSMEM (``cluster_splits``) vs float64 and vs the plain split
     path (every partial to global): the same answer up to bf16 rounding of a different summation order."""
     import dsv4lib.ops.sparse as sparse
+    from dsv4lib.ops import launch
     monkeypatch.setattr(sparse, "CLUSTER_SPLITS", cluster)
+    launch.forget_plans()
     gen = torch.Generator().manual_seed(fresh_seed())
     q = torch.randn(B, Sq, H, 512, generator=gen).to("cuda", torch.bfloat16)
     kv = torch.randn(B, Skv, 1, 512, generator=gen).to("cuda", torch.bfloat16)
@@ -314,6 +317,7 @@ def test_cluster_reduced_partials_match_the_reference(monkeypatch, B, Sq, H, Skv
     check_output(out, ref)
     torch.testing.assert_close(lse.double(), ref_lse, atol=2e-3, rtol=1e-4)
     monkeypatch.setattr(sparse, "CLUSTER_SPLITS", 1)
+    launch.forget_plans()                      # the first call's plan holds the clustered build
     plain, plain_lse = dsv4lib.attention(q, kv, kv, window=window, sink=sink, return_lse=True, num_splits=used)
     torch.cuda.synchronize()
     check_output(plain, ref)

@@ -254,13 +254,16 @@ def test_call_plan_keys_hold_what_validation_reads():
     assert ("x", (1,)) not in launch._PLANS
 
 
-def test_a_new_build_or_a_swapped_one_forgets_every_plan():
-    """Plans hold the compiled functions they launch: any change of the builds (a new one, a script stubbing or
-    clearing them) drops every plan, so none launches a function that is no longer the build of its key."""
+def test_a_swapped_build_forgets_every_plan():
+    """Plans hold the compiled functions they launch: replacing or removing a build (a script stubbing, swapping or
+    clearing them) drops every plan, so none launches a function that is no longer the build of its key; a new
+    build (another kind of call compiling) leaves the plans be."""
     from dsv4lib.ops import launch
     launch.keep_plan(("probe",), print)
     assert launch.find_plan(("probe",)) is print
     launch._COMPILED[("probe build",)] = print
+    assert launch.find_plan(("probe",)) is print
+    launch._COMPILED[("probe build",)] = len
     assert launch.find_plan(("probe",)) is None
     launch.keep_plan(("probe",), print)
     launch._COMPILED.update({("probe build",): len})

@@ -71,12 +71,13 @@ MAX_PLANS = 4096
 
 
 class _Builds(dict):
-    """The compiled functions by build key.  Any change (a new build, a script swapping or clearing builds) forgets
-    every call plan, because a plan holds the functions it launches."""
+    """The compiled functions by build key.  Replacing or removing a build (a script stubbing, swapping or clearing
+    builds) forgets every call plan, because a plan holds the functions it launches; a new build leaves them be."""
 
     def __setitem__(self, key, fn):
+        if key in self:
+            _PLANS.clear()
         super().__setitem__(key, fn)
-        _PLANS.clear()
 
     def __delitem__(self, key):
         super().__delitem__(key)
@@ -136,7 +137,9 @@ def run_compiled(key, make_kernel: Callable, compile_args: Callable[[], tuple], 
 # shape, strides, dtype, device and 16-byte alignment, and every option as passed (with the types of the integer
 # options, so ``True`` is not taken for ``1``).  A call whose key is known skips straight to its plan; any other call
 # (a new shape, a bad argument, something unhashable) takes the full path, which raises or makes the plan.  What a
-# key cannot hold (two arguments being the same tensor) the plan checks itself.
+# key cannot hold (two arguments being the same tensor) the plan checks itself.  What a plan reads of the library's
+# tuning constants (split rules, ``CLUSTER_SPLITS``, ``HEAD_PAIR_CLUSTER``, ...) is fixed when it is made: whoever
+# changes one at run time calls :func:`forget_plans` (tests and probes do).
 
 def tensor_sig(t):
     """What a plan depends on of a tensor argument (``None`` stays ``None``); AttributeError for a non-tensor."""
