@@ -106,13 +106,25 @@ def _check_tvm_ffi_launches(monkeypatch):
     # sparse_attention's public build: the caller's unbatched tensors, unsplit and into the split workspace
     reaches_launch(lambda: sparse.launch(SparseFwdConfig.for_problem(gather=True, sink=True), q4[0], kv[0], idx[0],
                                          torch.empty(2, 64, 512, dtype=torch.bfloat16), torch.empty(64, 2), sink64,
-                                         scale=0.05, window=None, public=True))
+                                         scale=0.05, window=None, public="sparse"))
     reaches_launch(lambda: sparse.launch(SparseFwdConfig.for_problem(gather=True, split_kv=True), q4[0], kv[0], idx[0],
-                                         o_part, lse_part, sink64, scale=0.05, window=None, public=True))
+                                         o_part, lse_part, sink64, scale=0.05, window=None, public="sparse"))
     with pytest.raises((ValueError, TypeError)):             # the public build's q has no batch mode
         sparse.launch(SparseFwdConfig.for_problem(gather=True, sink=True), q4, kv[0], idx[0],
                       torch.empty(2, 64, 512, dtype=torch.bfloat16), torch.empty(64, 2), sink64, scale=0.05,
-                      window=None, public=True)
+                      window=None, public="sparse")
+    # attention's head-dim-512 build: the caller's k [B, Skv, 1, 512], the outputs as returned (unsplit) or the
+    # split workspace (dense keys: the index list is the placeholder)
+    k4, no_idx = bf(1, 100, 1, 512), torch.full((1, 1, 1), -1, dtype=torch.int32)
+    reaches_launch(lambda: sparse.launch(SparseFwdConfig.for_problem(gather=False, causal=True, sink=True), q4, k4,
+                                         no_idx, torch.empty(1, 2, 64, 512, dtype=torch.bfloat16),
+                                         torch.empty(1, 64, 2), sink64, scale=0.05, window=None, public="mqa"))
+    reaches_launch(lambda: sparse.launch(SparseFwdConfig.for_problem(gather=False, split_kv=True), q4, k4, no_idx,
+                                         o_part, lse_part, sink64, scale=0.05, window=None, public="mqa"))
+    with pytest.raises((ValueError, TypeError)):             # a k with two heads: the build's static unit mode
+        sparse.launch(SparseFwdConfig.for_problem(gather=False, causal=True, sink=True), q4, bf(1, 100, 2, 512),
+                      no_idx, torch.empty(1, 2, 64, 512, dtype=torch.bfloat16), torch.empty(1, 64, 2), sink64,
+                      scale=0.05, window=None, public="mqa")
     out, lse = torch.empty(1, 2, 64, 512, dtype=torch.bfloat16), torch.empty(1, 64, 2)
     reaches_launch(lambda: combine.combine_partials(o_part, lse_part, out, lse, sink64, has_sink=True))
     with pytest.raises((ValueError, TypeError)):             # the build's own check: fp32 partials, not bf16

@@ -69,6 +69,37 @@ def test_sparse_attention_build_is_the_batched_builds_device_code(split_kv):
 
 
 @pytest.mark.compile
+@pytest.mark.parametrize("split_kv", [False, True])
+def test_hd512_attention_build_is_the_batched_builds_device_code(split_kv):
+    """``dsv4lib.attention`` at head dim 512 launches ``MQA512PublicSm90``: the caller's k [B, Skv, 1, 512] (its unit
+    head mode dropped at trace time) and the outputs o [B, Sq, H, 512] / lse [B, H, Sq] as allocated (the split mode
+    added at trace time) — three to five torch views fewer a call (issue #28).  Its device code is the batched
+    build's on k[:, :, 0], byte for byte, unsplit and into the split workspace."""
+    from _builds import device_code
+    from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.sm90.config import SparseFwdConfig
+    from dsv4lib.kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
+    from dsv4lib.kernels.sm90.sparse_public import MQA512PublicSm90
+    from dsv4lib.ops.sparse import kernel_args
+    bf = torch.bfloat16
+    config = SparseFwdConfig.for_problem(gather=False, causal=True, window=True, sink=not split_kv, split_kv=split_kv)
+    q, k, no_idx, sink = torch.empty(2, 3, 64, 512, dtype=bf), torch.empty(2, 100, 1, 512, dtype=bf), \
+        torch.full((1, 1, 1), -1, dtype=torch.int32), torch.empty(64)
+    if split_kv:
+        o, lse = torch.empty(2, 2, 3, 64, 512), torch.empty(2, 2, 64, 3)         # the workspace: its own shapes
+        o_public, lse_public = o, lse
+    else:
+        o, lse = torch.empty(1, 2, 3, 64, 512, dtype=bf), torch.empty(1, 2, 64, 3)
+        o_public, lse_public = o[0], lse[0]
+    batched = compile_for_arch(SparseAttentionForwardSm90(config), *kernel_args(
+        q, k[:, :, 0], no_idx, o, lse, sink, 0.05, 64), arch="sm_90a")
+    public = compile_for_arch(MQA512PublicSm90(config), *kernel_args(
+        q, k, no_idx, o_public, lse_public, sink, 0.05, 64), arch="sm_90a")
+    assert "cp.async.bulk.tensor" in batched.ptx                    # dense keys come by TMA
+    assert device_code(public.ptx) == device_code(batched.ptx)
+
+
+@pytest.mark.compile
 @pytest.mark.parametrize("gather,split_kv,flags", [
     (True, False, {"sink": True, "has_lse": True}),
     (True, True, {}),

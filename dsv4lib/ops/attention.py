@@ -205,13 +205,12 @@ def _plan(q, k, v, *, scale, causal, window, sink, return_lse, p_path, num_split
     device = q.device
     if D == MQA_HEAD_DIM:
         from .sparse import mqa512_plan
-        run512 = mqa512_plan(q, k[:, :, 0], scale=scale, causal=causal, window=window, sink=sink,
-                             num_splits=num_splits)
+        run512 = mqa512_plan(q, k, scale=scale, causal=causal, window=window, sink=sink, num_splits=num_splits)
 
         def run_mqa(q, k, v, sink):
             if not _same_tensor(k, v):               # what a plan's key cannot see: K = V must hold every call
                 _validate(q, k, v, window, sink)
-            out, lse = run512(q, k[:, :, 0], sink)
+            out, lse = run512(q, k, sink)
             return (out, lse) if return_lse else out
         return run_mqa
     p_in_smem = p_path == "smem"

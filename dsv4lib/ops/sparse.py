@@ -32,14 +32,17 @@ GATHER_MAX_SPLITS = 8
 def kernel_args(q, kv, indices, o, lse, sink, scale: float, window: int, stream=None, tvm_ffi: bool = False) -> tuple:
     """q ``(B, Sq, H, 512)``, kv ``(B, Skv, 512)``, indices ``(B, Sq, K)`` int32, o ``(splits, B, Sq, H, 512)``,
     lse ``(splits, B, H, Sq)``, sink ``(H,)`` → the kernel's arguments (+ the launch stream when given; CPU
-    compile tests leave it out; ``tvm_ffi``: the arguments a TVM-FFI build is compiled from).  The public build
-    (:class:`dsv4lib.kernels.sm90.sparse_public.SparseAttentionPublicSm90`) takes the same without the batch mode
-    (q ``[Sq, H, 512]``, kv ``[Skv, 512]``, indices ``[Sq, K]``, o ``[Sq, H, 512]`` and lse ``[H, Sq]`` when unsplit);
-    the head dim (the last mode of q, kv, o) stays static either way."""
+    compile tests leave it out; ``tvm_ffi``: the arguments a TVM-FFI build is compiled from).  The public builds
+    (:mod:`dsv4lib.kernels.sm90.sparse_public`) take the same without the batch mode (``sparse_attention``: q ``[Sq,
+    H, 512]``, kv ``[Skv, 512]``, indices ``[Sq, K]``, o ``[Sq, H, 512]`` and lse ``[H, Sq]`` when unsplit), or with
+    the caller's k ``[B, Skv, 1, 512]`` (head dim 512 through ``attention``: its unit head mode stays static, like
+    the row) and o ``[B, Sq, H, 512]`` / lse ``[B, H, Sq]``; the head dim (the last mode of q, kv, o) stays static
+    either way."""
     from cutlass import Float32, Int32
     rows = lambda t, static=(): rows_dynamic(t, static, tvm_ffi=tvm_ffi)
     last = lambda t: (t.dim() - 1,)
-    return (rows(q, last(q)), rows(kv, last(kv)), rows(indices), rows(o, last(o)), rows(lse),
+    kv_static = (2, 3) if kv.dim() == 4 else last(kv)
+    return (rows(q, last(q)), rows(kv, kv_static), rows(indices), rows(o, last(o)), rows(lse),
             Float32(scale * math.log2(math.e)), Int32(window), rows(sink), *stream_arg(stream, tvm_ffi))
 
 
@@ -53,10 +56,14 @@ def fake_args(gather: bool = True, split_kv: bool = False):
                        torch.empty(2 if split_kv else 1, 1, 64, 3, dtype=torch.float32), torch.empty(64), 1.0, 0)
 
 
-def launcher(config: SparseFwdConfig, device, *, scale: float, window, public: bool = False):
+PUBLIC_BUILDS = ("sparse", "mqa")
+
+
+def launcher(config: SparseFwdConfig, device, *, scale: float, window, public=None):
     """The launch of the build for ``config`` as a function of ``(q, kv, idx, o, lse, sink_t)``: batched tensors
-    (:func:`kernel_args`), or with ``public`` the caller's unbatched ones (``sparse_attention``: no torch view on the
-    host path, issue #28).  Every tensor is contiguous from a 16-byte aligned start (checked, or made here), so the
+    (:func:`kernel_args`), or with ``public`` the caller's tensors and the outputs as returned — ``"sparse"``:
+    ``sparse_attention``'s unbatched ones; ``"mqa"``: ``attention``'s k ``[B, Skv, 1, 512]`` at head dim 512 (no
+    torch view on the host path, issue #28).  Every tensor is contiguous from a 16-byte aligned start (checked, or made here), so the
     build needs no alignment key; the compiled function checks it again.  The build is looked up (compiled the first
     time) on the first launch."""
     scale_log2 = scale * math.log2(math.e)
@@ -67,18 +74,22 @@ def launcher(config: SparseFwdConfig, device, *, scale: float, window, public: b
         nonlocal fn
         if fn is None:
             def make_kernel():
-                if public:
-                    from ..kernels.sm90.sparse_public import SparseAttentionPublicSm90
-                    return SparseAttentionPublicSm90(config)
+                from ..kernels.sm90 import sparse_public
+                if public == "sparse":
+                    return sparse_public.SparseAttentionPublicSm90(config)
+                if public == "mqa":
+                    return sparse_public.MQA512PublicSm90(config)
                 from ..kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
                 return SparseAttentionForwardSm90(config)
-            fn = compiled((config, "public") if public else config, make_kernel,
+            if public not in (None,) + PUBLIC_BUILDS:
+                raise ValueError(f"public must be one of {PUBLIC_BUILDS} or None, got {public!r}")
+            fn = compiled((config, public) if public else config, make_kernel,
                           lambda: kernel_args(q4, kv3, idx3, o, lse, sink_t, scale, win, tvm_ffi=True))
         fn(q4, kv3, idx3, o, lse, scale_log2, win, sink_t, raw_stream(device))
     return go
 
 
-def launch(config: SparseFwdConfig, q4, kv3, idx3, o, lse, sink_t, *, scale: float, window, public: bool = False) -> None:
+def launch(config: SparseFwdConfig, q4, kv3, idx3, o, lse, sink_t, *, scale: float, window, public=None) -> None:
     """One launch of the build for ``config`` (:func:`launcher`)."""
     launcher(config, q4.device, scale=scale, window=window, public=public)(q4, kv3, idx3, o, lse, sink_t)
 
@@ -141,14 +152,13 @@ def choose_splits(num_splits, batch_ctas: int, n_keys: int, device, gather: bool
 
 
 def _runner(B: int, Sq: int, H: int, device, *, gather, causal, window, with_sink: bool, scale, num_splits,
-            public=False):
-    """The launches of one kind of call as a function of ``(q4, kv3, idx3, sink)``: q4 (B, Sq, H, 512), kv3 (B, Skv,
-    512), idx3 (B, Sq, K) or None → out (1, B, Sq, H, 512), lse (1, B, H, Sq) (the kernel's own (splits = 1, ...)
-    shapes: the callers take the views they return in one indexing each).  ``public``: ``sparse_attention``'s
-    unbatched q [Sq, H, 512], kv [Skv, 512], idx [Sq, K] → out [Sq, H, 512], lse [H, Sq], through the public build
-    (no view of the caller's tensors, none of the outputs)."""
+            public: str):
+    """The launches of one kind of call as a function of ``(q, kv, idx, sink)``, through a public build (no torch
+    view on the host path): ``public="sparse"``: ``sparse_attention``'s q [Sq, H, 512], kv [Skv, 512], idx [Sq, K]
+    → out [Sq, H, 512], lse [H, Sq]; ``public="mqa"``: ``attention``'s q [B, Sq, H, 512], k [B, Skv, 1, 512], idx
+    None → out [B, Sq, H, 512], lse [B, H, Sq]."""
     no_idx = placeholder(device, "indices")
-    lead = () if public else (1, B)
+    lead = () if public == "sparse" else (B,)
     window_on = window is not None
     if num_splits == 1:
         config = cached_config(lambda: SparseFwdConfig.for_problem(gather=gather, causal=causal, window=window_on,
@@ -166,18 +176,18 @@ def _runner(B: int, Sq: int, H: int, device, *, gather, causal, window, with_sin
         # split and behind the gathered (paired) split, whose CTAs let it go once past their main loops
         combine = combine_launcher(HEAD_DIM, device, has_sink=with_sink, pdl=cluster > 1 or gather)
 
-    def run(q4, kv3, idx3, sink):
+    def run(q, kv, idx, sink):
         sink_t = sink_arg(sink, device)
-        idx = idx3 if gather else no_idx
+        idx = idx if gather else no_idx
         out = torch.empty(*lead, Sq, H, HEAD_DIM, dtype=torch.bfloat16, device=device)
         lse = torch.empty(*lead, H, Sq, dtype=torch.float32, device=device)
         with on_device(device):
             if num_splits == 1:
-                go(q4, kv3, idx, out, lse, sink_t)
+                go(q, kv, idx, out, lse, sink_t)
             else:
-                go(q4, kv3, idx, o_part, lse_part, sink_t)
-                combine(o_part, lse_part, out.unsqueeze(0) if public else out[0],
-                        lse.unsqueeze(0) if public else lse[0], sink_t)
+                go(q, kv, idx, o_part, lse_part, sink_t)
+                combine(o_part, lse_part, out if lead else out.unsqueeze(0), lse if lead else lse.unsqueeze(0),
+                        sink_t)
         return out, lse
     return run
 
@@ -245,7 +255,7 @@ def _sparse_plan(q, kv, indices, *, scale, sink, return_lse, num_splits):
     scale = D ** -0.5 if scale is None else float(scale)
     splits = choose_splits(num_splits, Sq * H // HEADS_PER_CTA, indices.shape[1], q.device, gather=True)
     run = _runner(1, Sq, H, q.device, gather=True, causal=False, window=None, with_sink=sink is not None,
-                  scale=scale, num_splits=splits, public=True)
+                  scale=scale, num_splits=splits, public="sparse")
 
     def run_sparse(q, kv, indices, sink):
         out, lse = run(q, kv, indices, sink)
@@ -253,25 +263,21 @@ def _sparse_plan(q, kv, indices, *, scale, sink, return_lse, num_splits):
     return run_sparse
 
 
-def mqa512_plan(q, kv, *, scale=None, causal=False, window=None, sink=None, num_splits=None):
+def mqa512_plan(q, k, *, scale=None, causal=False, window=None, sink=None, num_splits=None):
     """hd512 MQA with K = V (``dsv4lib.attention`` routes here, validated there but for what follows): the plan of
-    q ``[B, Sq, H, 512]``, kv ``[B, Skv, 512]`` as a function of ``(q, kv, sink)`` → ``(out [B, Sq, H, 512], lse
-    [B, H, Sq])``."""
+    q ``[B, Sq, H, 512]``, k ``[B, Skv, 1, 512]`` (as the caller passes it) as a function of ``(q, k, sink)`` →
+    ``(out [B, Sq, H, 512], lse [B, H, Sq])``."""
     B, Sq, H, D = q.shape
     _check_heads(H)
     check_sink(sink, H, q.device)
-    if not q.is_contiguous() or not kv.is_contiguous():
+    if not q.is_contiguous() or not k.is_contiguous():
         raise ValueError("the hd512 MQA path needs contiguous q and k (= v)")
     scale = D ** -0.5 if scale is None else float(scale)
-    splits = choose_splits(num_splits, B * Sq * H // HEADS_PER_CTA, min(kv.shape[1], window or kv.shape[1]),
+    splits = choose_splits(num_splits, B * Sq * H // HEADS_PER_CTA, min(k.shape[1], window or k.shape[1]),
                            q.device, gather=False)
     run = _runner(B, Sq, H, q.device, gather=False, causal=bool(causal), window=window, with_sink=sink is not None,
-                  scale=scale, num_splits=splits)
-
-    def run_mqa(q, kv, sink):
-        out, lse = run(q, kv, None, sink)
-        return out[0], lse[0]
-    return run_mqa
+                  scale=scale, num_splits=splits, public="mqa")
+    return lambda q, k, sink: run(q, k, None, sink)
 
 
 def gather_roof(q, kv, indices, *, schedule: str = "paired"):

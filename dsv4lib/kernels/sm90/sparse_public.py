@@ -43,6 +43,20 @@ class SparseAttentionPublicSm90(SparseAttentionForwardSm90):
                                             with_unit_modes(mLSE, 4), softmax_scale_log2, window_size, mSink, stream)
 
 
+class MQA512PublicSm90(SparseAttentionForwardSm90):
+    """``dsv4lib.attention``'s build for head dim 512 (dense keys, MQA, K = V): k ``[B, Skv, 1, 512]`` as the caller
+    passes it (the unit head mode dropped at trace time: compiled with that mode and the row static, the remaining
+    layout is the batched build's ``(B, Skv, 512)``) and either o ``[B, Sq, H, 512]`` / lse ``[B, H, Sq]`` as
+    allocated (the split mode added at trace time) or the split workspace.  Three to five torch views fewer a call
+    (``k[:, :, 0]``, ``out[0]``, ``lse[0]``, and the combine's two); the device code is the batched build's."""
+
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mIdx: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+                 softmax_scale_log2: Float32, window_size: Int32, mSink: cute.Tensor, stream: cuda.CUstream = None):
+        SparseAttentionForwardSm90.__call__(self, mQ, mK[None, None, 0, None], mIdx, with_unit_modes(mO, 5),
+                                            with_unit_modes(mLSE, 4), softmax_scale_log2, window_size, mSink, stream)
+
+
 class Model1DecodePublicSm90(Model1DecodeSm90):
     """``sparse_decode``'s unsplit build: :class:`Model1DecodeSm90` writing o ``[B, s_q, H, 512]`` and lse ``[B, H,
     s_q]`` as allocated (the split mode added at trace time, as above); the device code is the batched build's."""
