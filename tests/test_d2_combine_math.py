@@ -120,3 +120,20 @@ def test_combine_kernel_from_the_runtime_arguments_loads_vectors():
                         torch.empty(1, 1, 64, 512, dtype=torch.bfloat16), torch.empty(1, 64, 1), torch.zeros(64))
     k = compile_for_arch(LSECombineKernel(512, has_sink=True), *args, arch="sm_90a")
     assert k.count(r"ld\.global\.v4\.(f32|b32)") >= 4 and k.count(r"ld\.global\.f32") == 0
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("pdl", [False, True])
+def test_combine_takes_unbatched_outputs_with_the_same_device_code(pdl):
+    """``sparse_attention``'s split path hands the combine its outputs as returned, o [Sq, H, D] / lse [H, Sq] (no
+    batch mode: the build adds a unit one at trace time, no torch view per call, issue #28).  The device code is the
+    batched outputs' build, byte for byte."""
+    from _builds import device_code
+    from dsv4lib.kernels.combine import LSECombineKernel
+    from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.ops.combine import combine_args
+    o_part, lse_part = torch.empty(4, 1, 3, 64, 512), torch.empty(4, 1, 64, 3)
+    out, lse, sink = torch.empty(1, 3, 64, 512, dtype=torch.bfloat16), torch.empty(1, 64, 3), torch.empty(64)
+    build = lambda o, l: compile_for_arch(LSECombineKernel(512, has_sink=True, pdl=pdl),
+                                          *combine_args(o_part, lse_part, o, l, sink), arch="sm_90a")
+    assert device_code(build(out[0], lse[0]).ptx) == device_code(build(out, lse).ptx)

@@ -34,7 +34,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, const_expr
 
-from .common import exp2, launch_stream
+from .common import exp2, launch_stream, with_unit_modes
 
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
@@ -67,6 +67,9 @@ class LSECombineKernel:
     @cute.jit
     def __call__(self, mOp: cute.Tensor, mLSEp: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor, mSink: cute.Tensor,
                  stream: cuda.CUstream = None):
+        # an unbatched output (``sparse_attention``'s o [Sq, H, D] / lse [H, Sq]) gets its unit batch mode here, at
+        # trace time, instead of a torch view per call (issue #28); a batched one is taken as it is
+        mO, mLSE = with_unit_modes(mO, 4), with_unit_modes(mLSE, 3)
         rows = cute.size(mO.shape[0]) * cute.size(mO.shape[1]) * cute.size(mO.shape[2])      # B * Sq * H
         self.kernel(mOp, mLSEp, mO, mLSE, mSink).launch(grid=(rows * self.chunks, 1, 1),
                                                         block=(32 * WARPS_PER_CTA, 1, 1), use_pdl=self.pdl,

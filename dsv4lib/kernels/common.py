@@ -17,6 +17,20 @@ def launch_stream(stream: cuda.CUstream | None) -> dict:
     return {} if stream is None else {"stream": stream}
 
 
+def with_unit_modes(t: cute.Tensor, rank: int) -> cute.Tensor:
+    """``t`` with unit modes prepended up to ``rank`` (dynamic extent 1, stride the cosize of ``t``: a compact outer
+    mode's stride); ``t`` itself when it has that rank already (the split workspace)."""
+    if cute.rank(t.layout) >= rank:
+        return t
+    # a compact outer stride is a multiple of the static inner extents (512 for a row of keys): say so, as the
+    # batched build's DLPack layouts do, or the 16-byte row copies could not be proven aligned
+    static = 1
+    for extent in t.shape:
+        static *= extent if isinstance(extent, int) else 1
+    unit = cute.make_layout(Int32(1), stride=cute.assume(Int64(cute.cosize(t.layout)), divby=static))
+    return cute.make_tensor(t.iterator, cute.prepend(t.layout, unit, up_to_rank=rank))
+
+
 # L2 eviction-priority policies of a TMA copy (the 64-bit ``createpolicy`` words CUTLASS's CacheHintSm90 names):
 # a tile read or written once goes first, a tile other CTAs read again stays last
 L2_EVICT_FIRST = 0x12F0000000000000

@@ -10,13 +10,15 @@ def combine_args(o_part, lse_part, out, lse, sink_t, stream=None, tvm_ffi: bool 
     stream; ``tvm_ffi``: the arguments a TVM-FFI build is compiled from).  The partials go in with static D and
     compact strides so each lane's columns load as one vector."""
     cute_t = lambda t, lead: to_cute(t, lead, tvm_ffi=tvm_ffi)
-    return (rows_dynamic(o_part, (4,), tvm_ffi=tvm_ffi), cute_t(lse_part, 3), cute_t(out, 3), cute_t(lse, 2),
+    return (rows_dynamic(o_part, (4,), tvm_ffi=tvm_ffi), cute_t(lse_part, 3), cute_t(out, out.dim() - 1),
+            cute_t(lse, lse.dim() - 1),
             cute_t(sink_t, 0), *stream_arg(stream, tvm_ffi))
 
 
 def combine_launcher(D: int, device, *, has_sink: bool, pdl: bool = False):
     """The combine as a function of ``(o_part (splits, B, Sq, H, D) fp32, lse_part (splits, B, H, Sq), out (B, Sq, H,
-    D) bf16, lse (B, H, Sq), sink_t)``; the build is looked up (compiled the first time) on the first launch.
+    D) bf16, lse (B, H, Sq), sink_t)`` — or, at B = 1, out (Sq, H, D) / lse (H, Sq) without the batch mode (the build
+    adds it at trace time); the build is looked up (compiled the first time) on the first launch.
     ``pdl``: launched with programmatic dependent launch behind a split kernel that lets it go early."""
     fn = None
 
@@ -25,7 +27,7 @@ def combine_launcher(D: int, device, *, has_sink: bool, pdl: bool = False):
         if fn is None:
             from ..kernels.combine import LSECombineKernel
             tensors = (o_part, lse_part, out, lse, sink_t)
-            fn = compiled(("combine", D, has_sink, pdl, *map(aligned16, tensors[1:])),
+            fn = compiled(("combine", D, has_sink, pdl, out.dim(), *map(aligned16, tensors[1:])),
                           lambda: LSECombineKernel(D, has_sink=has_sink, pdl=pdl),
                           lambda: combine_args(*tensors, tvm_ffi=True))
         fn(o_part, lse_part, out, lse, sink_t, raw_stream(device))

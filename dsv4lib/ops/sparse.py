@@ -186,8 +186,7 @@ def _runner(B: int, Sq: int, H: int, device, *, gather, causal, window, with_sin
                 go(q, kv, idx, out, lse, sink_t)
             else:
                 go(q, kv, idx, o_part, lse_part, sink_t)
-                combine(o_part, lse_part, out if lead else out.unsqueeze(0), lse if lead else lse.unsqueeze(0),
-                        sink_t)
+                combine(o_part, lse_part, out, lse, sink_t)        # unbatched outputs: the build adds the mode
         return out, lse
     return run
 

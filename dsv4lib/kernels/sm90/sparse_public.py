@@ -11,24 +11,12 @@ from __future__ import annotations
 
 import cuda.bindings.driver as cuda
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Int64
+from cutlass import Float32, Int32
+
+from ..common import with_unit_modes
 
 from .model1_decode import Model1DecodeSm90
 from .sparse_fwd import SparseAttentionForwardSm90
-
-
-def with_unit_modes(t: cute.Tensor, rank: int) -> cute.Tensor:
-    """``t`` with unit modes prepended up to ``rank`` (dynamic extent 1, stride the cosize of ``t``: a compact outer
-    mode's stride); ``t`` itself when it has that rank already (the split workspace)."""
-    if cute.rank(t.layout) >= rank:
-        return t
-    # a compact outer stride is a multiple of the static inner extents (512 for a row of keys): say so, as the
-    # batched build's DLPack layouts do, or the 16-byte row copies could not be proven aligned
-    static = 1
-    for extent in t.shape:
-        static *= extent if isinstance(extent, int) else 1
-    unit = cute.make_layout(Int32(1), stride=cute.assume(Int64(cute.cosize(t.layout)), divby=static))
-    return cute.make_tensor(t.iterator, cute.prepend(t.layout, unit, up_to_rank=rank))
 
 
 class SparseAttentionPublicSm90(SparseAttentionForwardSm90):
