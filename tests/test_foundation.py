@@ -249,6 +249,12 @@ def test_call_plan_keys_hold_what_validation_reads():
         assert launch.tensor_sig(other) != sig, other
     with pytest.raises(AttributeError):
         launch.tensor_sig([1, 2])
+    # options: with their types (True is not 1), plain values only (a tensor's value could change in place)
+    assert launch.options_sig(None, 1, 0.5) == launch.options_sig(None, 1, 0.5)
+    assert launch.options_sig(True) != launch.options_sig(1) and launch.options_sig(1) != launch.options_sig(1.0)
+    assert launch.options_sig(torch.float16) != launch.options_sig(torch.bfloat16)
+    with pytest.raises(AttributeError):
+        launch.options_sig(0.5, torch.tensor(0.5))
     assert launch.find_plan(("x", [1])) is None                 # unhashable: no plan, no error
     launch.keep_plan(("x", [1]), print)
     assert ("x", (1,)) not in launch._PLANS

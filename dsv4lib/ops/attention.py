@@ -11,7 +11,7 @@ from ..kernels.sm90.config import SUPPORTED_HEAD_DIMS, Sm90FwdConfig
 from ..reference.attention import check_attention_shapes, check_window
 from .combine import combine_launcher
 from .launch import (aligned16, amax_tensor, cached_config, check_hopper, check_num_splits, compile_stream, compiled,
-                     device_facts, find_plan, keep_plan, on_device, placeholder, raw_stream, sink_arg, tensor_sig,
+                     device_facts, find_plan, keep_plan, on_device, options_sig, placeholder, raw_stream, sink_arg, tensor_sig,
                      to_cute, workspace)
 
 SUPPORTED_DTYPES = (torch.bfloat16,)
@@ -160,8 +160,8 @@ def attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, retu
     over that many CTAs and merge by LSE; ``None`` = heuristic, ``1`` = no split; values above the number of KV
     tiles are clamped to it."""
     try:
-        key = ("attention", tensor_sig(q), tensor_sig(k), tensor_sig(v), tensor_sig(sink), scale, causal, window,
-               type(window), return_lse, num_splits, type(num_splits))
+        key = ("attention", tensor_sig(q), tensor_sig(k), tensor_sig(v), tensor_sig(sink),
+               options_sig(scale, causal, window, return_lse, num_splits))
     except AttributeError:
         key = None                                   # a non-tensor argument: the full path says which
     plan = find_plan(key)
@@ -178,8 +178,8 @@ def attention_with_p_path(q, k, v, *, scale=None, causal=False, window=None, sin
     wins or ties at every head dim) or ``"smem"`` (shared memory via the D1.3 mapping, SS-wgmma); of the
     intra-warpgroup overlap (``None``: on with P in registers); and of GQA head packing (``None``: default)."""
     try:
-        key = ("attention_with_p_path", tensor_sig(q), tensor_sig(k), tensor_sig(v), tensor_sig(sink), scale, causal,
-               window, type(window), return_lse, p_path, num_splits, type(num_splits), overlap, pack_gqa)
+        key = ("attention_with_p_path", tensor_sig(q), tensor_sig(k), tensor_sig(v), tensor_sig(sink),
+               options_sig(scale, causal, window, return_lse, p_path, num_splits, overlap, pack_gqa))
     except AttributeError:
         key = None
     plan = find_plan(key)
@@ -261,9 +261,9 @@ def attention_branches(q, branches, *, sink=None, scale=None, return_lse=False):
     slot of an fp32 workspace (output normalized over its keys + LSE, no sink); the combine kernel merges the
     slots.  Equals :func:`dsv4lib.reference.attention` over the concatenated keys."""
     try:
-        key = ("branches", tensor_sig(q), tensor_sig(sink), scale, return_lse,
-               *[(tensor_sig(br["k"]), tensor_sig(br["v"]), br.get("causal", False), br.get("window"),
-                  type(br.get("window"))) for br in branches])
+        key = ("branches", tensor_sig(q), tensor_sig(sink), options_sig(scale, return_lse),
+               *[(tensor_sig(br["k"]), tensor_sig(br["v"]), options_sig(br.get("causal", False), br.get("window")))
+                 for br in branches])
     except (AttributeError, TypeError, KeyError):
         key = None
     plan = find_plan(key)
@@ -334,9 +334,9 @@ def attention_nvfp4(q, k, v, out_global_amax, *, scale=None, causal=False, windo
     the bytes in registers (NVFP4-1.2)."""
     try:          # a tensor amax is read on the GPU every call; a number is part of the plan
         amax_key = tensor_sig(out_global_amax) if isinstance(out_global_amax, torch.Tensor) else (
-            out_global_amax, type(out_global_amax))
-        key = ("attention_nvfp4", tensor_sig(q), tensor_sig(k), tensor_sig(v), tensor_sig(sink), amax_key, scale,
-               causal, window, type(window))
+            options_sig(out_global_amax))
+        key = ("attention_nvfp4", tensor_sig(q), tensor_sig(k), tensor_sig(v), tensor_sig(sink), amax_key,
+               options_sig(scale, causal, window))
     except AttributeError:
         key = None
     plan = find_plan(key)
@@ -376,7 +376,7 @@ def attention_fp32(q, k, v, *, scale=None, causal=False, window=None):
     """The kernel's own fp32-normalized output (no sink), through the split build with one split: what the
     NVFP4 epilogue quantizes.  For tests and comparisons."""
     try:
-        key = ("attention_fp32", tensor_sig(q), tensor_sig(k), tensor_sig(v), scale, causal, window, type(window))
+        key = ("attention_fp32", tensor_sig(q), tensor_sig(k), tensor_sig(v), options_sig(scale, causal, window))
     except AttributeError:
         key = None
     plan = find_plan(key)

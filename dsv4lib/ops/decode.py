@@ -13,7 +13,7 @@ from .attention import check_sink
 from .combine import combine_launcher
 from .kvcache import Model1Cache, cache_pages, check_pages
 from .launch import (cached_config, check_hopper, check_num_splits, compiled, device_facts, find_plan, keep_plan, on_device,
-                     placeholder, raw_stream, rows_dynamic, sink_arg, stream_arg, tensor_sig, workspace)
+                     options_sig, placeholder, raw_stream, rows_dynamic, sink_arg, stream_arg, tensor_sig, workspace)
 from .sparse import HEAD_DIM, HEADS_PER_CTA
 
 DECODE_HEADS = (64, 128)
@@ -144,7 +144,7 @@ def sparse_decode(q, k_cache, indices, topk_length=None, *, extra_k_cache=None, 
     try:
         key = ("sparse_decode", tensor_sig(q), _cache_sig(k_cache), tensor_sig(indices), tensor_sig(topk_length),
                _cache_sig(extra_k_cache), tensor_sig(extra_indices), tensor_sig(extra_topk_length), tensor_sig(sink),
-               scale, return_lse, num_splits, type(num_splits))
+               options_sig(scale, return_lse, num_splits))
     except AttributeError:
         key = None
     plan = find_plan(key)

@@ -134,8 +134,8 @@ def run_compiled(key, make_kernel: Callable, compile_args: Callable[[], tuple], 
 # A public function validates a call and works out what to launch (config, split count, output shapes, placeholders,
 # the compiled functions) once per *kind* of call, and keeps that as a plan: a function of the call's tensors that
 # allocates the outputs and launches.  The plan's key holds everything the validation read: each tensor argument's
-# shape, strides, dtype, device and 16-byte alignment, and every option as passed (with the types of the integer
-# options, so ``True`` is not taken for ``1``).  A call whose key is known skips straight to its plan; any other call
+# shape, strides, dtype, device and 16-byte alignment, and every option as passed with its type (``options_sig``:
+# ``True`` is not taken for ``1``, and only plain values make a key).  A call whose key is known skips straight to its plan; any other call
 # (a new shape, a bad argument, something unhashable) takes the full path, which raises or makes the plan.  What a
 # key cannot hold (two arguments being the same tensor) the plan checks itself.  What a plan reads of the library's
 # tuning constants (split rules, ``CLUSTER_SPLITS``, ``HEAD_PAIR_CLUSTER``, ...) is fixed when it is made: whoever
@@ -146,6 +146,19 @@ def tensor_sig(t):
     if t is None:
         return None
     return t.shape, t.stride(), t.dtype, t.get_device(), t.data_ptr() & 15
+
+
+_PLAIN_OPTIONS = (type(None), bool, int, float, str, torch.dtype)
+
+
+def options_sig(*options) -> tuple:
+    """A call's options as a plan key holds them: each with its type (``True`` is not taken for ``1``), plain values
+    only; anything else — a tensor given as the scale, whose value could change in place — gives no key
+    (AttributeError, like a non-tensor given for a tensor)."""
+    for x in options:
+        if type(x) not in _PLAIN_OPTIONS:
+            raise AttributeError(f"no plan key for an option of type {type(x).__name__}")
+    return (*map(type, options), *options)
 
 
 def find_plan(key):

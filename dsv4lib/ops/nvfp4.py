@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from .launch import (amax_tensor, capability, compiled, device_facts, find_plan, keep_plan, on_device, raw_stream,
-                     rows_dynamic, stream_arg, tensor_sig)
+from .launch import (amax_tensor, capability, compiled, device_facts, find_plan, keep_plan, on_device, options_sig,
+                     raw_stream, rows_dynamic, stream_arg, tensor_sig)
 from ..reference import quant as ref
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -64,8 +64,8 @@ def quantize_nvfp4(x, global_amax=None, *, swizzle: bool = False, _depth=None, _
     flight per thread), ``_ctas_per_sm`` (grid cap; 0: no cap), ``_encoder`` (``"lines"`` / ``"magic"``) and ``_encode=False`` (same memory traffic, no
     quantization: wrong bytes) are benchmark knobs."""
     try:          # a tensor amax is read on the GPU every call; a number is part of the plan
-        amax_key = tensor_sig(global_amax) if isinstance(global_amax, torch.Tensor) else (global_amax, type(global_amax))
-        key = ("quantize_nvfp4", tensor_sig(x), amax_key, swizzle, _depth, _ctas_per_sm, _encode, _encoder)
+        amax_key = tensor_sig(global_amax) if isinstance(global_amax, torch.Tensor) else options_sig(global_amax)
+        key = ("quantize_nvfp4", tensor_sig(x), amax_key, options_sig(swizzle, _depth, _ctas_per_sm, _encode, _encoder))
     except AttributeError:
         key = None
     plan = find_plan(key)
@@ -146,9 +146,8 @@ def dequantize_nvfp4(data, scales, global_scale, out_dtype=torch.bfloat16):
     ``global_scale`` a scalar (Python number or one-element tensor, e.g. the third output of
     :func:`quantize_nvfp4`)."""
     try:          # a tensor global scale is read on the GPU every call; a number is part of the plan
-        gs_key = tensor_sig(global_scale) if isinstance(global_scale, torch.Tensor) else (global_scale,
-                                                                                         type(global_scale))
-        key = ("dequantize_nvfp4", tensor_sig(data), tensor_sig(scales), gs_key, out_dtype)
+        gs_key = tensor_sig(global_scale) if isinstance(global_scale, torch.Tensor) else options_sig(global_scale)
+        key = ("dequantize_nvfp4", tensor_sig(data), tensor_sig(scales), gs_key, options_sig(out_dtype))
     except AttributeError:
         key = None
     plan = find_plan(key)

@@ -13,7 +13,7 @@ from ..kernels.sm90.config import SparseFwdConfig
 from .attention import check_sink
 from .combine import combine_launcher
 from .launch import (cached_config, check_hopper, check_num_splits, compiled, device_facts, find_plan, keep_plan, on_device,
-                     placeholder, raw_stream, rows_dynamic, sink_arg, stream_arg, tensor_sig, workspace)
+                     options_sig, placeholder, raw_stream, rows_dynamic, sink_arg, stream_arg, tensor_sig, workspace)
 
 HEAD_DIM = 512
 HEADS_PER_CTA = 64
@@ -220,8 +220,8 @@ def sparse_attention(q, kv, indices, *, scale=None, sink=None, return_lse=False,
     ``num_splits``: split each query's key list over that many CTAs (decode), merged by LSE; ``None`` =
     heuristic, ``1`` = no split, clamped to the number of 64-key tiles."""
     try:
-        key = ("sparse_attention", tensor_sig(q), tensor_sig(kv), tensor_sig(indices), tensor_sig(sink), scale,
-               return_lse, num_splits, type(num_splits))
+        key = ("sparse_attention", tensor_sig(q), tensor_sig(kv), tensor_sig(indices), tensor_sig(sink),
+               options_sig(scale, return_lse, num_splits))
     except AttributeError:
         key = None
     plan = find_plan(key)
