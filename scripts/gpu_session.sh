@@ -4,7 +4,7 @@
 #        command: bash scripts/gpu_session.sh <commit> [what ...]
 # what: tests (scripts/gpu_check.sh), pipeline (every stage), bench (bench_sparse, bench_nvfp4, quick_bench),
 # ab (scripts/ab_time.py against the tree in .ab/before, when carried), probes (host µs split into launches and the
-# rest; D6's head-group order against the old token-fastest one over a 256 MiB key pool);
+# rest; D6's gather with FlashMLA's L2 hints — 256 B prefetch, evict-last policy, both — over a 256 MiB key pool);
 # default: all three — about 10 min, over the 600 s a call may take: run "tests pipeline" (~6.5 min) in one
 # call and "bench" (~3.5 min) in the next.  Results land in $OUT/session.tgz (stages/results/<gpu>.json, STATUS.md, stage logs and
 # metrics, test logs, bench output) — copy stages/results/<gpu>.json and stages/gpu_tests/<gpu>.json back from it.  Why one archive: the next
@@ -26,7 +26,8 @@ for w in $what; do
     ab)       [ -d .ab/before/dsv4lib ] && timeout ${AB_TIMEOUT:-300} python scripts/ab_time.py --tree before=.ab/before \
                 --tree after=. --out "$out/logs/ab.json" 2>&1 | tail -n 14 | tee "$out/logs/ab.txt" ;;
     probes)   { timeout 150 python scripts/bench_host.py --split;
-                timeout 200 python scripts/probe_d6.py --variants full,token_fastest --pool-rows 262144; } 2>&1 \
+                timeout 300 python scripts/probe_d6.py --variants full,l2_256,evict_last,flashmla_hints \
+                  --pool-rows 262144; } 2>&1 \
                 | tee "$out/logs/probes.txt" | tail -n 30 ;;
     bench)    { timeout 120 python scripts/bench_sparse.py; timeout 60 python scripts/bench_nvfp4.py;
                 timeout 120 python scripts/quick_bench.py 64 128 256; } 2>&1 | grep "{" > "$out/logs/bench.txt"
