@@ -157,3 +157,57 @@ def _check_tvm_ffi_launches(monkeypatch):
                                        (NVFP4DequantizeMatrixKernel(), dequant, nvfp4.dequantize_matrix_args)):
         fn = cute.compile(kernel, *make_args(*tensors, tvm_ffi=True), options="--gpu-arch sm_90a --enable-tvm-ffi")
         reaches_launch(lambda: fn(*tensors, 0))
+
+
+@pytest.mark.compile
+def test_the_plans_of_the_hd512_paths_pass_each_launch_its_builds_checks(monkeypatch):
+    """The call plans of ``attention`` at head dim 512 (the public MQA build, unsplit and split + combine) and of
+    ``sparse_attention``'s split path (the combine on unbatched outputs), run on CPU tensors with the device checks
+    switched off: every launch of a plan — the split kernel and the combine after it — gets through its TVM-FFI
+    build's argument checks (dtype, rank, static extents, strides, alignment) and stops only at the launch itself;
+    a second call of the same kind takes the same plan.  What the GPU tests check for values, this checks for the
+    plumbing, without a GPU."""
+    from cutlass.cutlass_dsl import CuTeDSL
+    import dsv4lib
+    attention, sparse, combine, launch = (_ops(n) for n in ("attention", "sparse", "combine", "launch"))
+    monkeypatch.setattr(CuTeDSL._get_dsl().envar, "arch", "sm_90a")
+    for module in (attention, sparse, combine):
+        monkeypatch.setattr(module, "raw_stream", lambda device: 0)
+    for module in (attention, sparse):                # no GPU: the device checks and facts of the full path
+        monkeypatch.setattr(module, "check_hopper", lambda device, what: None)
+        monkeypatch.setattr(module, "on_device", lambda device: launch._NO_GUARD)
+    monkeypatch.setattr(attention, "_validate", lambda *a: None)
+    monkeypatch.setattr(sparse, "_check_placement", lambda name, t: None)
+    monkeypatch.setattr(sparse, "device_facts", lambda device: ("NVIDIA H200", 132))
+    monkeypatch.setattr(sparse, "active_clusters", lambda cluster, device: 132 // cluster)
+    launched = []
+
+    def reaching(compiled_fn):
+        def launch_or_stop(*args):
+            with pytest.raises(Exception) as err:
+                compiled_fn(*args)
+            assert not isinstance(err.value, (ValueError, TypeError)), err.value      # an argument check failed
+            assert "cuda" in str(err.value).lower(), err.value
+            launched.append(len(args))
+        return launch_or_stop
+
+    real = launch.compiled
+    for module in (attention, sparse, combine):
+        monkeypatch.setattr(module, "compiled", lambda *a, **k: reaching(real(*a, **k)))
+    gen = torch.Generator().manual_seed(0)
+    bf = lambda *s: torch.randn(*s, generator=gen).to(torch.bfloat16)
+    q, k = bf(1, 2, 64, 512), bf(1, 300, 1, 512)
+    sink = torch.randn(64, generator=gen)
+    qs, kv, idx = bf(2, 64, 512), bf(500, 512), torch.randint(-1, 500, (2, 640), generator=gen, dtype=torch.int32)
+    calls = {
+        "hd512 unsplit": (lambda: dsv4lib.attention(q, k, k, sink=sink, num_splits=1), 1),
+        "hd512 split + combine": (lambda: dsv4lib.attention(q, k, k, causal=True, num_splits=4, return_lse=True), 2),
+        "sparse split + combine": (lambda: dsv4lib.sparse_attention(qs, kv, idx, sink=sink, num_splits=2), 2),
+    }
+    for name, (call, launches) in calls.items():
+        for repeat in range(2):
+            launched.clear()
+            plans = len(launch._PLANS)
+            call()
+            assert len(launched) == launches, name
+            assert len(launch._PLANS) == plans + (repeat == 0), name       # the second call took the first's plan
