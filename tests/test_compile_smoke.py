@@ -211,3 +211,54 @@ def test_the_plans_of_the_hd512_paths_pass_each_launch_its_builds_checks(monkeyp
             call()
             assert len(launched) == launches, name
             assert len(launch._PLANS) == plans + (repeat == 0), name       # the second call took the first's plan
+
+
+@pytest.mark.compile
+def test_the_plans_of_the_dense_paths_pass_each_launch_its_builds_checks(monkeypatch):
+    """As above for the dense kernel's public functions: ``attention`` (unsplit and split + combine),
+    ``attention_branches`` (a launch per branch into its workspace slot, then the combine), ``attention_nvfp4`` and
+    ``attention_fp32`` — every launch of each plan passes its build's argument checks, twice, one plan per kind."""
+    from cutlass.cutlass_dsl import CuTeDSL
+    import dsv4lib
+    attention, combine, launch = (_ops(n) for n in ("attention", "combine", "launch"))
+    monkeypatch.setattr(CuTeDSL._get_dsl().envar, "arch", "sm_90a")
+    for module in (attention, combine):
+        monkeypatch.setattr(module, "raw_stream", lambda device: 0)
+    monkeypatch.setattr(attention, "check_hopper", lambda device, what: None)
+    monkeypatch.setattr(attention, "on_device", lambda device: launch._NO_GUARD)
+    monkeypatch.setattr(attention, "_validate", lambda *a: None)
+    monkeypatch.setattr(attention, "device_facts", lambda device: ("NVIDIA H200", 132))
+    launched = []
+
+    def reaching(compiled_fn):
+        def launch_or_stop(*args):
+            with pytest.raises(Exception) as err:
+                compiled_fn(*args)
+            assert not isinstance(err.value, (ValueError, TypeError)), err.value      # an argument check failed
+            assert "cuda" in str(err.value).lower(), err.value
+            launched.append(len(args))
+        return launch_or_stop
+
+    real = launch.compiled
+    for module in (attention, combine):
+        monkeypatch.setattr(module, "compiled", lambda *a, **k: reaching(real(*a, **k)))
+    gen = torch.Generator().manual_seed(0)
+    bf = lambda *s: torch.randn(*s, generator=gen).to(torch.bfloat16)
+    q, k, v = bf(1, 300, 4, 128), bf(1, 300, 4, 128), bf(1, 300, 4, 128)
+    qd, kd = bf(2, 1, 4, 128), bf(2, 3000, 4, 128)
+    sink = torch.randn(4, generator=gen)
+    branches = [dict(k=k, v=v, window=64, causal=True), dict(k=k[:, :200], v=v[:, :200])]
+    calls = {
+        "attention": (lambda: dsv4lib.attention(q, k, v, causal=True, sink=sink), 1),
+        "attention split + combine": (lambda: dsv4lib.attention(qd, kd, kd, num_splits=4, return_lse=True), 2),
+        "attention_branches": (lambda: dsv4lib.attention_branches(q, branches, sink=sink, return_lse=True), 3),
+        "attention_nvfp4": (lambda: dsv4lib.attention_nvfp4(q, k, v, 8.0, window=64), 1),
+        "attention_fp32": (lambda: dsv4lib.attention_fp32(q, k, v), 1),
+    }
+    for name, (call, launches) in calls.items():
+        for repeat in range(2):
+            launched.clear()
+            plans = len(launch._PLANS)
+            call()
+            assert len(launched) == launches, name
+            assert len(launch._PLANS) == plans + (repeat == 0), name
