@@ -2,11 +2,13 @@
 ≤ 25 µs), next to FA4's ``flash_attn_func`` and a one-element torch op in the same run; with ``--profile`` the
 cProfile breakdown of each call (where the remaining microseconds go) into DIR/host_profile.txt.
 
-    python scripts/bench_host.py [--profile DIR] [--split]
+    python scripts/bench_host.py [--profile DIR] [--split] [--one-call 0|1]
 
 ``--split``: each call timed a second time with every compiled launch replaced by a no-op (the kernels' TVM-FFI
 functions are not called): what is left is Python, validation, allocations and views; the difference is the
-launches themselves (TVM-FFI argument checks + ``cuLaunchKernel``).
+launches themselves (TVM-FFI argument checks + ``cuLaunchKernel``); its "launches" column counts compiled calls (a
+multi-kernel call is one, ``launch.Sequence``).  ``--one-call 0``: every kernel its own compiled call
+(``launch.ONE_CALL = False``), the A/B of the sequences.
 """
 import argparse
 import contextlib
@@ -58,6 +60,9 @@ def calls() -> dict:
     case = d7.make_case(64, 64, 128, 512, window, compressed, sets=1)
     decode = d7.ours_fn(case)
     out["sparse_decode FP8 B64 H64 128+512"] = lambda: decode(*case.sets[0])
+    case1 = d7.make_case(1, 64, 128, 512, window, compressed, sets=1)
+    decode1 = d7.ours_fn(case1)
+    out["sparse_decode FP8 B1 H64 128+512 (split + combine)"] = lambda: decode1(*case1.sets[0])
     out["piece: sparse_decode's compiled launch"] = decode_launch(case)
     peers = attention_peers()
     if "FA4" in peers:
@@ -111,7 +116,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--profile", metavar="DIR", help="write the cProfile breakdown of each call to DIR/host_profile.txt")
     ap.add_argument("--split", action="store_true", help="also time each call with its launches stubbed out")
+    ap.add_argument("--one-call", type=int, default=1, help="launch.ONE_CALL: 1 (default) a multi-kernel call is one "
+                    "compiled call, 0 one per kernel")
     args = ap.parse_args()
+    launch.ONE_CALL = bool(args.one_call)
+    print(json.dumps({"one_call": launch.ONE_CALL}), flush=True)
     rows, report = {}, io.StringIO()
     for name, fn in calls().items():
         us = bench.host_us(fn, calls=100)

@@ -61,6 +61,31 @@ def _ops(name):
     return importlib.import_module(f"dsv4lib.ops.{name}")     # dsv4lib.ops re-exports functions of the same names
 
 
+def _count_kernels(real_compiled, reaching):
+    """``launch.compiled`` wrapped: each compiled function it hands out is ``reaching(fn, kernels)``, ``kernels`` the
+    number of kernels the build launches (a ``launch.Sequence`` build's key is ``("sequence", *its builds' keys)``)."""
+    def compiled(key, *args, **kwargs):
+        kernels = len(key) - 1 if isinstance(key, tuple) and key and key[0] == "sequence" else 1
+        return reaching(real_compiled(key, *args, **kwargs), kernels)
+    return compiled
+
+
+def _plans_reach_their_launches(calls: dict, launched: list, monkeypatch):
+    """Each call of ``calls`` (name: (call, kernels it launches)) twice, with every multi-kernel call going out as one
+    compiled function (``launch.ONE_CALL``) and as one per kernel: the kernels reached, one plan per kind."""
+    launch = _ops("launch")
+    for one_call in (True, False):
+        monkeypatch.setattr(launch, "ONE_CALL", one_call)
+        launch.forget_plans()
+        for name, (call, kernels) in calls.items():
+            for repeat in range(2):
+                launched.clear()
+                plans = len(launch._PLANS)
+                call()
+                assert launched == ([kernels] if one_call else [1] * kernels), (name, one_call)
+                assert len(launch._PLANS) == plans + (repeat == 0), name      # the second call took the first's plan
+
+
 @pytest.mark.compile
 def test_tvm_ffi_builds_take_the_arguments_each_public_launch_passes(monkeypatch):
     """The public functions compile each kernel with CuTeDSL's TVM-FFI ABI from one argument list and call it with
@@ -182,18 +207,16 @@ def test_the_plans_of_the_hd512_paths_pass_each_launch_its_builds_checks(monkeyp
     monkeypatch.setattr(sparse, "active_clusters", lambda cluster, device: 132 // cluster)
     launched = []
 
-    def reaching(compiled_fn):
+    def reaching(compiled_fn, kernels):
         def launch_or_stop(*args):
             with pytest.raises(Exception) as err:
                 compiled_fn(*args)
             assert not isinstance(err.value, (ValueError, TypeError)), err.value      # an argument check failed
             assert "cuda" in str(err.value).lower(), err.value
-            launched.append(len(args))
+            launched.append(kernels)
         return launch_or_stop
 
-    real = launch.compiled
-    for module in (attention, sparse, combine):
-        monkeypatch.setattr(module, "compiled", lambda *a, **k: reaching(real(*a, **k)))
+    monkeypatch.setattr(launch, "compiled", _count_kernels(launch.compiled, reaching))
     gen = torch.Generator().manual_seed(0)
     bf = lambda *s: torch.randn(*s, generator=gen).to(torch.bfloat16)
     q, k = bf(1, 2, 64, 512), bf(1, 300, 1, 512)
@@ -204,13 +227,7 @@ def test_the_plans_of_the_hd512_paths_pass_each_launch_its_builds_checks(monkeyp
         "hd512 split + combine": (lambda: dsv4lib.attention(q, k, k, causal=True, num_splits=4, return_lse=True), 2),
         "sparse split + combine": (lambda: dsv4lib.sparse_attention(qs, kv, idx, sink=sink, num_splits=2), 2),
     }
-    for name, (call, launches) in calls.items():
-        for repeat in range(2):
-            launched.clear()
-            plans = len(launch._PLANS)
-            call()
-            assert len(launched) == launches, name
-            assert len(launch._PLANS) == plans + (repeat == 0), name       # the second call took the first's plan
+    _plans_reach_their_launches(calls, launched, monkeypatch)
 
 
 @pytest.mark.compile
@@ -230,18 +247,16 @@ def test_the_plans_of_the_dense_paths_pass_each_launch_its_builds_checks(monkeyp
     monkeypatch.setattr(attention, "device_facts", lambda device: ("NVIDIA H200", 132))
     launched = []
 
-    def reaching(compiled_fn):
+    def reaching(compiled_fn, kernels):
         def launch_or_stop(*args):
             with pytest.raises(Exception) as err:
                 compiled_fn(*args)
             assert not isinstance(err.value, (ValueError, TypeError)), err.value      # an argument check failed
             assert "cuda" in str(err.value).lower(), err.value
-            launched.append(len(args))
+            launched.append(kernels)
         return launch_or_stop
 
-    real = launch.compiled
-    for module in (attention, combine):
-        monkeypatch.setattr(module, "compiled", lambda *a, **k: reaching(real(*a, **k)))
+    monkeypatch.setattr(launch, "compiled", _count_kernels(launch.compiled, reaching))
     gen = torch.Generator().manual_seed(0)
     bf = lambda *s: torch.randn(*s, generator=gen).to(torch.bfloat16)
     q, k, v = bf(1, 300, 4, 128), bf(1, 300, 4, 128), bf(1, 300, 4, 128)
@@ -255,10 +270,129 @@ def test_the_plans_of_the_dense_paths_pass_each_launch_its_builds_checks(monkeyp
         "attention_nvfp4": (lambda: dsv4lib.attention_nvfp4(q, k, v, 8.0, window=64), 1),
         "attention_fp32": (lambda: dsv4lib.attention_fp32(q, k, v), 1),
     }
-    for name, (call, launches) in calls.items():
-        for repeat in range(2):
-            launched.clear()
-            plans = len(launch._PLANS)
-            call()
-            assert len(launched) == launches, name
-            assert len(launch._PLANS) == plans + (repeat == 0), name
+    _plans_reach_their_launches(calls, launched, monkeypatch)
+
+
+def _entries(ptx: str) -> list[str]:
+    """The device code of each kernel entry of a module, in order (``_builds.device_code``, branch labels numbered
+    per module made neutral)."""
+    import re
+    from _builds import device_code
+    code = re.sub(r"\$L__BB\d+_", "$L__BB_", device_code(ptx))
+    return re.findall(r"^\.(?:visible|weak)?\s*\.entry.*?^\}", code, flags=re.M | re.S)
+
+
+@pytest.mark.compile
+def test_a_one_call_sequence_launches_each_kernel_with_its_own_builds_device_code(monkeypatch):
+    """A call that launches several kernels (split + combine, a kernel per branch + combine, the FP8 decode's split +
+    PDL combine) goes out as ONE compiled TVM-FFI function (``launch.Sequence``, issue #28: one round of argument
+    checks instead of one per kernel).  Its module holds exactly the kernels of the separate builds, in launch order,
+    each byte for byte the device code its own build compiles to; and the sequence's arguments pass the builds'
+    argument checks and stop only at the launch (no GPU here)."""
+    from cutlass.cutlass_dsl import CuTeDSL
+    from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.sm90.config import Model1DecodeConfig, Sm90FwdConfig
+    from dsv4lib.reference.model1 import page_bytes
+    attention, combine, launch, decode = (_ops(n) for n in ("attention", "combine", "launch", "decode"))
+    monkeypatch.setattr(CuTeDSL._get_dsl().envar, "arch", "sm_90a")
+    for module in (attention, combine, decode):
+        monkeypatch.setattr(module, "raw_stream", lambda device: 0)
+    gen = torch.Generator().manual_seed(0)
+    bf = lambda *s: torch.randn(*s, generator=gen).to(torch.bfloat16)
+    cpu = torch.device("cpu")
+    q, k = bf(2, 1, 4, 128), bf(2, 700, 4, 128)
+    sink = launch.sink_arg(torch.randn(4, generator=gen), cpu)
+    o_part, lse_part = torch.empty(2, 2, 1, 4, 128), torch.empty(2, 2, 4, 1)
+    out, lse = torch.empty_like(q), torch.empty(2, 4, 1)
+    split = lambda **problem: attention.launcher(Sm90FwdConfig.for_problem(128, split_kv=True, **problem), cpu,
+                                                 scale=0.1, window=problem.get("window"))
+    q1 = bf(2, 1, 64, 512)
+    cache_args = (torch.zeros(3, page_bytes(64), dtype=torch.uint8), torch.zeros(2, 1, 128, dtype=torch.int32),
+                  torch.zeros(2, dtype=torch.int32), torch.zeros(3, page_bytes(64), dtype=torch.uint8),
+                  torch.zeros(2, 1, 64, dtype=torch.int32), torch.zeros(2, dtype=torch.int32))
+    d_part, d_lse_part = torch.empty(2, 2, 1, 64, 512), torch.empty(2, 2, 64, 1)
+    sink64 = launch.sink_arg(torch.randn(64, generator=gen), cpu)
+    decode_split = decode.launcher(Model1DecodeConfig.for_decode(sink=False, split_kv=True, extra_cache=True,
+                                                                 topk_length=True, extra_topk_length=True),
+                                   cpu, page_size=64, page_size2=64, scale=0.05)
+    cases = {
+        "split + combine": [(split(), (q, k, k, o_part, lse_part, sink)),
+                            (combine.combine_launcher(128, cpu, has_sink=True), (o_part, lse_part, out, lse, sink))],
+        "branches + combine": [(split(window=64), (q, k, k, o_part[:1], lse_part[:1], sink)),
+                               (split(), (q, k[:, :300], k[:, :300], o_part[1:], lse_part[1:], sink)),
+                               (combine.combine_launcher(128, cpu, has_sink=False), (o_part, lse_part, out, lse, sink))],
+        "FP8 decode split + PDL combine": [
+            (decode_split, (q1, *cache_args, d_part, d_lse_part, sink64)),
+            (combine.combine_launcher(512, cpu, has_sink=True, pdl=True),
+             (d_part, d_lse_part, torch.empty(2, 1, 64, 512, dtype=torch.bfloat16), torch.empty(2, 64, 1), sink64))],
+    }
+    # quantize_nvfp4 without an amax: our own max |x| (one partial per CTA), then the quantize that reduces them
+    nvfp4 = _ops("nvfp4")
+    from dsv4lib.kernels import nvfp4 as nvfp4_kernels
+    for dtype in (torch.bfloat16, torch.float32):
+        x = torch.randn(24, 96, generator=gen).to(dtype)
+        partials, data = torch.empty(nvfp4_kernels.amax_ctas(24 * 96 // 16, 132)), torch.empty(24, 48, dtype=torch.uint8)
+        amax = launch.Launch(lambda x, p: (x, p, 0), lambda x, p: (("amax", x.dtype), nvfp4_kernels.NVFP4AmaxKernel,
+                                                                    lambda: nvfp4.amax_args(x, p, tvm_ffi=True)))
+        quantize = launch.Launch(
+            lambda *t: (*t, 0), lambda *t: (("quantize of x", x.dtype),
+                                            lambda: nvfp4_kernels.NVFP4QuantizeMatrixKernel(False, amax_partials=True),
+                                            lambda: nvfp4.matrix_args(*t, tvm_ffi=True)))
+        cases[f"amax + quantize {dtype}"] = [
+            (amax, (x, partials)), (quantize, (x, data, torch.empty(24, 6, dtype=torch.uint8), partials, torch.empty(1)))]
+    for name, steps in cases.items():
+        sequence = launch.Sequence(*(go for go, _ in steps))
+        key, make_kernel, compile_args, arch = sequence.spec(*(tensors for _, tensors in steps))
+        assert key == ("sequence", *(go.spec(*tensors)[0] for go, tensors in steps)), name
+        together = _entries(compile_for_arch(make_kernel(), *compile_args(), arch="sm_90a",
+                                             options="--enable-tvm-ffi").ptx)
+        alone = [entry for go, tensors in steps for entry in _entries(compile_for_arch(
+            go.spec(*tensors)[1](), *go.spec(*tensors)[2](), arch="sm_90a", options="--enable-tvm-ffi").ptx)]
+        assert len(together) == len(steps) == len(alone), name
+        assert together == alone, name
+        with pytest.raises(Exception) as err:                     # the arguments pass every build's checks
+            sequence(*(tensors for _, tensors in steps))
+        assert not isinstance(err.value, (ValueError, TypeError)), (name, err.value)
+        assert "cuda" in str(err.value).lower(), (name, err.value)
+
+
+@pytest.mark.compile
+def test_the_plans_of_quantize_and_dequantize_pass_each_launch_its_builds_checks(monkeypatch):
+    """``quantize_nvfp4`` with a static amax (one kernel), without one (our own max |x| kernel, then the quantize that
+    reduces its partials: two kernels, one compiled call) and ``dequantize_nvfp4``: every launch of each plan passes
+    its build's argument checks and stops only at the launch, twice, one plan per kind."""
+    from cutlass.cutlass_dsl import CuTeDSL
+    import dsv4lib
+    nvfp4, launch = _ops("nvfp4"), _ops("launch")
+    monkeypatch.setattr(CuTeDSL._get_dsl().envar, "arch", "sm_90a")
+    monkeypatch.setattr(nvfp4, "raw_stream", lambda device: 0)
+    monkeypatch.setattr(nvfp4, "on_device", lambda device: launch._NO_GUARD)
+    monkeypatch.setattr(nvfp4, "nvfp4_arch", lambda device, what: "sm_90a")
+    monkeypatch.setattr(nvfp4, "_validate", lambda x: None)
+    monkeypatch.setattr(nvfp4, "device_facts", lambda device: ("NVIDIA H200", 132))
+    launched = []
+
+    def reaching(compiled_fn, kernels):
+        def launch_or_stop(*args):
+            with pytest.raises(Exception) as err:
+                compiled_fn(*args)
+            assert not isinstance(err.value, (ValueError, TypeError)), err.value      # an argument check failed
+            assert "cuda" in str(err.value).lower(), err.value
+            launched.append(kernels)
+        return launch_or_stop
+
+    counting = _count_kernels(launch.compiled, reaching)
+    monkeypatch.setattr(launch, "compiled", counting)
+    monkeypatch.setattr(nvfp4, "compiled", counting)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(40, 160, generator=gen).to(torch.bfloat16)
+    data, scales = torch.zeros(40, 80, dtype=torch.uint8), torch.zeros(40, 10, dtype=torch.uint8)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))       # the dequantize takes its GPU path
+    monkeypatch.setattr(nvfp4, "amax_tensor", lambda amax, device: torch.full((1,), float(amax)))
+    calls = {
+        "quantize_nvfp4 static amax": (lambda: dsv4lib.quantize_nvfp4(x, 6.0), 1),
+        "quantize_nvfp4 amax of x": (lambda: dsv4lib.quantize_nvfp4(x), 2),
+        "quantize_nvfp4 amax of x, fp32": (lambda: dsv4lib.quantize_nvfp4(x.float()), 2),
+        "dequantize_nvfp4": (lambda: dsv4lib.dequantize_nvfp4(data, scales, 0.5), 1),
+    }
+    _plans_reach_their_launches(calls, launched, monkeypatch)

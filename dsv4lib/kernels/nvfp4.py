@@ -294,11 +294,14 @@ class NVFP4QuantizeKernel:
     CTAs for one round, i.e. each CTA does ``depth`` tiles and exits)."""
 
     def __init__(self, hardware_cvt: bool, depth: int = DEPTH, max_ctas: int = 0, encode: bool = True,
-                 encoder: str = ENCODER):
+                 encoder: str = ENCODER, amax_partials: bool = False):
         self.hardware_cvt = hardware_cvt          # True only for sm_100a
         self.encoder = encoder
         self.depth = depth
         self.max_ctas = max_ctas
+        # amax_partials: mAmax holds the per-CTA maxima of NVFP4AmaxKernel (launched just before, in the same
+        # compiled call): each CTA reduces them itself — the global amax of x with no torch op on the host path
+        self.amax_partials = amax_partials
         # encode=False is for benchmarks only: same loads and stores, the words are the input bits folded
         # together (no scale, no e2m1) — the memory roof of this access pattern
         self.encode = encode
@@ -332,7 +335,10 @@ class NVFP4QuantizeKernel:
             blk = (s * grid + bidx) * THREADS + tidx
             if blk < n_blocks:
                 cute.autovec_copy(mX[blk, None], rX[s, None])              # 32 or 64 contiguous bytes
-        amax = mAmax[0]
+        if const_expr(self.amax_partials):
+            amax = cta_max(mAmax, tidx)          # every thread reaches it: before any per-block branch
+        else:
+            amax = mAmax[0]
         s_enc = cute.arch.fmin(Float32(GLOBAL_ENCODE_NUMERATOR) / amax, FLT_MAX)    # fp32 div.rn, as the reference
         if amax == 0.0 or s_enc == 0.0:
             s_enc = Float32(1.0)
@@ -366,6 +372,87 @@ def as_blocks(t: cute.Tensor, n_blocks, per_block: cutlass.Constexpr, dtype=None
     the tensors it allocates and returns, with no torch view per call (each costs ~1.5 µs of host time)."""
     ptr = t.iterator if const_expr(dtype is None) else cute.recast_ptr(t.iterator, dtype=dtype)
     return cute.make_tensor(ptr, cute.make_layout((n_blocks, per_block), stride=(per_block, 1)))
+
+
+AMAX_CTAS_PER_SM = 4      # NVFP4AmaxKernel's grid: this many CTAs per SM (or fewer: one per THREADS blocks)
+AMAX_UNROLL = 4           # blocks in flight per thread (32 B each for bf16): ~8 MB in flight over an H200's 132 SMs
+
+
+def amax_ctas(n_blocks: int, sms: int) -> int:
+    """The partial count of :class:`NVFP4AmaxKernel` for ``n_blocks`` 1×16 blocks on ``sms`` SMs."""
+    return max(1, min(AMAX_CTAS_PER_SM * sms, -(-n_blocks // THREADS)))
+
+
+@cute.jit
+def cta_max_of(m: Float32, tidx) -> Float32:
+    """The largest ``m`` over the ``THREADS`` threads of a CTA (warp butterfly, then the warps' maxima through shared
+    memory), known to every thread."""
+    from .combine import butterfly
+    m = butterfly(m, cute.arch.fmax)
+    sWarp = cutlass.memory.SmemAllocator().allocate_tensor(Float32, cute.make_layout(THREADS // 32), byte_alignment=16)
+    if tidx % 32 == 0:
+        sWarp[tidx // 32] = m
+    cute.arch.barrier()
+    for w in cutlass.range_constexpr(THREADS // 32):
+        m = cute.arch.fmax(m, sWarp[w])
+    return m
+
+
+@cute.jit
+def cta_max(mPartials: cute.Tensor, tidx) -> Float32:
+    """The largest of ``mPartials`` (fp32, ≥ 0, any count), known to every thread of a ``THREADS``-thread CTA: each
+    thread folds a strided share, then :func:`cta_max_of`."""
+    m = Float32(0.0)
+    for i in cutlass.range(tidx, cute.size(mPartials), THREADS, unroll=1):
+        m = cute.arch.fmax(m, mPartials[i])
+    return cta_max_of(m, tidx)
+
+
+class NVFP4AmaxKernel:
+    """``max |x|`` of a compact ``x [M, K]`` (bf16 / fp16 / fp32), in two steps with no host work between them: this
+    kernel writes one partial maximum per CTA into ``partials [G]`` (CTA g folds the 1×16 blocks ``g·THREADS + tidx``,
+    stepping by ``G·THREADS``, with ``AMAX_UNROLL`` blocks in flight per thread), and the quantize build with
+    ``amax_partials=True``, launched right after it in the same compiled call, reduces the ``G`` partials in every
+    CTA (:func:`cta_max`).  bf16 / fp16 blocks fold as packed pairs (``max.xorsign.abs``: two values an instruction);
+    the maximum is exact (no arithmetic, only comparisons), so S_enc is the reference's."""
+
+    @cute.jit
+    def __call__(self, mX: cute.Tensor, mPartials: cute.Tensor, stream: cuda.CUstream = None):
+        n_blocks = cute.size(mX) // 16
+        self.kernel(as_blocks(mX, n_blocks, 16), mPartials).launch(grid=(cute.size(mPartials), 1, 1),
+                                                                    block=(THREADS, 1, 1), **launch_stream(stream))
+
+    @cute.kernel
+    def kernel(self, mX: cute.Tensor, mPartials: cute.Tensor):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        grid, _, _ = cute.arch.grid_dim()
+        n_blocks = cute.size(mX, mode=[0])
+        x_type = mX.element_type
+        packed = const_expr(x_type is not Float32)
+        n_words = 16 * x_type.width // 32
+        rX = cute.make_rmem_tensor((16,), x_type)
+        rXw = cute.make_tensor(cute.recast_ptr(rX.iterator, dtype=Uint32), cute.make_layout(n_words))
+        folded = Uint32(0)                 # packed: the running max |x| of both lanes of a pair
+        m = Float32(0.0)                   # fp32 inputs: the running max |x|
+        for blk in cutlass.range(bidx * THREADS + tidx, n_blocks, grid * THREADS, unroll=AMAX_UNROLL):
+            cute.autovec_copy(mX[blk, None], rX)                           # 32 or 64 contiguous bytes
+            if const_expr(packed):
+                kind = "bf16x2" if x_type is cutlass.BFloat16 else "f16x2"
+                for i in cutlass.range_constexpr(n_words):
+                    folded = max_abs_x2(folded, rXw[i], kind)
+            else:
+                for i in cutlass.range_constexpr(16):
+                    x = f32_from_bits(rXw[i])
+                    m = cute.arch.fmax(m, cute.arch.fmax(x, -x))
+        if const_expr(packed):
+            is_bf16 = const_expr(x_type is cutlass.BFloat16)
+            lo = lane_to_f32(folded, False, is_bf16)
+            hi = lane_to_f32(folded, True, is_bf16)
+            m = cute.arch.fmax(cute.arch.fmax(lo, -lo), cute.arch.fmax(hi, -hi))
+        m = cta_max_of(m, tidx)
+        if tidx == 0:
+            mPartials[bidx] = m
 
 
 class NVFP4QuantizeMatrixKernel(NVFP4QuantizeKernel):

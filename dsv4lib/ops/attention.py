@@ -10,8 +10,8 @@ import torch
 from ..kernels.sm90.config import SUPPORTED_HEAD_DIMS, Sm90FwdConfig
 from ..reference.attention import check_attention_shapes, check_window
 from .combine import combine_launcher
-from .launch import (aligned16, amax_tensor, cached_config, check_hopper, check_num_splits, compile_stream, compiled,
-                     device_facts, find_plan, keep_plan, on_device, options_sig, placeholder, raw_stream, sink_arg, tensor_sig,
+from .launch import (Launch, Sequence, aligned16, amax_tensor, cached_config, check_hopper, check_num_splits,
+                     compile_stream, device_facts, find_plan, keep_plan, on_device, options_sig, placeholder, raw_stream, sink_arg, tensor_sig,
                      to_cute, workspace)
 
 SUPPORTED_DTYPES = (torch.bfloat16,)
@@ -121,31 +121,29 @@ def launcher(config: Sm90FwdConfig, device, *, scale: float, window):
     win = window or 0
     dynamic = config.dynamic_schedule
     no_scales, no_s_enc = placeholder(device, "scales"), placeholder(device, "s_enc")
-    fn = None
 
-    def go(q, k, v, o, lse, sink_t, out_scales=None, s_enc=None):
-        nonlocal fn
-        scales_t = no_scales if out_scales is None else out_scales
-        s_enc_t = no_s_enc if s_enc is None else s_enc
+    def args(q, k, v, o, lse, sink_t, out_scales=None, s_enc=None):
         stream = raw_stream(device)
         counters = work_counters(device, stream) if dynamic else None     # every argument positional
-        if fn is None:
-            tensors = (q, k, v, o, lse, sink_t, scales_t, s_enc_t)
+        return (q, k, v, o, lse, scale_log2, win, sink_t, no_scales if out_scales is None else out_scales,
+                no_s_enc if s_enc is None else s_enc, stream, counters)
 
-            def compile_args():
-                from cutlass import Float32, Int32
-                lead = leading if out_scales is not None else leading[:6] + (0, 0)
-                t = [to_cute(x, d, tvm_ffi=True) for x, d in zip(tensors, lead)]
-                return (*t[:5], Float32(scale_log2), Int32(win), *t[5:], compile_stream(),
-                        None if counters is None else to_cute(counters, 0, tvm_ffi=True))
+    def spec(q, k, v, o, lse, sink_t, out_scales=None, s_enc=None):
+        tensors = args(q, k, v, o, lse, sink_t, out_scales, s_enc)
+        tensors, counters = tensors[:5] + tensors[7:10], tensors[11]
 
-            def make_kernel():
-                from ..kernels.sm90.flash_fwd import FlashAttentionForwardSm90
-                return FlashAttentionForwardSm90(config)
+        def compile_args():
+            from cutlass import Float32, Int32
+            lead = leading if out_scales is not None else leading[:6] + (0, 0)
+            t = [to_cute(x, d, tvm_ffi=True) for x, d in zip(tensors, lead)]
+            return (*t[:5], Float32(scale_log2), Int32(win), *t[5:], compile_stream(),
+                    None if counters is None else to_cute(counters, 0, tvm_ffi=True))
 
-            fn = compiled((config, *map(aligned16, tensors)), make_kernel, compile_args)
-        fn(q, k, v, o, lse, scale_log2, win, sink_t, scales_t, s_enc_t, stream, counters)
-    return go
+        def make_kernel():
+            from ..kernels.sm90.flash_fwd import FlashAttentionForwardSm90
+            return FlashAttentionForwardSm90(config)
+        return (config, *map(aligned16, tensors)), make_kernel, compile_args
+    return Launch(args, spec)
 
 
 def launch(config: Sm90FwdConfig, q, k, v, o, lse, *, scale: float, window, sink_t, out_scales=None, s_enc=None):
@@ -236,7 +234,7 @@ def _plan(q, k, v, *, scale, causal, window, sink, return_lse, p_path, num_split
     else:
         go = launcher(config_for(q, split_kv=True, **problem), device, scale=scale, window=window)
         o_part, lse_part = workspace(num_splits, B, Sq, H, D, device)
-        combine = combine_launcher(D, device, has_sink=with_sink)
+        split_then_combine = Sequence(go, combine_launcher(D, device, has_sink=with_sink))
 
     def run(q, k, v, sink):
         out = torch.empty_like(q)
@@ -246,8 +244,7 @@ def _plan(q, k, v, *, scale, causal, window, sink, return_lse, p_path, num_split
             if num_splits == 1:
                 go(q, k, v, out, lse, sink_t)
             else:
-                go(q, k, v, o_part, lse_part, sink_t)
-                combine(o_part, lse_part, out, lse, sink_t)
+                split_then_combine((q, k, v, o_part, lse_part, sink_t), (o_part, lse_part, out, lse, sink_t))
         return (out, lse) if return_lse else out
     return run
 
@@ -290,7 +287,7 @@ def _branches_plan(q, branches, *, sink, scale, return_lse):
     slots = [(launcher(plain_split_config(q, causal=bool(br.get("causal", False)), window=br.get("window")), device,
                        scale=scale, window=br.get("window")), o_part[i:i + 1], lse_part[i:i + 1])
              for i, br in enumerate(branches)]
-    combine = combine_launcher(D, device, has_sink=sink is not None)
+    branches_then_combine = Sequence(*(go for go, _, _ in slots), combine_launcher(D, device, has_sink=sink is not None))
     lse_shape = (B, H, Sq)
 
     def run(q, branches, sink):
@@ -298,9 +295,9 @@ def _branches_plan(q, branches, *, sink, scale, return_lse):
         lse = torch.empty(lse_shape, dtype=torch.float32, device=device)
         sink_t = sink_arg(sink, device)
         with on_device(device):
-            for (go, o_slot, lse_slot), br in zip(slots, branches):
-                go(q, br["k"], br["v"], o_slot, lse_slot, sink_t)
-            combine(o_part, lse_part, out, lse, sink_t)
+            branches_then_combine(*[(q, br["k"], br["v"], o_slot, lse_slot, sink_t)
+                                    for (_, o_slot, lse_slot), br in zip(slots, branches)],
+                                  (o_part, lse_part, out, lse, sink_t))
         return (out, lse) if return_lse else out
     return run
 

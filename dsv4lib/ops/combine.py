@@ -2,7 +2,7 @@
 the dense (``ops.attention``) and the hd512 (``ops.sparse``) paths alike."""
 from __future__ import annotations
 
-from .launch import aligned16, compiled, raw_stream, rows_dynamic, stream_arg, to_cute
+from .launch import Launch, aligned16, raw_stream, rows_dynamic, stream_arg, to_cute
 
 
 def combine_args(o_part, lse_part, out, lse, sink_t, stream=None, tvm_ffi: bool = False) -> tuple:
@@ -15,23 +15,20 @@ def combine_args(o_part, lse_part, out, lse, sink_t, stream=None, tvm_ffi: bool 
             cute_t(sink_t, 0), *stream_arg(stream, tvm_ffi))
 
 
-def combine_launcher(D: int, device, *, has_sink: bool, pdl: bool = False):
-    """The combine as a function of ``(o_part (splits, B, Sq, H, D) fp32, lse_part (splits, B, H, Sq), out (B, Sq, H,
-    D) bf16, lse (B, H, Sq), sink_t)`` — or, at B = 1, out (Sq, H, D) / lse (H, Sq) without the batch mode (the build
-    adds it at trace time); the build is looked up (compiled the first time) on the first launch.
-    ``pdl``: launched with programmatic dependent launch behind a split kernel that lets it go early."""
-    fn = None
+def combine_launcher(D: int, device, *, has_sink: bool, pdl: bool = False) -> Launch:
+    """The combine as a :class:`~dsv4lib.ops.launch.Launch` of ``(o_part (splits, B, Sq, H, D) fp32, lse_part (splits,
+    B, H, Sq), out (B, Sq, H, D) bf16, lse (B, H, Sq), sink_t)`` — or, at B = 1, out (Sq, H, D) / lse (H, Sq) without
+    the batch mode (the build adds it at trace time).  ``pdl``: launched with programmatic dependent launch behind a
+    split kernel that lets it go early."""
+    def args(o_part, lse_part, out, lse, sink_t):
+        return o_part, lse_part, out, lse, sink_t, raw_stream(device)
 
-    def go(o_part, lse_part, out, lse, sink_t):
-        nonlocal fn
-        if fn is None:
-            from ..kernels.combine import LSECombineKernel
-            tensors = (o_part, lse_part, out, lse, sink_t)
-            fn = compiled(("combine", D, has_sink, pdl, out.dim(), *map(aligned16, tensors[1:])),
-                          lambda: LSECombineKernel(D, has_sink=has_sink, pdl=pdl),
-                          lambda: combine_args(*tensors, tvm_ffi=True))
-        fn(o_part, lse_part, out, lse, sink_t, raw_stream(device))
-    return go
+    def spec(o_part, lse_part, out, lse, sink_t):
+        from ..kernels.combine import LSECombineKernel
+        tensors = (o_part, lse_part, out, lse, sink_t)
+        return (("combine", D, has_sink, pdl, out.dim(), *map(aligned16, tensors[1:])),
+                lambda: LSECombineKernel(D, has_sink=has_sink, pdl=pdl), lambda: combine_args(*tensors, tvm_ffi=True))
+    return Launch(args, spec)
 
 
 def combine_partials(o_part, lse_part, out, lse, sink_t, *, has_sink: bool, pdl: bool = False) -> None:

@@ -12,7 +12,7 @@ from ..kernels.sm90.config import Model1DecodeConfig
 from .attention import check_sink
 from .combine import combine_launcher
 from .kvcache import Model1Cache, cache_pages, check_pages
-from .launch import (cached_config, check_hopper, check_num_splits, compiled, device_facts, find_plan, keep_plan, on_device,
+from .launch import (Launch, Sequence, cached_config, check_hopper, check_num_splits, device_facts, find_plan, keep_plan, on_device,
                      options_sig, placeholder, raw_stream, rows_dynamic, sink_arg, stream_arg, tensor_sig, workspace)
 from .sparse import HEAD_DIM, HEADS_PER_CTA
 
@@ -65,23 +65,22 @@ def launcher(config: Model1DecodeConfig, device, *, page_size: int, page_size2: 
     ``[B, H, s_q]`` as ``sparse_decode`` returns them (no view on the host path).  The build is looked up (compiled
     the first time) on the first launch."""
     scale_log2 = scale * math.log2(math.e)
-    fn = None
 
-    def go(q, pages, idx, lengths, pages2, idx2, lengths2, o, lse, sink_t):
-        nonlocal fn
-        if fn is None:
-            def make_kernel():
-                if public:
-                    from ..kernels.sm90.sparse_public import Model1DecodePublicSm90
-                    return Model1DecodePublicSm90(config)
-                from ..kernels.sm90.model1_decode import Model1DecodeSm90
-                return Model1DecodeSm90(config)
-            fn = compiled((config, "public") if public else config, make_kernel,
-                          lambda: decode_args(q, pages, idx, lengths, pages2, idx2, lengths2, page_size, page_size2,
-                                              o, lse, scale, sink_t, tvm_ffi=True))
-        fn(q, pages, idx, lengths, pages2, idx2, lengths2, page_size, page_size2, o, lse, scale_log2, sink_t,
-           raw_stream(device))
-    return go
+    def args(q, pages, idx, lengths, pages2, idx2, lengths2, o, lse, sink_t):
+        return (q, pages, idx, lengths, pages2, idx2, lengths2, page_size, page_size2, o, lse, scale_log2, sink_t,
+                raw_stream(device))
+
+    def spec(q, pages, idx, lengths, pages2, idx2, lengths2, o, lse, sink_t):
+        def make_kernel():
+            if public:
+                from ..kernels.sm90.sparse_public import Model1DecodePublicSm90
+                return Model1DecodePublicSm90(config)
+            from ..kernels.sm90.model1_decode import Model1DecodeSm90
+            return Model1DecodeSm90(config)
+        return ((config, "public") if public else config, make_kernel,
+                lambda: decode_args(q, pages, idx, lengths, pages2, idx2, lengths2, page_size, page_size2, o, lse,
+                                    scale, sink_t, tvm_ffi=True))
+    return Launch(args, spec)
 
 
 def launch(config: Model1DecodeConfig, args: tuple, public: bool = False) -> None:
@@ -209,8 +208,9 @@ def _decode_plan(q, k_cache, indices, topk_length, *, extra_k_cache, extra_indic
     go = launcher(config, device, page_size=page_size, page_size2=page_size2, scale=scale, public=splits == 1)
     if splits > 1:
         o_part, lse_part = workspace(splits, B, s_q, H, HEAD_DIM, device)
-        # PDL: the combine's launch hides behind the split kernel, which lets it go once past its main loop
-        combine = combine_launcher(HEAD_DIM, device, has_sink=sink is not None, pdl=True)
+        # PDL: the combine's launch hides behind the split kernel, which lets it go once past its main loop; both go
+        # out through one compiled function (launch.Sequence)
+        split_then_combine = Sequence(go, combine_launcher(HEAD_DIM, device, has_sink=sink is not None, pdl=True))
 
     def run(q, k_cache, indices, topk_length, extra_k_cache, extra_indices, extra_topk_length, sink):
         pages = k_cache.data if cache_object else cache_pages(k_cache)[0]
@@ -227,7 +227,7 @@ def _decode_plan(q, k_cache, indices, topk_length, *, extra_k_cache, extra_indic
             if splits == 1:
                 go(q, pages, indices, lengths, pages2, extra_indices, lengths2, out, lse, sink_t)
             else:
-                go(q, pages, indices, lengths, pages2, extra_indices, lengths2, o_part, lse_part, sink_t)
-                combine(o_part, lse_part, out, lse, sink_t)
+                split_then_combine((q, pages, indices, lengths, pages2, extra_indices, lengths2, o_part, lse_part, sink_t),
+                                   (o_part, lse_part, out, lse, sink_t))
         return (out, lse) if return_lse else out
     return run

@@ -130,6 +130,66 @@ def run_compiled(key, make_kernel: Callable, compile_args: Callable[[], tuple], 
     compiled(key, make_kernel, compile_args, arch)(*call_args)
 
 
+class Launch:
+    """One kernel launch of a call plan, as a function of the call's tensors.  ``args(*tensors)``: the compiled
+    function's arguments (Python numbers and the raw stream included); ``spec(*tensors)``: ``(key, make_kernel,
+    compile_args[, arch])`` of its build (:func:`compiled`), asked for once.  Calling it launches on its own; a
+    :class:`Sequence` launches several with one compiled function."""
+    __slots__ = ("args", "spec", "fn")
+
+    def __init__(self, args: Callable[..., tuple], spec: Callable[..., tuple]):
+        self.args, self.spec, self.fn = args, spec, None
+
+    def __call__(self, *tensors) -> None:
+        if self.fn is None:
+            self.fn = compiled(*self.spec(*tensors))
+        self.fn(*self.args(*tensors))
+
+
+# One compiled function per multi-kernel call (split + combine, branches + combine): a launch through TVM-FFI costs
+# ~7 µs of host time, most of it the argument checks, so the second kernel of a call is nearly free when it rides in
+# the first one's call.  The device code of every kernel is its own build's (kernels.common.LaunchSequence).
+# False: each kernel its own compiled function (the way before; a switch to A/B the host time).
+ONE_CALL = True
+
+
+class Sequence:
+    """Launches (:class:`Launch`) run in order.  Called with one tuple of tensors per launch; with :data:`ONE_CALL` (read when
+    the sequence is made) they go out through one compiled :class:`~dsv4lib.kernels.common.LaunchSequence`, whose
+    arguments are every launch's own, one after the other."""
+    __slots__ = ("launches", "fn", "one_call")
+
+    def __init__(self, *launches: Launch):
+        self.launches, self.fn, self.one_call = launches, None, ONE_CALL
+
+    def __call__(self, *tensors_per_launch) -> None:
+        if not self.one_call:
+            for go, tensors in zip(self.launches, tensors_per_launch):
+                go(*tensors)
+            return
+        if self.fn is None:
+            self.fn = compiled(*self.spec(*tensors_per_launch))
+        args = ()
+        for go, tensors in zip(self.launches, tensors_per_launch):
+            args += go.args(*tensors)
+        self.fn(*args)
+
+    def spec(self, *tensors_per_launch) -> tuple:
+        """``(key, make_kernel, compile_args, arch)`` of the one compiled function (what :func:`compiled` takes): the
+        key is ``("sequence", *the launches' own build keys)``, the arch the first launch's."""
+        specs = [go.spec(*tensors) for go, tensors in zip(self.launches, tensors_per_launch)]
+        counts = [len(go.args(*tensors)) for go, tensors in zip(self.launches, tensors_per_launch)]
+
+        def make_kernel():
+            from ..kernels.common import LaunchSequence
+            return LaunchSequence([(spec[1](), n) for spec, n in zip(specs, counts)])
+
+        def compile_args():
+            return tuple(a for spec in specs for a in spec[2]())
+        arch = specs[0][3] if len(specs[0]) > 3 else "sm_90a"       # a spec may name its arch (default sm_90a)
+        return ("sequence", *(spec[0] for spec in specs)), make_kernel, compile_args, arch
+
+
 # ---- call plans: the host path of a repeated call (issue #28) ----
 # A public function validates a call and works out what to launch (config, split count, output shapes, placeholders,
 # the compiled functions) once per *kind* of call, and keeps that as a plan: a function of the call's tensors that

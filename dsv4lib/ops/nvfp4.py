@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from .launch import (amax_tensor, capability, compiled, device_facts, find_plan, keep_plan, on_device, options_sig,
-                     raw_stream, rows_dynamic, stream_arg, tensor_sig)
+from .launch import (Launch, Sequence, amax_tensor, capability, compiled, device_facts, find_plan, keep_plan,
+                     on_device, options_sig, raw_stream, rows_dynamic, stream_arg, tensor_sig)
 from ..reference import quant as ref
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -87,34 +87,63 @@ def _quantize_plan(x, global_amax, *, swizzle, depth, ctas_per_sm, encode, encod
     fixed_amax = None if global_amax is None or isinstance(global_amax, torch.Tensor) else amax.view(1)
     from ..kernels import nvfp4 as nvfp4_kernels
     depth = depth or (nvfp4_kernels.DEPTH_FP32 if x.dtype == torch.float32 else nvfp4_kernels.DEPTH)
-    max_ctas = (nvfp4_kernels.CTAS_PER_SM if ctas_per_sm is None else ctas_per_sm) * device_facts(device)[1]
+    sms = device_facts(device)[1]
+    max_ctas = (nvfp4_kernels.CTAS_PER_SM if ctas_per_sm is None else ctas_per_sm) * sms
     encoder = encoder or nvfp4_kernels.ENCODER
-    make_kernel = lambda: nvfp4_kernels.NVFP4QuantizeMatrixKernel(hardware_cvt=arch == "sm_100a", depth=depth,
-                                                                  max_ctas=max_ctas, encode=encode, encoder=encoder)
-    build = ("quantize", x.dtype, arch, depth, max_ctas, encode, encoder)
+    of_x = global_amax is None              # max |x| by our own kernel, in the same compiled call as the quantize
+    quantize = Launch(lambda x, data, scales, amax, s_dec: (x, data, scales, amax, s_dec, raw_stream(device)),
+                      lambda *tensors: (("quantize", x.dtype, arch, depth, max_ctas, encode, encoder, of_x),
+                                        lambda: nvfp4_kernels.NVFP4QuantizeMatrixKernel(
+                                            hardware_cvt=arch == "sm_100a", depth=depth, max_ctas=max_ctas,
+                                            encode=encode, encoder=encoder, amax_partials=of_x),
+                                        lambda: matrix_args(*tensors, tvm_ffi=True), arch))
+    if of_x:
+        n_partials = nvfp4_kernels.amax_ctas(M * K // 16, sms)
+        amax_then_quantize = Sequence(
+            Launch(lambda x, partials: (x, partials, raw_stream(device)),
+                   lambda x, partials: (("amax", x.dtype, arch), nvfp4_kernels.NVFP4AmaxKernel,
+                                        lambda: amax_args(x, partials, tvm_ffi=True), arch)),
+            quantize)
 
     def run(x, global_amax):
         x = x.contiguous()
         if x.data_ptr() % 16:
             x = x.clone()                                      # a block's 16 values load as whole vectors
-        if fixed_amax is not None:
-            amax = fixed_amax
-        elif global_amax is None:
-            amax = torch.linalg.vector_norm(x, float("inf"), dtype=torch.float32).view(1)   # max |x|, one reduction
-        else:
-            amax = amax_tensor(global_amax, device).view(1)
         # the outputs as returned: the build takes the matrices and makes its block views itself (no torch view)
         data = torch.empty(M, K // 2, dtype=torch.uint8, device=device)
         scale_bytes = torch.empty(M, K // 16, dtype=torch.uint8, device=device)     # e4m3 bits
         s_dec = torch.empty(1, dtype=torch.float32, device=device)                  # the kernel writes S_dec
-        tensors = (x, data, scale_bytes, amax, s_dec)
         with on_device(device):
-            compiled(build, make_kernel, lambda: matrix_args(*tensors, tvm_ffi=True), arch=arch)(
-                *tensors, raw_stream(device))
+            if of_x:
+                partials = amax_partials(device, raw_stream(device), n_partials)
+                amax_then_quantize((x, partials), (x, data, scale_bytes, partials, s_dec))
+            else:
+                quantize(x, data, scale_bytes, fixed_amax if fixed_amax is not None else
+                         amax_tensor(global_amax, device).view(1), s_dec)
         if swizzle:
             scale_bytes = ref.swizzle_scales(scale_bytes)
         return data, scale_bytes, s_dec.view(())
     return run
+
+
+def amax_args(x, partials, stream=None, tvm_ffi: bool = False) -> tuple:
+    """The arguments of :class:`dsv4lib.kernels.nvfp4.NVFP4AmaxKernel`: the caller's ``x [M, K]`` and the fp32
+    ``partials [G]`` (one per CTA; G sets the grid), every extent dynamic."""
+    return (rows_dynamic(x, (), 16, tvm_ffi=tvm_ffi), rows_dynamic(partials, (), 4, tvm_ffi=tvm_ffi),
+            *stream_arg(stream, tvm_ffi))
+
+
+_AMAX_PARTIALS: dict[tuple, torch.Tensor] = {}
+
+
+def amax_partials(device, stream: int, n: int) -> torch.Tensor:
+    """The amax kernel's per-CTA maxima, ``(n,)`` fp32, one buffer per (device, stream, n): calls on different streams
+    never share one (a call's quantize reads what its own amax kernel wrote)."""
+    key = (device, stream, n)
+    partials = _AMAX_PARTIALS.get(key)
+    if partials is None:
+        partials = _AMAX_PARTIALS[key] = torch.empty(n, dtype=torch.float32, device=device)
+    return partials
 
 
 _OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)

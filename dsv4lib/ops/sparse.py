@@ -12,7 +12,7 @@ import torch
 from ..kernels.sm90.config import SparseFwdConfig
 from .attention import check_sink
 from .combine import combine_launcher
-from .launch import (cached_config, check_hopper, check_num_splits, compiled, device_facts, find_plan, keep_plan, on_device,
+from .launch import (Launch, Sequence, cached_config, check_hopper, check_num_splits, device_facts, find_plan, keep_plan, on_device,
                      options_sig, placeholder, raw_stream, rows_dynamic, sink_arg, stream_arg, tensor_sig, workspace)
 
 HEAD_DIM = 512
@@ -68,25 +68,24 @@ def launcher(config: SparseFwdConfig, device, *, scale: float, window, public=No
     time) on the first launch."""
     scale_log2 = scale * math.log2(math.e)
     win = window or 0
-    fn = None
+    if public not in (None,) + PUBLIC_BUILDS:
+        raise ValueError(f"public must be one of {PUBLIC_BUILDS} or None, got {public!r}")
 
-    def go(q4, kv3, idx3, o, lse, sink_t):
-        nonlocal fn
-        if fn is None:
-            def make_kernel():
-                from ..kernels.sm90 import sparse_public
-                if public == "sparse":
-                    return sparse_public.SparseAttentionPublicSm90(config)
-                if public == "mqa":
-                    return sparse_public.MQA512PublicSm90(config)
-                from ..kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
-                return SparseAttentionForwardSm90(config)
-            if public not in (None,) + PUBLIC_BUILDS:
-                raise ValueError(f"public must be one of {PUBLIC_BUILDS} or None, got {public!r}")
-            fn = compiled((config, public) if public else config, make_kernel,
-                          lambda: kernel_args(q4, kv3, idx3, o, lse, sink_t, scale, win, tvm_ffi=True))
-        fn(q4, kv3, idx3, o, lse, scale_log2, win, sink_t, raw_stream(device))
-    return go
+    def args(q4, kv3, idx3, o, lse, sink_t):
+        return q4, kv3, idx3, o, lse, scale_log2, win, sink_t, raw_stream(device)
+
+    def spec(q4, kv3, idx3, o, lse, sink_t):
+        def make_kernel():
+            from ..kernels.sm90 import sparse_public
+            if public == "sparse":
+                return sparse_public.SparseAttentionPublicSm90(config)
+            if public == "mqa":
+                return sparse_public.MQA512PublicSm90(config)
+            from ..kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
+            return SparseAttentionForwardSm90(config)
+        return ((config, public) if public else config, make_kernel,
+                lambda: kernel_args(q4, kv3, idx3, o, lse, sink_t, scale, win, tvm_ffi=True))
+    return Launch(args, spec)
 
 
 def launch(config: SparseFwdConfig, q4, kv3, idx3, o, lse, sink_t, *, scale: float, window, public=None) -> None:
@@ -171,10 +170,11 @@ def _runner(B: int, Sq: int, H: int, device, *, gather, causal, window, with_sin
                                                                    split_kv=True, cluster_splits=cluster),
                                "sparse split", gather, causal, window_on, cluster)
         o_part, lse_part = workspace(num_splits // cluster, B, Sq, H, HEAD_DIM, device)
-        go = launcher(config, device, scale=scale, window=window, public=public)
-        # the combine takes (B, Sq, H, D) / (B, H, Sq): a split call launches twice anyway.  PDL behind a cluster
-        # split and behind the gathered (paired) split, whose CTAs let it go once past their main loops
-        combine = combine_launcher(HEAD_DIM, device, has_sink=with_sink, pdl=cluster > 1 or gather)
+        # the combine takes the outputs as returned (the build adds the batch mode).  PDL behind a cluster split and
+        # behind the gathered (paired) split, whose CTAs let it go once past their main loops; both kernels go out
+        # through one compiled function (launch.Sequence)
+        split_then_combine = Sequence(launcher(config, device, scale=scale, window=window, public=public),
+                                      combine_launcher(HEAD_DIM, device, has_sink=with_sink, pdl=cluster > 1 or gather))
 
     def run(q, kv, idx, sink):
         sink_t = sink_arg(sink, device)
@@ -185,8 +185,7 @@ def _runner(B: int, Sq: int, H: int, device, *, gather, causal, window, with_sin
             if num_splits == 1:
                 go(q, kv, idx, out, lse, sink_t)
             else:
-                go(q, kv, idx, o_part, lse_part, sink_t)
-                combine(o_part, lse_part, out, lse, sink_t)        # unbatched outputs: the build adds the mode
+                split_then_combine((q, kv, idx, o_part, lse_part, sink_t), (o_part, lse_part, out, lse, sink_t))
         return out, lse
     return run
 
