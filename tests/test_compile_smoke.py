@@ -61,12 +61,21 @@ def _ops(name):
     return importlib.import_module(f"dsv4lib.ops.{name}")     # dsv4lib.ops re-exports functions of the same names
 
 
-def _count_kernels(real_compiled, reaching):
-    """``launch.compiled`` wrapped: each compiled function it hands out is ``reaching(fn, kernels)``, ``kernels`` the
-    number of kernels the build launches (a ``launch.Sequence`` build's key is ``("sequence", *its builds' keys)``)."""
+def _reaching_compiled(real_compiled, launched: list):
+    """``launch.compiled`` wrapped: every compiled function it hands out must, when called, get through its build's
+    argument checks and stop only at the launch itself (there is no GPU); each call appends to ``launched`` the number
+    of kernels its build launches (a ``launch.Sequence`` build's key is ``("sequence", *its builds' keys)``)."""
     def compiled(key, *args, **kwargs):
         kernels = len(key) - 1 if isinstance(key, tuple) and key and key[0] == "sequence" else 1
-        return reaching(real_compiled(key, *args, **kwargs), kernels)
+        fn = real_compiled(key, *args, **kwargs)
+
+        def launch_or_stop(*call_args):
+            with pytest.raises(Exception) as err:
+                fn(*call_args)
+            assert not isinstance(err.value, (ValueError, TypeError)), err.value      # an argument check failed
+            assert "cuda" in str(err.value).lower(), err.value
+            launched.append(kernels)
+        return launch_or_stop
     return compiled
 
 
@@ -206,17 +215,7 @@ def test_the_plans_of_the_hd512_paths_pass_each_launch_its_builds_checks(monkeyp
     monkeypatch.setattr(sparse, "device_facts", lambda device: ("NVIDIA H200", 132))
     monkeypatch.setattr(sparse, "active_clusters", lambda cluster, device: 132 // cluster)
     launched = []
-
-    def reaching(compiled_fn, kernels):
-        def launch_or_stop(*args):
-            with pytest.raises(Exception) as err:
-                compiled_fn(*args)
-            assert not isinstance(err.value, (ValueError, TypeError)), err.value      # an argument check failed
-            assert "cuda" in str(err.value).lower(), err.value
-            launched.append(kernels)
-        return launch_or_stop
-
-    monkeypatch.setattr(launch, "compiled", _count_kernels(launch.compiled, reaching))
+    monkeypatch.setattr(launch, "compiled", _reaching_compiled(launch.compiled, launched))
     gen = torch.Generator().manual_seed(0)
     bf = lambda *s: torch.randn(*s, generator=gen).to(torch.bfloat16)
     q, k = bf(1, 2, 64, 512), bf(1, 300, 1, 512)
@@ -246,17 +245,7 @@ def test_the_plans_of_the_dense_paths_pass_each_launch_its_builds_checks(monkeyp
     monkeypatch.setattr(attention, "_validate", lambda *a: None)
     monkeypatch.setattr(attention, "device_facts", lambda device: ("NVIDIA H200", 132))
     launched = []
-
-    def reaching(compiled_fn, kernels):
-        def launch_or_stop(*args):
-            with pytest.raises(Exception) as err:
-                compiled_fn(*args)
-            assert not isinstance(err.value, (ValueError, TypeError)), err.value      # an argument check failed
-            assert "cuda" in str(err.value).lower(), err.value
-            launched.append(kernels)
-        return launch_or_stop
-
-    monkeypatch.setattr(launch, "compiled", _count_kernels(launch.compiled, reaching))
+    monkeypatch.setattr(launch, "compiled", _reaching_compiled(launch.compiled, launched))
     gen = torch.Generator().manual_seed(0)
     bf = lambda *s: torch.randn(*s, generator=gen).to(torch.bfloat16)
     q, k, v = bf(1, 300, 4, 128), bf(1, 300, 4, 128), bf(1, 300, 4, 128)
@@ -371,19 +360,9 @@ def test_the_plans_of_quantize_and_dequantize_pass_each_launch_its_builds_checks
     monkeypatch.setattr(nvfp4, "_validate", lambda x: None)
     monkeypatch.setattr(nvfp4, "device_facts", lambda device: ("NVIDIA H200", 132))
     launched = []
-
-    def reaching(compiled_fn, kernels):
-        def launch_or_stop(*args):
-            with pytest.raises(Exception) as err:
-                compiled_fn(*args)
-            assert not isinstance(err.value, (ValueError, TypeError)), err.value      # an argument check failed
-            assert "cuda" in str(err.value).lower(), err.value
-            launched.append(kernels)
-        return launch_or_stop
-
-    counting = _count_kernels(launch.compiled, reaching)
-    monkeypatch.setattr(launch, "compiled", counting)
-    monkeypatch.setattr(nvfp4, "compiled", counting)
+    reaching = _reaching_compiled(launch.compiled, launched)
+    monkeypatch.setattr(launch, "compiled", reaching)
+    monkeypatch.setattr(nvfp4, "compiled", reaching)
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(40, 160, generator=gen).to(torch.bfloat16)
     data, scales = torch.zeros(40, 80, dtype=torch.uint8), torch.zeros(40, 10, dtype=torch.uint8)
