@@ -309,7 +309,8 @@ def test_a_one_call_sequence_launches_each_kernel_with_its_own_builds_device_cod
                             (combine.combine_launcher(128, cpu, has_sink=True), (o_part, lse_part, out, lse, sink))],
         "branches + combine": [(split(window=64), (q, k, k, o_part[:1], lse_part[:1], sink)),
                                (split(), (q, k[:, :300], k[:, :300], o_part[1:], lse_part[1:], sink)),
-                               (combine.combine_launcher(128, cpu, has_sink=False), (o_part, lse_part, out, lse, sink))],
+                               (combine.combine_launcher(128, cpu, has_sink=False),
+                                (o_part, lse_part, out, lse, sink))],
         "FP8 decode split + PDL combine": [
             (decode_split, (q1, *cache_args, d_part, d_lse_part, sink64)),
             (combine.combine_launcher(512, cpu, has_sink=True, pdl=True),
@@ -320,7 +321,8 @@ def test_a_one_call_sequence_launches_each_kernel_with_its_own_builds_device_cod
     from dsv4lib.kernels import nvfp4 as nvfp4_kernels
     for dtype in (torch.bfloat16, torch.float32):
         x = torch.randn(24, 96, generator=gen).to(dtype)
-        partials, data = torch.empty(nvfp4_kernels.amax_ctas(24 * 96 // 16, 132)), torch.empty(24, 48, dtype=torch.uint8)
+        partials = torch.empty(nvfp4_kernels.amax_ctas(24 * 96 // 16, 132))
+        data = torch.empty(24, 48, dtype=torch.uint8)
         amax = launch.Launch(lambda x, p: (x, p, 0), lambda x, p: (("amax", x.dtype), nvfp4_kernels.NVFP4AmaxKernel,
                                                                     lambda: nvfp4.amax_args(x, p, tvm_ffi=True)))
         quantize = launch.Launch(
@@ -328,7 +330,8 @@ def test_a_one_call_sequence_launches_each_kernel_with_its_own_builds_device_cod
                                             lambda: nvfp4_kernels.NVFP4QuantizeMatrixKernel(False, amax_partials=True),
                                             lambda: nvfp4.matrix_args(*t, tvm_ffi=True)))
         cases[f"amax + quantize {dtype}"] = [
-            (amax, (x, partials)), (quantize, (x, data, torch.empty(24, 6, dtype=torch.uint8), partials, torch.empty(1)))]
+            (amax, (x, partials)),
+            (quantize, (x, data, torch.empty(24, 6, dtype=torch.uint8), partials, torch.empty(1)))]
     for name, steps in cases.items():
         sequence = launch.Sequence(*(go for go, _ in steps))
         key, make_kernel, compile_args, arch = sequence.spec(*(tensors for _, tensors in steps))

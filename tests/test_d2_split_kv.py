@@ -50,3 +50,34 @@ def test_split_kv_matches_the_reference(B, Sq, Sk, H, Hkv, D, causal, window, us
     check_output(out, ref)
     torch.testing.assert_close(lse.double(), ref_lse, atol=2e-3, rtol=1e-4)
     check_output(one, ref)           # the unsplit launch against float64 as well, row by row
+
+
+@pytest.mark.gpu
+def test_an_lse_nobody_asked_for_goes_to_one_kept_buffer():
+    """Without ``return_lse`` the multi-kernel calls (dense split + combine, the branches' merge, the hd512 MQA split)
+    and the hd512 builds, which always write an LSE, write it into one buffer kept per (device, shape)
+    (``launch.unread_lse``, issue #28: no allocation per call) — and return the same output, bit for bit, as the call
+    that returns its LSE; the buffer holds that LSE (nobody reads it, but it proves the kernels wrote there)."""
+    from dsv4lib.ops import launch
+    gen = torch.Generator().manual_seed(fresh_seed())
+    q, k, v = attention_inputs(2, 1, 9000, 8, 2, 128, gen)
+    q512 = (torch.randn(1, 2, 64, 512, generator=gen) * 0.5).to("cuda", torch.bfloat16)
+    k512 = torch.randn(1, 3000, 1, 512, generator=gen).to("cuda", torch.bfloat16)
+    qb, kb, vb = attention_inputs(1, 130, 400, 4, 4, 128, gen)
+    branches = [dict(k=kb, v=vb, window=64, causal=True), dict(k=kb[:, :150], v=vb[:, :150])]
+    calls = {
+        "split + combine": lambda **lse: dsv4lib.attention(q, k, v, num_splits=5, **lse),
+        "branches": lambda **lse: dsv4lib.attention_branches(qb, branches, **lse),
+        "hd512 split + combine": lambda **lse: dsv4lib.attention(q512, k512, k512, num_splits=4, **lse),
+        "hd512 unsplit": lambda **lse: dsv4lib.attention(q512, k512, k512, causal=True, num_splits=1, **lse),
+    }
+    for name, call in calls.items():
+        want, want_lse = call(return_lse=True)
+        with poisoned_outputs():
+            for buf in launch._UNREAD.values():
+                buf.fill_(float("nan"))
+            out = call()
+        torch.cuda.synchronize()
+        assert torch.equal(out, want), name
+        kept = launch._UNREAD[(want.device, tuple(want_lse.shape))]
+        assert torch.equal(kept, want_lse), name

@@ -11,8 +11,8 @@ from ..kernels.sm90.config import SUPPORTED_HEAD_DIMS, Sm90FwdConfig
 from ..reference.attention import check_attention_shapes, check_window
 from .combine import combine_launcher
 from .launch import (Launch, Sequence, aligned16, amax_tensor, cached_config, check_hopper, check_num_splits,
-                     compile_stream, device_facts, find_plan, keep_plan, on_device, options_sig, placeholder, raw_stream, sink_arg, tensor_sig,
-                     to_cute, workspace)
+                     compile_stream, device_facts, find_plan, keep_plan, on_device, options_sig, placeholder,
+                     raw_stream, sink_passer, tensor_sig, to_cute, unread_lse, workspace)
 
 SUPPORTED_DTYPES = (torch.bfloat16,)
 MQA_HEAD_DIM = 512          # DSV4: one shared KV head, K = V, through dsv4lib.ops.sparse's MQA kernel
@@ -203,7 +203,8 @@ def _plan(q, k, v, *, scale, causal, window, sink, return_lse, p_path, num_split
     device = q.device
     if D == MQA_HEAD_DIM:
         from .sparse import mqa512_plan
-        run512 = mqa512_plan(q, k, scale=scale, causal=causal, window=window, sink=sink, num_splits=num_splits)
+        run512 = mqa512_plan(q, k, scale=scale, causal=causal, window=window, sink=sink, num_splits=num_splits,
+                             return_lse=bool(return_lse))
 
         def run_mqa(q, k, v, sink):
             if not _same_tensor(k, v):               # what a plan's key cannot see: K = V must hold every call
@@ -225,10 +226,12 @@ def _plan(q, k, v, *, scale, causal, window, sink, return_lse, p_path, num_split
                                           device_facts(device)[1])
     num_splits = min(num_splits, n_blocks)                  # documented clamp: at most one KV tile per split
     lse_shape = (B, H, Sq)
-    # an unsplit build without LSE never writes it: a placeholder saves the allocation
-    new_lse = bool(return_lse) or num_splits > 1
-    no_lse = placeholder(device, "lse")
+    # an unsplit build without LSE never writes it: a placeholder saves the allocation; the combine always writes
+    # one, into a buffer kept for that when the caller does not want it
+    new_lse = bool(return_lse)
+    no_lse = placeholder(device, "lse") if num_splits == 1 else unread_lse(device, lse_shape)
     with_sink = sink is not None
+    pass_sink = sink_passer(sink, device)
     if num_splits == 1:
         go = launcher(config, device, scale=scale, window=window)
     else:
@@ -239,7 +242,7 @@ def _plan(q, k, v, *, scale, causal, window, sink, return_lse, p_path, num_split
     def run(q, k, v, sink):
         out = torch.empty_like(q)
         lse = torch.empty(lse_shape, dtype=torch.float32, device=device) if new_lse else no_lse
-        sink_t = sink_arg(sink, device)
+        sink_t = pass_sink(sink)
         with on_device(device):
             if num_splits == 1:
                 go(q, k, v, out, lse, sink_t)
@@ -287,13 +290,16 @@ def _branches_plan(q, branches, *, sink, scale, return_lse):
     slots = [(launcher(plain_split_config(q, causal=bool(br.get("causal", False)), window=br.get("window")), device,
                        scale=scale, window=br.get("window")), o_part[i:i + 1], lse_part[i:i + 1])
              for i, br in enumerate(branches)]
-    branches_then_combine = Sequence(*(go for go, _, _ in slots), combine_launcher(D, device, has_sink=sink is not None))
+    branches_then_combine = Sequence(*(go for go, _, _ in slots),
+                                     combine_launcher(D, device, has_sink=sink is not None))
     lse_shape = (B, H, Sq)
+    no_lse = None if return_lse else unread_lse(device, lse_shape)      # the combine writes it either way
+    pass_sink = sink_passer(sink, device)
 
     def run(q, branches, sink):
         out = torch.empty_like(q)
-        lse = torch.empty(lse_shape, dtype=torch.float32, device=device)
-        sink_t = sink_arg(sink, device)
+        lse = torch.empty(lse_shape, dtype=torch.float32, device=device) if no_lse is None else no_lse
+        sink_t = pass_sink(sink)
         with on_device(device):
             branches_then_combine(*[(q, br["k"], br["v"], o_slot, lse_slot, sink_t)
                                     for (_, o_slot, lse_slot), br in zip(slots, branches)],
@@ -358,13 +364,14 @@ def _nvfp4_plan(q, k, v, out_global_amax, *, scale, causal, window, sink):
     # writes whole 32-bit words (a quad assembles each block's 8 bytes, the scale bytes go 4 at a time)
     go = launcher(config_for(q, causal=bool(causal), has_lse=False, window=window, sink=sink is not None,
                              nvfp4_out=True), device, scale=scale, window=window)
+    pass_sink = sink_passer(sink, device)
 
     def run(q, k, v, out_global_amax, sink):
         s_enc, s_dec = fixed_scales or global_scales(out_global_amax, device)
         data = torch.empty(B, Sq, H, D // 2, dtype=torch.uint8, device=device)
         scales = torch.empty(B, Sq, H, D // 16, dtype=torch.uint8, device=device)
         with on_device(device):
-            go(q, k, v, data.view(torch.int32), no_lse, sink_arg(sink, device), scales.view(torch.int32), s_enc)
+            go(q, k, v, data.view(torch.int32), no_lse, pass_sink(sink), scales.view(torch.int32), s_enc)
         return data, scales, s_dec
     return run
 

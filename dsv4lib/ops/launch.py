@@ -154,9 +154,9 @@ ONE_CALL = True
 
 
 class Sequence:
-    """Launches (:class:`Launch`) run in order.  Called with one tuple of tensors per launch; with :data:`ONE_CALL` (read when
-    the sequence is made) they go out through one compiled :class:`~dsv4lib.kernels.common.LaunchSequence`, whose
-    arguments are every launch's own, one after the other."""
+    """Launches (:class:`Launch`) run in order.  Called with one tuple of tensors per launch; with :data:`ONE_CALL`
+    (read when the sequence is made) they go out through one compiled
+    :class:`~dsv4lib.kernels.common.LaunchSequence`, whose arguments are every launch's own, one after the other."""
     __slots__ = ("launches", "fn", "one_call")
 
     def __init__(self, *launches: Launch):
@@ -277,6 +277,18 @@ def placeholder(device, name: str) -> torch.Tensor:
     return bank[name]
 
 
+def sink_passer(sink, device) -> Callable:
+    """How a call plan hands the sink to its kernels, decided once from the plan's first call (its key holds the sink's
+    strides and 16-byte alignment, so every later call of the plan is the same case): the placeholder without a sink,
+    the caller's tensor itself when it is contiguous from an aligned start, else :func:`sink_arg`'s copy per call."""
+    if sink is None:
+        none = placeholder(device, "sink")
+        return lambda sink: none
+    if sink.is_contiguous() and aligned16(sink):
+        return lambda sink: sink
+    return lambda sink: sink_arg(sink, device)
+
+
 def sink_arg(sink, device) -> torch.Tensor:
     """The sink as the kernels read it: contiguous from a 16-byte aligned start (a copy only where the caller's is
     not), or the placeholder."""
@@ -284,6 +296,21 @@ def sink_arg(sink, device) -> torch.Tensor:
         return placeholder(device, "sink")
     sink = sink.contiguous()
     return sink if aligned16(sink) else sink.clone()
+
+
+_UNREAD: dict[tuple, torch.Tensor] = {}
+
+
+def unread_lse(device, shape: tuple) -> torch.Tensor:
+    """An fp32 LSE output of ``shape`` that a build must write but nobody reads (the caller did not ask for the LSE:
+    the combine and the hd512 / FP8 builds always write theirs), allocated once per (device, shape) instead of per
+    call (a CUDA ``torch.empty`` is ~2.6 µs of host time).  Calls on different streams may write it at the same
+    time: nothing reads it, so what it holds does not matter."""
+    key = (device, shape)
+    lse = _UNREAD.get(key)
+    if lse is None:
+        lse = _UNREAD[key] = torch.empty(shape, dtype=torch.float32, device=device)
+    return lse
 
 
 _WORKSPACE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}

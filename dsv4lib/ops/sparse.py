@@ -12,8 +12,9 @@ import torch
 from ..kernels.sm90.config import SparseFwdConfig
 from .attention import check_sink
 from .combine import combine_launcher
-from .launch import (Launch, Sequence, cached_config, check_hopper, check_num_splits, device_facts, find_plan, keep_plan, on_device,
-                     options_sig, placeholder, raw_stream, rows_dynamic, sink_arg, stream_arg, tensor_sig, workspace)
+from .launch import (Launch, Sequence, cached_config, check_hopper, check_num_splits, device_facts, find_plan,
+                     keep_plan, on_device, options_sig, placeholder, raw_stream, rows_dynamic, sink_passer, stream_arg,
+                     tensor_sig, unread_lse, workspace)
 
 HEAD_DIM = 512
 HEADS_PER_CTA = 64
@@ -150,14 +151,17 @@ def choose_splits(num_splits, batch_ctas: int, n_keys: int, device, gather: bool
     return min(num_splits, n_tiles)                      # documented clamp: at least one key tile per split
 
 
-def _runner(B: int, Sq: int, H: int, device, *, gather, causal, window, with_sink: bool, scale, num_splits,
-            public: str):
+def _runner(B: int, Sq: int, H: int, device, *, gather, causal, window, sink, scale, num_splits, public: str,
+            return_lse: bool):
     """The launches of one kind of call as a function of ``(q, kv, idx, sink)``, through a public build (no torch
     view on the host path): ``public="sparse"``: ``sparse_attention``'s q [Sq, H, 512], kv [Skv, 512], idx [Sq, K]
     → out [Sq, H, 512], lse [H, Sq]; ``public="mqa"``: ``attention``'s q [B, Sq, H, 512], k [B, Skv, 1, 512], idx
-    None → out [B, Sq, H, 512], lse [B, H, Sq]."""
+    None → out [B, Sq, H, 512], lse [B, H, Sq].  Without ``return_lse`` the LSE the builds write goes to a buffer
+    kept for that (``launch.unread_lse``), not a new tensor."""
     no_idx = placeholder(device, "indices")
     lead = () if public == "sparse" else (B,)
+    no_lse = None if return_lse else unread_lse(device, (*lead, H, Sq))
+    with_sink, pass_sink = sink is not None, sink_passer(sink, device)
     window_on = window is not None
     if num_splits == 1:
         config = cached_config(lambda: SparseFwdConfig.for_problem(gather=gather, causal=causal, window=window_on,
@@ -177,10 +181,10 @@ def _runner(B: int, Sq: int, H: int, device, *, gather, causal, window, with_sin
                                       combine_launcher(HEAD_DIM, device, has_sink=with_sink, pdl=cluster > 1 or gather))
 
     def run(q, kv, idx, sink):
-        sink_t = sink_arg(sink, device)
+        sink_t = pass_sink(sink)
         idx = idx if gather else no_idx
         out = torch.empty(*lead, Sq, H, HEAD_DIM, dtype=torch.bfloat16, device=device)
-        lse = torch.empty(*lead, H, Sq, dtype=torch.float32, device=device)
+        lse = torch.empty(*lead, H, Sq, dtype=torch.float32, device=device) if no_lse is None else no_lse
         with on_device(device):
             if num_splits == 1:
                 go(q, kv, idx, out, lse, sink_t)
@@ -252,8 +256,8 @@ def _sparse_plan(q, kv, indices, *, scale, sink, return_lse, num_splits):
     check_hopper(q.device, "sparse_attention")
     scale = D ** -0.5 if scale is None else float(scale)
     splits = choose_splits(num_splits, Sq * H // HEADS_PER_CTA, indices.shape[1], q.device, gather=True)
-    run = _runner(1, Sq, H, q.device, gather=True, causal=False, window=None, with_sink=sink is not None,
-                  scale=scale, num_splits=splits, public="sparse")
+    run = _runner(1, Sq, H, q.device, gather=True, causal=False, window=None, sink=sink,
+                  scale=scale, num_splits=splits, public="sparse", return_lse=bool(return_lse))
 
     def run_sparse(q, kv, indices, sink):
         out, lse = run(q, kv, indices, sink)
@@ -261,7 +265,7 @@ def _sparse_plan(q, kv, indices, *, scale, sink, return_lse, num_splits):
     return run_sparse
 
 
-def mqa512_plan(q, k, *, scale=None, causal=False, window=None, sink=None, num_splits=None):
+def mqa512_plan(q, k, *, scale=None, causal=False, window=None, sink=None, num_splits=None, return_lse=True):
     """hd512 MQA with K = V (``dsv4lib.attention`` routes here, validated there but for what follows): the plan of
     q ``[B, Sq, H, 512]``, k ``[B, Skv, 1, 512]`` (as the caller passes it) as a function of ``(q, k, sink)`` →
     ``(out [B, Sq, H, 512], lse [B, H, Sq])``."""
@@ -273,8 +277,8 @@ def mqa512_plan(q, k, *, scale=None, causal=False, window=None, sink=None, num_s
     scale = D ** -0.5 if scale is None else float(scale)
     splits = choose_splits(num_splits, B * Sq * H // HEADS_PER_CTA, min(k.shape[1], window or k.shape[1]),
                            q.device, gather=False)
-    run = _runner(B, Sq, H, q.device, gather=False, causal=bool(causal), window=window, with_sink=sink is not None,
-                  scale=scale, num_splits=splits, public="mqa")
+    run = _runner(B, Sq, H, q.device, gather=False, causal=bool(causal), window=window, sink=sink,
+                  scale=scale, num_splits=splits, public="mqa", return_lse=return_lse)
     return lambda q, k, sink: run(q, k, None, sink)
 
 
