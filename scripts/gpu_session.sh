@@ -4,7 +4,8 @@
 #        command: bash scripts/gpu_session.sh <commit> [what ...]
 # what: tests (scripts/gpu_check.sh), pipeline (every stage), bench (bench_sparse, bench_nvfp4, quick_bench),
 # ab (scripts/ab_time.py against the tree in .ab/before, when carried), probes (host µs split into launches and the
-# rest; D6's gather with FlashMLA's L2 hints — 256 B prefetch, evict-last policy, both — over a 256 MiB key pool);
+# rest, and with a compiled call per kernel; D7 B1 at 5 / 8 / 10 splits beside FlashMLA; D6's gather with FlashMLA's
+# L2 hints — 256 B prefetch, evict-last policy, both — over a 256 MiB key pool);
 # default: all three — about 10 min, over the 600 s a call may take: run "tests pipeline" (~6.5 min) in one
 # call and "bench" (~3.5 min) in the next.  Results land in $OUT/session.tgz (stages/results/<gpu>.json, STATUS.md, stage logs and
 # metrics, test logs, bench output) — copy stages/results/<gpu>.json and stages/gpu_tests/<gpu>.json back from it.  Why one archive: the next
@@ -26,6 +27,7 @@ for w in $what; do
     ab)       [ -d .ab/before/dsv4lib ] && timeout ${AB_TIMEOUT:-300} python scripts/ab_time.py --tree before=.ab/before \
                 --tree after=. --out "$out/logs/ab.json" 2>&1 | tail -n 14 | tee "$out/logs/ab.txt" ;;
     probes)   { timeout 150 python scripts/bench_host.py --split; timeout 120 python scripts/bench_host.py --one-call 0;
+                timeout 120 python scripts/bench_d7.py --no-bf16 --shapes 0 --splits 5,8,10;
                 timeout 300 python scripts/probe_d6.py --variants full,l2_256,evict_last,flashmla_hints \
                   --pool-rows 262144; } 2>&1 \
                 | tee "$out/logs/probes.txt" | tail -n 30 ;;

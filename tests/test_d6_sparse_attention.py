@@ -485,10 +485,24 @@ def k_bars(k):
 
 def test_gathered_decode_splits_only_small_batches():
     """Gathered keys (1152 a token = 18 tiles): the measured best split counts on the H200 — 8 for B ≤ 4, 4 at B16,
-    none from B32 on (the plain rule split B128 in two: 3× slower) — and never under two tiles a split."""
+    none from B32 on (the plain rule split B128 in two: 3× slower) — and never under two tiles a split; then only
+    the splits that get a tile: 8 splits of 18 tiles take 3 each, so 6 do the work (the 8 measured best were those 6
+    and two empty ones)."""
     from dsv4lib.ops.sparse import gather_splits
-    assert [gather_splits(b, 18) for b in (1, 4, 16, 17, 32, 64, 128, 4096)] == [8, 8, 4, 1, 1, 1, 1, 1]
-    assert gather_splits(1, 2) == 1 and gather_splits(1, 4) == 2 and gather_splits(1, 9) == 4
+    assert [gather_splits(b, 18) for b in (1, 4, 16, 17, 32, 64, 128, 4096)] == [6, 6, 4, 1, 1, 1, 1, 1]
+    assert gather_splits(1, 2) == 1 and gather_splits(1, 4) == 2 and gather_splits(1, 9) == 3
+
+
+def test_no_split_is_left_without_a_tile():
+    """``nonempty_splits``: the count of splits that get a tile under the kernels' ``ceil(n / splits)`` rule —
+    asking for that many gives every split the same tiles as before, and none empty."""
+    from dsv4lib.kernels.splitkv import nonempty_splits, split_block_ranges
+    for n in range(1, 80):
+        for s in range(1, 40):
+            used = nonempty_splits(n, s)
+            ranges = split_block_ranges(0, n, s)
+            assert used == sum(hi > lo for lo, hi in ranges), (n, s)
+            assert split_block_ranges(0, n, used) == ranges[:used], (n, s)     # the same cut, no empty tail
 
 
 @pytest.mark.gpu

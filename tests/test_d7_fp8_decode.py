@@ -385,7 +385,7 @@ def test_decode_split_rule_keeps_half_a_wave():
     from dsv4lib.ops.decode import DECODE_MAX_SPLITS, decode_splits
     assert decode_splits(64, 10, 132) == 1          # B64 H64: 2 splits measured 1.5x slower than none
     assert decode_splits(32, 10, 132) == 2          # 64 CTAs: still within half a wave
-    assert decode_splits(1, 10, 132) == 8           # a split keeps at least one key tile
+    assert decode_splits(1, 10, 132) == 5           # 8 by doubling, but 2 tiles a split fill only 5: no empty one
     assert decode_splits(1, 1000, 132) == DECODE_MAX_SPLITS
     for ctas in range(1, 300):
         s = decode_splits(ctas, 18, 132)

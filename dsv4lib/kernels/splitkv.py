@@ -20,14 +20,26 @@ def split_block_ranges(n_block_min: int, n_block_max: int, num_splits: int) -> l
             for i in range(num_splits)]
 
 
+def nonempty_splits(n_tiles: int, num_splits: int) -> int:
+    """How many of ``num_splits`` splits get a tile under :func:`split_block_ranges`' rule (``ceil(n / splits)``
+    tiles each): asking for that many cuts the tiles the same way with no empty split.  An empty split still
+    launches, writes a zero fp32 partial and an LSE of -inf, and the combine reads them back — the D7 decode's B1
+    (10 tiles, 8 splits: 2 tiles each) left 3 of 8 CTAs empty."""
+    if n_tiles < 1 or num_splits < 1:
+        return max(1, num_splits)
+    per = -(-n_tiles // num_splits)
+    return -(-n_tiles // per)
+
+
 def num_splits_heuristic(batch: int, heads: int, m_blocks: int, n_blocks: int, num_sms: int = 132,
                          max_splits: int = 64) -> int:
     """Enough splits that ``batch·heads·m_blocks·splits`` fills the SMs about twice, but at least 4 KV tiles
-    per split (each split re-reads Q and writes an fp32 partial), and 1 when the grid is already full."""
+    per split (each split re-reads Q and writes an fp32 partial), and 1 when the grid is already full; none of them
+    empty (:func:`nonempty_splits`)."""
     ctas = batch * heads * m_blocks
     if ctas >= num_sms or n_blocks < 8:
         return 1
-    return max(1, min(max_splits, -(-2 * num_sms // ctas), n_blocks // 4))
+    return nonempty_splits(n_blocks, max(1, min(max_splits, -(-2 * num_sms // ctas), n_blocks // 4)))
 
 
 def combine_torch(o_parts: torch.Tensor, lse_parts: torch.Tensor, sink: torch.Tensor | None = None):

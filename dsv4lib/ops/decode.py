@@ -9,6 +9,7 @@ import math
 import torch
 
 from ..kernels.sm90.config import Model1DecodeConfig
+from ..kernels.splitkv import nonempty_splits
 from .attention import check_sink
 from .combine import combine_launcher
 from .kvcache import Model1Cache, cache_pages, check_pages
@@ -22,18 +23,20 @@ DECODE_SQ = (1, 2)             # one token, or two with MTP
 # split only while the split launch stays within half a wave of SMs: each split writes a 128 KB fp32 partial that the
 # combine reads back, and with the rolling producer a CTA's 10-18 tiles cost less than that round trip once the SMs are
 # half busy.  Measured (H100, issue #35 shapes): B64 H64 1 / 2 / 4 splits 50 / 75 / 91 µs, B128 H64 53 / 146 µs,
-# B1 H64 43 / 32 / 24 / 17 µs at 1 / 2 / 4 / 8 splits.  A split keeps at least one 64-key tile.
+# B1 H64 43 / 32 / 24 / 17 µs at 1 / 2 / 4 / 8 splits (8 asked of 10 tiles: 2 tiles each, so 5 did the work and 3
+# wrote empty partials — now 5 are asked).  A split keeps at least one 64-key tile.
 DECODE_MAX_SPLITS = 16
 # H = 128: the two head-group CTAs of a token as one cluster that dequantizes each key once (the crossover)
 HEAD_PAIR_CLUSTER = True
 
 
 def decode_splits(batch_ctas: int, n_tiles: int, sms: int) -> int:
-    """The split count of a decode launch of ``batch_ctas`` (token, head group) CTAs over ``n_tiles`` 64-key tiles."""
+    """The split count of a decode launch of ``batch_ctas`` (token, head group) CTAs over ``n_tiles`` 64-key tiles:
+    doubling within half a wave, then only as many as get a tile (``nonempty_splits``)."""
     splits = 1
     while splits * 2 <= DECODE_MAX_SPLITS and batch_ctas * splits * 2 <= sms // 2 and n_tiles // (splits * 2) >= 1:
         splits *= 2
-    return splits
+    return nonempty_splits(n_tiles, splits)
 
 
 def decode_args(q, pages, idx, lengths, pages2, idx2, lengths2, page_size: int, page_size2: int, o, lse, scale: float,

@@ -10,6 +10,7 @@ import math
 import torch
 
 from ..kernels.sm90.config import SparseFwdConfig
+from ..kernels.splitkv import nonempty_splits
 from .attention import check_sink
 from .combine import combine_launcher
 from .launch import (Launch, Sequence, cached_config, check_hopper, check_num_splits, device_facts, find_plan,
@@ -127,7 +128,7 @@ def gather_splits(batch_ctas: int, n_tiles: int) -> int:
         while (splits * 2 <= GATHER_MAX_SPLITS and batch_ctas * splits * 2 <= GATHER_SPLIT_CTAS
                and n_tiles // (splits * 2) >= 2):
             splits *= 2
-    return splits
+    return nonempty_splits(n_tiles, splits)         # no split left without a tile
 
 
 def choose_splits(num_splits, batch_ctas: int, n_keys: int, device, gather: bool) -> int:
