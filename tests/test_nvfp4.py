@@ -425,3 +425,34 @@ def test_fused_nvfp4_window_sink_and_scale_match_float64(window, with_sink, scal
         data, sf, gs = dsv4lib.attention_nvfp4(q, k, v, float(ref.abs().max()), window=window, sink=sink, scale=scale)
     got = dsv4lib.dequantize_nvfp4(data.reshape(-1, D // 2), sf.reshape(-1, D // 16), gs, torch.float32)
     check_output(got.reshape(B, S, H, D), ref, row_max=0.2, cos_min=0.99)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_pdl_builds_wait_for_the_previous_kernel_before_any_load(dtype):
+    """With programmatic dependent launch (``kernels.nvfp4.PDL``, the default of ``quantize_nvfp4``) a quantize or
+    amax grid may start while the kernel before it still runs: every global load must come after
+    ``griddepcontrol.wait`` (x, or the amax partials, may be that kernel's output), and the grid lets its own
+    dependents launch (``griddepcontrol.launch_dependents``) only after its first loads are issued."""
+    from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels import nvfp4 as kernels
+    import importlib
+    ops = importlib.import_module("dsv4lib.ops.nvfp4")       # the module (dsv4lib.ops re-exports its functions)
+    assert kernels.PDL
+    x = torch.randn(24, 96).to(dtype)
+    out = (torch.empty(24, 48, dtype=torch.uint8), torch.empty(24, 6, dtype=torch.uint8))
+    builds = {
+        "quantize": (kernels.NVFP4QuantizeMatrixKernel(False, pdl=True), ops.matrix_args(x, *out, torch.ones(1),
+                                                                                       torch.empty(1))),
+        "quantize of x": (kernels.NVFP4QuantizeMatrixKernel(False, amax_partials=True, pdl=True),
+                          ops.matrix_args(x, *out, torch.ones(5), torch.empty(1))),
+        "amax": (kernels.NVFP4AmaxKernel(pdl=True), ops.amax_args(x, torch.empty(5))),
+    }
+    for name, (kernel, args) in builds.items():
+        ptx = compile_for_arch(kernel, *args, arch="sm_90a").ptx
+        wait, trigger = ptx.find("griddepcontrol.wait"), ptx.find("griddepcontrol.launch_dependents")
+        first_load = ptx.find("ld.global")
+        assert ptx.count("griddepcontrol.wait") == 1 and ptx.count("griddepcontrol.launch_dependents") == 1, name
+        assert 0 <= wait < first_load < trigger, (name, wait, first_load, trigger)
+        plain = compile_for_arch(type(kernel)(*(() if name == "amax" else (False,))), *args, arch="sm_90a").ptx
+        assert "griddepcontrol" not in plain, name

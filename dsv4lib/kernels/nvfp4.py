@@ -43,7 +43,13 @@ THREADS = 128
 DEPTH = 3
 DEPTH_FP32 = 1
 CTAS_PER_SM = 0
-ENCODER = "lines"        # sm_90a: "lines" (quantize_block_lines) or "magic" (e2m1_code_magic per value)
+ENCODER = "lines"
+# Programmatic dependent launch: the quantize (and the amax pass) launch while the kernel before them in the stream
+# drains, wait for it (``griddepcontrol.wait``, before any load: x may be its output) and let their own dependents
+# launch once every CTA has issued its loads — so back-to-back launches overlap one kernel's tail wave with the next
+# one's launch and ramp, which is most of what the 4096² shape loses to a copy (12.2 µs against ~10; H200 graph
+# replay 0.829 of the copy rate at `d2bc37e`, the bar 0.85).  Not yet measured (session 29 had no GPU time).
+PDL = True        # sm_90a: "lines" (quantize_block_lines) or "magic" (e2m1_code_magic per value)
 
 
 @dsl_user_op
@@ -294,8 +300,9 @@ class NVFP4QuantizeKernel:
     CTAs for one round, i.e. each CTA does ``depth`` tiles and exits)."""
 
     def __init__(self, hardware_cvt: bool, depth: int = DEPTH, max_ctas: int = 0, encode: bool = True,
-                 encoder: str = ENCODER, amax_partials: bool = False):
+                 encoder: str = ENCODER, amax_partials: bool = False, pdl: bool = False):
         self.hardware_cvt = hardware_cvt          # True only for sm_100a
+        self.pdl = pdl                            # programmatic dependent launch (PDL above)
         self.encoder = encoder
         self.depth = depth
         self.max_ctas = max_ctas
@@ -316,7 +323,7 @@ class NVFP4QuantizeKernel:
             grid = cutlass.min(grid, self.max_ctas)
             n_rounds = (n_tiles + grid * self.depth - 1) // (grid * self.depth)
         self.kernel(mX, mWords, mScales, mAmax, mSdec, n_rounds).launch(grid=(grid, 1, 1), block=(THREADS, 1, 1),
-                                                                        **launch_stream(stream))
+                                                                        use_pdl=self.pdl, **launch_stream(stream))
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mWords: cute.Tensor, mScales: cute.Tensor, mAmax: cute.Tensor,
@@ -328,6 +335,8 @@ class NVFP4QuantizeKernel:
         depth = self.depth
         round_stride = depth * grid * THREADS                 # blocks from one round's tile to the next one's
         rX = cute.make_rmem_tensor(cute.make_ordered_layout((depth, 16), order=(1, 0)), mX.element_type)
+        if const_expr(self.pdl):
+            cute.arch.griddepcontrol_wait()                 # x (and the amax) may be the previous kernel's output
         # the first round's loads go out first, before the amax load and the s_dec store (which may alias x, as far
         # as the compiler knows), so no CTA waits for two round trips in a row.  Measured on the H200 (b9224c0 vs
         # 275b999): no change beyond noise — kept because the order costs nothing and states the intent.
@@ -335,6 +344,8 @@ class NVFP4QuantizeKernel:
             blk = (s * grid + bidx) * THREADS + tidx
             if blk < n_blocks:
                 cute.autovec_copy(mX[blk, None], rX[s, None])              # 32 or 64 contiguous bytes
+        if const_expr(self.pdl):
+            cute.arch.griddepcontrol_launch_dependents()   # the next kernel may launch once every CTA is here
         if const_expr(self.amax_partials):
             amax = cta_max(mAmax, tidx)          # every thread reaches it: before any per-block branch
         else:
@@ -414,13 +425,18 @@ class NVFP4AmaxKernel:
     stepping by ``G·THREADS``, with ``AMAX_UNROLL`` blocks in flight per thread), and the quantize build with
     ``amax_partials=True``, launched right after it in the same compiled call, reduces the ``G`` partials in every
     CTA (:func:`cta_max`).  bf16 / fp16 blocks fold as packed pairs (``max.xorsign.abs``: two values an instruction);
-    the maximum is exact (no arithmetic, only comparisons), so S_enc is the reference's."""
+    the maximum is exact (no arithmetic, only comparisons), so S_enc is the reference's.  ``pdl``: as the quantize
+    (:data:`PDL`); the quantize after it waits for all of it before reading the partials."""
+
+    def __init__(self, pdl: bool = False):
+        self.pdl = pdl
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mPartials: cute.Tensor, stream: cuda.CUstream = None):
         n_blocks = cute.size(mX) // 16
         self.kernel(as_blocks(mX, n_blocks, 16), mPartials).launch(grid=(cute.size(mPartials), 1, 1),
-                                                                    block=(THREADS, 1, 1), **launch_stream(stream))
+                                                                    block=(THREADS, 1, 1), use_pdl=self.pdl,
+                                                                    **launch_stream(stream))
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mPartials: cute.Tensor):
@@ -435,6 +451,8 @@ class NVFP4AmaxKernel:
         rXw = cute.make_tensor(cute.recast_ptr(rX.iterator, dtype=Uint32), cute.make_layout(n_words))
         folded = Uint32(0)                 # packed: the running max |x| of both lanes of a pair
         m = Float32(0.0)                   # fp32 inputs: the running max |x|
+        if const_expr(self.pdl):
+            cute.arch.griddepcontrol_wait()                 # x may be the previous kernel's output
         for blk in cutlass.range(bidx * THREADS + tidx, n_blocks, grid * THREADS, unroll=AMAX_UNROLL):
             cute.autovec_copy(mX[blk, None], rX)                           # 32 or 64 contiguous bytes
             if const_expr(packed):
@@ -450,6 +468,8 @@ class NVFP4AmaxKernel:
             lo = lane_to_f32(folded, False, is_bf16)
             hi = lane_to_f32(folded, True, is_bf16)
             m = cute.arch.fmax(cute.arch.fmax(lo, -lo), cute.arch.fmax(hi, -hi))
+        if const_expr(self.pdl):
+            cute.arch.griddepcontrol_launch_dependents()   # the quantize launches; it waits for all of this grid
         m = cta_max_of(m, tidx)
         if tidx == 0:
             mPartials[bidx] = m

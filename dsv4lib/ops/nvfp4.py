@@ -57,25 +57,27 @@ def matrix_args(x, data, scales, amax, s_dec_out, stream=None, tvm_ffi: bool = F
 
 
 def quantize_nvfp4(x, global_amax=None, *, swizzle: bool = False, _depth=None, _ctas_per_sm=None, _encode=True,
-                   _encoder=None):
+                   _encoder=None, _pdl=None):
     """x ``[M, K]`` (K % 16 == 0) → ``(data uint8 [M, K/2], scales uint8 [M, K/16] e4m3 bits (or the flat
     128×4 swizzled layout with ``swizzle=True``), global_scale fp32 scalar = S_dec ≈ amax / (6·448))``.
     ``global_amax``: a static amax; by default ``max|x|`` (one extra torch reduction).  ``_depth`` (tiles in
-    flight per thread), ``_ctas_per_sm`` (grid cap; 0: no cap), ``_encoder`` (``"lines"`` / ``"magic"``) and ``_encode=False`` (same memory traffic, no
+    flight per thread), ``_ctas_per_sm`` (grid cap; 0: no cap), ``_encoder`` (``"lines"`` / ``"magic"``), ``_pdl``
+    (programmatic dependent launch; None: ``kernels.nvfp4.PDL``) and ``_encode=False`` (same memory traffic, no
     quantization: wrong bytes) are benchmark knobs."""
     try:          # a tensor amax is read on the GPU every call; a number is part of the plan
         amax_key = tensor_sig(global_amax) if isinstance(global_amax, torch.Tensor) else options_sig(global_amax)
-        key = ("quantize_nvfp4", tensor_sig(x), amax_key, options_sig(swizzle, _depth, _ctas_per_sm, _encode, _encoder))
+        key = ("quantize_nvfp4", tensor_sig(x), amax_key,
+               options_sig(swizzle, _depth, _ctas_per_sm, _encode, _encoder, _pdl))
     except AttributeError:
         key = None
     plan = find_plan(key)
     if plan is None:
         plan = keep_plan(key, _quantize_plan(x, global_amax, swizzle=swizzle, depth=_depth, ctas_per_sm=_ctas_per_sm,
-                                             encode=_encode, encoder=_encoder))
+                                             encode=_encode, encoder=_encoder, pdl=_pdl))
     return plan(x, global_amax)
 
 
-def _quantize_plan(x, global_amax, *, swizzle, depth, ctas_per_sm, encode, encoder):
+def _quantize_plan(x, global_amax, *, swizzle, depth, ctas_per_sm, encode, encoder, pdl):
     _validate(x)
     device = x.device
     arch = nvfp4_arch(device, "quantize_nvfp4")
@@ -90,18 +92,19 @@ def _quantize_plan(x, global_amax, *, swizzle, depth, ctas_per_sm, encode, encod
     sms = device_facts(device)[1]
     max_ctas = (nvfp4_kernels.CTAS_PER_SM if ctas_per_sm is None else ctas_per_sm) * sms
     encoder = encoder or nvfp4_kernels.ENCODER
+    pdl = nvfp4_kernels.PDL if pdl is None else bool(pdl)
     of_x = global_amax is None              # max |x| by our own kernel, in the same compiled call as the quantize
     quantize = Launch(lambda x, data, scales, amax, s_dec: (x, data, scales, amax, s_dec, raw_stream(device)),
-                      lambda *tensors: (("quantize", x.dtype, arch, depth, max_ctas, encode, encoder, of_x),
+                      lambda *tensors: (("quantize", x.dtype, arch, depth, max_ctas, encode, encoder, of_x, pdl),
                                         lambda: nvfp4_kernels.NVFP4QuantizeMatrixKernel(
                                             hardware_cvt=arch == "sm_100a", depth=depth, max_ctas=max_ctas,
-                                            encode=encode, encoder=encoder, amax_partials=of_x),
+                                            encode=encode, encoder=encoder, amax_partials=of_x, pdl=pdl),
                                         lambda: matrix_args(*tensors, tvm_ffi=True), arch))
     if of_x:
         n_partials = nvfp4_kernels.amax_ctas(M * K // 16, sms)
         amax_then_quantize = Sequence(
             Launch(lambda x, partials: (x, partials, raw_stream(device)),
-                   lambda x, partials: (("amax", x.dtype, arch), nvfp4_kernels.NVFP4AmaxKernel,
+                   lambda x, partials: (("amax", x.dtype, arch, pdl), lambda: nvfp4_kernels.NVFP4AmaxKernel(pdl),
                                         lambda: amax_args(x, partials, tvm_ffi=True), arch)),
             quantize)
 
