@@ -37,7 +37,9 @@ def stub_the_gpu(calls: list):
     attention._validate = lambda *a: None
     nvfp4._validate = lambda x: None
     sparse._check_placement = lambda name, t: None
-    for module in (attention, sparse, nvfp4):
+    decode.check_pages = lambda pages, page_size, name: None
+    torch.Tensor.is_cuda = property(lambda t: True)          # the decode's first-call check (plans skip it after)
+    for module in (attention, sparse, nvfp4, decode):
         module.device_facts = lambda device: ("NVIDIA H200", 132)
     sparse.active_clusters = lambda cluster, device: 132 // cluster
 
@@ -58,6 +60,18 @@ def public_calls() -> dict:
     idx = torch.randint(-1, 500, (4, 640), generator=gen, dtype=torch.int32)
     branches = [dict(k=k, v=v, window=64, causal=True), dict(k=k[:, :200], v=v[:, :200])]
     x = bf(64, 256)
+    # the FP8 decode: B1 (split + combine) and B64 (one launch) over a window cache and a compressed one
+    from dsv4lib.ops.kvcache import Model1Cache
+    window, compressed = Model1Cache(64, 64, device="cpu"), Model1Cache(128, 64, device="cpu")
+    sink64 = torch.randn(64, generator=gen)
+
+    def decode(B):
+        qd = bf(B, 1, 64, 512)
+        idx = torch.randint(0, window.num_keys, (B, 1, 128), generator=gen, dtype=torch.int32)
+        idx2 = torch.randint(0, compressed.num_keys, (B, 1, 512), generator=gen, dtype=torch.int32)
+        len1, len2 = torch.full((B,), 128, dtype=torch.int32), torch.full((B,), 500, dtype=torch.int32)
+        return lambda: dsv4lib.sparse_decode(qd, window, idx, len1, extra_k_cache=compressed, extra_indices=idx2,
+                                             extra_topk_length=len2, sink=sink64)
     return {
         "attention causal": lambda: dsv4lib.attention(q, k, v, causal=True),
         "attention split + combine": lambda: dsv4lib.attention(qd, kd, kd, num_splits=4),
@@ -70,6 +84,8 @@ def public_calls() -> dict:
         "sparse_attention split + combine": lambda: dsv4lib.sparse_attention(qs, kv, idx, num_splits=2),
         "quantize_nvfp4 static amax": lambda: dsv4lib.quantize_nvfp4(x, 4.0),
         "quantize_nvfp4 amax of x": lambda: dsv4lib.quantize_nvfp4(x),
+        "sparse_decode B1 (split + combine)": decode(1),
+        "sparse_decode B64": decode(64),
     }
 
 
