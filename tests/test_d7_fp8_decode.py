@@ -535,3 +535,39 @@ def test_prefill_matches_the_reference_over_the_same_fp8_cache(Sq, H, extra, len
     seen = torch.isfinite(ref_lse)
     assert torch.equal(torch.isfinite(lse), seen)
     torch.testing.assert_close(lse[seen], ref_lse[seen].float(), atol=2e-3, rtol=0)
+
+
+@pytest.mark.gpu
+def test_one_compiled_call_per_public_call_gives_the_same_bits(monkeypatch):
+    """``launch.Sequence`` (issue #28): a call's kernels — the decode's split + PDL combine, the dense split + combine,
+    the branches + combine, the hd512 split + combine, sparse_attention's split + combine, the amax pass + quantize —
+    go out through one compiled function.  They are the same kernels launched in the same order on the same stream,
+    so the outputs must equal those of one compiled call per kernel (``launch.ONE_CALL = False``) bit for bit."""
+    from dsv4lib.ops import launch
+    gen = torch.Generator().manual_seed(fresh_seed())
+    q, main, idx, kw = _decode_inputs(1, 1, 64, True, True, True, gen)
+    bf = lambda *s: torch.randn(*s, generator=gen).to("cuda", torch.bfloat16)
+    qd, kd = bf(2, 1, 8, 128), bf(2, 5000, 2, 128)
+    qb, kb = bf(1, 100, 4, 128), bf(1, 300, 4, 128)
+    branches = [dict(k=kb, v=kb, window=64, causal=True), dict(k=kb[:, :120].contiguous(), v=kb[:, :120].contiguous())]
+    q512, k512 = bf(1, 1, 64, 512), bf(1, 4000, 1, 512)
+    qs, kvs = bf(3, 64, 512), bf(700, 512)
+    idx_s = torch.randint(0, 700, (3, 640), generator=gen, dtype=torch.int32).cuda()
+    x = bf(300, 512)
+    calls = {
+        "sparse_decode split": lambda: dsv4lib.sparse_decode(q, main, idx, **kw, num_splits=4, return_lse=True),
+        "attention split": lambda: dsv4lib.attention(qd, kd, kd, num_splits=5, return_lse=True),
+        "attention_branches": lambda: dsv4lib.attention_branches(qb, branches, return_lse=True),
+        "hd512 split": lambda: dsv4lib.attention(q512, k512, k512, num_splits=8, return_lse=True),
+        "sparse_attention split": lambda: dsv4lib.sparse_attention(qs, kvs, idx_s, num_splits=4, return_lse=True),
+        "quantize_nvfp4 amax of x": lambda: dsv4lib.quantize_nvfp4(x),
+    }
+    got = {}
+    for one_call in (True, False):
+        monkeypatch.setattr(launch, "ONE_CALL", one_call)
+        launch.forget_plans()
+        got[one_call] = {name: [t.clone() for t in fn()] for name, fn in calls.items()}
+    torch.cuda.synchronize()
+    for name in calls:
+        for a, b in zip(got[True][name], got[False][name]):
+            assert torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)), name
