@@ -308,7 +308,7 @@ def unread_lse(device, shape: tuple) -> torch.Tensor:
     time: nothing reads it, so what it holds does not matter."""
     key = (device, shape)
     lse = _UNREAD.get(key)
-    if lse is None:
+    if lse is None:                # kept for good, like the workspaces: kernels on any stream may still write it
         lse = _UNREAD[key] = torch.empty(shape, dtype=torch.float32, device=device)
     return lse
 

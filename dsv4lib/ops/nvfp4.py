@@ -145,6 +145,10 @@ def amax_partials(device, stream: int, n: int) -> torch.Tensor:
     key = (device, stream, n)
     partials = _AMAX_PARTIALS.get(key)
     if partials is None:
+        # many streams or sizes: start over — a dropped buffer was allocated on its own stream, so the caching
+        # allocator hands its memory out again only behind that stream's kernels
+        if len(_AMAX_PARTIALS) >= 256:
+            _AMAX_PARTIALS.clear()
         partials = _AMAX_PARTIALS[key] = torch.empty(n, dtype=torch.float32, device=device)
     return partials
 
