@@ -34,11 +34,15 @@ def _poison(t: torch.Tensor) -> torch.Tensor:
 def poisoned_outputs():
     """Inside: every tensor the library allocates with ``torch.empty`` / ``empty_like`` / ``new_empty`` is NaN (integer
     ones 0xFF bytes), and the cached split-KV workspaces are poisoned first — so a region a kernel fails to write
-    shows up as NaN or garbage instead of a previous call's leftovers."""
+    shows up as NaN or garbage instead of a previous call's leftovers.  The NVFP4 amax partials get +inf instead (the
+    quantize folds them with ``fmax``, which would pass over a NaN)."""
+    import importlib
     from dsv4lib.ops import launch
     for bufs in launch._WORKSPACE.values():
         for b in bufs:
             _poison(b)
+    for partials in importlib.import_module("dsv4lib.ops.nvfp4")._AMAX_PARTIALS.values():
+        partials.fill_(float("inf"))
     real = torch.empty, torch.empty_like, torch.Tensor.new_empty
     torch.empty = lambda *a, **k: _poison(real[0](*a, **k))
     torch.empty_like = lambda *a, **k: _poison(real[1](*a, **k))

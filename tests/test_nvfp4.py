@@ -456,3 +456,29 @@ def test_pdl_builds_wait_for_the_previous_kernel_before_any_load(dtype):
         assert 0 <= wait < first_load < trigger, (name, wait, first_load, trigger)
         plain = compile_for_arch(type(kernel)(*(() if name == "amax" else (False,))), *args, arch="sm_90a").ptx
         assert "griddepcontrol" not in plain, name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_the_amax_pass_writes_every_partial_and_the_quantize_waits_for_it(dtype):
+    """``quantize_nvfp4`` without an amax: ``NVFP4AmaxKernel`` writes one max |x| per CTA and the quantize, launched
+    right after it in the same compiled call (with PDL), reduces them.  The kept partials are poisoned with +inf
+    before each call (an ``fmax`` would skip a NaN): every one must be overwritten and read only after the amax grid
+    is done — S_dec and the bytes equal the reference's — with the largest |x| in the first, a middle or the last
+    block, at block counts that leave the last CTA part-filled and that make each thread loop."""
+    import importlib
+    from gpu_checks import fresh_seed
+    ops = importlib.import_module("dsv4lib.ops.nvfp4")
+    gen = torch.Generator().manual_seed(fresh_seed())
+    for M, K in ((1, 16), (129, 48), (2000, 4096)):
+        for where in (0, M * K // 2, M * K - 1):
+            x = torch.randn(M, K, generator=gen)
+            x.view(-1)[where] = -1000.0 if where else 900.0
+            x = x.to(dtype)
+            dsv4lib.quantize_nvfp4(x.cuda())                       # the plan and its partials exist now
+            for partials in ops._AMAX_PARTIALS.values():
+                partials.fill_(float("inf"))
+            data, sf, gs = dsv4lib.quantize_nvfp4(x.cuda())
+            rd, rs, rgs = ref.nvfp4_quantize(x, None)
+            assert gs.item() == rgs.item(), (M, K, where)
+            assert torch.equal(data.cpu(), rd) and torch.equal(sf.cpu(), rs), (M, K, where)
