@@ -328,7 +328,7 @@ def test_a_one_call_sequence_launches_each_kernel_with_its_own_builds_device_cod
         quantize = launch.Launch(
             lambda *t: (*t, 0), lambda *t: (("quantize of x", x.dtype),
                                             lambda: nvfp4_kernels.NVFP4QuantizeMatrixKernel(False, amax_partials=True),
-                                            lambda: nvfp4.matrix_args(*t, tvm_ffi=True)))
+                                            lambda: nvfp4.matrix_args(*t, tvm_ffi=True, amax_partials=True)))
         cases[f"amax + quantize {dtype}"] = [
             (amax, (x, partials)),
             (quantize, (x, data, torch.empty(24, 6, dtype=torch.uint8), partials, torch.empty(1)))]
@@ -375,6 +375,8 @@ def test_the_plans_of_quantize_and_dequantize_pass_each_launch_its_builds_checks
         "quantize_nvfp4 static amax": (lambda: dsv4lib.quantize_nvfp4(x, 6.0), 1),
         "quantize_nvfp4 amax of x": (lambda: dsv4lib.quantize_nvfp4(x), 2),
         "quantize_nvfp4 amax of x, fp32": (lambda: dsv4lib.quantize_nvfp4(x.float()), 2),
+        # another shape, another partial count (1 instead of 4): the same build takes it (the count is dynamic)
+        "quantize_nvfp4 amax of x, few blocks": (lambda: dsv4lib.quantize_nvfp4(x[:8, :64].contiguous()), 2),
         "dequantize_nvfp4": (lambda: dsv4lib.dequantize_nvfp4(data, scales, 0.5), 1),
     }
     _plans_reach_their_launches(calls, launched, monkeypatch)

@@ -445,7 +445,7 @@ def test_pdl_builds_wait_for_the_previous_kernel_before_any_load(dtype):
         "quantize": (kernels.NVFP4QuantizeMatrixKernel(False, pdl=True), ops.matrix_args(x, *out, torch.ones(1),
                                                                                        torch.empty(1))),
         "quantize of x": (kernels.NVFP4QuantizeMatrixKernel(False, amax_partials=True, pdl=True),
-                          ops.matrix_args(x, *out, torch.ones(5), torch.empty(1))),
+                          ops.matrix_args(x, *out, torch.ones(5), torch.empty(1), amax_partials=True)),
         "amax": (kernels.NVFP4AmaxKernel(pdl=True), ops.amax_args(x, torch.empty(5))),
     }
     for name, (kernel, args) in builds.items():

@@ -47,13 +47,15 @@ def kernel_args(blocks, words, scales, amax, s_dec_out, stream=None, tvm_ffi: bo
             rows(s_dec_out, (0,), 4), *stream_arg(stream, tvm_ffi))
 
 
-def matrix_args(x, data, scales, amax, s_dec_out, stream=None, tvm_ffi: bool = False) -> tuple:
+def matrix_args(x, data, scales, amax, s_dec_out, stream=None, tvm_ffi: bool = False,
+                amax_partials: bool = False) -> tuple:
     """The arguments of :class:`dsv4lib.kernels.nvfp4.NVFP4QuantizeMatrixKernel` (what :func:`quantize_nvfp4` builds
     and launches): the caller's ``x [M, K]`` and the outputs as returned — ``data [M, K/2]``, ``scales [M, K/16]`` —
-    every extent dynamic; ``data`` 8-byte aligned (its block's two words move as one vector)."""
+    every extent dynamic; ``data`` 8-byte aligned (its block's two words move as one vector).  ``amax``: one value,
+    or with ``amax_partials`` the amax pass's per-CTA maxima (their count dynamic: it follows the shape)."""
     rows = lambda t, static, align: rows_dynamic(t, static, align, tvm_ffi=tvm_ffi)
-    return (rows(x, (), 16), rows(data, (), 8), rows(scales, (), 1), rows(amax, (0,), 4), rows(s_dec_out, (0,), 4),
-            *stream_arg(stream, tvm_ffi))
+    return (rows(x, (), 16), rows(data, (), 8), rows(scales, (), 1), rows(amax, () if amax_partials else (0,), 4),
+            rows(s_dec_out, (0,), 4), *stream_arg(stream, tvm_ffi))
 
 
 def quantize_nvfp4(x, global_amax=None, *, swizzle: bool = False, _depth=None, _ctas_per_sm=None, _encode=True,
@@ -99,7 +101,7 @@ def _quantize_plan(x, global_amax, *, swizzle, depth, ctas_per_sm, encode, encod
                                         lambda: nvfp4_kernels.NVFP4QuantizeMatrixKernel(
                                             hardware_cvt=arch == "sm_100a", depth=depth, max_ctas=max_ctas,
                                             encode=encode, encoder=encoder, amax_partials=of_x, pdl=pdl),
-                                        lambda: matrix_args(*tensors, tvm_ffi=True), arch))
+                                        lambda: matrix_args(*tensors, tvm_ffi=True, amax_partials=of_x), arch))
     if of_x:
         n_partials = nvfp4_kernels.amax_ctas(M * K // 16, sms)
         amax_then_quantize = Sequence(
