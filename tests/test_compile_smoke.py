@@ -221,10 +221,17 @@ def test_the_plans_of_the_hd512_paths_pass_each_launch_its_builds_checks(monkeyp
     q, k = bf(1, 2, 64, 512), bf(1, 300, 1, 512)
     sink = torch.randn(64, generator=gen)
     qs, kv, idx = bf(2, 64, 512), bf(500, 512), torch.randint(-1, 500, (2, 640), generator=gen, dtype=torch.int32)
+    q2, k2 = bf(2, 3, 64, 512), bf(2, 450, 1, 512)
+    idx2 = torch.randint(-1, 300, (1, 400), generator=gen, dtype=torch.int32)
     calls = {
         "hd512 unsplit": (lambda: dsv4lib.attention(q, k, k, sink=sink, num_splits=1), 1),
         "hd512 split + combine": (lambda: dsv4lib.attention(q, k, k, causal=True, num_splits=4, return_lse=True), 2),
         "sparse split + combine": (lambda: dsv4lib.sparse_attention(qs, kv, idx, sink=sink, num_splits=2), 2),
+        # the same builds at other extents (another plan each): nothing the builds leave dynamic may be baked in
+        "hd512 split + combine, other lengths": (lambda: dsv4lib.attention(q2, k2, k2, causal=True, num_splits=4,
+                                                                           return_lse=True), 2),
+        "sparse split + combine, other lengths": (lambda: dsv4lib.sparse_attention(qs[:1], kv[:300], idx2, sink=sink,
+                                                                                   num_splits=2), 2),
     }
     _plans_reach_their_launches(calls, launched, monkeypatch)
 
@@ -250,12 +257,18 @@ def test_the_plans_of_the_dense_paths_pass_each_launch_its_builds_checks(monkeyp
     bf = lambda *s: torch.randn(*s, generator=gen).to(torch.bfloat16)
     q, k, v = bf(1, 300, 4, 128), bf(1, 300, 4, 128), bf(1, 300, 4, 128)
     qd, kd = bf(2, 1, 4, 128), bf(2, 3000, 4, 128)
+    qd3, kd3 = bf(3, 2, 4, 128), bf(3, 1700, 4, 128)
     sink = torch.randn(4, generator=gen)
     branches = [dict(k=k, v=v, window=64, causal=True), dict(k=k[:, :200], v=v[:, :200])]
     calls = {
         "attention": (lambda: dsv4lib.attention(q, k, v, causal=True, sink=sink), 1),
         "attention split + combine": (lambda: dsv4lib.attention(qd, kd, kd, num_splits=4, return_lse=True), 2),
+        "attention split + combine, other lengths": (lambda: dsv4lib.attention(qd3, kd3, kd3, num_splits=4,
+                                                                               return_lse=True), 2),
         "attention_branches": (lambda: dsv4lib.attention_branches(q, branches, sink=sink, return_lse=True), 3),
+        "attention_branches, other lengths": (lambda: dsv4lib.attention_branches(
+            q[:, :170].contiguous(), [dict(k=k[:, :250], v=v[:, :250], window=64, causal=True),
+                                      dict(k=k[:, :90], v=v[:, :90])], sink=sink, return_lse=True), 3),
         "attention_nvfp4": (lambda: dsv4lib.attention_nvfp4(q, k, v, 8.0, window=64), 1),
         "attention_fp32": (lambda: dsv4lib.attention_fp32(q, k, v), 1),
     }
