@@ -393,3 +393,39 @@ def test_the_plans_of_quantize_and_dequantize_pass_each_launch_its_builds_checks
         "dequantize_nvfp4": (lambda: dsv4lib.dequantize_nvfp4(data, scales, 0.5), 1),
     }
     _plans_reach_their_launches(calls, launched, monkeypatch)
+
+
+@pytest.mark.compile
+def test_the_plans_of_sparse_decode_pass_each_launch_its_builds_checks(monkeypatch):
+    """``sparse_decode`` over two MODEL1 caches on CPU tensors (the device checks off): the split path (the decode's
+    split kernel + the PDL combine, one compiled call) at B = 1 and, with other list lengths, at B = 2, and the unsplit
+    public build at B = 40 — every launch passes its build's argument checks and stops only at the launch, twice,
+    one plan per kind."""
+    from cutlass.cutlass_dsl import CuTeDSL
+    import dsv4lib
+    from dsv4lib.ops.kvcache import Model1Cache
+    decode, combine, launch = (_ops(n) for n in ("decode", "combine", "launch"))
+    monkeypatch.setattr(CuTeDSL._get_dsl().envar, "arch", "sm_90a")
+    for module in (decode, combine):
+        monkeypatch.setattr(module, "raw_stream", lambda device: 0)
+    monkeypatch.setattr(decode, "check_hopper", lambda device, what: None)
+    monkeypatch.setattr(decode, "on_device", lambda device: launch._NO_GUARD)
+    monkeypatch.setattr(decode, "check_pages", lambda pages, page_size, name: None)
+    monkeypatch.setattr(decode, "device_facts", lambda device: ("NVIDIA H200", 132))
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))      # the first call's q check
+    launched = []
+    monkeypatch.setattr(launch, "compiled", _reaching_compiled(launch.compiled, launched))
+    gen = torch.Generator().manual_seed(0)
+    window, compressed = Model1Cache(8, 64, device="cpu"), Model1Cache(16, 64, device="cpu")
+    sink = torch.randn(64, generator=gen)
+
+    def call(B, K1, K2):
+        q = torch.randn(B, 1, 64, 512, generator=gen).to(torch.bfloat16)
+        idx = torch.randint(-1, window.num_keys, (B, 1, K1), generator=gen, dtype=torch.int32)
+        idx2 = torch.randint(-1, compressed.num_keys, (B, 1, K2), generator=gen, dtype=torch.int32)
+        lengths = torch.full((B,), K1, dtype=torch.int32), torch.full((B,), K2 - 3, dtype=torch.int32)
+        return lambda: dsv4lib.sparse_decode(q, window, idx, lengths[0], extra_k_cache=compressed,
+                                             extra_indices=idx2, extra_topk_length=lengths[1], sink=sink)
+    calls = {"B1 split + combine": (call(1, 128, 512), 2), "B2 split + combine, other lengths": (call(2, 64, 300), 2),
+             "B40 unsplit": (call(40, 128, 512), 1)}
+    _plans_reach_their_launches(calls, launched, monkeypatch)
