@@ -79,6 +79,27 @@ def _reaching_compiled(real_compiled, launched: list):
     return compiled
 
 
+def _without_a_gpu(monkeypatch, stream_modules, device_modules) -> list:
+    """What the plan tests switch off on a machine without a GPU: the runtime's arch (so sm_90a builds load), the raw
+    stream (0) in ``stream_modules``, and in ``device_modules`` whichever of the Hopper check, the device guard and
+    the device facts (an H200's 132 SMs) they use; every compiled function is wrapped by :func:`_reaching_compiled`.
+    Returns the list the wrapped functions report into."""
+    from cutlass.cutlass_dsl import CuTeDSL
+    launch = _ops("launch")
+    monkeypatch.setattr(CuTeDSL._get_dsl().envar, "arch", "sm_90a")
+    for module in stream_modules:
+        monkeypatch.setattr(module, "raw_stream", lambda device: 0)
+    stand_ins = {"check_hopper": lambda device, what: None, "on_device": lambda device: launch._NO_GUARD,
+                 "device_facts": lambda device: ("NVIDIA H200", 132)}
+    for module in device_modules:
+        for name, stand_in in stand_ins.items():
+            if hasattr(module, name):
+                monkeypatch.setattr(module, name, stand_in)
+    launched = []
+    monkeypatch.setattr(launch, "compiled", _reaching_compiled(launch.compiled, launched))
+    return launched
+
+
 def _plans_reach_their_launches(calls: dict, launched: list, monkeypatch):
     """Each call of ``calls`` (name: (call, kernels it launches)) twice, with every multi-kernel call going out as one
     compiled function (``launch.ONE_CALL``) and as one per kernel: the kernels reached, one plan per kind."""
@@ -201,21 +222,12 @@ def test_the_plans_of_the_hd512_paths_pass_each_launch_its_builds_checks(monkeyp
     build's argument checks (dtype, rank, static extents, strides, alignment) and stops only at the launch itself;
     a second call of the same kind takes the same plan.  What the GPU tests check for values, this checks for the
     plumbing, without a GPU."""
-    from cutlass.cutlass_dsl import CuTeDSL
     import dsv4lib
-    attention, sparse, combine, launch = (_ops(n) for n in ("attention", "sparse", "combine", "launch"))
-    monkeypatch.setattr(CuTeDSL._get_dsl().envar, "arch", "sm_90a")
-    for module in (attention, sparse, combine):
-        monkeypatch.setattr(module, "raw_stream", lambda device: 0)
-    for module in (attention, sparse):                # no GPU: the device checks and facts of the full path
-        monkeypatch.setattr(module, "check_hopper", lambda device, what: None)
-        monkeypatch.setattr(module, "on_device", lambda device: launch._NO_GUARD)
+    attention, sparse, combine = (_ops(n) for n in ("attention", "sparse", "combine"))
+    launched = _without_a_gpu(monkeypatch, (attention, sparse, combine), (attention, sparse))
     monkeypatch.setattr(attention, "_validate", lambda *a: None)
     monkeypatch.setattr(sparse, "_check_placement", lambda name, t: None)
-    monkeypatch.setattr(sparse, "device_facts", lambda device: ("NVIDIA H200", 132))
     monkeypatch.setattr(sparse, "active_clusters", lambda cluster, device: 132 // cluster)
-    launched = []
-    monkeypatch.setattr(launch, "compiled", _reaching_compiled(launch.compiled, launched))
     gen = torch.Generator().manual_seed(0)
     bf = lambda *s: torch.randn(*s, generator=gen).to(torch.bfloat16)
     q, k = bf(1, 2, 64, 512), bf(1, 300, 1, 512)
@@ -241,18 +253,10 @@ def test_the_plans_of_the_dense_paths_pass_each_launch_its_builds_checks(monkeyp
     """As above for the dense kernel's public functions: ``attention`` (unsplit and split + combine),
     ``attention_branches`` (a launch per branch into its workspace slot, then the combine), ``attention_nvfp4`` and
     ``attention_fp32`` — every launch of each plan passes its build's argument checks, twice, one plan per kind."""
-    from cutlass.cutlass_dsl import CuTeDSL
     import dsv4lib
-    attention, combine, launch = (_ops(n) for n in ("attention", "combine", "launch"))
-    monkeypatch.setattr(CuTeDSL._get_dsl().envar, "arch", "sm_90a")
-    for module in (attention, combine):
-        monkeypatch.setattr(module, "raw_stream", lambda device: 0)
-    monkeypatch.setattr(attention, "check_hopper", lambda device, what: None)
-    monkeypatch.setattr(attention, "on_device", lambda device: launch._NO_GUARD)
+    attention, combine = _ops("attention"), _ops("combine")
+    launched = _without_a_gpu(monkeypatch, (attention, combine), (attention,))
     monkeypatch.setattr(attention, "_validate", lambda *a: None)
-    monkeypatch.setattr(attention, "device_facts", lambda device: ("NVIDIA H200", 132))
-    launched = []
-    monkeypatch.setattr(launch, "compiled", _reaching_compiled(launch.compiled, launched))
     gen = torch.Generator().manual_seed(0)
     bf = lambda *s: torch.randn(*s, generator=gen).to(torch.bfloat16)
     q, k, v = bf(1, 300, 4, 128), bf(1, 300, 4, 128), bf(1, 300, 4, 128)
@@ -366,19 +370,12 @@ def test_the_plans_of_quantize_and_dequantize_pass_each_launch_its_builds_checks
     """``quantize_nvfp4`` with a static amax (one kernel), without one (our own max |x| kernel, then the quantize that
     reduces its partials: two kernels, one compiled call) and ``dequantize_nvfp4``: every launch of each plan passes
     its build's argument checks and stops only at the launch, twice, one plan per kind."""
-    from cutlass.cutlass_dsl import CuTeDSL
     import dsv4lib
     nvfp4, launch = _ops("nvfp4"), _ops("launch")
-    monkeypatch.setattr(CuTeDSL._get_dsl().envar, "arch", "sm_90a")
-    monkeypatch.setattr(nvfp4, "raw_stream", lambda device: 0)
-    monkeypatch.setattr(nvfp4, "on_device", lambda device: launch._NO_GUARD)
+    launched = _without_a_gpu(monkeypatch, (nvfp4,), (nvfp4,))
     monkeypatch.setattr(nvfp4, "nvfp4_arch", lambda device, what: "sm_90a")
     monkeypatch.setattr(nvfp4, "_validate", lambda x: None)
-    monkeypatch.setattr(nvfp4, "device_facts", lambda device: ("NVIDIA H200", 132))
-    launched = []
-    reaching = _reaching_compiled(launch.compiled, launched)
-    monkeypatch.setattr(launch, "compiled", reaching)
-    monkeypatch.setattr(nvfp4, "compiled", reaching)
+    monkeypatch.setattr(nvfp4, "compiled", launch.compiled)          # the dequantize's build, wrapped as well
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(40, 160, generator=gen).to(torch.bfloat16)
     data, scales = torch.zeros(40, 80, dtype=torch.uint8), torch.zeros(40, 10, dtype=torch.uint8)
@@ -401,20 +398,12 @@ def test_the_plans_of_sparse_decode_pass_each_launch_its_builds_checks(monkeypat
     split kernel + the PDL combine, one compiled call) at B = 1 and, with other list lengths, at B = 2, and the unsplit
     public build at B = 40 — every launch passes its build's argument checks and stops only at the launch, twice,
     one plan per kind."""
-    from cutlass.cutlass_dsl import CuTeDSL
     import dsv4lib
     from dsv4lib.ops.kvcache import Model1Cache
-    decode, combine, launch = (_ops(n) for n in ("decode", "combine", "launch"))
-    monkeypatch.setattr(CuTeDSL._get_dsl().envar, "arch", "sm_90a")
-    for module in (decode, combine):
-        monkeypatch.setattr(module, "raw_stream", lambda device: 0)
-    monkeypatch.setattr(decode, "check_hopper", lambda device, what: None)
-    monkeypatch.setattr(decode, "on_device", lambda device: launch._NO_GUARD)
+    decode, combine = _ops("decode"), _ops("combine")
+    launched = _without_a_gpu(monkeypatch, (decode, combine), (decode,))
     monkeypatch.setattr(decode, "check_pages", lambda pages, page_size, name: None)
-    monkeypatch.setattr(decode, "device_facts", lambda device: ("NVIDIA H200", 132))
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))      # the first call's q check
-    launched = []
-    monkeypatch.setattr(launch, "compiled", _reaching_compiled(launch.compiled, launched))
     gen = torch.Generator().manual_seed(0)
     window, compressed = Model1Cache(8, 64, device="cpu"), Model1Cache(16, 64, device="cpu")
     sink = torch.randn(64, generator=gen)
