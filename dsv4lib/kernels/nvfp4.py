@@ -43,13 +43,13 @@ THREADS = 128
 DEPTH = 3
 DEPTH_FP32 = 1
 CTAS_PER_SM = 0
-ENCODER = "lines"
+ENCODER = "lines"        # sm_90a: "lines" (quantize_block_lines) or "magic" (e2m1_code_magic per value)
 # Programmatic dependent launch: the quantize (and the amax pass) launch while the kernel before them in the stream
 # drains, wait for it (``griddepcontrol.wait``, before any load: x may be its output) and let their own dependents
 # launch once every CTA has issued its loads — so back-to-back launches overlap one kernel's tail wave with the next
 # one's launch and ramp, which is most of what the 4096² shape loses to a copy (12.2 µs against ~10; H200 graph
 # replay 0.829 of the copy rate at `d2bc37e`, the bar 0.85).  Not yet measured (session 29 had no GPU time).
-PDL = True        # sm_90a: "lines" (quantize_block_lines) or "magic" (e2m1_code_magic per value)
+PDL = True
 
 
 @dsl_user_op

@@ -12,7 +12,7 @@ from ..reference.attention import check_attention_shapes, check_window
 from .combine import combine_launcher
 from .launch import (Launch, Sequence, aligned16, amax_tensor, cached_config, check_hopper, check_num_splits,
                      compile_stream, device_facts, find_plan, keep_plan, on_device, options_sig, placeholder,
-                     raw_stream, sink_passer, tensor_sig, to_cute, unread_lse, workspace)
+                     lse_output, raw_stream, sink_passer, tensor_sig, to_cute, workspace)
 
 SUPPORTED_DTYPES = (torch.bfloat16,)
 MQA_HEAD_DIM = 512          # DSV4: one shared KV head, K = V, through dsv4lib.ops.sparse's MQA kernel
@@ -226,10 +226,8 @@ def _plan(q, k, v, *, scale, causal, window, sink, return_lse, p_path, num_split
                                           device_facts(device)[1])
     num_splits = min(num_splits, n_blocks)                  # documented clamp: at most one KV tile per split
     lse_shape = (B, H, Sq)
-    # an unsplit build without LSE never writes it: a placeholder saves the allocation; the combine always writes
-    # one, into a buffer kept for that when the caller does not want it
-    new_lse = bool(return_lse)
-    no_lse = placeholder(device, "lse") if num_splits == 1 else unread_lse(device, lse_shape)
+    # an unsplit build without LSE never writes it (a placeholder); the combine always writes one
+    new_lse = lse_output(device, lse_shape, bool(return_lse), written=num_splits > 1)
     with_sink = sink is not None
     pass_sink = sink_passer(sink, device)
     if num_splits == 1:
@@ -241,7 +239,7 @@ def _plan(q, k, v, *, scale, causal, window, sink, return_lse, p_path, num_split
 
     def run(q, k, v, sink):
         out = torch.empty_like(q)
-        lse = torch.empty(lse_shape, dtype=torch.float32, device=device) if new_lse else no_lse
+        lse = new_lse()
         sink_t = pass_sink(sink)
         with on_device(device):
             if num_splits == 1:
@@ -293,12 +291,12 @@ def _branches_plan(q, branches, *, sink, scale, return_lse):
     branches_then_combine = Sequence(*(go for go, _, _ in slots),
                                      combine_launcher(D, device, has_sink=sink is not None))
     lse_shape = (B, H, Sq)
-    no_lse = None if return_lse else unread_lse(device, lse_shape)      # the combine writes it either way
+    new_lse = lse_output(device, lse_shape, bool(return_lse))          # the combine writes it either way
     pass_sink = sink_passer(sink, device)
 
     def run(q, branches, sink):
         out = torch.empty_like(q)
-        lse = torch.empty(lse_shape, dtype=torch.float32, device=device) if no_lse is None else no_lse
+        lse = new_lse()
         sink_t = pass_sink(sink)
         with on_device(device):
             branches_then_combine(*[(q, br["k"], br["v"], o_slot, lse_slot, sink_t)

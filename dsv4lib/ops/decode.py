@@ -14,8 +14,8 @@ from .attention import check_sink
 from .combine import combine_launcher
 from .kvcache import Model1Cache, cache_pages, check_pages
 from .launch import (Launch, Sequence, cached_config, check_hopper, check_num_splits, device_facts, find_plan,
-                     keep_plan, on_device, options_sig, placeholder, raw_stream, rows_dynamic, sink_passer, stream_arg,
-                     tensor_sig, unread_lse, workspace)
+                     keep_plan, lse_output, on_device, options_sig, placeholder, raw_stream, rows_dynamic, sink_passer,
+                     stream_arg, tensor_sig, workspace)
 from .sparse import HEAD_DIM, HEADS_PER_CTA
 
 DECODE_HEADS = (64, 128)
@@ -208,7 +208,7 @@ def _decode_plan(q, k_cache, indices, topk_length, *, extra_k_cache, extra_indic
     if not extra:
         page_size2 = 1
     out_shape, lse_shape = (B, s_q, H, HEAD_DIM), (B, H, s_q)
-    no_lse = None if return_lse else unread_lse(device, lse_shape)      # the builds write an LSE either way
+    new_lse = lse_output(device, lse_shape, bool(return_lse))          # the builds write an LSE either way
     pass_sink = sink_passer(sink, device)
     # the outputs as returned: the unsplit build takes them as they are (its split mode is added at trace time)
     go = launcher(config, device, page_size=page_size, page_size2=page_size2, scale=scale, public=splits == 1)
@@ -228,7 +228,7 @@ def _decode_plan(q, k_cache, indices, topk_length, *, extra_k_cache, extra_indic
         lengths2 = no_lengths if extra_topk_length is None else extra_topk_length
         sink_t = pass_sink(sink)
         out = torch.empty(out_shape, dtype=torch.bfloat16, device=device)
-        lse = torch.empty(lse_shape, dtype=torch.float32, device=device) if no_lse is None else no_lse
+        lse = new_lse()
         with on_device(device):
             if splits == 1:
                 go(q, pages, indices, lengths, pages2, extra_indices, lengths2, out, lse, sink_t)

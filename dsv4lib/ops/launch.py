@@ -313,6 +313,16 @@ def unread_lse(device, shape: tuple) -> torch.Tensor:
     return lse
 
 
+def lse_output(device, shape: tuple, wanted: bool, written: bool = True) -> Callable[[], torch.Tensor]:
+    """How a call plan gets the LSE tensor its launch writes, decided once: a new fp32 tensor of ``shape`` per call
+    when the caller asked for it (``wanted``), else :func:`unread_lse`'s kept buffer when the build writes one anyway
+    (``written``), else the one-element placeholder of a build that writes none."""
+    if wanted:
+        return lambda: torch.empty(shape, dtype=torch.float32, device=device)
+    kept = unread_lse(device, shape) if written else placeholder(device, "lse")
+    return lambda: kept
+
+
 _WORKSPACE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
 

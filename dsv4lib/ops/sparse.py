@@ -14,8 +14,8 @@ from ..kernels.splitkv import nonempty_splits
 from .attention import check_sink
 from .combine import combine_launcher
 from .launch import (Launch, Sequence, cached_config, check_hopper, check_num_splits, device_facts, find_plan,
-                     keep_plan, on_device, options_sig, placeholder, raw_stream, rows_dynamic, sink_passer, stream_arg,
-                     tensor_sig, unread_lse, workspace)
+                     keep_plan, lse_output, on_device, options_sig, placeholder, raw_stream, rows_dynamic, sink_passer,
+                     stream_arg, tensor_sig, workspace)
 
 HEAD_DIM = 512
 HEADS_PER_CTA = 64
@@ -161,7 +161,7 @@ def _runner(B: int, Sq: int, H: int, device, *, gather, causal, window, sink, sc
     kept for that (``launch.unread_lse``), not a new tensor."""
     no_idx = placeholder(device, "indices")
     lead = () if public == "sparse" else (B,)
-    no_lse = None if return_lse else unread_lse(device, (*lead, H, Sq))
+    new_lse = lse_output(device, (*lead, H, Sq), return_lse)
     with_sink, pass_sink = sink is not None, sink_passer(sink, device)
     window_on = window is not None
     if num_splits == 1:
@@ -185,7 +185,7 @@ def _runner(B: int, Sq: int, H: int, device, *, gather, causal, window, sink, sc
         sink_t = pass_sink(sink)
         idx = idx if gather else no_idx
         out = torch.empty(*lead, Sq, H, HEAD_DIM, dtype=torch.bfloat16, device=device)
-        lse = torch.empty(*lead, H, Sq, dtype=torch.float32, device=device) if no_lse is None else no_lse
+        lse = new_lse()
         with on_device(device):
             if num_splits == 1:
                 go(q, kv, idx, out, lse, sink_t)
