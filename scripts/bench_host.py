@@ -2,13 +2,15 @@
 ≤ 25 µs), next to FA4's ``flash_attn_func`` and a one-element torch op in the same run; with ``--profile`` the
 cProfile breakdown of each call (where the remaining microseconds go) into DIR/host_profile.txt.
 
-    python scripts/bench_host.py [--profile DIR] [--split] [--one-call 0|1]
+    python scripts/bench_host.py [--profile DIR] [--split] [--one-call 0|1] [--rounds N]
 
 ``--split``: each call timed a second time with every compiled launch replaced by a no-op (the kernels' TVM-FFI
 functions are not called): what is left is Python, validation, allocations and views; the difference is the
 launches themselves (TVM-FFI argument checks + ``cuLaunchKernel``); its "launches" column counts compiled calls (a
 multi-kernel call is one, ``launch.Sequence``).  ``--one-call 0``: every kernel its own compiled call
-(``launch.ONE_CALL = False``), the A/B of the sequences.
+(``launch.ONE_CALL = False``), the A/B of the sequences.  ``--rounds N`` (default 3): every call timed in N rounds
+that go over all calls in turn; the row shows the median of the rounds and their spread (min, max) — one run of
+100 calls moved by ±5 µs between runs on the H100 machine (session 30), more than most A/Bs it was read for.
 """
 import argparse
 import contextlib
@@ -16,6 +18,7 @@ import cProfile
 import io
 import json
 import pstats
+import statistics
 
 import torch
 
@@ -116,16 +119,23 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--profile", metavar="DIR", help="write the cProfile breakdown of each call to DIR/host_profile.txt")
     ap.add_argument("--split", action="store_true", help="also time each call with its launches stubbed out")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds over all calls; a row is the median of its rounds")
     ap.add_argument("--one-call", type=int, default=1, help="launch.ONE_CALL: 1 (default) a multi-kernel call is one "
                     "compiled call, 0 one per kernel")
     args = ap.parse_args()
     launch.ONE_CALL = bool(args.one_call)
     print(json.dumps({"one_call": launch.ONE_CALL}), flush=True)
     rows, report = {}, io.StringIO()
-    for name, fn in calls().items():
-        us = bench.host_us(fn, calls=100)
+    functions = calls()
+    rounds = {name: [] for name in functions}
+    for _ in range(max(args.rounds - 1, 0)):       # the last round is the loop below
+        for name, fn in functions.items():
+            rounds[name].append(bench.host_us(fn, calls=100))
+    for name, fn in functions.items():
+        rounds[name].append(bench.host_us(fn, calls=100))
+        us = statistics.median(rounds[name])
         rows[name] = us
-        row = {"call": name, "host_us": round(us, 1),
+        row = {"call": name, "host_us": round(us, 1), "spread": [round(min(rounds[name]), 1), round(max(rounds[name]), 1)],
                "bar": None if name.startswith(("peer", "floor", "piece")) else us <= BAR_US}
         if args.split and not name.startswith(("peer", "floor", "piece")):
             with launches_stubbed() as launched:

@@ -4,8 +4,8 @@
 #        command: bash scripts/gpu_session.sh <commit> [what ...]
 # what: tests (scripts/gpu_check.sh), pipeline (every stage), bench (bench_sparse, bench_nvfp4, quick_bench),
 # ab (scripts/ab_time.py against the tree in .ab/before, when carried), probes (host µs split into launches and the
-# rest, and with a compiled call per kernel; D7 B1 at 5 / 8 / 10 splits beside FlashMLA; D6's gather with FlashMLA's
-# L2 hints — 256 B prefetch, evict-last policy, both — over a 256 MiB key pool); d1 (scripts/sweep_d1.py: hd128
+# rest, and with a compiled call per kernel; D7 B1 at 5 / 8 / 10 splits beside FlashMLA; D6's prefill with both grid
+# orders over a 32 MiB (L2-resident) and a 256 MiB key pool: H100 read 0.79x FlashMLA at H128 on the small pool); d1 (scripts/sweep_d1.py: hd128
 # tile shapes vs FA4, ~4 min);
 # default: all three — about 10 min, over the 600 s a call may take: run "tests pipeline" (~6.5 min) in one
 # call and "bench" (~3.5 min) in the next.  Results land in $OUT/session.tgz (stages/results/<gpu>.json, STATUS.md, stage logs and
@@ -29,8 +29,8 @@ for w in $what; do
                 --tree after=. --out "$out/logs/ab.json" 2>&1 | tail -n 14 | tee "$out/logs/ab.txt" ;;
     probes)   { timeout 150 python scripts/bench_host.py --split; timeout 120 python scripts/bench_host.py --one-call 0;
                 timeout 120 python scripts/bench_d7.py --no-bf16 --shapes 0 --splits 5,8,10;
-                timeout 300 python scripts/probe_d6.py --variants full,l2_256,evict_last,flashmla_hints \
-                  --pool-rows 262144; } 2>&1 \
+                timeout 300 python scripts/probe_d6.py --variants full,token_fastest --pool-rows 32768;
+                timeout 300 python scripts/probe_d6.py --variants full,token_fastest --pool-rows 262144; } 2>&1 \
                 | tee "$out/logs/probes.txt" | tail -n 30 ;;
     d1)       timeout 420 python scripts/sweep_d1.py 2>&1 | tee "$out/logs/d1.txt" | tail -n 6 ;;
     bench)    { timeout 120 python scripts/bench_sparse.py; timeout 60 python scripts/bench_nvfp4.py;
