@@ -2,6 +2,8 @@
 # One device-tool call that does a session's GPU work and brings everything back in ONE archive:
 #   run  carry [".device-a", ".device-b", ".device-c"]   (66.8 MB with the tree: under the 64 MiB limit)
 #        command: bash scripts/gpu_session.sh <commit> [what ...]
+#   <commit>: this machine's `git rev-parse --short HEAD`, written into the command as a literal — on a warm device
+#   machine `$(git rev-parse ...)` read the first call's commit again (session 30: two later calls were stamped with it)
 # what: tests (scripts/gpu_check.sh), pipeline (every stage), bench (bench_sparse, bench_nvfp4, quick_bench),
 # ab (scripts/ab_time.py against the tree in .ab/before, when carried), probes (host µs split into launches and the
 # rest, and with a compiled call per kernel; D7 B1 at 5 / 8 / 10 splits beside FlashMLA; D6's prefill with both grid
