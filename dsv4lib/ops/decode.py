@@ -24,7 +24,8 @@ DECODE_SQ = (1, 2)             # one token, or two with MTP
 # combine reads back, and with the rolling producer a CTA's 10-18 tiles cost less than that round trip once the SMs are
 # half busy.  Measured (H100, issue #35 shapes): B64 H64 1 / 2 / 4 splits 50 / 75 / 91 µs, B128 H64 53 / 146 µs,
 # B1 H64 43 / 32 / 24 / 17 µs at 1 / 2 / 4 / 8 splits (8 asked of 10 tiles: 2 tiles each, so 5 did the work and 3
-# wrote empty partials — now 5 are asked).  A split keeps at least one 64-key tile.
+# wrote empty partials; 5 asked measured no faster than 8, 10 — a tile each — as fast: 10 now).  A split keeps at
+# least one 64-key tile.
 DECODE_MAX_SPLITS = 16
 # H = 128: the two head-group CTAs of a token as one cluster that dequantizes each key once (the crossover)
 HEAD_PAIR_CLUSTER = True
@@ -32,10 +33,15 @@ HEAD_PAIR_CLUSTER = True
 
 def decode_splits(batch_ctas: int, n_tiles: int, sms: int) -> int:
     """The split count of a decode launch of ``batch_ctas`` (token, head group) CTAs over ``n_tiles`` 64-key tiles:
-    doubling within half a wave, then only as many as get a tile (``nonempty_splits``)."""
+    doubling within half a wave; when every tile can have a CTA of its own within half a wave, one tile a split (a
+    latency-bound call: the fewer tiles a CTA walks, the sooner the last partial lands — B1 H64's 10 tiles over 5 /
+    8 / 10 splits took 16.1 / 15.7 / 15.7 and 16.2 / 15.9 / 15.8 µs in two runs, H100, session 30); then only as
+    many as get a tile (``nonempty_splits``)."""
     splits = 1
     while splits * 2 <= DECODE_MAX_SPLITS and batch_ctas * splits * 2 <= sms // 2 and n_tiles // (splits * 2) >= 1:
         splits *= 2
+    if splits > 1 and batch_ctas * n_tiles <= sms // 2:
+        splits = min(n_tiles, DECODE_MAX_SPLITS)
     return nonempty_splits(n_tiles, splits)
 
 
