@@ -26,8 +26,10 @@
 #   `docs/tuning/d1_d5.md`;
 # * the sink joins the final denominator: `O = Σ e^{ℓ} v / (Σ e^{ℓ} + e^{σ})`, the LSE excludes it.
 #
-# D5b: the compressed branch (CSA/HCA entries) is a second key set; `dsv4lib.attention_branches` runs each
-# branch into an fp32 slot (normalized output + LSE) and merges them with the combine kernel, the sink once.
+# D5b: the compressed branch (CSA/HCA entries) is a second key set; `dsv4lib.attention_branches` runs every
+# branch but the last into an fp32 slot (normalized output + LSE); the last branch's kernel folds those slots into
+# its own rows before its epilogue (weights `2^(lse - max)`, the sink once in the merged denominator) and writes
+# the bf16 output: the combine's merge without a launch of its own, n kernels for n branches.
 # Speed is counted in TFLOP/s over the **visible pairs only**.  For W = 128 the honest ceiling is memory: Q, K, V
 # and O must cross HBM once (4 · B·S·H·D · 2 bytes), so the fastest possible time is those bytes at the copy
 # bandwidth of stage 00.  `bw_fraction` is how close the kernel gets to that floor, and `ratio_ceiling` the best

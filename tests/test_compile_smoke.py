@@ -251,7 +251,8 @@ def test_the_plans_of_the_hd512_paths_pass_each_launch_its_builds_checks(monkeyp
 @pytest.mark.compile
 def test_the_plans_of_the_dense_paths_pass_each_launch_its_builds_checks(monkeypatch):
     """As above for the dense kernel's public functions: ``attention`` (unsplit and split + combine),
-    ``attention_branches`` (a launch per branch into its workspace slot, then the combine), ``attention_nvfp4`` and
+    ``attention_branches`` (a launch per earlier branch into its workspace slot, then the last branch's build that
+    merges them — two branches, two launches; three, three; one, one), ``attention_nvfp4`` and
     ``attention_fp32`` — every launch of each plan passes its build's argument checks, twice, one plan per kind."""
     import dsv4lib
     attention, combine = _ops("attention"), _ops("combine")
@@ -269,10 +270,13 @@ def test_the_plans_of_the_dense_paths_pass_each_launch_its_builds_checks(monkeyp
         "attention split + combine": (lambda: dsv4lib.attention(qd, kd, kd, num_splits=4, return_lse=True), 2),
         "attention split + combine, other lengths": (lambda: dsv4lib.attention(qd3, kd3, kd3, num_splits=4,
                                                                                return_lse=True), 2),
-        "attention_branches": (lambda: dsv4lib.attention_branches(q, branches, sink=sink, return_lse=True), 3),
+        "attention_branches": (lambda: dsv4lib.attention_branches(q, branches, sink=sink, return_lse=True), 2),
         "attention_branches, other lengths": (lambda: dsv4lib.attention_branches(
             q[:, :170].contiguous(), [dict(k=k[:, :250], v=v[:, :250], window=64, causal=True),
-                                      dict(k=k[:, :90], v=v[:, :90])], sink=sink, return_lse=True), 3),
+                                      dict(k=k[:, :90], v=v[:, :90])], sink=sink, return_lse=True), 2),
+        "attention_branches, three": (lambda: dsv4lib.attention_branches(
+            q, [dict(k=k[:, :90], v=v[:, :90]), *branches], return_lse=False), 3),
+        "attention_branches, one": (lambda: dsv4lib.attention_branches(q, branches[:1], sink=sink), 1),
         "attention_nvfp4": (lambda: dsv4lib.attention_nvfp4(q, k, v, 8.0, window=64), 1),
         "attention_fp32": (lambda: dsv4lib.attention_fp32(q, k, v), 1),
     }
@@ -290,8 +294,8 @@ def _entries(ptx: str) -> list[str]:
 
 @pytest.mark.compile
 def test_a_one_call_sequence_launches_each_kernel_with_its_own_builds_device_code(monkeypatch):
-    """A call that launches several kernels (split + combine, a kernel per branch + combine, the FP8 decode's split +
-    PDL combine) goes out as ONE compiled TVM-FFI function (``launch.Sequence``, issue #28: one round of argument
+    """A call that launches several kernels (split + combine, a kernel per branch with the last one merging, the FP8
+    decode's split + PDL combine) goes out as ONE compiled TVM-FFI function (``launch.Sequence``, issue #28: one round of argument
     checks instead of one per kernel).  Its module holds exactly the kernels of the separate builds, in launch order,
     each byte for byte the device code its own build compiles to; and the sequence's arguments pass the builds'
     argument checks and stop only at the launch (no GPU here)."""
@@ -324,10 +328,11 @@ def test_a_one_call_sequence_launches_each_kernel_with_its_own_builds_device_cod
     cases = {
         "split + combine": [(split(), (q, k, k, o_part, lse_part, sink)),
                             (combine.combine_launcher(128, cpu, has_sink=True), (o_part, lse_part, out, lse, sink))],
-        "branches + combine": [(split(window=64), (q, k, k, o_part[:1], lse_part[:1], sink)),
-                               (split(), (q, k[:, :300], k[:, :300], o_part[1:], lse_part[1:], sink)),
-                               (combine.combine_launcher(128, cpu, has_sink=False),
-                                (o_part, lse_part, out, lse, sink))],
+        "branches, the last one merging": [
+            (split(window=64), (q, k, k, o_part[:1], lse_part[:1], sink)),
+            (split(), (q, k[:, :300], k[:, :300], o_part[1:], lse_part[1:], sink)),
+            (attention.launcher(Sm90FwdConfig.for_problem(128, sink=True, overlap=False).replace(merge_slots=2), cpu,
+                                scale=0.1, window=None, prev=(o_part, lse_part)), (q, k[:, :90], k[:, :90], out, lse, sink))],
         "FP8 decode split + PDL combine": [
             (decode_split, (q1, *cache_args, d_part, d_lse_part, sink64)),
             (combine.combine_launcher(512, cpu, has_sink=True, pdl=True),

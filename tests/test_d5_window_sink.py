@@ -169,6 +169,33 @@ def test_branch_merge_equals_one_softmax_over_the_union(D):
     torch.testing.assert_close(lse.double(), ref_lse, atol=2e-3, rtol=1e-4)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [64, 128])
+def test_the_last_branch_merges_any_number_of_earlier_ones(D):
+    """The last branch's build folds the earlier branches' partials into its own rows (no combine launch): three
+    branches — two compressed key sets, then a causal branch shorter than the queries, so its first 100 rows have
+    no key of their own and take everything from the earlier slots — and a single branch (nothing to merge) equal
+    the reference over the union, the sink once; the LSE too."""
+    gen = torch.Generator().manual_seed(fresh_seed())
+    B, S, H = 2, 300, 4
+    q, k, _ = attention_inputs(B, S, S, H, 1, D, gen)
+    kc = torch.randn(B, 40, 1, D, generator=gen).cuda().bfloat16()
+    kc2 = torch.randn(B, 17, 1, D, generator=gen).cuda().bfloat16()
+    kt = k[:, :S - 100].contiguous()
+    sink = torch.randn(H, generator=gen).cuda()
+    out, lse = dsv4lib.attention_branches(q, [dict(k=kc, v=kc), dict(k=kc2, v=kc2), dict(k=kt, v=kt, causal=True)],
+                                          sink=sink, return_lse=True)
+    parts = [reference.attention(q.double(), t.double(), t.double(), causal=c, return_lse=True)
+             for t, c in ((kc, False), (kc2, False), (kt, True))]
+    ref, ref_lse = reference.lse_merge([o for o, _ in parts], [l for _, l in parts], sink=sink.double())
+    check_output(out, ref)
+    torch.testing.assert_close(lse.double(), ref_lse, atol=2e-3, rtol=1e-4)
+    one, one_lse = dsv4lib.attention_branches(q, [dict(k=kc, v=kc)], sink=sink, return_lse=True)
+    ref1, ref1_lse = reference.lse_merge([parts[0][0]], [parts[0][1]], sink=sink.double())
+    check_output(one, ref1)
+    torch.testing.assert_close(one_lse.double(), ref1_lse, atol=2e-3, rtol=1e-4)
+
+
 def test_branch_merge_validates_its_branches():
     q = torch.zeros(1, 4, 2, 64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="branches"):

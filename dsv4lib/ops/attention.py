@@ -89,6 +89,16 @@ def config_for(q, *, causal=False, has_lse=True, window=None, sink=False, split_
                          nvfp4_out, pack_gqa)
 
 
+def merge_config(q, *, causal, window, sink: bool, slots: int) -> Sm90FwdConfig:
+    """The last branch of :func:`attention_branches`: the plain (not overlapped) build of the final output (bf16 O,
+    LSE, the sink) that folds the ``slots`` earlier branches' partials into its rows — the combine, without its own
+    launch."""
+    return cached_config(lambda: Sm90FwdConfig.for_problem(q.shape[3], causal=causal, window=window, sink=sink,
+                                                           has_lse=True, overlap=False,
+                                                           gpu_name=device_facts(q.device)[0]).replace(
+                             merge_slots=slots), "merge", q.device, q.shape[3], causal, window, sink, slots)
+
+
 def plain_split_config(q, *, causal, window) -> Sm90FwdConfig:
     """The plain (not overlapped) split build, one per problem kind: what the branch merge was measured and recorded
     with, and whose fp32 sums the NVFP4 epilogue's bits are checked on (``attention_fp32``)."""
@@ -110,11 +120,16 @@ def work_counters(device, stream: int) -> torch.Tensor:
     return counters
 
 
-def launcher(config: Sm90FwdConfig, device, *, scale: float, window):
+def launcher(config: Sm90FwdConfig, device, *, scale: float, window, prev=None):
     """The launch of the Hopper kernel built for ``config`` as a function of the call's tensors ``(q, k, v, o, lse,
     sink_t[, out_scales, s_enc])``: ``o`` / ``lse`` (B, Sq, H, D) and (B, H, Sq), or the split workspace (splits, ...)
-    for a split build; ``out_scales`` / ``s_enc`` the NVFP4 build's extra outputs.  The build is looked up (compiled
-    the first time) on the first launch; a call plan keeps the launcher, so later launches only pass arguments."""
+    for a split build; ``out_scales`` / ``s_enc`` the NVFP4 build's extra outputs; ``prev`` (a ``merge_slots``
+    build): the workspace ``(o_part, lse_part)`` of the earlier branches, fixed with the plan.  The build is looked
+    up (compiled the first time) on the first launch; a call plan keeps the launcher, so later launches only pass
+    arguments."""
+    if bool(config.merge_slots) != (prev is not None) or (prev is not None and prev[0].shape[0] != config.merge_slots):
+        raise ValueError("a merge_slots build takes the workspace of exactly that many earlier branches")
+    merged = (None, None) if prev is None else tuple(prev)        # the build's last two arguments, always passed
     split = config.split_kv
     leading = (3, 3, 3, 4 if split else 3, 3 if split else 2, 0, 3, 0)
     scale_log2 = scale * math.log2(math.e)
@@ -126,7 +141,7 @@ def launcher(config: Sm90FwdConfig, device, *, scale: float, window):
         stream = raw_stream(device)
         counters = work_counters(device, stream) if dynamic else None     # every argument positional
         return (q, k, v, o, lse, scale_log2, win, sink_t, no_scales if out_scales is None else out_scales,
-                no_s_enc if s_enc is None else s_enc, stream, counters)
+                no_s_enc if s_enc is None else s_enc, stream, counters, *merged)
 
     def spec(q, k, v, o, lse, sink_t, out_scales=None, s_enc=None):
         tensors = args(q, k, v, o, lse, sink_t, out_scales, s_enc)
@@ -137,7 +152,8 @@ def launcher(config: Sm90FwdConfig, device, *, scale: float, window):
             lead = leading if out_scales is not None else leading[:6] + (0, 0)
             t = [to_cute(x, d, tvm_ffi=True) for x, d in zip(tensors, lead)]
             return (*t[:5], Float32(scale_log2), Int32(win), *t[5:], compile_stream(),
-                    None if counters is None else to_cute(counters, 0, tvm_ffi=True))
+                    None if counters is None else to_cute(counters, 0, tvm_ffi=True),
+                    *[None if x is None else to_cute(x, d, tvm_ffi=True) for x, d in zip(merged, (4, 3))])
 
         def make_kernel():
             from ..kernels.sm90.flash_fwd import FlashAttentionForwardSm90
@@ -255,9 +271,11 @@ def attention_branches(q, branches, *, sink=None, scale=None, return_lse=False):
     on the GPU, the sink applied once after the merge (DSV4: the window branch and the compressed branch).
 
     ``branches``: a list of dicts ``{"k": ..., "v": ..., "causal": bool, "window": int | None}``, each a key
-    set for the same queries ``q``.  Each branch runs the kernel's split-KV build with one split into its own
-    slot of an fp32 workspace (output normalized over its keys + LSE, no sink); the combine kernel merges the
-    slots.  Equals :func:`dsv4lib.reference.attention` over the concatenated keys."""
+    set for the same queries ``q``.  Every branch but the last runs the kernel's split-KV build with one split into
+    its own slot of an fp32 workspace (output normalized over its keys + LSE, no sink); the last branch's build
+    (``merge_slots``) folds those slots into its own rows before its epilogue — the combine's merge, weights
+    ``2^(lse - max)``, the sink once — and writes the bf16 output and the LSE: n launches for n branches.  Equals
+    :func:`dsv4lib.reference.attention` over the concatenated keys."""
     try:
         key = ("branches", tensor_sig(q), tensor_sig(sink), options_sig(scale, return_lse),
                *[(tensor_sig(br["k"]), tensor_sig(br["v"]), options_sig(br.get("causal", False), br.get("window")))
@@ -283,25 +301,30 @@ def _branches_plan(q, branches, *, sink, scale, return_lse):
     if D == MQA_HEAD_DIM:
         raise ValueError("attention_branches runs the head dims of the dense kernel (64, 128, 256)")
     scale = D ** -0.5 if scale is None else float(scale)
-    o_part, lse_part = workspace(len(branches), B, Sq, H, D, device)
-    # each branch into its own slot of the workspace (views made once, with the plan)
+    earlier, last = branches[:-1], branches[-1]
+    prev = workspace(len(earlier), B, Sq, H, D, device) if earlier else None
+    # each earlier branch into its own slot of the workspace (views made once, with the plan)
     slots = [(launcher(plain_split_config(q, causal=bool(br.get("causal", False)), window=br.get("window")), device,
-                       scale=scale, window=br.get("window")), o_part[i:i + 1], lse_part[i:i + 1])
-             for i, br in enumerate(branches)]
-    branches_then_combine = Sequence(*(go for go, _, _ in slots),
-                                     combine_launcher(D, device, has_sink=sink is not None))
+                       scale=scale, window=br.get("window")), prev[0][i:i + 1], prev[1][i:i + 1])
+             for i, br in enumerate(earlier)]
+    # the last branch merges the slots in its epilogue and writes the output (no combine launch)
+    last_go = launcher(merge_config(q, causal=bool(last.get("causal", False)), window=last.get("window"),
+                                    sink=sink is not None, slots=len(earlier)), device,
+                       scale=scale, window=last.get("window"), prev=prev)
+    all_branches = Sequence(*(go for go, _, _ in slots), last_go)
     lse_shape = (B, H, Sq)
-    new_lse = lse_output(device, lse_shape, bool(return_lse))          # the combine writes it either way
+    new_lse = lse_output(device, lse_shape, bool(return_lse))          # the last build writes it either way
     pass_sink = sink_passer(sink, device)
 
     def run(q, branches, sink):
         out = torch.empty_like(q)
         lse = new_lse()
         sink_t = pass_sink(sink)
+        last = branches[-1]
         with on_device(device):
-            branches_then_combine(*[(q, br["k"], br["v"], o_slot, lse_slot, sink_t)
-                                    for (_, o_slot, lse_slot), br in zip(slots, branches)],
-                                  (o_part, lse_part, out, lse, sink_t))
+            all_branches(*[(q, br["k"], br["v"], o_slot, lse_slot, sink_t)
+                           for (_, o_slot, lse_slot), br in zip(slots, branches)],
+                         (q, last["k"], last["v"], out, lse, sink_t))
         return (out, lse) if return_lse else out
     return run
 

@@ -74,6 +74,8 @@ class Sm90FwdConfig(_Config):
     warpgroup_tiles: bool = False   # each consumer warpgroup visits only its own rows' K/V tiles (small windows)
     o_in_q_stage: bool = False      # O staged in its item's dead Q stage, stored by an idle producer warp
     l2_hints: bool = False          # Q / O evict-first, K / V evict-last
+    merge_slots: int = 0            # attention_branches' last branch: folds the fp32 partials of the branches before
+                                    # it (workspace slots 0 .. n-1) into its rows before the epilogue (no combine)
 
     @property
     def key_tile(self) -> int:
@@ -121,6 +123,9 @@ class Sm90FwdConfig(_Config):
                              "(persistent=True, bf16 out)")
         if self.l2_hints and not (self.warpgroup_tiles and self.o_in_q_stage):
             raise ValueError("l2_hints is built for the warpgroup-tiles producer and the o_in_q_stage storer")
+        if self.merge_slots < 0 or (self.merge_slots and (self.split_kv or self.persistent or self.nvfp4_out)):
+            raise ValueError("merge_slots (the earlier branches' partials folded into the last branch's rows) is built "
+                             "for the one-block-a-CTA bf16 epilogue: no split_kv, persistence or NVFP4 out")
         smem = self.smem_bytes()
         if smem + 1024 > SMEM_PER_SM:
             raise ValueError(f"{smem} B of shared memory per CTA do not fit an SM (tile_m {self.tile_m}, tile_n "

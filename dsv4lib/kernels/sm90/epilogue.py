@@ -8,9 +8,9 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32, const_expr
 
-from ..common import tma_store_tile
+from ..common import exp2, tma_store_tile
 from ..nvfp4 import e2m1_code_magic, nvfp4_block_scale
-from ..softmax import finish_row
+from ..softmax import LOG2_E, finish_row
 
 
 class Sm90Epilogue:
@@ -35,14 +35,20 @@ class Sm90Epilogue:
 
     @cute.jit
     def finish_rows(self, acc_O_rc, tOcO_rc, row_max, row_sum, mSink, mLSE, softmax_scale_log2, m_block, head, batch,
-                    split, rows_q):
-        """Epilogue, rows: the row sums finished across the quad, the sink added to the denominator, O normalized
-        in place, the LSE (sink excluded) written by the thread holding column 0."""
+                    split, rows_q, mPrevO=None, mPrevLSE=None):
+        """Epilogue, rows: the row sums finished across the quad, the earlier branches' partials folded in
+        (``merge_slots``), the sink added to the denominator, O normalized in place, the LSE (sink excluded) written
+        by the thread holding column 0."""
         for r in cutlass.range_constexpr(cute.size(row_sum)):
             s = row_sum[r]
             s += cute.arch.shuffle_sync_bfly(s, offset=2)
             s += cute.arch.shuffle_sync_bfly(s, offset=1)
-            inv, lse = finish_row(s, row_max[r], softmax_scale_log2,
+            row_top, top_scale = row_max[r], softmax_scale_log2
+            if const_expr(self.merge_slots):
+                s, row_top = self.merge_previous(acc_O_rc, tOcO_rc, r, s, row_max[r] * softmax_scale_log2, mPrevO,
+                                                 mPrevLSE, m_block, head, batch, rows_q)
+                top_scale = Float32(1.0)               # row_top is in log2 units already
+            inv, lse = finish_row(s, row_top, top_scale,
                                   self.sink_logit(mSink, head, m_block * self.tile_m + tOcO_rc[r, 0][0]))
             for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
                 acc_O_rc[r, c] = acc_O_rc[r, c] * inv
@@ -54,6 +60,48 @@ class Sm90Epilogue:
                         mLSE[row, head, batch, split] = lse
                     else:
                         mLSE[row, head, batch] = lse
+
+    @cute.jit
+    def merge_previous(self, acc_O_rc, tOcO_rc, r: cutlass.Constexpr, own_sum, own_max2, mPrevO, mPrevLSE, m_block,
+                       head, batch, rows_q):
+        """The combine's merge inside the last branch (``merge_slots``): row ``r`` of this CTA's unnormalized O
+        (its sum ``own_sum``, its max ``own_max2`` in log2 units) joined by the earlier branches' normalized fp32
+        partials ``mPrevO[row, d, head, batch, slot]`` weighed by ``2^(lse2 - top)``, ``top`` the largest of the row's
+        maxima.  O's row is rewritten in place (still unnormalized, in units of ``2^top``); returns ``(sum, top)`` for
+        :func:`finish_row` at scale 1 — the sink then joins the merged denominator once, as the combine adds it."""
+        m, _ = tOcO_rc[r, 0]
+        row = m_block * self.tile_m + m
+        in_rows = row < rows_q
+        own = own_max2
+        if own_sum == 0.0:
+            own = -Float32.inf                             # no key of its own (the max may be a masked -inf)
+        prev = cute.make_rmem_tensor((self.merge_slots,), Float32)         # the slots' LSEs, log2 units
+        weight = cute.make_rmem_tensor((self.merge_slots,), Float32)
+        top = own
+        for i in cutlass.range_constexpr(self.merge_slots):
+            lse2 = -Float32.inf
+            if in_rows:
+                lse2 = mPrevLSE[row, head, batch, i] * LOG2_E
+            prev[i] = lse2
+            weight[i] = Float32(0.0)
+            top = cute.arch.fmax(top, lse2)
+        mine = Float32(0.0)
+        total = Float32(0.0)
+        if top > -Float32.inf:                             # else no branch saw a key: a zero row, LSE -inf
+            if own_sum > 0.0:
+                mine = exp2(own - top)
+            total = own_sum * mine
+            for i in cutlass.range_constexpr(self.merge_slots):
+                weight[i] = exp2(prev[i] - top)
+                total += weight[i]
+        for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
+            o = acc_O_rc[r, c] * mine
+            if in_rows:
+                _, d = tOcO_rc[r, c]
+                for i in cutlass.range_constexpr(self.merge_slots):
+                    o += weight[i] * mPrevO[row, d, head, batch, i]
+            acc_O_rc[r, c] = o
+        return total, top
 
     def sink_logit(self, mSink, head, row):
         """The sink of M row ``row``'s own q head (its head within the KV head's group when q heads are packed into

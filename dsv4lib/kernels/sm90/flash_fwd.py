@@ -146,9 +146,12 @@ class FlashAttentionForwardSm90(Sm90Epilogue):
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
                  softmax_scale_log2: Float32, window_size: Int32, mSink: cute.Tensor, mOutScales: cute.Tensor,
-                 mSenc: cute.Tensor, stream: cuda.CUstream = None, mWork: cute.Tensor = None):
+                 mSenc: cute.Tensor, stream: cuda.CUstream = None, mWork: cute.Tensor = None,
+                 mPrevO: cute.Tensor = None, mPrevLSE: cute.Tensor = None):
         # mWork (dynamic_schedule only): int32 (2,) = (items handed out, producers done), zero before the launch and
         # left zero after it (dsv4lib.ops.attention.work_counters)
+        # mPrevO / mPrevLSE (merge_slots only): the earlier branches' fp32 partials, O (slots, b, s, h, d) and LSE
+        # (slots, b, h, s), as the split builds wrote them
         # torch (b, s, h, d) -> (s, d, h, b): the TMA tiles the first two modes
         mQ, mK, mV = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0])) for t in (mQ, mK, mV)]
         if const_expr(self.split_kv):
@@ -158,10 +161,15 @@ class FlashAttentionForwardSm90(Sm90Epilogue):
         else:
             mO = cute.make_tensor(mO.iterator, cute.select(mO.layout, mode=[1, 3, 2, 0]))    # bf16 O, or NVFP4 bytes
             mLSE = cute.make_tensor(mLSE.iterator, cute.select(mLSE.layout, mode=[2, 1, 0]))   # (b,h,s) -> (s,h,b)
+        if const_expr(self.merge_slots):   # the split builds' views: (s, d, h, b, slots) and (s, h, b, slots)
+            mPrevO = cute.make_tensor(mPrevO.iterator, cute.select(mPrevO.layout, mode=[2, 4, 3, 1, 0]))
+            mPrevLSE = cute.make_tensor(mPrevLSE.iterator, cute.select(mPrevLSE.layout, mode=[3, 2, 1, 0]))
         if const_expr(self.nvfp4_out):   # scales (b, s, h, d/16) -> (s, d/16, h, b)
             mOutScales = cute.make_tensor(mOutScales.iterator, cute.select(mOutScales.layout, mode=[1, 3, 2, 0]))
         if const_expr(self.pack_gqa > 1):    # rows = (q head in group, token); the head mode counts KV heads
             mQ, mO, mLSE = self.pack_heads(mQ, 2), self.pack_heads(mO, 2), self.pack_heads(mLSE, 1)
+            if const_expr(self.merge_slots):
+                mPrevO, mPrevLSE = self.pack_heads(mPrevO, 2), self.pack_heads(mPrevLSE, 1)
         tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.K, Float32,
             (self.tile_m // 64, 1, 1), (64, self.tile_n), a_source=warpgroup.OperandSource.SMEM)
@@ -216,8 +224,10 @@ class FlashAttentionForwardSm90(Sm90Epilogue):
                 grid = (cutlass.min(self.scheduler.work_items(mQ), self.num_sms), 1, 1)
         if const_expr(not self.dynamic_schedule):
             mWork = mSenc                                    # unused
+        if const_expr(not self.merge_slots):
+            mPrevO, mPrevLSE = mSenc, mSenc                  # unused
         self.kernel(tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, tma_atom_O, mO, mLSE, softmax_scale_log2,
-                    window_size, mSink, mOutScales, mSenc, mWork,
+                    window_size, mSink, mOutScales, mSenc, mWork, mPrevO, mPrevLSE,
                     sQ_layout, sK_layout, sV_layout, sP_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage).launch(
             grid=grid, block=[self.NUM_THREADS, 1, 1], min_blocks_per_mp=1, **launch_stream(stream))
 
@@ -226,7 +236,8 @@ class FlashAttentionForwardSm90(Sm90Epilogue):
     def kernel(self, tma_atom_Q: cute.CopyAtom, mQ: cute.Tensor, tma_atom_K: cute.CopyAtom, mK: cute.Tensor,
                tma_atom_V: cute.CopyAtom, mV: cute.Tensor, tma_atom_O: cute.CopyAtom, mO: cute.Tensor, mLSE: cute.Tensor,
                softmax_scale_log2: Float32, window_size: Int32, mSink: cute.Tensor, mOutScales: cute.Tensor,
-               mSenc: cute.Tensor, mWork: cute.Tensor, sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
+               mSenc: cute.Tensor, mWork: cute.Tensor, mPrevO: cute.Tensor, mPrevLSE: cute.Tensor,
+               sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
                sV_layout: cute.ComposedLayout, sP_layout: cute.ComposedLayout, tiled_mma_qk: cute.TiledMma,
                tiled_mma_pv: cute.TiledMma, SharedStorage: cutlass.Constexpr):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -322,7 +333,7 @@ class FlashAttentionForwardSm90(Sm90Epilogue):
             cute.arch.setmaxregister_increase(self.CONSUMER_REGS)
             self.consume(tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, sP, tma_atom_O, mO, mLSE, pipeline_q, pipeline_k, pipeline_v,
                          softmax_scale_log2, window_size, mSink, mOutScales, mSenc, tidx - 128, m_block, head, batch,
-                         split, seqlen_q, seqlen_k, n_block_min, n_block_max, rows_q)
+                         split, seqlen_q, seqlen_k, n_block_min, n_block_max, rows_q, mPrevO, mPrevLSE)
 
     @cute.jit
     def kv_head(self, head, mQ, mK):
@@ -703,7 +714,7 @@ class FlashAttentionForwardSm90(Sm90Epilogue):
     @cute.jit
     def consume(self, tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, sP, tma_atom_O, mO, mLSE, pipeline_q, pipeline_k, pipeline_v,
                 softmax_scale_log2, window_size, mSink, mOutScales, mSenc, ctidx, m_block, head, batch, split,
-                seqlen_q, seqlen_k, n_block_min, n_block_max, rows_q):
+                seqlen_q, seqlen_k, n_block_min, n_block_max, rows_q, mPrevO, mPrevLSE):
         (thr_qk, thr_pv, tSrQ, tSrK, tOrVt, acc_O, acc_O_rc, tScS_rc, row_max, row_sum,
          _) = self.consumer_fragments(tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, ctidx)
         if const_expr(self.p_in_smem):
@@ -760,7 +771,7 @@ class FlashAttentionForwardSm90(Sm90Epilogue):
         tOgO = thr_pv.partition_C(gO)
         tOcO, tOcO_rc = self.o_coords(thr_pv)
         self.finish_rows(acc_O_rc, tOcO_rc, row_max, row_sum, mSink, mLSE, softmax_scale_log2, m_block, head, batch,
-                         split, rows_q)
+                         split, rows_q, mPrevO, mPrevLSE)
         if const_expr(self.nvfp4_out):
             self.store_nvfp4(acc_O_rc, tOcO_rc, mO, mOutScales, mSenc[0], m_block, head, batch, seqlen_q)
         elif const_expr(self.tma_store_o):
