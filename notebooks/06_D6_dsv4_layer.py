@@ -330,6 +330,40 @@ if on_gpu:
                                                    "fp8_cache_ratio_vs_flashmla_fp8_decode")})
     record(metrics_path, flashmla=flashmla_rows, fp8_prefill=fp8_rows, **fp8_metrics)
 
+# %% [markdown]
+# ## The opt-in FP8-math path's accuracy, before its kernel exists (reference, any machine)
+#
+# Issue #36's third path would run QK^T's 448 nope dims on FP8 wgmma: the cache's e4m3 keys against queries quantized
+# to e4m3 with a power-of-two scale.  `q8 · k8` times both scales, accumulated in fp32, is the quantized query against
+# the dequantized key, so attention in float64 over `reference.quant.fp8_math_queries(q)` is the best that path can
+# reach — computed here on random queries and cache-quantized keys, next to the bf16 path's own error (the kernel's
+# `fp8_cache_cosine` above, ~0.999997).  Two query scales: unit (near-uniform attention) and 4x (peaked, the case
+# where a score's relative error moves the output most); two scale granularities: one per 64-dim block and one per
+# (token, head).  **The kernel is not built yet: these rows say what it would cost in accuracy.**
+
+# %%
+from dsv4lib.reference import model1, quant
+
+fp8_math_rows = []
+gen_ref = torch.Generator().manual_seed(seed + 2)
+for H, K in ((64, 640), (128, 1152)):
+    keys = model1.dequantize_records(model1.quantize_keys(torch.randn(4096, 512, generator=gen_ref)))
+    idx = torch.randint(0, 4096, (32, K), generator=gen_ref, dtype=torch.int32)
+    sink_ref = torch.randn(H, generator=gen_ref, dtype=torch.float64)
+    for q_scale in (1.0, 4.0):
+        q_ref = (torch.randn(32, H, 512, generator=gen_ref, dtype=torch.float64) * q_scale).bfloat16().double()
+        exact = reference.sparse_attention(q_ref, keys, idx, sink=sink_ref)
+        for block in (64, 448):
+            approx = reference.sparse_attention(quant.fp8_math_queries(q_ref, block), keys, idx, sink=sink_ref)
+            fp8_math_rows.append({"H": H, "K": K, "q_scale": q_scale, "q_block": block,
+                                  "cosine": metrics.cosine(approx, exact),
+                                  "row_rel_err_worst": metrics.row_rel_err_worst(approx, exact)})
+            print(f"H{H} K{K} q x{q_scale:.0f} q scale per {block:3d} dims: cosine {fp8_math_rows[-1]['cosine']:.7f}"
+                  f"  worst row rel. err {fp8_math_rows[-1]['row_rel_err_worst']:.4f}")
+record(metrics_path, fp8_math_reference=fp8_math_rows,
+       fp8_math_reference_cosine=min(r["cosine"] for r in fp8_math_rows),
+       fp8_math_reference_row_err_worst=max(r["row_rel_err_worst"] for r in fp8_math_rows))
+
 # %%
 if on_gpu:
     head = next(r for r in speed_rows if r["shape"] == "Flash" and r["S"] == 16384)

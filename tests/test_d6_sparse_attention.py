@@ -575,3 +575,34 @@ def test_gpu_checks_catch_a_broken_kernel(broken):
     out, _ = run_config(SparseFwdConfig.for_problem(gather=True).replace(**broken), q, kv, idx)
     with pytest.raises(AssertionError, match="non-finite|relative error"):
         check_output(out, ref)
+
+
+def test_fp8_math_queries_quantize_only_the_nope_dims():
+    """The FP8-math reference's queries (#36): the 448 nope dims are e4m3 with a power-of-two scale per block, the 64
+    rope dims untouched; one scale per (token, head) loses a block that is 2^16 smaller than the rest (it falls under
+    e4m3's range) where a scale per 64-dim block keeps it — and on unit-scale random queries the attention over them
+    stays within 1e-3 of the exact one (cosine), far below the bf16 path's error budget but not free."""
+    from dsv4lib.reference import model1, quant
+    from dsv4lib.reference.quant import fp8_qdq
+    from dsv4lib.workbook import metrics
+    gen = torch.Generator().manual_seed(fresh_seed())
+    q = torch.randn(3, 4, 512, generator=gen, dtype=torch.float64)
+    q8 = quant.fp8_math_queries(q, 64)
+    assert torch.equal(q8[..., 448:], q[..., 448:])
+    assert torch.equal(q8[..., :448], fp8_qdq(q[..., :448], 64))
+    assert not torch.equal(q8[..., :448], q[..., :448])
+    small = q.clone()
+    small[..., :64] *= 2.0 ** -16
+    per_block, per_head = quant.fp8_math_queries(small, 64), quant.fp8_math_queries(small, 448)
+    err = lambda x: ((x[..., :64] - small[..., :64]).norm() / small[..., :64].norm()).item()
+    assert err(per_block) < 0.05 < 0.2 < err(per_head)
+    with pytest.raises(ValueError):
+        quant.fp8_math_queries(q, 128)
+    with pytest.raises(ValueError):
+        quant.fp8_math_queries(q[..., :448], 64)
+    keys = model1.dequantize_records(model1.quantize_keys(torch.randn(512, 512, generator=gen)))
+    idx = torch.randint(0, 512, (8, 256), generator=gen, dtype=torch.int32)
+    qb = torch.randn(8, 16, 512, generator=gen, dtype=torch.float64).bfloat16().double()
+    exact = reference.sparse_attention(qb, keys, idx)
+    approx = reference.sparse_attention(quant.fp8_math_queries(qb), keys, idx)
+    assert 0.999 < metrics.cosine(approx, exact) < 1.0 - 1e-7

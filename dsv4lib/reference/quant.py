@@ -74,6 +74,20 @@ def fp8_qdq(x: torch.Tensor, block: int = 64) -> torch.Tensor:
     return fp8_ue8m0_dequantize(*fp8_ue8m0_quantize(x, block), block).to(x.dtype)
 
 
+def fp8_math_queries(q: torch.Tensor, block: int = 64, nope_dims: int = 448) -> torch.Tensor:
+    """The queries an FP8-math QK^T would multiply (issue #36's opt-in path): the ``nope_dims`` (448) nope dims
+    quantized to e4m3 and back with a power-of-two (UE8M0) scale per ``block`` dims — 64: per 1x64 block, as the
+    MODEL1 cache's keys; 448: one scale per (token, head) — and the rope dims after them as they are (they stay in
+    bf16 math).  With the cache's own e4m3 keys, ``q8 · k8`` times both scales, accumulated in fp32, is this query
+    against the dequantized key: attention in float64 over these queries is the best the FP8 path can do."""
+    if not isinstance(q, torch.Tensor) or not q.is_floating_point():
+        raise TypeError(f"q must be a floating-point tensor, got {getattr(q, 'dtype', type(q))}")
+    if q.shape[-1] != nope_dims + 64 or block not in (64, nope_dims):
+        raise ValueError(f"q must end in {nope_dims} + 64 dims and block be 64 or {nope_dims}, got {tuple(q.shape)}, "
+                         f"{block}")
+    return torch.cat([fp8_qdq(q[..., :nope_dims], block), q[..., nope_dims:]], -1)
+
+
 def fp4_qdq(x: torch.Tensor, block: int = 32) -> torch.Tensor:
     """e2m1 with UE8M0 1×``block`` scales, quantize → dequantize (DSV4 indexer QAT); returns x's dtype."""
     _check_last_dim(x, block, "fp4_qdq")

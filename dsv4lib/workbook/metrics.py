@@ -30,6 +30,15 @@ def rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((a - b).norm() / nb) if nb > 0 else float((a - b).norm())
 
 
+def row_rel_err_worst(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """The worst row's relative L2 error (rows: the last dim), rows whose reference is zero left out."""
+    o, r = _pair(out, ref)
+    o, r = o.reshape(-1, ref.shape[-1]), r.reshape(-1, ref.shape[-1])
+    norms = r.norm(dim=-1)
+    keep = norms > 0
+    return float(((o[keep] - r[keep]).norm(dim=-1) / norms[keep]).max()) if keep.any() else 0.0
+
+
 def max_abs(out: torch.Tensor, ref: torch.Tensor) -> float:
     a, b = _pair(out, ref)
     return float((a - b).abs().max()) if a.numel() else 0.0
