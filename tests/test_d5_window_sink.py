@@ -194,6 +194,11 @@ def test_the_last_branch_merges_any_number_of_earlier_ones(D):
     ref1, ref1_lse = reference.lse_merge([parts[0][0]], [parts[0][1]], sink=sink.double())
     check_output(one, ref1)
     torch.testing.assert_close(one_lse.double(), ref1_lse, atol=2e-3, rtol=1e-4)
+    # the sliding-window branch last (DSV4's order reversed): the merge build with a window mask, no sink
+    win = dsv4lib.attention_branches(q, [dict(k=kc, v=kc), dict(k=k, v=k, window=64, causal=True)])
+    ow, lw = reference.attention(q.double(), k.double(), k.double(), window=64, causal=True, return_lse=True)
+    refw, _ = reference.lse_merge([parts[0][0], ow], [parts[0][1], lw])
+    check_output(win, refw)
 
 
 def test_branch_merge_validates_its_branches():
