@@ -363,3 +363,26 @@ def test_reports_without_nbconvert_still_write_figures_and_sign(tmp_path, monkey
     assert [p.name for p in out["figures"]] == ["S-1.png"]
     assert not (tmp_path / "cpu" / "S.html").exists()
     assert NotebookNotary().check_signature(nbformat.read(str(tmp_path / "cpu" / "S.ipynb"), as_version=4))
+
+
+def test_a_rerun_group_replaces_its_first_run_and_says_so(tmp_path):
+    """gpu_check's groups with one run again alone (it timed out beside three others): the rerun's row takes the
+    first run's place, the record says what it replaced and STATUS.md shows it; a rerun of a group the run did not
+    have is refused."""
+    import json
+
+    from dsv4lib.workbook.gpu_tests import merge_reruns
+    from dsv4lib.workbook.status import render_status
+    run = [{"group": "d1", "rc": 0, "passed": 49, "failed": 0, "skipped": 0, "errors": 0, "seconds": 138},
+           {"group": "d7", "rc": 124, "passed": 0, "failed": 0, "skipped": 0, "errors": 0, "seconds": 150}]
+    again = [{"group": "d7", "rc": 0, "passed": 26, "failed": 0, "skipped": 0, "errors": 0, "seconds": 156}]
+    groups, notes = merge_reruns(run, [again])
+    assert [g["rc"] for g in groups] == [0, 0] and groups[1]["passed"] == 26 and run[1]["rc"] == 124
+    assert len(notes) == 1 and notes[0].startswith("d7: rc 124") and "rc 0 (26 passed" in notes[0]
+    with pytest.raises(SystemExit, match="does not have"):
+        merge_reruns(run, [[dict(again[0], group="layer")]])
+    record = {"target": "h100", "device": "NVIDIA H100", "commit": "abcdef1234", "date": "2026-11-26T18:30:00Z",
+              "groups": groups, "reruns": notes}
+    (tmp_path / "h100.json").write_text(json.dumps(record))
+    row = [line for line in render_status([], {}, gpu_tests_dir=tmp_path).splitlines() if line.startswith("| h100 ")][0]
+    assert "| 75 | 0 | 0 | 0 | rerun: d7: rc 124" in row
