@@ -386,3 +386,31 @@ def test_a_rerun_group_replaces_its_first_run_and_says_so(tmp_path):
     (tmp_path / "h100.json").write_text(json.dumps(record))
     row = [line for line in render_status([], {}, gpu_tests_dir=tmp_path).splitlines() if line.startswith("| h100 ")][0]
     assert "| 75 | 0 | 0 | 0 | rerun: d7: rc 124" in row
+
+
+def test_a_result_with_file_digests_is_stale_by_content_not_by_its_commit_stamp(tmp_path):
+    """A GPU row that carries the digests of its stage's files (the pipeline records them): fresh while the files
+    are as the run saw them — even with a wrong commit stamp, the trap of a warm GPU machine's stale .git — and
+    STALE naming the file once one changes, a file added to a depended-on folder included."""
+    import dsv4lib.workbook.status as status
+    from dsv4lib.workbook.provenance import file_digests
+    (tmp_path / "kern").mkdir()
+    (tmp_path / "kern" / "a.py").write_text("a = 1\n")
+    (tmp_path / "nb.py").write_text("# %%\n")
+    depends = ("nb.py", "kern")
+    row = {"verdict": "PASS", "commit": "0000000", "metrics": {}, "depends_digest": file_digests(depends, tmp_path)}
+    assert set(row["depends_digest"]) == {"nb.py", "kern/a.py"}
+    real = status.REPO_ROOT
+    status.REPO_ROOT = tmp_path
+    try:
+        assert status.stale_note(row, depends, "h100") == ""             # the commit is unknown: content decides
+        (tmp_path / "kern" / "a.py").write_text("a = 2\n")
+        assert "kern/a.py" in status.stale_note(row, depends, "h100")
+        (tmp_path / "kern" / "a.py").write_text("a = 1\n")
+        assert status.stale_note(row, depends, "h100") == ""
+        (tmp_path / "kern" / "b.py").write_text("b = 1\n")
+        assert "kern/b.py" in status.stale_note(row, depends, "h100")
+        assert status.stale_note(row, depends, "cpu") == ""
+    finally:
+        status.REPO_ROOT = real
+

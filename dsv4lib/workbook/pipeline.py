@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .provenance import REPO_ROOT, git_commit, utc_now, versions
+from .provenance import REPO_ROOT, file_digests, git_commit, utc_now, versions
 from .record import read_metrics
 from .registry import REGISTRY_PATH, RESULTS_DIR, Stage, load_registry
 from .reports import write_reports
@@ -109,6 +109,7 @@ def run_stage(stage: Stage, target: Target, run_dir: Path, timeout_s: float | No
     return {"stage": stage.id, "target": target.name, "verdict": verdict, "reason": reason,
             "device": target.device, "capability": target.capability, "versions": versions(),
             "commit": git_commit(), "date": utc_now(), "wall_s": round(wall, 1),
+            "depends_digest": file_digests(stage.depends),
             "metrics": metrics, "thresholds": thresholds}
 
 

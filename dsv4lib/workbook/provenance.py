@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import os
 import platform
 import subprocess
@@ -68,3 +69,21 @@ def git_commit() -> str:
 
 def utc_now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def file_digests(paths, repo: Path = REPO_ROOT) -> dict[str, str]:
+    """What a result depends on, by content: ``{repository path: sha256 prefix}`` for every file at or under
+    ``paths`` (folders walked, caches skipped; a path that does not exist is ``"missing"``).  Recorded with a GPU row
+    and compared by STATUS.md, it says STALE from the files themselves — right even when the row's commit stamp is
+    wrong (a warm GPU machine's copy of ``.git`` can name an older commit)."""
+    out: dict[str, str] = {}
+    for rel in paths:
+        path = Path(repo) / rel
+        files = ([path] if path.is_file() else
+                 sorted(f for f in path.rglob("*") if f.is_file() and "__pycache__" not in f.parts
+                        and f.suffix != ".pyc") if path.is_dir() else [])
+        if not files:
+            out[str(rel)] = "missing"
+        for f in files:
+            out[f.relative_to(repo).as_posix()] = hashlib.sha256(f.read_bytes()).hexdigest()[:16]
+    return out

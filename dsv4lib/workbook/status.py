@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from .gpu_tests import GPU_TESTS_DIR, gpu_tests_lines, load_gpu_tests
-from .provenance import REPO_ROOT
+from .provenance import REPO_ROOT, file_digests
 from .registry import RESULTS_DIR, Stage, load_registry
 from .reports import report_paths
 from .results import load_all_results
@@ -89,7 +89,12 @@ def stale_note(row: dict[str, Any], depends: tuple[str, ...] | list[str] | None,
     empty for CPU rows, fresh rows and rows git cannot check."""
     if target == "cpu" or not depends:
         return ""
-    changed = changed_since(str(row.get("commit", "")), depends, repo=REPO_ROOT, files_since=files_since)
+    recorded = row.get("depends_digest")
+    if recorded:                 # by content: the files as the run saw them against the files here
+        now = file_digests(tuple(depends), REPO_ROOT)
+        changed = sorted(p for p in set(recorded) | set(now) if recorded.get(p) != now.get(p))
+    else:                        # rows recorded before the digests: by the commit stamp, through git
+        changed = changed_since(str(row.get("commit", "")), depends, repo=REPO_ROOT, files_since=files_since)
     if not changed:
         return ""
     names = [p.removeprefix("dsv4lib/") for p in changed]
