@@ -220,16 +220,18 @@ def test_overlap_build_issues_qk_and_pv_back_to_back():
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
-def test_default_tuned_build_feeds_whole_registers_to_the_rs_wgmma(head_dim):
-    """The build the public function uses (overlap + SM90_TUNING): P is converted two values per instruction
-    into whole 32-bit registers (no scalar cvt.rn.bf16.f32), the PV RS-wgmma takes K = tile_n in 16-steps."""
+@pytest.mark.parametrize("head_dim,causal", [(64, True), (128, False), (128, True), (256, True)])
+def test_default_tuned_build_feeds_whole_registers_to_the_rs_wgmma(head_dim, causal):
+    """The build the public function uses (overlap + the tuned schedule; hd128 causal has its own 160-key one):
+    P is converted two values per instruction into whole 32-bit registers (no scalar cvt.rn.bf16.f32), the PV
+    RS-wgmma takes K = tile_n in 16-steps."""
     from _builds import sm90_kernel_shape
     from dsv4lib.kernels.compile import compile_for_arch
     from dsv4lib.kernels.sm90.config import Sm90FwdConfig
     from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
-    shape = sm90_kernel_shape(head_dim, True)
-    k = compile_for_arch(FlashAttentionForwardSm90(Sm90FwdConfig(head_dim=head_dim, causal=True, has_lse=True, overlap=True, **shape)),
+    shape = sm90_kernel_shape(head_dim, True, causal=causal)
+    assert shape["tile_n"] == (160 if (head_dim, causal) == (128, True) else 80 if head_dim == 256 else 128)
+    k = compile_for_arch(FlashAttentionForwardSm90(Sm90FwdConfig(head_dim=head_dim, causal=causal, has_lse=True, overlap=True, **shape)),
                          *fake_attention_args(head_dim, shape.get("dynamic_schedule", False)), arch="sm_90a")
     assert k.count(r"cvt\.rn\.bf16\.f32") == 0 and k.count(r"cvt\.rn\.bf16x2\.f32") > 0
     rs = k.count(rf"wgmma\.mma_async\.sync\.aligned\.m64n{head_dim}k16\.f32\.bf16\.bf16\s+\{{[^}}]*\}},\s*\{{%r")

@@ -19,7 +19,7 @@ def launch_stream(stream: cuda.CUstream | None) -> dict:
 
 class LaunchSequence:
     """Several builds launched in order, on the stream each is given, by ONE compiled host function: a call that
-    launches a split kernel and then the combine (or a kernel per branch and then the combine) pays one TVM-FFI call
+    launches a split kernel and then the combine (or a kernel per branch, the last one merging the others) pays one TVM-FFI call
     — one round of argument checks, ~7 µs of host time on the H200 — instead of one per kernel (issue #28).
 
     ``steps``: ``(kernel, n_args)`` pairs; the sequence's arguments are every step's own arguments one after the

@@ -1,5 +1,6 @@
-"""The LSE combine (D2): split-KV partials and D5b branches merged into one softmax, the sink applied once.  Called by
-the dense (``ops.attention``) and the hd512 (``ops.sparse``) paths alike."""
+"""The LSE combine (D2): split-KV partials merged into one softmax, the sink applied once.  Called by the dense
+(``ops.attention``) and the hd512 (``ops.sparse``) split paths alike; D5b's branches no longer need it (the last
+branch's build merges the others' partials in its epilogue: ``Sm90Epilogue.merge_previous``)."""
 from __future__ import annotations
 
 from .launch import Launch, aligned16, raw_stream, rows_dynamic, stream_arg, to_cute

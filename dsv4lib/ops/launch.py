@@ -146,7 +146,7 @@ class Launch:
         self.fn(*self.args(*tensors))
 
 
-# One compiled function per multi-kernel call (split + combine, branches + combine): a launch through TVM-FFI costs
+# One compiled function per multi-kernel call (split + combine, the branches of attention_branches): a launch through TVM-FFI costs
 # ~7 µs of host time, most of it the argument checks, so the second kernel of a call is nearly free when it rides in
 # the first one's call.  The device code of every kernel is its own build's (kernels.common.LaunchSequence).
 # False: each kernel its own compiled function (the way before; a switch to A/B the host time).
@@ -160,7 +160,8 @@ class Sequence:
     __slots__ = ("launches", "fn", "one_call")
 
     def __init__(self, *launches: Launch):
-        self.launches, self.fn, self.one_call = launches, None, ONE_CALL
+        # one launch goes out directly: its own compiled function, no one-step LaunchSequence build beside it
+        self.launches, self.fn, self.one_call = launches, None, ONE_CALL and len(launches) > 1
 
     def __call__(self, *tensors_per_launch) -> None:
         if not self.one_call:
