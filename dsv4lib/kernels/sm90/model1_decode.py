@@ -394,6 +394,9 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
             self.load_row(records, scale_of, 0, b0, h0, slot, k, raw, scale_bytes)
         for p in cutlass.range(n_pairs, unroll=1):
             buf = p % 2
+            # a lone pair (odd tile count, the last pair): its odd tile is a pad no consumer MMA reads — its two
+            # half-tiles are not filled (only arrived on), and the rows loaded behind (0, L) are (0, R)'s at once
+            lone = tile_lo + 2 * p + 1 >= tile_hi
             for j in cutlass.range_constexpr(4):
                 b, h = HALF_TILE_ORDER[j]
                 if const_expr(j == 0):      # the next pair's record; the indices of the pair after it
@@ -401,7 +404,11 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
                     next_indices = self.load_indices(keys, batch, token, key0 + (2 * p + 4) * TILE_N)
                 kv_pipes[2 * b + h].producer_acquire(state)
                 if const_expr(self.crossover):
-                    if tidx == 0:       # the peer's half of the rows arrives as transaction bytes (its st.async)
+                    # the peer's half of the rows arrives as transaction bytes (its st.async); none into a pad
+                    expect_peer = tidx == 0
+                    if const_expr(b == 1):
+                        expect_peer = expect_peer and not lone
+                    if expect_peer:
                         cute.arch.mbarrier_expect_tx(kv_pipes[2 * b + h].producer_get_barrier(state),
                                                      self.peer_bytes(h))
                 next_buf = buf
@@ -410,8 +417,15 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
                     records[1, tidx, 1 - buf] = scales
                     cute.arch.barrier(barrier_id=PRODUCER_SYNC, number_of_threads=128)
                     next_buf = 1 - buf
-                self.fill_half_tile(records, scale_of, buf, b, h, next_buf, HALF_TILE_ORDER[(j + 1) % 4], sKV, slot,
-                                    raw, scale_bytes, kv_pipes[2 * b + h].producer_get_barrier(state))
+                next_half = HALF_TILE_ORDER[(j + 1) % 4]
+                if const_expr(j == 0):      # (1, R) next — or, lone, (0, R)
+                    next_half = (Int32(1) - Int32(lone), next_half[1])
+                fill = True
+                if const_expr(b == 1):
+                    fill = not lone
+                if fill:
+                    self.fill_half_tile(records, scale_of, buf, b, h, next_buf, next_half, sKV, slot, raw,
+                                        scale_bytes, kv_pipes[2 * b + h].producer_get_barrier(state))
                 cute.arch.fence_proxy("async.shared", space="cta")   # generic writes → the consumers' wgmma
                 if rope_lane and const_expr(h == 1):    # arrives once its rope copies have landed; no wait
                     cute.arch.cp_async_mbarrier_arrive_noinc(kv_pipes[2 * b + h].producer_get_barrier(state))
@@ -435,12 +449,13 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         return TILE_N // HEAD_PAIR * lanes * COLS_PER_THREAD * 2
 
     @cute.jit
-    def load_row(self, records, scale_of, buf, b: cutlass.Constexpr, h: cutlass.Constexpr, slot,
-                 k: cutlass.Constexpr, raw, scale_bytes):
+    def load_row(self, records, scale_of, buf, b, h: cutlass.Constexpr, slot, k: cutlass.Constexpr, raw,
+                 scale_bytes):
         """Issue the load of this thread's row ``group + 8 (first_k + k)`` of half-tile (b, h): the 16 e4m3 bytes of columns
         ``256 h + 16 lane`` into ``raw[k]``, its scale byte of that 64-column tile (from the record) into
         ``scale_bytes[k]``.  The rope lanes (right half, 12-15) load too — 16 bytes of their row's rope, the L2 lines
-        their ``cp.async`` reads, never used — so that no lane-dependent branch has to carry registers."""
+        their ``cp.async`` reads, never used — so that no lane-dependent branch has to carry registers.  ``b`` may be
+        a runtime value (a lone pair's first fill loads (0, R) next, not (1, R))."""
         group, lane, first_k, _, _, _ = slot
         col = h * HALF + lane * COLS_PER_THREAD
         key = b * TILE_N + group + ROW_GROUPS * (first_k + k)
@@ -449,7 +464,7 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
 
     @cute.jit
     def fill_half_tile(self, records, scale_of, buf, b: cutlass.Constexpr, h: cutlass.Constexpr, next_buf,
-                       next_half: cutlass.Constexpr, sKV, slot, raw, scale_bytes, full_barrier):
+                       next_half, sKV, slot, raw, scale_bytes, full_barrier):
         """Write this thread's 16 columns of its 8 rows of half-tile (b, h) in bf16, each row's registers reloaded with
         the next half-tile's row right after.  Nope columns: 16 e4m3 values times the row's power-of-two scale (a row
         without a key — scale byte 0 — is zeros, whatever its stand-in bytes hold).  Rope columns (right half, lanes
@@ -470,7 +485,7 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
 
     @cute.jit
     def fill_rows(self, records, scale_of, buf, b: cutlass.Constexpr, h: cutlass.Constexpr, next_buf,
-                  next_half: cutlass.Constexpr, sKV, slot, raw, scale_bytes, full_barrier, placed: cutlass.Constexpr):
+                  next_half, sKV, slot, raw, scale_bytes, full_barrier, placed: cutlass.Constexpr):
         """:meth:`fill_half_tile`'s rows, converted by placed bits (``placed``: 4 instructions a pair) or through
         fp32 (6).  Crossover: each converted row goes to the peer's buffer too (``st.async``, completing bytes on the
         peer's full barrier of the half-tile), and the rope lanes copy the peer's rows' rope as well (a ``cp.async``

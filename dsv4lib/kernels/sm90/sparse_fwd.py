@@ -36,7 +36,9 @@ the other's P from shared memory (SS, barriers ``S0`` / ``S1``).  While one warp
 other's wgmmas keep the tensor cores busy.  The KV stages are split into column halves with their own
 barriers (four one-stage pipelines), filled in the order they are freed, so the gather of the next pair
 starts while the current one is still being multiplied: the left half of the even tile is free as soon as
-warpgroup 0's RS product is done.  Q comes by TMA.  A tile count that is not even gets one masked tile.  The gathered
+warpgroup 0's RS product is done.  Q comes by TMA.  A tile count that is not even ends on a *lone* pair:
+its odd tile is a pad that no MMA reads (warpgroup 1 only folds warpgroup 0's max into its O half: no QK, no PV on
+it), so a producer may leave it unfilled (the MODEL1 one does; the bf16 one zero-fills it, no traffic).  The gathered
 producer also writes a validity flag per key of the pair into shared memory, published by its arrives on the
 half-tile barriers: the consumers mask from those flags, not from the index list in global memory (6-9 % of D6).
 
@@ -796,8 +798,11 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
         key_end = cutlass.min(n_keys, tile_hi * TILE_N)     # a padding tile (odd count) / the next split: masked
         n_pairs = (tile_hi - tile_lo + 1) // 2
         for p in cutlass.range(n_pairs, unroll=1):
+            # an odd tile count's last pair has one tile: the odd one is a pad that no MMA reads (WG1 takes only its
+            # max and O rescale; the producer need not fill it), so a one-tile split costs one tile, not two
+            lone = tile_lo + 2 * p + 1 >= tile_hi
             key_bits = self.issue_scores(w, p, state, tiled_mma_qk, acc_S, tSrQ, tSrK, k_half, tScS_rc, kv_pipes,
-                                         mIdx, batch, token, key_end, seqlen_k, tile_lo)
+                                         mIdx, batch, token, key_end, seqlen_k, tile_lo, lone)
             for c in cutlass.range_constexpr(n_cols):
                 if (key_bits & (1 << c)) == 0:
                     for r in cutlass.range_constexpr(n_rows):
@@ -836,11 +841,13 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
                 cute.arch.barrier_arrive(barrier_id=PAIR_P, number_of_threads=256)
                 rescale_rows(acc_O_rc, corrections)
                 cute.arch.barrier(barrier_id=PAIR_P + 1, number_of_threads=256)
-                gemm(tiled_mma_pv_ss, acc_O, tOsP[None, None, None, 1], tOsV[None, None, None, 1], False)
+                if not lone:
+                    gemm(tiled_mma_pv_ss, acc_O, tOsP[None, None, None, 1], tOsV[None, None, None, 1], False)
                 kv_pipes[2].consumer_release(state)                       # (odd, left)
             else:
                 cute.arch.barrier_arrive(barrier_id=PAIR_MAX + 1, number_of_threads=256)
-                gemm(tiled_mma_pv_rs, acc_O, tOrP, tOrV[None, None, None, 1], False, wait=False)
+                if not lone:
+                    gemm(tiled_mma_pv_rs, acc_O, tOrP, tOrV[None, None, None, 1], False, wait=False)
                 cute.autovec_copy(rP, thr_qk.partition_C(sP[None, None, 1]))   # the RS wgmma only reads rP
                 cute.arch.fence_proxy("async.shared", space="cta")
                 cute.arch.barrier_arrive(barrier_id=PAIR_P + 1, number_of_threads=256)
@@ -864,21 +871,31 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
 
     @cute.jit
     def issue_scores(self, w: cutlass.Constexpr, p, state, tiled_mma_qk, acc_S, tSrQ, tSrK, k_half, tScS_rc, kv_pipes,
-                     mIdx, batch, token, key_end, seqlen_k, tile_lo):
+                     mIdx, batch, token, key_end, seqlen_k, tile_lo, lone):
         """Paired schedule: the key mask of pair ``p``'s tile of warpgroup ``w`` and ``S = Q·Kᵀ`` over it, the half
-        that arrives first first (WG0: left, WG1: right).  Returns the tile's key-validity bits."""
+        that arrives first first (WG0: left, WG1: right).  Returns the tile's key-validity bits.  ``lone``: the pair
+        has no odd tile — WG1 waits for its buffers (the pipelines' phases stay in step) but multiplies nothing; its
+        columns are past ``key_end``, so every one is masked (acc_S holds nothing else)."""
         key0 = (tile_lo + 2 * p + w) * TILE_N
         n_cols = cute.size(tScS_rc, mode=[1])
         if const_expr(not self.key_mask_after_wait):     # global loads: issued before the wait, hidden by it
             key_bits = self.key_mask_bits(n_cols, tScS_rc, key0, mIdx, batch, token, key_end, seqlen_k)
         kv_pipes[2 * w + w].consumer_wait(state)
-        gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, w], True, wait=False,
-                  k_blocks=(w * k_half, (w + 1) * k_half))
+        if const_expr(w == 0):
+            gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, w], True, wait=False,
+                 k_blocks=(w * k_half, (w + 1) * k_half))
+        elif not lone:
+            gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, w], True, wait=False,
+                 k_blocks=(w * k_half, (w + 1) * k_half))
         if const_expr(self.key_mask_after_wait):   # published with the tile: read while the first QK half runs
             key_bits = self.key_mask_bits(n_cols, tScS_rc, key0, mIdx, batch, token, key_end, seqlen_k)
         kv_pipes[2 * w + 1 - w].consumer_wait(state)
-        gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, w], False,
-                  k_blocks=((1 - w) * k_half, (2 - w) * k_half))
+        if const_expr(w == 0):
+            gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, w], False,
+                 k_blocks=((1 - w) * k_half, (2 - w) * k_half))
+        elif not lone:
+            gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, w], False,
+                 k_blocks=((1 - w) * k_half, (2 - w) * k_half))
         return key_bits
 
     @cute.jit
