@@ -124,9 +124,15 @@ def test_hd512_kernel_builds_from_the_public_functions_arguments(gather, split_k
         assert o_stores == 0                                  # fp32 partials / the columns schedule: registers
     if schedule == "paired":
         # each warpgroup: QK of its own tile (32 k-steps of m64n64k16, in two column halves), PV of its column
-        # half for both tiles — its own P from registers (RS), the other's from shared memory (SS)
+        # half for both tiles — its own P from registers (RS), the other's from shared memory (SS); warpgroup 1's
+        # SS product twice: once in a lone pair (odd tile count: no tile of its own) and once in a full one
         assert k.count(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16") == 2 * 512 // 16
-        assert (rs, ss) == (8, 8), (rs, ss)
+        assert (rs, ss) == (8, 12), (rs, ss)
+        # the lone pair's skipped MMAs sit in branches that hold whole wgmma stages (issue to wait): a stage
+        # crossing a branch makes ptxas serialize every wgmma of the kernel (C7514; D6 0.87 -> 0.74x FlashMLA)
+        report = k.ptxas_report()
+        if report is not None and "Unsupported .version" not in report:
+            assert "C7514" not in report, report[-800:]
         assert k.count(r"bar\.arrive") >= 4 and k.count(r"bar\.sync") >= 5    # M0 M1 S0 S1 one way, SUM
         # every key row by cp.async into four half-tile pipelines (4 rows × 4 segments per half), Q by TMA
         # ... each with a src-size operand: a row that is no key is zero-filled, not read
@@ -138,7 +144,7 @@ def test_hd512_kernel_builds_from_the_public_functions_arguments(gather, split_k
             # memory (44 ld.global before: 2 × 16 index loads of theirs)
             assert k.count(r"cp\.async\.mbarrier\.arrive\.noinc") == 0
             assert k.count(r"cp\.async\.mbarrier\.arrive\.shared") == 4
-            assert k.count(r"\tmbarrier\.arrive\.shared") == 8
+            assert k.count(r"\tmbarrier\.arrive\.shared") == 8 + 2      # warpgroup 1's 2 also in the lone pair
             assert k.count(r"ld\.global") <= 12
         else:
             assert k.count(r"cp\.async\.mbarrier\.arrive\.noinc") == 4   # arrives when the thread's copies land

@@ -91,6 +91,7 @@ def test_decode_builds_dequantizing_in_the_producer(extra, split_kv):
         # its producer loop (ptxas -v, 2026-11-25) — bounded here so that it cannot grow unnoticed
         spills = [int(s) for s in re.findall(r"(\d+) bytes spill stores", report)]
         assert spills and max(spills) <= (0 if extra else 32), report
+        assert "C7514" not in report, report[-800:]       # no serialized wgmma (the lone pair's branches)
 
 
 @pytest.mark.compile

@@ -841,23 +841,30 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
                 cute.arch.barrier_arrive(barrier_id=PAIR_P, number_of_threads=256)
                 rescale_rows(acc_O_rc, corrections)
                 cute.arch.barrier(barrier_id=PAIR_P + 1, number_of_threads=256)
-                if not lone:
+                if not lone:       # (a wgmma only inside a branch that also waits for it: ptxas C7514 otherwise)
                     gemm(tiled_mma_pv_ss, acc_O, tOsP[None, None, None, 1], tOsV[None, None, None, 1], False)
                 kv_pipes[2].consumer_release(state)                       # (odd, left)
             else:
                 cute.arch.barrier_arrive(barrier_id=PAIR_MAX + 1, number_of_threads=256)
-                if not lone:
+                # a wgmma pipeline stage never crosses the lone branch (ptxas serializes every wgmma otherwise)
+                if lone:           # no tile of mine: only WG0's P times (even, right); sP[1] unread
+                    cute.arch.barrier_arrive(barrier_id=PAIR_P + 1, number_of_threads=256)
+                    cute.arch.barrier(barrier_id=PAIR_P, number_of_threads=256)
+                    gemm(tiled_mma_pv_ss, acc_O, tOsP[None, None, None, 0], tOsV[None, None, None, 0], False)
+                    kv_pipes[3].consumer_release(state)
+                    kv_pipes[1].consumer_release(state)
+                else:
                     gemm(tiled_mma_pv_rs, acc_O, tOrP, tOrV[None, None, None, 1], False, wait=False)
-                cute.autovec_copy(rP, thr_qk.partition_C(sP[None, None, 1]))   # the RS wgmma only reads rP
-                cute.arch.fence_proxy("async.shared", space="cta")
-                cute.arch.barrier_arrive(barrier_id=PAIR_P + 1, number_of_threads=256)
-                cute.arch.barrier(barrier_id=PAIR_P, number_of_threads=256)
-                gemm(tiled_mma_pv_ss, acc_O, tOsP[None, None, None, 0], tOsV[None, None, None, 0], False,
-                          wait=False)
-                warpgroup.wait_group(1)                                   # my own tile's PV: (odd, right) free,
-                kv_pipes[3].consumer_release(state)                       # the producer's next fill after (even, left)
-                warpgroup.wait_group(0)
-                kv_pipes[1].consumer_release(state)                       # (even, right)
+                    cute.autovec_copy(rP, thr_qk.partition_C(sP[None, None, 1]))   # the RS wgmma only reads rP
+                    cute.arch.fence_proxy("async.shared", space="cta")
+                    cute.arch.barrier_arrive(barrier_id=PAIR_P + 1, number_of_threads=256)
+                    cute.arch.barrier(barrier_id=PAIR_P, number_of_threads=256)
+                    gemm(tiled_mma_pv_ss, acc_O, tOsP[None, None, None, 0], tOsV[None, None, None, 0], False,
+                         wait=False)
+                    warpgroup.wait_group(1)                               # my own tile's PV: (odd, right) free,
+                    kv_pipes[3].consumer_release(state)                   # the producer's next fill after (even, left)
+                    warpgroup.wait_group(0)
+                    kv_pipes[1].consumer_release(state)                   # (even, right)
             state.advance()
         if const_expr(self.split_kv and w == 0):
             # past the main loop: a combine launched with PDL (kernels.combine) may be scheduled now, its launch
@@ -880,22 +887,32 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
         n_cols = cute.size(tScS_rc, mode=[1])
         if const_expr(not self.key_mask_after_wait):     # global loads: issued before the wait, hidden by it
             key_bits = self.key_mask_bits(n_cols, tScS_rc, key0, mIdx, batch, token, key_end, seqlen_k)
+        if const_expr(self.key_mask_after_wait):
+            key_bits = Int32(0)
         kv_pipes[2 * w + w].consumer_wait(state)
         if const_expr(w == 0):
-            gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, w], True, wait=False,
-                 k_blocks=(w * k_half, (w + 1) * k_half))
-        elif not lone:
-            gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, w], True, wait=False,
-                 k_blocks=(w * k_half, (w + 1) * k_half))
+            key_bits = self.scores_after_first_half(w, state, tiled_mma_qk, acc_S, tSrQ, tSrK, k_half, tScS_rc,
+                                                    kv_pipes, mIdx, batch, token, key_end, seqlen_k, key0, key_bits)
+        elif lone:         # the pad: no QK, and its columns are past key_end (key_bits 0, all masked)
+            kv_pipes[2 * w + 1 - w].consumer_wait(state)
+        else:              # (the whole wgmma pipeline stage inside the branch: ptxas C7514 otherwise)
+            key_bits = self.scores_after_first_half(w, state, tiled_mma_qk, acc_S, tSrQ, tSrK, k_half, tScS_rc,
+                                                    kv_pipes, mIdx, batch, token, key_end, seqlen_k, key0, key_bits)
+        return key_bits
+
+    @cute.jit
+    def scores_after_first_half(self, w: cutlass.Constexpr, state, tiled_mma_qk, acc_S, tSrQ, tSrK, k_half,
+                                tScS_rc, kv_pipes, mIdx, batch, token, key_end, seqlen_k, key0, key_bits):
+        """:meth:`issue_scores` once warpgroup ``w``'s first column half has arrived: both QK halves (the second
+        after its own wait), the key mask read while the first runs (when published with the tile)."""
+        n_cols = cute.size(tScS_rc, mode=[1])
+        gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, w], True, wait=False,
+             k_blocks=(w * k_half, (w + 1) * k_half))
         if const_expr(self.key_mask_after_wait):   # published with the tile: read while the first QK half runs
             key_bits = self.key_mask_bits(n_cols, tScS_rc, key0, mIdx, batch, token, key_end, seqlen_k)
         kv_pipes[2 * w + 1 - w].consumer_wait(state)
-        if const_expr(w == 0):
-            gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, w], False,
-                 k_blocks=((1 - w) * k_half, (2 - w) * k_half))
-        elif not lone:
-            gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, w], False,
-                 k_blocks=((1 - w) * k_half, (2 - w) * k_half))
+        gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, w], False,
+             k_blocks=((1 - w) * k_half, (2 - w) * k_half))
         return key_bits
 
     @cute.jit
