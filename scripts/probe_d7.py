@@ -10,6 +10,10 @@ garbage in every variant but ``full`` — this is a measurement, never a result.
   lane_t16      the producer's old thread slots (lane t % 16: every warp splits between rope copies and conversion)
   l2_256        the key-byte loads with an L2::256B prefetch hint (FlashMLA's); the output is right in this one
   no_crossover  H = 128 without the head-pair cluster (each CTA dequantizes every row); right too
+  ahead2        H = 128: each producer thread's rows of the next TWO half-tiles in flight (loads_ahead = 2,
+                registers moved to the producer: 104 / 200 / 200, 16 B spilled); right too.  H = 64 is unchanged
+  regs104       the producer at 104 registers and the consumers at 200 (what ahead2 runs at), one half-tile
+                ahead: the registers' own effect; right too
   idle_producer producer fetches key records and arrives, nothing loaded, converted or stored (consumer-bound)
   no_mma        consumers' wgmmas removed (producer-bound, softmax and barriers kept)
   floor         idle producer and no wgmma: launch, Q, records, barriers, softmax, epilogue
@@ -38,7 +42,9 @@ from dsv4lib.ops import decode, launch
 ORIGINAL = dict(convert=md.e4m3x2_to_bf16x2, load_row=md.Model1DecodeSm90.load_row,
                 fill=md.Model1DecodeSm90.fill_half_tile, gemm=sf.gemm, rope_lane=md.ROPE_LANE,
                 slot=md.Model1DecodeSm90.producer_slot,
-                placed_max=md.PLACED_SCALE_MAX, crossover=decode.HEAD_PAIR_CLUSTER)
+                placed_max=md.PLACED_SCALE_MAX, crossover=decode.HEAD_PAIR_CLUSTER,
+                ahead=decode.CROSSOVER_LOADS_AHEAD,
+                regs=(md.Model1DecodeSm90.PAIRED_PRODUCER_REGS, md.Model1DecodeSm90.PAIRED_CONSUMER_REGS))
 
 
 @dsl_user_op
@@ -47,7 +53,7 @@ def copy_word(word: Uint32, scale, high: bool, *, loc=None, ip=None) -> Uint32:
 
 
 @cute.jit
-def load_row_constant(self, records, scale_of, buf, b: cutlass.Constexpr, h: cutlass.Constexpr, slot,
+def load_row_constant(self, records, scale_of, buf, b, h: cutlass.Constexpr, slot,
                       k: cutlass.Constexpr, raw, scale_bytes):
     group, lane, first_k = slot[:3]
     col = h * md.HALF + lane * md.COLS_PER_THREAD
@@ -69,7 +75,7 @@ def ld_global_v4_l2_256(address: Int64, *, loc=None, ip=None):
 
 
 @cute.jit
-def load_row_l2_256(self, records, scale_of, buf, b: cutlass.Constexpr, h: cutlass.Constexpr, slot,
+def load_row_l2_256(self, records, scale_of, buf, b, h: cutlass.Constexpr, slot,
                     k: cutlass.Constexpr, raw, scale_bytes):
     group, lane, first_k = slot[:3]
     col = h * md.HALF + lane * md.COLS_PER_THREAD
@@ -100,6 +106,8 @@ VARIANTS = {
     "lane_t16": dict(slot=slot_t16),
     "l2_256": dict(load_row=load_row_l2_256),
     "no_crossover": dict(crossover=False),
+    "ahead2": dict(ahead=2),
+    "regs104": dict(regs=md.Model1DecodeSm90.AHEAD_REGS),
     "idle_producer": dict(load_row=nothing, fill=nothing),
     "no_mma": dict(gemm=nothing),
     "floor": dict(load_row=nothing, fill=nothing, gemm=nothing),
@@ -202,6 +210,8 @@ def apply(variant: str) -> None:
     md.Model1DecodeSm90.producer_slot = parts["slot"]
     md.PLACED_SCALE_MAX = parts["placed_max"]
     decode.HEAD_PAIR_CLUSTER = parts["crossover"]
+    decode.CROSSOVER_LOADS_AHEAD = parts["ahead"]
+    md.Model1DecodeSm90.PAIRED_PRODUCER_REGS, md.Model1DecodeSm90.PAIRED_CONSUMER_REGS = parts["regs"]
     launch.forget_plans()
     launch._COMPILED.clear()
 

@@ -14,13 +14,14 @@ from gpu_checks import check_output, cosine, fresh_seed
 
 
 # ------------------------------------------------------------------------------------------------ builds (CPU)
-def _build_decode(extra, split_kv, arch="sm_90a", head_pair_cluster=False):
+def _build_decode(extra, split_kv, arch="sm_90a", head_pair_cluster=False, loads_ahead=1):
     from dsv4lib.kernels.compile import compile_for_arch
     from dsv4lib.kernels.sm90.config import Model1DecodeConfig
     from dsv4lib.kernels.sm90.model1_decode import Model1DecodeSm90
     from dsv4lib.ops.decode import fake_args
     config = Model1DecodeConfig.for_decode(extra_cache=extra, topk_length=extra, extra_topk_length=extra,
-                                           sink=not split_kv, split_kv=split_kv, head_pair_cluster=head_pair_cluster)
+                                           sink=not split_kv, split_kv=split_kv, head_pair_cluster=head_pair_cluster,
+                                           loads_ahead=loads_ahead)
     return compile_for_arch(Model1DecodeSm90(config), *fake_args(extra, split_kv, heads=128 if head_pair_cluster else 64),
                             arch=arch)
 
@@ -41,6 +42,30 @@ def test_head_pair_build_converts_half_the_rows_and_stores_them_into_the_peer(sp
     assert k.count(r"mapa") >= 1
     assert k.count(r"barrier\.cluster\.arrive") >= 1 and k.count(r"barrier\.cluster\.wait") >= 1
     assert k.count(r"\.local") == 0
+
+
+@pytest.mark.compile
+def test_head_pair_build_with_loads_two_half_tiles_ahead():
+    """The crossover's A/B knob (``loads_ahead=2``, probe_d7's ``ahead2``): each producer thread's 4 rows
+    of the next two half-tiles in flight — two sets of row registers loaded before the loop, each fill converting one
+    set and reloading it two fills on — with the same conversions and stores as the shipped build, the registers
+    moved to the producer (104 / 200 / 200), its spill bounded (16 B, ptxas -v, session 31), no serialized wgmma."""
+    from dsv4lib.kernels.sm90.config import Model1DecodeConfig
+    k = _build_decode(True, False, head_pair_cluster=True, loads_ahead=2)
+    assert k.count(r"mul\.rn\.bf16x2") == 4 * 4 * 8
+    assert k.count(r"st\.async\.shared::cluster\.mbarrier::complete_tx::bytes\.v4\.b32") == 2 * 4 * 4 * 2
+    assert k.count(r"ld\.global\.v4\.b32") == 2 * 4 + 2 * 4 * 4      # two half-tiles' rows before the loop
+    report = k.ptxas_report()
+    if report is not None and "Unsupported .version" not in report:
+        spills = [int(s) for s in re.findall(r"(\d+) bytes spill stores", report)]
+        assert spills and max(spills) <= 16, report
+        assert "C7514" not in report, report[-800:]
+    assert k.count(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+104") == 1
+    assert k.count(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+200") == 1
+    for bad in (dict(loads_ahead=3, head_pair_cluster=True), dict(loads_ahead=2)):    # 8 rows of two: 100 B spill
+        with pytest.raises(ValueError, match="loads_ahead"):
+            Model1DecodeConfig.for_decode(extra_cache=True, topk_length=True, extra_topk_length=True, sink=True,
+                                          split_kv=False, **bad)
 
 
 def test_peer_store_offsets_match_the_traced_kv_layout():
@@ -304,6 +329,26 @@ def test_head_pair_clusters_compute_what_one_cta_per_head_group_computes(B, num_
     single = dsv4lib.sparse_decode(q, main, idx, **kw, num_splits=num_splits)
     assert torch.equal(paired, single)
     check_output(paired, _reference(q, main, idx, kw)[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,num_splits", [(40, 1), (1, 0)])
+def test_loads_two_half_tiles_ahead_give_the_same_bits(B, num_splits, monkeypatch):
+    """H = 128 with the producer's rows two half-tiles ahead (the A/B knob ``loads_ahead=2``): the
+    same bytes converted into the same buffers, so the same bits as the shipped build — unsplit, and at B1 (one
+    tile a split: the lone pair, whose pad's rows the second register set holds unconverted)."""
+    from dsv4lib.ops import decode, launch
+    gen = torch.Generator().manual_seed(fresh_seed())
+    q, main, idx, kw = _decode_inputs(B, 1, 128, True, True, True, gen)
+    splits = dict(num_splits=num_splits) if num_splits else {}
+    monkeypatch.setattr(decode, "CROSSOVER_LOADS_AHEAD", 1)
+    shipped = dsv4lib.sparse_decode(q, main, idx, **kw, **splits)
+    monkeypatch.setattr(decode, "CROSSOVER_LOADS_AHEAD", 2)
+    launch.forget_plans()                      # the plan of the first call holds the other build
+    ahead = dsv4lib.sparse_decode(q, main, idx, **kw, **splits)
+    launch.forget_plans()
+    assert torch.equal(shipped, ahead)
+    check_output(ahead, _reference(q, main, idx, kw)[0])
 
 
 @pytest.mark.gpu

@@ -29,6 +29,9 @@ DECODE_SQ = (1, 2)             # one token, or two with MTP
 DECODE_MAX_SPLITS = 16
 # H = 128: the two head-group CTAs of a token as one cluster that dequantizes each key once (the crossover)
 HEAD_PAIR_CLUSTER = True
+# ... and its producer threads' rows of how many half-tiles in flight (Model1DecodeConfig.loads_ahead): 2 is an A/B
+# candidate not yet measured (scripts/probe_d7.py --variants ahead2)
+CROSSOVER_LOADS_AHEAD = 1
 
 
 def decode_splits(batch_ctas: int, n_tiles: int, sms: int) -> int:
@@ -123,8 +126,9 @@ def _config(device, B: int, s_q: int, H: int, n_keys: int, num_splits, extra: bo
         splits = decode_splits(B * s_q * H // HEADS_PER_CTA, n_tiles, device_facts(device)[1])
     else:
         splits = min(num_splits, n_tiles)
-    flags = dict(extra_cache=extra, topk_length=lengths, extra_topk_length=lengths2,
-                 head_pair_cluster=HEAD_PAIR_CLUSTER and H == 2 * HEADS_PER_CTA)
+    cluster = HEAD_PAIR_CLUSTER and H == 2 * HEADS_PER_CTA
+    flags = dict(extra_cache=extra, topk_length=lengths, extra_topk_length=lengths2, head_pair_cluster=cluster,
+                 loads_ahead=CROSSOVER_LOADS_AHEAD if cluster else 1)
     if splits == 1:
         return cached_config(lambda: Model1DecodeConfig.for_decode(sink=sink, split_kv=False, **flags),
                              "model1", sink, *flags.values()), 1

@@ -262,6 +262,9 @@ class Model1DecodeConfig(SparseFwdConfig):
     # H = 128: the token's two head-group CTAs form a cluster and each dequantizes half of every half-tile's rows into
     # both CTAs' buffers (the crossover; model1_decode's module docstring)
     head_pair_cluster: bool = False
+    # the crossover's producer threads: rows of 1 or 2 half-tiles in flight (2: the registers move to the producer,
+    # 104 / 200 / 200; model1_decode's LOADS_AHEAD note)
+    loads_ahead: int = 1
 
     def check(self) -> None:
         super().check()
@@ -269,9 +272,13 @@ class Model1DecodeConfig(SparseFwdConfig):
             raise ValueError("the MODEL1 decode is the gathered, paired kernel (no benchmark knobs)")
         if self.extra_topk_length and not self.extra_cache:
             raise ValueError("extra_topk_length needs extra_cache")
+        if self.loads_ahead not in (1, 2) or (self.loads_ahead == 2 and not self.head_pair_cluster):
+            raise ValueError(f"loads_ahead is 1, or 2 with head_pair_cluster (4 rows a half-tile), got "
+                             f"{self.loads_ahead}")
 
     @classmethod
     def for_decode(cls, *, extra_cache: bool, topk_length: bool, extra_topk_length: bool, sink: bool,
-                   split_kv: bool, head_pair_cluster: bool = False) -> "Model1DecodeConfig":
+                   split_kv: bool, head_pair_cluster: bool = False, loads_ahead: int = 1) -> "Model1DecodeConfig":
         return cls(sink=sink and not split_kv, has_lse=True, split_kv=split_kv, extra_cache=extra_cache,
-                   topk_length=topk_length, extra_topk_length=extra_topk_length, head_pair_cluster=head_pair_cluster)
+                   topk_length=topk_length, extra_topk_length=extra_topk_length, head_pair_cluster=head_pair_cluster,
+                   loads_ahead=loads_ahead)

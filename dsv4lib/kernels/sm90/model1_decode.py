@@ -225,6 +225,11 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
     KEY_MASK_AFTER_WAIT = True               # the consumers' key mask comes from the records (is_real_key)
     PRODUCER_KEY_FLAGS = False               # (the records carry key validity: no separate flags)
     HEAD_GROUP_FASTEST = False               # the crossover's head pair is a cluster along y (grid y = head group)
+    # LOADS_AHEAD (config.loads_ahead): half-tiles of rows a producer thread has loading at once.  With the crossover
+    # (H = 128) its 4 rows a half-tile are 16 registers, so two half-tiles ahead hold the 32 that one holds at H = 64.
+    # 1 as shipped; 2 is `probe_d7.py --variants ahead2`, not yet measured (session 26 built and reverted it without
+    # a number): it spills 100 B at the producer's 88 registers, 16 B at AHEAD_REGS (ptxas -v, session 31)
+    AHEAD_REGS = (104, 200)                  # producer, consumers with two half-tiles ahead (consumers fit 200: no spill)
 
     def __init__(self, config: Model1DecodeConfig):
         if not isinstance(config, Model1DecodeConfig):
@@ -233,6 +238,9 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         self.crossover = config.head_pair_cluster
         # rows a producer thread converts per half-tile: all 8 of its row group, or with the crossover its CTA's half
         self.convert_rows = ROWS_PER_THREAD // HEAD_PAIR if self.crossover else ROWS_PER_THREAD
+        self.ahead = config.loads_ahead
+        if self.ahead == 2:
+            self.producer_regs, self.consumer_regs = self.AHEAD_REGS
         if self.crossover:
             self.pipeline_cluster = (1, HEAD_PAIR)
 
@@ -362,8 +370,12 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         rope_lane = lane >= ROPE_LANE                 # in a right half: copies the rope (warp 3)
         records = self.key_records(sKeyAddr)
         scale_of = self.record_scales(sKeyAddr)
-        raw = cute.make_rmem_tensor(cute.make_layout((self.convert_rows, 4), stride=(4, 1)), Uint32)   # 16 B a row
-        scale_bytes = cute.make_rmem_tensor((self.convert_rows,), Uint32)
+        # 16 B a row, for `ahead` half-tiles at once: set j % ahead is converted in fill j, then reloaded with the
+        # rows of fill j + ahead
+        raw = cute.make_rmem_tensor(cute.make_layout((self.ahead, self.convert_rows, 4),
+                                                     stride=(4 * self.convert_rows, 4, 1)), Uint32)
+        scale_bytes = cute.make_rmem_tensor(cute.make_layout((self.ahead, self.convert_rows),
+                                                             stride=(self.convert_rows, 1)), Uint32)
         # my rows of a half-tile: group + 8 (first_k + k), k < convert_rows; with the crossover the CTA of cluster rank
         # c converts rows 32 c … 32 c + 31 and stores them into the peer's buffer too
         first_k = Int32(0)
@@ -389,13 +401,15 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         records[1, tidx, 0] = scales
         next_indices = self.load_indices(keys, batch, token, key0 + 2 * TILE_N)
         cute.arch.barrier(barrier_id=PRODUCER_SYNC, number_of_threads=128)
-        b0, h0 = HALF_TILE_ORDER[0]
-        for k in cutlass.range_constexpr(self.convert_rows):
-            self.load_row(records, scale_of, 0, b0, h0, slot, k, raw, scale_bytes)
+        for a in cutlass.range_constexpr(self.ahead):
+            b0, h0 = HALF_TILE_ORDER[a]
+            for k in cutlass.range_constexpr(self.convert_rows):
+                self.load_row(records, scale_of, 0, b0, h0, slot, k, raw[a, None, None], scale_bytes[a, None])
         for p in cutlass.range(n_pairs, unroll=1):
             buf = p % 2
             # a lone pair (odd tile count, the last pair): its odd tile is a pad no consumer MMA reads — its two
             # half-tiles are not filled (only arrived on), and the rows loaded behind (0, L) are (0, R)'s at once
+            # (one half-tile ahead: rerouted below; two ahead they are anyway)
             lone = tile_lo + 2 * p + 1 >= tile_hi
             for j in cutlass.range_constexpr(4):
                 b, h = HALF_TILE_ORDER[j]
@@ -411,21 +425,23 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
                     if expect_peer:
                         cute.arch.mbarrier_expect_tx(kv_pipes[2 * b + h].producer_get_barrier(state),
                                                      self.peer_bytes(h))
-                next_buf = buf
-                if const_expr(j == 3):      # the next half-tile is the next pair's: publish its records first
+                if const_expr(j == 4 - self.ahead):   # this fill loads the next pair's rows: publish its records
+                    # (their buffer held pair p - 1's: every producer thread is past that pair's fills, and both
+                    # consumer warpgroups read its key masks before freeing (0, R) of it — acquired above, j >= 2)
                     records[0, tidx, 1 - buf] = part
                     records[1, tidx, 1 - buf] = scales
                     cute.arch.barrier(barrier_id=PRODUCER_SYNC, number_of_threads=128)
-                    next_buf = 1 - buf
-                next_half = HALF_TILE_ORDER[(j + 1) % 4]
-                if const_expr(j == 0):      # (1, R) next — or, lone, (0, R)
+                next_buf = buf if const_expr(j + self.ahead < 4) else 1 - buf
+                next_half = HALF_TILE_ORDER[(j + self.ahead) % 4]
+                if const_expr(j == 0 and self.ahead == 1):      # (1, R) next — or, lone, (0, R)
                     next_half = (Int32(1) - Int32(lone), next_half[1])
                 fill = True
                 if const_expr(b == 1):
                     fill = not lone
-                if fill:
-                    self.fill_half_tile(records, scale_of, buf, b, h, next_buf, next_half, sKV, slot, raw,
-                                        scale_bytes, kv_pipes[2 * b + h].producer_get_barrier(state))
+                if fill:         # registers of set j % ahead: converted here, reloaded with fill j + ahead's rows
+                    self.fill_half_tile(records, scale_of, buf, b, h, next_buf, next_half, sKV, slot,
+                                        raw[j % self.ahead, None, None], scale_bytes[j % self.ahead, None],
+                                        kv_pipes[2 * b + h].producer_get_barrier(state))
                 cute.arch.fence_proxy("async.shared", space="cta")   # generic writes → the consumers' wgmma
                 if rope_lane and const_expr(h == 1):    # arrives once its rope copies have landed; no wait
                     cute.arch.cp_async_mbarrier_arrive_noinc(kv_pipes[2 * b + h].producer_get_barrier(state))
