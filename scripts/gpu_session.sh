@@ -7,8 +7,8 @@
 # what: tests (scripts/gpu_check.sh), pipeline (every stage), bench (bench_sparse, bench_nvfp4, quick_bench),
 # ab (scripts/ab_time.py against the tree in .ab/before, when carried), probes (host µs split into launches and the
 # rest, and with a compiled call per kernel; D7 B1 at 5 / 8 / 10 splits beside FlashMLA; D6's prefill with both grid
-# orders over a 32 MiB (L2-resident) and a 256 MiB key pool: H100 read 0.79x FlashMLA at H128 on the small pool); d1 (scripts/sweep_d1.py: hd128
-# tile shapes vs FA4, ~4 min); d7ab (probe_d7: the H128 producer two half-tiles ahead and the 104 / 200 registers, both orders);
+# orders over a 32 MiB (L2-resident) and a 256 MiB key pool: H100 read 0.79x FlashMLA at H128 on the small pool); d1 (scripts/sweep_d1.py: the hd64 and hd256
+# causal schedule candidates vs FA4 — D1's worst shapes — ~4 min); d7ab (probe_d7: the H128 producer two half-tiles ahead and the 104 / 200 registers, both orders);
 # default: all three — about 10 min, over the 600 s a call may take: run "tests pipeline" (~6.5 min) in one
 # call and "bench" (~3.5 min) in the next.  Results land in $OUT/session.tgz (stages/results/<gpu>.json, STATUS.md, stage logs and
 # metrics, test logs, bench output) — copy stages/results/<gpu>.json and stages/gpu_tests/<gpu>.json back from it.  Why one archive: the next
@@ -34,7 +34,9 @@ for w in $what; do
                 timeout 300 python scripts/probe_d6.py --variants full,token_fastest --pool-rows 32768;
                 timeout 300 python scripts/probe_d6.py --variants full,token_fastest --pool-rows 262144; } 2>&1 \
                 | tee "$out/logs/probes.txt" | tail -n 30 ;;
-    d1)       timeout 420 python scripts/sweep_d1.py 2>&1 | tee "$out/logs/d1.txt" | tail -n 6 ;;
+    d1)       { timeout 240 python scripts/sweep_d1.py --head-dim 64 --causal 1;
+                timeout 240 python scripts/sweep_d1.py --head-dim 256 --causal 1; } 2>&1 | tee "$out/logs/d1.txt" \
+                | grep "^{\|refused" ;;
     d7ab)     { timeout 240 python scripts/probe_d7.py --shapes 0,2,3,4 --variants full,ahead2,regs104;
                 timeout 240 python scripts/probe_d7.py --shapes 0,2,3,4 --variants regs104,ahead2,full; } 2>&1 \
                 | tee "$out/logs/d7ab.txt" | grep -v "^\s*$" | tail -n 12 ;;

@@ -1,14 +1,19 @@
-"""D1 (#32) tile-shape candidates at hd128 against FA4, interleaved in one run (TFLOP/s, B4 H16 S8192, events with
-an L2 flush — the D1 stage's timing):
+"""D1 (#32) schedule candidates against FA4, interleaved in one run (TFLOP/s, events with an L2 flush — the D1
+stage's timing), per head dim on its D1 sweep shape; each variant is the shipped build with some knobs changed:
 
-  default       the shipped schedule (128 × 128 tiles, persistent + dynamic, early O rescale, PV wait block)
-  n160_oq       160-key tiles, O staged in its dead Q stage (the persistent O buffer would not fit beside them)
-  n176_plain    176-key tiles (FA4's / FA3's hd128 non-causal shape), one block per CTA (persistent does not fit)
+  hd128 (B4 H16 S8192, the D1 stage's speed shape at every head dim): default · n160_oq (160-key tiles, O in its dead Q stage: shipped for causal since session
+        31) · n176_plain (176-key tiles, one block per CTA)
+  hd64  (shipped: 192 x 128 tiles, persistent + dynamic, O in its Q stage): early (O rescaled while
+        QK(j+1) runs) · pvwait (the PV wait in its own block) · stages3 · m128_n192 (two consumer warpgroups on
+        192-key tiles)
+  hd256 (shipped: 80-key tiles + early rescale, one block per CTA): pvwait · n64 · n64_pvwait
 
 Each variant must match the shipped output (asserted: max |diff| within bf16 rounding of the same math, the tile
-width changes the softmax's summation order).  Compiled and spill-free on the CPU (ptxas, session 29); not yet timed.
+width changes the softmax's summation order).  ``--check`` compiles every variant for sm_90a on this machine
+(no GPU needed) and prints ptxas's spills and whether it serialized the wgmmas (C7514): run it before spending
+device time on a variant.
 
-    python scripts/sweep_d1.py [--causal both|0|1]"""
+    python scripts/sweep_d1.py [--head-dim 128] [--causal both|0|1] [--check]"""
 import argparse
 
 import torch
@@ -21,10 +26,34 @@ from dsv4lib.ops import launch as launch_mod
 from dsv4lib.ops.attention import launch
 
 VARIANTS = {
-    "default": {},
-    "n160_oq": dict(tile_n=160, o_in_q_stage=True),
-    "n176_plain": dict(tile_n=176, persistent=False, dynamic_schedule=False),
+    128: {"default": {}, "n160_oq": dict(tile_n=160, o_in_q_stage=True),
+          "n176_plain": dict(tile_n=176, persistent=False, dynamic_schedule=False, o_in_q_stage=False)},
+    64: {"default": {}, "early": dict(rescale_o_early=True), "pvwait": dict(pv_wait_block=True),
+         "stages3": dict(num_stages=3), "m128_n192": dict(tile_m=128, tile_n=192)},
+    256: {"default": {}, "pvwait": dict(pv_wait_block=True), "n64": dict(tile_n=64),
+          "n64_pvwait": dict(tile_n=64, pv_wait_block=True)},
 }
+B, H, S = 4, 16, 8192                   # the D1 stage's speed shape at every head dim
+
+
+def check(D: int, causal_values) -> None:
+    """Every variant compiled for sm_90a here: ptxas's spill bytes and C7514 (serialized wgmma)."""
+    import re
+    from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
+    for causal in causal_values:
+        base = Sm90FwdConfig.for_problem(D, causal=causal, has_lse=False, gpu_name="H100")
+        for name, change in VARIANTS[D].items():
+            try:
+                config = base.replace(**change)
+            except ValueError as e:
+                print(f"hd{D} causal={int(causal)} {name:<12} refused: {e}")
+                continue
+            k = compile_for_arch(FlashAttentionForwardSm90(config), *fake_attention_args(D, config.dynamic_schedule),
+                                 arch="sm_90a")
+            report = k.ptxas_report() or ""
+            spills = max([int(x) for x in re.findall(r"(\d+) bytes spill stores", report)] or [-1])
+            print(f"hd{D} causal={int(causal)} {name:<12} spill {spills} B  C7514 {'C7514' in report}", flush=True)
 
 
 def variant_fn(config: Sm90FwdConfig):
@@ -39,18 +68,29 @@ def variant_fn(config: Sm90FwdConfig):
 
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--head-dim", type=int, default=128, choices=sorted(VARIANTS))
     ap.add_argument("--causal", default="both")
+    ap.add_argument("--check", action="store_true", help="compile every variant on this machine, no GPU")
     args = ap.parse_args()
-    B, H, S, D = 4, 16, 8192, 128
+    D = args.head_dim
+    causal_values = {"both": (False, True), "0": (False,), "1": (True,)}[args.causal]
+    if args.check:
+        check(D, causal_values)
+        return
     peers = attention_peers()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for causal in {"both": (False, True), "0": (False,), "1": (True,)}[args.causal]:
+    for causal in causal_values:
         gen = torch.Generator(device="cuda").manual_seed(0)
         inputs = [tuple(torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
                   for _ in range(2)]
         base = Sm90FwdConfig.for_problem(D, causal=causal, has_lse=False, gpu_name=torch.cuda.get_device_name(),
                                          num_sms=sms)
-        fns = {name: variant_fn(base.replace(**change)) for name, change in VARIANTS.items()}
+        fns = {}
+        for name, change in VARIANTS[D].items():
+            try:
+                fns[name] = variant_fn(base.replace(**change))
+            except ValueError as e:              # a knob this build refuses: said, not timed
+                print(f"hd{D} causal={int(causal)} {name}: refused ({e})")
         want = dsv4lib.attention(*inputs[0], causal=causal)
         for name, fn in fns.items():
             err = (fn(*inputs[0]).float() - want.float()).abs().max().item()
@@ -59,7 +99,7 @@ def main():
             fns["FA4"] = lambda q, k, v: peers["FA4"](q, k, v, causal=causal)
         flops = bench.attention_flops(B, H, S, S, D, causal=causal)
         times = bench.time_cuda_interleaved(fns, inputs, iters=20, may_fail=("FA4",))
-        row = {"causal": causal}
+        row = {"D": D, "causal": causal}
         row.update({n: (round(bench.tflops(flops, t.median_ms)) if not isinstance(t, Exception) else None)
                     for n, t in times.items()})
         print(row, flush=True)
