@@ -111,6 +111,47 @@ build_ok = (kd.ptx_target == "sm_90a" and ptx_counts["e4m3x2 -> f16x2"] == 256 a
 record(metrics_path, compiled=build_ok)
 
 # %% [markdown]
+# ## The decode's work split
+#
+# One CTA serves one query token x 64 heads (the MMA's M) and walks that token's 64-key tiles; its two consumer
+# warpgroups take the tiles in turn, a *pair* at a time.  When the batch is too small to fill half the GPU the keys
+# are split over several CTAs (each writes an fp32 partial and its LSE; a combine kernel merges them by LSE and
+# adds the sink once), down to one tile a split at B1.  An odd count ends on a *lone* pair: its second tile is not
+# filled and no MMA runs on it (B1 H64: 15.4 → 13.0 µs on the H100 when that landed).  At H = 128 a token's two
+# head-group CTAs form a cluster that dequantizes each key once for both.  Below, one (token, head group)'s tiles
+# per split for each shape of the speed table (`dsv4lib.ops.decode.decode_work`: the call's own split rule).
+
+# %%
+from matplotlib.colors import ListedColormap
+
+from dsv4lib.ops.decode import decode_work
+
+sms = torch.cuda.get_device_properties(0).multi_processor_count if on_gpu else 132
+work = [decode_work(B, 1, H, nw + nc, sms) for B, H, nw, nc in d7.SHAPES]          # every shape of the table
+fig, axes = plt.subplots(1, len(work), figsize=(3.2 * len(work), 2.6), squeeze=False)
+for ax, w in zip(axes[0], work):
+    grid = np.full((w["splits"], w["tiles"]), np.nan)
+    first = 0
+    for s, n in enumerate(w["tiles_per_split"]):
+        for t in range(n):
+            grid[s, first + t] = 2 if w["lone"][s] and t == n - 1 else t // 2 % 2
+        first += n
+    ax.imshow(grid, cmap=ListedColormap(["tab:blue", "tab:orange", "tab:green"]), vmin=-0.5, vmax=2.5, aspect="auto",
+              interpolation="nearest")
+    ax.set_yticks(range(w["splits"]))
+    ax.tick_params(labelsize=7)
+    ax.set_title(f"B{w['B']} H{w['H']}: {w['splits']} split(s), {w['ctas']} CTAs\n{w['waves']:.2f} waves"
+                 f"{', + combine' if w['combine'] else ''}{', head-pair clusters' if w['head_pair_cluster'] else ''}",
+                 fontsize=8)
+    ax.set_xlabel("64-key tile of the token's list", fontsize=8)
+    ax.set_ylabel("split (CTA)", fontsize=8)
+fig.suptitle("pairs of tiles alternate blue / orange; a lone pair's tile is green (its pad is never filled)", fontsize=9)
+fig.tight_layout()
+for w in work:
+    print(f"B{w['B']:<4} H{w['H']:<4} {w['tiles']} tiles: {w['splits']} split(s) of {w['tiles_per_split'][0]} tile(s), "
+          f"{w['ctas']} CTAs ({w['waves']:.2f} waves on {sms} SMs), lone pairs: {sum(w['lone'])}")
+
+# %% [markdown]
 # ## On the GPU: the writer against the reference, byte for byte
 
 # %%
@@ -215,14 +256,16 @@ if on_gpu:
 # ## Where it stands
 #
 # Correct everywhere (the writer bit-equal to the reference, the decode at cosine 0.999998 against float64 over
-# the same FP8 cache, every e4m3 byte and scale dequantized bit-exactly), and on the H100 at 0.84-1.09x FlashMLA
-# (H64 at par or ahead, H128 behind) — not yet the 1.5x the stage aims at.  What got it here
-# (docs/tuning/d7.md has the measurements): each key resolved once into a shared record; rolling loads (8 rows
-# in flight per producer thread); the rope columns by `cp.async` with the hardware arriving for them; e4m3 → bf16
-# by placed bits and one bf16 multiply (4 instructions a pair instead of 6); the rope lanes made one whole warp.
-# The producer is still the critical path: right halves take ~3k SM clocks to fill against ~1.6k for left ones
-# (their rows' loads are issued only one fill ahead).  Next: the H128 crossover (two head-group CTAs of a
-# cluster each dequantize half the keys for both), and deeper prefetch of the right halves.
+# the same FP8 cache, every e4m3 byte and scale dequantized bit-exactly).  Speed on the H100 (session 31, FlashMLA in
+# the same run): B1 12.9-13.0 µs, 1.13-1.14x FlashMLA (the bar: ≤ 12 µs, 1.15x); H64 at B64 / B128 1.05x / 0.98x;
+# H128 0.88-0.90x, the worst — not yet the 1.5x the stage aims at.  What got it here (docs/tuning/d7.md has the
+# measurements): each key resolved once into a shared record; rolling loads (8 rows in flight per producer thread);
+# the rope columns by `cp.async` with the hardware arriving for them; e4m3 → bf16 by placed bits and one bf16
+# multiply (4 instructions a pair instead of 6); the rope lanes as one whole warp; at H128 the head-pair cluster
+# that dequantizes each key once for both CTAs; at B1 a tile a split and the lone pair.  The producer is still the
+# critical path at B ≥ 64.  Next, measured against each other on the GPU: the H128 producer's rows two half-tiles
+# ahead (`Model1DecodeConfig.loads_ahead=2`, the registers moved to the producer) and the asymmetric consumers
+# FlashMLA uses (one warpgroup for scores + left half, one for the right half, more registers for the producer).
 
 # %%
 record(metrics_path, mode="gpu" if on_gpu else "compile",

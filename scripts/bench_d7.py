@@ -1,6 +1,7 @@
 """D7 benchmark table: ours vs FlashMLA's MODEL1 decode (where .device-c is installed) vs our bf16 sparse_attention on
 the dequantized rows, every shape of issue #35, by CUDA-graph replay.  Usage: python scripts/bench_d7.py [--shapes 0,1]
-[--no-bf16] [--splits 1,2,4] [--window-slots N] [--compressed-slots N]"""
+[--no-bf16] [--splits 1,2,4] [--window-slots N] [--compressed-slots N] [--custom B,H,WINDOW_KEYS,COMPRESSED_KEYS]
+(``--custom``: one more shape outside the issue's table, e.g. 1,128,128,1024 — the Pro model's B1 decode)"""
 import argparse
 
 import torch
@@ -17,6 +18,7 @@ def main():
     ap.add_argument("--splits", default="", help="also time ours at these forced split counts, e.g. 1,2,4")
     ap.add_argument("--window-slots", type=int, default=256 << 10)
     ap.add_argument("--compressed-slots", type=int, default=512 << 10)
+    ap.add_argument("--custom", default="", help="B,H,window keys,compressed keys: a shape outside d7.SHAPES")
     args = ap.parse_args()
     target = detect_target().name
     copy_gbps = recorded_copy_gbps(target)
@@ -27,8 +29,11 @@ def main():
     fm = d7.flashmla()
     print(f"{torch.cuda.get_device_name()}  copy {copy_gbps:.0f} GB/s  matmul {matmul:.0f} TFLOP/s  "
           f"FlashMLA {'present' if fm else 'not run'}")
-    for i in (int(s) for s in args.shapes.split(",")):
-        case = d7.make_case(*d7.SHAPES[i], window, compressed)
+    shapes = [d7.SHAPES[int(i)] for i in args.shapes.split(",") if i != ""]
+    if args.custom:
+        shapes.append(tuple(int(x) for x in args.custom.split(",")))
+    for shape in shapes:
+        case = d7.make_case(*shape, window, compressed)
         print(d7.fmt_row(d7.bench_case(case, copy_gbps, matmul, fm, bf16_peer=not args.no_bf16)), flush=True)
         if args.splits:
             sweep = d7.split_sweep(case, [int(s) for s in args.splits.split(",")])

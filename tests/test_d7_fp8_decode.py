@@ -440,6 +440,23 @@ def test_decode_split_rule_keeps_half_a_wave():
         assert s == 1 or ctas * s <= 66
 
 
+def test_decode_work_is_what_the_call_launches():
+    """The notebook's work split comes from the call's own rules: B1 H64 a tile a split, all lone pairs, a combine;
+    a full batch one CTA a token with whole pairs; H128 head-pair clusters; explicit splits taken as given."""
+    from dsv4lib.ops.decode import decode_splits, decode_work
+    w = decode_work(1, 1, 64, 640, 132)
+    assert (w["tiles"], w["splits"], w["ctas"], w["combine"]) == (10, 10, 10, True)
+    assert w["tiles_per_split"] == [1] * 10 and all(w["lone"]) and w["pairs_per_split"] == [1] * 10
+    w = decode_work(128, 1, 64, 640, 132)
+    assert (w["splits"], w["ctas"], w["tiles_per_split"], w["lone"], w["combine"]) == (1, 128, [10], [False], False)
+    w = decode_work(64, 2, 128, 1152, 132)
+    assert w["head_pair_cluster"] and w["ctas"] == 64 * 2 * 2 and w["pairs_per_split"] == [9]
+    w = decode_work(4, 1, 64, 640, 132, num_splits=3)
+    assert w["tiles_per_split"] == [4, 4, 2] and w["lone"] == [False] * 3 and sum(w["tiles_per_split"]) == 10
+    for B in (1, 3, 8, 40, 70):
+        assert decode_work(B, 1, 64, 640, 132)["splits"] == decode_splits(B, 10, 132)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("num_splits", [1, 4])
 def test_decode_with_a_custom_scale(num_splits):

@@ -48,6 +48,24 @@ def decode_splits(batch_ctas: int, n_tiles: int, sms: int) -> int:
     return nonempty_splits(n_tiles, splits)
 
 
+def decode_work(B: int, s_q: int, H: int, n_keys: int, sms: int, num_splits=None) -> dict:
+    """What a decode call of this shape launches (the D7 notebook's work-split plot; the same rules as the call):
+    CTAs (one per query token x 64-head group x split), splits, the 64-key tiles of a query and of each split
+    (``ceil(tiles / splits)``, the last split the rest), each CTA's pairs of tiles (the consumers take tiles in
+    turn) and whether its last pair is lone (an odd count: one tile, no pad filled), waves over ``sms``, the
+    head-pair clusters (H = 128), and whether a combine launch follows."""
+    from ..kernels.splitkv import split_block_ranges
+    n_tiles = -(-n_keys // 64)
+    token_ctas = B * s_q * H // HEADS_PER_CTA
+    splits = decode_splits(token_ctas, n_tiles, sms) if num_splits is None else min(num_splits, n_tiles)
+    per_split = [max(hi - lo, 0) for lo, hi in split_block_ranges(0, n_tiles, splits)]
+    ctas = token_ctas * splits
+    return dict(B=B, s_q=s_q, H=H, n_keys=n_keys, tiles=n_tiles, splits=splits, tiles_per_split=per_split,
+                pairs_per_split=[(t + 1) // 2 for t in per_split], lone=[t % 2 == 1 for t in per_split],
+                ctas=ctas, waves=ctas / sms, head_pair_cluster=HEAD_PAIR_CLUSTER and H == 2 * HEADS_PER_CTA,
+                combine=splits > 1)
+
+
 def decode_args(q, pages, idx, lengths, pages2, idx2, lengths2, page_size: int, page_size2: int, o, lse, scale: float,
                 sink, stream=None, tvm_ffi: bool = False) -> tuple:
     """The kernel's arguments (CPU tensors too: the compile tests build exactly these)."""
