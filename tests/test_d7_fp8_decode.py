@@ -68,6 +68,37 @@ def test_head_pair_build_with_loads_two_half_tiles_ahead():
                                           split_kv=False, **bad)
 
 
+@pytest.mark.compile
+@pytest.mark.parametrize("split_kv", [False, True])
+def test_columns_build_moves_the_registers_to_the_producer(split_kv):
+    """The A/B candidate ``schedule="columns"`` (FlashMLA's consumers): warpgroup 1 computes every tile's scores
+    (QK once, not per warpgroup), the right-half warpgroup only multiplies; the same dequantizing producer (every key
+    byte converted, rolling loads) filling whole-tile stages, at 152 / 192 / 160 registers; no serialized wgmma;
+    the unsplit build spills nothing (the split one's staged fp32 partials: 28 B, bounded here)."""
+    from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.sm90.config import Model1DecodeConfig
+    from dsv4lib.kernels.sm90.model1_decode import Model1DecodeSm90
+    from dsv4lib.ops.decode import fake_args
+    config = Model1DecodeConfig.for_decode(extra_cache=True, topk_length=True, extra_topk_length=True,
+                                           sink=not split_kv, split_kv=split_kv, schedule="columns")
+    k = compile_for_arch(Model1DecodeSm90(config), *fake_args(True, split_kv), arch="sm_90a")
+    assert k.count(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16") == 512 // 16
+    assert k.count(r"mul\.rn\.bf16x2") == 4 * 8 * 8 and k.count(r"ld\.global\.v4\.b32") == 8 + 2 * 4 * 8
+    assert k.count(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+152") == 1
+    assert k.count(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+192") == 1
+    assert k.count(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+160") == 1
+    assert k.count(r"cp\.async\.bulk\.tensor\.4d\.shared::cta\.global\.tile\.mbarrier") == 8      # Q by TMA
+    report = k.ptxas_report()
+    if report is not None and "Unsupported .version" not in report:
+        spills = [int(s) for s in re.findall(r"(\d+) bytes spill stores", report)]
+        assert spills and max(spills) <= (32 if split_kv else 0), report
+        assert "C7514" not in report, report[-800:]
+    for bad in (dict(schedule="columns", head_pair_cluster=True), dict(schedule="balanced")):
+        with pytest.raises(ValueError):
+            Model1DecodeConfig.for_decode(extra_cache=True, topk_length=True, extra_topk_length=True, sink=True,
+                                          split_kv=False, **bad)
+
+
 def test_peer_store_offsets_match_the_traced_kv_layout():
     """The crossover addresses the peer's KV buffer by byte offsets (``kv_chunk_offset``): equal, for every 16-byte
     chunk of every row, to where the kernel's own swizzled layout puts it (traced by CuTeDSL on the CPU)."""
@@ -120,8 +151,8 @@ def test_decode_builds_dequantizing_in_the_producer(extra, split_kv):
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("heads", [64, 128])
-def test_unsplit_decode_build_takes_the_outputs_as_returned(heads):
+@pytest.mark.parametrize("heads,schedule", [(64, "paired"), (128, "paired"), (64, "columns")])
+def test_unsplit_decode_build_takes_the_outputs_as_returned(heads, schedule):
     """``sparse_decode``'s unsplit launch writes o [B, s_q, H, 512] / lse [B, H, s_q] as allocated and returned (the
     split mode added at trace time: two torch views fewer per call, issue #28).  Its device code is the batched
     build's byte for byte — H = 128 with the head-pair cluster too."""
@@ -132,7 +163,8 @@ def test_unsplit_decode_build_takes_the_outputs_as_returned(heads):
     from dsv4lib.kernels.sm90.sparse_public import Model1DecodePublicSm90
     from dsv4lib.ops.decode import decode_args
     config = Model1DecodeConfig.for_decode(sink=True, split_kv=False, extra_cache=True, topk_length=True,
-                                           extra_topk_length=True, head_pair_cluster=heads == 128)
+                                           extra_topk_length=True, head_pair_cluster=heads == 128,
+                                           schedule=schedule)
     q = torch.empty(3, 1, heads, 512, dtype=torch.bfloat16)
     pages, idx, lengths = torch.empty(5, M.page_bytes(64), dtype=torch.uint8), torch.empty(3, 1, 128, dtype=torch.int32), \
         torch.empty(3, dtype=torch.int32)
@@ -349,6 +381,27 @@ def test_loads_two_half_tiles_ahead_give_the_same_bits(B, num_splits, monkeypatc
     launch.forget_plans()
     assert torch.equal(shipped, ahead)
     check_output(ahead, _reference(q, main, idx, kw)[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,H,num_splits", [(40, 64, 1), (3, 64, 0), (20, 128, 1), (1, 128, 0)])
+def test_columns_schedule_matches_the_reference(B, H, num_splits, monkeypatch):
+    """The A/B candidate ``DECODE_SCHEDULE = "columns"`` against float64 over the same FP8 cache (not the shipped
+    bits: its softmax runs once over each tile instead of pairing them): unsplit and split (lone pairs: its producer
+    skips a pad the consumers never walk), H 64 and 128 (one CTA a head group), invalid entries, lengths, sink."""
+    from dsv4lib.ops import decode, launch
+    gen = torch.Generator().manual_seed(fresh_seed())
+    q, main, idx, kw = _decode_inputs(B, 1, H, True, True, True, gen)
+    monkeypatch.setattr(decode, "DECODE_SCHEDULE", "columns")
+    launch.forget_plans()
+    splits = dict(num_splits=num_splits) if num_splits else {}
+    out, lse = dsv4lib.sparse_decode(q, main, idx, **kw, **splits, return_lse=True)
+    launch.forget_plans()
+    ref_out, ref_lse = _reference(q, main, idx, kw)
+    check_output(out, ref_out)
+    seen = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), seen)
+    torch.testing.assert_close(lse[seen], ref_lse[seen].float(), atol=2e-3, rtol=0)
 
 
 @pytest.mark.gpu

@@ -32,6 +32,9 @@ HEAD_PAIR_CLUSTER = True
 # ... and its producer threads' rows of how many half-tiles in flight (Model1DecodeConfig.loads_ahead): 2 is an A/B
 # candidate not yet measured (scripts/probe_d7.py --variants ahead2)
 CROSSOVER_LOADS_AHEAD = 1
+# the consumers' schedule: "paired" as shipped, or "columns" (FlashMLA's: scores + left half / right half, producer
+# 152 registers) — an A/B candidate (scripts/probe_d7.py --variants columns); no head-pair cluster with it yet
+DECODE_SCHEDULE = "paired"
 
 
 def decode_splits(batch_ctas: int, n_tiles: int, sms: int) -> int:
@@ -62,7 +65,8 @@ def decode_work(B: int, s_q: int, H: int, n_keys: int, sms: int, num_splits=None
     ctas = token_ctas * splits
     return dict(B=B, s_q=s_q, H=H, n_keys=n_keys, tiles=n_tiles, splits=splits, tiles_per_split=per_split,
                 pairs_per_split=[(t + 1) // 2 for t in per_split], lone=[t % 2 == 1 for t in per_split],
-                ctas=ctas, waves=ctas / sms, head_pair_cluster=HEAD_PAIR_CLUSTER and H == 2 * HEADS_PER_CTA,
+                ctas=ctas, waves=ctas / sms,
+                head_pair_cluster=HEAD_PAIR_CLUSTER and H == 2 * HEADS_PER_CTA and DECODE_SCHEDULE == "paired",
                 combine=splits > 1)
 
 
@@ -144,9 +148,9 @@ def _config(device, B: int, s_q: int, H: int, n_keys: int, num_splits, extra: bo
         splits = decode_splits(B * s_q * H // HEADS_PER_CTA, n_tiles, device_facts(device)[1])
     else:
         splits = min(num_splits, n_tiles)
-    cluster = HEAD_PAIR_CLUSTER and H == 2 * HEADS_PER_CTA
+    cluster = HEAD_PAIR_CLUSTER and H == 2 * HEADS_PER_CTA and DECODE_SCHEDULE == "paired"
     flags = dict(extra_cache=extra, topk_length=lengths, extra_topk_length=lengths2, head_pair_cluster=cluster,
-                 loads_ahead=CROSSOVER_LOADS_AHEAD if cluster else 1)
+                 loads_ahead=CROSSOVER_LOADS_AHEAD if cluster else 1, schedule=DECODE_SCHEDULE)
     if splits == 1:
         return cached_config(lambda: Model1DecodeConfig.for_decode(sink=sink, split_kv=False, **flags),
                              "model1", sink, *flags.values()), 1

@@ -252,8 +252,10 @@ class SparseFwdConfig(_Config):
 @dataclass(frozen=True)
 class Model1DecodeConfig(SparseFwdConfig):
     """:class:`dsv4lib.kernels.sm90.model1_decode.Model1DecodeSm90` (D7): the gathered hd512 kernel reading its keys
-    from FP8 MODEL1 pages, one index list per cache.  Always the paired schedule (its half-tile fills are what the
-    dequantizing producer overlaps with the MMAs)."""
+    from FP8 MODEL1 pages, one index list per cache.  The paired schedule as shipped (its half-tile fills are what
+    the dequantizing producer overlaps with the MMAs); ``schedule="columns"`` is FlashMLA's split of the consumers
+    (scores + left half, right half) with the registers moved to the producer — an A/B candidate, one CTA per head
+    group (no head-pair cluster yet)."""
     gather: bool = True
     schedule: str = "paired"
     extra_cache: bool = False       # a second cache (the compressed one) with its own index list
@@ -268,8 +270,11 @@ class Model1DecodeConfig(SparseFwdConfig):
 
     def check(self) -> None:
         super().check()
-        if not self.gather or self.schedule != "paired" or self.gather_only or self.skip_mma is not None:
-            raise ValueError("the MODEL1 decode is the gathered, paired kernel (no benchmark knobs)")
+        if not self.gather or self.gather_only or self.skip_mma is not None or self.cluster_splits != 1:
+            raise ValueError("the MODEL1 decode is the gathered kernel (no benchmark knobs, no split clusters)")
+        if self.schedule == "columns" and (self.head_pair_cluster or self.loads_ahead != 1):
+            raise ValueError("the columns schedule of the MODEL1 decode has no head-pair cluster (yet) and loads one "
+                             "half-tile ahead")
         if self.extra_topk_length and not self.extra_cache:
             raise ValueError("extra_topk_length needs extra_cache")
         if self.loads_ahead not in (1, 2) or (self.loads_ahead == 2 and not self.head_pair_cluster):
@@ -278,7 +283,8 @@ class Model1DecodeConfig(SparseFwdConfig):
 
     @classmethod
     def for_decode(cls, *, extra_cache: bool, topk_length: bool, extra_topk_length: bool, sink: bool,
-                   split_kv: bool, head_pair_cluster: bool = False, loads_ahead: int = 1) -> "Model1DecodeConfig":
+                   split_kv: bool, head_pair_cluster: bool = False, loads_ahead: int = 1,
+                   schedule: str = "paired") -> "Model1DecodeConfig":
         return cls(sink=sink and not split_kv, has_lse=True, split_kv=split_kv, extra_cache=extra_cache,
                    topk_length=topk_length, extra_topk_length=extra_topk_length, head_pair_cluster=head_pair_cluster,
-                   loads_ahead=loads_ahead)
+                   loads_ahead=loads_ahead, schedule=schedule)

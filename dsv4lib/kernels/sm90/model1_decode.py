@@ -48,7 +48,7 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 from ..common import gmem_view, inline_ptx, launch_stream
 from ..sparse_base import HALF, HEAD_DIM, TILE_N, as_global
 from .config import Model1DecodeConfig
-from .sparse_fwd import HALF_TILE_ORDER, SparseAttentionForwardSm90, half_tile_pipelines
+from .sparse_fwd import HALF_TILE_ORDER, SparseAttentionForwardSm90, cp_async_arrive_counted, half_tile_pipelines
 
 NOPE_DIMS = 448
 PART_BYTES = 576
@@ -230,6 +230,9 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
     # 1 as shipped; 2 is `probe_d7.py --variants ahead2`, not yet measured (session 26 built and reverted it without
     # a number): it spills 100 B at the producer's 88 registers, 16 B at AHEAD_REGS (ptxas -v, session 31)
     AHEAD_REGS = (104, 200)                  # producer, consumers with two half-tiles ahead (consumers fit 200: no spill)
+    # schedule="columns": FlashMLA's registers — producer 152, scores + left half 192, right half 160 (128 · 504);
+    # the gathered columns consumers fit them spill-free (ptxas -v, session 31)
+    COLUMNS_REGS = (152, 192, 160)
 
     def __init__(self, config: Model1DecodeConfig):
         if not isinstance(config, Model1DecodeConfig):
@@ -241,6 +244,9 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         self.ahead = config.loads_ahead
         if self.ahead == 2:
             self.producer_regs, self.consumer_regs = self.AHEAD_REGS
+        if not self.paired:        # columns: Q by TMA, whole tiles by load_tiles, the registers moved to the producer
+            self.q_by_tma = True
+            self.producer_regs, self.consumer_regs, self.right_regs = self.COLUMNS_REGS
         if self.crossover:
             self.pipeline_cluster = (1, HEAD_PAIR)
 
@@ -285,6 +291,14 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         if const_expr(not self.crossover):
             return half_tile_pipelines(barriers, producer=pipeline.PipelineAsync)
         return tuple(HeadPairPipeline.create_pair(barriers + 2 * i) for i in range(4))
+
+    def tile_pipeline(self, barriers):
+        """The columns schedule's two whole-tile stages: filled by generic stores (each producer thread arrives once
+        its rows of both halves are written and fenced), freed by both consumer warpgroups."""
+        return pipeline.PipelineAsync.create(
+            barrier_storage=barriers, num_stages=self.num_stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 256), defer_sync=True)
 
     # ------------------------------------------------------------------------------ key rules
     @cute.jit
@@ -449,6 +463,67 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
                     kv_pipes[2 * b + h].producer_commit(state)
             state.advance()
         return state
+
+    @cute.jit
+    def load_tiles(self, tma_atom_Q, tma_Q, keys, _keys, sQ, sKV, pipeline_q, pipeline_kv, warp_idx, tidx, token,
+                   head_group, batch, n_keys, tile_lo, tile_hi, sKeyAddr):
+        """Producer of the columns schedule: Q by TMA (warp 0), then the tiles in order, each a whole stage — its left
+        half, then its right half, one arrive a thread after both (the rope lanes' through their copies).  The same
+        records and rolling loads as :meth:`gather_pairs`, the fill order (0, L), (0, R), (1, L), (1, R) of a pair;
+        a lone pair's second tile does not exist for these consumers (they walk the real tiles), so it is neither
+        acquired nor filled."""
+        if warp_idx == 0:
+            self.load_q_tma(tma_atom_Q, tma_Q, sQ, pipeline_q, token, head_group, batch, tile_lo, tile_hi)
+        group, lane = self.producer_slot(tidx)
+        rope_lane = lane >= ROPE_LANE
+        records = self.key_records(sKeyAddr)
+        scale_of = self.record_scales(sKeyAddr)
+        raw = cute.make_rmem_tensor(cute.make_layout((self.convert_rows, 4), stride=(4, 1)), Uint32)   # 16 B a row
+        scale_bytes = cute.make_rmem_tensor((self.convert_rows,), Uint32)
+        zero = Int32(0)
+        slot = (group, lane, zero, zero, (zero, zero), (zero, zero))
+        n_pairs = (tile_hi - tile_lo + 1) // 2
+        key0 = tile_lo * TILE_N + tidx                                   # my key of pair 0
+        key_end = cutlass.min(n_keys, tile_hi * TILE_N)
+        part, scales = self.fetch_record(keys, key0, key_end, self.load_indices(keys, batch, token, key0))
+        records[0, tidx, 0] = part
+        records[1, tidx, 0] = scales
+        next_indices = self.load_indices(keys, batch, token, key0 + 2 * TILE_N)
+        cute.arch.barrier(barrier_id=PRODUCER_SYNC, number_of_threads=128)
+        for k in cutlass.range_constexpr(self.convert_rows):
+            self.load_row(records, scale_of, 0, 0, 0, slot, k, raw, scale_bytes)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
+        for p in cutlass.range(n_pairs, unroll=1):
+            buf = p % 2
+            part, scales = self.fetch_record(keys, key0 + (2 * p + 2) * TILE_N, key_end, next_indices)
+            next_indices = self.load_indices(keys, batch, token, key0 + (2 * p + 4) * TILE_N)
+            lone = tile_lo + 2 * p + 1 >= tile_hi
+            for b in cutlass.range_constexpr(2):
+                fill = True
+                if const_expr(b == 1):
+                    fill = not lone
+                if fill:
+                    pipeline_kv.producer_acquire(state)           # stage b: the pair's tile b
+                    barrier = pipeline_kv.producer_get_barrier(state)
+                    self.fill_half_tile(records, scale_of, buf, b, 0, buf, (b, 1), sKV, slot, raw, scale_bytes,
+                                        barrier)
+                    next_buf = buf
+                    if const_expr(b == 1):  # the next half-tile is the next pair's: publish its records first
+                        records[0, tidx, 1 - buf] = part
+                        records[1, tidx, 1 - buf] = scales
+                        cute.arch.barrier(barrier_id=PRODUCER_SYNC, number_of_threads=128)
+                        next_buf = 1 - buf
+                    self.fill_half_tile(records, scale_of, buf, b, 1, next_buf, (1 - b, 0), sKV, slot, raw,
+                                        scale_bytes, barrier)
+                    cute.arch.fence_proxy("async.shared", space="cta")   # generic writes → the consumers' wgmma
+                    if rope_lane:
+                        # its rope copies counted on the barrier (the phase waits for them to land), then its own
+                        # release arrive: this lane also converted left-half columns, stores the arrive must publish
+                        cp_async_arrive_counted(barrier)
+                    pipeline_kv.producer_commit(state)
+                    state.advance()
+        # the tail: wait until the consumers freed the last fills (no mbarrier arrive after exit)
+        pipeline_kv.producer_tail(state)
 
     @cute.jit
     def producer_slot(self, tidx):
