@@ -45,8 +45,8 @@ for w in $what; do
     d1)       { timeout 240 python scripts/sweep_d1.py --head-dim 64 --causal 1;
                 timeout 240 python scripts/sweep_d1.py --head-dim 256 --causal 1; } 2>&1 | tee "$out/logs/d1.txt" \
                 | grep "^{\|refused" ;;
-    d7ab)     { timeout 240 python scripts/probe_d7.py --shapes 0,2,3,4 --variants full,ahead2,regs104,columns;
-                timeout 240 python scripts/probe_d7.py --shapes 0,2,3,4 --variants columns,regs104,ahead2,full;
+    d7ab)     { timeout 240 python scripts/probe_d7.py --shapes 0,2,3,4 --variants full,ahead2,regs104,columns,columns2;
+                timeout 240 python scripts/probe_d7.py --shapes 0,2,3,4 --variants columns2,columns,regs104,ahead2,full;
                 timeout 120 python scripts/bench_d7.py --no-bf16 --shapes "" --custom 1,128,128,1024 --splits 9,18; } 2>&1 \
                 | tee "$out/logs/d7ab.txt" | grep -v "^\s*$" | tail -n 12 ;;
     bench)    { timeout 120 python scripts/bench_sparse.py; timeout 60 python scripts/bench_nvfp4.py;

@@ -16,6 +16,7 @@ garbage in every variant but ``full`` — this is a measurement, never a result.
                 ahead: the registers' own effect; right too
   columns       FlashMLA's consumers (scores + left half / right half) with its registers (152 / 192 / 160),
                 whole-tile stages; no head-pair cluster at H = 128; right too
+  columns2      columns with each producer thread's rows of two half-tiles in flight (28 B spilled); right too
   idle_producer producer fetches key records and arrives, nothing loaded, converted or stored (consumer-bound)
   no_mma        consumers' wgmmas removed (producer-bound, softmax and barriers kept)
   floor         idle producer and no wgmma: launch, Q, records, barriers, softmax, epilogue
@@ -45,7 +46,7 @@ ORIGINAL = dict(convert=md.e4m3x2_to_bf16x2, load_row=md.Model1DecodeSm90.load_r
                 fill=md.Model1DecodeSm90.fill_half_tile, gemm=sf.gemm, rope_lane=md.ROPE_LANE,
                 slot=md.Model1DecodeSm90.producer_slot,
                 placed_max=md.PLACED_SCALE_MAX, crossover=decode.HEAD_PAIR_CLUSTER,
-                ahead=decode.CROSSOVER_LOADS_AHEAD, schedule=decode.DECODE_SCHEDULE,
+                ahead=decode.LOADS_AHEAD, schedule=decode.DECODE_SCHEDULE,
                 regs=(md.Model1DecodeSm90.PAIRED_PRODUCER_REGS, md.Model1DecodeSm90.PAIRED_CONSUMER_REGS))
 
 
@@ -111,6 +112,7 @@ VARIANTS = {
     "ahead2": dict(ahead=2),
     "regs104": dict(regs=md.Model1DecodeSm90.AHEAD_REGS),
     "columns": dict(schedule="columns"),
+    "columns2": dict(schedule="columns", ahead=2),
     "idle_producer": dict(load_row=nothing, fill=nothing),
     "no_mma": dict(gemm=nothing),
     "floor": dict(load_row=nothing, fill=nothing, gemm=nothing),
@@ -213,7 +215,7 @@ def apply(variant: str) -> None:
     md.Model1DecodeSm90.producer_slot = parts["slot"]
     md.PLACED_SCALE_MAX = parts["placed_max"]
     decode.HEAD_PAIR_CLUSTER = parts["crossover"]
-    decode.CROSSOVER_LOADS_AHEAD = parts["ahead"]
+    decode.LOADS_AHEAD = parts["ahead"]
     decode.DECODE_SCHEDULE = parts["schedule"]
     md.Model1DecodeSm90.PAIRED_PRODUCER_REGS, md.Model1DecodeSm90.PAIRED_CONSUMER_REGS = parts["regs"]
     launch.forget_plans()

@@ -93,6 +93,14 @@ def test_columns_build_moves_the_registers_to_the_producer(split_kv):
         spills = [int(s) for s in re.findall(r"(\d+) bytes spill stores", report)]
         assert spills and max(spills) <= (32 if split_kv else 0), report
         assert "C7514" not in report, report[-800:]
+    two = compile_for_arch(Model1DecodeSm90(config.replace(loads_ahead=2)), *fake_args(True, split_kv), arch="sm_90a")
+    assert two.count(r"ld\.global\.v4\.b32") == 2 * 8 + 2 * 4 * 8                # two half-tiles' rows first
+    assert two.count(r"mul\.rn\.bf16x2") == 4 * 8 * 8
+    report = two.ptxas_report()
+    if report is not None and "Unsupported .version" not in report:
+        spills = [int(s) for s in re.findall(r"(\d+) bytes spill stores", report)]
+        assert spills and max(spills) <= 32, report                  # 24-28 B at 152 (ptxas -v, session 31)
+        assert "C7514" not in report, report[-800:]
     for bad in (dict(schedule="columns", head_pair_cluster=True), dict(schedule="balanced")):
         with pytest.raises(ValueError):
             Model1DecodeConfig.for_decode(extra_cache=True, topk_length=True, extra_topk_length=True, sink=True,
@@ -373,9 +381,9 @@ def test_loads_two_half_tiles_ahead_give_the_same_bits(B, num_splits, monkeypatc
     gen = torch.Generator().manual_seed(fresh_seed())
     q, main, idx, kw = _decode_inputs(B, 1, 128, True, True, True, gen)
     splits = dict(num_splits=num_splits) if num_splits else {}
-    monkeypatch.setattr(decode, "CROSSOVER_LOADS_AHEAD", 1)
+    monkeypatch.setattr(decode, "LOADS_AHEAD", 1)
     shipped = dsv4lib.sparse_decode(q, main, idx, **kw, **splits)
-    monkeypatch.setattr(decode, "CROSSOVER_LOADS_AHEAD", 2)
+    monkeypatch.setattr(decode, "LOADS_AHEAD", 2)
     launch.forget_plans()                      # the plan of the first call holds the other build
     ahead = dsv4lib.sparse_decode(q, main, idx, **kw, **splits)
     launch.forget_plans()
@@ -384,15 +392,18 @@ def test_loads_two_half_tiles_ahead_give_the_same_bits(B, num_splits, monkeypatc
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("B,H,num_splits", [(40, 64, 1), (3, 64, 0), (20, 128, 1), (1, 128, 0)])
-def test_columns_schedule_matches_the_reference(B, H, num_splits, monkeypatch):
+@pytest.mark.parametrize("B,H,num_splits,ahead", [(40, 64, 1, 1), (3, 64, 0, 1), (20, 128, 1, 1), (1, 128, 0, 1),
+                                                   (40, 64, 1, 2), (1, 64, 0, 2)])
+def test_columns_schedule_matches_the_reference(B, H, num_splits, ahead, monkeypatch):
     """The A/B candidate ``DECODE_SCHEDULE = "columns"`` against float64 over the same FP8 cache (not the shipped
     bits: its softmax runs once over each tile instead of pairing them): unsplit and split (lone pairs: its producer
-    skips a pad the consumers never walk), H 64 and 128 (one CTA a head group), invalid entries, lengths, sink."""
+    skips a pad the consumers never walk), H 64 and 128 (one CTA a head group), rows of one or two half-tiles in
+    flight, invalid entries, lengths, sink."""
     from dsv4lib.ops import decode, launch
     gen = torch.Generator().manual_seed(fresh_seed())
     q, main, idx, kw = _decode_inputs(B, 1, H, True, True, True, gen)
     monkeypatch.setattr(decode, "DECODE_SCHEDULE", "columns")
+    monkeypatch.setattr(decode, "LOADS_AHEAD", ahead)
     launch.forget_plans()
     splits = dict(num_splits=num_splits) if num_splits else {}
     out, lse = dsv4lib.sparse_decode(q, main, idx, **kw, **splits, return_lse=True)

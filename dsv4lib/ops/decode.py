@@ -29,9 +29,10 @@ DECODE_SQ = (1, 2)             # one token, or two with MTP
 DECODE_MAX_SPLITS = 16
 # H = 128: the two head-group CTAs of a token as one cluster that dequantizes each key once (the crossover)
 HEAD_PAIR_CLUSTER = True
-# ... and its producer threads' rows of how many half-tiles in flight (Model1DecodeConfig.loads_ahead): 2 is an A/B
-# candidate not yet measured (scripts/probe_d7.py --variants ahead2)
-CROSSOVER_LOADS_AHEAD = 1
+# the producer threads' rows of how many half-tiles in flight (Model1DecodeConfig.loads_ahead) where a build can
+# hold two (the H = 128 crossover, the columns schedule): 2 is an A/B candidate not yet measured (scripts/probe_d7.py
+# --variants ahead2, columns2)
+LOADS_AHEAD = 1
 # the consumers' schedule: "paired" as shipped, or "columns" (FlashMLA's: scores + left half / right half, producer
 # 152 registers) — an A/B candidate (scripts/probe_d7.py --variants columns); no head-pair cluster with it yet
 DECODE_SCHEDULE = "paired"
@@ -150,7 +151,8 @@ def _config(device, B: int, s_q: int, H: int, n_keys: int, num_splits, extra: bo
         splits = min(num_splits, n_tiles)
     cluster = HEAD_PAIR_CLUSTER and H == 2 * HEADS_PER_CTA and DECODE_SCHEDULE == "paired"
     flags = dict(extra_cache=extra, topk_length=lengths, extra_topk_length=lengths2, head_pair_cluster=cluster,
-                 loads_ahead=CROSSOVER_LOADS_AHEAD if cluster else 1, schedule=DECODE_SCHEDULE)
+                 loads_ahead=LOADS_AHEAD if cluster or DECODE_SCHEDULE == "columns" else 1,
+                 schedule=DECODE_SCHEDULE)
     if splits == 1:
         return cached_config(lambda: Model1DecodeConfig.for_decode(sink=sink, split_kv=False, **flags),
                              "model1", sink, *flags.values()), 1

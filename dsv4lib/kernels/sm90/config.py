@@ -264,22 +264,22 @@ class Model1DecodeConfig(SparseFwdConfig):
     # H = 128: the token's two head-group CTAs form a cluster and each dequantizes half of every half-tile's rows into
     # both CTAs' buffers (the crossover; model1_decode's module docstring)
     head_pair_cluster: bool = False
-    # the crossover's producer threads: rows of 1 or 2 half-tiles in flight (2: the registers move to the producer,
-    # 104 / 200 / 200; model1_decode's LOADS_AHEAD note)
+    # the producer threads' rows of 1 or 2 half-tiles in flight: with the crossover (2: the registers move to the
+    # producer, 104 / 200 / 200; model1_decode's LOADS_AHEAD note) or the columns schedule (152 registers)
     loads_ahead: int = 1
 
     def check(self) -> None:
         super().check()
         if not self.gather or self.gather_only or self.skip_mma is not None or self.cluster_splits != 1:
             raise ValueError("the MODEL1 decode is the gathered kernel (no benchmark knobs, no split clusters)")
-        if self.schedule == "columns" and (self.head_pair_cluster or self.loads_ahead != 1):
-            raise ValueError("the columns schedule of the MODEL1 decode has no head-pair cluster (yet) and loads one "
-                             "half-tile ahead")
+        if self.schedule == "columns" and self.head_pair_cluster:
+            raise ValueError("the columns schedule of the MODEL1 decode has no head-pair cluster (yet)")
         if self.extra_topk_length and not self.extra_cache:
             raise ValueError("extra_topk_length needs extra_cache")
-        if self.loads_ahead not in (1, 2) or (self.loads_ahead == 2 and not self.head_pair_cluster):
-            raise ValueError(f"loads_ahead is 1, or 2 with head_pair_cluster (4 rows a half-tile), got "
-                             f"{self.loads_ahead}")
+        if self.loads_ahead not in (1, 2) or (self.loads_ahead == 2 and not (self.head_pair_cluster
+                                                                             or self.schedule == "columns")):
+            raise ValueError(f"loads_ahead is 1, or 2 with head_pair_cluster (4 rows a half-tile) or the columns "
+                             f"schedule (its producer's 152 registers), got {self.loads_ahead}")
 
     @classmethod
     def for_decode(cls, *, extra_cache: bool, topk_length: bool, extra_topk_length: bool, sink: bool,

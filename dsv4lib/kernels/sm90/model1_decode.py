@@ -242,7 +242,7 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         # rows a producer thread converts per half-tile: all 8 of its row group, or with the crossover its CTA's half
         self.convert_rows = ROWS_PER_THREAD // HEAD_PAIR if self.crossover else ROWS_PER_THREAD
         self.ahead = config.loads_ahead
-        if self.ahead == 2:
+        if self.ahead == 2 and self.paired:
             self.producer_regs, self.consumer_regs = self.AHEAD_REGS
         if not self.paired:        # columns: Q by TMA, whole tiles by load_tiles, the registers moved to the producer
             self.q_by_tma = True
@@ -468,18 +468,20 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
     def load_tiles(self, tma_atom_Q, tma_Q, keys, _keys, sQ, sKV, pipeline_q, pipeline_kv, warp_idx, tidx, token,
                    head_group, batch, n_keys, tile_lo, tile_hi, sKeyAddr):
         """Producer of the columns schedule: Q by TMA (warp 0), then the tiles in order, each a whole stage — its left
-        half, then its right half, one arrive a thread after both (the rope lanes' through their copies).  The same
-        records and rolling loads as :meth:`gather_pairs`, the fill order (0, L), (0, R), (1, L), (1, R) of a pair;
-        a lone pair's second tile does not exist for these consumers (they walk the real tiles), so it is neither
-        acquired nor filled."""
+        half, then its right half, one arrive a thread after both (the rope lanes' copies counted on it).  The same
+        records and rolling loads as :meth:`gather_pairs` in the fill order (0, L), (0, R), (1, L), (1, R) of a pair,
+        ``ahead`` half-tiles of rows in flight (1 or 2: the 152 registers hold two).  A lone pair's second tile does
+        not exist for these consumers (they walk the real tiles), so it is neither acquired nor filled."""
         if warp_idx == 0:
             self.load_q_tma(tma_atom_Q, tma_Q, sQ, pipeline_q, token, head_group, batch, tile_lo, tile_hi)
         group, lane = self.producer_slot(tidx)
         rope_lane = lane >= ROPE_LANE
         records = self.key_records(sKeyAddr)
         scale_of = self.record_scales(sKeyAddr)
-        raw = cute.make_rmem_tensor(cute.make_layout((self.convert_rows, 4), stride=(4, 1)), Uint32)   # 16 B a row
-        scale_bytes = cute.make_rmem_tensor((self.convert_rows,), Uint32)
+        raw = cute.make_rmem_tensor(cute.make_layout((self.ahead, self.convert_rows, 4),
+                                                     stride=(4 * self.convert_rows, 4, 1)), Uint32)
+        scale_bytes = cute.make_rmem_tensor(cute.make_layout((self.ahead, self.convert_rows),
+                                                             stride=(self.convert_rows, 1)), Uint32)
         zero = Int32(0)
         slot = (group, lane, zero, zero, (zero, zero), (zero, zero))
         n_pairs = (tile_hi - tile_lo + 1) // 2
@@ -490,8 +492,9 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         records[1, tidx, 0] = scales
         next_indices = self.load_indices(keys, batch, token, key0 + 2 * TILE_N)
         cute.arch.barrier(barrier_id=PRODUCER_SYNC, number_of_threads=128)
-        for k in cutlass.range_constexpr(self.convert_rows):
-            self.load_row(records, scale_of, 0, 0, 0, slot, k, raw, scale_bytes)
+        for a in cutlass.range_constexpr(self.ahead):
+            for k in cutlass.range_constexpr(self.convert_rows):
+                self.load_row(records, scale_of, 0, a // 2, a % 2, slot, k, raw[a, None, None], scale_bytes[a, None])
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
         for p in cutlass.range(n_pairs, unroll=1):
             buf = p % 2
@@ -505,16 +508,19 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
                 if fill:
                     pipeline_kv.producer_acquire(state)           # stage b: the pair's tile b
                     barrier = pipeline_kv.producer_get_barrier(state)
-                    self.fill_half_tile(records, scale_of, buf, b, 0, buf, (b, 1), sKV, slot, raw, scale_bytes,
-                                        barrier)
-                    next_buf = buf
-                    if const_expr(b == 1):  # the next half-tile is the next pair's: publish its records first
-                        records[0, tidx, 1 - buf] = part
-                        records[1, tidx, 1 - buf] = scales
-                        cute.arch.barrier(barrier_id=PRODUCER_SYNC, number_of_threads=128)
-                        next_buf = 1 - buf
-                    self.fill_half_tile(records, scale_of, buf, b, 1, next_buf, (1 - b, 0), sKV, slot, raw,
-                                        scale_bytes, barrier)
+                    for h in cutlass.range_constexpr(2):
+                        j = 2 * b + h                             # this pair's fill j; its registers: set j % ahead
+                        if const_expr(j == 4 - self.ahead):   # this fill loads the next pair's rows: publish them
+                            # (their buffer held pair p - 1's; stage 1 acquired above, so both warpgroups freed that
+                            # pair's last tile, its key masks read)
+                            records[0, tidx, 1 - buf] = part
+                            records[1, tidx, 1 - buf] = scales
+                            cute.arch.barrier(barrier_id=PRODUCER_SYNC, number_of_threads=128)
+                        nj = (j + self.ahead) % 4
+                        next_buf = buf if const_expr(j + self.ahead < 4) else 1 - buf
+                        self.fill_half_tile(records, scale_of, buf, b, h, next_buf, (nj // 2, nj % 2), sKV, slot,
+                                            raw[j % self.ahead, None, None], scale_bytes[j % self.ahead, None],
+                                            barrier)
                     cute.arch.fence_proxy("async.shared", space="cta")   # generic writes → the consumers' wgmma
                     if rope_lane:
                         # its rope copies counted on the barrier (the phase waits for them to land), then its own
