@@ -384,12 +384,7 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         rope_lane = lane >= ROPE_LANE                 # in a right half: copies the rope (warp 3)
         records = self.key_records(sKeyAddr)
         scale_of = self.record_scales(sKeyAddr)
-        # 16 B a row, for `ahead` half-tiles at once: set j % ahead is converted in fill j, then reloaded with the
-        # rows of fill j + ahead
-        raw = cute.make_rmem_tensor(cute.make_layout((self.ahead, self.convert_rows, 4),
-                                                     stride=(4 * self.convert_rows, 4, 1)), Uint32)
-        scale_bytes = cute.make_rmem_tensor(cute.make_layout((self.ahead, self.convert_rows),
-                                                             stride=(self.convert_rows, 1)), Uint32)
+        raw, scale_bytes = self.row_registers()
         # my rows of a half-tile: group + 8 (first_k + k), k < convert_rows; with the crossover the CTA of cluster rank
         # c converts rows 32 c … 32 c + 31 and stores them into the peer's buffer too
         first_k = Int32(0)
@@ -410,11 +405,7 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         n_pairs = (tile_hi - tile_lo + 1) // 2
         key0 = tile_lo * TILE_N + tidx                                   # my key of pair 0
         key_end = cutlass.min(n_keys, tile_hi * TILE_N)     # past it (padding tile, the next split's): no key
-        part, scales = self.fetch_record(keys, key0, key_end, self.load_indices(keys, batch, token, key0))
-        records[0, tidx, 0] = part
-        records[1, tidx, 0] = scales
-        next_indices = self.load_indices(keys, batch, token, key0 + 2 * TILE_N)
-        cute.arch.barrier(barrier_id=PRODUCER_SYNC, number_of_threads=128)
+        next_indices = self.first_records(keys, records, tidx, batch, token, key0, key_end)
         for a in cutlass.range_constexpr(self.ahead):
             b0, h0 = HALF_TILE_ORDER[a]
             for k in cutlass.range_constexpr(self.convert_rows):
@@ -478,20 +469,13 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         rope_lane = lane >= ROPE_LANE
         records = self.key_records(sKeyAddr)
         scale_of = self.record_scales(sKeyAddr)
-        raw = cute.make_rmem_tensor(cute.make_layout((self.ahead, self.convert_rows, 4),
-                                                     stride=(4 * self.convert_rows, 4, 1)), Uint32)
-        scale_bytes = cute.make_rmem_tensor(cute.make_layout((self.ahead, self.convert_rows),
-                                                             stride=(self.convert_rows, 1)), Uint32)
+        raw, scale_bytes = self.row_registers()
         zero = Int32(0)
         slot = (group, lane, zero, zero, (zero, zero), (zero, zero))
         n_pairs = (tile_hi - tile_lo + 1) // 2
         key0 = tile_lo * TILE_N + tidx                                   # my key of pair 0
         key_end = cutlass.min(n_keys, tile_hi * TILE_N)
-        part, scales = self.fetch_record(keys, key0, key_end, self.load_indices(keys, batch, token, key0))
-        records[0, tidx, 0] = part
-        records[1, tidx, 0] = scales
-        next_indices = self.load_indices(keys, batch, token, key0 + 2 * TILE_N)
-        cute.arch.barrier(barrier_id=PRODUCER_SYNC, number_of_threads=128)
+        next_indices = self.first_records(keys, records, tidx, batch, token, key0, key_end)
         for a in cutlass.range_constexpr(self.ahead):
             for k in cutlass.range_constexpr(self.convert_rows):
                 self.load_row(records, scale_of, 0, a // 2, a % 2, slot, k, raw[a, None, None], scale_bytes[a, None])
@@ -530,6 +514,27 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
                     state.advance()
         # the tail: wait until the consumers freed the last fills (no mbarrier arrive after exit)
         pipeline_kv.producer_tail(state)
+
+    @cute.jit
+    def row_registers(self):
+        """A producer thread's rolling-load registers: 16 B of each of its rows (and the row's scale byte) for
+        ``ahead`` half-tiles at once — set j % ahead is converted in fill j, then reloaded with fill j + ahead's rows."""
+        raw = cute.make_rmem_tensor(cute.make_layout((self.ahead, self.convert_rows, 4),
+                                                     stride=(4 * self.convert_rows, 4, 1)), Uint32)
+        scale_bytes = cute.make_rmem_tensor(cute.make_layout((self.ahead, self.convert_rows),
+                                                             stride=(self.convert_rows, 1)), Uint32)
+        return raw, scale_bytes
+
+    @cute.jit
+    def first_records(self, keys, records, tidx, batch, token, key0, key_end):
+        """Pair 0's record of my key resolved and published to the producer warpgroup (its barrier); returns the
+        next pair's index loads, left in flight."""
+        part, scales = self.fetch_record(keys, key0, key_end, self.load_indices(keys, batch, token, key0))
+        records[0, tidx, 0] = part
+        records[1, tidx, 0] = scales
+        next_indices = self.load_indices(keys, batch, token, key0 + 2 * TILE_N)
+        cute.arch.barrier(barrier_id=PRODUCER_SYNC, number_of_threads=128)
+        return next_indices
 
     @cute.jit
     def producer_slot(self, tidx):
