@@ -373,7 +373,7 @@ def test_head_pair_clusters_compute_what_one_cta_per_head_group_computes(B, num_
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("B,num_splits", [(40, 1), (1, 0)])
-def test_loads_two_half_tiles_ahead_give_the_same_bits(B, num_splits, monkeypatch):
+def test_candidate_loads_two_half_tiles_ahead_give_the_same_bits(B, num_splits, monkeypatch):
     """H = 128 with the producer's rows two half-tiles ahead (the A/B knob ``loads_ahead=2``): the
     same bytes converted into the same buffers, so the same bits as the shipped build — unsplit, and at B1 (one
     tile a split: the lone pair, whose pad's rows the second register set holds unconverted)."""
@@ -394,7 +394,7 @@ def test_loads_two_half_tiles_ahead_give_the_same_bits(B, num_splits, monkeypatc
 @pytest.mark.gpu
 @pytest.mark.parametrize("B,H,num_splits,ahead", [(40, 64, 1, 1), (3, 64, 0, 1), (20, 128, 1, 1), (1, 128, 0, 1),
                                                    (40, 64, 1, 2), (1, 64, 0, 2)])
-def test_columns_schedule_matches_the_reference(B, H, num_splits, ahead, monkeypatch):
+def test_candidate_columns_schedule_matches_the_reference(B, H, num_splits, ahead, monkeypatch):
     """The A/B candidate ``DECODE_SCHEDULE = "columns"`` against float64 over the same FP8 cache (not the shipped
     bits: its softmax runs once over each tile instead of pairing them): unsplit and split (lone pairs: its producer
     skips a pad the consumers never walk), H 64 and 128 (one CTA a head group), rows of one or two half-tiles in
