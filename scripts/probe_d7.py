@@ -15,7 +15,7 @@ garbage in every variant but ``full`` — this is a measurement, never a result.
   regs104       the producer at 104 registers and the consumers at 200 (what ahead2 runs at), one half-tile
                 ahead: the registers' own effect; right too
   columns       FlashMLA's consumers (scores + left half / right half) with its registers (152 / 192 / 160),
-                whole-tile stages; no head-pair cluster at H = 128; right too
+                whole-tile stages; at H = 128 with the head-pair cluster (crossover); right too
   columns2      columns with each producer thread's rows of two half-tiles in flight (28 B spilled); right too
   idle_producer producer fetches key records and arrives, nothing loaded, converted or stored (consumer-bound)
   no_mma        consumers' wgmmas removed (producer-bound, softmax and barriers kept)

@@ -101,7 +101,19 @@ def test_columns_build_moves_the_registers_to_the_producer(split_kv):
         spills = [int(s) for s in re.findall(r"(\d+) bytes spill stores", report)]
         assert spills and max(spills) <= 32, report                  # 24-28 B at 152 (ptxas -v, session 31)
         assert "C7514" not in report, report[-800:]
-    for bad in (dict(schedule="columns", head_pair_cluster=True), dict(schedule="balanced")):
+    # H = 128: the head-pair cluster fills both CTAs' stages (each converts half the rows, st.async into the peer,
+    # the peer's bytes expected once a tile) and the consumers free a stage in both CTAs
+    pair = compile_for_arch(Model1DecodeSm90(config.replace(head_pair_cluster=True)),
+                            *fake_args(True, split_kv, heads=128), arch="sm_90a")
+    assert pair.count(r"mul\.rn\.bf16x2") == 4 * 4 * 8
+    assert pair.count(r"st\.async\.shared::cluster\.mbarrier::complete_tx::bytes\.v4\.b32") == 2 * 4 * 4 * 2
+    assert pair.count(r"mbarrier\.expect_tx") == 2                    # once per tile of the pair
+    report = pair.ptxas_report()
+    if report is not None and "Unsupported .version" not in report:
+        spills = [int(s) for s in re.findall(r"(\d+) bytes spill stores", report)]
+        assert spills and max(spills) <= (32 if split_kv else 0), report
+        assert "C7514" not in report, report[-800:]
+    for bad in (dict(schedule="balanced"),):
         with pytest.raises(ValueError):
             Model1DecodeConfig.for_decode(extra_cache=True, topk_length=True, extra_topk_length=True, sink=True,
                                           split_kv=False, **bad)
@@ -397,7 +409,7 @@ def test_candidate_loads_two_half_tiles_ahead_give_the_same_bits(B, num_splits, 
 def test_candidate_columns_schedule_matches_the_reference(B, H, num_splits, ahead, monkeypatch):
     """The A/B candidate ``DECODE_SCHEDULE = "columns"`` against float64 over the same FP8 cache (not the shipped
     bits: its softmax runs once over each tile instead of pairing them): unsplit and split (lone pairs: its producer
-    skips a pad the consumers never walk), H 64 and 128 (one CTA a head group), rows of one or two half-tiles in
+    skips a pad the consumers never walk), H 64 and 128 (the head-pair cluster), rows of one or two half-tiles in
     flight, invalid entries, lengths, sink."""
     from dsv4lib.ops import decode, launch
     gen = torch.Generator().manual_seed(fresh_seed())

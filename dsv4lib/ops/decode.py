@@ -34,7 +34,7 @@ HEAD_PAIR_CLUSTER = True
 # --variants ahead2, columns2)
 LOADS_AHEAD = 1
 # the consumers' schedule: "paired" as shipped, or "columns" (FlashMLA's: scores + left half / right half, producer
-# 152 registers) — an A/B candidate (scripts/probe_d7.py --variants columns); no head-pair cluster with it yet
+# 152 registers) — an A/B candidate (scripts/probe_d7.py --variants columns), with the head-pair cluster at H = 128
 DECODE_SCHEDULE = "paired"
 
 
@@ -67,7 +67,7 @@ def decode_work(B: int, s_q: int, H: int, n_keys: int, sms: int, num_splits=None
     return dict(B=B, s_q=s_q, H=H, n_keys=n_keys, tiles=n_tiles, splits=splits, tiles_per_split=per_split,
                 pairs_per_split=[(t + 1) // 2 for t in per_split], lone=[t % 2 == 1 for t in per_split],
                 ctas=ctas, waves=ctas / sms,
-                head_pair_cluster=HEAD_PAIR_CLUSTER and H == 2 * HEADS_PER_CTA and DECODE_SCHEDULE == "paired",
+                head_pair_cluster=HEAD_PAIR_CLUSTER and H == 2 * HEADS_PER_CTA,
                 combine=splits > 1)
 
 
@@ -149,7 +149,7 @@ def _config(device, B: int, s_q: int, H: int, n_keys: int, num_splits, extra: bo
         splits = decode_splits(B * s_q * H // HEADS_PER_CTA, n_tiles, device_facts(device)[1])
     else:
         splits = min(num_splits, n_tiles)
-    cluster = HEAD_PAIR_CLUSTER and H == 2 * HEADS_PER_CTA and DECODE_SCHEDULE == "paired"
+    cluster = HEAD_PAIR_CLUSTER and H == 2 * HEADS_PER_CTA
     flags = dict(extra_cache=extra, topk_length=lengths, extra_topk_length=lengths2, head_pair_cluster=cluster,
                  loads_ahead=LOADS_AHEAD if cluster or DECODE_SCHEDULE == "columns" else 1,
                  schedule=DECODE_SCHEDULE)

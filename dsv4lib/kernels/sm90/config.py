@@ -254,8 +254,8 @@ class Model1DecodeConfig(SparseFwdConfig):
     """:class:`dsv4lib.kernels.sm90.model1_decode.Model1DecodeSm90` (D7): the gathered hd512 kernel reading its keys
     from FP8 MODEL1 pages, one index list per cache.  The paired schedule as shipped (its half-tile fills are what
     the dequantizing producer overlaps with the MMAs); ``schedule="columns"`` is FlashMLA's split of the consumers
-    (scores + left half, right half) with the registers moved to the producer — an A/B candidate, one CTA per head
-    group (no head-pair cluster yet)."""
+    (scores + left half, right half) with the registers moved to the producer — an A/B candidate (with or without
+    the head-pair cluster at H = 128)."""
     gather: bool = True
     schedule: str = "paired"
     extra_cache: bool = False       # a second cache (the compressed one) with its own index list
@@ -272,8 +272,6 @@ class Model1DecodeConfig(SparseFwdConfig):
         super().check()
         if not self.gather or self.gather_only or self.skip_mma is not None or self.cluster_splits != 1:
             raise ValueError("the MODEL1 decode is the gathered kernel (no benchmark knobs, no split clusters)")
-        if self.schedule == "columns" and self.head_pair_cluster:
-            raise ValueError("the columns schedule of the MODEL1 decode has no head-pair cluster (yet)")
         if self.extra_topk_length and not self.extra_cache:
             raise ValueError("extra_topk_length needs extra_cache")
         if self.loads_ahead not in (1, 2) or (self.loads_ahead == 2 and not (self.head_pair_cluster

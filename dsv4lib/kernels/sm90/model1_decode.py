@@ -82,11 +82,14 @@ class HeadPairPipeline(pipeline.PipelineAsync):
     kernel's runtime ``if``s, where only its dataclass fields can go; the peer's rank is read where it is needed.)"""
 
     @classmethod
-    def create_pair(cls, barriers) -> "HeadPairPipeline":
+    def create_pair(cls, barriers, num_stages: int = 1, consumer_warps: int = 4) -> "HeadPairPipeline":
+        """``consumer_warps``: the warps of one CTA that free a stage (4: a paired half-tile's warpgroup; 8: a columns
+        tile's two warpgroups)."""
         inner = pipeline.PipelineAsync.create(
-            barrier_storage=barriers, num_stages=1,
+            barrier_storage=barriers, num_stages=num_stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * HEAD_PAIR), defer_sync=True)
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumer_warps * HEAD_PAIR),
+            defer_sync=True)
         return cls(inner.sync_object_full, inner.sync_object_empty, inner.num_stages, inner.producer_mask,
                    inner.consumer_mask)
 
@@ -294,7 +297,10 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
 
     def tile_pipeline(self, barriers):
         """The columns schedule's two whole-tile stages: filled by generic stores (each producer thread arrives once
-        its rows of both halves are written and fenced), freed by both consumer warpgroups."""
+        its rows of both halves are written and fenced), freed by both consumer warpgroups — with the crossover in
+        both CTAs (:class:`HeadPairPipeline`, one lane of each of the 8 consumer warps arriving here and in the peer)."""
+        if const_expr(self.crossover):
+            return HeadPairPipeline.create_pair(barriers, num_stages=self.num_stages, consumer_warps=8)
         return pipeline.PipelineAsync.create(
             barrier_storage=barriers, num_stages=self.num_stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128),
@@ -380,32 +386,10 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         pair during this pair (index and scale loads behind the fills) and publishes its record once the last
         half-tile's buffer is free (the consumers freed it, so every producer thread is done with the old records).
         Returns the pipelines' state past the item."""
-        group, lane = self.producer_slot(tidx)
-        rope_lane = lane >= ROPE_LANE                 # in a right half: copies the rope (warp 3)
-        records = self.key_records(sKeyAddr)
-        scale_of = self.record_scales(sKeyAddr)
-        raw, scale_bytes = self.row_registers()
-        # my rows of a half-tile: group + 8 (first_k + k), k < convert_rows; with the crossover the CTA of cluster rank
-        # c converts rows 32 c … 32 c + 31 and stores them into the peer's buffer too
-        first_k = Int32(0)
-        peer = Int32(0)
-        chunk_at = (Int32(0), Int32(0))
-        peer_chunk_at = (Int32(0), Int32(0))
-        if const_expr(self.crossover):
-            rank = cute.arch.block_idx_in_cluster()
-            first_k = rank * self.convert_rows
-            peer = rank ^ 1
-            # where my 16 columns of my first row (stage 0, left half) sit, as two 16-byte chunks, here and in the
-            # peer; every other row / stage / half is a constant offset from these (kv_chunk_offset: row % 8 is my
-            # row group whatever k, so the swizzle is the same in every row I write)
-            kv_base = shared_address(sKV.iterator)
-            chunk_at = tuple(kv_base + kv_chunk_offset(group + ROW_GROUPS * first_k, 2 * lane + c, 0) for c in range(2))
-            peer_chunk_at = tuple(peer_address(a, peer) for a in chunk_at)
-        slot = (group, lane, first_k, peer, chunk_at, peer_chunk_at)
         n_pairs = (tile_hi - tile_lo + 1) // 2
-        key0 = tile_lo * TILE_N + tidx                                   # my key of pair 0
-        key_end = cutlass.min(n_keys, tile_hi * TILE_N)     # past it (padding tile, the next split's): no key
-        next_indices = self.first_records(keys, records, tidx, batch, token, key0, key_end)
+        records, scale_of, raw, scale_bytes, slot, key0, key_end, next_indices = self.producer_start(
+            keys, sKV, sKeyAddr, tidx, batch, token, n_keys, tile_lo, tile_hi)
+        rope_lane = slot[1] >= ROPE_LANE              # in a right half: copies the rope (warp 3)
         for a in cutlass.range_constexpr(self.ahead):
             b0, h0 = HALF_TILE_ORDER[a]
             for k in cutlass.range_constexpr(self.convert_rows):
@@ -465,17 +449,10 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         not exist for these consumers (they walk the real tiles), so it is neither acquired nor filled."""
         if warp_idx == 0:
             self.load_q_tma(tma_atom_Q, tma_Q, sQ, pipeline_q, token, head_group, batch, tile_lo, tile_hi)
-        group, lane = self.producer_slot(tidx)
-        rope_lane = lane >= ROPE_LANE
-        records = self.key_records(sKeyAddr)
-        scale_of = self.record_scales(sKeyAddr)
-        raw, scale_bytes = self.row_registers()
-        zero = Int32(0)
-        slot = (group, lane, zero, zero, (zero, zero), (zero, zero))
         n_pairs = (tile_hi - tile_lo + 1) // 2
-        key0 = tile_lo * TILE_N + tidx                                   # my key of pair 0
-        key_end = cutlass.min(n_keys, tile_hi * TILE_N)
-        next_indices = self.first_records(keys, records, tidx, batch, token, key0, key_end)
+        records, scale_of, raw, scale_bytes, slot, key0, key_end, next_indices = self.producer_start(
+            keys, sKV, sKeyAddr, tidx, batch, token, n_keys, tile_lo, tile_hi)
+        rope_lane = slot[1] >= ROPE_LANE
         for a in cutlass.range_constexpr(self.ahead):
             for k in cutlass.range_constexpr(self.convert_rows):
                 self.load_row(records, scale_of, 0, a // 2, a % 2, slot, k, raw[a, None, None], scale_bytes[a, None])
@@ -492,6 +469,9 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
                 if fill:
                     pipeline_kv.producer_acquire(state)           # stage b: the pair's tile b
                     barrier = pipeline_kv.producer_get_barrier(state)
+                    if const_expr(self.crossover):
+                        if tidx == 0:   # the peer's half of the rows of both halves: transaction bytes (its st.async)
+                            cute.arch.mbarrier_expect_tx(barrier, self.peer_bytes(0) + self.peer_bytes(1))
                     for h in cutlass.range_constexpr(2):
                         j = 2 * b + h                             # this pair's fill j; its registers: set j % ahead
                         if const_expr(j == 4 - self.ahead):   # this fill loads the next pair's rows: publish them
@@ -516,6 +496,27 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         pipeline_kv.producer_tail(state)
 
     @cute.jit
+    def fill_slot(self, sKV, group, lane):
+        """What :meth:`fill_half_tile` needs of this producer thread: its row group and column lane, and — with the
+        crossover — the first of its rows (the CTA of cluster rank c converts rows 32 c … 32 c + 31 of every
+        half-tile: group + 8 (first_k + k), k < convert_rows), the peer's rank, and where its 16 columns of its first
+        row (stage 0, left half) sit as two 16-byte chunks here and in the peer (every other row / stage / half is a
+        constant offset from these: kv_chunk_offset — row % 8 is the row group whatever k, so the swizzle is the same
+        in every row it writes)."""
+        first_k = Int32(0)
+        peer = Int32(0)
+        chunk_at = (Int32(0), Int32(0))
+        peer_chunk_at = (Int32(0), Int32(0))
+        if const_expr(self.crossover):
+            rank = cute.arch.block_idx_in_cluster()
+            first_k = rank * self.convert_rows
+            peer = rank ^ 1
+            kv_base = shared_address(sKV.iterator)
+            chunk_at = tuple(kv_base + kv_chunk_offset(group + ROW_GROUPS * first_k, 2 * lane + c, 0) for c in range(2))
+            peer_chunk_at = tuple(peer_address(a, peer) for a in chunk_at)
+        return (group, lane, first_k, peer, chunk_at, peer_chunk_at)
+
+    @cute.jit
     def row_registers(self):
         """A producer thread's rolling-load registers: 16 B of each of its rows (and the row's scale byte) for
         ``ahead`` half-tiles at once — set j % ahead is converted in fill j, then reloaded with fill j + ahead's rows."""
@@ -526,15 +527,25 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         return raw, scale_bytes
 
     @cute.jit
-    def first_records(self, keys, records, tidx, batch, token, key0, key_end):
-        """Pair 0's record of my key resolved and published to the producer warpgroup (its barrier); returns the
-        next pair's index loads, left in flight."""
+    def producer_start(self, keys, sKV, sKeyAddr, tidx, batch, token, n_keys, tile_lo, tile_hi):
+        """What both producers (:meth:`gather_pairs`, :meth:`load_tiles`) set up before their loop: the key records
+        and their scale bytes, the rolling-load registers, this thread's fill slot, its key of pair 0 (``key0``;
+        thread t resolves key t of every pair), the end of the keys (past it — an odd count's pad, the next split's
+        keys — no key), and pair 0's record resolved and published to the producer warpgroup (its barrier); returns
+        the next pair's index loads too, left in flight."""
+        group, lane = self.producer_slot(tidx)
+        records = self.key_records(sKeyAddr)
+        scale_of = self.record_scales(sKeyAddr)
+        raw, scale_bytes = self.row_registers()
+        slot = self.fill_slot(sKV, group, lane)
+        key0 = tile_lo * TILE_N + tidx
+        key_end = cutlass.min(n_keys, tile_hi * TILE_N)
         part, scales = self.fetch_record(keys, key0, key_end, self.load_indices(keys, batch, token, key0))
         records[0, tidx, 0] = part
         records[1, tidx, 0] = scales
         next_indices = self.load_indices(keys, batch, token, key0 + 2 * TILE_N)
         cute.arch.barrier(barrier_id=PRODUCER_SYNC, number_of_threads=128)
-        return next_indices
+        return records, scale_of, raw, scale_bytes, slot, key0, key_end, next_indices
 
     @cute.jit
     def producer_slot(self, tidx):
