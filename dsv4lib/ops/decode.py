@@ -52,6 +52,17 @@ def decode_splits(batch_ctas: int, n_tiles: int, sms: int) -> int:
     return nonempty_splits(n_tiles, splits)
 
 
+def launch_shape(B: int, s_q: int, H: int, n_keys: int, sms: int, num_splits=None) -> tuple[int, int, bool]:
+    """(64-key tiles of a query, splits, head-pair cluster) of a decode call: the split rule (or ``num_splits`` as
+    given, at most one split a tile) and the crossover at H = 128."""
+    n_tiles = -(-n_keys // 64)
+    if num_splits is None:
+        splits = decode_splits(B * s_q * H // HEADS_PER_CTA, n_tiles, sms)
+    else:
+        splits = min(num_splits, n_tiles)
+    return n_tiles, splits, HEAD_PAIR_CLUSTER and H == 2 * HEADS_PER_CTA
+
+
 def decode_work(B: int, s_q: int, H: int, n_keys: int, sms: int, num_splits=None) -> dict:
     """What a decode call of this shape launches (the D7 notebook's work-split plot; the same rules as the call):
     CTAs (one per query token x 64-head group x split), splits, the 64-key tiles of a query and of each split
@@ -59,16 +70,12 @@ def decode_work(B: int, s_q: int, H: int, n_keys: int, sms: int, num_splits=None
     turn) and whether its last pair is lone (an odd count: one tile, no pad filled), waves over ``sms``, the
     head-pair clusters (H = 128), and whether a combine launch follows."""
     from ..kernels.splitkv import split_block_ranges
-    n_tiles = -(-n_keys // 64)
-    token_ctas = B * s_q * H // HEADS_PER_CTA
-    splits = decode_splits(token_ctas, n_tiles, sms) if num_splits is None else min(num_splits, n_tiles)
+    n_tiles, splits, cluster = launch_shape(B, s_q, H, n_keys, sms, num_splits)
     per_split = [max(hi - lo, 0) for lo, hi in split_block_ranges(0, n_tiles, splits)]
-    ctas = token_ctas * splits
+    ctas = B * s_q * H // HEADS_PER_CTA * splits
     return dict(B=B, s_q=s_q, H=H, n_keys=n_keys, tiles=n_tiles, splits=splits, tiles_per_split=per_split,
                 pairs_per_split=[(t + 1) // 2 for t in per_split], lone=[t % 2 == 1 for t in per_split],
-                ctas=ctas, waves=ctas / sms,
-                head_pair_cluster=HEAD_PAIR_CLUSTER and H == 2 * HEADS_PER_CTA,
-                combine=splits > 1)
+                ctas=ctas, waves=ctas / sms, head_pair_cluster=cluster, combine=splits > 1)
 
 
 def decode_args(q, pages, idx, lengths, pages2, idx2, lengths2, page_size: int, page_size2: int, o, lse, scale: float,
@@ -144,12 +151,7 @@ def _check_int32(name, t, shape: tuple, device_index: int) -> None:
 def _config(device, B: int, s_q: int, H: int, n_keys: int, num_splits, extra: bool, lengths: bool, lengths2: bool,
             sink: bool):
     """(config, splits) of one kind of call: the split count and the frozen build."""
-    n_tiles = -(-n_keys // 64)
-    if num_splits is None:
-        splits = decode_splits(B * s_q * H // HEADS_PER_CTA, n_tiles, device_facts(device)[1])
-    else:
-        splits = min(num_splits, n_tiles)
-    cluster = HEAD_PAIR_CLUSTER and H == 2 * HEADS_PER_CTA
+    _, splits, cluster = launch_shape(B, s_q, H, n_keys, device_facts(device)[1], num_splits)
     flags = dict(extra_cache=extra, topk_length=lengths, extra_topk_length=lengths2, head_pair_cluster=cluster,
                  loads_ahead=LOADS_AHEAD if cluster or DECODE_SCHEDULE == "columns" else 1,
                  schedule=DECODE_SCHEDULE)

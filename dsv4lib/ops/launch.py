@@ -146,9 +146,9 @@ class Launch:
         self.fn(*self.args(*tensors))
 
 
-# One compiled function per multi-kernel call (split + combine, the branches of attention_branches): a launch through TVM-FFI costs
-# ~7 µs of host time, most of it the argument checks, so the second kernel of a call is nearly free when it rides in
-# the first one's call.  The device code of every kernel is its own build's (kernels.common.LaunchSequence).
+# One compiled function per multi-kernel call (split + combine, the branches of attention_branches): a launch through
+# TVM-FFI costs ~7 µs of host time, most of it the argument checks, so the second kernel of a call is nearly free when
+# it rides in the first one's call.  The device code of every kernel is its own build's (kernels.common.LaunchSequence).
 # False: each kernel its own compiled function (the way before; a switch to A/B the host time).
 ONE_CALL = True
 

@@ -60,6 +60,7 @@ ROPE_LANE = (NOPE_DIMS - HALF) // COLS_PER_THREAD    # 12: in the right half, la
 PLACED_SCALE_MAX = 127 + 7       # scale bytes up to 2^7 take the placed-bits conversion; larger ones the fp32 path
 PRODUCER_SYNC = 7                 # named barrier of the producer warpgroup (the consumers use 1-6)
 HEAD_PAIR = 2                     # CTAs of a head-pair cluster (H = 128: a token's two head groups)
+TILE_FILL_ORDER = ((0, 0), (0, 1), (1, 0), (1, 1))   # columns producer: (tile of the pair, column half), in order
 
 
 def kv_chunk_offset(row, chunk, stage):
@@ -388,12 +389,8 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         Returns the pipelines' state past the item."""
         n_pairs = (tile_hi - tile_lo + 1) // 2
         records, scale_of, raw, scale_bytes, slot, key0, key_end, next_indices = self.producer_start(
-            keys, sKV, sKeyAddr, tidx, batch, token, n_keys, tile_lo, tile_hi)
+            keys, sKV, sKeyAddr, tidx, batch, token, n_keys, tile_lo, tile_hi, HALF_TILE_ORDER)
         rope_lane = slot[1] >= ROPE_LANE              # in a right half: copies the rope (warp 3)
-        for a in cutlass.range_constexpr(self.ahead):
-            b0, h0 = HALF_TILE_ORDER[a]
-            for k in cutlass.range_constexpr(self.convert_rows):
-                self.load_row(records, scale_of, 0, b0, h0, slot, k, raw[a, None, None], scale_bytes[a, None])
         for p in cutlass.range(n_pairs, unroll=1):
             buf = p % 2
             # a lone pair (odd tile count, the last pair): its odd tile is a pad no consumer MMA reads — its two
@@ -451,11 +448,8 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
             self.load_q_tma(tma_atom_Q, tma_Q, sQ, pipeline_q, token, head_group, batch, tile_lo, tile_hi)
         n_pairs = (tile_hi - tile_lo + 1) // 2
         records, scale_of, raw, scale_bytes, slot, key0, key_end, next_indices = self.producer_start(
-            keys, sKV, sKeyAddr, tidx, batch, token, n_keys, tile_lo, tile_hi)
+            keys, sKV, sKeyAddr, tidx, batch, token, n_keys, tile_lo, tile_hi, TILE_FILL_ORDER)
         rope_lane = slot[1] >= ROPE_LANE
-        for a in cutlass.range_constexpr(self.ahead):
-            for k in cutlass.range_constexpr(self.convert_rows):
-                self.load_row(records, scale_of, 0, a // 2, a % 2, slot, k, raw[a, None, None], scale_bytes[a, None])
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
         for p in cutlass.range(n_pairs, unroll=1):
             buf = p % 2
@@ -480,9 +474,9 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
                             records[0, tidx, 1 - buf] = part
                             records[1, tidx, 1 - buf] = scales
                             cute.arch.barrier(barrier_id=PRODUCER_SYNC, number_of_threads=128)
-                        nj = (j + self.ahead) % 4
                         next_buf = buf if const_expr(j + self.ahead < 4) else 1 - buf
-                        self.fill_half_tile(records, scale_of, buf, b, h, next_buf, (nj // 2, nj % 2), sKV, slot,
+                        self.fill_half_tile(records, scale_of, buf, b, h, next_buf,
+                                            TILE_FILL_ORDER[(j + self.ahead) % 4], sKV, slot,
                                             raw[j % self.ahead, None, None], scale_bytes[j % self.ahead, None],
                                             barrier)
                     cute.arch.fence_proxy("async.shared", space="cta")   # generic writes → the consumers' wgmma
@@ -527,12 +521,14 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         return raw, scale_bytes
 
     @cute.jit
-    def producer_start(self, keys, sKV, sKeyAddr, tidx, batch, token, n_keys, tile_lo, tile_hi):
+    def producer_start(self, keys, sKV, sKeyAddr, tidx, batch, token, n_keys, tile_lo, tile_hi,
+                       order: cutlass.Constexpr):
         """What both producers (:meth:`gather_pairs`, :meth:`load_tiles`) set up before their loop: the key records
         and their scale bytes, the rolling-load registers, this thread's fill slot, its key of pair 0 (``key0``;
         thread t resolves key t of every pair), the end of the keys (past it — an odd count's pad, the next split's
-        keys — no key), and pair 0's record resolved and published to the producer warpgroup (its barrier); returns
-        the next pair's index loads too, left in flight."""
+        keys — no key), pair 0's record resolved and published to the producer warpgroup (its barrier), and the rows
+        of the first ``ahead`` half-tiles of the fill ``order`` loading; returns the next pair's index loads too,
+        left in flight."""
         group, lane = self.producer_slot(tidx)
         records = self.key_records(sKeyAddr)
         scale_of = self.record_scales(sKeyAddr)
@@ -545,6 +541,10 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         records[1, tidx, 0] = scales
         next_indices = self.load_indices(keys, batch, token, key0 + 2 * TILE_N)
         cute.arch.barrier(barrier_id=PRODUCER_SYNC, number_of_threads=128)
+        for a in cutlass.range_constexpr(self.ahead):
+            b0, h0 = order[a]
+            for k in cutlass.range_constexpr(self.convert_rows):
+                self.load_row(records, scale_of, 0, b0, h0, slot, k, raw[a, None, None], scale_bytes[a, None])
         return records, scale_of, raw, scale_bytes, slot, key0, key_end, next_indices
 
     @cute.jit

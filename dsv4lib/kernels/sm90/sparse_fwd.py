@@ -897,10 +897,10 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
         columns are past ``key_end``, so every one is masked (acc_S holds nothing else)."""
         key0 = (tile_lo + 2 * p + w) * TILE_N
         n_cols = cute.size(tScS_rc, mode=[1])
-        if const_expr(not self.key_mask_after_wait):     # global loads: issued before the wait, hidden by it
-            key_bits = self.key_mask_bits(n_cols, tScS_rc, key0, mIdx, batch, token, key_end, seqlen_k)
         if const_expr(self.key_mask_after_wait):
-            key_bits = Int32(0)
+            key_bits = Int32(0)                         # read while the first QK half runs (scores_after_first_half)
+        else:                                           # global loads: issued before the wait, hidden by it
+            key_bits = self.key_mask_bits(n_cols, tScS_rc, key0, mIdx, batch, token, key_end, seqlen_k)
         kv_pipes[2 * w + w].consumer_wait(state)
         if const_expr(w == 0):
             key_bits = self.scores_after_first_half(w, state, tiled_mma_qk, acc_S, tSrQ, tSrK, k_half, tScS_rc,
