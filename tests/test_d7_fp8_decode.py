@@ -86,7 +86,9 @@ def test_columns_build_moves_the_registers_to_the_producer(split_kv):
     assert k.count(r"mul\.rn\.bf16x2") == 4 * 8 * 8 and k.count(r"ld\.global\.v4\.b32") == 8 + 2 * 4 * 8
     assert k.count(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+152") == 1
     assert k.count(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+192") == 1
-    assert k.count(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+160") == 1
+    # the right half lowers its count from the launch's 168 (.inc to 160 was an illegal instruction on the H100)
+    assert k.count(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+160") == 1
+    assert not k.count(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+160")
     assert k.count(r"cp\.async\.bulk\.tensor\.4d\.shared::cta\.global\.tile\.mbarrier") == 8      # Q by TMA
     report = k.ptxas_report()
     if report is not None and "Unsupported .version" not in report:

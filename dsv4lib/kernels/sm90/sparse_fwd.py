@@ -125,6 +125,10 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
     (``-1`` = none); ``gather=False``: the dense key range of the query (all keys, ``causal``, ``window``)."""
 
     NUM_THREADS = 384
+    # what every thread holds at launch (ptxas at .reqntid 384, .minnctapersm 1: 65 536 / 384 rounded down to 8);
+    # setmaxnreg.inc may only raise a warpgroup's count and .dec only lower it (the other way: an illegal
+    # instruction at run time, session 32 — the columns schedule's right half asked .inc 160 from 168)
+    LAUNCH_REGS = 65536 // NUM_THREADS // 8 * 8
     PRODUCER_REGS, CONSUMER_REGS = 56, 224          # 128·(56 + 2·224) = 64 512 ≤ 65 536
     PAIRED_PRODUCER_REGS, PAIRED_CONSUMER_REGS = 88, 208   # 128·(88 + 2·208) = 64 512
     # int64 words of shared room for a producer's key records: here the gathered paired producer's key flags (one
@@ -382,7 +386,10 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
                                       head_group, batch, split, key_lo, n_keys, seqlen_k, tile_lo, tile_hi, sLSE,
                                       sRed)
         else:
-            cute.arch.setmaxregister_increase(self.right_regs)
+            if const_expr(self.right_regs < self.LAUNCH_REGS):
+                cute.arch.setmaxregister_decrease(self.right_regs)
+            else:
+                cute.arch.setmaxregister_increase(self.right_regs)
             self.right_half(tiled_mma_pv_ss, sVt, sP, sRowScale, sRowInv, mO, pipeline_kv, tidx - 256, token,
                             head_group, batch, split, tile_lo, tile_hi, mLSE, sLSE, sRed)
 
