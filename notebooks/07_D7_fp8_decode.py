@@ -256,16 +256,16 @@ if on_gpu:
 # ## Where it stands
 #
 # Correct everywhere (the writer bit-equal to the reference, the decode at cosine 0.999998 against float64 over
-# the same FP8 cache, every e4m3 byte and scale dequantized bit-exactly).  Speed on the H100 (session 31, FlashMLA in
-# the same run): B1 12.9-13.0 µs, 1.13-1.14x FlashMLA (the bar: ≤ 12 µs, 1.15x); H64 at B64 / B128 1.05x / 0.98x;
-# H128 0.88-0.90x, the worst — not yet the 1.5x the stage aims at.  What got it here (docs/tuning/d7.md has the
+# the same FP8 cache, every e4m3 byte and scale dequantized bit-exactly).  Speed on the H100 (session 32, FlashMLA in
+# the same run): B1 13.0 µs, 1.14x FlashMLA (the bar: ≤ 12 µs, 1.15x); H64 at B64 / B128 1.05x / 0.98x; H128
+# 0.89-0.90x, the worst — not yet the 1.5x the stage aims at.  What got it here (docs/tuning/d7.md has the
 # measurements): each key resolved once into a shared record; rolling loads (8 rows in flight per producer thread);
 # the rope columns by `cp.async` with the hardware arriving for them; e4m3 → bf16 by placed bits and one bf16
 # multiply (4 instructions a pair instead of 6); the rope lanes as one whole warp; at H128 the head-pair cluster
-# that dequantizes each key once for both CTAs; at B1 a tile a split and the lone pair.  The producer is still the
-# critical path at B ≥ 64.  Next, measured against each other on the GPU: the H128 producer's rows two half-tiles
-# ahead (`Model1DecodeConfig.loads_ahead=2`, the registers moved to the producer) and the asymmetric consumers
-# FlashMLA uses (one warpgroup for scores + left half, one for the right half, more registers for the producer).
+# that dequantizes each key once for both CTAs; at B1 a tile a split and the lone pair.  What did not help, measured
+# against each other: the H128 producer's rows two half-tiles ahead and FlashMLA's own consumer split (one warpgroup
+# for all scores + the left half, one for the right half, more registers for the producer) — both slower, and
+# taking 8 registers from the consumers alone cost 6-9 % at H128: the consumers are on the critical path too.
 
 # %%
 record(metrics_path, mode="gpu" if on_gpu else "compile",

@@ -25,7 +25,7 @@ declare -A groups=(
 order=(${@:-d1 window split branch overlap nvfp4 sparse layer streams persistent timing d7 d7ab})
 limit=${GROUP_TIMEOUT:-150}
 # the groups that compile the most builds ran 128-156 s on the H100 with 4 groups at once (session 30: d7 hit 150 s
-# with 25 of 26 tests passed): they get at least 240 s, so a slow compile is not read as a hang (d7ab: 8 A/B builds,
+# with 25 of 26 tests passed): they get at least 240 s, so a slow compile is not read as a hang (d7ab: 6 A/B builds,
 # each its own compile)
 declare -A heavy=([d1]=240 [sparse]=240 [d7]=240 [d7ab]=300 [nvfp4]=240)
 parallel=${PARALLEL:-1}       # groups at once: their JIT compiles are CPU-bound and independent (the timing group

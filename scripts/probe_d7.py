@@ -10,13 +10,9 @@ garbage in every variant but ``full`` — this is a measurement, never a result.
   lane_t16      the producer's old thread slots (lane t % 16: every warp splits between rope copies and conversion)
   l2_256        the key-byte loads with an L2::256B prefetch hint (FlashMLA's); the output is right in this one
   no_crossover  H = 128 without the head-pair cluster (each CTA dequantizes every row); right too
-  ahead2        H = 128: each producer thread's rows of the next TWO half-tiles in flight (loads_ahead = 2,
-                registers moved to the producer: 104 / 200 / 200, 16 B spilled); right too.  H = 64 is unchanged
-  regs104       the producer at 104 registers and the consumers at 200 (what ahead2 runs at), one half-tile
-                ahead: the registers' own effect; right too
-  columns       FlashMLA's consumers (scores + left half / right half) with its registers (152 / 192 / 160),
-                whole-tile stages; at H = 128 with the head-pair cluster (crossover); right too
-  columns2      columns with each producer thread's rows of two half-tiles in flight (28 B spilled); right too
+  regs216       the consumers at 216 registers, the producer at 72 (shipped 208 / 88; both spill-free, ptxas -v):
+                session 32 measured 200 consumer registers 6-9 % slower at H128 — are more registers faster?; right too
+  regs216p80    the same with the producer at 80 (128 · (80 + 2 · 216) = the whole register file); right too
   idle_producer producer fetches key records and arrives, nothing loaded, converted or stored (consumer-bound)
   no_mma        consumers' wgmmas removed (producer-bound, softmax and barriers kept)
   floor         idle producer and no wgmma: launch, Q, records, barriers, softmax, epilogue
@@ -46,7 +42,6 @@ ORIGINAL = dict(convert=md.e4m3x2_to_bf16x2, load_row=md.Model1DecodeSm90.load_r
                 fill=md.Model1DecodeSm90.fill_half_tile, gemm=sf.gemm, rope_lane=md.ROPE_LANE,
                 slot=md.Model1DecodeSm90.producer_slot,
                 placed_max=md.PLACED_SCALE_MAX, crossover=decode.HEAD_PAIR_CLUSTER,
-                ahead=decode.LOADS_AHEAD, schedule=decode.DECODE_SCHEDULE,
                 regs=(md.Model1DecodeSm90.PAIRED_PRODUCER_REGS, md.Model1DecodeSm90.PAIRED_CONSUMER_REGS))
 
 
@@ -109,10 +104,8 @@ VARIANTS = {
     "lane_t16": dict(slot=slot_t16),
     "l2_256": dict(load_row=load_row_l2_256),
     "no_crossover": dict(crossover=False),
-    "ahead2": dict(ahead=2),
-    "regs104": dict(regs=md.Model1DecodeSm90.AHEAD_REGS),
-    "columns": dict(schedule="columns"),
-    "columns2": dict(schedule="columns", ahead=2),
+    "regs216": dict(regs=(72, 216)),
+    "regs216p80": dict(regs=(80, 216)),
     "idle_producer": dict(load_row=nothing, fill=nothing),
     "no_mma": dict(gemm=nothing),
     "floor": dict(load_row=nothing, fill=nothing, gemm=nothing),
@@ -215,8 +208,6 @@ def apply(variant: str) -> None:
     md.Model1DecodeSm90.producer_slot = parts["slot"]
     md.PLACED_SCALE_MAX = parts["placed_max"]
     decode.HEAD_PAIR_CLUSTER = parts["crossover"]
-    decode.LOADS_AHEAD = parts["ahead"]
-    decode.DECODE_SCHEDULE = parts["schedule"]
     md.Model1DecodeSm90.PAIRED_PRODUCER_REGS, md.Model1DecodeSm90.PAIRED_CONSUMER_REGS = parts["regs"]
     launch.forget_plans()
     launch._COMPILED.clear()

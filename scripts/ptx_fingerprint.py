@@ -82,6 +82,19 @@ def kept_builds() -> dict[str, tuple]:
     sparse("mqa-split-c4", SparseFwdConfig.for_problem(gather=False, split_kv=True, cluster_splits=4))
     sparse("mqa-split-c1", SparseFwdConfig.for_problem(gather=False, split_kv=True, cluster_splits=1))
 
+    # the MODEL1 FP8-cache decode (D7, and the prefill from the caches): H64 one CTA a head group, H128 the head-pair
+    # cluster; unsplit with the sink, split; with and without the extra (compressed) cache
+    from dsv4lib.kernels.sm90.config import Model1DecodeConfig
+    from dsv4lib.kernels.sm90.model1_decode import Model1DecodeSm90
+    from dsv4lib.ops.decode import fake_args as decode_args
+    for heads, cluster in ((64, False), (128, True)):
+        for split in (False, True):
+            for extra in (False, True):
+                cfg = Model1DecodeConfig.for_decode(extra_cache=extra, topk_length=True, extra_topk_length=extra,
+                                                    sink=not split, split_kv=split, head_pair_cluster=cluster)
+                builds[f"d7-h{heads}-split{int(split)}-extra{int(extra)}"] = (
+                    lambda cfg=cfg: Model1DecodeSm90(cfg), decode_args(extra, split, heads=heads), "sm_90a")
+
     for D in (64, 128):
         for causal in (False, True):
             builds[f"sm100-d1-hd{D}-{int(causal)}"] = (

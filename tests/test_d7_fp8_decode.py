@@ -14,16 +14,17 @@ from gpu_checks import check_output, cosine, fresh_seed
 
 
 # ------------------------------------------------------------------------------------------------ builds (CPU)
-def _build_decode(extra, split_kv, arch="sm_90a", head_pair_cluster=False, loads_ahead=1):
+def _build_decode(extra, split_kv, arch="sm_90a", head_pair_cluster=False, regs=None):
     from dsv4lib.kernels.compile import compile_for_arch
     from dsv4lib.kernels.sm90.config import Model1DecodeConfig
     from dsv4lib.kernels.sm90.model1_decode import Model1DecodeSm90
     from dsv4lib.ops.decode import fake_args
     config = Model1DecodeConfig.for_decode(extra_cache=extra, topk_length=extra, extra_topk_length=extra,
-                                           sink=not split_kv, split_kv=split_kv, head_pair_cluster=head_pair_cluster,
-                                           loads_ahead=loads_ahead)
-    return compile_for_arch(Model1DecodeSm90(config), *fake_args(extra, split_kv, heads=128 if head_pair_cluster else 64),
-                            arch=arch)
+                                           sink=not split_kv, split_kv=split_kv, head_pair_cluster=head_pair_cluster)
+    kernel = Model1DecodeSm90(config)
+    if regs is not None:                     # (producer, consumer) registers of an A/B candidate
+        kernel.producer_regs, kernel.consumer_regs = regs
+    return compile_for_arch(kernel, *fake_args(extra, split_kv, heads=128 if head_pair_cluster else 64), arch=arch)
 
 
 @pytest.mark.compile
@@ -45,80 +46,26 @@ def test_head_pair_build_converts_half_the_rows_and_stores_them_into_the_peer(sp
 
 
 @pytest.mark.compile
-def test_head_pair_build_with_loads_two_half_tiles_ahead():
-    """The crossover's A/B knob (``loads_ahead=2``, probe_d7's ``ahead2``): each producer thread's 4 rows
-    of the next two half-tiles in flight — two sets of row registers loaded before the loop, each fill converting one
-    set and reloading it two fills on — with the same conversions and stores as the shipped build, the registers
-    moved to the producer (104 / 200 / 200), its spill bounded (16 B, ptxas -v, session 31), no serialized wgmma."""
-    from dsv4lib.kernels.sm90.config import Model1DecodeConfig
-    k = _build_decode(True, False, head_pair_cluster=True, loads_ahead=2)
-    assert k.count(r"mul\.rn\.bf16x2") == 4 * 4 * 8
-    assert k.count(r"st\.async\.shared::cluster\.mbarrier::complete_tx::bytes\.v4\.b32") == 2 * 4 * 4 * 2
-    assert k.count(r"ld\.global\.v4\.b32") == 2 * 4 + 2 * 4 * 4      # two half-tiles' rows before the loop
+@pytest.mark.parametrize("head_pair_cluster,split_kv", [(False, False), (True, False), (True, True)])
+def test_consumer_register_candidate_fits_without_spills(head_pair_cluster, split_kv):
+    """The A/B candidate of probe_d7's ``regs216``: the consumers at 216 registers and the producer at 72 (shipped
+    208 / 88; 200 for the consumers measured 6-9 % slower at H128, session 32).  Both sides fit: no spill, no
+    serialized wgmma, and the counts are what setmaxnreg asks (.dec / .inc from the launch's 168)."""
+    k = _build_decode(True, split_kv, head_pair_cluster=head_pair_cluster, regs=(72, 216))
+    assert k.count(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+72") == 1
+    assert k.count(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+216") == 1      # both consumer warpgroups
     report = k.ptxas_report()
     if report is not None and "Unsupported .version" not in report:
         spills = [int(s) for s in re.findall(r"(\d+) bytes spill stores", report)]
-        assert spills and max(spills) <= 16, report
+        assert spills and max(spills) == 0, report
         assert "C7514" not in report, report[-800:]
-    assert k.count(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+104") == 1
-    assert k.count(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+200") == 1
-    for bad in (dict(loads_ahead=3, head_pair_cluster=True), dict(loads_ahead=2)):    # 8 rows of two: 100 B spill
-        with pytest.raises(ValueError, match="loads_ahead"):
-            Model1DecodeConfig.for_decode(extra_cache=True, topk_length=True, extra_topk_length=True, sink=True,
-                                          split_kv=False, **bad)
 
 
-@pytest.mark.compile
-@pytest.mark.parametrize("split_kv", [False, True])
-def test_columns_build_moves_the_registers_to_the_producer(split_kv):
-    """The A/B candidate ``schedule="columns"`` (FlashMLA's consumers): warpgroup 1 computes every tile's scores
-    (QK once, not per warpgroup), the right-half warpgroup only multiplies; the same dequantizing producer (every key
-    byte converted, rolling loads) filling whole-tile stages, at 152 / 192 / 160 registers; no serialized wgmma;
-    the unsplit build spills nothing (the split one's staged fp32 partials: 28 B, bounded here)."""
-    from dsv4lib.kernels.compile import compile_for_arch
+def test_the_model1_decode_refuses_another_schedule():
+    """Only the paired schedule reads MODEL1 pages (FlashMLA's consumer split was measured slower and removed)."""
     from dsv4lib.kernels.sm90.config import Model1DecodeConfig
-    from dsv4lib.kernels.sm90.model1_decode import Model1DecodeSm90
-    from dsv4lib.ops.decode import fake_args
-    config = Model1DecodeConfig.for_decode(extra_cache=True, topk_length=True, extra_topk_length=True,
-                                           sink=not split_kv, split_kv=split_kv, schedule="columns")
-    k = compile_for_arch(Model1DecodeSm90(config), *fake_args(True, split_kv), arch="sm_90a")
-    assert k.count(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16") == 512 // 16
-    assert k.count(r"mul\.rn\.bf16x2") == 4 * 8 * 8 and k.count(r"ld\.global\.v4\.b32") == 8 + 2 * 4 * 8
-    assert k.count(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+152") == 1
-    assert k.count(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+192") == 1
-    # the right half lowers its count from the launch's 168 (.inc to 160 was an illegal instruction on the H100)
-    assert k.count(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+160") == 1
-    assert not k.count(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+160")
-    assert k.count(r"cp\.async\.bulk\.tensor\.4d\.shared::cta\.global\.tile\.mbarrier") == 8      # Q by TMA
-    report = k.ptxas_report()
-    if report is not None and "Unsupported .version" not in report:
-        spills = [int(s) for s in re.findall(r"(\d+) bytes spill stores", report)]
-        assert spills and max(spills) <= (32 if split_kv else 0), report
-        assert "C7514" not in report, report[-800:]
-    two = compile_for_arch(Model1DecodeSm90(config.replace(loads_ahead=2)), *fake_args(True, split_kv), arch="sm_90a")
-    assert two.count(r"ld\.global\.v4\.b32") == 2 * 8 + 2 * 4 * 8                # two half-tiles' rows first
-    assert two.count(r"mul\.rn\.bf16x2") == 4 * 8 * 8
-    report = two.ptxas_report()
-    if report is not None and "Unsupported .version" not in report:
-        spills = [int(s) for s in re.findall(r"(\d+) bytes spill stores", report)]
-        assert spills and max(spills) <= 32, report                  # 24-28 B at 152 (ptxas -v, session 31)
-        assert "C7514" not in report, report[-800:]
-    # H = 128: the head-pair cluster fills both CTAs' stages (each converts half the rows, st.async into the peer,
-    # the peer's bytes expected once a tile) and the consumers free a stage in both CTAs
-    pair = compile_for_arch(Model1DecodeSm90(config.replace(head_pair_cluster=True)),
-                            *fake_args(True, split_kv, heads=128), arch="sm_90a")
-    assert pair.count(r"mul\.rn\.bf16x2") == 4 * 4 * 8
-    assert pair.count(r"st\.async\.shared::cluster\.mbarrier::complete_tx::bytes\.v4\.b32") == 2 * 4 * 4 * 2
-    assert pair.count(r"mbarrier\.expect_tx") == 2                    # once per tile of the pair
-    report = pair.ptxas_report()
-    if report is not None and "Unsupported .version" not in report:
-        spills = [int(s) for s in re.findall(r"(\d+) bytes spill stores", report)]
-        assert spills and max(spills) <= (32 if split_kv else 0), report
-        assert "C7514" not in report, report[-800:]
-    for bad in (dict(schedule="balanced"),):
-        with pytest.raises(ValueError):
-            Model1DecodeConfig.for_decode(extra_cache=True, topk_length=True, extra_topk_length=True, sink=True,
-                                          split_kv=False, **bad)
+    with pytest.raises(ValueError, match="paired"):
+        Model1DecodeConfig(extra_cache=True, schedule="columns")
 
 
 def test_peer_store_offsets_match_the_traced_kv_layout():
@@ -173,8 +120,8 @@ def test_decode_builds_dequantizing_in_the_producer(extra, split_kv):
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("heads,schedule", [(64, "paired"), (128, "paired"), (64, "columns")])
-def test_unsplit_decode_build_takes_the_outputs_as_returned(heads, schedule):
+@pytest.mark.parametrize("heads", [64, 128])
+def test_unsplit_decode_build_takes_the_outputs_as_returned(heads):
     """``sparse_decode``'s unsplit launch writes o [B, s_q, H, 512] / lse [B, H, s_q] as allocated and returned (the
     split mode added at trace time: two torch views fewer per call, issue #28).  Its device code is the batched
     build's byte for byte — H = 128 with the head-pair cluster too."""
@@ -185,8 +132,7 @@ def test_unsplit_decode_build_takes_the_outputs_as_returned(heads, schedule):
     from dsv4lib.kernels.sm90.sparse_public import Model1DecodePublicSm90
     from dsv4lib.ops.decode import decode_args
     config = Model1DecodeConfig.for_decode(sink=True, split_kv=False, extra_cache=True, topk_length=True,
-                                           extra_topk_length=True, head_pair_cluster=heads == 128,
-                                           schedule=schedule)
+                                           extra_topk_length=True, head_pair_cluster=heads == 128)
     q = torch.empty(3, 1, heads, 512, dtype=torch.bfloat16)
     pages, idx, lengths = torch.empty(5, M.page_bytes(64), dtype=torch.uint8), torch.empty(3, 1, 128, dtype=torch.int32), \
         torch.empty(3, dtype=torch.int32)
@@ -386,47 +332,27 @@ def test_head_pair_clusters_compute_what_one_cta_per_head_group_computes(B, num_
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("B,num_splits", [(40, 1), (1, 0)])
-def test_candidate_loads_two_half_tiles_ahead_give_the_same_bits(B, num_splits, monkeypatch):
-    """H = 128 with the producer's rows two half-tiles ahead (the A/B knob ``loads_ahead=2``): the
-    same bytes converted into the same buffers, so the same bits as the shipped build — unsplit, and at B1 (one
-    tile a split: the lone pair, whose pad's rows the second register set holds unconverted)."""
-    from dsv4lib.ops import decode, launch
-    gen = torch.Generator().manual_seed(fresh_seed())
-    q, main, idx, kw = _decode_inputs(B, 1, 128, True, True, True, gen)
-    splits = dict(num_splits=num_splits) if num_splits else {}
-    monkeypatch.setattr(decode, "LOADS_AHEAD", 1)
-    shipped = dsv4lib.sparse_decode(q, main, idx, **kw, **splits)
-    monkeypatch.setattr(decode, "LOADS_AHEAD", 2)
-    launch.forget_plans()                      # the plan of the first call holds the other build
-    ahead = dsv4lib.sparse_decode(q, main, idx, **kw, **splits)
-    launch.forget_plans()
-    assert torch.equal(shipped, ahead)
-    check_output(ahead, _reference(q, main, idx, kw)[0])
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("B,H,num_splits,ahead", [(40, 64, 1, 1), (3, 64, 0, 1), (20, 128, 1, 1), (1, 128, 0, 1),
-                                                   (40, 64, 1, 2), (1, 64, 0, 2)])
-def test_candidate_columns_schedule_matches_the_reference(B, H, num_splits, ahead, monkeypatch):
-    """The A/B candidate ``DECODE_SCHEDULE = "columns"`` against float64 over the same FP8 cache (not the shipped
-    bits: its softmax runs once over each tile instead of pairing them): unsplit and split (lone pairs: its producer
-    skips a pad the consumers never walk), H 64 and 128 (the head-pair cluster), rows of one or two half-tiles in
-    flight, invalid entries, lengths, sink."""
-    from dsv4lib.ops import decode, launch
+@pytest.mark.parametrize("B,H,num_splits", [(40, 64, 1), (40, 128, 1), (1, 128, 0)])
+def test_candidate_consumer_registers_give_the_same_bits(B, H, num_splits, monkeypatch):
+    """probe_d7's ``regs216`` (consumers 216 / producer 72 registers): the same instructions' results, so the same
+    bits as the shipped build — unsplit at H 64 and 128 (the head-pair cluster), and B1 split (lone pairs)."""
+    from dsv4lib.kernels.sm90.model1_decode import Model1DecodeSm90
+    from dsv4lib.ops import launch
     gen = torch.Generator().manual_seed(fresh_seed())
     q, main, idx, kw = _decode_inputs(B, 1, H, True, True, True, gen)
-    monkeypatch.setattr(decode, "DECODE_SCHEDULE", "columns")
-    monkeypatch.setattr(decode, "LOADS_AHEAD", ahead)
-    launch.forget_plans()
     splits = dict(num_splits=num_splits) if num_splits else {}
-    out, lse = dsv4lib.sparse_decode(q, main, idx, **kw, **splits, return_lse=True)
-    launch.forget_plans()
-    ref_out, ref_lse = _reference(q, main, idx, kw)
-    check_output(out, ref_out)
-    seen = torch.isfinite(ref_lse)
-    assert torch.equal(torch.isfinite(lse), seen)
-    torch.testing.assert_close(lse[seen], ref_lse[seen].float(), atol=2e-3, rtol=0)
+    shipped = dsv4lib.sparse_decode(q, main, idx, **kw, **splits)
+    monkeypatch.setattr(Model1DecodeSm90, "PAIRED_PRODUCER_REGS", 72)
+    monkeypatch.setattr(Model1DecodeSm90, "PAIRED_CONSUMER_REGS", 216)
+    launch.forget_plans()                      # the plan of the first call holds the shipped build
+    launch._COMPILED.clear()
+    try:
+        more = dsv4lib.sparse_decode(q, main, idx, **kw, **splits)
+    finally:
+        launch.forget_plans()
+        launch._COMPILED.clear()
+    assert torch.equal(shipped, more)
+    check_output(more, _reference(q, main, idx, kw)[0])
 
 
 @pytest.mark.gpu

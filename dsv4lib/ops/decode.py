@@ -29,13 +29,6 @@ DECODE_SQ = (1, 2)             # one token, or two with MTP
 DECODE_MAX_SPLITS = 16
 # H = 128: the two head-group CTAs of a token as one cluster that dequantizes each key once (the crossover)
 HEAD_PAIR_CLUSTER = True
-# the producer threads' rows of how many half-tiles in flight (Model1DecodeConfig.loads_ahead) where a build can
-# hold two (the H = 128 crossover, the columns schedule): 2 is an A/B candidate not yet measured (scripts/probe_d7.py
-# --variants ahead2, columns2)
-LOADS_AHEAD = 1
-# the consumers' schedule: "paired" as shipped, or "columns" (FlashMLA's: scores + left half / right half, producer
-# 152 registers) — an A/B candidate (scripts/probe_d7.py --variants columns), with the head-pair cluster at H = 128
-DECODE_SCHEDULE = "paired"
 
 
 def decode_splits(batch_ctas: int, n_tiles: int, sms: int) -> int:
@@ -152,9 +145,7 @@ def _config(device, B: int, s_q: int, H: int, n_keys: int, num_splits, extra: bo
             sink: bool):
     """(config, splits) of one kind of call: the split count and the frozen build."""
     _, splits, cluster = launch_shape(B, s_q, H, n_keys, device_facts(device)[1], num_splits)
-    flags = dict(extra_cache=extra, topk_length=lengths, extra_topk_length=lengths2, head_pair_cluster=cluster,
-                 loads_ahead=LOADS_AHEAD if cluster or DECODE_SCHEDULE == "columns" else 1,
-                 schedule=DECODE_SCHEDULE)
+    flags = dict(extra_cache=extra, topk_length=lengths, extra_topk_length=lengths2, head_pair_cluster=cluster)
     if splits == 1:
         return cached_config(lambda: Model1DecodeConfig.for_decode(sink=sink, split_kv=False, **flags),
                              "model1", sink, *flags.values()), 1

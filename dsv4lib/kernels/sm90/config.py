@@ -252,10 +252,9 @@ class SparseFwdConfig(_Config):
 @dataclass(frozen=True)
 class Model1DecodeConfig(SparseFwdConfig):
     """:class:`dsv4lib.kernels.sm90.model1_decode.Model1DecodeSm90` (D7): the gathered hd512 kernel reading its keys
-    from FP8 MODEL1 pages, one index list per cache.  The paired schedule as shipped (its half-tile fills are what
-    the dequantizing producer overlaps with the MMAs); ``schedule="columns"`` is FlashMLA's split of the consumers
-    (scores + left half, right half) with the registers moved to the producer — an A/B candidate (with or without
-    the head-pair cluster at H = 128)."""
+    from FP8 MODEL1 pages, one index list per cache.  Always the paired schedule (its half-tile fills are what the
+    dequantizing producer overlaps with the MMAs; FlashMLA's consumer split and two half-tiles of loads in flight
+    measured slower: docs/tuning/d7.md, session 32)."""
     gather: bool = True
     schedule: str = "paired"
     extra_cache: bool = False       # a second cache (the compressed one) with its own index list
@@ -264,25 +263,17 @@ class Model1DecodeConfig(SparseFwdConfig):
     # H = 128: the token's two head-group CTAs form a cluster and each dequantizes half of every half-tile's rows into
     # both CTAs' buffers (the crossover; model1_decode's module docstring)
     head_pair_cluster: bool = False
-    # the producer threads' rows of 1 or 2 half-tiles in flight: with the crossover (2: the registers move to the
-    # producer, 104 / 200 / 200; model1_decode's LOADS_AHEAD note) or the columns schedule (152 registers)
-    loads_ahead: int = 1
 
     def check(self) -> None:
         super().check()
-        if not self.gather or self.gather_only or self.skip_mma is not None or self.cluster_splits != 1:
-            raise ValueError("the MODEL1 decode is the gathered kernel (no benchmark knobs, no split clusters)")
+        if (not self.gather or self.schedule != "paired" or self.gather_only or self.skip_mma is not None
+                or self.cluster_splits != 1):
+            raise ValueError("the MODEL1 decode is the gathered, paired kernel (no benchmark knobs, no split clusters)")
         if self.extra_topk_length and not self.extra_cache:
             raise ValueError("extra_topk_length needs extra_cache")
-        if self.loads_ahead not in (1, 2) or (self.loads_ahead == 2 and not (self.head_pair_cluster
-                                                                             or self.schedule == "columns")):
-            raise ValueError(f"loads_ahead is 1, or 2 with head_pair_cluster (4 rows a half-tile) or the columns "
-                             f"schedule (its producer's 152 registers), got {self.loads_ahead}")
 
     @classmethod
     def for_decode(cls, *, extra_cache: bool, topk_length: bool, extra_topk_length: bool, sink: bool,
-                   split_kv: bool, head_pair_cluster: bool = False, loads_ahead: int = 1,
-                   schedule: str = "paired") -> "Model1DecodeConfig":
+                   split_kv: bool, head_pair_cluster: bool = False) -> "Model1DecodeConfig":
         return cls(sink=sink and not split_kv, has_lse=True, split_kv=split_kv, extra_cache=extra_cache,
-                   topk_length=topk_length, extra_topk_length=extra_topk_length, head_pair_cluster=head_pair_cluster,
-                   loads_ahead=loads_ahead, schedule=schedule)
+                   topk_length=topk_length, extra_topk_length=extra_topk_length, head_pair_cluster=head_pair_cluster)

@@ -48,7 +48,7 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 from ..common import gmem_view, inline_ptx, launch_stream
 from ..sparse_base import HALF, HEAD_DIM, TILE_N, as_global
 from .config import Model1DecodeConfig
-from .sparse_fwd import HALF_TILE_ORDER, SparseAttentionForwardSm90, cp_async_arrive_counted, half_tile_pipelines
+from .sparse_fwd import HALF_TILE_ORDER, SparseAttentionForwardSm90, half_tile_pipelines
 
 NOPE_DIMS = 448
 PART_BYTES = 576
@@ -60,7 +60,6 @@ ROPE_LANE = (NOPE_DIMS - HALF) // COLS_PER_THREAD    # 12: in the right half, la
 PLACED_SCALE_MAX = 127 + 7       # scale bytes up to 2^7 take the placed-bits conversion; larger ones the fp32 path
 PRODUCER_SYNC = 7                 # named barrier of the producer warpgroup (the consumers use 1-6)
 HEAD_PAIR = 2                     # CTAs of a head-pair cluster (H = 128: a token's two head groups)
-TILE_FILL_ORDER = ((0, 0), (0, 1), (1, 0), (1, 1))   # columns producer: (tile of the pair, column half), in order
 
 
 def kv_chunk_offset(row, chunk, stage):
@@ -83,14 +82,11 @@ class HeadPairPipeline(pipeline.PipelineAsync):
     kernel's runtime ``if``s, where only its dataclass fields can go; the peer's rank is read where it is needed.)"""
 
     @classmethod
-    def create_pair(cls, barriers, num_stages: int = 1, consumer_warps: int = 4) -> "HeadPairPipeline":
-        """``consumer_warps``: the warps of one CTA that free a stage (4: a paired half-tile's warpgroup; 8: a columns
-        tile's two warpgroups)."""
+    def create_pair(cls, barriers) -> "HeadPairPipeline":
         inner = pipeline.PipelineAsync.create(
-            barrier_storage=barriers, num_stages=num_stages,
+            barrier_storage=barriers, num_stages=1,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumer_warps * HEAD_PAIR),
-            defer_sync=True)
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * HEAD_PAIR), defer_sync=True)
         return cls(inner.sync_object_full, inner.sync_object_empty, inner.num_stages, inner.producer_mask,
                    inner.consumer_mask)
 
@@ -229,14 +225,6 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
     KEY_MASK_AFTER_WAIT = True               # the consumers' key mask comes from the records (is_real_key)
     PRODUCER_KEY_FLAGS = False               # (the records carry key validity: no separate flags)
     HEAD_GROUP_FASTEST = False               # the crossover's head pair is a cluster along y (grid y = head group)
-    # LOADS_AHEAD (config.loads_ahead): half-tiles of rows a producer thread has loading at once.  With the crossover
-    # (H = 128) its 4 rows a half-tile are 16 registers, so two half-tiles ahead hold the 32 that one holds at H = 64.
-    # 1 as shipped; 2 is `probe_d7.py --variants ahead2`, not yet measured (session 26 built and reverted it without
-    # a number): it spills 100 B at the producer's 88 registers, 16 B at AHEAD_REGS (ptxas -v, session 31)
-    AHEAD_REGS = (104, 200)                  # producer, consumers with two half-tiles ahead (consumers fit 200: no spill)
-    # schedule="columns": FlashMLA's registers — producer 152, scores + left half 192, right half 160 (128 · 504);
-    # the gathered columns consumers fit them spill-free (ptxas -v, session 31)
-    COLUMNS_REGS = (152, 192, 160)
 
     def __init__(self, config: Model1DecodeConfig):
         if not isinstance(config, Model1DecodeConfig):
@@ -245,12 +233,6 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         self.crossover = config.head_pair_cluster
         # rows a producer thread converts per half-tile: all 8 of its row group, or with the crossover its CTA's half
         self.convert_rows = ROWS_PER_THREAD // HEAD_PAIR if self.crossover else ROWS_PER_THREAD
-        self.ahead = config.loads_ahead
-        if self.ahead == 2 and self.paired:
-            self.producer_regs, self.consumer_regs = self.AHEAD_REGS
-        if not self.paired:        # columns: Q by TMA, whole tiles by load_tiles, the registers moved to the producer
-            self.q_by_tma = True
-            self.producer_regs, self.consumer_regs, self.right_regs = self.COLUMNS_REGS
         if self.crossover:
             self.pipeline_cluster = (1, HEAD_PAIR)
 
@@ -295,17 +277,6 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         if const_expr(not self.crossover):
             return half_tile_pipelines(barriers, producer=pipeline.PipelineAsync)
         return tuple(HeadPairPipeline.create_pair(barriers + 2 * i) for i in range(4))
-
-    def tile_pipeline(self, barriers):
-        """The columns schedule's two whole-tile stages: filled by generic stores (each producer thread arrives once
-        its rows of both halves are written and fenced), freed by both consumer warpgroups — with the crossover in
-        both CTAs (:class:`HeadPairPipeline`, one lane of each of the 8 consumer warps arriving here and in the peer)."""
-        if const_expr(self.crossover):
-            return HeadPairPipeline.create_pair(barriers, num_stages=self.num_stages, consumer_warps=8)
-        return pipeline.PipelineAsync.create(
-            barrier_storage=barriers, num_stages=self.num_stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 256), defer_sync=True)
 
     # ------------------------------------------------------------------------------ key rules
     @cute.jit
@@ -387,15 +358,44 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         pair during this pair (index and scale loads behind the fills) and publishes its record once the last
         half-tile's buffer is free (the consumers freed it, so every producer thread is done with the old records).
         Returns the pipelines' state past the item."""
+        group, lane = self.producer_slot(tidx)
+        rope_lane = lane >= ROPE_LANE                 # in a right half: copies the rope (warp 3)
+        records = self.key_records(sKeyAddr)
+        scale_of = self.record_scales(sKeyAddr)
+        raw = cute.make_rmem_tensor(cute.make_layout((self.convert_rows, 4), stride=(4, 1)), Uint32)   # 16 B a row
+        scale_bytes = cute.make_rmem_tensor((self.convert_rows,), Uint32)
+        # my rows of a half-tile: group + 8 (first_k + k), k < convert_rows; with the crossover the CTA of cluster rank
+        # c converts rows 32 c … 32 c + 31 and stores them into the peer's buffer too
+        first_k = Int32(0)
+        peer = Int32(0)
+        chunk_at = (Int32(0), Int32(0))
+        peer_chunk_at = (Int32(0), Int32(0))
+        if const_expr(self.crossover):
+            rank = cute.arch.block_idx_in_cluster()
+            first_k = rank * self.convert_rows
+            peer = rank ^ 1
+            # where my 16 columns of my first row (stage 0, left half) sit, as two 16-byte chunks, here and in the
+            # peer; every other row / stage / half is a constant offset from these (kv_chunk_offset: row % 8 is my
+            # row group whatever k, so the swizzle is the same in every row I write)
+            kv_base = shared_address(sKV.iterator)
+            chunk_at = tuple(kv_base + kv_chunk_offset(group + ROW_GROUPS * first_k, 2 * lane + c, 0) for c in range(2))
+            peer_chunk_at = tuple(peer_address(a, peer) for a in chunk_at)
+        slot = (group, lane, first_k, peer, chunk_at, peer_chunk_at)
         n_pairs = (tile_hi - tile_lo + 1) // 2
-        records, scale_of, raw, scale_bytes, slot, key0, key_end, next_indices = self.producer_start(
-            keys, sKV, sKeyAddr, tidx, batch, token, n_keys, tile_lo, tile_hi, HALF_TILE_ORDER)
-        rope_lane = slot[1] >= ROPE_LANE              # in a right half: copies the rope (warp 3)
+        key0 = tile_lo * TILE_N + tidx                                   # my key of pair 0
+        key_end = cutlass.min(n_keys, tile_hi * TILE_N)     # past it (padding tile, the next split's): no key
+        part, scales = self.fetch_record(keys, key0, key_end, self.load_indices(keys, batch, token, key0))
+        records[0, tidx, 0] = part
+        records[1, tidx, 0] = scales
+        next_indices = self.load_indices(keys, batch, token, key0 + 2 * TILE_N)
+        cute.arch.barrier(barrier_id=PRODUCER_SYNC, number_of_threads=128)
+        b0, h0 = HALF_TILE_ORDER[0]
+        for k in cutlass.range_constexpr(self.convert_rows):
+            self.load_row(records, scale_of, 0, b0, h0, slot, k, raw, scale_bytes)
         for p in cutlass.range(n_pairs, unroll=1):
             buf = p % 2
             # a lone pair (odd tile count, the last pair): its odd tile is a pad no consumer MMA reads — its two
             # half-tiles are not filled (only arrived on), and the rows loaded behind (0, L) are (0, R)'s at once
-            # (one half-tile ahead: rerouted below; two ahead they are anyway)
             lone = tile_lo + 2 * p + 1 >= tile_hi
             for j in cutlass.range_constexpr(4):
                 b, h = HALF_TILE_ORDER[j]
@@ -411,23 +411,21 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
                     if expect_peer:
                         cute.arch.mbarrier_expect_tx(kv_pipes[2 * b + h].producer_get_barrier(state),
                                                      self.peer_bytes(h))
-                if const_expr(j == 4 - self.ahead):   # this fill loads the next pair's rows: publish its records
-                    # (their buffer held pair p - 1's: every producer thread is past that pair's fills, and both
-                    # consumer warpgroups read its key masks before freeing (0, R) of it — acquired above, j >= 2)
+                next_buf = buf
+                if const_expr(j == 3):      # the next half-tile is the next pair's: publish its records first
                     records[0, tidx, 1 - buf] = part
                     records[1, tidx, 1 - buf] = scales
                     cute.arch.barrier(barrier_id=PRODUCER_SYNC, number_of_threads=128)
-                next_buf = buf if const_expr(j + self.ahead < 4) else 1 - buf
-                next_half = HALF_TILE_ORDER[(j + self.ahead) % 4]
-                if const_expr(j == 0 and self.ahead == 1):      # (1, R) next — or, lone, (0, R)
+                    next_buf = 1 - buf
+                next_half = HALF_TILE_ORDER[(j + 1) % 4]
+                if const_expr(j == 0):      # (1, R) next — or, lone, (0, R)
                     next_half = (Int32(1) - Int32(lone), next_half[1])
                 fill = True
                 if const_expr(b == 1):
                     fill = not lone
-                if fill:         # registers of set j % ahead: converted here, reloaded with fill j + ahead's rows
-                    self.fill_half_tile(records, scale_of, buf, b, h, next_buf, next_half, sKV, slot,
-                                        raw[j % self.ahead, None, None], scale_bytes[j % self.ahead, None],
-                                        kv_pipes[2 * b + h].producer_get_barrier(state))
+                if fill:
+                    self.fill_half_tile(records, scale_of, buf, b, h, next_buf, next_half, sKV, slot, raw,
+                                        scale_bytes, kv_pipes[2 * b + h].producer_get_barrier(state))
                 cute.arch.fence_proxy("async.shared", space="cta")   # generic writes → the consumers' wgmma
                 if rope_lane and const_expr(h == 1):    # arrives once its rope copies have landed; no wait
                     cute.arch.cp_async_mbarrier_arrive_noinc(kv_pipes[2 * b + h].producer_get_barrier(state))
@@ -435,117 +433,6 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
                     kv_pipes[2 * b + h].producer_commit(state)
             state.advance()
         return state
-
-    @cute.jit
-    def load_tiles(self, tma_atom_Q, tma_Q, keys, _keys, sQ, sKV, pipeline_q, pipeline_kv, warp_idx, tidx, token,
-                   head_group, batch, n_keys, tile_lo, tile_hi, sKeyAddr):
-        """Producer of the columns schedule: Q by TMA (warp 0), then the tiles in order, each a whole stage — its left
-        half, then its right half, one arrive a thread after both (the rope lanes' copies counted on it).  The same
-        records and rolling loads as :meth:`gather_pairs` in the fill order (0, L), (0, R), (1, L), (1, R) of a pair,
-        ``ahead`` half-tiles of rows in flight (1 or 2: the 152 registers hold two).  A lone pair's second tile does
-        not exist for these consumers (they walk the real tiles), so it is neither acquired nor filled."""
-        if warp_idx == 0:
-            self.load_q_tma(tma_atom_Q, tma_Q, sQ, pipeline_q, token, head_group, batch, tile_lo, tile_hi)
-        n_pairs = (tile_hi - tile_lo + 1) // 2
-        records, scale_of, raw, scale_bytes, slot, key0, key_end, next_indices = self.producer_start(
-            keys, sKV, sKeyAddr, tidx, batch, token, n_keys, tile_lo, tile_hi, TILE_FILL_ORDER)
-        rope_lane = slot[1] >= ROPE_LANE
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
-        for p in cutlass.range(n_pairs, unroll=1):
-            buf = p % 2
-            part, scales = self.fetch_record(keys, key0 + (2 * p + 2) * TILE_N, key_end, next_indices)
-            next_indices = self.load_indices(keys, batch, token, key0 + (2 * p + 4) * TILE_N)
-            lone = tile_lo + 2 * p + 1 >= tile_hi
-            for b in cutlass.range_constexpr(2):
-                fill = True
-                if const_expr(b == 1):
-                    fill = not lone
-                if fill:
-                    pipeline_kv.producer_acquire(state)           # stage b: the pair's tile b
-                    barrier = pipeline_kv.producer_get_barrier(state)
-                    if const_expr(self.crossover):
-                        if tidx == 0:   # the peer's half of the rows of both halves: transaction bytes (its st.async)
-                            cute.arch.mbarrier_expect_tx(barrier, self.peer_bytes(0) + self.peer_bytes(1))
-                    for h in cutlass.range_constexpr(2):
-                        j = 2 * b + h                             # this pair's fill j; its registers: set j % ahead
-                        if const_expr(j == 4 - self.ahead):   # this fill loads the next pair's rows: publish them
-                            # (their buffer held pair p - 1's; stage 1 acquired above, so both warpgroups freed that
-                            # pair's last tile, its key masks read)
-                            records[0, tidx, 1 - buf] = part
-                            records[1, tidx, 1 - buf] = scales
-                            cute.arch.barrier(barrier_id=PRODUCER_SYNC, number_of_threads=128)
-                        next_buf = buf if const_expr(j + self.ahead < 4) else 1 - buf
-                        self.fill_half_tile(records, scale_of, buf, b, h, next_buf,
-                                            TILE_FILL_ORDER[(j + self.ahead) % 4], sKV, slot,
-                                            raw[j % self.ahead, None, None], scale_bytes[j % self.ahead, None],
-                                            barrier)
-                    cute.arch.fence_proxy("async.shared", space="cta")   # generic writes → the consumers' wgmma
-                    if rope_lane:
-                        # its rope copies counted on the barrier (the phase waits for them to land), then its own
-                        # release arrive: this lane also converted left-half columns, stores the arrive must publish
-                        cp_async_arrive_counted(barrier)
-                    pipeline_kv.producer_commit(state)
-                    state.advance()
-        # the tail: wait until the consumers freed the last fills (no mbarrier arrive after exit)
-        pipeline_kv.producer_tail(state)
-
-    @cute.jit
-    def fill_slot(self, sKV, group, lane):
-        """What :meth:`fill_half_tile` needs of this producer thread: its row group and column lane, and — with the
-        crossover — the first of its rows (the CTA of cluster rank c converts rows 32 c … 32 c + 31 of every
-        half-tile: group + 8 (first_k + k), k < convert_rows), the peer's rank, and where its 16 columns of its first
-        row (stage 0, left half) sit as two 16-byte chunks here and in the peer (every other row / stage / half is a
-        constant offset from these: kv_chunk_offset — row % 8 is the row group whatever k, so the swizzle is the same
-        in every row it writes)."""
-        first_k = Int32(0)
-        peer = Int32(0)
-        chunk_at = (Int32(0), Int32(0))
-        peer_chunk_at = (Int32(0), Int32(0))
-        if const_expr(self.crossover):
-            rank = cute.arch.block_idx_in_cluster()
-            first_k = rank * self.convert_rows
-            peer = rank ^ 1
-            kv_base = shared_address(sKV.iterator)
-            chunk_at = tuple(kv_base + kv_chunk_offset(group + ROW_GROUPS * first_k, 2 * lane + c, 0) for c in range(2))
-            peer_chunk_at = tuple(peer_address(a, peer) for a in chunk_at)
-        return (group, lane, first_k, peer, chunk_at, peer_chunk_at)
-
-    @cute.jit
-    def row_registers(self):
-        """A producer thread's rolling-load registers: 16 B of each of its rows (and the row's scale byte) for
-        ``ahead`` half-tiles at once — set j % ahead is converted in fill j, then reloaded with fill j + ahead's rows."""
-        raw = cute.make_rmem_tensor(cute.make_layout((self.ahead, self.convert_rows, 4),
-                                                     stride=(4 * self.convert_rows, 4, 1)), Uint32)
-        scale_bytes = cute.make_rmem_tensor(cute.make_layout((self.ahead, self.convert_rows),
-                                                             stride=(self.convert_rows, 1)), Uint32)
-        return raw, scale_bytes
-
-    @cute.jit
-    def producer_start(self, keys, sKV, sKeyAddr, tidx, batch, token, n_keys, tile_lo, tile_hi,
-                       order: cutlass.Constexpr):
-        """What both producers (:meth:`gather_pairs`, :meth:`load_tiles`) set up before their loop: the key records
-        and their scale bytes, the rolling-load registers, this thread's fill slot, its key of pair 0 (``key0``;
-        thread t resolves key t of every pair), the end of the keys (past it — an odd count's pad, the next split's
-        keys — no key), pair 0's record resolved and published to the producer warpgroup (its barrier), and the rows
-        of the first ``ahead`` half-tiles of the fill ``order`` loading; returns the next pair's index loads too,
-        left in flight."""
-        group, lane = self.producer_slot(tidx)
-        records = self.key_records(sKeyAddr)
-        scale_of = self.record_scales(sKeyAddr)
-        raw, scale_bytes = self.row_registers()
-        slot = self.fill_slot(sKV, group, lane)
-        key0 = tile_lo * TILE_N + tidx
-        key_end = cutlass.min(n_keys, tile_hi * TILE_N)
-        part, scales = self.fetch_record(keys, key0, key_end, self.load_indices(keys, batch, token, key0))
-        records[0, tidx, 0] = part
-        records[1, tidx, 0] = scales
-        next_indices = self.load_indices(keys, batch, token, key0 + 2 * TILE_N)
-        cute.arch.barrier(barrier_id=PRODUCER_SYNC, number_of_threads=128)
-        for a in cutlass.range_constexpr(self.ahead):
-            b0, h0 = order[a]
-            for k in cutlass.range_constexpr(self.convert_rows):
-                self.load_row(records, scale_of, 0, b0, h0, slot, k, raw[a, None, None], scale_bytes[a, None])
-        return records, scale_of, raw, scale_bytes, slot, key0, key_end, next_indices
 
     @cute.jit
     def producer_slot(self, tidx):

@@ -125,10 +125,6 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
     (``-1`` = none); ``gather=False``: the dense key range of the query (all keys, ``causal``, ``window``)."""
 
     NUM_THREADS = 384
-    # what every thread holds at launch (ptxas at .reqntid 384, .minnctapersm 1: 65 536 / 384 rounded down to 8);
-    # setmaxnreg.inc may only raise a warpgroup's count and .dec only lower it (the other way: an illegal
-    # instruction at run time, session 32 — the columns schedule's right half asked .inc 160 from 168)
-    LAUNCH_REGS = 65536 // NUM_THREADS // 8 * 8
     PRODUCER_REGS, CONSUMER_REGS = 56, 224          # 128·(56 + 2·224) = 64 512 ≤ 65 536
     PAIRED_PRODUCER_REGS, PAIRED_CONSUMER_REGS = 88, 208   # 128·(88 + 2·208) = 64 512
     # int64 words of shared room for a producer's key records: here the gathered paired producer's key flags (one
@@ -163,7 +159,6 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
         # half-tile fills: at 56 / 72 registers ptxas spills 30-60 B (ptxas -v); its consumers fit in 208
         self.producer_regs = self.PAIRED_PRODUCER_REGS if self.paired else self.PRODUCER_REGS
         self.consumer_regs = self.PAIRED_CONSUMER_REGS if self.paired else self.CONSUMER_REGS
-        self.right_regs = self.consumer_regs       # columns: the right-half warpgroup's (a subclass may give it less)
         # bf16 O of the paired schedule leaves as value pairs into the Q buffer (dead once both warpgroups passed the
         # row-sum barrier) and one TMA store of the 64 x 512 tile; fp32 split partials and the columns schedule keep
         # their register stores
@@ -299,7 +294,10 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
             # warpgroup that reads it last (see paired_half)
             pipeline_kv = self.half_tile_pipelines(storage.mbar_KV.data_ptr())
         elif const_expr(not self.use_tma):
-            pipeline_kv = self.tile_pipeline(storage.mbar_KV.data_ptr())
+            pipeline_kv = pipeline.PipelineCpAsync.create(
+                barrier_storage=storage.mbar_KV.data_ptr(), num_stages=self.num_stages,
+                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128),
+                consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 256), defer_sync=True)
         pipeline_init_arrive(cluster_shape_mn=self.pipeline_cluster, is_relaxed=True)
 
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)       # (64 heads, 512)
@@ -334,9 +332,6 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
                 if warp_idx == 0:
                     self.load_tma(tma_atom_Q, tma_Q, tma_atom_KV, tma_KV, sQ, sKV, pipeline_q, pipeline_kv, token,
                                   head_group, batch, key_lo, tile_lo, tile_hi)
-            elif const_expr(self.q_by_tma):      # whole tiles by a producer of its own, Q by TMA (MODEL1 columns)
-                self.load_tiles(tma_atom_Q, tma_Q, mKV, mIdx, sQ, sKV, pipeline_q, pipeline_kv, warp_idx, tidx,
-                                token, head_group, batch, n_keys, tile_lo, tile_hi, sKeyAddr)
             else:
                 self.load(mQ, mKV, mIdx, sQ, sKV, pipeline_kv, tidx, token, head_group, batch, key_lo, n_keys,
                           seqlen_k, tile_lo, tile_hi)
@@ -386,24 +381,13 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
                                       head_group, batch, split, key_lo, n_keys, seqlen_k, tile_lo, tile_hi, sLSE,
                                       sRed)
         else:
-            if const_expr(self.right_regs < self.LAUNCH_REGS):
-                cute.arch.setmaxregister_decrease(self.right_regs)
-            else:
-                cute.arch.setmaxregister_increase(self.right_regs)
+            cute.arch.setmaxregister_increase(self.consumer_regs)
             self.right_half(tiled_mma_pv_ss, sVt, sP, sRowScale, sRowInv, mO, pipeline_kv, tidx - 256, token,
                             head_group, batch, split, tile_lo, tile_hi, mLSE, sLSE, sRed)
 
     def half_tile_pipelines(self, barriers) -> tuple:
         """The paired schedule's four half-tile pipelines (filled by ``cp.async`` here)."""
         return half_tile_pipelines(barriers)
-
-    def tile_pipeline(self, barriers):
-        """The columns schedule's gathered whole-tile stages: filled by ``cp.async`` (128 producer threads), freed by
-        both consumer warpgroups."""
-        return pipeline.PipelineCpAsync.create(
-            barrier_storage=barriers, num_stages=self.num_stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 256), defer_sync=True)
 
     def key_source(self, mIdx, sKeyAddr, tile_lo):
         """What :meth:`is_real_key` reads, given the producer's shared key room and the CTA's first tile: the gathered
@@ -580,11 +564,8 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
         for i in cutlass.range(tile_hi - tile_lo, unroll=1):
             tile = tile_lo + i
             buf = i % 2
-            if const_expr(not self.key_mask_after_wait):    # index loads: issued before the wait, hidden by it
-                self.key_mask(key_ok, tScS_rc, tile * TILE_N, mIdx, batch, token, n_keys, seqlen_k)
+            self.key_mask(key_ok, tScS_rc, tile * TILE_N, mIdx, batch, token, n_keys, seqlen_k)
             pipeline_kv.consumer_wait(kv_state)
-            if const_expr(self.key_mask_after_wait):        # published with the tile (a producer's key records)
-                self.key_mask(key_ok, tScS_rc, tile * TILE_N, mIdx, batch, token, n_keys, seqlen_k)
             acc_S = cute.make_rmem_tensor(thr_qk.partition_shape_C((TILE_H, TILE_N)), Float32)
             if const_expr(self.skip_mma == "qk"):
                 acc_S.fill(0.0)
