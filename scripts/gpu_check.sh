@@ -13,14 +13,14 @@ declare -A groups=(
   [branch]="branch_merge"
   [overlap]="overlapped_mainloop"
   [nvfp4]="test_nvfp4"
-  [sparse]="sparse or gpu_checks_catch"
+  [sparse]="(sparse or gpu_checks_catch) and not candidate"
   [layer]="test_d6_dsv4_layer"
   [streams]="test_streams"
   [persistent]="persistent"
   [timing]="interleaved_timing or graph_timing"
   [d7]="test_d7_fp8_decode and not candidate"
-  [d7ab]="test_d7_fp8_decode and candidate"    # the A/B builds (off by default): their own group, so a hang or a
-                                               # failure of a candidate never costs the shipped decode's record
+  [d7ab]="candidate"         # the A/B builds (off by default; D7's and D6's): their own group, so a hang or a
+                             # failure of a candidate never costs the shipped kernels' records
 )
 order=(${@:-d1 window split branch overlap nvfp4 sparse layer streams persistent timing d7 d7ab})
 limit=${GROUP_TIMEOUT:-150}

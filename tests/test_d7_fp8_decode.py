@@ -61,6 +61,25 @@ def test_consumer_register_candidate_fits_without_spills(head_pair_cluster, spli
         assert "C7514" not in report, report[-800:]
 
 
+@pytest.mark.compile
+@pytest.mark.parametrize("head_pair_cluster,split_kv", [(False, True), (True, False)])
+def test_max_swap_candidate_builds_whole_wgmma_stages(head_pair_cluster, split_kv, monkeypatch):
+    """The A/B candidate ``PAIR_MAX_SWAP`` (probe_d7's ``max_swap``): the paired consumers meet once per pair at
+    the max barrier (a bar.sync in both warpgroups, not an arrive / sync chain), every wgmma stage inside the
+    branch that issued it (no C7514), and no spill at the shipped registers."""
+    from dsv4lib.kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
+    shipped = _build_decode(True, split_kv, head_pair_cluster=head_pair_cluster)
+    monkeypatch.setattr(SparseAttentionForwardSm90, "PAIR_MAX_SWAP", True)
+    k = _build_decode(True, split_kv, head_pair_cluster=head_pair_cluster)
+    assert k.count(r"bar\.arrive") == shipped.count(r"bar\.arrive") - 1       # the chain's max arrive is gone
+    assert k.count(r"bar\.sync") == shipped.count(r"bar\.sync") + 1
+    report = k.ptxas_report()
+    if report is not None and "Unsupported .version" not in report:
+        spills = [int(s) for s in re.findall(r"(\d+) bytes spill stores", report)]
+        assert spills and max(spills) == 0, report
+        assert "C7514" not in report, report[-800:]
+
+
 def test_the_model1_decode_refuses_another_schedule():
     """Only the paired schedule reads MODEL1 pages (FlashMLA's consumer split was measured slower and removed)."""
     from dsv4lib.kernels.sm90.config import Model1DecodeConfig
@@ -353,6 +372,33 @@ def test_candidate_consumer_registers_give_the_same_bits(B, H, num_splits, monke
         launch._COMPILED.clear()
     assert torch.equal(shipped, more)
     check_output(more, _reference(q, main, idx, kw)[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,H,num_splits", [(40, 64, 1), (20, 128, 1), (1, 64, 0), (1, 128, 0)])
+def test_candidate_max_swap_matches_the_reference(B, H, num_splits, monkeypatch):
+    """The A/B candidate ``PAIR_MAX_SWAP`` (the paired consumers agree on a pair's row max by one swap) against
+    float64 over the same FP8 cache — not the shipped bits (P is rounded to bf16 once, at the final max, instead
+    of at warpgroup 0's max and again after its rescale): unsplit at H 64 and 128 (the head-pair cluster), B1 split
+    (every pair lone), invalid entries, lengths, sink, and the LSE."""
+    from dsv4lib.kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
+    from dsv4lib.ops import launch
+    gen = torch.Generator().manual_seed(fresh_seed())
+    q, main, idx, kw = _decode_inputs(B, 1, H, True, True, True, gen)
+    splits = dict(num_splits=num_splits) if num_splits else {}
+    monkeypatch.setattr(SparseAttentionForwardSm90, "PAIR_MAX_SWAP", True)
+    launch.forget_plans()
+    launch._COMPILED.clear()                   # the builds of the shipped consumers: not keyed by the class flag
+    try:
+        out, lse = dsv4lib.sparse_decode(q, main, idx, **kw, **splits, return_lse=True)
+    finally:
+        launch.forget_plans()
+        launch._COMPILED.clear()
+    ref_out, ref_lse = _reference(q, main, idx, kw)
+    check_output(out, ref_out)
+    seen = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), seen)
+    torch.testing.assert_close(lse[seen], ref_lse[seen].float(), atol=2e-3, rtol=0)
 
 
 @pytest.mark.gpu
