@@ -25,8 +25,9 @@ DECODE_SQ = (1, 2)             # one token, or two with MTP
 # half busy.  Measured (H100, issue #35 shapes): B64 H64 1 / 2 / 4 splits 50 / 75 / 91 µs, B128 H64 53 / 146 µs,
 # B1 H64 43 / 32 / 24 / 17 µs at 1 / 2 / 4 / 8 splits (8 asked of 10 tiles: 2 tiles each, so 5 did the work and 3
 # wrote empty partials; 5 asked measured no faster than 8, 10 — a tile each — as fast: 10 now).  A split keeps at
-# least one 64-key tile.
-DECODE_MAX_SPLITS = 16
+# least one 64-key tile.  32, not 16, so that B1 H128's 18 tiles get a split each too (H100, session 32: 18 splits
+# 16.2 µs; 16 allowed gave 9 splits of two tiles: 16.7 and 17.1 in the same run; FlashMLA 16.0)
+DECODE_MAX_SPLITS = 32
 # H = 128: the two head-group CTAs of a token as one cluster that dequantizes each key once (the crossover)
 HEAD_PAIR_CLUSTER = True
 
