@@ -104,7 +104,7 @@ record(metrics_path, kv_alias_checks_pass=all(alias_checks.values()))
 
 # %%
 from dsv4lib.kernels.compile import compile_for_arch
-from dsv4lib.kernels.sm90.config import SparseFwdConfig
+from dsv4lib.kernels.sm90.sparse_config import SparseFwdConfig
 from dsv4lib.kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
 from dsv4lib.ops.sparse import fake_args
 
@@ -130,7 +130,7 @@ record(metrics_path, compiled=build_ok)
 # evaluated from the kernel's own layouts, its checks, and the build's instruction counts.
 
 # %%
-from dsv4lib.kernels.sm90.config import SparseFwdConfig
+from dsv4lib.kernels.sm90.sparse_config import SparseFwdConfig
 from dsv4lib.kernels.sm100.sparse_fwd import SparseAttentionForwardSm100
 from dsv4lib.layouts import plot_tmem_plan, tmem_plan
 

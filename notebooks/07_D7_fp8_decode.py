@@ -93,7 +93,7 @@ record(metrics_path, round_trip_cosine=rt_cos)
 # %%
 from dsv4lib.kernels.compile import compile_for_arch
 from dsv4lib.kernels.model1_cache import Model1AppendKernel
-from dsv4lib.kernels.sm90.config import Model1DecodeConfig
+from dsv4lib.kernels.sm90.sparse_config import Model1DecodeConfig
 from dsv4lib.kernels.sm90.model1_decode import Model1DecodeSm90
 from dsv4lib.ops.decode import fake_args
 from dsv4lib.ops.kvcache import fake_write_args

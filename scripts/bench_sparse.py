@@ -4,7 +4,7 @@ import torch
 
 import dsv4lib
 from dsv4lib import bench
-from dsv4lib.kernels.sm90.config import SparseFwdConfig
+from dsv4lib.kernels.sm90.sparse_config import SparseFwdConfig
 from dsv4lib.ops.sparse import gather_roof, run_config
 
 

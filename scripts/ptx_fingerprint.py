@@ -39,7 +39,8 @@ def norm(ptx: str) -> str:
 def kept_builds() -> dict[str, tuple]:
     """name -> (make the kernel object, its fake arguments, arch) for every kept build."""
     from dsv4lib.kernels.combine import LSECombineKernel, fake_args as combine_args
-    from dsv4lib.kernels.sm90.config import Sm90FwdConfig, SparseFwdConfig
+    from dsv4lib.kernels.sm90.config import Sm90FwdConfig
+    from dsv4lib.kernels.sm90.sparse_config import SparseFwdConfig
     from dsv4lib.kernels.sm90.flash_fwd import (FlashAttentionForwardSm90, fake_attention_args, fake_nvfp4_args,
                                                fake_split_args, fake_work_counters)
     from dsv4lib.kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
@@ -84,7 +85,7 @@ def kept_builds() -> dict[str, tuple]:
 
     # the MODEL1 FP8-cache decode (D7, and the prefill from the caches): H64 one CTA a head group, H128 the head-pair
     # cluster; unsplit with the sink, split; with and without the extra (compressed) cache
-    from dsv4lib.kernels.sm90.config import Model1DecodeConfig
+    from dsv4lib.kernels.sm90.sparse_config import Model1DecodeConfig
     from dsv4lib.kernels.sm90.model1_decode import Model1DecodeSm90
     from dsv4lib.ops.decode import fake_args as decode_args
     for heads, cluster in ((64, False), (128, True)):

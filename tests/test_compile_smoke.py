@@ -38,7 +38,7 @@ def test_kernels_launch_on_the_callers_stream_with_the_same_device_code():
     from dsv4lib.kernels.nvfp4 import fake_args as quant_fake
     from dsv4lib.kernels.sm90.config import Sm90FwdConfig
     from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
-    from dsv4lib.kernels.sm90.config import SparseFwdConfig
+    from dsv4lib.kernels.sm90.sparse_config import SparseFwdConfig
     from dsv4lib.kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
     from dsv4lib.ops.sparse import fake_args as sparse_fake
     builds = {
@@ -129,7 +129,8 @@ def test_tvm_ffi_builds_take_the_arguments_each_public_launch_passes(monkeypatch
 
 
 def _check_tvm_ffi_launches(monkeypatch):
-    from dsv4lib.kernels.sm90.config import SparseFwdConfig, Sm90FwdConfig
+    from dsv4lib.kernels.sm90.config import Sm90FwdConfig
+    from dsv4lib.kernels.sm90.sparse_config import SparseFwdConfig
     attention, sparse, combine, nvfp4, launch, decode = (_ops(n) for n in ("attention", "sparse", "combine", "nvfp4",
                                                                             "launch", "decode"))
     for module in (attention, sparse, combine, nvfp4, decode):
@@ -189,7 +190,7 @@ def _check_tvm_ffi_launches(monkeypatch):
         sparse.launch(SparseFwdConfig.for_problem(gather=True, split_kv=True), q4, kv[..., :256].contiguous(), idx,
                       o_part, lse_part, sink64, scale=0.05, window=None)
     # the FP8 decode: the unsplit build writes sparse_decode's outputs as returned, the split build its workspace
-    from dsv4lib.kernels.sm90.config import Model1DecodeConfig
+    from dsv4lib.kernels.sm90.sparse_config import Model1DecodeConfig
     from dsv4lib.reference.model1 import page_bytes
     q1 = bf(2, 1, 64, 512)
     cache_args = (torch.zeros(3, page_bytes(64), dtype=torch.uint8), torch.zeros(2, 1, 128, dtype=torch.int32),
@@ -301,7 +302,8 @@ def test_a_one_call_sequence_launches_each_kernel_with_its_own_builds_device_cod
     argument checks and stop only at the launch (no GPU here)."""
     from cutlass.cutlass_dsl import CuTeDSL
     from dsv4lib.kernels.compile import compile_for_arch
-    from dsv4lib.kernels.sm90.config import Model1DecodeConfig, Sm90FwdConfig
+    from dsv4lib.kernels.sm90.config import Sm90FwdConfig
+    from dsv4lib.kernels.sm90.sparse_config import Model1DecodeConfig
     from dsv4lib.reference.model1 import page_bytes
     attention, combine, launch, decode = (_ops(n) for n in ("attention", "combine", "launch", "decode"))
     monkeypatch.setattr(CuTeDSL._get_dsl().envar, "arch", "sm_90a")

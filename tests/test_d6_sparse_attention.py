@@ -12,7 +12,7 @@ from gpu_checks import check_output, fresh_seed
 
 def _build(gather, split_kv=False, **flags):
     from dsv4lib.kernels.compile import compile_for_arch
-    from dsv4lib.kernels.sm90.config import SparseFwdConfig
+    from dsv4lib.kernels.sm90.sparse_config import SparseFwdConfig
     from dsv4lib.kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
     from dsv4lib.ops.sparse import fake_args
     return compile_for_arch(SparseAttentionForwardSm90(SparseFwdConfig(gather=gather, split_kv=split_kv, **flags)),
@@ -46,7 +46,7 @@ def test_sparse_attention_build_is_the_batched_builds_device_code(split_kv):
     build's at B = 1, byte for byte: the unit modes reach the kernel with the batched layouts' types and values."""
     from _builds import device_code
     from dsv4lib.kernels.compile import compile_for_arch
-    from dsv4lib.kernels.sm90.config import SparseFwdConfig
+    from dsv4lib.kernels.sm90.sparse_config import SparseFwdConfig
     from dsv4lib.kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
     from dsv4lib.kernels.sm90.sparse_public import SparseAttentionPublicSm90
     from dsv4lib.ops.sparse import kernel_args
@@ -77,7 +77,7 @@ def test_hd512_attention_build_is_the_batched_builds_device_code(split_kv):
     build's on k[:, :, 0], byte for byte, unsplit and into the split workspace."""
     from _builds import device_code
     from dsv4lib.kernels.compile import compile_for_arch
-    from dsv4lib.kernels.sm90.config import SparseFwdConfig
+    from dsv4lib.kernels.sm90.sparse_config import SparseFwdConfig
     from dsv4lib.kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
     from dsv4lib.kernels.sm90.sparse_public import MQA512PublicSm90
     from dsv4lib.ops.sparse import kernel_args
@@ -189,7 +189,7 @@ def test_gather_only_build_has_the_producer_and_no_math():
 
 @pytest.mark.compile
 def test_gather_with_a_mask_is_refused():
-    from dsv4lib.kernels.sm90.config import SparseFwdConfig
+    from dsv4lib.kernels.sm90.sparse_config import SparseFwdConfig
     from dsv4lib.kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
     with pytest.raises(ValueError, match="index list"):
         SparseAttentionForwardSm90(SparseFwdConfig(gather=True, causal=True))
@@ -197,7 +197,7 @@ def test_gather_with_a_mask_is_refused():
 
 @pytest.mark.compile
 def test_schedule_knobs_are_checked():
-    from dsv4lib.kernels.sm90.config import SparseFwdConfig
+    from dsv4lib.kernels.sm90.sparse_config import SparseFwdConfig
     from dsv4lib.kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
     with pytest.raises(ValueError, match="schedule must be one of"):
         SparseAttentionForwardSm90(SparseFwdConfig(gather=True, schedule="pingpong"))
@@ -251,7 +251,7 @@ def schedule(request, monkeypatch):
     (``launch.cached_config``), keyed without the schedule: the test gets a config cache of its own, or the second
     schedule would silently reuse the first one's build (it did: the paired split path went untested, and a bug in
     it through)."""
-    from dsv4lib.kernels.sm90.config import SparseFwdConfig
+    from dsv4lib.kernels.sm90.sparse_config import SparseFwdConfig
     from dsv4lib.ops import launch
     chosen = SparseFwdConfig.for_problem.__func__
     built = []
@@ -368,7 +368,7 @@ def test_cluster_reduced_build_merges_through_dsmem():
     vectors) after it, two 16 B fp32 global stores per slice step, no local memory; refused outside split-KV on the
     columns schedule."""
     from dsv4lib.kernels.compile import compile_for_arch
-    from dsv4lib.kernels.sm90.config import SparseFwdConfig
+    from dsv4lib.kernels.sm90.sparse_config import SparseFwdConfig
     from dsv4lib.kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
     from dsv4lib.ops.sparse import fake_args
     k = compile_for_arch(SparseAttentionForwardSm90(SparseFwdConfig(gather=False, has_lse=True, split_kv=True, cluster_splits=8)),
@@ -447,7 +447,7 @@ def test_sm100_twin_builds_with_tmem_accumulators(gather, split_kv, flags):
     stores waited on, cp.async stages published behind a proxy fence, no spills."""
     import re
     from dsv4lib.kernels.compile import compile_for_arch
-    from dsv4lib.kernels.sm90.config import SparseFwdConfig
+    from dsv4lib.kernels.sm90.sparse_config import SparseFwdConfig
     from dsv4lib.kernels.sm100.sparse_fwd import SparseAttentionForwardSm100
     from dsv4lib.ops.sparse import fake_args
     k = compile_for_arch(SparseAttentionForwardSm100(SparseFwdConfig(gather=gather, split_kv=split_kv, **flags)),
@@ -479,7 +479,7 @@ def test_skip_mma_builds_leave_out_exactly_one_mma():
     pv = lambda k: k.count(r"wgmma\.mma_async\.sync\.aligned\.m64n256k16")
     assert (qk(no_qk), pv(no_qk)) == (0, pv(full)) and (qk(no_pv), pv(no_pv)) == (qk(full), 0)
     assert k_bars(no_qk) == k_bars(full) == k_bars(no_pv)
-    from dsv4lib.kernels.sm90.config import SparseFwdConfig
+    from dsv4lib.kernels.sm90.sparse_config import SparseFwdConfig
     from dsv4lib.kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
     with pytest.raises(ValueError, match="skip_mma"):
         SparseAttentionForwardSm90(SparseFwdConfig(gather=True, skip_mma="softmax"))
@@ -602,7 +602,7 @@ def test_sparse_hard_inputs_match_the_reference(case, schedule):
 def test_gpu_checks_catch_a_broken_kernel(broken):
     """The checks every GPU test uses fail on kernels known to be wrong: the producer-only benchmark build (output
     never written: NaN from the poisoned allocation) and the builds that leave out one MMA (every row wrong)."""
-    from dsv4lib.kernels.sm90.config import SparseFwdConfig
+    from dsv4lib.kernels.sm90.sparse_config import SparseFwdConfig
     from dsv4lib.ops.sparse import run_config
     gen = torch.Generator().manual_seed(fresh_seed())
     q = torch.randn(16, 64, 512, generator=gen).to("cuda", torch.bfloat16)

@@ -16,7 +16,7 @@ from gpu_checks import check_output, cosine, fresh_seed
 # ------------------------------------------------------------------------------------------------ builds (CPU)
 def _build_decode(extra, split_kv, arch="sm_90a", head_pair_cluster=False, regs=None):
     from dsv4lib.kernels.compile import compile_for_arch
-    from dsv4lib.kernels.sm90.config import Model1DecodeConfig
+    from dsv4lib.kernels.sm90.sparse_config import Model1DecodeConfig
     from dsv4lib.kernels.sm90.model1_decode import Model1DecodeSm90
     from dsv4lib.ops.decode import fake_args
     config = Model1DecodeConfig.for_decode(extra_cache=extra, topk_length=extra, extra_topk_length=extra,
@@ -82,7 +82,7 @@ def test_max_swap_candidate_builds_whole_wgmma_stages(head_pair_cluster, split_k
 
 def test_the_model1_decode_refuses_another_schedule():
     """Only the paired schedule reads MODEL1 pages (FlashMLA's consumer split was measured slower and removed)."""
-    from dsv4lib.kernels.sm90.config import Model1DecodeConfig
+    from dsv4lib.kernels.sm90.sparse_config import Model1DecodeConfig
     with pytest.raises(ValueError, match="paired"):
         Model1DecodeConfig(extra_cache=True, schedule="columns")
 
@@ -146,7 +146,7 @@ def test_unsplit_decode_build_takes_the_outputs_as_returned(heads):
     build's byte for byte — H = 128 with the head-pair cluster too."""
     from _builds import device_code
     from dsv4lib.kernels.compile import compile_for_arch
-    from dsv4lib.kernels.sm90.config import Model1DecodeConfig
+    from dsv4lib.kernels.sm90.sparse_config import Model1DecodeConfig
     from dsv4lib.kernels.sm90.model1_decode import Model1DecodeSm90
     from dsv4lib.kernels.sm90.sparse_public import Model1DecodePublicSm90
     from dsv4lib.ops.decode import decode_args

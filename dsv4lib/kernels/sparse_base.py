@@ -9,7 +9,7 @@ import cutlass.cute as cute
 from cutlass import Int32, const_expr
 
 from .block_info import BlockInfo
-from .sm90.config import SparseFwdConfig
+from .sm90.sparse_config import SparseFwdConfig
 
 HEAD_DIM = 512
 TILE_H = 64            # query heads per CTA = the MMA M

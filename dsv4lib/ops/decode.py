@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from ..kernels.sm90.config import Model1DecodeConfig
+from ..kernels.sm90.sparse_config import Model1DecodeConfig
 from ..kernels.splitkv import nonempty_splits
 from .attention import check_sink
 from .combine import combine_launcher

@@ -2,14 +2,14 @@
 with K = V, 64 query heads per CTA packed as the MMA M dimension
 (:class:`dsv4lib.kernels.sm90.sparse_fwd.SparseAttentionForwardSm90`).  Same semantics as
 :func:`dsv4lib.reference.sparse_attention` / :func:`dsv4lib.reference.attention`.  Validate, pick a frozen build
-(:class:`dsv4lib.kernels.sm90.config.SparseFwdConfig`) and a split count, launch."""
+(:class:`dsv4lib.kernels.sm90.sparse_config.SparseFwdConfig`) and a split count, launch."""
 from __future__ import annotations
 
 import math
 
 import torch
 
-from ..kernels.sm90.config import SparseFwdConfig
+from ..kernels.sm90.sparse_config import SparseFwdConfig
 from ..kernels.splitkv import nonempty_splits
 from .attention import check_sink
 from .combine import combine_launcher

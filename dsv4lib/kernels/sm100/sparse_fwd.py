@@ -41,7 +41,7 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, tcgen05
 from ..common import launch_stream, sm100_allocate_tmem, sm100_softmax_handshakes
 from ..layouts import row_major_smem_layout, transposed_view
 from ..softmax import finish_row, online_softmax_row
-from ..sm90.config import SparseFwdConfig
+from ..sm90.sparse_config import SparseFwdConfig
 from ..sparse_base import HALF, HEAD_DIM, TILE_H, TILE_N, SparseAttentionBase, as_global
 
 S_LANE_BASE = 16          # S in the lanes an M=64 accumulator at base 0 (O) leaves free

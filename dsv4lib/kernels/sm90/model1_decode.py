@@ -47,7 +47,7 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 
 from ..common import gmem_view, inline_ptx, launch_stream
 from ..sparse_base import HALF, HEAD_DIM, TILE_N, as_global
-from .config import Model1DecodeConfig
+from .sparse_config import Model1DecodeConfig
 from .sparse_fwd import HALF_TILE_ORDER, SparseAttentionForwardSm90, half_tile_pipelines
 
 NOPE_DIMS = 448

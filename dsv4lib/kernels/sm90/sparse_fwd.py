@@ -78,7 +78,7 @@ from ..common import convert_to_bf16_pairs, exp2, launch_stream, tma_store_tile
 from ..layouts import acc_layout_as_operand_a, acc_layout_rows_cols, row_major_smem_layout, transposed_view
 from ..softmax import LN_2, LOG2_E, finish_row, online_softmax, rescale_rows
 from ..sparse_base import HALF, HEAD_DIM, TILE_H, TILE_N, SparseAttentionBase, as_global
-from .config import SparseFwdConfig
+from .sparse_config import SparseFwdConfig
 from .wgmma import gemm
 
 # named barrier ids (0 is __syncthreads)

@@ -1,0 +1,83 @@
+"""Frozen build configurations of the hd512 MQA kernels: the sparse / dense-range kernel of D6 and the hd512 decode
+(:class:`SparseFwdConfig`) and the D7 decode over FP8 MODEL1 pages (:class:`Model1DecodeConfig`).  Beside the dense
+kernel's configs (:mod:`.config`), not inside them, so that a change here leaves the dense stages' recorded results
+current (each stage's ``depends`` in stages/stages.toml names the files it was measured with)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .config import _Config
+
+SPARSE_SCHEDULES = ("columns", "paired")
+CLUSTER_SIZES = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True)
+class SparseFwdConfig(_Config):
+    """:class:`dsv4lib.kernels.sm90.sparse_fwd.SparseAttentionForwardSm90` (D6 and the hd512 MQA decode)."""
+    gather: bool                    # keys listed per query (indices) or a dense causal / windowed range
+    causal: bool = False
+    window: bool = False
+    sink: bool = False
+    has_lse: bool = False
+    split_kv: bool = False
+    schedule: str = "columns"       # how the two consumer warpgroups share a tile (kernel docstring)
+    cluster_splits: int = 1         # C splits of a query merge on chip through DSMEM (dense split decode)
+    gather_only: bool = False       # benchmark only: the producer alone, no math, output unwritten
+    skip_mma: str | None = None     # benchmark only: "qk" or "pv" left out (wrong output), columns schedule
+
+    def check(self) -> None:
+        if self.gather and (self.causal or self.window):
+            raise ValueError("gathered keys come with their own index list: no causal / window mask on top")
+        if self.split_kv and self.sink:
+            raise ValueError("with split-KV the sink belongs to the combine kernel, not to the splits")
+        if self.schedule not in SPARSE_SCHEDULES:
+            raise ValueError(f"schedule must be one of {SPARSE_SCHEDULES}, got {self.schedule!r}")
+        if self.cluster_splits not in CLUSTER_SIZES:
+            raise ValueError(f"cluster_splits must be one of {CLUSTER_SIZES} (a portable cluster), "
+                             f"got {self.cluster_splits}")
+        if self.cluster_splits > 1 and (not self.split_kv or self.schedule != "columns" or self.gather_only):
+            raise ValueError("cluster_splits reduces the split partials of the columns schedule (split_kv=True, "
+                             "schedule='columns', not gather_only)")
+        if self.skip_mma not in (None, "qk", "pv"):
+            raise ValueError(f"skip_mma must be None, 'qk' or 'pv', got {self.skip_mma!r}")
+        if self.skip_mma is not None and self.schedule != "columns":
+            raise ValueError("skip_mma is a knob of the columns schedule")
+
+    @classmethod
+    def for_problem(cls, *, gather: bool, causal: bool = False, window: bool = False, sink: bool = False,
+                    split_kv: bool = False, cluster_splits: int = 1) -> "SparseFwdConfig":
+        # gathered keys: paired schedule (whole tiles in turn, half-tile pipelines): 423 vs 369 TFLOP/s at h64 K640;
+        # dense keys: columns (the long-KV split decode: 44.2 vs 47.8 us at H64 KV64k)
+        return cls(gather=gather, causal=causal, window=window, sink=sink and not split_kv, has_lse=True, split_kv=split_kv,
+                   schedule="paired" if gather else "columns", cluster_splits=cluster_splits)
+
+
+@dataclass(frozen=True)
+class Model1DecodeConfig(SparseFwdConfig):
+    """:class:`dsv4lib.kernels.sm90.model1_decode.Model1DecodeSm90` (D7): the gathered hd512 kernel reading its keys
+    from FP8 MODEL1 pages, one index list per cache.  Always the paired schedule (its half-tile fills are what the
+    dequantizing producer overlaps with the MMAs; FlashMLA's consumer split and two half-tiles of loads in flight
+    measured slower: docs/tuning/d7.md, session 32)."""
+    gather: bool = True
+    schedule: str = "paired"
+    extra_cache: bool = False       # a second cache (the compressed one) with its own index list
+    topk_length: bool = False       # per-batch valid lengths of the main list
+    extra_topk_length: bool = False  # ... of the extra list
+    # H = 128: the token's two head-group CTAs form a cluster and each dequantizes half of every half-tile's rows into
+    # both CTAs' buffers (the crossover; model1_decode's module docstring)
+    head_pair_cluster: bool = False
+
+    def check(self) -> None:
+        super().check()
+        if (not self.gather or self.schedule != "paired" or self.gather_only or self.skip_mma is not None
+                or self.cluster_splits != 1):
+            raise ValueError("the MODEL1 decode is the gathered, paired kernel (no benchmark knobs, no split clusters)")
+        if self.extra_topk_length and not self.extra_cache:
+            raise ValueError("extra_topk_length needs extra_cache")
+
+    @classmethod
+    def for_decode(cls, *, extra_cache: bool, topk_length: bool, extra_topk_length: bool, sink: bool,
+                   split_kv: bool, head_pair_cluster: bool = False) -> "Model1DecodeConfig":
+        return cls(sink=sink and not split_kv, has_lse=True, split_kv=split_kv, extra_cache=extra_cache,
+                   topk_length=topk_length, extra_topk_length=extra_topk_length, head_pair_cluster=head_pair_cluster)
