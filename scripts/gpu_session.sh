@@ -46,8 +46,8 @@ for w in $what; do
     d1)       { timeout 240 python scripts/sweep_d1.py --head-dim 64 --causal 1;
                 timeout 240 python scripts/sweep_d1.py --head-dim 256 --causal 1; } 2>&1 | tee "$out/logs/d1.txt" \
                 | grep "^{\|refused" ;;
-    d7ab)     { timeout 200 python scripts/probe_d7.py --shapes 0,2,3,4 --variants full,regs216,regs216p80,max_swap;
-                timeout 200 python scripts/probe_d7.py --shapes 0,2,3,4 --variants max_swap,regs216p80,regs216,full;
+    d7ab)     { timeout 200 python scripts/probe_d7.py --shapes 0,2,3,4 --variants full,regs216,regs216p80,max_swap,swap216;
+                timeout 200 python scripts/probe_d7.py --shapes 0,2,3,4 --variants swap216,max_swap,regs216p80,regs216,full;
                 timeout 200 python scripts/probe_d6.py --variants full,regs216,max_swap --pool-rows 262144; } 2>&1 \
                 | tee "$out/logs/d7ab.txt" | grep -v "^\s*$" | tail -n 12 ;;
     bench)    { timeout 120 python scripts/bench_sparse.py; timeout 60 python scripts/bench_nvfp4.py;

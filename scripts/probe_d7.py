@@ -15,6 +15,7 @@ garbage in every variant but ``full`` — this is a measurement, never a result.
   regs216p80    the same with the producer at 80 (128 · (80 + 2 · 216) = the whole register file); right too
   max_swap      the paired consumers agree on a pair's row max by one swap (both softmaxes at once, P never
                 rescaled: SparseAttentionForwardSm90.PAIR_MAX_SWAP) instead of the chain; right too (not bit-equal)
+  swap216       max_swap with regs216's registers (72 / 216; spill-free too): the two together; right too
   idle_producer producer fetches key records and arrives, nothing loaded, converted or stored (consumer-bound)
   no_mma        consumers' wgmmas removed (producer-bound, softmax and barriers kept)
   floor         idle producer and no wgmma: launch, Q, records, barriers, softmax, epilogue
@@ -110,6 +111,7 @@ VARIANTS = {
     "regs216": dict(regs=(72, 216)),
     "regs216p80": dict(regs=(80, 216)),
     "max_swap": dict(max_swap=True),
+    "swap216": dict(max_swap=True, regs=(72, 216)),
     "idle_producer": dict(load_row=nothing, fill=nothing),
     "no_mma": dict(gemm=nothing),
     "floor": dict(load_row=nothing, fill=nothing, gemm=nothing),
