@@ -31,6 +31,23 @@ def _poison(t: torch.Tensor) -> torch.Tensor:
 
 
 @contextlib.contextmanager
+def rebuilt_with(monkeypatch, cls, **class_attrs):
+    """Inside: every build of ``cls`` (and its subclasses) compiled afresh with ``class_attrs`` set on the class — an
+    A/B candidate's switch that no config and so no compile key holds (the call plans and compiled functions are
+    dropped on entry and on exit, so neither side reuses the other's build)."""
+    from dsv4lib.ops import launch
+    for name, value in class_attrs.items():
+        monkeypatch.setattr(cls, name, value)
+    launch.forget_plans()
+    launch._COMPILED.clear()
+    try:
+        yield
+    finally:
+        launch.forget_plans()
+        launch._COMPILED.clear()
+
+
+@contextlib.contextmanager
 def poisoned_outputs():
     """Inside: every tensor the library allocates with ``torch.empty`` / ``empty_like`` / ``new_empty`` is NaN (integer
     ones 0xFF bytes), and the cached split-KV workspaces are poisoned first — so a region a kernel fails to write

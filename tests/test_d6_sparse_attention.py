@@ -6,7 +6,7 @@ import torch
 
 import dsv4lib
 from dsv4lib import reference
-from gpu_checks import check_output, fresh_seed
+from gpu_checks import check_output, fresh_seed, rebuilt_with
 
 
 
@@ -535,7 +535,6 @@ def test_candidate_max_swap_matches_the_reference(Sq, H, K, splits, monkeypatch)
     instead of the chain) against float64: invalid and duplicate entries, a query with no key, H 64 and 128, split
     (odd tile counts: lone pairs), K not a multiple of 64, and the LSE."""
     from dsv4lib.kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
-    from dsv4lib.ops import launch
     gen = torch.Generator().manual_seed(fresh_seed())
     Skv = 5000
     q = torch.randn(Sq, H, 512, generator=gen).to("cuda", torch.bfloat16)
@@ -545,14 +544,8 @@ def test_candidate_max_swap_matches_the_reference(Sq, H, K, splits, monkeypatch)
     idx[0, :] = -1
     idx = idx.cuda()
     sink = (torch.randn(H, generator=gen) * 2).cuda() if splits == 1 else None
-    monkeypatch.setattr(SparseAttentionForwardSm90, "PAIR_MAX_SWAP", True)
-    launch.forget_plans()
-    launch._COMPILED.clear()
-    try:
+    with rebuilt_with(monkeypatch, SparseAttentionForwardSm90, PAIR_MAX_SWAP=True):
         out, lse = dsv4lib.sparse_attention(q, kv, idx, sink=sink, return_lse=True, num_splits=splits)
-    finally:
-        launch.forget_plans()
-        launch._COMPILED.clear()
     ref, ref_lse = reference.sparse_attention(q.double(), kv.double(), idx, sink=None if sink is None else sink.double(),
                                               return_lse=True)
     check_output(out, ref)

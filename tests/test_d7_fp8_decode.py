@@ -9,7 +9,7 @@ import torch
 
 import dsv4lib
 from dsv4lib.reference import model1 as M
-from gpu_checks import check_output, cosine, fresh_seed
+from gpu_checks import check_output, cosine, fresh_seed, rebuilt_with
 
 
 
@@ -356,20 +356,12 @@ def test_candidate_consumer_registers_give_the_same_bits(B, H, num_splits, monke
     """probe_d7's ``regs216`` (consumers 216 / producer 72 registers): the same instructions' results, so the same
     bits as the shipped build — unsplit at H 64 and 128 (the head-pair cluster), and B1 split (lone pairs)."""
     from dsv4lib.kernels.sm90.model1_decode import Model1DecodeSm90
-    from dsv4lib.ops import launch
     gen = torch.Generator().manual_seed(fresh_seed())
     q, main, idx, kw = _decode_inputs(B, 1, H, True, True, True, gen)
     splits = dict(num_splits=num_splits) if num_splits else {}
     shipped = dsv4lib.sparse_decode(q, main, idx, **kw, **splits)
-    monkeypatch.setattr(Model1DecodeSm90, "PAIRED_PRODUCER_REGS", 72)
-    monkeypatch.setattr(Model1DecodeSm90, "PAIRED_CONSUMER_REGS", 216)
-    launch.forget_plans()                      # the plan of the first call holds the shipped build
-    launch._COMPILED.clear()
-    try:
+    with rebuilt_with(monkeypatch, Model1DecodeSm90, PAIRED_PRODUCER_REGS=72, PAIRED_CONSUMER_REGS=216):
         more = dsv4lib.sparse_decode(q, main, idx, **kw, **splits)
-    finally:
-        launch.forget_plans()
-        launch._COMPILED.clear()
     assert torch.equal(shipped, more)
     check_output(more, _reference(q, main, idx, kw)[0])
 
@@ -382,18 +374,11 @@ def test_candidate_max_swap_matches_the_reference(B, H, num_splits, monkeypatch)
     of at warpgroup 0's max and again after its rescale): unsplit at H 64 and 128 (the head-pair cluster), B1 split
     (every pair lone), invalid entries, lengths, sink, and the LSE."""
     from dsv4lib.kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
-    from dsv4lib.ops import launch
     gen = torch.Generator().manual_seed(fresh_seed())
     q, main, idx, kw = _decode_inputs(B, 1, H, True, True, True, gen)
     splits = dict(num_splits=num_splits) if num_splits else {}
-    monkeypatch.setattr(SparseAttentionForwardSm90, "PAIR_MAX_SWAP", True)
-    launch.forget_plans()
-    launch._COMPILED.clear()                   # the builds of the shipped consumers: not keyed by the class flag
-    try:
+    with rebuilt_with(monkeypatch, SparseAttentionForwardSm90, PAIR_MAX_SWAP=True):
         out, lse = dsv4lib.sparse_decode(q, main, idx, **kw, **splits, return_lse=True)
-    finally:
-        launch.forget_plans()
-        launch._COMPILED.clear()
     ref_out, ref_lse = _reference(q, main, idx, kw)
     check_output(out, ref_out)
     seen = torch.isfinite(ref_lse)

@@ -26,11 +26,7 @@ def online_softmax(acc_S_rc, row_max, row_sum, softmax_scale_log2, acc_O_rc, cor
     # one dependent fmax / fadd chain per row: the other consumer warpgroup hides its latency (FA4's four chains
     # joined by a tree measured no faster here: docs/tuning/d1_d5.md)
     for r in cutlass.range_constexpr(cute.size(row_max)):
-        mx = acc_S_rc[r, 0]
-        for c in cutlass.range_constexpr(1, cute.size(acc_S_rc, mode=[1])):
-            mx = cute.arch.fmax(mx, acc_S_rc[r, c])
-        mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=2))
-        mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=1))
+        mx = quad_row_max(acc_S_rc, r)
         new_max, new_sum, correction = online_softmax_row(acc_S_rc[r, None], mx, row_max[r], row_sum[r],
                                                           softmax_scale_log2,
                                                           None if floor_max is None else floor_max[r])
@@ -41,6 +37,17 @@ def online_softmax(acc_S_rc, row_max, row_sum, softmax_scale_log2, acc_O_rc, cor
                 acc_O_rc[r, c] = acc_O_rc[r, c] * correction
         else:
             corrections[r] = correction
+
+
+@cute.jit
+def quad_row_max(acc_S_rc, r):
+    """The max of score row ``r`` over the whole tile: this thread's columns, then its quad's (the 4 threads that
+    share a row of an m64 wgmma accumulator)."""
+    mx = acc_S_rc[r, 0]
+    for c in cutlass.range_constexpr(1, cute.size(acc_S_rc, mode=[1])):
+        mx = cute.arch.fmax(mx, acc_S_rc[r, c])
+    mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=2))
+    return cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=1))
 
 
 @cute.jit

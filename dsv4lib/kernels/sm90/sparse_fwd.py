@@ -76,7 +76,7 @@ from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from ..common import convert_to_bf16_pairs, exp2, launch_stream, tma_store_tile
 from ..layouts import acc_layout_as_operand_a, acc_layout_rows_cols, row_major_smem_layout, transposed_view
-from ..softmax import LN_2, LOG2_E, finish_row, online_softmax, rescale_rows
+from ..softmax import LN_2, LOG2_E, finish_row, online_softmax, quad_row_max, rescale_rows
 from ..sparse_base import HALF, HEAD_DIM, TILE_H, TILE_N, SparseAttentionBase, as_global
 from .sparse_config import SparseFwdConfig
 from .wgmma import gemm
@@ -914,13 +914,8 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
         the next pair's write cannot overtake the read.  A lone pair (no odd tile): warpgroup 1's P is all zero — it
         multiplies only warpgroup 0's P, and warpgroup 0 only its own; the barriers are the same on every pair."""
         n_rows = cute.size(tScS_rc, mode=[0])
-        n_cols = cute.size(tScS_rc, mode=[1])
         for r in cutlass.range_constexpr(n_rows):
-            mx = acc_S_rc[r, 0]
-            for c in cutlass.range_constexpr(1, n_cols):
-                mx = cute.arch.fmax(mx, acc_S_rc[r, c])
-            mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=2))
-            mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=1))
+            mx = quad_row_max(acc_S_rc, r)
             if wtid % 4 == 0:
                 sMax[w * TILE_H + tScS_rc[r, 0][0]] = mx
         cute.arch.barrier(barrier_id=PAIR_MAX, number_of_threads=256)
