@@ -237,16 +237,14 @@ def main():
         apply("full")
         return
     variants = (args.variants or ",".join(VARIANTS)).split(",")
-    table = {}
+    # each row as soon as it is measured (flushed): a run cut off by its time limit still shows what it measured
+    print(f"{torch.cuda.get_device_name()}: device µs per call (graph replay)", flush=True)
+    print(f"{'variant':<14}" + "".join(f"  B{c.B:<3} H{c.H:<4}" for c in cases), flush=True)
     for v in variants:
         apply(v)
-        for c in cases:
-            table[v, c.B, c.H] = time_graph(d7.ours_fn(c), c.sets).per_call_ms * 1e3
+        row = [time_graph(d7.ours_fn(c), c.sets).per_call_ms * 1e3 for c in cases]
+        print(f"{v:<14}" + "".join(f"  {t:9.1f}" for t in row), flush=True)
     apply("full")
-    print(f"{torch.cuda.get_device_name()}: device µs per call (graph replay)")
-    print(f"{'variant':<14}" + "".join(f"  B{c.B:<3} H{c.H:<4}" for c in cases))
-    for v in variants:
-        print(f"{v:<14}" + "".join(f"  {table[v, c.B, c.H]:9.1f}" for c in cases))
 
 
 if __name__ == "__main__":
