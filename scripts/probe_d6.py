@@ -9,10 +9,8 @@ prefill shapes (every index valid, so ``no_key_mask`` computes the same result).
                       Shipped since: ``HEAD_GROUP_FASTEST`` (x = token · head groups + head group, FlashMLA's order:
                       the two CTAs launch side by side and the second finds the rows in L2).  Same output.
   regs216             the consumers at 216 registers and the producer at 72 (shipped 208 / 88; both spill-free,
-                      ptxas -v, session 32 — the D7 decode lost 6-9 % at H128 with its consumers at 200, so more may
-                      help).  Same output.
-  max_swap            the paired consumers agree on a pair's row max by one swap, not the chain
-                      (``PAIR_MAX_SWAP``: both softmaxes at once, P never rescaled).  Close, not bit-equal.
+                      ptxas -v).  Session 33, H100, 256 MiB pool: 331 / 333 / 464 / 314 TFLOP/s against the shipped
+                      331 / 336 / 469 / 314 — not adopted.  Same output.
 
 (The L2-hint variants of session 28 — FlashMLA's ``L2::256B`` prefetch and evict-last policy on the gather's
 copies — were a copy of ``gather_pairs`` that drifted from the shipped one and stopped compiling; removed in session
@@ -22,7 +20,7 @@ copies — were a copy of ``gather_pairs`` that drifted from the shipped one and
 measurements of session 25); the D6 notebook's FlashMLA section draws from 2^18 rows (256 MiB), where H = 128 read
 427 TFLOP/s against FlashMLA's 496 while H = 64 tied (session 27, token-fastest grid) — the order was the suspect.
 
-Usage: python scripts/probe_d6.py [--variants full,no_key_mask,token_fastest,regs216,max_swap]
+Usage: python scripts/probe_d6.py [--variants full,no_key_mask,token_fastest,regs216]
                                   [--pool-rows N]"""
 import argparse
 
@@ -50,8 +48,6 @@ def patch(cls, variant: str, original: dict) -> None:
         cls.HEAD_GROUP_FASTEST = False
     elif variant == "regs216":
         cls.PAIRED_PRODUCER_REGS, cls.PAIRED_CONSUMER_REGS = 72, 216
-    elif variant == "max_swap":
-        cls.PAIR_MAX_SWAP = True
     elif variant != "full":
         raise SystemExit(f"unknown variant {variant!r}")
     launch._COMPILED.clear()
@@ -64,7 +60,7 @@ def main():
     args = ap.parse_args()
     cls = SparseAttentionForwardSm90                   # its is_real_key reads the producer's flags or the index list
     original = {name: cls.__dict__[name] for name in ("is_real_key", "HEAD_GROUP_FASTEST", "PAIRED_PRODUCER_REGS",
-                                                      "PAIRED_CONSUMER_REGS", "PAIR_MAX_SWAP")}
+                                                      "PAIRED_CONSUMER_REGS")}
     gen = torch.Generator(device="cuda").manual_seed(0)
     shapes = ((4096, 64, 640), (16384, 64, 640), (4096, 128, 1152), (1024, 64, 640))
     print(f"{torch.cuda.get_device_name()}: TFLOP/s by graph replay (sink, num_splits=1)")

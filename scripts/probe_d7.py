@@ -11,11 +11,8 @@ garbage in every variant but ``full`` — this is a measurement, never a result.
   l2_256        the key-byte loads with an L2::256B prefetch hint (FlashMLA's); the output is right in this one
   no_crossover  H = 128 without the head-pair cluster (each CTA dequantizes every row); right too
   regs216       the consumers at 216 registers, the producer at 72 (shipped 208 / 88; both spill-free, ptxas -v):
-                session 32 measured 200 consumer registers 6-9 % slower at H128 — are more registers faster?; right too
-  regs216p80    the same with the producer at 80 (128 · (80 + 2 · 216) = the whole register file); right too
-  max_swap      the paired consumers agree on a pair's row max by one swap (both softmaxes at once, P never
-                rescaled: SparseAttentionForwardSm90.PAIR_MAX_SWAP) instead of the chain; right too (not bit-equal)
-  swap216       max_swap with regs216's registers (72 / 216; spill-free too): the two together; right too
+                session 33 on the H100 13.5 / 51.2 / 70.4 / 135.4 µs against 13.0 / 50.6 / 70.5 / 136.9 — noise at
+                H128, slower at H64: not adopted (200 registers cost 6-9 % at H128, session 32); right too
   idle_producer producer fetches key records and arrives, nothing loaded, converted or stored (consumer-bound)
   no_mma        consumers' wgmmas removed (producer-bound, softmax and barriers kept)
   floor         idle producer and no wgmma: launch, Q, records, barriers, softmax, epilogue
@@ -45,8 +42,7 @@ ORIGINAL = dict(convert=md.e4m3x2_to_bf16x2, load_row=md.Model1DecodeSm90.load_r
                 fill=md.Model1DecodeSm90.fill_half_tile, gemm=sf.gemm, rope_lane=md.ROPE_LANE,
                 slot=md.Model1DecodeSm90.producer_slot,
                 placed_max=md.PLACED_SCALE_MAX, crossover=decode.HEAD_PAIR_CLUSTER,
-                regs=(md.Model1DecodeSm90.PAIRED_PRODUCER_REGS, md.Model1DecodeSm90.PAIRED_CONSUMER_REGS),
-                max_swap=sf.SparseAttentionForwardSm90.PAIR_MAX_SWAP)
+                regs=(md.Model1DecodeSm90.PAIRED_PRODUCER_REGS, md.Model1DecodeSm90.PAIRED_CONSUMER_REGS))
 
 
 @dsl_user_op
@@ -109,9 +105,6 @@ VARIANTS = {
     "l2_256": dict(load_row=load_row_l2_256),
     "no_crossover": dict(crossover=False),
     "regs216": dict(regs=(72, 216)),
-    "regs216p80": dict(regs=(80, 216)),
-    "max_swap": dict(max_swap=True),
-    "swap216": dict(max_swap=True, regs=(72, 216)),
     "idle_producer": dict(load_row=nothing, fill=nothing),
     "no_mma": dict(gemm=nothing),
     "floor": dict(load_row=nothing, fill=nothing, gemm=nothing),
@@ -215,7 +208,6 @@ def apply(variant: str) -> None:
     md.PLACED_SCALE_MAX = parts["placed_max"]
     decode.HEAD_PAIR_CLUSTER = parts["crossover"]
     md.Model1DecodeSm90.PAIRED_PRODUCER_REGS, md.Model1DecodeSm90.PAIRED_CONSUMER_REGS = parts["regs"]
-    sf.SparseAttentionForwardSm90.PAIR_MAX_SWAP = parts["max_swap"]
     launch.forget_plans()
     launch._COMPILED.clear()
 

@@ -6,7 +6,7 @@ import torch
 
 import dsv4lib
 from dsv4lib import reference
-from gpu_checks import check_output, fresh_seed, rebuilt_with
+from gpu_checks import check_output, fresh_seed
 
 
 
@@ -526,32 +526,6 @@ def test_gathered_split_with_an_odd_tile_count_counts_each_key_once(K, splits, s
     ref, ref_lse = reference.sparse_attention(q.double(), kv.double(), idx, return_lse=True)
     check_output(out, ref)
     torch.testing.assert_close(lse.double(), ref_lse, atol=2e-3, rtol=1e-4)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("Sq,H,K,splits", [(37, 64, 640, 1), (9, 128, 1152, 1), (3, 64, 1152, 4), (20, 64, 100, 1)])
-def test_candidate_max_swap_matches_the_reference(Sq, H, K, splits, monkeypatch):
-    """The A/B candidate ``PAIR_MAX_SWAP`` on the bf16 gathered kernel (paired consumers: one swap of the row max
-    instead of the chain) against float64: invalid and duplicate entries, a query with no key, H 64 and 128, split
-    (odd tile counts: lone pairs), K not a multiple of 64, and the LSE."""
-    from dsv4lib.kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
-    gen = torch.Generator().manual_seed(fresh_seed())
-    Skv = 5000
-    q = torch.randn(Sq, H, 512, generator=gen).to("cuda", torch.bfloat16)
-    kv = torch.randn(Skv, 512, generator=gen).to("cuda", torch.bfloat16)
-    idx = torch.randint(0, Skv, (Sq, K), generator=gen, dtype=torch.int32)
-    idx[torch.rand(Sq, K, generator=gen) < 0.1] = -1
-    idx[0, :] = -1
-    idx = idx.cuda()
-    sink = (torch.randn(H, generator=gen) * 2).cuda() if splits == 1 else None
-    with rebuilt_with(monkeypatch, SparseAttentionForwardSm90, PAIR_MAX_SWAP=True):
-        out, lse = dsv4lib.sparse_attention(q, kv, idx, sink=sink, return_lse=True, num_splits=splits)
-    ref, ref_lse = reference.sparse_attention(q.double(), kv.double(), idx, sink=None if sink is None else sink.double(),
-                                              return_lse=True)
-    check_output(out, ref)
-    assert out[0].abs().max().item() == 0 and torch.isinf(lse[0]).all()
-    ok = torch.isfinite(ref_lse)
-    torch.testing.assert_close(lse.double()[ok], ref_lse[ok], atol=2e-3, rtol=1e-4)
 
 
 @pytest.mark.gpu

@@ -9,22 +9,19 @@ import torch
 
 import dsv4lib
 from dsv4lib.reference import model1 as M
-from gpu_checks import check_output, cosine, fresh_seed, rebuilt_with
+from gpu_checks import check_output, cosine, fresh_seed
 
 
 
 # ------------------------------------------------------------------------------------------------ builds (CPU)
-def _build_decode(extra, split_kv, arch="sm_90a", head_pair_cluster=False, regs=None):
+def _build_decode(extra, split_kv, arch="sm_90a", head_pair_cluster=False):
     from dsv4lib.kernels.compile import compile_for_arch
     from dsv4lib.kernels.sm90.sparse_config import Model1DecodeConfig
     from dsv4lib.kernels.sm90.model1_decode import Model1DecodeSm90
     from dsv4lib.ops.decode import fake_args
     config = Model1DecodeConfig.for_decode(extra_cache=extra, topk_length=extra, extra_topk_length=extra,
                                            sink=not split_kv, split_kv=split_kv, head_pair_cluster=head_pair_cluster)
-    kernel = Model1DecodeSm90(config)
-    if regs is not None:                     # (producer, consumer) registers of an A/B candidate
-        kernel.producer_regs, kernel.consumer_regs = regs
-    return compile_for_arch(kernel, *fake_args(extra, split_kv, heads=128 if head_pair_cluster else 64), arch=arch)
+    return compile_for_arch(Model1DecodeSm90(config), *fake_args(extra, split_kv, heads=128 if head_pair_cluster else 64), arch=arch)
 
 
 @pytest.mark.compile
@@ -43,41 +40,6 @@ def test_head_pair_build_converts_half_the_rows_and_stores_them_into_the_peer(sp
     assert k.count(r"mapa") >= 1
     assert k.count(r"barrier\.cluster\.arrive") >= 1 and k.count(r"barrier\.cluster\.wait") >= 1
     assert k.count(r"\.local") == 0
-
-
-@pytest.mark.compile
-@pytest.mark.parametrize("head_pair_cluster,split_kv", [(False, False), (True, False), (True, True)])
-def test_consumer_register_candidate_fits_without_spills(head_pair_cluster, split_kv):
-    """The A/B candidate of probe_d7's ``regs216``: the consumers at 216 registers and the producer at 72 (shipped
-    208 / 88; 200 for the consumers measured 6-9 % slower at H128, session 32).  Both sides fit: no spill, no
-    serialized wgmma, and the counts are what setmaxnreg asks (.dec / .inc from the launch's 168)."""
-    k = _build_decode(True, split_kv, head_pair_cluster=head_pair_cluster, regs=(72, 216))
-    assert k.count(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+72") == 1
-    assert k.count(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+216") == 1      # both consumer warpgroups
-    report = k.ptxas_report()
-    if report is not None and "Unsupported .version" not in report:
-        spills = [int(s) for s in re.findall(r"(\d+) bytes spill stores", report)]
-        assert spills and max(spills) == 0, report
-        assert "C7514" not in report, report[-800:]
-
-
-@pytest.mark.compile
-@pytest.mark.parametrize("head_pair_cluster,split_kv", [(False, True), (True, False)])
-def test_max_swap_candidate_builds_whole_wgmma_stages(head_pair_cluster, split_kv, monkeypatch):
-    """The A/B candidate ``PAIR_MAX_SWAP`` (probe_d7's ``max_swap``): the paired consumers meet once per pair at
-    the max barrier (a bar.sync in both warpgroups, not an arrive / sync chain), every wgmma stage inside the
-    branch that issued it (no C7514), and no spill at the shipped registers."""
-    from dsv4lib.kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
-    shipped = _build_decode(True, split_kv, head_pair_cluster=head_pair_cluster)
-    monkeypatch.setattr(SparseAttentionForwardSm90, "PAIR_MAX_SWAP", True)
-    k = _build_decode(True, split_kv, head_pair_cluster=head_pair_cluster)
-    assert k.count(r"bar\.arrive") == shipped.count(r"bar\.arrive") - 1       # the chain's max arrive is gone
-    assert k.count(r"bar\.sync") == shipped.count(r"bar\.sync") + 1
-    report = k.ptxas_report()
-    if report is not None and "Unsupported .version" not in report:
-        spills = [int(s) for s in re.findall(r"(\d+) bytes spill stores", report)]
-        assert spills and max(spills) == 0, report
-        assert "C7514" not in report, report[-800:]
 
 
 def test_the_model1_decode_refuses_another_schedule():
@@ -348,42 +310,6 @@ def test_head_pair_clusters_compute_what_one_cta_per_head_group_computes(B, num_
     single = dsv4lib.sparse_decode(q, main, idx, **kw, num_splits=num_splits)
     assert torch.equal(paired, single)
     check_output(paired, _reference(q, main, idx, kw)[0])
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("B,H,num_splits", [(40, 64, 1), (40, 128, 1), (1, 128, 0)])
-def test_candidate_consumer_registers_give_the_same_bits(B, H, num_splits, monkeypatch):
-    """probe_d7's ``regs216`` (consumers 216 / producer 72 registers): the same instructions' results, so the same
-    bits as the shipped build — unsplit at H 64 and 128 (the head-pair cluster), and B1 split (lone pairs)."""
-    from dsv4lib.kernels.sm90.model1_decode import Model1DecodeSm90
-    gen = torch.Generator().manual_seed(fresh_seed())
-    q, main, idx, kw = _decode_inputs(B, 1, H, True, True, True, gen)
-    splits = dict(num_splits=num_splits) if num_splits else {}
-    shipped = dsv4lib.sparse_decode(q, main, idx, **kw, **splits)
-    with rebuilt_with(monkeypatch, Model1DecodeSm90, PAIRED_PRODUCER_REGS=72, PAIRED_CONSUMER_REGS=216):
-        more = dsv4lib.sparse_decode(q, main, idx, **kw, **splits)
-    assert torch.equal(shipped, more)
-    check_output(more, _reference(q, main, idx, kw)[0])
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("B,H,num_splits", [(40, 64, 1), (20, 128, 1), (1, 64, 0), (1, 128, 0)])
-def test_candidate_max_swap_matches_the_reference(B, H, num_splits, monkeypatch):
-    """The A/B candidate ``PAIR_MAX_SWAP`` (the paired consumers agree on a pair's row max by one swap) against
-    float64 over the same FP8 cache — not the shipped bits (P is rounded to bf16 once, at the final max, instead
-    of at warpgroup 0's max and again after its rescale): unsplit at H 64 and 128 (the head-pair cluster), B1 split
-    (every pair lone), invalid entries, lengths, sink, and the LSE."""
-    from dsv4lib.kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
-    gen = torch.Generator().manual_seed(fresh_seed())
-    q, main, idx, kw = _decode_inputs(B, 1, H, True, True, True, gen)
-    splits = dict(num_splits=num_splits) if num_splits else {}
-    with rebuilt_with(monkeypatch, SparseAttentionForwardSm90, PAIR_MAX_SWAP=True):
-        out, lse = dsv4lib.sparse_decode(q, main, idx, **kw, **splits, return_lse=True)
-    ref_out, ref_lse = _reference(q, main, idx, kw)
-    check_output(out, ref_out)
-    seen = torch.isfinite(ref_lse)
-    assert torch.equal(torch.isfinite(lse), seen)
-    torch.testing.assert_close(lse[seen], ref_lse[seen].float(), atol=2e-3, rtol=0)
 
 
 @pytest.mark.gpu

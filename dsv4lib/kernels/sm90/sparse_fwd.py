@@ -76,7 +76,7 @@ from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from ..common import convert_to_bf16_pairs, exp2, launch_stream, tma_store_tile
 from ..layouts import acc_layout_as_operand_a, acc_layout_rows_cols, row_major_smem_layout, transposed_view
-from ..softmax import LN_2, LOG2_E, finish_row, online_softmax, quad_row_max, rescale_rows
+from ..softmax import LN_2, LOG2_E, finish_row, online_softmax, rescale_rows
 from ..sparse_base import HALF, HEAD_DIM, TILE_H, TILE_N, SparseAttentionBase, as_global
 from .sparse_config import SparseFwdConfig
 from .wgmma import gemm
@@ -138,13 +138,6 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
     # (a branch per key column: H200 Sq 4096 H64 K640 441 → 471 TFLOP/s with the mask switched off, probe_d6.py)
     PRODUCER_KEY_FLAGS = True
     HEAD_GROUP_FASTEST = True                       # gathered keys: a token's head groups side by side (the base)
-    # paired schedule, how the two warpgroups agree on a pair's row max.  False (shipped): a chain — warpgroup 1 waits
-    # for warpgroup 0's max, takes the max over both tiles, and warpgroup 0 then rescales its P and O to it (two
-    # softmaxes in a row on every pair: :meth:`pair_with_chained_max`).  True (A/B candidate, not yet measured): a
-    # swap — each publishes its own tile's row max, both meet once and take max(old, mine, the other's), so both
-    # softmaxes run at once and P is never rescaled (:meth:`pair_with_swapped_max`).  The D7 decode's consumers are
-    # on its critical path at H = 128 (8 fewer consumer registers cost 6-9 %, session 32)
-    PAIR_MAX_SWAP = False
 
     def __init__(self, config: SparseFwdConfig):
         super().__init__(config)
@@ -814,14 +807,9 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
                 if (key_bits & (1 << c)) == 0:
                     for r in cutlass.range_constexpr(n_rows):
                         acc_S_rc[r, c] = -Float32.inf
-            if const_expr(self.PAIR_MAX_SWAP):
-                self.pair_with_swapped_max(w, lone, state, tiled_mma_pv_rs, tiled_mma_pv_ss, thr_qk, acc_S, acc_S_rc, rP,
-                                           tOrP, tOrV, tOsP, tOsV, acc_O, acc_O_rc, row_max, row_sum, other_max,
-                                           corrections, tScS_rc, sMax, sP, kv_pipes, softmax_scale_log2, wtid)
-            else:
-                self.pair_with_chained_max(w, lone, state, tiled_mma_pv_rs, tiled_mma_pv_ss, thr_qk, acc_S, acc_S_rc, rP,
-                                           tOrP, tOrV, tOsP, tOsV, acc_O, acc_O_rc, row_max, row_sum, other_max,
-                                           corrections, tScS_rc, sMax, sP, kv_pipes, softmax_scale_log2, wtid)
+            self.pair_with_chained_max(w, lone, state, tiled_mma_pv_rs, tiled_mma_pv_ss, thr_qk, acc_S, acc_S_rc, rP,
+                                       tOrP, tOrV, tOsP, tOsV, acc_O, acc_O_rc, row_max, row_sum, other_max,
+                                       corrections, tScS_rc, sMax, sP, kv_pipes, softmax_scale_log2, wtid)
             state.advance()
         if const_expr(self.split_kv and w == 0):
             # past the main loop: a combine launched with PDL (kernels.combine) may be scheduled now, its launch
@@ -837,10 +825,14 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
     def pair_with_chained_max(self, w: cutlass.Constexpr, lone, state, tiled_mma_pv_rs, tiled_mma_pv_ss, thr_qk,
                               acc_S, acc_S_rc, rP, tOrP, tOrV, tOsP, tOsV, acc_O, acc_O_rc, row_max, row_sum,
                               other_max, corrections, tScS_rc, sMax, sP, kv_pipes, softmax_scale_log2, wtid):
-        """The paired schedule's softmax and PV of one pair (shipped; ``PAIR_MAX_SWAP`` False), warpgroup ``w`` with
-        its tile's masked scores in ``acc_S``: warpgroup 0's softmax, then warpgroup 1's over both tiles' max, then
-        warpgroup 0's P and O rescaled to that max; each P times its warpgroup's column half, and through ``sP`` the
-        other warpgroup's."""
+        """The paired schedule's softmax and PV of one pair, warpgroup ``w`` with its tile's masked scores in
+        ``acc_S``: warpgroup 0's softmax, then warpgroup 1's over both tiles' max, then warpgroup 0's P and O rescaled
+        to that max; each P times its warpgroup's column half, and through ``sP`` the other warpgroup's.
+
+        Why a chain and not a swap (both publish their own tile's max, meet once, both softmaxes at once, P never
+        rescaled): the swap was built and measured in session 33 (H100, probe_d7 / probe_d6) — D7 B64 / B128 H128
+        81.1 / 154.6 µs against the chain's 70.5 / 136.9, D6 H128 449 against 469 TFLOP/s.  The chain lets warpgroup
+        0's PV wgmma start before warpgroup 1's softmax; the swap holds both at the meeting (docs/tuning/d7.md)."""
         n_rows = cute.size(tScS_rc, mode=[0])
         n_cols = cute.size(tScS_rc, mode=[1])
         if const_expr(w == 0):
@@ -901,57 +893,6 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
                 kv_pipes[3].consumer_release(state)                   # the producer's next fill after (even, left)
                 warpgroup.wait_group(0)
                 kv_pipes[1].consumer_release(state)                   # (even, right)
-
-    @cute.jit
-    def pair_with_swapped_max(self, w: cutlass.Constexpr, lone, state, tiled_mma_pv_rs, tiled_mma_pv_ss, thr_qk,
-                              acc_S, acc_S_rc, rP, tOrP, tOrV, tOsP, tOsV, acc_O, acc_O_rc, row_max, row_sum,
-                              other_max, corrections, tScS_rc, sMax, sP, kv_pipes, softmax_scale_log2, wtid):
-        """``PAIR_MAX_SWAP`` (A/B candidate): warpgroup ``w``'s softmax and PV of one pair (its tile's masked scores
-        in ``acc_S``).  Both warpgroups publish their tile's row max (``sMax[w]``), meet once at ``PAIR_MAX`` and take
-        max(old, mine, the other's) — the same value in both, so each P is final when it is computed.  Then my P
-        times my column half of my tile (RS), my P to ``sP[w]`` for the other warpgroup, and the other's P times my
-        column half of its tile (SS).  The other warpgroup reads ``sMax[w]`` before it arrives at my P barrier, so
-        the next pair's write cannot overtake the read.  A lone pair (no odd tile): warpgroup 1's P is all zero — it
-        multiplies only warpgroup 0's P, and warpgroup 0 only its own; the barriers are the same on every pair."""
-        n_rows = cute.size(tScS_rc, mode=[0])
-        for r in cutlass.range_constexpr(n_rows):
-            mx = quad_row_max(acc_S_rc, r)
-            if wtid % 4 == 0:
-                sMax[w * TILE_H + tScS_rc[r, 0][0]] = mx
-        cute.arch.barrier(barrier_id=PAIR_MAX, number_of_threads=256)
-        for r in cutlass.range_constexpr(n_rows):
-            other_max[r] = sMax[(1 - w) * TILE_H + tScS_rc[r, 0][0]]
-        online_softmax(acc_S_rc, row_max, row_sum, softmax_scale_log2, acc_O_rc, corrections, True,
-                       floor_max=other_max)
-        convert_to_bf16_pairs(acc_S, rP)
-        own, other = 3 * w, 2 * (1 - w) + w       # half-buffers 2b + h: my tile's and the other tile's, my half w
-        # (every wgmma waited inside the branch that issued it: ptxas C7514 otherwise)
-        if lone:
-            cute.autovec_copy(rP, thr_qk.partition_C(sP[None, None, w]))
-            cute.arch.fence_proxy("async.shared", space="cta")          # read by the other's wgmma (async proxy)
-            cute.arch.barrier_arrive(barrier_id=PAIR_P + w, number_of_threads=256)
-            if const_expr(w == 0):
-                gemm(tiled_mma_pv_rs, acc_O, tOrP, tOrV[None, None, None, 0], False)
-                kv_pipes[own].consumer_release(state)
-                cute.arch.barrier(barrier_id=PAIR_P + 1 - w, number_of_threads=256)
-                kv_pipes[other].consumer_release(state)                   # the pad: nothing of it was read
-            else:
-                cute.arch.barrier(barrier_id=PAIR_P + 1 - w, number_of_threads=256)
-                gemm(tiled_mma_pv_ss, acc_O, tOsP[None, None, None, 0], tOsV[None, None, None, 0], False)
-                kv_pipes[other].consumer_release(state)
-                kv_pipes[own].consumer_release(state)
-        else:
-            gemm(tiled_mma_pv_rs, acc_O, tOrP, tOrV[None, None, None, w], False, wait=False)
-            cute.autovec_copy(rP, thr_qk.partition_C(sP[None, None, w]))      # the RS wgmma only reads rP
-            cute.arch.fence_proxy("async.shared", space="cta")
-            cute.arch.barrier_arrive(barrier_id=PAIR_P + w, number_of_threads=256)
-            cute.arch.barrier(barrier_id=PAIR_P + 1 - w, number_of_threads=256)
-            gemm(tiled_mma_pv_ss, acc_O, tOsP[None, None, None, 1 - w], tOsV[None, None, None, 1 - w], False,
-                 wait=False)
-            warpgroup.wait_group(1)
-            kv_pipes[own].consumer_release(state)
-            warpgroup.wait_group(0)
-            kv_pipes[other].consumer_release(state)
 
     @cute.jit
     def issue_scores(self, w: cutlass.Constexpr, p, state, tiled_mma_qk, acc_S, tSrQ, tSrK, k_half, tScS_rc, kv_pipes,
