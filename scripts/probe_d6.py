@@ -12,6 +12,10 @@ prefill shapes (every index valid, so ``no_key_mask`` computes the same result).
                       ptxas -v).  Session 33, H100, 256 MiB pool: 331 / 333 / 464 / 314 TFLOP/s against the shipped
                       331 / 336 / 469 / 314 — not adopted.  Same output.
 
+  early_release       each half-tile freed as soon as its consumer has waited for it (probe_d7's
+                      ``EarlyReleasePipe``): the producer refills buffers still being read — garbage, but the time of
+                      a pipeline deep enough that no gather waits for the consumers.
+
 (The L2-hint variants of session 28 — FlashMLA's ``L2::256B`` prefetch and evict-last policy on the gather's
 copies — were a copy of ``gather_pairs`` that drifted from the shipped one and stopped compiling; removed in session
 30.  The D7 probe measured the same hints at <= 0.7 % (docs/tuning/d7.md).)
@@ -20,7 +24,7 @@ copies — were a copy of ``gather_pairs`` that drifted from the shipped one and
 measurements of session 25); the D6 notebook's FlashMLA section draws from 2^18 rows (256 MiB), where H = 128 read
 427 TFLOP/s against FlashMLA's 496 while H = 64 tied (session 27, token-fastest grid) — the order was the suspect.
 
-Usage: python scripts/probe_d6.py [--variants full,no_key_mask,token_fastest,regs216]
+Usage: python scripts/probe_d6.py [--variants full,no_key_mask,token_fastest,regs216,early_release]
                                   [--pool-rows N]"""
 import argparse
 
@@ -31,6 +35,7 @@ import dsv4lib
 from dsv4lib import bench
 from dsv4lib.kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
 from dsv4lib.ops import launch
+from probe_d7 import early_release          # scripts/ is the script's directory, so on sys.path
 
 
 @cute.jit
@@ -46,6 +51,8 @@ def patch(cls, variant: str, original: dict) -> None:
         cls.is_real_key = only_in_range
     elif variant == "token_fastest":
         cls.HEAD_GROUP_FASTEST = False
+    elif variant == "early_release":
+        cls.half_tile_pipelines = early_release(original["half_tile_pipelines"])
     elif variant == "regs216":
         cls.PAIRED_PRODUCER_REGS, cls.PAIRED_CONSUMER_REGS = 72, 216
     elif variant != "full":
@@ -60,7 +67,7 @@ def main():
     args = ap.parse_args()
     cls = SparseAttentionForwardSm90                   # its is_real_key reads the producer's flags or the index list
     original = {name: cls.__dict__[name] for name in ("is_real_key", "HEAD_GROUP_FASTEST", "PAIRED_PRODUCER_REGS",
-                                                      "PAIRED_CONSUMER_REGS")}
+                                                      "PAIRED_CONSUMER_REGS", "half_tile_pipelines")}
     gen = torch.Generator(device="cuda").manual_seed(0)
     shapes = ((4096, 64, 640), (16384, 64, 640), (4096, 128, 1152), (1024, 64, 640))
     print(f"{torch.cuda.get_device_name()}: TFLOP/s by graph replay (sink, num_splits=1)")

@@ -13,6 +13,9 @@ garbage in every variant but ``full`` — this is a measurement, never a result.
   regs216       the consumers at 216 registers, the producer at 72 (shipped 208 / 88; both spill-free, ptxas -v):
                 session 33 on the H100 13.5 / 51.2 / 70.4 / 135.4 µs against 13.0 / 50.6 / 70.5 / 136.9 — noise at
                 H128, slower at H64: not adopted (200 registers cost 6-9 % at H128, session 32); right too
+  early_release each half-tile freed as soon as its consumer has waited for it (the consumers' releases after their
+                MMAs do nothing): the producer refills while the buffer is still read — garbage, but the time of a
+                pipeline deep enough that no refill waits for the consumers (the bound of a third buffer, session 33)
   idle_producer producer fetches key records and arrives, nothing loaded, converted or stored (consumer-bound)
   no_mma        consumers' wgmmas removed (producer-bound, softmax and barriers kept)
   floor         idle producer and no wgmma: launch, Q, records, barriers, softmax, epilogue
@@ -44,7 +47,7 @@ from dsv4lib.ops import decode, launch
 
 ORIGINAL = dict(convert=md.e4m3x2_to_bf16x2, load_row=md.Model1DecodeSm90.load_row,
                 fill=md.Model1DecodeSm90.fill_half_tile, gemm=sf.gemm, rope_lane=md.ROPE_LANE,
-                slot=md.Model1DecodeSm90.producer_slot,
+                slot=md.Model1DecodeSm90.producer_slot, pipes=md.Model1DecodeSm90.half_tile_pipelines,
                 placed_max=md.PLACED_SCALE_MAX, crossover=decode.HEAD_PAIR_CLUSTER,
                 regs=(md.Model1DecodeSm90.PAIRED_PRODUCER_REGS, md.Model1DecodeSm90.PAIRED_CONSUMER_REGS))
 
@@ -99,6 +102,38 @@ def nothing(*args, **kwargs) -> None:
     """A switched-off part: called while the kernel is traced, it emits nothing (plain Python, any signature)."""
 
 
+@dataclasses.dataclass
+class EarlyReleasePipe:
+    """A half-tile pipeline whose consumer frees the buffer right after waiting for it; the release calls after the
+    MMAs are no-ops.  Every half-tile is still waited for exactly once a pair and freed once (the arrival counts of
+    the empty barriers hold, so no hang), but the producer may overwrite a buffer the wgmmas still read.  A
+    dataclass: the DSL carries it through run-time branches field by field."""
+
+    pipe: object
+
+    def producer_acquire(self, state):
+        self.pipe.producer_acquire(state)
+
+    def producer_commit(self, state):
+        self.pipe.producer_commit(state)
+
+    def producer_get_barrier(self, state):
+        return self.pipe.producer_get_barrier(state)
+
+    def consumer_wait(self, state):
+        self.pipe.consumer_wait(state)
+        self.pipe.consumer_release(state)
+
+    def consumer_release(self, state):
+        pass
+
+
+def early_release(plain):
+    """``half_tile_pipelines`` (a kernel class's method ``plain``) with :class:`EarlyReleasePipe` around each (D6's
+    probe uses it too)."""
+    return lambda self, barriers: tuple(EarlyReleasePipe(p) for p in plain(self, barriers))
+
+
 VARIANTS = {
     "full": {},
     "fp32_convert": dict(placed_max=0),
@@ -109,6 +144,7 @@ VARIANTS = {
     "l2_256": dict(load_row=load_row_l2_256),
     "no_crossover": dict(crossover=False),
     "regs216": dict(regs=(72, 216)),
+    "early_release": dict(pipes=early_release(ORIGINAL["pipes"])),
     "idle_producer": dict(load_row=nothing, fill=nothing),
     "no_mma": dict(gemm=nothing),
     "floor": dict(load_row=nothing, fill=nothing, gemm=nothing),
@@ -209,6 +245,7 @@ def apply(variant: str) -> None:
     sf.gemm = parts["gemm"]
     md.ROPE_LANE = parts["rope_lane"]
     md.Model1DecodeSm90.producer_slot = parts["slot"]
+    md.Model1DecodeSm90.half_tile_pipelines = parts["pipes"]
     md.PLACED_SCALE_MAX = parts["placed_max"]
     decode.HEAD_PAIR_CLUSTER = parts["crossover"]
     md.Model1DecodeSm90.PAIRED_PRODUCER_REGS, md.Model1DecodeSm90.PAIRED_CONSUMER_REGS = parts["regs"]
