@@ -16,6 +16,9 @@ garbage in every variant but ``full`` — this is a measurement, never a result.
   early_release each half-tile freed as soon as its consumer has waited for it (the consumers' releases after their
                 MMAs do nothing): the producer refills while the buffer is still read — garbage, but the time of a
                 pipeline deep enough that no refill waits for the consumers (the bound of a third buffer, session 33)
+  no_fence      the producer arrives on a half-tile's barrier without the fence.proxy.async before it (the wgmma
+                may read rows not yet visible to it: garbage) — the price of the fence, which waits for every
+                earlier shared store of the thread (session 33's question: the fill costs 14 µs beyond its loads)
   idle_producer producer fetches key records and arrives, nothing loaded, converted or stored (consumer-bound)
   no_mma        consumers' wgmmas removed (producer-bound, softmax and barriers kept)
   floor         idle producer and no wgmma: launch, Q, records, barriers, softmax, epilogue
@@ -48,6 +51,7 @@ from dsv4lib.ops import decode, launch
 ORIGINAL = dict(convert=md.e4m3x2_to_bf16x2, load_row=md.Model1DecodeSm90.load_row,
                 fill=md.Model1DecodeSm90.fill_half_tile, gemm=sf.gemm, rope_lane=md.ROPE_LANE,
                 slot=md.Model1DecodeSm90.producer_slot, pipes=md.Model1DecodeSm90.half_tile_pipelines,
+                publish=md.Model1DecodeSm90.publish_half_tile,
                 placed_max=md.PLACED_SCALE_MAX, crossover=decode.HEAD_PAIR_CLUSTER,
                 regs=(md.Model1DecodeSm90.PAIRED_PRODUCER_REGS, md.Model1DecodeSm90.PAIRED_CONSUMER_REGS))
 
@@ -128,6 +132,14 @@ class EarlyReleasePipe:
         pass
 
 
+@cute.jit
+def publish_without_fence(self, pipe, state, rope_lane, h: cutlass.Constexpr):
+    if rope_lane and cutlass.const_expr(h == 1):
+        cute.arch.cp_async_mbarrier_arrive_noinc(pipe.producer_get_barrier(state))
+    else:
+        pipe.producer_commit(state)
+
+
 def early_release(plain):
     """``half_tile_pipelines`` (a kernel class's method ``plain``) with :class:`EarlyReleasePipe` around each (D6's
     probe uses it too)."""
@@ -145,6 +157,7 @@ VARIANTS = {
     "no_crossover": dict(crossover=False),
     "regs216": dict(regs=(72, 216)),
     "early_release": dict(pipes=early_release(ORIGINAL["pipes"])),
+    "no_fence": dict(publish=publish_without_fence),
     "idle_producer": dict(load_row=nothing, fill=nothing),
     "no_mma": dict(gemm=nothing),
     "floor": dict(load_row=nothing, fill=nothing, gemm=nothing),
@@ -246,6 +259,7 @@ def apply(variant: str) -> None:
     md.ROPE_LANE = parts["rope_lane"]
     md.Model1DecodeSm90.producer_slot = parts["slot"]
     md.Model1DecodeSm90.half_tile_pipelines = parts["pipes"]
+    md.Model1DecodeSm90.publish_half_tile = parts["publish"]
     md.PLACED_SCALE_MAX = parts["placed_max"]
     decode.HEAD_PAIR_CLUSTER = parts["crossover"]
     md.Model1DecodeSm90.PAIRED_PRODUCER_REGS, md.Model1DecodeSm90.PAIRED_CONSUMER_REGS = parts["regs"]
