@@ -51,7 +51,7 @@ from dsv4lib.ops import decode, launch
 ORIGINAL = dict(convert=md.e4m3x2_to_bf16x2, load_row=md.Model1DecodeSm90.load_row,
                 fill=md.Model1DecodeSm90.fill_half_tile, gemm=sf.gemm, rope_lane=md.ROPE_LANE,
                 slot=md.Model1DecodeSm90.producer_slot, pipes=md.Model1DecodeSm90.half_tile_pipelines,
-                publish=md.Model1DecodeSm90.publish_half_tile,
+                cute=md.cute,
                 placed_max=md.PLACED_SCALE_MAX, crossover=decode.HEAD_PAIR_CLUSTER,
                 regs=(md.Model1DecodeSm90.PAIRED_PRODUCER_REGS, md.Model1DecodeSm90.PAIRED_CONSUMER_REGS))
 
@@ -132,12 +132,19 @@ class EarlyReleasePipe:
         pass
 
 
-@cute.jit
-def publish_without_fence(self, pipe, state, rope_lane, h: cutlass.Constexpr):
-    if rope_lane and cutlass.const_expr(h == 1):
-        cute.arch.cp_async_mbarrier_arrive_noinc(pipe.producer_get_barrier(state))
-    else:
-        pipe.producer_commit(state)
+class _Forward:
+    """Every attribute of ``inner`` but those given."""
+
+    def __init__(self, inner, **replaced):
+        self._inner, self._replaced = inner, replaced
+
+    def __getattr__(self, name):
+        return self._replaced[name] if name in self._replaced else getattr(self._inner, name)
+
+
+# model1_decode's one fence.proxy.async is the producer's, after each half-tile's stores: the module sees a ``cute``
+# whose ``arch.fence_proxy`` emits nothing (the consumers' fences are sparse_fwd's, a module of its own)
+CUTE_WITHOUT_FENCE = _Forward(cute, arch=_Forward(cute.arch, fence_proxy=nothing))
 
 
 def early_release(plain):
@@ -157,7 +164,7 @@ VARIANTS = {
     "no_crossover": dict(crossover=False),
     "regs216": dict(regs=(72, 216)),
     "early_release": dict(pipes=early_release(ORIGINAL["pipes"])),
-    "no_fence": dict(publish=publish_without_fence),
+    "no_fence": dict(cute=CUTE_WITHOUT_FENCE),
     "idle_producer": dict(load_row=nothing, fill=nothing),
     "no_mma": dict(gemm=nothing),
     "floor": dict(load_row=nothing, fill=nothing, gemm=nothing),
@@ -259,7 +266,7 @@ def apply(variant: str) -> None:
     md.ROPE_LANE = parts["rope_lane"]
     md.Model1DecodeSm90.producer_slot = parts["slot"]
     md.Model1DecodeSm90.half_tile_pipelines = parts["pipes"]
-    md.Model1DecodeSm90.publish_half_tile = parts["publish"]
+    md.cute = parts["cute"]
     md.PLACED_SCALE_MAX = parts["placed_max"]
     decode.HEAD_PAIR_CLUSTER = parts["crossover"]
     md.Model1DecodeSm90.PAIRED_PRODUCER_REGS, md.Model1DecodeSm90.PAIRED_CONSUMER_REGS = parts["regs"]

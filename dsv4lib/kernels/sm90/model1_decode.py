@@ -426,20 +426,13 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
                 if fill:
                     self.fill_half_tile(records, scale_of, buf, b, h, next_buf, next_half, sKV, slot, raw,
                                         scale_bytes, kv_pipes[2 * b + h].producer_get_barrier(state))
-                self.publish_half_tile(kv_pipes[2 * b + h], state, rope_lane, h)
+                cute.arch.fence_proxy("async.shared", space="cta")   # generic writes → the consumers' wgmma
+                if rope_lane and const_expr(h == 1):    # arrives once its rope copies have landed; no wait
+                    cute.arch.cp_async_mbarrier_arrive_noinc(kv_pipes[2 * b + h].producer_get_barrier(state))
+                else:
+                    kv_pipes[2 * b + h].producer_commit(state)
             state.advance()
         return state
-
-    @cute.jit
-    def publish_half_tile(self, pipe, state, rope_lane, h: cutlass.Constexpr):
-        """This thread's rows of a half-tile are stored: fence them for the consumers' wgmma (async proxy) and arrive
-        on the half-tile's barrier — a rope lane of a right half once its ``cp.async`` copies have landed (no wait).
-        A method of its own so ``probe_d7`` can price the fence (its ``no_fence`` variant)."""
-        cute.arch.fence_proxy("async.shared", space="cta")       # generic writes → the consumers' wgmma
-        if rope_lane and const_expr(h == 1):
-            cute.arch.cp_async_mbarrier_arrive_noinc(pipe.producer_get_barrier(state))
-        else:
-            pipe.producer_commit(state)
 
     @cute.jit
     def producer_slot(self, tidx):
