@@ -13,6 +13,9 @@ garbage in every variant but ``full`` — this is a measurement, never a result.
   regs216       the consumers at 216 registers, the producer at 72 (shipped 208 / 88; both spill-free, ptxas -v):
                 session 33 on the H100 13.5 / 51.2 / 70.4 / 135.4 µs against 13.0 / 50.6 / 70.5 / 136.9 — noise at
                 H128, slower at H64: not adopted (200 registers cost 6-9 % at H128, session 32); right too
+  by_halves     H = 128: the crossover split by column halves (Model1DecodeSm90.CROSSOVER_BY_HALVES: each CTA
+                converts every row of one half, two fills a pair with 8 rows in flight a thread); must give the
+                shipped bits (checked here on the first input set)
   early_release each half-tile freed as soon as its consumer has waited for it (the consumers' releases after their
                 MMAs do nothing): the producer refills while the buffer is still read — garbage, but the time of a
                 pipeline deep enough that no refill waits for the consumers (the bound of a third buffer, session 33)
@@ -53,7 +56,9 @@ ORIGINAL = dict(convert=md.e4m3x2_to_bf16x2, load_row=md.Model1DecodeSm90.load_r
                 slot=md.Model1DecodeSm90.producer_slot, pipes=md.Model1DecodeSm90.half_tile_pipelines,
                 cute=md.cute,
                 placed_max=md.PLACED_SCALE_MAX, crossover=decode.HEAD_PAIR_CLUSTER,
-                regs=(md.Model1DecodeSm90.PAIRED_PRODUCER_REGS, md.Model1DecodeSm90.PAIRED_CONSUMER_REGS))
+                regs=(md.Model1DecodeSm90.PAIRED_PRODUCER_REGS, md.Model1DecodeSm90.PAIRED_CONSUMER_REGS),
+                by_halves=md.Model1DecodeSm90.CROSSOVER_BY_HALVES)
+SAME_BITS = ("full", "by_halves", "no_crossover")      # variants that must compute the shipped output
 
 
 @dsl_user_op
@@ -163,6 +168,7 @@ VARIANTS = {
     "l2_256": dict(load_row=load_row_l2_256),
     "no_crossover": dict(crossover=False),
     "regs216": dict(regs=(72, 216)),
+    "by_halves": dict(by_halves=True),
     "early_release": dict(pipes=early_release(ORIGINAL["pipes"])),
     "no_fence": dict(cute=CUTE_WITHOUT_FENCE),
     "idle_producer": dict(load_row=nothing, fill=nothing),
@@ -267,6 +273,7 @@ def apply(variant: str) -> None:
     md.Model1DecodeSm90.producer_slot = parts["slot"]
     md.Model1DecodeSm90.half_tile_pipelines = parts["pipes"]
     md.cute = parts["cute"]
+    md.Model1DecodeSm90.CROSSOVER_BY_HALVES = parts["by_halves"]
     md.PLACED_SCALE_MAX = parts["placed_max"]
     decode.HEAD_PAIR_CLUSTER = parts["crossover"]
     md.Model1DecodeSm90.PAIRED_PRODUCER_REGS, md.Model1DecodeSm90.PAIRED_CONSUMER_REGS = parts["regs"]
@@ -301,8 +308,14 @@ def main():
     # each row as soon as it is measured (flushed): a run cut off by its time limit still shows what it measured
     print(f"{torch.cuda.get_device_name()}: device µs per call (graph replay)", flush=True)
     print(f"{'variant':<14}" + "".join(f"  B{c.B:<3} H{c.H:<4}" for c in cases), flush=True)
+    apply("full")
+    want = {(c.B, c.H): d7.ours_fn(c)(*c.sets[0]).clone() for c in cases}
     for v in variants:
         apply(v)
+        if v in SAME_BITS:
+            for c in cases:
+                got = d7.ours_fn(c)(*c.sets[0])
+                assert torch.equal(got, want[c.B, c.H]), f"{v} B{c.B} H{c.H}: not the shipped bits"
         row = [math.nan if hangs(v, c) else time_graph(d7.ours_fn(c), c.sets).per_call_ms * 1e3 for c in cases]
         print(f"{v:<14}" + "".join(f"  {t:9.1f}" if t == t else f"  {'-':>9}" for t in row), flush=True)
     apply("full")

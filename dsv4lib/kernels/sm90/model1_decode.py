@@ -225,14 +225,23 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
     KEY_MASK_AFTER_WAIT = True               # the consumers' key mask comes from the records (is_real_key)
     PRODUCER_KEY_FLAGS = False               # (the records carry key validity: no separate flags)
     HEAD_GROUP_FASTEST = False               # the crossover's head pair is a cluster along y (grid y = head group)
+    # the crossover's split of the conversion.  False (shipped): by rows — each CTA converts 4 rows of a thread's row
+    # group in every half-tile, four fills a pair, 4 rows of loads in flight a thread.  True (A/B candidate, compiled,
+    # not yet run): by column halves — CTA 0 converts every row of the left halves, CTA 1 of the right ones (each
+    # storing into both CTAs; each CTA's warp 3 copies its own right halves' rope), two fills a pair with 8 rows in
+    # flight a thread (the H64 registers): half the DRAM latencies a pair on the producer's path, as FlashMLA's
+    # whole-tile loads (docs/tuning/d7.md, session 33; probe_d7 ``by_halves``)
+    CROSSOVER_BY_HALVES = False
 
     def __init__(self, config: Model1DecodeConfig):
         if not isinstance(config, Model1DecodeConfig):
             raise TypeError(f"Model1DecodeSm90 takes a Model1DecodeConfig, got {type(config).__name__}")
         super().__init__(config)
         self.crossover = config.head_pair_cluster
-        # rows a producer thread converts per half-tile: all 8 of its row group, or with the crossover its CTA's half
-        self.convert_rows = ROWS_PER_THREAD // HEAD_PAIR if self.crossover else ROWS_PER_THREAD
+        self.by_halves = self.crossover and self.CROSSOVER_BY_HALVES
+        # rows a producer thread converts per half-tile: all 8 of its row group, or with the crossover by rows its CTA's
+        # half of them
+        self.convert_rows = ROWS_PER_THREAD // HEAD_PAIR if self.crossover and not self.by_halves else ROWS_PER_THREAD
         if self.crossover:
             self.pipeline_cluster = (1, HEAD_PAIR)
 
@@ -372,7 +381,8 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         peer_chunk_at = (Int32(0), Int32(0))
         if const_expr(self.crossover):
             rank = cute.arch.block_idx_in_cluster()
-            first_k = rank * self.convert_rows
+            if const_expr(not self.by_halves):
+                first_k = rank * self.convert_rows
             peer = rank ^ 1
             # where my 16 columns of my first row (stage 0, left half) sit, as two 16-byte chunks, here and in the
             # peer; every other row / stage / half is a constant offset from these (kv_chunk_offset: row % 8 is my
@@ -389,6 +399,10 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         records[1, tidx, 0] = scales
         next_indices = self.load_indices(keys, batch, token, key0 + 2 * TILE_N)
         cute.arch.barrier(barrier_id=PRODUCER_SYNC, number_of_threads=128)
+        if const_expr(self.by_halves):
+            return self.fill_pairs_by_halves(keys, sKV, kv_pipes, tidx, batch, token, key0, key_end, tile_lo,
+                                             tile_hi, state, slot, rope_lane, records, scale_of, raw, scale_bytes,
+                                             next_indices)
         b0, h0 = HALF_TILE_ORDER[0]
         for k in cutlass.range_constexpr(self.convert_rows):
             self.load_row(records, scale_of, 0, b0, h0, slot, k, raw, scale_bytes)
@@ -435,6 +449,82 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         return state
 
     @cute.jit
+    def fill_pairs_by_halves(self, keys, sKV, kv_pipes, tidx, batch, token, key0, key_end, tile_lo, tile_hi, state,
+                             slot, rope_lane, records, scale_of, raw, scale_bytes, next_indices):
+        """:meth:`gather_pairs`' loop with the crossover split by column halves (``CROSSOVER_BY_HALVES``): the CTA of
+        cluster rank c fills column half c of both tiles of a pair — all 64 rows, 8 a thread, into its own and the
+        peer's buffer — and only arrives on the other half's barriers (expecting the peer's bytes), where rank 0's
+        warp 3 copies the right halves' rope into its own buffer.  Fill order per rank: 0: (0, L), (1, L); 1: (1, R),
+        (0, R) — the first fills of both ranks are the two warpgroups' first QK halves, as in the shipped order.  The
+        rolling loads go to the rank's next own fill; the next pair's records are published before the fill whose
+        loads read them (rank 0: its (1, L); rank 1: its (0, R) — by then the consumers have read this pair's
+        predecessor's records: its (0, R) was freed after both warpgroups' key masks).  A lone pair's pad is not
+        filled; rank 1 then loads (0, R)'s rows, which it had not (its rows in flight were the pad's)."""
+        rank = cute.arch.block_idx_in_cluster()
+        n_pairs = (tile_hi - tile_lo + 1) // 2
+        if rank == 0:
+            for k in cutlass.range_constexpr(self.convert_rows):
+                self.load_row(records, scale_of, 0, 0, 0, slot, k, raw, scale_bytes)
+        else:
+            for k in cutlass.range_constexpr(self.convert_rows):
+                self.load_row(records, scale_of, 0, 1, 1, slot, k, raw, scale_bytes)
+        for p in cutlass.range(n_pairs, unroll=1):
+            buf = p % 2
+            lone = tile_lo + 2 * p + 1 >= tile_hi
+            for j in cutlass.range_constexpr(4):
+                b, h = HALF_TILE_ORDER[j]
+                if const_expr(j == 0):      # the next pair's record; the indices of the pair after it
+                    part, scales = self.fetch_record(keys, key0 + (2 * p + 2) * TILE_N, key_end, next_indices)
+                    next_indices = self.load_indices(keys, batch, token, key0 + (2 * p + 4) * TILE_N)
+                kv_pipes[2 * b + h].producer_acquire(state)
+                mine = rank == h
+                expect_peer = tidx == 0 and not mine     # the peer fills this half: its bytes, none into a pad
+                if const_expr(b == 1):
+                    expect_peer = expect_peer and not lone
+                if expect_peer:
+                    cute.arch.mbarrier_expect_tx(kv_pipes[2 * b + h].producer_get_barrier(state),
+                                                 self.peer_bytes(h))
+                if const_expr(j >= 2):      # rank 1 publishes before its (0, R), rank 0 before its (1, L)
+                    if mine:
+                        records[0, tidx, 1 - buf] = part
+                        records[1, tidx, 1 - buf] = scales
+                        cute.arch.barrier(barrier_id=PRODUCER_SYNC, number_of_threads=128)
+                fill = True
+                if const_expr(b == 1):
+                    fill = not lone
+                if fill:
+                    if mine:
+                        # my next own fill: (1, h) of this pair after (0, h) ... (for rank 1 (0, R) after (1, R)),
+                        # the next pair's first after my second
+                        next_buf = buf if const_expr(j < 2) else 1 - buf
+                        self.fill_half_tile(records, scale_of, buf, b, h, next_buf, (1 - b, h), sKV, slot, raw,
+                                            scale_bytes, kv_pipes[2 * b + h].producer_get_barrier(state))
+                    elif rope_lane and const_expr(h == 1):
+                        self.copy_rope_rows(records, buf, b, slot, sKV)
+                elif const_expr(j == 1):
+                    if mine:          # (1, R) of a lone pair at rank 1: the rows of (0, R), filled next
+                        for k in cutlass.range_constexpr(self.convert_rows):
+                            self.load_row(records, scale_of, buf, 0, 1, slot, k, raw, scale_bytes)
+                cute.arch.fence_proxy("async.shared", space="cta")   # generic writes → the consumers' wgmma
+                if rope_lane and const_expr(h == 1):    # arrives once its rope copies have landed; no wait
+                    cute.arch.cp_async_mbarrier_arrive_noinc(kv_pipes[2 * b + h].producer_get_barrier(state))
+                else:
+                    kv_pipes[2 * b + h].producer_commit(state)
+            state.advance()
+        return state
+
+    @cute.jit
+    def copy_rope_rows(self, records, buf, b: cutlass.Constexpr, slot, sKV):
+        """A rope lane's 8 rows of the right half of tile ``b`` by ``cp.async`` (``CROSSOVER_BY_HALVES``, rank 0: the
+        peer converts that half's nope columns, the rope cannot come through it)."""
+        group, lane = slot[:2]
+        copy_atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), self.dtype,
+                                        num_bits_per_copy=128)
+        col = HALF + lane * COLS_PER_THREAD
+        for k in cutlass.range_constexpr(ROWS_PER_THREAD):
+            self.copy_rope(records, buf, b, group + ROW_GROUPS * k, lane, col, sKV, copy_atom)
+
+    @cute.jit
     def producer_slot(self, tidx):
         """Thread ``tidx``'s (row group, 16-column lane): rows ``group + 8 k``, columns ``256 h + 16 lane``.  Lane
         ``t // 8`` makes the right halves' rope lanes (12-15) exactly warp 3, so no warp splits between converting
@@ -446,7 +536,8 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         """Bytes the peer CTA stores into a half-tile of column half ``h`` (crossover): its 32 rows × the converted
         columns (the rope columns each CTA copies for itself)."""
         lanes = ROPE_LANE if h == 1 else HALF // COLS_PER_THREAD
-        return TILE_N // HEAD_PAIR * lanes * COLS_PER_THREAD * 2
+        rows = TILE_N if self.by_halves else TILE_N // HEAD_PAIR       # by halves the peer fills all of its half
+        return rows * lanes * COLS_PER_THREAD * 2
 
     @cute.jit
     def load_row(self, records, scale_of, buf, b, h: cutlass.Constexpr, slot, k: cutlass.Constexpr, raw,
@@ -505,7 +596,7 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
             r = group + ROW_GROUPS * (first_k + k)
             if rope:
                 self.copy_rope(records, buf, b, r, lane, col, sKV, copy_atom)
-                if const_expr(self.crossover):        # the peer's row of the same k
+                if const_expr(self.crossover and not self.by_halves):        # the peer's row of the same k
                     self.copy_rope(records, buf, b, group + ROW_GROUPS * (self.convert_rows - first_k + k), lane,
                                    col, sKV, copy_atom)
             else:
