@@ -399,13 +399,16 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         records[1, tidx, 0] = scales
         next_indices = self.load_indices(keys, batch, token, key0 + 2 * TILE_N)
         cute.arch.barrier(barrier_id=PRODUCER_SYNC, number_of_threads=128)
-        if const_expr(self.by_halves):
-            return self.fill_pairs_by_halves(keys, sKV, kv_pipes, tidx, batch, token, key0, key_end, tile_lo,
-                                             tile_hi, state, slot, rope_lane, records, scale_of, raw, scale_bytes,
-                                             next_indices)
-        b0, h0 = HALF_TILE_ORDER[0]
-        for k in cutlass.range_constexpr(self.convert_rows):
-            self.load_row(records, scale_of, 0, b0, h0, slot, k, raw, scale_bytes)
+        rank = Int32(0)
+        if const_expr(self.by_halves):      # my first fill's rows: (0, L) at rank 0, (1, R) at rank 1
+            rank = cute.arch.block_idx_in_cluster()
+            if rank == 0:
+                self.load_rows(records, scale_of, 0, 0, 0, slot, raw, scale_bytes)
+            else:
+                self.load_rows(records, scale_of, 0, 1, 1, slot, raw, scale_bytes)
+        else:
+            b0, h0 = HALF_TILE_ORDER[0]
+            self.load_rows(records, scale_of, 0, b0, h0, slot, raw, scale_bytes)
         for p in cutlass.range(n_pairs, unroll=1):
             buf = p % 2
             # a lone pair (odd tile count, the last pair): its odd tile is a pad no consumer MMA reads — its two
@@ -413,105 +416,96 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
             lone = tile_lo + 2 * p + 1 >= tile_hi
             for j in cutlass.range_constexpr(4):
                 b, h = HALF_TILE_ORDER[j]
-                if const_expr(j == 0):      # the next pair's record; the indices of the pair after it
-                    part, scales = self.fetch_record(keys, key0 + (2 * p + 2) * TILE_N, key_end, next_indices)
-                    next_indices = self.load_indices(keys, batch, token, key0 + (2 * p + 4) * TILE_N)
+                if const_expr(j == 0):
+                    part, scales, next_indices = self.next_record(keys, batch, token, key0, key_end, p, next_indices)
                 kv_pipes[2 * b + h].producer_acquire(state)
-                if const_expr(self.crossover):
-                    # the peer's half of the rows arrives as transaction bytes (its st.async); none into a pad
-                    expect_peer = tidx == 0
-                    if const_expr(b == 1):
-                        expect_peer = expect_peer and not lone
-                    if expect_peer:
-                        cute.arch.mbarrier_expect_tx(kv_pipes[2 * b + h].producer_get_barrier(state),
-                                                     self.peer_bytes(h))
-                next_buf = buf
-                if const_expr(j == 3):      # the next half-tile is the next pair's: publish its records first
-                    records[0, tidx, 1 - buf] = part
-                    records[1, tidx, 1 - buf] = scales
-                    cute.arch.barrier(barrier_id=PRODUCER_SYNC, number_of_threads=128)
-                    next_buf = 1 - buf
-                next_half = HALF_TILE_ORDER[(j + 1) % 4]
-                if const_expr(j == 0):      # (1, R) next — or, lone, (0, R)
-                    next_half = (Int32(1) - Int32(lone), next_half[1])
-                fill = True
-                if const_expr(b == 1):
-                    fill = not lone
-                if fill:
-                    self.fill_half_tile(records, scale_of, buf, b, h, next_buf, next_half, sKV, slot, raw,
-                                        scale_bytes, kv_pipes[2 * b + h].producer_get_barrier(state))
-                cute.arch.fence_proxy("async.shared", space="cta")   # generic writes → the consumers' wgmma
-                if rope_lane and const_expr(h == 1):    # arrives once its rope copies have landed; no wait
-                    cute.arch.cp_async_mbarrier_arrive_noinc(kv_pipes[2 * b + h].producer_get_barrier(state))
+                if const_expr(self.by_halves):
+                    self.fill_by_halves(j, kv_pipes[2 * b + h], state, rank, tidx, buf, lone, part, scales, records,
+                                        scale_of, sKV, slot, raw, scale_bytes, rope_lane)
                 else:
-                    kv_pipes[2 * b + h].producer_commit(state)
+                    if const_expr(self.crossover):
+                        # the peer's half of the rows arrives as transaction bytes (its st.async); none into a pad
+                        expect_peer = tidx == 0
+                        if const_expr(b == 1):
+                            expect_peer = expect_peer and not lone
+                        if expect_peer:
+                            cute.arch.mbarrier_expect_tx(kv_pipes[2 * b + h].producer_get_barrier(state),
+                                                         self.peer_bytes(h))
+                    next_buf = buf
+                    if const_expr(j == 3):      # the next half-tile is the next pair's: publish its records first
+                        records[0, tidx, 1 - buf] = part
+                        records[1, tidx, 1 - buf] = scales
+                        cute.arch.barrier(barrier_id=PRODUCER_SYNC, number_of_threads=128)
+                        next_buf = 1 - buf
+                    next_half = HALF_TILE_ORDER[(j + 1) % 4]
+                    if const_expr(j == 0):      # (1, R) next — or, lone, (0, R)
+                        next_half = (Int32(1) - Int32(lone), next_half[1])
+                    fill = True
+                    if const_expr(b == 1):
+                        fill = not lone
+                    if fill:
+                        self.fill_half_tile(records, scale_of, buf, b, h, next_buf, next_half, sKV, slot, raw,
+                                            scale_bytes, kv_pipes[2 * b + h].producer_get_barrier(state))
+                self.publish_half_tile(kv_pipes[2 * b + h], state, rope_lane, h)
             state.advance()
         return state
 
     @cute.jit
-    def fill_pairs_by_halves(self, keys, sKV, kv_pipes, tidx, batch, token, key0, key_end, tile_lo, tile_hi, state,
-                             slot, rope_lane, records, scale_of, raw, scale_bytes, next_indices):
-        """:meth:`gather_pairs`' loop with the crossover split by column halves (``CROSSOVER_BY_HALVES``): the CTA of
-        cluster rank c fills column half c of both tiles of a pair — all 64 rows, 8 a thread, into its own and the
-        peer's buffer — and only arrives on the other half's barriers (expecting the peer's bytes), where rank 0's
-        warp 3 copies the right halves' rope into its own buffer.  Fill order per rank: 0: (0, L), (1, L); 1: (1, R),
-        (0, R) — the first fills of both ranks are the two warpgroups' first QK halves, as in the shipped order.  The
-        rolling loads go to the rank's next own fill; the next pair's records are published before the fill whose
-        loads read them (rank 0: its (1, L); rank 1: its (0, R) — by then the consumers have read this pair's
-        predecessor's records: its (0, R) was freed after both warpgroups' key masks).  A lone pair's pad is not
-        filled; rank 1 then loads (0, R)'s rows, which it had not (its rows in flight were the pad's)."""
-        rank = cute.arch.block_idx_in_cluster()
-        n_pairs = (tile_hi - tile_lo + 1) // 2
-        if rank == 0:
-            for k in cutlass.range_constexpr(self.convert_rows):
-                self.load_row(records, scale_of, 0, 0, 0, slot, k, raw, scale_bytes)
+    def next_record(self, keys, batch, token, key0, key_end, p, next_indices):
+        """At pair ``p``'s first fill: my key of the next pair resolved into its record (still loading: published a
+        few fills later), and the loads of my key's indices of the pair after it."""
+        part, scales = self.fetch_record(keys, key0 + (2 * p + 2) * TILE_N, key_end, next_indices)
+        return part, scales, self.load_indices(keys, batch, token, key0 + (2 * p + 4) * TILE_N)
+
+    @cute.jit
+    def publish_half_tile(self, pipe, state, rope_lane, h: cutlass.Constexpr):
+        """This thread's part of a half-tile is written: fence its stores for the consumers' wgmma (async proxy) and
+        arrive on the half-tile's barrier — a rope lane of a right half once its ``cp.async`` copies have landed (no
+        wait)."""
+        cute.arch.fence_proxy("async.shared", space="cta")
+        if rope_lane and const_expr(h == 1):
+            cute.arch.cp_async_mbarrier_arrive_noinc(pipe.producer_get_barrier(state))
         else:
-            for k in cutlass.range_constexpr(self.convert_rows):
-                self.load_row(records, scale_of, 0, 1, 1, slot, k, raw, scale_bytes)
-        for p in cutlass.range(n_pairs, unroll=1):
-            buf = p % 2
-            lone = tile_lo + 2 * p + 1 >= tile_hi
-            for j in cutlass.range_constexpr(4):
-                b, h = HALF_TILE_ORDER[j]
-                if const_expr(j == 0):      # the next pair's record; the indices of the pair after it
-                    part, scales = self.fetch_record(keys, key0 + (2 * p + 2) * TILE_N, key_end, next_indices)
-                    next_indices = self.load_indices(keys, batch, token, key0 + (2 * p + 4) * TILE_N)
-                kv_pipes[2 * b + h].producer_acquire(state)
-                mine = rank == h
-                expect_peer = tidx == 0 and not mine     # the peer fills this half: its bytes, none into a pad
-                if const_expr(b == 1):
-                    expect_peer = expect_peer and not lone
-                if expect_peer:
-                    cute.arch.mbarrier_expect_tx(kv_pipes[2 * b + h].producer_get_barrier(state),
-                                                 self.peer_bytes(h))
-                if const_expr(j >= 2):      # rank 1 publishes before its (0, R), rank 0 before its (1, L)
-                    if mine:
-                        records[0, tidx, 1 - buf] = part
-                        records[1, tidx, 1 - buf] = scales
-                        cute.arch.barrier(barrier_id=PRODUCER_SYNC, number_of_threads=128)
-                fill = True
-                if const_expr(b == 1):
-                    fill = not lone
-                if fill:
-                    if mine:
-                        # my next own fill: (1, h) of this pair after (0, h) ... (for rank 1 (0, R) after (1, R)),
-                        # the next pair's first after my second
-                        next_buf = buf if const_expr(j < 2) else 1 - buf
-                        self.fill_half_tile(records, scale_of, buf, b, h, next_buf, (1 - b, h), sKV, slot, raw,
-                                            scale_bytes, kv_pipes[2 * b + h].producer_get_barrier(state))
-                    elif rope_lane and const_expr(h == 1):
-                        self.copy_rope_rows(records, buf, b, slot, sKV)
-                elif const_expr(j == 1):
-                    if mine:          # (1, R) of a lone pair at rank 1: the rows of (0, R), filled next
-                        for k in cutlass.range_constexpr(self.convert_rows):
-                            self.load_row(records, scale_of, buf, 0, 1, slot, k, raw, scale_bytes)
-                cute.arch.fence_proxy("async.shared", space="cta")   # generic writes → the consumers' wgmma
-                if rope_lane and const_expr(h == 1):    # arrives once its rope copies have landed; no wait
-                    cute.arch.cp_async_mbarrier_arrive_noinc(kv_pipes[2 * b + h].producer_get_barrier(state))
-                else:
-                    kv_pipes[2 * b + h].producer_commit(state)
-            state.advance()
-        return state
+            pipe.producer_commit(state)
+
+    @cute.jit
+    def fill_by_halves(self, j: cutlass.Constexpr, pipe, state, rank, tidx, buf, lone, part, scales, records,
+                       scale_of, sKV, slot, raw, scale_bytes, rope_lane):
+        """Fill ``j`` of a pair (half-tile ``HALF_TILE_ORDER[j]``, its buffer acquired) with the crossover split by
+        column halves (``CROSSOVER_BY_HALVES``): the CTA of cluster rank c fills column half c of both tiles — all
+        64 rows, 8 a thread, into its own and the peer's buffer — and on the other half only expects the peer's
+        bytes (rank 0's warp 3 copying the right halves' rope into its own buffer).  Fill order per rank: 0: (0, L),
+        (1, L); 1: (1, R), (0, R) — the first fills of both ranks are the two warpgroups' first QK halves, as in the
+        row split.  The rolling loads go to the rank's next own fill; the next pair's records are published before
+        the fill whose loads read them (rank 0: its (1, L); rank 1: its (0, R) — by then the consumers have read the
+        pair before's records: its (0, R) was freed after both warpgroups' key masks).  A lone pair's pad is not
+        filled; rank 1 then loads (0, R)'s rows, which it had not (its rows in flight were the pad's)."""
+        b, h = HALF_TILE_ORDER[j]
+        mine = rank == h
+        expect_peer = tidx == 0 and not mine     # the peer fills this half: its bytes, none into a pad
+        if const_expr(b == 1):
+            expect_peer = expect_peer and not lone
+        if expect_peer:
+            cute.arch.mbarrier_expect_tx(pipe.producer_get_barrier(state), self.peer_bytes(h))
+        if const_expr(j >= 2):      # rank 1 publishes before its (0, R), rank 0 before its (1, L)
+            if mine:
+                records[0, tidx, 1 - buf] = part
+                records[1, tidx, 1 - buf] = scales
+                cute.arch.barrier(barrier_id=PRODUCER_SYNC, number_of_threads=128)
+        fill = True
+        if const_expr(b == 1):
+            fill = not lone
+        if fill:
+            if mine:
+                # my next own fill: (1 - b, h) — of this pair after my first fill, of the next pair after my second
+                next_buf = buf if const_expr(j < 2) else 1 - buf
+                self.fill_half_tile(records, scale_of, buf, b, h, next_buf, (1 - b, h), sKV, slot, raw,
+                                    scale_bytes, pipe.producer_get_barrier(state))
+            elif rope_lane and const_expr(h == 1):
+                self.copy_rope_rows(records, buf, b, slot, sKV)
+        elif const_expr(j == 1):
+            if mine:          # (1, R) of a lone pair at rank 1: the rows of (0, R), filled next
+                self.load_rows(records, scale_of, buf, 0, 1, slot, raw, scale_bytes)
 
     @cute.jit
     def copy_rope_rows(self, records, buf, b: cutlass.Constexpr, slot, sKV):
@@ -552,6 +546,12 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         key = b * TILE_N + group + ROW_GROUPS * (first_k + k)
         cute.autovec_copy(gmem_view(Uint32, records[0, key, buf] + Int64(col), 4, 16), raw[k, None])
         scale_bytes[k] = Uint32(scale_of[col // 64, key, buf])
+
+    @cute.jit
+    def load_rows(self, records, scale_of, buf, b, h: cutlass.Constexpr, slot, raw, scale_bytes):
+        """:meth:`load_row` for each of this thread's rows of half-tile (b, h)."""
+        for k in cutlass.range_constexpr(self.convert_rows):
+            self.load_row(records, scale_of, buf, b, h, slot, k, raw, scale_bytes)
 
     @cute.jit
     def fill_half_tile(self, records, scale_of, buf, b: cutlass.Constexpr, h: cutlass.Constexpr, next_buf,
