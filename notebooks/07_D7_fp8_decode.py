@@ -239,7 +239,9 @@ if on_gpu:
         metrics["flashmla_host_us"] = max(r["flashmla_host_us"] for r in rows)
     else:
         metrics["ratio_vs_flashmla_worst"] = metrics["ratio_vs_flashmla_b1"] = "not run"
-    record(metrics_path, **metrics)
+    # every shape's row too (device and host µs of ours and the peers): the headline keeps only the worst of each,
+    # and which shape sets the host µs is #28's question
+    record(metrics_path, **metrics, speed_rows=rows)
     labels = [f"B{r['B']} H{r['H']}\n{r['keys']}" for r in rows]
     x = np.arange(len(rows))
     fig, ax = plt.subplots(figsize=(10, 3.5))
@@ -256,8 +258,8 @@ if on_gpu:
 # ## Where it stands
 #
 # Correct everywhere (the writer bit-equal to the reference, the decode at cosine 0.999998 against float64 over
-# the same FP8 cache, every e4m3 byte and scale dequantized bit-exactly).  Speed on the H100 (session 32, FlashMLA in
-# the same run): B1 13.0 µs, 1.14x FlashMLA (the bar: ≤ 12 µs, 1.15x); H64 at B64 / B128 1.05x / 0.98x; H128
+# the same FP8 cache, every e4m3 byte and scale dequantized bit-exactly).  Speed on the H100 (session 33, FlashMLA in
+# the same run): B1 13.3 µs, 1.11x FlashMLA (the bar: ≤ 12 µs, 1.15x); H64 at B64 / B128 about 1.0x; H128
 # 0.89-0.90x, the worst — not yet the 1.5x the stage aims at.  What got it here (docs/tuning/d7.md has the
 # measurements): each key resolved once into a shared record; rolling loads (8 rows in flight per producer thread);
 # the rope columns by `cp.async` with the hardware arriving for them; e4m3 → bf16 by placed bits and one bf16
@@ -265,7 +267,17 @@ if on_gpu:
 # that dequantizes each key once for both CTAs; at B1 a tile a split and the lone pair.  What did not help, measured
 # against each other: the H128 producer's rows two half-tiles ahead and FlashMLA's own consumer split (one warpgroup
 # for all scores + the left half, one for the right half, more registers for the producer) — both slower, and
-# taking 8 registers from the consumers alone cost 6-9 % at H128: the consumers are on the critical path too.
+# taking 8 registers from the consumers alone cost 6-9 % at H128; and on the consumers' side, agreeing on a pair's
+# row max by one swap instead of the chain (13-15 % slower at H128: the chain hides warpgroup 1's softmax behind
+# warpgroup 0's first PV) or 216 registers instead of 208 (no gain).
+#
+# Where the time goes now (session 33, `scripts/probe_d7.py`, parts switched off): the e4m3 conversion costs
+# nothing measurable; the key-byte loads ~20 %; the producer *alone* (the consumers' MMAs removed) is ~85 % of the
+# whole; and a pipeline in which the producer never waits for a freed buffer gains at most 2 % — so the producer's
+# own fill time, not the number of buffers, bounds the decode.  FlashMLA's producer issues a whole tile's loads per
+# thread before converting (one DRAM latency a tile); at H128 ours takes four fills of 4 rows a pair.  The candidate
+# that halves that (each CTA of the head pair converting one column half of every row) is built and waits for its
+# GPU measurement (docs/tuning/d7.md).
 
 # %%
 record(metrics_path, mode="gpu" if on_gpu else "compile",
