@@ -47,12 +47,13 @@ for w in $what; do
                 timeout 240 python scripts/sweep_d1.py --head-dim 256 --causal 1; } 2>&1 | tee "$out/logs/d1.txt" \
                 | grep "^{\|refused" ;;
     # what the D7 producer's per-fill time is made of (session 33's open question): the candidate crossover by
-    # column halves (its GPU tests first, then timed: it must give the shipped bits), the fence's price, the early-
-    # release bound again, and the half-tile event trace at B128 H64 and B128 H128 (~5 min)
-    d7why)    { timeout 200 python -m pytest -m gpu -q -p no:cacheprovider -k "candidate" tests/test_d7_fp8_decode.py \
+    # column halves and the early first loads (their 7 GPU tests first, then timed: both must give the shipped bits),
+    # the fence's price, the early-release bound again, and the half-tile event trace at B128 H64 and H128 (~6-8 min;
+    # call with timeout_s 600)
+    d7why)    { timeout 280 python -m pytest -m gpu -q -p no:cacheprovider -k "candidate" tests/test_d7_fp8_decode.py \
                   2>&1 | tail -n 4;
-                timeout 240 python scripts/probe_d7.py --shapes 0,2,3,4 --variants full,by_halves,no_fence,early_release,full;
-                timeout 150 python scripts/probe_d7.py --shapes 2,4 --trace; } 2>&1 | tee "$out/logs/d7why.txt" \
+                timeout 220 python scripts/probe_d7.py --shapes 0,2,3,4 --variants full,by_halves,early_first,no_fence,early_release,full;
+                timeout 90 python scripts/probe_d7.py --shapes 2,4 --trace; } 2>&1 | tee "$out/logs/d7why.txt" \
                 | grep -v "^\s*$" | tail -n 40 ;;
     bench)    { timeout 120 python scripts/bench_sparse.py; timeout 60 python scripts/bench_nvfp4.py;
                 timeout 120 python scripts/quick_bench.py 64 128 256; } 2>&1 | grep "{" > "$out/logs/bench.txt"

@@ -16,6 +16,8 @@ garbage in every variant but ``full`` — this is a measurement, never a result.
   by_halves     H = 128: the crossover split by column halves (Model1DecodeSm90.CROSSOVER_BY_HALVES: each CTA
                 converts every row of one half, two fills a pair with 8 rows in flight a thread); must give the
                 shipped bits (checked here on the first input set)
+  early_first   an item's first row bytes issued before the scale words are published (EARLY_FIRST_LOADS: two DRAM
+                latencies before the first conversion instead of three; B1's one-tile splits); the shipped bits
   early_release each half-tile freed as soon as its consumer has waited for it (the consumers' releases after their
                 MMAs do nothing): the producer refills while the buffer is still read — garbage, but the time of a
                 pipeline deep enough that no refill waits for the consumers (the bound of a third buffer, session 33)
@@ -57,8 +59,8 @@ ORIGINAL = dict(convert=md.e4m3x2_to_bf16x2, load_row=md.Model1DecodeSm90.load_r
                 cute=md.cute,
                 placed_max=md.PLACED_SCALE_MAX, crossover=decode.HEAD_PAIR_CLUSTER,
                 regs=(md.Model1DecodeSm90.PAIRED_PRODUCER_REGS, md.Model1DecodeSm90.PAIRED_CONSUMER_REGS),
-                by_halves=md.Model1DecodeSm90.CROSSOVER_BY_HALVES)
-SAME_BITS = ("full", "by_halves", "no_crossover")      # variants that must compute the shipped output
+                by_halves=md.Model1DecodeSm90.CROSSOVER_BY_HALVES, early_first=md.Model1DecodeSm90.EARLY_FIRST_LOADS)
+SAME_BITS = ("full", "by_halves", "early_first", "no_crossover")   # variants that must compute the shipped output
 
 
 @dsl_user_op
@@ -169,6 +171,7 @@ VARIANTS = {
     "no_crossover": dict(crossover=False),
     "regs216": dict(regs=(72, 216)),
     "by_halves": dict(by_halves=True),
+    "early_first": dict(early_first=True),
     "early_release": dict(pipes=early_release(ORIGINAL["pipes"])),
     "no_fence": dict(cute=CUTE_WITHOUT_FENCE),
     "idle_producer": dict(load_row=nothing, fill=nothing),
@@ -274,6 +277,7 @@ def apply(variant: str) -> None:
     md.Model1DecodeSm90.half_tile_pipelines = parts["pipes"]
     md.cute = parts["cute"]
     md.Model1DecodeSm90.CROSSOVER_BY_HALVES = parts["by_halves"]
+    md.Model1DecodeSm90.EARLY_FIRST_LOADS = parts["early_first"]
     md.PLACED_SCALE_MAX = parts["placed_max"]
     decode.HEAD_PAIR_CLUSTER = parts["crossover"]
     md.Model1DecodeSm90.PAIRED_PRODUCER_REGS, md.Model1DecodeSm90.PAIRED_CONSUMER_REGS = parts["regs"]

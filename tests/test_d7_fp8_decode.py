@@ -66,6 +66,23 @@ def test_candidate_crossover_by_halves_builds_every_row_of_its_half(split_kv):
         assert "C7514" not in report, report[-800:]
 
 
+@pytest.mark.compile
+def test_candidate_early_first_loads_publishes_twice_and_loads_the_same(monkeypatch):
+    """``EARLY_FIRST_LOADS``: one more producer barrier (the scale words' own publish), the same global loads and
+    scale reads as the shipped build, no spill."""
+    from dsv4lib.kernels.sm90.model1_decode import Model1DecodeSm90
+    shipped = _build_decode(True, True)
+    monkeypatch.setattr(Model1DecodeSm90, "EARLY_FIRST_LOADS", True)
+    early = _build_decode(True, True)
+    assert early.count(r"bar\.sync") == shipped.count(r"bar\.sync") + 1
+    for instr in (r"ld\.global\.v4", r"ld\.shared\.[ub]8"):
+        assert early.count(instr) == shipped.count(instr), instr
+    report = early.ptxas_report()
+    if report is not None and "Unsupported .version" not in report:
+        spills = [int(s) for s in re.findall(r"(\d+) bytes spill stores", report)]
+        assert spills and max(spills) == 0, report
+
+
 def test_the_crossover_by_halves_expects_all_rows_of_the_peers_half():
     """The candidate's transaction bytes: the peer converts every row of its half — 64 rows x 256 columns of the
     left, 64 x 192 of the right (its rope columns each CTA copies itself) — against 32 rows in the row split."""
@@ -352,22 +369,27 @@ def test_head_pair_clusters_compute_what_one_cta_per_head_group_computes(B, num_
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("B,num_splits", [(40, 1), (1, 0), (3, 5)])
-def test_candidate_crossover_by_halves_gives_the_same_bits(B, num_splits, monkeypatch):
-    """The A/B candidate ``CROSSOVER_BY_HALVES`` (H = 128, each CTA converting one column half of every row):
-    the same bytes through the same exact conversion and the same MMAs, so the same bits as the shipped row split
-    — unsplit (sink), B1 split by the rule (lone pairs: the pad skipped, rank 1 reloading (0, R)'s rows), a split
-    count with odd tiles; and against the float64 reference."""
+@pytest.mark.parametrize("switch,B,H,num_splits", [
+    ("CROSSOVER_BY_HALVES", 40, 128, 1), ("CROSSOVER_BY_HALVES", 1, 128, 0), ("CROSSOVER_BY_HALVES", 3, 128, 5),
+    ("EARLY_FIRST_LOADS", 1, 64, 0), ("EARLY_FIRST_LOADS", 40, 64, 1), ("EARLY_FIRST_LOADS", 1, 128, 0),
+    ("EARLY_FIRST_LOADS", 20, 128, 1)])
+def test_candidate_producer_switch_gives_the_same_bits(switch, B, H, num_splits, monkeypatch):
+    """The producer's A/B candidates move the same bytes through the same exact conversion into the same MMAs, so
+    they must give the shipped bits.  ``CROSSOVER_BY_HALVES`` (H = 128, each CTA converting one column half of every
+    row): unsplit (sink), B1 split by the rule (lone pairs: the pad skipped, rank 1 reloading (0, R)'s rows), 5 splits
+    (odd tile counts).  ``EARLY_FIRST_LOADS`` (an item's first row bytes issued before the scale words are
+    published): B1 by the rule (every split an item of one tile) and unsplit, H 64 and 128.  Both also against the
+    float64 reference."""
     from dsv4lib.kernels.sm90.model1_decode import Model1DecodeSm90
     gen = torch.Generator().manual_seed(fresh_seed())
-    q, main, idx, kw = _decode_inputs(B, 1, 128, True, True, True, gen)
+    q, main, idx, kw = _decode_inputs(B, 1, H, True, True, True, gen)
     splits = dict(num_splits=num_splits) if num_splits else {}
     shipped = dsv4lib.sparse_decode(q, main, idx, **kw, **splits)
-    with rebuilt_with(monkeypatch, Model1DecodeSm90, CROSSOVER_BY_HALVES=True):
-        halves = dsv4lib.sparse_decode(q, main, idx, **kw, **splits)
-    assert not halves.isnan().any()
-    assert torch.equal(shipped, halves)
-    check_output(halves, _reference(q, main, idx, kw)[0])
+    with rebuilt_with(monkeypatch, Model1DecodeSm90, **{switch: True}):
+        candidate = dsv4lib.sparse_decode(q, main, idx, **kw, **splits)
+    assert not candidate.isnan().any()
+    assert torch.equal(shipped, candidate)
+    check_output(candidate, _reference(q, main, idx, kw)[0])
 
 
 @pytest.mark.gpu

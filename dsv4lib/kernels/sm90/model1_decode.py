@@ -232,6 +232,12 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
     # flight a thread (the H64 registers): half the DRAM latencies a pair on the producer's path, as FlashMLA's
     # whole-tile loads (docs/tuning/d7.md, session 33; probe_d7 ``by_halves``)
     CROSSOVER_BY_HALVES = False
+    # an item's first fill.  False (shipped): its rows' byte loads are issued once the records are published, and a
+    # record's scale word is stored (waiting for its load) before that — index, scale, bytes: three DRAM latencies in
+    # a row before the first conversion.  True (A/B candidate, compiled, not yet run): the addresses are published
+    # first and the rows' bytes go out at once, the scales (loading beside them) through a second publish — two
+    # latencies.  Matters where an item is a tile or two: B1's splits (probe_d7 ``early_first``)
+    EARLY_FIRST_LOADS = False
 
     def __init__(self, config: Model1DecodeConfig):
         if not isinstance(config, Model1DecodeConfig):
@@ -396,19 +402,20 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         key_end = cutlass.min(n_keys, tile_hi * TILE_N)     # past it (padding tile, the next split's): no key
         part, scales = self.fetch_record(keys, key0, key_end, self.load_indices(keys, batch, token, key0))
         records[0, tidx, 0] = part
-        records[1, tidx, 0] = scales
+        if const_expr(not self.EARLY_FIRST_LOADS):
+            records[1, tidx, 0] = scales
         next_indices = self.load_indices(keys, batch, token, key0 + 2 * TILE_N)
         cute.arch.barrier(barrier_id=PRODUCER_SYNC, number_of_threads=128)
         rank = Int32(0)
-        if const_expr(self.by_halves):      # my first fill's rows: (0, L) at rank 0, (1, R) at rank 1
+        if const_expr(self.by_halves):
             rank = cute.arch.block_idx_in_cluster()
-            if rank == 0:
-                self.load_rows(records, scale_of, 0, 0, 0, slot, raw, scale_bytes)
-            else:
-                self.load_rows(records, scale_of, 0, 1, 1, slot, raw, scale_bytes)
+        if const_expr(self.EARLY_FIRST_LOADS):
+            self.load_first_rows(records, scale_of, rank, slot, raw, scale_bytes, True, False)
+            records[1, tidx, 0] = scales             # (waits for its load, in flight beside the rows' bytes)
+            cute.arch.barrier(barrier_id=PRODUCER_SYNC, number_of_threads=128)
+            self.load_first_rows(records, scale_of, rank, slot, raw, scale_bytes, False, True)
         else:
-            b0, h0 = HALF_TILE_ORDER[0]
-            self.load_rows(records, scale_of, 0, b0, h0, slot, raw, scale_bytes)
+            self.load_first_rows(records, scale_of, rank, slot, raw, scale_bytes, True, True)
         for p in cutlass.range(n_pairs, unroll=1):
             buf = p % 2
             # a lone pair (odd tile count, the last pair): its odd tile is a pad no consumer MMA reads — its two
@@ -541,17 +548,44 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         ``scale_bytes[k]``.  The rope lanes (right half, 12-15) load too — 16 bytes of their row's rope, the L2 lines
         their ``cp.async`` reads, never used — so that no lane-dependent branch has to carry registers.  ``b`` may be
         a runtime value (a lone pair's first fill loads (0, R) next, not (1, R))."""
+        self.load_row_parts(records, scale_of, buf, b, h, slot, k, raw, scale_bytes, True, True)
+
+    @cute.jit
+    def load_row_parts(self, records, scale_of, buf, b, h: cutlass.Constexpr, slot, k: cutlass.Constexpr, raw,
+                       scale_bytes, row_bytes: cutlass.Constexpr, scale: cutlass.Constexpr):
+        """:meth:`load_row`'s two parts, either or both: the row's 16 bytes (their address from the record) and its
+        scale byte (from the record's scale word)."""
         group, lane, first_k, _, _, _ = slot
         col = h * HALF + lane * COLS_PER_THREAD
         key = b * TILE_N + group + ROW_GROUPS * (first_k + k)
-        cute.autovec_copy(gmem_view(Uint32, records[0, key, buf] + Int64(col), 4, 16), raw[k, None])
-        scale_bytes[k] = Uint32(scale_of[col // 64, key, buf])
+        if const_expr(row_bytes):
+            cute.autovec_copy(gmem_view(Uint32, records[0, key, buf] + Int64(col), 4, 16), raw[k, None])
+        if const_expr(scale):
+            scale_bytes[k] = Uint32(scale_of[col // 64, key, buf])
 
     @cute.jit
-    def load_rows(self, records, scale_of, buf, b, h: cutlass.Constexpr, slot, raw, scale_bytes):
-        """:meth:`load_row` for each of this thread's rows of half-tile (b, h)."""
+    def load_rows(self, records, scale_of, buf, b, h: cutlass.Constexpr, slot, raw, scale_bytes,
+                  row_bytes: cutlass.Constexpr = True, scale: cutlass.Constexpr = True):
+        """:meth:`load_row` (or one of its parts) for each of this thread's rows of half-tile (b, h)."""
         for k in cutlass.range_constexpr(self.convert_rows):
-            self.load_row(records, scale_of, buf, b, h, slot, k, raw, scale_bytes)
+            if const_expr(row_bytes and scale):
+                self.load_row(records, scale_of, buf, b, h, slot, k, raw, scale_bytes)     # (probe_d7 swaps it)
+            else:
+                self.load_row_parts(records, scale_of, buf, b, h, slot, k, raw, scale_bytes, row_bytes, scale)
+
+    @cute.jit
+    def load_first_rows(self, records, scale_of, rank, slot, raw, scale_bytes, row_bytes: cutlass.Constexpr,
+                        scale: cutlass.Constexpr):
+        """:meth:`load_rows` of an item's first fill: (0, L), or with the crossover by halves (0, L) at rank 0 and
+        (1, R) at rank 1."""
+        if const_expr(self.by_halves):
+            if rank == 0:
+                self.load_rows(records, scale_of, 0, 0, 0, slot, raw, scale_bytes, row_bytes, scale)
+            else:
+                self.load_rows(records, scale_of, 0, 1, 1, slot, raw, scale_bytes, row_bytes, scale)
+        else:
+            b0, h0 = HALF_TILE_ORDER[0]
+            self.load_rows(records, scale_of, 0, b0, h0, slot, raw, scale_bytes, row_bytes, scale)
 
     @cute.jit
     def fill_half_tile(self, records, scale_of, buf, b: cutlass.Constexpr, h: cutlass.Constexpr, next_buf,
