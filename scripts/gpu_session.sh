@@ -8,8 +8,8 @@
 # ab (scripts/ab_time.py against the tree in .ab/before, when carried), probes (host µs split into launches and the
 # rest, and with a compiled call per kernel; D7 B1 at 5 / 8 / 10 splits beside FlashMLA; D6's prefill with both grid
 # orders over a 32 MiB (L2-resident) and a 256 MiB key pool: H100 read 0.79x FlashMLA at H128 on the small pool); d1 (scripts/sweep_d1.py: the hd64 and hd256
-# causal schedule candidates vs FA4 — D1's worst shapes — ~4 min); d7why (probe_d7 no_fence / early_release and the
-# --trace at B128 H64 / H128: what a D7 producer fill costs);
+# causal schedule candidates vs FA4 — D1's worst shapes — ~4 min); d7why (the D7 producer candidates' GPU tests, then probe_d7
+# full / by_halves / early_first / no_fence / early_release and the --trace at B128 H64 / H128; ~6-8 min);
 # pipeline1 / pipeline2: the stages in two calls (the whole pipeline took > 560 s on the H100, session 31).
 # default: all three — about 10 min, over the 600 s a call may take: run "tests" in one call, "pipeline1" and
 # "pipeline2" in the next two (each within 30 s of the last: a warm machine keeps the unpacked bundles).  Results land in $OUT/session.tgz (stages/results/<gpu>.json, STATUS.md, stage logs and

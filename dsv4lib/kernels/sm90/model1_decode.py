@@ -381,6 +381,7 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         scale_bytes = cute.make_rmem_tensor((self.convert_rows,), Uint32)
         # my rows of a half-tile: group + 8 (first_k + k), k < convert_rows; with the crossover the CTA of cluster rank
         # c converts rows 32 c … 32 c + 31 and stores them into the peer's buffer too
+        rank = Int32(0)
         first_k = Int32(0)
         peer = Int32(0)
         chunk_at = (Int32(0), Int32(0))
@@ -406,9 +407,6 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
             records[1, tidx, 0] = scales
         next_indices = self.load_indices(keys, batch, token, key0 + 2 * TILE_N)
         cute.arch.barrier(barrier_id=PRODUCER_SYNC, number_of_threads=128)
-        rank = Int32(0)
-        if const_expr(self.by_halves):
-            rank = cute.arch.block_idx_in_cluster()
         if const_expr(self.EARLY_FIRST_LOADS):
             self.load_first_rows(records, scale_of, rank, slot, raw, scale_bytes, True, False)
             records[1, tidx, 0] = scales             # (waits for its load, in flight beside the rows' bytes)
@@ -440,9 +438,7 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
                                                          self.peer_bytes(h))
                     next_buf = buf
                     if const_expr(j == 3):      # the next half-tile is the next pair's: publish its records first
-                        records[0, tidx, 1 - buf] = part
-                        records[1, tidx, 1 - buf] = scales
-                        cute.arch.barrier(barrier_id=PRODUCER_SYNC, number_of_threads=128)
+                        self.publish_records(records, tidx, 1 - buf, part, scales)
                         next_buf = 1 - buf
                     next_half = HALF_TILE_ORDER[(j + 1) % 4]
                     if const_expr(j == 0):      # (1, R) next — or, lone, (0, R)
@@ -463,6 +459,14 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         few fills later), and the loads of my key's indices of the pair after it."""
         part, scales = self.fetch_record(keys, key0 + (2 * p + 2) * TILE_N, key_end, next_indices)
         return part, scales, self.load_indices(keys, batch, token, key0 + (2 * p + 4) * TILE_N)
+
+    @cute.jit
+    def publish_records(self, records, tidx, buf, part, scales):
+        """My key's record (its part's address, its scale word: the scale load waited for here) into record buffer
+        ``buf``, then the producer warpgroup's barrier: every thread's rows may read every record after it."""
+        records[0, tidx, buf] = part
+        records[1, tidx, buf] = scales
+        cute.arch.barrier(barrier_id=PRODUCER_SYNC, number_of_threads=128)
 
     @cute.jit
     def publish_half_tile(self, pipe, state, rope_lane, h: cutlass.Constexpr):
@@ -496,9 +500,7 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
             cute.arch.mbarrier_expect_tx(pipe.producer_get_barrier(state), self.peer_bytes(h))
         if const_expr(j >= 2):      # rank 1 publishes before its (0, R), rank 0 before its (1, L)
             if mine:
-                records[0, tidx, 1 - buf] = part
-                records[1, tidx, 1 - buf] = scales
-                cute.arch.barrier(barrier_id=PRODUCER_SYNC, number_of_threads=128)
+                self.publish_records(records, tidx, 1 - buf, part, scales)
         fill = True
         if const_expr(b == 1):
             fill = not lone
@@ -534,8 +536,8 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         return tidx % ROW_GROUPS, tidx // ROW_GROUPS
 
     def peer_bytes(self, h: int) -> int:
-        """Bytes the peer CTA stores into a half-tile of column half ``h`` (crossover): its 32 rows × the converted
-        columns (the rope columns each CTA copies for itself)."""
+        """Bytes the peer CTA stores into a half-tile of column half ``h`` (crossover): its 32 rows (by halves: all 64
+        of the half it fills) × the converted columns (the rope columns each CTA copies for itself)."""
         lanes = ROPE_LANE if h == 1 else HALF // COLS_PER_THREAD
         rows = TILE_N if self.by_halves else TILE_N // HEAD_PAIR       # by halves the peer fills all of its half
         return rows * lanes * COLS_PER_THREAD * 2
