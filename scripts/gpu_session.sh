@@ -9,7 +9,7 @@
 # rest, and with a compiled call per kernel; D7 B1 at 5 / 8 / 10 splits beside FlashMLA; D6's prefill with both grid
 # orders over a 32 MiB (L2-resident) and a 256 MiB key pool: H100 read 0.79x FlashMLA at H128 on the small pool); d1 (scripts/sweep_d1.py: the hd64 and hd256
 # causal schedule candidates vs FA4 — D1's worst shapes — ~4 min); d7why (the D7 producer candidates' GPU tests, then probe_d7
-# full / by_halves / early_first / no_fence / early_release and the --trace at B128 H64 / H128; ~6-8 min);
+# full / no_fence / early_release and the --trace at B128 H64 / H128; ~6-8 min);
 # pipeline1 / pipeline2: the stages in two calls (the whole pipeline took > 560 s on the H100, session 31).
 # default: all three — about 10 min, over the 600 s a call may take: run "tests" in one call, "pipeline1" and
 # "pipeline2" in the next two (each within 30 s of the last: a warm machine keeps the unpacked bundles).  Results land in $OUT/session.tgz (stages/results/<gpu>.json, STATUS.md, stage logs and
@@ -52,7 +52,7 @@ for w in $what; do
     # call with timeout_s 600)
     d7why)    { timeout 280 python -m pytest -m gpu -q -p no:cacheprovider -k "candidate" tests/test_d7_fp8_decode.py \
                   2>&1 | tail -n 4;
-                timeout 220 python scripts/probe_d7.py --shapes 0,2,3,4 --variants full,by_halves,early_first,no_fence,early_release,full;
+                timeout 220 python scripts/probe_d7.py --shapes 0,2,3,4 --variants full,no_fence,early_release,full;
                 timeout 90 python scripts/probe_d7.py --shapes 2,4 --trace; } 2>&1 | tee "$out/logs/d7why.txt" \
                 | grep -v "^\s*$" | tail -n 40 ;;
     bench)    { timeout 120 python scripts/bench_sparse.py; timeout 60 python scripts/bench_nvfp4.py;

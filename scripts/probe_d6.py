@@ -13,7 +13,7 @@ prefill shapes (every index valid, so ``no_key_mask`` computes the same result).
                       331 / 336 / 469 / 314 — not adopted.  Same output.
 
   early_release       each half-tile freed as soon as its consumer has waited for it (probe_d7's
-                      ``EarlyReleasePipe``): the producer refills buffers still being read — garbage, but the time of
+                      ``early_release_pipe``): the producer refills buffers still being read — garbage, but the time of
                       a pipeline deep enough that no gather waits for the consumers.
 
 (The L2-hint variants of session 28 — FlashMLA's ``L2::256B`` prefetch and evict-last policy on the gather's

@@ -14,11 +14,6 @@ input set) — this is a measurement, never a result.
   regs216       the consumers at 216 registers, the producer at 72 (shipped 208 / 88; both spill-free, ptxas -v):
                 session 33 on the H100 13.5 / 51.2 / 70.4 / 135.4 µs against 13.0 / 50.6 / 70.5 / 136.9 — noise at
                 H128, slower at H64: not adopted (200 registers cost 6-9 % at H128, session 32); right too
-  by_halves     H = 128: the crossover split by column halves (Model1DecodeSm90.CROSSOVER_BY_HALVES: each CTA
-                converts every row of one half, two fills a pair with 8 rows in flight a thread); must give the
-                shipped bits (checked here on the first input set)
-  early_first   an item's first row bytes issued before the scale words are published (EARLY_FIRST_LOADS: two DRAM
-                latencies before the first conversion instead of three; B1's one-tile splits); the shipped bits
   early_release each half-tile freed as soon as its consumer has waited for it (the consumers' releases after their
                 MMAs do nothing): the producer refills while the buffer is still read — garbage, but the time of a
                 pipeline deep enough that no refill waits for the consumers (the bound of a third buffer, session 33)
@@ -38,7 +33,7 @@ over CTAs of each event's time from the pair's first event, in SM clocks.
 
 Usage: python scripts/probe_d7.py [--shapes 1,2,4] [--variants full,no_mma] [--trace]"""
 import argparse
-import dataclasses
+import copy
 import math
 
 import cutlass
@@ -59,9 +54,8 @@ ORIGINAL = dict(convert=md.e4m3x2_to_bf16x2, load_row=md.Model1DecodeSm90.load_r
                 slot=md.Model1DecodeSm90.producer_slot, pipes=md.Model1DecodeSm90.half_tile_pipelines,
                 cute=md.cute,
                 placed_max=md.PLACED_SCALE_MAX, crossover=decode.HEAD_PAIR_CLUSTER,
-                regs=(md.Model1DecodeSm90.PAIRED_PRODUCER_REGS, md.Model1DecodeSm90.PAIRED_CONSUMER_REGS),
-                by_halves=md.Model1DecodeSm90.CROSSOVER_BY_HALVES, early_first=md.Model1DecodeSm90.EARLY_FIRST_LOADS)
-SAME_BITS = ("full", "by_halves", "early_first", "no_crossover")   # variants that must compute the shipped output
+                regs=(md.Model1DecodeSm90.PAIRED_PRODUCER_REGS, md.Model1DecodeSm90.PAIRED_CONSUMER_REGS))
+SAME_BITS = ("full", "no_crossover")   # variants that must compute the shipped output
 
 
 @dsl_user_op
@@ -114,30 +108,28 @@ def nothing(*args, **kwargs) -> None:
     """A switched-off part: called while the kernel is traced, it emits nothing (plain Python, any signature)."""
 
 
-@dataclasses.dataclass
-class EarlyReleasePipe:
+def pipe_like(pipe, name: str, **methods):
+    """``pipe`` (a shipped half-tile pipeline) as an instance of a subclass of its own class with ``methods``
+    replaced (each may call the shipped one as ``type(pipe).<name>``).  Why a subclass, not a wrapper object: the
+    kernel hands its pipes to ``@cute.jit`` helpers that branch at run time (``publish_half_tile``), and the DSL
+    carries a pipe through such a branch field by field, as it carries the shipped class — a wrapper holding the
+    pipe in a field did not survive it (operand does not dominate its use, session 34)."""
+    probe = copy.copy(pipe)
+    object.__setattr__(probe, "__class__", type(f"{name}{type(pipe).__name__}", (type(pipe),), methods))  # frozen too
+    return probe
+
+
+def early_release_pipe(pipe):
     """A half-tile pipeline whose consumer frees the buffer right after waiting for it; the release calls after the
     MMAs are no-ops.  Every half-tile is still waited for exactly once a pair and freed once (the arrival counts of
-    the empty barriers hold, so no hang), but the producer may overwrite a buffer the wgmmas still read.  A
-    dataclass: the DSL carries it through run-time branches field by field."""
-
-    pipe: object
-
-    def producer_acquire(self, state):
-        self.pipe.producer_acquire(state)
-
-    def producer_commit(self, state):
-        self.pipe.producer_commit(state)
-
-    def producer_get_barrier(self, state):
-        return self.pipe.producer_get_barrier(state)
+    the empty barriers hold, so no hang), but the producer may overwrite a buffer the wgmmas still read."""
+    shipped = type(pipe)
 
     def consumer_wait(self, state):
-        self.pipe.consumer_wait(state)
-        self.pipe.consumer_release(state)
+        shipped.consumer_wait(self, state)
+        shipped.consumer_release(self, state)
 
-    def consumer_release(self, state):
-        pass
+    return pipe_like(pipe, "EarlyRelease", consumer_wait=consumer_wait, consumer_release=nothing)
 
 
 class _Forward:
@@ -156,9 +148,9 @@ CUTE_WITHOUT_FENCE = _Forward(cute, arch=_Forward(cute.arch, fence_proxy=nothing
 
 
 def early_release(plain):
-    """``half_tile_pipelines`` (a kernel class's method ``plain``) with :class:`EarlyReleasePipe` around each (D6's
+    """``half_tile_pipelines`` (a kernel class's method ``plain``) with :func:`early_release_pipe` for each (D6's
     probe uses it too)."""
-    return lambda self, barriers: tuple(EarlyReleasePipe(p) for p in plain(self, barriers))
+    return lambda self, barriers: tuple(early_release_pipe(p) for p in plain(self, barriers))
 
 
 VARIANTS = {
@@ -171,8 +163,6 @@ VARIANTS = {
     "l2_256": dict(load_row=load_row_l2_256),
     "no_crossover": dict(crossover=False),
     "regs216": dict(regs=(72, 216)),
-    "by_halves": dict(by_halves=True),
-    "early_first": dict(early_first=True),
     "early_release": dict(pipes=early_release(ORIGINAL["pipes"])),
     "no_fence": dict(cute=CUTE_WITHOUT_FENCE),
     "idle_producer": dict(load_row=nothing, fill=nothing),
@@ -203,41 +193,41 @@ def stamp(address: cutlass.Constexpr, pipe: cutlass.Constexpr, event: cutlass.Co
         buf[event * 4 + pipe, pair, cta] = clock64()
 
 
-@dataclasses.dataclass
-class TracedPipe:
-    """A half-tile pipeline whose four calls stamp the clock (the acquire / wait after, the commit / release
-    before).  A dataclass: the DSL carries it through run-time branches field by field."""
-
-    pipe: object
-    i: int
-    address: int
+def traced_pipe(pipe, i: int, address: int):
+    """A half-tile pipeline (number ``i``) whose four calls stamp the clock (the acquire / wait after, the commit /
+    release before)."""
+    shipped = type(pipe)
 
     def producer_acquire(self, state):
-        self.pipe.producer_acquire(state)
-        stamp(self.address, self.i, 0, state.count)
+        shipped.producer_acquire(self, state)
+        stamp(address, i, 0, state.count)
 
     def producer_commit(self, state):
-        stamp(self.address, self.i, 1, state.count)
-        self.pipe.producer_commit(state)
+        stamp(address, i, 1, state.count)
+        shipped.producer_commit(self, state)
 
     def producer_get_barrier(self, state):     # the rope lanes' arrive (cp.async.mbarrier.arrive.noinc) follows
-        stamp(self.address, self.i, 1, state.count)
-        return self.pipe.producer_get_barrier(state)
+        stamp(address, i, 1, state.count)
+        return shipped.producer_get_barrier(self, state)
 
     def consumer_wait(self, state):
-        self.pipe.consumer_wait(state)
-        stamp(self.address, self.i, 2, state.count)
+        shipped.consumer_wait(self, state)
+        stamp(address, i, 2, state.count)
 
     def consumer_release(self, state):
-        stamp(self.address, self.i, 3, state.count)
-        self.pipe.consumer_release(state)
+        stamp(address, i, 3, state.count)
+        shipped.consumer_release(self, state)
+
+    return pipe_like(pipe, "Traced", producer_acquire=producer_acquire, producer_commit=producer_commit,
+                     producer_get_barrier=producer_get_barrier, consumer_wait=consumer_wait,
+                     consumer_release=consumer_release)
 
 
 def trace(case) -> None:
     buf = torch.zeros(TRACE_CTAS, TRACE_PAIRS, 16, dtype=torch.int64, device="cuda")
     plain = md.Model1DecodeSm90.half_tile_pipelines
     md.Model1DecodeSm90.half_tile_pipelines = lambda self, barriers: tuple(
-        TracedPipe(p, i, buf.data_ptr()) for i, p in enumerate(plain(self, barriers)))
+        traced_pipe(p, i, buf.data_ptr()) for i, p in enumerate(plain(self, barriers)))
     launch._COMPILED.clear()
     try:
         d7.ours_fn(case)(*case.sets[0])
@@ -283,8 +273,6 @@ def apply(variant: str) -> None:
     md.Model1DecodeSm90.producer_slot = parts["slot"]
     md.Model1DecodeSm90.half_tile_pipelines = parts["pipes"]
     md.cute = parts["cute"]
-    md.Model1DecodeSm90.CROSSOVER_BY_HALVES = parts["by_halves"]
-    md.Model1DecodeSm90.EARLY_FIRST_LOADS = parts["early_first"]
     md.PLACED_SCALE_MAX = parts["placed_max"]
     decode.HEAD_PAIR_CLUSTER = parts["crossover"]
     md.Model1DecodeSm90.PAIRED_PRODUCER_REGS, md.Model1DecodeSm90.PAIRED_CONSUMER_REGS = parts["regs"]

@@ -9,22 +9,19 @@ import torch
 
 import dsv4lib
 from dsv4lib.reference import model1 as M
-from gpu_checks import check_output, cosine, fresh_seed, rebuilt_with
+from gpu_checks import check_output, cosine, fresh_seed
 
 
 
 # ------------------------------------------------------------------------------------------------ builds (CPU)
-def _build_decode(extra, split_kv, arch="sm_90a", head_pair_cluster=False, by_halves=False):
+def _build_decode(extra, split_kv, arch="sm_90a", head_pair_cluster=False):
     from dsv4lib.kernels.compile import compile_for_arch
     from dsv4lib.kernels.sm90.sparse_config import Model1DecodeConfig
     from dsv4lib.kernels.sm90.model1_decode import Model1DecodeSm90
     from dsv4lib.ops.decode import fake_args
     config = Model1DecodeConfig.for_decode(extra_cache=extra, topk_length=extra, extra_topk_length=extra,
                                            sink=not split_kv, split_kv=split_kv, head_pair_cluster=head_pair_cluster)
-    kernel = Model1DecodeSm90(config)
-    if by_halves:                            # the A/B candidate CROSSOVER_BY_HALVES, on this instance only
-        kernel.by_halves, kernel.convert_rows = True, 8
-    return compile_for_arch(kernel, *fake_args(extra, split_kv, heads=128 if head_pair_cluster else 64), arch=arch)
+    return compile_for_arch(Model1DecodeSm90(config), *fake_args(extra, split_kv, heads=128 if head_pair_cluster else 64), arch=arch)
 
 
 @pytest.mark.compile
@@ -43,59 +40,6 @@ def test_head_pair_build_converts_half_the_rows_and_stores_them_into_the_peer(sp
     assert k.count(r"mapa") >= 1
     assert k.count(r"barrier\.cluster\.arrive") >= 1 and k.count(r"barrier\.cluster\.wait") >= 1
     assert k.count(r"\.local") == 0
-
-
-@pytest.mark.compile
-@pytest.mark.parametrize("split_kv", [False, True])
-def test_candidate_crossover_by_halves_builds_every_row_of_its_half(split_kv):
-    """The A/B candidate ``CROSSOVER_BY_HALVES`` (H = 128): each CTA converts all 64 rows of its column half (8 a
-    thread, in four fill sites of which a CTA runs two a pair) into its own and the peer's buffer — twice the
-    conversion and store sites of the row split, the peer's bytes still expected once a half-tile, no spill and no
-    serialized wgmma at the shipped registers."""
-    rows = _build_decode(True, split_kv, head_pair_cluster=True)
-    halves = _build_decode(True, split_kv, head_pair_cluster=True, by_halves=True)
-    for instr in (r"mul\.rn\.bf16x2", r"st\.async\.shared::cluster\.mbarrier::complete_tx::bytes\.v4\.b32",
-                  r"st\.shared\.v4"):
-        assert halves.count(instr) == 2 * rows.count(instr), instr
-    assert halves.count(r"mbarrier\.expect_tx") == 4
-    assert halves.count(r"\.local") == 0
-    report = halves.ptxas_report()
-    if report is not None and "Unsupported .version" not in report:
-        spills = [int(s) for s in re.findall(r"(\d+) bytes spill stores", report)]
-        assert spills and max(spills) == 0, report
-        assert "C7514" not in report, report[-800:]
-
-
-@pytest.mark.compile
-def test_candidate_early_first_loads_publishes_twice_and_loads_the_same(monkeypatch):
-    """``EARLY_FIRST_LOADS``: one more producer barrier (the scale words' own publish), the same global loads and
-    scale reads as the shipped build, no spill."""
-    from dsv4lib.kernels.sm90.model1_decode import Model1DecodeSm90
-    shipped = _build_decode(True, True)
-    monkeypatch.setattr(Model1DecodeSm90, "EARLY_FIRST_LOADS", True)
-    early = _build_decode(True, True)
-    assert early.count(r"bar\.sync") == shipped.count(r"bar\.sync") + 1
-    for instr in (r"ld\.global\.v4", r"ld\.shared\.[ub]8"):
-        assert early.count(instr) == shipped.count(instr), instr
-    report = early.ptxas_report()
-    if report is not None and "Unsupported .version" not in report:
-        spills = [int(s) for s in re.findall(r"(\d+) bytes spill stores", report)]
-        assert spills and max(spills) == 0, report
-
-
-def test_the_crossover_by_halves_expects_all_rows_of_the_peers_half():
-    """The candidate's transaction bytes: the peer converts every row of its half — 64 rows x 256 columns of the
-    left, 64 x 192 of the right (its rope columns each CTA copies itself) — against 32 rows in the row split."""
-    from dsv4lib.kernels.sm90.sparse_config import Model1DecodeConfig
-    from dsv4lib.kernels.sm90.model1_decode import Model1DecodeSm90
-    config = Model1DecodeConfig.for_decode(extra_cache=True, topk_length=True, extra_topk_length=True, sink=True,
-                                           split_kv=False, head_pair_cluster=True)
-    rows = Model1DecodeSm90(config)
-    halves = Model1DecodeSm90(config)
-    halves.by_halves = True
-    assert (rows.peer_bytes(0), rows.peer_bytes(1)) == (32 * 256 * 2, 32 * 192 * 2)
-    assert (halves.peer_bytes(0), halves.peer_bytes(1)) == (64 * 256 * 2, 64 * 192 * 2)
-    assert rows.convert_rows == 4 and not rows.by_halves
 
 
 def test_the_model1_decode_refuses_another_schedule():
@@ -366,30 +310,6 @@ def test_head_pair_clusters_compute_what_one_cta_per_head_group_computes(B, num_
     single = dsv4lib.sparse_decode(q, main, idx, **kw, num_splits=num_splits)
     assert torch.equal(paired, single)
     check_output(paired, _reference(q, main, idx, kw)[0])
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("switch,B,H,num_splits", [
-    ("CROSSOVER_BY_HALVES", 40, 128, 1), ("CROSSOVER_BY_HALVES", 1, 128, 0), ("CROSSOVER_BY_HALVES", 3, 128, 5),
-    ("EARLY_FIRST_LOADS", 1, 64, 0), ("EARLY_FIRST_LOADS", 40, 64, 1), ("EARLY_FIRST_LOADS", 1, 128, 0),
-    ("EARLY_FIRST_LOADS", 20, 128, 1)])
-def test_candidate_producer_switch_gives_the_same_bits(switch, B, H, num_splits, monkeypatch):
-    """The producer's A/B candidates move the same bytes through the same exact conversion into the same MMAs, so
-    they must give the shipped bits.  ``CROSSOVER_BY_HALVES`` (H = 128, each CTA converting one column half of every
-    row): unsplit (sink), B1 split by the rule (lone pairs: the pad skipped, rank 1 reloading (0, R)'s rows), 5 splits
-    (odd tile counts).  ``EARLY_FIRST_LOADS`` (an item's first row bytes issued before the scale words are
-    published): B1 by the rule (every split an item of one tile) and unsplit, H 64 and 128.  Both also against the
-    float64 reference."""
-    from dsv4lib.kernels.sm90.model1_decode import Model1DecodeSm90
-    gen = torch.Generator().manual_seed(fresh_seed())
-    q, main, idx, kw = _decode_inputs(B, 1, H, True, True, True, gen)
-    splits = dict(num_splits=num_splits) if num_splits else {}
-    shipped = dsv4lib.sparse_decode(q, main, idx, **kw, **splits)
-    with rebuilt_with(monkeypatch, Model1DecodeSm90, **{switch: True}):
-        candidate = dsv4lib.sparse_decode(q, main, idx, **kw, **splits)
-    assert not candidate.isnan().any()
-    assert torch.equal(shipped, candidate)
-    check_output(candidate, _reference(q, main, idx, kw)[0])
 
 
 @pytest.mark.gpu

@@ -225,29 +225,14 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
     KEY_MASK_AFTER_WAIT = True               # the consumers' key mask comes from the records (is_real_key)
     PRODUCER_KEY_FLAGS = False               # (the records carry key validity: no separate flags)
     HEAD_GROUP_FASTEST = False               # the crossover's head pair is a cluster along y (grid y = head group)
-    # the crossover's split of the conversion.  False (shipped): by rows — each CTA converts 4 rows of a thread's row
-    # group in every half-tile, four fills a pair, 4 rows of loads in flight a thread.  True (A/B candidate, compiled,
-    # not yet run): by column halves — CTA 0 converts every row of the left halves, CTA 1 of the right ones (each
-    # storing into both CTAs; each CTA's warp 3 copies its own right halves' rope), two fills a pair with 8 rows in
-    # flight a thread (the H64 registers): half the DRAM latencies a pair on the producer's path, as FlashMLA's
-    # whole-tile loads (docs/tuning/d7.md, session 33; probe_d7 ``by_halves``)
-    CROSSOVER_BY_HALVES = False
-    # an item's first fill.  False (shipped): its rows' byte loads are issued once the records are published, and a
-    # record's scale word is stored (waiting for its load) before that — index, scale, bytes: three DRAM latencies in
-    # a row before the first conversion.  True (A/B candidate, compiled, not yet run): the addresses are published
-    # first and the rows' bytes go out at once, the scales (loading beside them) through a second publish — two
-    # latencies.  Matters where an item is a tile or two: B1's splits (probe_d7 ``early_first``)
-    EARLY_FIRST_LOADS = False
 
     def __init__(self, config: Model1DecodeConfig):
         if not isinstance(config, Model1DecodeConfig):
             raise TypeError(f"Model1DecodeSm90 takes a Model1DecodeConfig, got {type(config).__name__}")
         super().__init__(config)
         self.crossover = config.head_pair_cluster
-        self.by_halves = self.crossover and self.CROSSOVER_BY_HALVES
-        # rows a producer thread converts per half-tile: all 8 of its row group, or with the crossover by rows its CTA's
-        # half of them
-        self.convert_rows = ROWS_PER_THREAD // HEAD_PAIR if self.crossover and not self.by_halves else ROWS_PER_THREAD
+        # rows a producer thread converts per half-tile: all 8 of its row group, or with the crossover its CTA's half
+        self.convert_rows = ROWS_PER_THREAD // HEAD_PAIR if self.crossover else ROWS_PER_THREAD
         if self.crossover:
             self.pipeline_cluster = (1, HEAD_PAIR)
 
@@ -381,15 +366,13 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         scale_bytes = cute.make_rmem_tensor((self.convert_rows,), Uint32)
         # my rows of a half-tile: group + 8 (first_k + k), k < convert_rows; with the crossover the CTA of cluster rank
         # c converts rows 32 c … 32 c + 31 and stores them into the peer's buffer too
-        rank = Int32(0)
         first_k = Int32(0)
         peer = Int32(0)
         chunk_at = (Int32(0), Int32(0))
         peer_chunk_at = (Int32(0), Int32(0))
         if const_expr(self.crossover):
             rank = cute.arch.block_idx_in_cluster()
-            if const_expr(not self.by_halves):
-                first_k = rank * self.convert_rows
+            first_k = rank * self.convert_rows
             peer = rank ^ 1
             # where my 16 columns of my first row (stage 0, left half) sit, as two 16-byte chunks, here and in the
             # peer; every other row / stage / half is a constant offset from these (kv_chunk_offset: row % 8 is my
@@ -403,17 +386,12 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         key_end = cutlass.min(n_keys, tile_hi * TILE_N)     # past it (padding tile, the next split's): no key
         part, scales = self.fetch_record(keys, key0, key_end, self.load_indices(keys, batch, token, key0))
         records[0, tidx, 0] = part
-        if const_expr(not self.EARLY_FIRST_LOADS):
-            records[1, tidx, 0] = scales
+        records[1, tidx, 0] = scales
         next_indices = self.load_indices(keys, batch, token, key0 + 2 * TILE_N)
         cute.arch.barrier(barrier_id=PRODUCER_SYNC, number_of_threads=128)
-        if const_expr(self.EARLY_FIRST_LOADS):
-            self.load_first_rows(records, scale_of, rank, slot, raw, scale_bytes, True, False)
-            records[1, tidx, 0] = scales             # (waits for its load, in flight beside the rows' bytes)
-            cute.arch.barrier(barrier_id=PRODUCER_SYNC, number_of_threads=128)
-            self.load_first_rows(records, scale_of, rank, slot, raw, scale_bytes, False, True)
-        else:
-            self.load_first_rows(records, scale_of, rank, slot, raw, scale_bytes, True, True)
+        b0, h0 = HALF_TILE_ORDER[0]
+        for k in cutlass.range_constexpr(self.convert_rows):
+            self.load_row(records, scale_of, 0, b0, h0, slot, k, raw, scale_bytes)
         for p in cutlass.range(n_pairs, unroll=1):
             buf = p % 2
             # a lone pair (odd tile count, the last pair): its odd tile is a pad no consumer MMA reads — its two
@@ -421,111 +399,40 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
             lone = tile_lo + 2 * p + 1 >= tile_hi
             for j in cutlass.range_constexpr(4):
                 b, h = HALF_TILE_ORDER[j]
-                if const_expr(j == 0):
-                    part, scales, next_indices = self.next_record(keys, batch, token, key0, key_end, p, next_indices)
+                if const_expr(j == 0):      # the next pair's record; the indices of the pair after it
+                    part, scales = self.fetch_record(keys, key0 + (2 * p + 2) * TILE_N, key_end, next_indices)
+                    next_indices = self.load_indices(keys, batch, token, key0 + (2 * p + 4) * TILE_N)
                 kv_pipes[2 * b + h].producer_acquire(state)
-                if const_expr(self.by_halves):
-                    self.fill_by_halves(j, kv_pipes[2 * b + h], state, rank, tidx, buf, lone, part, scales, records,
-                                        scale_of, sKV, slot, raw, scale_bytes, rope_lane)
-                else:
-                    if const_expr(self.crossover):
-                        # the peer's half of the rows arrives as transaction bytes (its st.async); none into a pad
-                        expect_peer = tidx == 0
-                        if const_expr(b == 1):
-                            expect_peer = expect_peer and not lone
-                        if expect_peer:
-                            cute.arch.mbarrier_expect_tx(kv_pipes[2 * b + h].producer_get_barrier(state),
-                                                         self.peer_bytes(h))
-                    next_buf = buf
-                    if const_expr(j == 3):      # the next half-tile is the next pair's: publish its records first
-                        self.publish_records(records, tidx, 1 - buf, part, scales)
-                        next_buf = 1 - buf
-                    next_half = HALF_TILE_ORDER[(j + 1) % 4]
-                    if const_expr(j == 0):      # (1, R) next — or, lone, (0, R)
-                        next_half = (Int32(1) - Int32(lone), next_half[1])
-                    fill = True
+                if const_expr(self.crossover):
+                    # the peer's half of the rows arrives as transaction bytes (its st.async); none into a pad
+                    expect_peer = tidx == 0
                     if const_expr(b == 1):
-                        fill = not lone
-                    if fill:
-                        self.fill_half_tile(records, scale_of, buf, b, h, next_buf, next_half, sKV, slot, raw,
-                                            scale_bytes, kv_pipes[2 * b + h].producer_get_barrier(state))
-                self.publish_half_tile(kv_pipes[2 * b + h], state, rope_lane, h)
+                        expect_peer = expect_peer and not lone
+                    if expect_peer:
+                        cute.arch.mbarrier_expect_tx(kv_pipes[2 * b + h].producer_get_barrier(state),
+                                                     self.peer_bytes(h))
+                next_buf = buf
+                if const_expr(j == 3):      # the next half-tile is the next pair's: publish its records first
+                    records[0, tidx, 1 - buf] = part
+                    records[1, tidx, 1 - buf] = scales
+                    cute.arch.barrier(barrier_id=PRODUCER_SYNC, number_of_threads=128)
+                    next_buf = 1 - buf
+                next_half = HALF_TILE_ORDER[(j + 1) % 4]
+                if const_expr(j == 0):      # (1, R) next — or, lone, (0, R)
+                    next_half = (Int32(1) - Int32(lone), next_half[1])
+                fill = True
+                if const_expr(b == 1):
+                    fill = not lone
+                if fill:
+                    self.fill_half_tile(records, scale_of, buf, b, h, next_buf, next_half, sKV, slot, raw,
+                                        scale_bytes, kv_pipes[2 * b + h].producer_get_barrier(state))
+                cute.arch.fence_proxy("async.shared", space="cta")   # generic writes → the consumers' wgmma
+                if rope_lane and const_expr(h == 1):    # arrives once its rope copies have landed; no wait
+                    cute.arch.cp_async_mbarrier_arrive_noinc(kv_pipes[2 * b + h].producer_get_barrier(state))
+                else:
+                    kv_pipes[2 * b + h].producer_commit(state)
             state.advance()
         return state
-
-    @cute.jit
-    def next_record(self, keys, batch, token, key0, key_end, p, next_indices):
-        """At pair ``p``'s first fill: my key of the next pair resolved into its record (still loading: published a
-        few fills later), and the loads of my key's indices of the pair after it."""
-        part, scales = self.fetch_record(keys, key0 + (2 * p + 2) * TILE_N, key_end, next_indices)
-        return part, scales, self.load_indices(keys, batch, token, key0 + (2 * p + 4) * TILE_N)
-
-    @cute.jit
-    def publish_records(self, records, tidx, buf, part, scales):
-        """My key's record (its part's address, its scale word: the scale load waited for here) into record buffer
-        ``buf``, then the producer warpgroup's barrier: every thread's rows may read every record after it."""
-        records[0, tidx, buf] = part
-        records[1, tidx, buf] = scales
-        cute.arch.barrier(barrier_id=PRODUCER_SYNC, number_of_threads=128)
-
-    @cute.jit
-    def publish_half_tile(self, pipe, state, rope_lane, h: cutlass.Constexpr):
-        """This thread's part of a half-tile is written: fence its stores for the consumers' wgmma (async proxy) and
-        arrive on the half-tile's barrier — a rope lane of a right half once its ``cp.async`` copies have landed (no
-        wait)."""
-        cute.arch.fence_proxy("async.shared", space="cta")
-        if rope_lane and const_expr(h == 1):
-            cute.arch.cp_async_mbarrier_arrive_noinc(pipe.producer_get_barrier(state))
-        else:
-            pipe.producer_commit(state)
-
-    @cute.jit
-    def fill_by_halves(self, j: cutlass.Constexpr, pipe, state, rank, tidx, buf, lone, part, scales, records,
-                       scale_of, sKV, slot, raw, scale_bytes, rope_lane):
-        """Fill ``j`` of a pair (half-tile ``HALF_TILE_ORDER[j]``, its buffer acquired) with the crossover split by
-        column halves (``CROSSOVER_BY_HALVES``): the CTA of cluster rank c fills column half c of both tiles — all
-        64 rows, 8 a thread, into its own and the peer's buffer — and on the other half only expects the peer's
-        bytes (rank 0's warp 3 copying the right halves' rope into its own buffer).  Fill order per rank: 0: (0, L),
-        (1, L); 1: (1, R), (0, R) — the first fills of both ranks are the two warpgroups' first QK halves, as in the
-        row split.  The rolling loads go to the rank's next own fill; the next pair's records are published before
-        the fill whose loads read them (rank 0: its (1, L); rank 1: its (0, R) — by then the consumers have read the
-        pair before's records: its (0, R) was freed after both warpgroups' key masks).  A lone pair's pad is not
-        filled; rank 1 then loads (0, R)'s rows, which it had not (its rows in flight were the pad's)."""
-        b, h = HALF_TILE_ORDER[j]
-        mine = rank == h
-        expect_peer = tidx == 0 and not mine     # the peer fills this half: its bytes, none into a pad
-        if const_expr(b == 1):
-            expect_peer = expect_peer and not lone
-        if expect_peer:
-            cute.arch.mbarrier_expect_tx(pipe.producer_get_barrier(state), self.peer_bytes(h))
-        if const_expr(j >= 2):      # rank 1 publishes before its (0, R), rank 0 before its (1, L)
-            if mine:
-                self.publish_records(records, tidx, 1 - buf, part, scales)
-        fill = True
-        if const_expr(b == 1):
-            fill = not lone
-        if fill:
-            if mine:
-                # my next own fill: (1 - b, h) — of this pair after my first fill, of the next pair after my second
-                next_buf = buf if const_expr(j < 2) else 1 - buf
-                self.fill_half_tile(records, scale_of, buf, b, h, next_buf, (1 - b, h), sKV, slot, raw,
-                                    scale_bytes, pipe.producer_get_barrier(state))
-            elif rope_lane and const_expr(h == 1):
-                self.copy_rope_rows(records, buf, b, slot, sKV)
-        elif const_expr(j == 1):
-            if mine:          # (1, R) of a lone pair at rank 1: the rows of (0, R), filled next
-                self.load_rows(records, scale_of, buf, 0, 1, slot, raw, scale_bytes)
-
-    @cute.jit
-    def copy_rope_rows(self, records, buf, b: cutlass.Constexpr, slot, sKV):
-        """A rope lane's 8 rows of the right half of tile ``b`` by ``cp.async`` (``CROSSOVER_BY_HALVES``, rank 0: the
-        peer converts that half's nope columns, the rope cannot come through it)."""
-        group, lane = slot[:2]
-        copy_atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), self.dtype,
-                                        num_bits_per_copy=128)
-        col = HALF + lane * COLS_PER_THREAD
-        for k in cutlass.range_constexpr(ROWS_PER_THREAD):
-            self.copy_rope(records, buf, b, group + ROW_GROUPS * k, lane, col, sKV, copy_atom)
 
     @cute.jit
     def producer_slot(self, tidx):
@@ -536,11 +443,10 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         return tidx % ROW_GROUPS, tidx // ROW_GROUPS
 
     def peer_bytes(self, h: int) -> int:
-        """Bytes the peer CTA stores into a half-tile of column half ``h`` (crossover): its 32 rows (by halves: all 64
-        of the half it fills) × the converted columns (the rope columns each CTA copies for itself)."""
+        """Bytes the peer CTA stores into a half-tile of column half ``h`` (crossover): its 32 rows × the converted
+        columns (the rope columns each CTA copies for itself)."""
         lanes = ROPE_LANE if h == 1 else HALF // COLS_PER_THREAD
-        rows = TILE_N if self.by_halves else TILE_N // HEAD_PAIR       # by halves the peer fills all of its half
-        return rows * lanes * COLS_PER_THREAD * 2
+        return TILE_N // HEAD_PAIR * lanes * COLS_PER_THREAD * 2
 
     @cute.jit
     def load_row(self, records, scale_of, buf, b, h: cutlass.Constexpr, slot, k: cutlass.Constexpr, raw,
@@ -550,44 +456,11 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         ``scale_bytes[k]``.  The rope lanes (right half, 12-15) load too — 16 bytes of their row's rope, the L2 lines
         their ``cp.async`` reads, never used — so that no lane-dependent branch has to carry registers.  ``b`` may be
         a runtime value (a lone pair's first fill loads (0, R) next, not (1, R))."""
-        self.load_row_parts(records, scale_of, buf, b, h, slot, k, raw, scale_bytes, True, True)
-
-    @cute.jit
-    def load_row_parts(self, records, scale_of, buf, b, h: cutlass.Constexpr, slot, k: cutlass.Constexpr, raw,
-                       scale_bytes, row_bytes: cutlass.Constexpr, scale: cutlass.Constexpr):
-        """:meth:`load_row`'s two parts, either or both: the row's 16 bytes (their address from the record) and its
-        scale byte (from the record's scale word)."""
         group, lane, first_k, _, _, _ = slot
         col = h * HALF + lane * COLS_PER_THREAD
         key = b * TILE_N + group + ROW_GROUPS * (first_k + k)
-        if const_expr(row_bytes):
-            cute.autovec_copy(gmem_view(Uint32, records[0, key, buf] + Int64(col), 4, 16), raw[k, None])
-        if const_expr(scale):
-            scale_bytes[k] = Uint32(scale_of[col // 64, key, buf])
-
-    @cute.jit
-    def load_rows(self, records, scale_of, buf, b, h: cutlass.Constexpr, slot, raw, scale_bytes,
-                  row_bytes: cutlass.Constexpr = True, scale: cutlass.Constexpr = True):
-        """:meth:`load_row` (or one of its parts) for each of this thread's rows of half-tile (b, h)."""
-        for k in cutlass.range_constexpr(self.convert_rows):
-            if const_expr(row_bytes and scale):
-                self.load_row(records, scale_of, buf, b, h, slot, k, raw, scale_bytes)     # (probe_d7 swaps it)
-            else:
-                self.load_row_parts(records, scale_of, buf, b, h, slot, k, raw, scale_bytes, row_bytes, scale)
-
-    @cute.jit
-    def load_first_rows(self, records, scale_of, rank, slot, raw, scale_bytes, row_bytes: cutlass.Constexpr,
-                        scale: cutlass.Constexpr):
-        """:meth:`load_rows` of an item's first fill: (0, L), or with the crossover by halves (0, L) at rank 0 and
-        (1, R) at rank 1."""
-        if const_expr(self.by_halves):
-            if rank == 0:
-                self.load_rows(records, scale_of, 0, 0, 0, slot, raw, scale_bytes, row_bytes, scale)
-            else:
-                self.load_rows(records, scale_of, 0, 1, 1, slot, raw, scale_bytes, row_bytes, scale)
-        else:
-            b0, h0 = HALF_TILE_ORDER[0]
-            self.load_rows(records, scale_of, 0, b0, h0, slot, raw, scale_bytes, row_bytes, scale)
+        cute.autovec_copy(gmem_view(Uint32, records[0, key, buf] + Int64(col), 4, 16), raw[k, None])
+        scale_bytes[k] = Uint32(scale_of[col // 64, key, buf])
 
     @cute.jit
     def fill_half_tile(self, records, scale_of, buf, b: cutlass.Constexpr, h: cutlass.Constexpr, next_buf,
@@ -632,7 +505,7 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
             r = group + ROW_GROUPS * (first_k + k)
             if rope:
                 self.copy_rope(records, buf, b, r, lane, col, sKV, copy_atom)
-                if const_expr(self.crossover and not self.by_halves):        # the peer's row of the same k
+                if const_expr(self.crossover):        # the peer's row of the same k
                     self.copy_rope(records, buf, b, group + ROW_GROUPS * (self.convert_rows - first_k + k), lane,
                                    col, sKV, copy_atom)
             else:
