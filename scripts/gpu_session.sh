@@ -8,8 +8,8 @@
 # ab (scripts/ab_time.py against the tree in .ab/before, when carried), probes (host µs split into launches and the
 # rest, and with a compiled call per kernel; D7 B1 at 5 / 8 / 10 splits beside FlashMLA; D6's prefill with both grid
 # orders over a 32 MiB (L2-resident) and a 256 MiB key pool: H100 read 0.79x FlashMLA at H128 on the small pool); d1 (scripts/sweep_d1.py: the hd64 and hd256
-# causal schedule candidates vs FA4 — D1's worst shapes — ~4 min); d7why (the D7 producer candidates' GPU tests, then probe_d7
-# full / no_fence / early_release and the --trace at B128 H64 / H128; ~6-8 min);
+# causal schedule candidates vs FA4 — D1's worst shapes — ~4 min); d7why (probe_d7 --trace: the half-tile
+# event trace at four shapes; ~2 min);
 # pipeline1 / pipeline2: the stages in two calls (the whole pipeline took > 560 s on the H100, session 31).
 # default: all three — about 10 min, over the 600 s a call may take: run "tests" in one call, "pipeline1" and
 # "pipeline2" in the next two (each within 30 s of the last: a warm machine keeps the unpacked bundles).  Results land in $OUT/session.tgz (stages/results/<gpu>.json, STATUS.md, stage logs and
@@ -46,15 +46,10 @@ for w in $what; do
     d1)       { timeout 240 python scripts/sweep_d1.py --head-dim 64 --causal 1;
                 timeout 240 python scripts/sweep_d1.py --head-dim 256 --causal 1; } 2>&1 | tee "$out/logs/d1.txt" \
                 | grep "^{\|refused" ;;
-    # what the D7 producer's per-fill time is made of (session 33's open question): the candidate crossover by
-    # column halves and the early first loads (their 7 GPU tests first, then timed: both must give the shipped bits),
-    # the fence's price, the early-release bound again, and the half-tile event trace at B128 H64 and H128 (~6-8 min;
-    # call with timeout_s 600)
-    d7why)    { timeout 280 python -m pytest -m gpu -q -p no:cacheprovider -k "candidate" tests/test_d7_fp8_decode.py \
-                  2>&1 | tail -n 4;
-                timeout 220 python scripts/probe_d7.py --shapes 0,2,3,4 --variants full,no_fence,early_release,full;
-                timeout 90 python scripts/probe_d7.py --shapes 2,4 --trace; } 2>&1 | tee "$out/logs/d7why.txt" \
-                | grep -v "^\s*$" | tail -n 40 ;;
+    # where a D7 pair's time goes: the half-tile event trace (producer acquire / commit, consumer wait / release per
+    # pipeline, SM clocks) at B1 H64, B128 H64, B64 H128, B128 H128 (~2 min)
+    d7why)    { timeout 200 python scripts/probe_d7.py --shapes 0,2,3,4 --trace; } 2>&1 | tee "$out/logs/d7why.txt" \
+                | grep -v "^\s*$" | tail -n 60 ;;
     bench)    { timeout 120 python scripts/bench_sparse.py; timeout 60 python scripts/bench_nvfp4.py;
                 timeout 120 python scripts/quick_bench.py 64 128 256; } 2>&1 | grep "{" > "$out/logs/bench.txt"
               cat "$out/logs/bench.txt" ;;
