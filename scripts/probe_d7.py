@@ -223,24 +223,56 @@ def traced_pipe(pipe, i: int, address: int):
                      consumer_release=consumer_release)
 
 
+ROW_SLOTS = 32                   # (half-tile 2 b + h) x row k (8 a thread; 4 with the H128 crossover)
+ROW_TRACE = [0]                  # the row stamps' buffer address while a traced build is compiled
+
+
+@cute.jit
+def stamp_row(slot_index):
+    tidx, _, _ = cute.arch.thread_idx()
+    bx, by, bz = cute.arch.block_idx()
+    gx, gy, _ = cute.arch.grid_dim()
+    cta = (bz * gy + by) * gx + bx
+    if tidx % 128 == 0 and cta < TRACE_CTAS:
+        buf = cute.make_tensor(cute.make_ptr(Int64, Int64(ROW_TRACE[0]), cute.AddressSpace.gmem, assumed_align=8),
+                               cute.make_layout((ROW_SLOTS, TRACE_CTAS)))
+        buf[slot_index, cta] = clock64()
+
+
+@cute.jit
+def load_row_stamped(self, records, scale_of, buf, b, h: cutlass.Constexpr, slot, k: cutlass.Constexpr, raw,
+                     scale_bytes):
+    """The shipped ``load_row`` after a clock stamp: a fill calls it for row k right after converting and storing its
+    row k (the row's next load), so the stamp is "row k of this fill done"; the slot is the half-tile the load is
+    for (the next fill's), overwritten each pair — the last pair's times remain."""
+    stamp_row((b * 2 + h) * 8 + k)
+    ORIGINAL["load_row"](self, records, scale_of, buf, b, h, slot, k, raw, scale_bytes)
+
+
 def trace(case) -> None:
     buf = torch.zeros(TRACE_CTAS, TRACE_PAIRS, 16, dtype=torch.int64, device="cuda")
+    rows = torch.zeros(TRACE_CTAS, ROW_SLOTS, dtype=torch.int64, device="cuda")
+    ROW_TRACE[0] = rows.data_ptr()
     plain = md.Model1DecodeSm90.half_tile_pipelines
     md.Model1DecodeSm90.half_tile_pipelines = lambda self, barriers: tuple(
         traced_pipe(p, i, buf.data_ptr()) for i, p in enumerate(plain(self, barriers)))
+    md.Model1DecodeSm90.load_row = load_row_stamped
     launch._COMPILED.clear()
     try:
         d7.ours_fn(case)(*case.sets[0])
         torch.cuda.synchronize()
         buf.zero_()
+        rows.zero_()
         d7.ours_fn(case)(*case.sets[1])
         torch.cuda.synchronize()
     finally:
         md.Model1DecodeSm90.half_tile_pipelines = plain
+        md.Model1DecodeSm90.load_row = ORIGINAL["load_row"]
         launch._COMPILED.clear()
     t = buf.view(TRACE_CTAS, TRACE_PAIRS, 4, 4).double()        # (cta, pair, event, pipe)
     used = t[:, 0].amax(dim=(1, 2)) > 0
     t = t[used]
+    row_times(t, rows[used].double(), case)
     print(f"trace B{case.B} H{case.H}: {int(used.sum())} CTAs, SM clocks from the pair's first event (median)")
     stamped = t.where(t > 0, float("nan")).flatten(1)
     span = stamped.nan_to_num(-float("inf")).amax(1) - stamped.nan_to_num(float("inf")).amin(1)
@@ -255,6 +287,24 @@ def trace(case) -> None:
         cells = "  ".join(f"{HALF_TILES[i]} " + "/".join(f"{rel[e, i]:6.0f}" for e in range(4)) for i in FILL_ORDER)
         begin = (first - kernel0).median().item()
         print(f"  pair {p}: at {begin:7.0f}  [acq/commit/wait/release]  {cells}")
+
+
+def row_times(t, rows, case) -> None:
+    """Inside each fill of the last full pair: when each of thread 0's rows was converted and stored (its next load
+    issued), from the fill's acquire to its commit — a long first row is the wait for the row's bytes (load latency),
+    evenly spaced rows the fill's own work."""
+    committed = t[:, :, 1, 0] > 0                                    # (cta, pair): (0, L) committed
+    last = (committed.long() * torch.arange(TRACE_PAIRS, device=t.device)).amax(1)
+    pair = t[torch.arange(t.shape[0], device=t.device), last]      # (cta, event, pipe)
+    n_rows = 4 if case.H == 128 else 8
+    print(f"  rows of the last full pair (median over CTAs; clocks from the fill's acquire; thread 0, {n_rows} rows):")
+    for j, i in enumerate(FILL_ORDER):
+        nxt = FILL_ORDER[(j + 1) % 4]                                # its rows' stamps sit in the next fill's slot
+        acq = pair[:, 0, i]
+        done = rows[:, nxt * 8: nxt * 8 + n_rows] - acq.view(-1, 1)
+        commit = pair[:, 1, i] - acq
+        cells = " ".join(f"{x:6.0f}" for x in done.median(dim=0).values.tolist())
+        print(f"    {HALF_TILES[i]}  rows done {cells}   commit {commit.median().item():6.0f}")
 
 
 _APPLIED = [None]          # the variant the kernel class is patched as now (and its builds compiled for)
