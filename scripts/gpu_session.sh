@@ -10,7 +10,7 @@
 # orders over a 32 MiB (L2-resident) and a 256 MiB key pool: H100 read 0.79x FlashMLA at H128 on the small pool); d1 (scripts/sweep_d1.py: the hd64 and hd256
 # causal schedule candidates vs FA4 — D1's worst shapes — ~4 min); d7why (probe_d7 --trace: the half-tile
 # event trace at four shapes; ~2 min);
-# pipeline1 / pipeline2: the stages in two calls (the whole pipeline took > 560 s on the H100, session 31).
+# pipeline=D7 (stages named, comma-separated); pipeline1 / pipeline2: the stages in two calls (the whole pipeline took > 560 s on the H100, session 31).
 # default: all three — about 10 min, over the 600 s a call may take: run "tests" in one call, "pipeline1" and
 # "pipeline2" in the next two (each within 30 s of the last: a warm machine keeps the unpacked bundles).  Results land in $OUT/session.tgz (stages/results/<gpu>.json, STATUS.md, stage logs and
 # metrics, test logs, bench output) — copy stages/results/<gpu>.json and stages/gpu_tests/<gpu>.json back from it.  Why one archive: the next
@@ -36,6 +36,11 @@ for w in $what; do
               timeout 560 python -m dsv4lib.workbook.pipeline --stages "$stages" --timeout 250 \
                 > "$out/logs/$w.txt" 2>&1
               tr '\r' '\n' < "$out/logs/$w.txt" | grep -E "^\s+\S+\s+(PASS|FAIL|COMPILED-ONLY|NOT RUN)" ;;
+    # pipeline=D7 or pipeline=D6,D7: only those stages (a re-record of the stages the last change made stale)
+    pipeline=*)
+              timeout 560 python -m dsv4lib.workbook.pipeline --stages "${w#pipeline=}" --timeout 300 \
+                > "$out/logs/pipeline.txt" 2>&1
+              tr '\r' '\n' < "$out/logs/pipeline.txt" | grep -E "^\s+\S+\s+(PASS|FAIL|COMPILED-ONLY|NOT RUN)" ;;
     ab)       [ -d .ab/before/dsv4lib ] && timeout ${AB_TIMEOUT:-300} python scripts/ab_time.py --tree before=.ab/before \
                 --tree after=. --out "$out/logs/ab.json" 2>&1 | tail -n 14 | tee "$out/logs/ab.txt" ;;
     probes)   { timeout 150 python scripts/bench_host.py --split; timeout 120 python scripts/bench_host.py --one-call 0;
