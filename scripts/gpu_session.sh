@@ -55,6 +55,12 @@ for w in $what; do
     # pipeline, SM clocks) at B1 H64, B128 H64, B64 H128, B128 H128 (~2 min)
     d7why)    { timeout 200 python scripts/probe_d7.py --shapes 0,2,3,4 --trace; } 2>&1 | tee "$out/logs/d7why.txt" \
                 | grep -v "^\s*$" | tail -n 60 ;;
+    # Nsight Compute on one D7 call at B128 H64 (scripts/ncu_d7.py): the report and its per-SASS-instruction samples
+    ncu7)     timeout 150 ncu --profile-from-start off --launch-count 1 --set full -f -o "$out/d7" \
+                python scripts/ncu_d7.py 2 > "$out/logs/ncu7.txt" 2>&1
+              ncu -i "$out/d7.ncu-rep" --page source --print-source sass --csv > "$out/d7_sass.csv" 2>> "$out/logs/ncu7.txt"
+              ncu -i "$out/d7.ncu-rep" --page details --csv > "$out/d7_details.csv" 2>> "$out/logs/ncu7.txt"
+              ls -la "$out"; tail -n 5 "$out/logs/ncu7.txt"; head -c 600 "$out/d7_sass.csv" ;;
     bench)    { timeout 120 python scripts/bench_sparse.py; timeout 60 python scripts/bench_nvfp4.py;
                 timeout 120 python scripts/quick_bench.py 64 128 256; } 2>&1 | grep "{" > "$out/logs/bench.txt"
               cat "$out/logs/bench.txt" ;;

@@ -1,9 +1,28 @@
-import torch, dsv4lib
+"""One D7 decode call for Nsight Compute: the caches and inputs made, the build compiled and warmed up outside the
+profiled range, then one call of ``d7.SHAPES[i]`` inside ``cudaProfilerStart`` / ``Stop``.
+
+    ncu --profile-from-start off --launch-count 1 --set full -f -o OUT/d7 python scripts/ncu_d7.py 2
+    ncu -i OUT/d7.ncu-rep --page source --print-source sass --csv > OUT/d7_sass.csv     # per-instruction samples
+
+(``gpu_session.sh <sha> ncu7`` runs both for B128 H64.)  Session 23 read the kernel-level numbers (issue rate,
+DRAM share); session 34 added the per-instruction view: which producer instructions the warps wait at."""
+
+import sys
+
+import torch
+
 from dsv4lib.bench import d7
-g = torch.Generator(device="cuda").manual_seed(0)
-w = d7.filled_cache(256 << 10, 64, g); c = d7.filled_cache(512 << 10, 64, g)
-case = d7.make_case(64, 64, 128, 512, w, c, sets=1)
-f = d7.ours_fn(case)
-for n in (1, 2):
-    for _ in range(3): f(*case.sets[0]) if n == 1 else dsv4lib.sparse_decode(case.sets[0][0], w, case.sets[0][1], case.sets[0][2], extra_k_cache=c, extra_indices=case.sets[0][3], extra_topk_length=case.sets[0][4], sink=case.sink, num_splits=1)
+
+shape = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+gen = torch.Generator(device="cuda").manual_seed(0)
+window = d7.filled_cache(256 << 10, 64, gen)
+compressed = d7.filled_cache(512 << 10, 64, gen)
+case = d7.make_case(*d7.SHAPES[shape], window, compressed, sets=2)
+call = d7.ours_fn(case)
+for _ in range(3):
+    call(*case.sets[0])
 torch.cuda.synchronize()
+torch.cuda.profiler.start()
+call(*case.sets[1])
+torch.cuda.synchronize()
+torch.cuda.profiler.stop()

@@ -42,6 +42,18 @@ def test_head_pair_build_converts_half_the_rows_and_stores_them_into_the_peer(sp
     assert k.count(r"\.local") == 0
 
 
+@pytest.mark.compile
+@pytest.mark.parametrize("head_pair_cluster", [False, True])
+def test_every_converted_row_is_stored_at_a_constant_offset_from_two_chunk_addresses(head_pair_cluster):
+    """A thread's rows are ``group + 8 k``: ``row % 8`` is its row group in every row, so the 128 B swizzle puts its
+    16 columns at the same slots of every row, stage and half — each store is one of two chunk addresses plus a
+    constant (no address arithmetic a row).  Every ``st.shared.v4`` of the fill carries that constant."""
+    k = _build_decode(True, False, head_pair_cluster=head_pair_cluster)
+    stores = re.findall(r"st\.shared\.v4\.b32\s+\[%r\d+(\+\d+)?\]", k.ptx)
+    assert len(stores) == (2 * 4 * 4 * 2 if head_pair_cluster else 2 * 4 * 8 * 2)
+    assert all(stores[1:]), stores            # (row 0 of (0, L): offset 0, printed without one)
+
+
 def test_the_model1_decode_refuses_another_schedule():
     """Only the paired schedule reads MODEL1 pages (FlashMLA's consumer split was measured slower and removed)."""
     from dsv4lib.kernels.sm90.sparse_config import Model1DecodeConfig
