@@ -226,10 +226,6 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
     PRODUCER_KEY_FLAGS = False               # (the records carry key validity: no separate flags)
     HEAD_GROUP_FASTEST = False               # the crossover's head pair is a cluster along y (grid y = head group)
 
-    # A/B (session 34): the H64 build's rows stored through the swizzled layout, its address computed per row (the
-    # way before; ~14 integer instructions a row), instead of constant offsets from two chunk addresses
-    ROW_ADDRESSED_STORES = False
-
     def __init__(self, config: Model1DecodeConfig):
         if not isinstance(config, Model1DecodeConfig):
             raise TypeError(f"Model1DecodeSm90 takes a Model1DecodeConfig, got {type(config).__name__}")
@@ -527,18 +523,16 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
                     for w in cutlass.range_constexpr(4):
                         out[2 * w] = e4m3x2_to_bf16x2(raw[k, w] & keep, scale, False)
                         out[2 * w + 1] = e4m3x2_to_bf16x2(raw[k, w] & keep, scale, True)
-                if const_expr(self.ROW_ADDRESSED_STORES and not self.crossover):
-                    out_bf16 = cute.make_tensor(cute.recast_ptr(out.iterator, dtype=self.dtype), cute.make_layout(16))
-                    cute.autovec_copy(out_bf16, cute.local_tile(sKV[r, None, b], (16,), (col // 16,)))
-                else:
-                    # two 16-byte chunks at constant offsets from my first row's (k rows of 8 further, 1 KiB each;
-                    # the half's 4 column atoms; the stage); with the crossover into the peer's buffer too
-                    step = kv_chunk_offset(ROW_GROUPS * k, 32 * h, b) - kv_chunk_offset(0, 0, 0)
-                    for c in cutlass.range_constexpr(2):
-                        words = (out[4 * c], out[4 * c + 1], out[4 * c + 2], out[4 * c + 3])
-                        st_shared_v4(chunk_at[c], words, step)
-                        if const_expr(self.crossover):
-                            st_async_v4(peer_chunk_at[c], words, peer_full, step)
+                # two 16-byte chunks at constant offsets from my first row's (k rows of 8 further, 1 KiB each; the
+                # half's 4 column atoms; the stage); with the crossover into the peer's buffer too.  (Stored through
+                # the swizzled layout instead, ~14 integer instructions of address a row: H100 B64 / B128 H64 46.3 /
+                # 50.2 µs against 44.5 / 48.8, session 34)
+                step = kv_chunk_offset(ROW_GROUPS * k, 32 * h, b) - kv_chunk_offset(0, 0, 0)
+                for c in cutlass.range_constexpr(2):
+                    words = (out[4 * c], out[4 * c + 1], out[4 * c + 2], out[4 * c + 3])
+                    st_shared_v4(chunk_at[c], words, step)
+                    if const_expr(self.crossover):
+                        st_async_v4(peer_chunk_at[c], words, peer_full, step)
             self.load_row(records, scale_of, next_buf, nb, nh, slot, k, raw, scale_bytes)
 
     @cute.jit
