@@ -226,12 +226,6 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
     PRODUCER_KEY_FLAGS = False               # (the records carry key validity: no separate flags)
     HEAD_GROUP_FASTEST = False               # the crossover's head pair is a cluster along y (grid y = head group)
 
-    # A/B (session 34, ncu): ptxas sinks a left half-tile's 8 row loads to the end of its fill (the right halves'
-    # per-row rope branch keeps each row's load right after its stores), so the next fill waits a whole DRAM latency.
-    # None (shipped) / "warp_sync" (bar.warp.sync after each row's load) / "branch" (the right halves' per-row branch
-    # in the left halves too)
-    ROW_FENCE = None
-
     def __init__(self, config: Model1DecodeConfig):
         if not isinstance(config, Model1DecodeConfig):
             raise TypeError(f"Model1DecodeSm90 takes a Model1DecodeConfig, got {type(config).__name__}")
@@ -505,8 +499,6 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         rope = False
         if const_expr(h == 1):
             rope = lane >= ROPE_LANE
-        elif const_expr(self.ROW_FENCE == "branch"):
-            rope = lane >= HALF // COLS_PER_THREAD           # never (lanes are 0-15): a branch a row, as in h = 1
         copy_atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), self.dtype,
                                         num_bits_per_copy=128)
         for k in cutlass.range_constexpr(self.convert_rows):
@@ -542,8 +534,6 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
                     if const_expr(self.crossover):
                         st_async_v4(peer_chunk_at[c], words, peer_full, step)
             self.load_row(records, scale_of, next_buf, nb, nh, slot, k, raw, scale_bytes)
-            if const_expr(self.ROW_FENCE == "warp_sync"):
-                cute.arch.sync_warp()
 
     @cute.jit
     def copy_rope(self, records, buf, b: cutlass.Constexpr, r, lane, col, sKV, copy_atom):
