@@ -10,6 +10,7 @@
 # orders over a 32 MiB (L2-resident) and a 256 MiB key pool: H100 read 0.79x FlashMLA at H128 on the small pool); d1 (scripts/sweep_d1.py: the hd64 and hd256
 # causal schedule candidates vs FA4 — D1's worst shapes — ~4 min); d7why (probe_d7 --trace: the half-tile
 # event trace at four shapes; ~2 min);
+# ncu7 / ncu1: Nsight Compute on one D7 call (B128 H64) / D1's hd64 causal (ours and FA4), per-SASS samples;
 # pipeline=D7 (stages named, comma-separated); pipeline1 / pipeline2: the stages in two calls (the whole pipeline took > 560 s on the H100, session 31).
 # default: all three — about 10 min, over the 600 s a call may take: run "tests" in one call, "pipeline1" and
 # "pipeline2" in the next two (each within 30 s of the last: a warm machine keeps the unpacked bundles).  Results land in $OUT/session.tgz (stages/results/<gpu>.json, STATUS.md, stage logs and
@@ -61,6 +62,12 @@ for w in $what; do
               ncu -i "$out/d7.ncu-rep" --page source --print-source sass --csv > "$out/d7_sass.csv" 2>> "$out/logs/ncu7.txt"
               ncu -i "$out/d7.ncu-rep" --page details --csv > "$out/d7_details.csv" 2>> "$out/logs/ncu7.txt"
               ls -la "$out"; tail -n 5 "$out/logs/ncu7.txt"; head -c 600 "$out/d7_sass.csv" ;;
+    # Nsight Compute on D1's worst shape (hd64 causal): ours and FA4, one call each (scripts/ncu_d1.py)
+    ncu1)     timeout 240 ncu --profile-from-start off --launch-count 2 --set full -f -o "$out/d1" \
+                python scripts/ncu_d1.py 64 > "$out/logs/ncu1.txt" 2>&1
+              ncu -i "$out/d1.ncu-rep" --page source --print-source sass --csv > "$out/d1_sass.csv" 2>> "$out/logs/ncu1.txt"
+              ncu -i "$out/d1.ncu-rep" --page details --csv > "$out/d1_details.csv" 2>> "$out/logs/ncu1.txt"
+              ls -la "$out"; tail -n 6 "$out/logs/ncu1.txt" ;;
     bench)    { timeout 120 python scripts/bench_sparse.py; timeout 60 python scripts/bench_nvfp4.py;
                 timeout 120 python scripts/quick_bench.py 64 128 256; } 2>&1 | grep "{" > "$out/logs/bench.txt"
               cat "$out/logs/bench.txt" ;;
