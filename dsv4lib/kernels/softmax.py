@@ -18,16 +18,15 @@ LN_2 = math.log(2.0)
 
 @cute.jit
 def online_softmax(acc_S_rc, row_max, row_sum, softmax_scale_log2, acc_O_rc, corrections,
-                   rescale_now: cutlass.Constexpr, floor_max=None, tile_max=None):
+                   rescale_now: cutlass.Constexpr, floor_max=None):
     """Scores → unnormalized probabilities in place, one row at a time (a row is shared by the 4 threads
     of a quad).  The max stays in raw-score units; the scale lives inside exp2.  With ``rescale_now`` O is
     rescaled right away; otherwise the corrections are kept for after the in-flight PV wgmma.  ``floor_max``
-    (per row, optional): a max the new one may not fall below (another warpgroup's, already ahead).
-    ``tile_max`` (per row, optional): the tile's row maxima already taken (:func:`quad_row_max`)."""
+    (per row, optional): a max the new one may not fall below (another warpgroup's, already ahead)."""
     # one dependent fmax / fadd chain per row: the other consumer warpgroup hides its latency (FA4's four chains
     # joined by a tree measured no faster here: docs/tuning/d1_d5.md)
     for r in cutlass.range_constexpr(cute.size(row_max)):
-        mx = quad_row_max(acc_S_rc, r) if const_expr(tile_max is None) else tile_max[r]
+        mx = quad_row_max(acc_S_rc, r)
         new_max, new_sum, correction = online_softmax_row(acc_S_rc[r, None], mx, row_max[r], row_sum[r],
                                                           softmax_scale_log2,
                                                           None if floor_max is None else floor_max[r])

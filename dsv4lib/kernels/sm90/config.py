@@ -72,7 +72,6 @@ class Sm90FwdConfig(_Config):
     num_sms: int = 132              # persistent grid size
     rescale_o_early: bool = False   # O rescaled while QK(j+1) is in flight
     pv_wait_block: bool = False     # the PV wait in its own basic block (ptxas cannot hoist it above the softmax)
-    pv_wait_after_max: bool = False  # A/B: the PV wait pinned after the rows' maxima, before their exp2 (FA4's spot)
     warpgroup_tiles: bool = False   # each consumer warpgroup visits only its own rows' K/V tiles (small windows)
     o_in_q_stage: bool = False      # O staged in its item's dead Q stage, stored by an idle producer warp
     l2_hints: bool = False          # Q / O evict-first, K / V evict-last
@@ -105,9 +104,6 @@ class Sm90FwdConfig(_Config):
                              f"got {self.pack_gqa}")
         if self.rescale_o_early and not self.overlap:
             raise ValueError("rescale_o_early shapes the overlapped mainloop: it needs overlap=True")
-        if self.pv_wait_after_max and (not self.overlap or self.pv_wait_block):
-            raise ValueError("pv_wait_after_max places the overlapped mainloop's PV wait: it needs overlap=True and "
-                             "not pv_wait_block (which places it after the whole softmax)")
         if self.overlap and self.p_in_smem:
             raise ValueError("the intra-warpgroup overlap is built for the RS path (P in registers) only")
         if self.nvfp4_out and (self.pack_gqa > 1 or self.split_kv):

@@ -87,7 +87,7 @@ from ..common import (L2_EVICT_FIRST, L2_EVICT_LAST, convert_to_bf16_pairs, laun
                       tma_copy, tma_load_tile)
 from ..block_info import BlockInfo
 from ..layouts import acc_layout_as_operand_a, acc_layout_rows_cols, row_major_smem_layout, transposed_view
-from ..softmax import online_softmax, quad_row_max, rescale_rows
+from ..softmax import online_softmax, rescale_rows
 from ..tile_scheduler import PersistentScheduler, persistent_grid
 from .config import SMEM_PER_SM, Sm90FwdConfig
 from .epilogue import Sm90Epilogue
@@ -652,25 +652,8 @@ class FlashAttentionForwardSm90(Sm90Epilogue):
                 warpgroup.wait_group(1)                                      # S of tile n_block is ready
                 pipeline_k.consumer_release(kv_state)
                 self.block_info.mask_scores(acc_S_rc, tScS_rc, n_block, m_block, seqlen_k, causal_shift, window_size, wg_idx)
-                if const_expr(self.pv_wait_after_max):
-                    # the rows' maxima first, then the PV wait in a block of its own (the branch: see below), then
-                    # the exp2s — where FA4 waits (ncu, session 34: ptxas otherwise hoists it above the first max)
-                    tile_max = cute.make_rmem_tensor((cute.size(row_max),), Float32)
-                    for r in cutlass.range_constexpr(cute.size(row_max)):
-                        tile_max[r] = quad_row_max(acc_S_rc, r)
-                    if seqlen_k > 0:
-                        warpgroup.wait_group(0)
-                    else:
-                        cute.arch.sync_warp()
-                        warpgroup.wait_group(0)
-                    pipeline_v.consumer_release(v_state)
-                    online_softmax(acc_S_rc, row_max, row_sum, softmax_scale_log2, acc_O_rc, corrections, False,
-                                   tile_max=tile_max)
-                else:
-                    online_softmax(acc_S_rc, row_max, row_sum, softmax_scale_log2, acc_O_rc, corrections, False)
-                if const_expr(self.pv_wait_after_max):
-                    pass                                                     # waited and released above
-                elif const_expr(self.pv_wait_block):
+                online_softmax(acc_S_rc, row_max, row_sum, softmax_scale_log2, acc_O_rc, corrections, False)
+                if const_expr(self.pv_wait_block):
                     # PV(j) done.  The wait sits behind a branch (never the else: seqlen_k > 0 here) so that it
                     # starts a basic block of its own: in the softmax's block ptxas hoists it above the whole softmax
                     # (to pack P early into the registers PV(j) still reads), which serializes the softmax behind
