@@ -3,9 +3,8 @@ stage's timing), per head dim on its D1 sweep shape; each variant is the shipped
 
   hd128 (B4 H16 S8192, the D1 stage's speed shape at every head dim): default · n160_oq (160-key tiles, O in its dead Q stage: shipped for causal since session
         31) · n176_plain (176-key tiles, one block per CTA)
-  hd64  (shipped: 192 x 128 tiles, persistent + dynamic, O in its Q stage): pingpong (the three consumer
-        warpgroups take turns issuing their MMAs, FA4's named-barrier ring) · pingpong_early (+ O rescaled while
-        QK(j+1) runs); pvwait, early, stages3 and m128_n192 lost in session 32, pvmax (the PV
+  hd64  (shipped: 192 x 128 tiles, persistent + dynamic, O in its Q stage): pvwait (the PV wait after the whole
+        softmax) · early (O rescaled while QK(j+1) runs); stages3 and m128_n192 lost in session 32, pvmax (the PV
         wait pinned after the rows' maxima) and m192_plain (FA4's grid) in session 34 — docs/tuning/d1_d5.md
   hd256 (shipped: 80-key tiles + early rescale, one block per CTA): pvwait · n64 · n64_pvwait
 
@@ -29,7 +28,7 @@ from dsv4lib.ops.attention import launch
 VARIANTS = {
     128: {"default": {}, "n160_oq": dict(tile_n=160, o_in_q_stage=True),
           "n176_plain": dict(tile_n=176, persistent=False, dynamic_schedule=False, o_in_q_stage=False)},
-    64: {"default": {}, "pingpong": dict(wg_pingpong=True), "pingpong_early": dict(wg_pingpong=True, rescale_o_early=True)},
+    64: {"default": {}, "pvwait": dict(pv_wait_block=True), "early": dict(rescale_o_early=True)},
     256: {"default": {}, "pvwait": dict(pv_wait_block=True), "n64": dict(tile_n=64),
           "n64_pvwait": dict(tile_n=64, pv_wait_block=True)},
 }

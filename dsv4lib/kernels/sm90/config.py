@@ -72,7 +72,6 @@ class Sm90FwdConfig(_Config):
     num_sms: int = 132              # persistent grid size
     rescale_o_early: bool = False   # O rescaled while QK(j+1) is in flight
     pv_wait_block: bool = False     # the PV wait in its own basic block (ptxas cannot hoist it above the softmax)
-    wg_pingpong: bool = False       # A/B: consumer warpgroups take turns issuing their MMAs (a named-barrier ring)
     warpgroup_tiles: bool = False   # each consumer warpgroup visits only its own rows' K/V tiles (small windows)
     o_in_q_stage: bool = False      # O staged in its item's dead Q stage, stored by an idle producer warp
     l2_hints: bool = False          # Q / O evict-first, K / V evict-last
@@ -105,9 +104,6 @@ class Sm90FwdConfig(_Config):
                              f"got {self.pack_gqa}")
         if self.rescale_o_early and not self.overlap:
             raise ValueError("rescale_o_early shapes the overlapped mainloop: it needs overlap=True")
-        if self.wg_pingpong and (not self.overlap or self.warpgroup_tiles):
-            raise ValueError("wg_pingpong orders the overlapped mainloop's MMA issue: it needs overlap=True, and every "
-                             "consumer warpgroup on the same tiles (no warpgroup_tiles)")
         if self.overlap and self.p_in_smem:
             raise ValueError("the intra-warpgroup overlap is built for the RS path (P in registers) only")
         if self.nvfp4_out and (self.pack_gqa > 1 or self.split_kv):
