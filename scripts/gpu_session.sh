@@ -61,13 +61,13 @@ for w in $what; do
                 python scripts/ncu_d7.py 2 > "$out/logs/ncu7.txt" 2>&1
               ncu -i "$out/d7.ncu-rep" --page source --print-source sass --csv > "$out/d7_sass.csv" 2>> "$out/logs/ncu7.txt"
               ncu -i "$out/d7.ncu-rep" --page details --csv > "$out/d7_details.csv" 2>> "$out/logs/ncu7.txt"
-              ls -la "$out"; tail -n 5 "$out/logs/ncu7.txt"; head -c 600 "$out/d7_sass.csv" ;;
+              tail -n 3 "$out/logs/ncu7.txt"; python scripts/ncu_sass.py "$out/d7_sass.csv" --top 12 ;;
     # Nsight Compute on D1's worst shape (hd64 causal): ours and FA4, one call each (scripts/ncu_d1.py)
     ncu1)     timeout 240 ncu --profile-from-start off --launch-count 2 --set full -f -o "$out/d1" \
                 python scripts/ncu_d1.py 64 > "$out/logs/ncu1.txt" 2>&1
               ncu -i "$out/d1.ncu-rep" --page source --print-source sass --csv > "$out/d1_sass.csv" 2>> "$out/logs/ncu1.txt"
               ncu -i "$out/d1.ncu-rep" --page details --csv > "$out/d1_details.csv" 2>> "$out/logs/ncu1.txt"
-              ls -la "$out"; tail -n 6 "$out/logs/ncu1.txt" ;;
+              tail -n 3 "$out/logs/ncu1.txt"; python scripts/ncu_sass.py "$out/d1_sass.csv" --top 10 ;;
     bench)    { timeout 120 python scripts/bench_sparse.py; timeout 60 python scripts/bench_nvfp4.py;
                 timeout 120 python scripts/quick_bench.py 64 128 256; } 2>&1 | grep "{" > "$out/logs/bench.txt"
               cat "$out/logs/bench.txt" ;;

@@ -414,3 +414,28 @@ def test_a_result_with_file_digests_is_stale_by_content_not_by_its_commit_stamp(
     finally:
         status.REPO_ROOT = real
 
+
+
+def test_ncu_sass_reader_splits_kernels_and_sums_samples_by_reason_region_and_opcode(tmp_path, monkeypatch):
+    """scripts/ncu_sass.py (how session 34 read ncu's per-SASS-instruction samples): each ``"Kernel Name"`` line starts
+    a kernel, its next row is the header; samples add up per stall reason, per region and per opcode (predicates and
+    modifiers stripped), and the op map shows executed instructions only."""
+    from dsv4lib.workbook.provenance import REPO_ROOT
+    monkeypatch.syspath_prepend(str(REPO_ROOT / "scripts"))
+    import ncu_sass
+    header = '"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed","stall_long_sb",' \
+             '"stall_barrier","stall_long_sb (Not Issued)"'
+    rows = ['"0x0","  LDG.E.128 R4, desc[UR4][R2.64]","3","10","1","2","9"',
+            '"0x10","@!P0  BRA 0x40","7","10","7","0","9"',
+            '"0x20","  HMUL2.BF16 R1, R2, R3","0","0","0","0","0"',
+            '"0x30","  STS.128 [R9+0x40], R4","5","10","0","5","9"']
+    text = "\n".join(['"Kernel Name","first"', header, *rows, '"Kernel Name","second"', header, rows[0]])
+    path = tmp_path / "sass.csv"
+    path.write_text(text + "\n")
+    first, second = ncu_sass.read_table(str(path))
+    assert (first.name, len(first.rows), second.name, len(second.rows)) == ("first", 4, "second", 1)
+    assert ncu_sass.stall_mix(first, first.rows) == {"long_sb": 8, "barrier": 7}     # "(Not Issued)" left out
+    assert ncu_sass.stall_mix(first, first.rows[2:]) == {"barrier": 5}
+    assert ncu_sass.opcode_mix(first, first.rows) == {"LDG": 10, "BRA": 10, "HMUL2": 0, "STS": 10}
+    assert ncu_sass.op_map(first, 0, 4) == "Gbs"                                     # HMUL2 never executed
+    assert ncu_sass.opcode("@!P0  BRA 0x40") == "BRA"
