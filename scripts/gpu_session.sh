@@ -10,7 +10,8 @@
 # orders over a 32 MiB (L2-resident) and a 256 MiB key pool: H100 read 0.79x FlashMLA at H128 on the small pool); d1 (scripts/sweep_d1.py: the hd64 and hd256
 # causal schedule candidates vs FA4 — D1's worst shapes — ~4 min); d7why (probe_d7 --trace: the half-tile
 # event trace at four shapes; ~2 min);
-# ncu7 / ncu1: Nsight Compute on one D7 call (B128 H64) / D1's hd64 causal (ours and FA4), per-SASS samples;
+# ncu7 / ncu1 / ncu6: Nsight Compute on one D7 call (B128 H64) / D1's hd64 causal (ours and FA4) / D6's bf16
+# prefill (ours and FlashMLA), per-SASS samples summarized by scripts/ncu_sass.py;
 # pipeline=D7 (stages named, comma-separated); pipeline1 / pipeline2: the stages in two calls (the whole pipeline took > 560 s on the H100, session 31).
 # default: all three — about 10 min, over the 600 s a call may take: run "tests" in one call, "pipeline1" and
 # "pipeline2" in the next two (each within 30 s of the last: a warm machine keeps the unpacked bundles).  Results land in $OUT/session.tgz (stages/results/<gpu>.json, STATUS.md, stage logs and
@@ -68,6 +69,11 @@ for w in $what; do
               ncu -i "$out/d1.ncu-rep" --page source --print-source sass --csv > "$out/d1_sass.csv" 2>> "$out/logs/ncu1.txt"
               ncu -i "$out/d1.ncu-rep" --page details --csv > "$out/d1_details.csv" 2>> "$out/logs/ncu1.txt"
               tail -n 3 "$out/logs/ncu1.txt"; python scripts/ncu_sass.py "$out/d1_sass.csv" --top 10 ;;
+    # Nsight Compute on D6's bf16 sparse prefill (Sq 4096 H64, 32 MiB pool): ours and FlashMLA (scripts/ncu_d6.py)
+    ncu6)     timeout 240 ncu --profile-from-start off --launch-count 2 --set full -f -o "$out/d6" \
+                python scripts/ncu_d6.py 15 > "$out/logs/ncu6.txt" 2>&1
+              ncu -i "$out/d6.ncu-rep" --page source --print-source sass --csv > "$out/d6_sass.csv" 2>> "$out/logs/ncu6.txt"
+              tail -n 3 "$out/logs/ncu6.txt"; python scripts/ncu_sass.py "$out/d6_sass.csv" --top 10 ;;
     bench)    { timeout 120 python scripts/bench_sparse.py; timeout 60 python scripts/bench_nvfp4.py;
                 timeout 120 python scripts/quick_bench.py 64 128 256; } 2>&1 | grep "{" > "$out/logs/bench.txt"
               cat "$out/logs/bench.txt" ;;
