@@ -110,10 +110,10 @@ def nothing(*args, **kwargs) -> None:
 
 def pipe_like(pipe, name: str, **methods):
     """``pipe`` (a shipped half-tile pipeline) as an instance of a subclass of its own class with ``methods``
-    replaced (each may call the shipped one as ``type(pipe).<name>``).  Why a subclass, not a wrapper object: the
-    kernel hands its pipes to ``@cute.jit`` helpers that branch at run time (``publish_half_tile``), and the DSL
-    carries a pipe through such a branch field by field, as it carries the shipped class — a wrapper holding the
-    pipe in a field did not survive it (operand does not dominate its use, session 34)."""
+    replaced (each may call the shipped one as ``type(pipe).<name>``).  Why a subclass, not a wrapper object: when
+    the kernel hands its pipes to a ``@cute.jit`` helper that branches at run time (``e0daedc``'s
+    ``publish_half_tile`` did), the DSL carries a pipe through the branch field by field, as it carries the shipped
+    class — a wrapper holding the pipe in a field did not survive it (operand does not dominate its use, session 34)."""
     probe = copy.copy(pipe)
     object.__setattr__(probe, "__class__", type(f"{name}{type(pipe).__name__}", (type(pipe),), methods))  # frozen too
     return probe
