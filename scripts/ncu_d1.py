@@ -10,6 +10,7 @@ FA4's ``flash_attn_func`` on the same inputs, each warmed up outside the profile
 import sys
 
 import torch
+from ncu_profile import profile_once      # scripts/ is the script's directory, so on sys.path
 
 import dsv4lib
 from dsv4lib.bench.peers import attention_peers
@@ -22,13 +23,4 @@ calls = {"ours": lambda: dsv4lib.attention(q, k, v, causal=True, num_splits=1)}
 fa4 = attention_peers().get("FA4")
 if fa4 is not None:
     calls["FA4"] = lambda: fa4(q, k, v, causal=True)
-for call in calls.values():
-    for _ in range(3):
-        call()
-torch.cuda.synchronize()
-torch.cuda.profiler.start()
-for call in calls.values():
-    call()
-torch.cuda.synchronize()
-torch.cuda.profiler.stop()
-print("profiled:", ", ".join(calls))
+profile_once(calls)

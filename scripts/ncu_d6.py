@@ -13,6 +13,7 @@ then one call of each inside ``cudaProfilerStart`` / ``Stop``.
 import sys
 
 import torch
+from ncu_profile import profile_once      # scripts/ is the script's directory, so on sys.path
 
 import dsv4lib
 from dsv4lib.bench import d6, d7
@@ -29,13 +30,4 @@ fm = d7.flashmla()
 if fm is not None:
     peer = d6.flashmla_sparse_fn(fm, sink)
     calls["FlashMLA"] = lambda: peer(q, kv, idx)
-for call in calls.values():
-    for _ in range(3):
-        call()
-torch.cuda.synchronize()
-torch.cuda.profiler.start()
-for call in calls.values():
-    call()
-torch.cuda.synchronize()
-torch.cuda.profiler.stop()
-print("profiled:", ", ".join(calls))
+profile_once(calls)

@@ -10,6 +10,7 @@ DRAM share); session 34 added the per-instruction view: which producer instructi
 import sys
 
 import torch
+from ncu_profile import profile_once      # scripts/ is the script's directory, so on sys.path
 
 from dsv4lib.bench import d7
 
@@ -19,10 +20,4 @@ window = d7.filled_cache(256 << 10, 64, gen)
 compressed = d7.filled_cache(512 << 10, 64, gen)
 case = d7.make_case(*d7.SHAPES[shape], window, compressed, sets=2)
 call = d7.ours_fn(case)
-for _ in range(3):
-    call(*case.sets[0])
-torch.cuda.synchronize()
-torch.cuda.profiler.start()
-call(*case.sets[1])
-torch.cuda.synchronize()
-torch.cuda.profiler.stop()
+profile_once({"ours": lambda: call(*case.sets[1])})
