@@ -24,25 +24,37 @@ source .device-a/activate.sh >/dev/null
 source .device-b/activate.sh >/dev/null
 export DSV4_COMMIT=$commit
 out=${OUT:-runs/gpu_session}; mkdir -p "$out/logs"
+
+# the pipeline on the stages named (comma-separated; none: every stage) under a time limit, its log as LOG.txt, its
+# verdict lines printed
+run_stages() {  # STAGES LOG LIMIT_S STAGE_TIMEOUT_S
+  timeout "$3" python -m dsv4lib.workbook.pipeline ${1:+--stages "$1"} --timeout "$4" > "$out/logs/$2.txt" 2>&1
+  tr '\r' '\n' < "$out/logs/$2.txt" | grep -E "^\s+\S+\s+(PASS|FAIL|COMPILED-ONLY|NOT RUN)"
+}
+
+# Nsight Compute (--set full) on the kernels a script launches inside its profiled range (scripts/ncu_profile.py),
+# then the per-SASS-instruction table summarized (scripts/ncu_sass.py)
+run_ncu() {  # NAME LAUNCHES SCRIPT [ARGS...]
+  local name=$1 launches=$2; shift 2
+  timeout 240 ncu --profile-from-start off --launch-count "$launches" --set full -f -o "$out/$name" \
+    python "$@" > "$out/logs/ncu_$name.txt" 2>&1
+  ncu -i "$out/$name.ncu-rep" --page source --print-source sass --csv > "$out/${name}_sass.csv" 2>> "$out/logs/ncu_$name.txt"
+  ncu -i "$out/$name.ncu-rep" --page details --csv > "$out/${name}_details.csv" 2>> "$out/logs/ncu_$name.txt"
+  tail -n 3 "$out/logs/ncu_$name.txt"; python scripts/ncu_sass.py "$out/${name}_sass.csv" --top 12
+}
+
 for w in $what; do
   case $w in
     tests)    OUT="$out/logs" GROUP_TIMEOUT=${GROUP_TIMEOUT:-150} PARALLEL=${PARALLEL:-3} bash scripts/gpu_check.sh > "$out/logs/gpu_check.txt" 2>&1
               python -m dsv4lib.workbook.gpu_tests "$out/logs/summary.json" >/dev/null   # stages/gpu_tests/<gpu>.json
               tail -n 12 "$out/logs/gpu_check.txt" ;;
-    pipeline) timeout ${PIPELINE_TIMEOUT:-330} python -m dsv4lib.workbook.pipeline --timeout 200 > "$out/logs/pipeline.txt" 2>&1
-              tr '\r' '\n' < "$out/logs/pipeline.txt" | grep -E "^\s+\S+\s+(PASS|FAIL|COMPILED-ONLY|NOT RUN)" ;;
+    pipeline) run_stages "" pipeline "${PIPELINE_TIMEOUT:-330}" 200 ;;
     # the whole pipeline ran past 560 s on the H100 in session 31: two calls, each bringing its results back (the
     # second call's tree re-sync overwrites the first's stages/results: merge the two archives' rows on this side)
-    pipeline1|pipeline2)
-              stages=$([ "$w" = pipeline1 ] && echo 00-env,D0-ref,D1,D1.3,D2 || echo D5,D6,D7,NVFP4-1.0)
-              timeout 560 python -m dsv4lib.workbook.pipeline --stages "$stages" --timeout 250 \
-                > "$out/logs/$w.txt" 2>&1
-              tr '\r' '\n' < "$out/logs/$w.txt" | grep -E "^\s+\S+\s+(PASS|FAIL|COMPILED-ONLY|NOT RUN)" ;;
+    pipeline1) run_stages 00-env,D0-ref,D1,D1.3,D2 "$w" 560 250 ;;
+    pipeline2) run_stages D5,D6,D7,NVFP4-1.0 "$w" 560 250 ;;
     # pipeline=D7 or pipeline=D6,D7: only those stages (a re-record of the stages the last change made stale)
-    pipeline=*)
-              timeout 560 python -m dsv4lib.workbook.pipeline --stages "${w#pipeline=}" --timeout 300 \
-                > "$out/logs/pipeline.txt" 2>&1
-              tr '\r' '\n' < "$out/logs/pipeline.txt" | grep -E "^\s+\S+\s+(PASS|FAIL|COMPILED-ONLY|NOT RUN)" ;;
+    pipeline=*) run_stages "${w#pipeline=}" pipeline 560 300 ;;
     ab)       [ -d .ab/before/dsv4lib ] && timeout ${AB_TIMEOUT:-300} python scripts/ab_time.py --tree before=.ab/before \
                 --tree after=. --out "$out/logs/ab.json" 2>&1 | tail -n 14 | tee "$out/logs/ab.txt" ;;
     probes)   { timeout 150 python scripts/bench_host.py --split; timeout 120 python scripts/bench_host.py --one-call 0;
@@ -57,23 +69,11 @@ for w in $what; do
     # pipeline, SM clocks) at B1 H64, B128 H64, B64 H128, B128 H128 (~2 min)
     d7why)    { timeout 200 python scripts/probe_d7.py --shapes 0,2,3,4 --trace; } 2>&1 | tee "$out/logs/d7why.txt" \
                 | grep -v "^\s*$" | tail -n 60 ;;
-    # Nsight Compute on one D7 call at B128 H64 (scripts/ncu_d7.py): the report and its per-SASS-instruction samples
-    ncu7)     timeout 150 ncu --profile-from-start off --launch-count 1 --set full -f -o "$out/d7" \
-                python scripts/ncu_d7.py 2 > "$out/logs/ncu7.txt" 2>&1
-              ncu -i "$out/d7.ncu-rep" --page source --print-source sass --csv > "$out/d7_sass.csv" 2>> "$out/logs/ncu7.txt"
-              ncu -i "$out/d7.ncu-rep" --page details --csv > "$out/d7_details.csv" 2>> "$out/logs/ncu7.txt"
-              tail -n 3 "$out/logs/ncu7.txt"; python scripts/ncu_sass.py "$out/d7_sass.csv" --top 12 ;;
-    # Nsight Compute on D1's worst shape (hd64 causal): ours and FA4, one call each (scripts/ncu_d1.py)
-    ncu1)     timeout 240 ncu --profile-from-start off --launch-count 2 --set full -f -o "$out/d1" \
-                python scripts/ncu_d1.py 64 > "$out/logs/ncu1.txt" 2>&1
-              ncu -i "$out/d1.ncu-rep" --page source --print-source sass --csv > "$out/d1_sass.csv" 2>> "$out/logs/ncu1.txt"
-              ncu -i "$out/d1.ncu-rep" --page details --csv > "$out/d1_details.csv" 2>> "$out/logs/ncu1.txt"
-              tail -n 3 "$out/logs/ncu1.txt"; python scripts/ncu_sass.py "$out/d1_sass.csv" --top 10 ;;
-    # Nsight Compute on D6's bf16 sparse prefill (Sq 4096 H64, 32 MiB pool): ours and FlashMLA (scripts/ncu_d6.py)
-    ncu6)     timeout 240 ncu --profile-from-start off --launch-count 2 --set full -f -o "$out/d6" \
-                python scripts/ncu_d6.py 15 > "$out/logs/ncu6.txt" 2>&1
-              ncu -i "$out/d6.ncu-rep" --page source --print-source sass --csv > "$out/d6_sass.csv" 2>> "$out/logs/ncu6.txt"
-              tail -n 3 "$out/logs/ncu6.txt"; python scripts/ncu_sass.py "$out/d6_sass.csv" --top 10 ;;
+    # Nsight Compute: one D7 call at B128 H64 (scripts/ncu_d7.py); D1's worst shape, hd64 causal, ours and FA4
+    # (scripts/ncu_d1.py); D6's bf16 sparse prefill on a 32 MiB pool, ours and FlashMLA (scripts/ncu_d6.py)
+    ncu7)     run_ncu d7 1 scripts/ncu_d7.py 2 ;;
+    ncu1)     run_ncu d1 2 scripts/ncu_d1.py 64 ;;
+    ncu6)     run_ncu d6 2 scripts/ncu_d6.py 15 ;;
     bench)    { timeout 120 python scripts/bench_sparse.py; timeout 60 python scripts/bench_nvfp4.py;
                 timeout 120 python scripts/quick_bench.py 64 128 256; } 2>&1 | grep "{" > "$out/logs/bench.txt"
               cat "$out/logs/bench.txt" ;;

@@ -182,12 +182,19 @@ def clock64(*, loc=None, ip=None) -> Int64:
 
 
 @cute.jit
-def stamp(address: cutlass.Constexpr, pipe: cutlass.Constexpr, event: cutlass.Constexpr, pair):
+def traced_cta():
+    """This CTA's flat index, and whether this thread stamps: the first thread of a warpgroup, in a traced CTA."""
     tidx, _, _ = cute.arch.thread_idx()
     bx, by, bz = cute.arch.block_idx()
     gx, gy, _ = cute.arch.grid_dim()
     cta = (bz * gy + by) * gx + bx
-    if tidx % 128 == 0 and cta < TRACE_CTAS and pair < TRACE_PAIRS:
+    return cta, tidx % 128 == 0 and cta < TRACE_CTAS
+
+
+@cute.jit
+def stamp(address: cutlass.Constexpr, pipe: cutlass.Constexpr, event: cutlass.Constexpr, pair):
+    cta, stamps = traced_cta()
+    if stamps and pair < TRACE_PAIRS:
         buf = cute.make_tensor(cute.make_ptr(Int64, Int64(address), cute.AddressSpace.gmem, assumed_align=8),
                                cute.make_layout((16, TRACE_PAIRS, TRACE_CTAS)))
         buf[event * 4 + pipe, pair, cta] = clock64()
@@ -224,36 +231,34 @@ def traced_pipe(pipe, i: int, address: int):
 
 
 ROW_SLOTS = 32                   # (half-tile 2 b + h) x row k (8 a thread; 4 with the H128 crossover)
-ROW_TRACE = [0]                  # the row stamps' buffer address while a traced build is compiled
+# while a traced build is compiled: the row stamps' buffer address and the load_row the stamps wrap (the variant's)
+ROW_TRACE = {"address": 0, "load_row": None}
 
 
 @cute.jit
 def stamp_row(slot_index):
-    tidx, _, _ = cute.arch.thread_idx()
-    bx, by, bz = cute.arch.block_idx()
-    gx, gy, _ = cute.arch.grid_dim()
-    cta = (bz * gy + by) * gx + bx
-    if tidx % 128 == 0 and cta < TRACE_CTAS:
-        buf = cute.make_tensor(cute.make_ptr(Int64, Int64(ROW_TRACE[0]), cute.AddressSpace.gmem, assumed_align=8),
-                               cute.make_layout((ROW_SLOTS, TRACE_CTAS)))
+    cta, stamps = traced_cta()
+    if stamps:
+        buf = cute.make_tensor(cute.make_ptr(Int64, Int64(ROW_TRACE["address"]), cute.AddressSpace.gmem,
+                                             assumed_align=8), cute.make_layout((ROW_SLOTS, TRACE_CTAS)))
         buf[slot_index, cta] = clock64()
 
 
 @cute.jit
 def load_row_stamped(self, records, scale_of, buf, b, h: cutlass.Constexpr, slot, k: cutlass.Constexpr, raw,
                      scale_bytes):
-    """The shipped ``load_row`` after a clock stamp: a fill calls it for row k right after converting and storing its
-    row k (the row's next load), so the stamp is "row k of this fill done"; the slot is the half-tile the load is
-    for (the next fill's), overwritten each pair — the last pair's times remain."""
+    """The traced variant's ``load_row`` after a clock stamp: a fill calls it for row k right after converting and
+    storing its row k (the row's next load), so the stamp is "row k of this fill done"; the slot is the half-tile the
+    load is for (the next fill's), overwritten each pair — the last pair's times remain."""
     stamp_row((b * 2 + h) * 8 + k)
-    ORIGINAL["load_row"](self, records, scale_of, buf, b, h, slot, k, raw, scale_bytes)
+    ROW_TRACE["load_row"](self, records, scale_of, buf, b, h, slot, k, raw, scale_bytes)
 
 
 def trace(case) -> None:
     buf = torch.zeros(TRACE_CTAS, TRACE_PAIRS, 16, dtype=torch.int64, device="cuda")
     rows = torch.zeros(TRACE_CTAS, ROW_SLOTS, dtype=torch.int64, device="cuda")
-    ROW_TRACE[0] = rows.data_ptr()
-    plain = md.Model1DecodeSm90.half_tile_pipelines
+    plain, plain_load_row = md.Model1DecodeSm90.half_tile_pipelines, md.Model1DecodeSm90.load_row
+    ROW_TRACE.update(address=rows.data_ptr(), load_row=plain_load_row)
     md.Model1DecodeSm90.half_tile_pipelines = lambda self, barriers: tuple(
         traced_pipe(p, i, buf.data_ptr()) for i, p in enumerate(plain(self, barriers)))
     md.Model1DecodeSm90.load_row = load_row_stamped
@@ -267,7 +272,7 @@ def trace(case) -> None:
         torch.cuda.synchronize()
     finally:
         md.Model1DecodeSm90.half_tile_pipelines = plain
-        md.Model1DecodeSm90.load_row = ORIGINAL["load_row"]
+        md.Model1DecodeSm90.load_row = plain_load_row
         launch._COMPILED.clear()
     t = buf.view(TRACE_CTAS, TRACE_PAIRS, 4, 4).double()        # (cta, pair, event, pipe)
     used = t[:, 0].amax(dim=(1, 2)) > 0
@@ -296,7 +301,7 @@ def row_times(t, rows, case) -> None:
     committed = t[:, :, 1, 0] > 0                                    # (cta, pair): (0, L) committed
     last = (committed.long() * torch.arange(TRACE_PAIRS, device=t.device)).amax(1)
     pair = t[torch.arange(t.shape[0], device=t.device), last]      # (cta, event, pipe)
-    n_rows = 4 if case.H == 128 else 8
+    n_rows = md.ROWS_PER_THREAD // (md.HEAD_PAIR if case.H == 128 and decode.HEAD_PAIR_CLUSTER else 1)
     print(f"  rows of the last full pair (median over CTAs; clocks from the fill's acquire; thread 0, {n_rows} rows):")
     for j, i in enumerate(FILL_ORDER):
         nxt = FILL_ORDER[(j + 1) % 4]                                # its rows' stamps sit in the next fill's slot
