@@ -32,9 +32,12 @@ class Kernel:
     name: str
     header: list[str] = field(default_factory=list)
     rows: list[list[str]] = field(default_factory=list)
+    _columns: dict[str, int] = field(default_factory=dict, repr=False)
 
     def column(self, name: str) -> int:
-        return self.header.index(name)
+        if len(self._columns) != len(self.header):          # the header is read after the kernel's name line
+            self._columns = {h: i for i, h in enumerate(self.header)}
+        return self._columns[name]
 
     def value(self, row: list[str], name: str) -> float:
         try:
@@ -73,8 +76,9 @@ def read_table(path: str) -> list[Kernel]:
 def stall_mix(kernel: Kernel, rows: list[list[str]]) -> collections.Counter:
     """Warp samples of ``rows`` by stall reason (the all-samples columns; reasons with none left out)."""
     mix: collections.Counter = collections.Counter()
+    columns = kernel.stall_columns()
     for row in rows:
-        for column in kernel.stall_columns():
+        for column in columns:
             mix[column[len("stall_"):]] += kernel.value(row, column)
     return +mix
 
