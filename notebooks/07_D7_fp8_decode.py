@@ -258,26 +258,26 @@ if on_gpu:
 # ## Where it stands
 #
 # Correct everywhere (the writer bit-equal to the reference, the decode at cosine 0.999998 against float64 over
-# the same FP8 cache, every e4m3 byte and scale dequantized bit-exactly).  Speed on the H100 (session 33, FlashMLA in
-# the same run): B1 13.3 µs, 1.11x FlashMLA (the bar: ≤ 12 µs, 1.15x); H64 at B64 / B128 about 1.0x; H128
+# the same FP8 cache, every e4m3 byte and scale dequantized bit-exactly).  Speed on the H100 (session 34, FlashMLA in
+# the same run): B1 12.85 µs, 1.14x FlashMLA (the bar: ≤ 12 µs, 1.15x); H64 at B64 / B128 1.1x / 1.0x; H128
 # 0.89-0.90x, the worst — not yet the 1.5x the stage aims at.  What got it here (docs/tuning/d7.md has the
 # measurements): each key resolved once into a shared record; rolling loads (8 rows in flight per producer thread);
 # the rope columns by `cp.async` with the hardware arriving for them; e4m3 → bf16 by placed bits and one bf16
-# multiply (4 instructions a pair instead of 6); the rope lanes as one whole warp; at H128 the head-pair cluster
-# that dequantizes each key once for both CTAs; at B1 a tile a split and the lone pair.  What did not help, measured
-# against each other: the H128 producer's rows two half-tiles ahead and FlashMLA's own consumer split (one warpgroup
-# for all scores + the left half, one for the right half, more registers for the producer) — both slower, and
-# taking 8 registers from the consumers alone cost 6-9 % at H128; and on the consumers' side, agreeing on a pair's
-# row max by one swap instead of the chain (13-15 % slower at H128: the chain hides warpgroup 1's softmax behind
-# warpgroup 0's first PV) or 216 registers instead of 208 (no gain).
+# multiply (4 instructions a pair instead of 6); every row stored at a constant offset from two chunk addresses (a
+# thread's rows share their swizzle); the rope lanes as one whole warp; at H128 the head-pair cluster that
+# dequantizes each key once for both CTAs; at B1 a tile a split and the lone pair.  What did not help, measured
+# against each other: the H128 producer's rows two half-tiles ahead, FlashMLA's own consumer split, each CTA of the
+# head pair converting one column half of every row (9-11 % slower: a consumer's first QK then waits for two fills
+# of one CTA), issuing an item's first row loads before its scale words, a warp sync a row to keep ptxas from
+# sinking the loads; on the consumers' side, agreeing on a pair's row max by one swap instead of the chain, or more
+# consumer registers.
 #
-# Where the time goes now (session 33, `scripts/probe_d7.py`, parts switched off): the e4m3 conversion costs
-# nothing measurable; the key-byte loads ~20 %; the producer *alone* (the consumers' MMAs removed) is ~85 % of the
-# whole; and a pipeline in which the producer never waits for a freed buffer gains at most 2 % — so the producer's
-# own fill time, not the number of buffers, bounds the decode.  FlashMLA's producer issues a whole tile's loads per
-# thread before converting (one DRAM latency a tile); at H128 ours takes four fills of 4 rows a pair.  The candidate
-# that halves that (each CTA of the head pair converting one column half of every row) is built and waits for its
-# GPU measurement (docs/tuning/d7.md).
+# Where the time goes now (sessions 33-34, `scripts/probe_d7.py` with parts switched off, its `--trace`, and Nsight
+# Compute per SASS instruction): the conversion and the proxy fence cost nothing measurable; the producer *alone*
+# is ~85 % of the whole; its warps wait about a quarter of the time for a buffer the consumers still read and about
+# as long for their own loads — and removing either wait (freeing buffers early, issuing loads earlier) only moves
+# the time to the other.  A producer with fewer instructions per row (bulk copies of the FP8 rows) does not fit in
+# shared memory as the kernel stands (8 KB free of 227).
 
 # %%
 record(metrics_path, mode="gpu" if on_gpu else "compile",

@@ -1,12 +1,13 @@
 """D1 (#32) schedule candidates against FA4, interleaved in one run (TFLOP/s, events with an L2 flush — the D1
 stage's timing), per head dim on its D1 sweep shape; each variant is the shipped build with some knobs changed:
 
-  hd128 (B4 H16 S8192, the D1 stage's speed shape at every head dim): default · n160_oq (160-key tiles, O in its dead Q stage: shipped for causal since session
-        31) · n176_plain (176-key tiles, one block per CTA)
-  hd64  (shipped: 192 x 128 tiles, persistent + dynamic, O in its Q stage): pvwait (the PV wait after the whole
-        softmax) · early (O rescaled while QK(j+1) runs); stages3 and m128_n192 lost in session 32, pvmax (the PV
-        wait pinned after the rows' maxima) and m192_plain (FA4's grid) in session 34 — docs/tuning/d1_d5.md
-  hd256 (shipped: 80-key tiles + early rescale, one block per CTA): pvwait · n64 · n64_pvwait
+  hd128 (B4 H16 S8192, the D1 stage's speed shape at every head dim; shipped: persistent + dynamic, early rescale,
+        PV wait in its own block): pingpong (the two consumer warpgroups take turns issuing their MMAs) ·
+        pingpong_no_pvwait (the same with ptxas placing the PV wait); n160_oq / n176_plain measured in session 32
+  hd64  (shipped: 192 x 128 tiles, persistent + dynamic, O in its Q stage, the three consumer warpgroups taking
+        turns — wg_pingpong, session 34): no_pingpong; pvwait, early, stages3, m128_n192 (session 32), pvmax,
+        m192_plain, pingpong_early (session 34) lost — docs/tuning/d1_d5.md
+  hd256 (shipped: 80-key tiles + early rescale, one block per CTA): pingpong; pvwait / n64 / n64_pvwait (session 32)
 
 Each variant must match the shipped output (asserted: max |diff| within bf16 rounding of the same math, the tile
 width changes the softmax's summation order).  ``--check`` compiles every variant for sm_90a on this machine
@@ -26,11 +27,10 @@ from dsv4lib.ops import launch as launch_mod
 from dsv4lib.ops.attention import launch
 
 VARIANTS = {
-    128: {"default": {}, "n160_oq": dict(tile_n=160, o_in_q_stage=True),
-          "n176_plain": dict(tile_n=176, persistent=False, dynamic_schedule=False, o_in_q_stage=False)},
-    64: {"default": {}, "pvwait": dict(pv_wait_block=True), "early": dict(rescale_o_early=True)},
-    256: {"default": {}, "pvwait": dict(pv_wait_block=True), "n64": dict(tile_n=64),
-          "n64_pvwait": dict(tile_n=64, pv_wait_block=True)},
+    128: {"default": {}, "pingpong": dict(wg_pingpong=True),
+          "pingpong_no_pvwait": dict(wg_pingpong=True, pv_wait_block=False)},
+    64: {"default": {}, "no_pingpong": dict(wg_pingpong=False)},
+    256: {"default": {}, "pingpong": dict(wg_pingpong=True)},
 }
 B, H, S = 4, 16, 8192                   # the D1 stage's speed shape at every head dim
 

@@ -257,6 +257,7 @@ def test_schedule_knobs_build_and_are_checked():
 @pytest.mark.parametrize("D,knobs,causal,window", [
     (64, {"tile_m": 192}, False, None), (64, {"tile_n": 192, "rescale_o_early": True}, True, None),
     (128, {"rescale_o_early": True}, True, None), (128, {"pv_wait_block": True}, False, 200),
+    (64, {"tile_m": 192, "wg_pingpong": True}, True, None), (128, {"wg_pingpong": True}, False, 200),
     (256, {"tile_n": 80, "rescale_o_early": True}, False, 300), (256, {"tile_n": 80}, True, None),
 ])
 def test_schedule_knobs_match_the_reference(D, knobs, causal, window):
@@ -389,6 +390,29 @@ def test_gqa_packed_matches_the_reference(B, Sq, Sk, H, Hkv, D, causal, window, 
     ref, ref_lse = reference.attention(q.double(), k.double(), v.double(), causal=causal, window=window,
                                        sink=None if sink is None else sink.double(), return_lse=True)
     check_matches(out, lse, ref, ref_lse)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("causal", [False, True])
+def test_hd64_consumer_warpgroups_take_turns_issuing_their_mmas(causal):
+    """hd64's default (``wg_pingpong``): the three consumer warpgroups pass the MMA-issue turn around a ring of named
+    barriers 3-5 (256 threads: a warpgroup and its predecessor's arrive), seeded once by warpgroup 0; without the knob
+    none of them is there.  Spill-free, the wgmmas kept asynchronous."""
+    from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.sm90.config import Sm90FwdConfig
+    from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
+    config = Sm90FwdConfig.for_problem(64, causal=causal, has_lse=False, gpu_name="H100")
+    assert config.wg_pingpong and config.tile_m == 192
+    builds = {on: compile_for_arch(FlashAttentionForwardSm90(config.replace(wg_pingpong=on)),
+                                   *fake_attention_args(64, config.dynamic_schedule), arch="sm_90a")
+              for on in (True, False)}
+    turns = r"bar\.(?:sync|arrive)\s+[^;]*,\s*256;"
+    assert builds[False].count(turns) == 0
+    assert builds[True].count(r"bar\.arrive\s+3,\s*256;") == 1          # the seed
+    assert builds[True].count(turns) >= 7     # a wait and an arrive around each of the three MMA issue sites, + seed
+    info = builds[True].ptxas_report()
+    assert info is not None, NO_PTXAS
+    assert "C7514" not in info and "0 bytes spill stores" in info, info[-400:]
 
 
 @pytest.mark.compile

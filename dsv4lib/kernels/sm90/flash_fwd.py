@@ -102,6 +102,7 @@ class FlashAttentionForwardSm90(Sm90Epilogue):
     # 64K-register file is shared out (128·24 + 256·240 = 128·32 + 384·160 = 64K)
     REGS_BY_CONSUMER_WARPGROUPS = {2: (24, 240), 3: (32, 160)}
     EPILOGUE_BARRIER = 7                 # every consumer thread has put its O rows in shared memory
+    TURN_BARRIERS = 3                    # wg_pingpong: named barriers 3, 4, 5 (consumer warpgroup i waits on 3 + i)
     STORE_BARRIERS = 1                   # o_in_q_stage: named barriers 1, 2 (by Q stage; SMEM-P's ids, unused there)
 
     def __init__(self, config: Sm90FwdConfig):
@@ -434,6 +435,7 @@ class FlashAttentionForwardSm90(Sm90Epilogue):
         total = self.scheduler.work_items(mQ)
         work = bidx
         step = gdim
+        self.first_turn(ctidx // 128)
         if const_expr(self.dynamic_schedule):
             work = self.scheduler.announced_work(pipeline_q, q_state, sWork, total)
         while work < total:
@@ -603,6 +605,29 @@ class FlashAttentionForwardSm90(Sm90Epilogue):
         pipeline_k.producer_tail(kv_state.clone())
         pipeline_v.producer_tail(kv_state.clone())
 
+    @cute.jit
+    def first_turn(self, wg_idx):
+        """``wg_pingpong``: consumer warpgroup 0 holds the first turn to issue MMAs (once per CTA: the turns run on
+        from work item to work item — every warpgroup takes the same number of them)."""
+        if const_expr(self.wg_pingpong):
+            if wg_idx == 0:
+                cute.arch.barrier_arrive(barrier_id=self.TURN_BARRIERS, number_of_threads=256)
+
+    @cute.jit
+    def turn_begin(self, wg_idx):
+        """``wg_pingpong``: wait for this warpgroup's turn (the previous warpgroup has issued its MMAs)."""
+        if const_expr(self.wg_pingpong):
+            cute.arch.barrier(barrier_id=self.TURN_BARRIERS + wg_idx, number_of_threads=256)
+
+    @cute.jit
+    def turn_end(self, wg_idx):
+        """``wg_pingpong``: MMAs issued, the turn passes to the next warpgroup (an arrive: no wait)."""
+        if const_expr(self.wg_pingpong):
+            nxt = wg_idx + 1
+            if nxt == self.consumer_warpgroups:
+                nxt = 0
+            cute.arch.barrier_arrive(barrier_id=self.TURN_BARRIERS + nxt, number_of_threads=256)
+
     def overlap_registers(self, tiled_mma_qk, row_max):
         """The overlapped mainloops' registers: S (flat and as (rows, cols)), its bf16 P view and P of the tile in
         flight, and the rows' deferred O corrections."""
@@ -630,7 +655,9 @@ class FlashAttentionForwardSm90(Sm90Epilogue):
         if n_iter > 0:
             # prologue: the first tile alone (O is still zero, so rescaling it now is free)
             pipeline_k.consumer_wait(kv_state)
+            self.turn_begin(wg_idx)
             gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], True)
+            self.turn_end(wg_idx)
             pipeline_k.consumer_release(kv_state)
             self.block_info.mask_scores(acc_S_rc, tScS_rc, self.slot_block(0, n_block_max, slots), m_block, seqlen_k,
                              causal_shift, window_size, wg_idx)
@@ -641,11 +668,13 @@ class FlashAttentionForwardSm90(Sm90Epilogue):
             for i in cutlass.range(1, n_iter, unroll=1):
                 n_block = self.slot_block(i, n_block_max, slots)
                 pipeline_k.consumer_wait(kv_state)
+                self.turn_begin(wg_idx)
                 gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], True, False)
                 if const_expr(self.rescale_o_early):
                     rescale_rows(acc_O_rc, corrections)                 # O·corr(j) before O += P(j)·V(j)
                 pipeline_v.consumer_wait(v_state)
                 gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, v_state.index], False, False)
+                self.turn_end(wg_idx)
                 if const_expr(self.pv_wait_block):
                     if i > 1:
                         pipeline_v.consumer_release(v_prev)                  # PV(j-1): waited for last tile
@@ -679,7 +708,9 @@ class FlashAttentionForwardSm90(Sm90Epilogue):
             if const_expr(self.rescale_o_early):
                 rescale_rows(acc_O_rc, corrections)
             pipeline_v.consumer_wait(v_state)                                # the last tile's PV
+            self.turn_begin(wg_idx)
             gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, v_state.index], False)
+            self.turn_end(wg_idx)
             pipeline_v.consumer_release(v_state)
         return kv_state                          # advanced past this block's tiles (the persistent loop goes on)
 
@@ -731,6 +762,7 @@ class FlashAttentionForwardSm90(Sm90Epilogue):
         # the diagonal offset: query row r sits at key position r + seqlen_k - seqlen_q
         causal_shift = seqlen_k - seqlen_q
         if const_expr(self.overlap):
+            self.first_turn(ctidx // 128)
             self.mainloop_overlapped(tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, acc_O, acc_O_rc, tScS_rc,
                                      row_max, row_sum, pipeline_k, pipeline_v, kv_state, softmax_scale_log2,
                                      window_size, m_block, seqlen_k, causal_shift, n_block_min, n_block_max,
