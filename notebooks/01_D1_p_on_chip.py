@@ -251,8 +251,10 @@ if speed:
 #   shared memory, so deeper pipelines mean smaller tiles; at hd128 a third stage would fit (160 → 224 KB), not
 #   tried yet.
 # * **Barrier stalls / MMA issue order.** The intra-warpgroup overlap (QK of tile j+1 issued with PV of tile j) is
-#   worth 8–16 % ("ours no overlap" column).  Warpgroup ping-pong (FA3's named-barrier turns) measured no consistent
-#   gain at hd128 (within the ~5 % run-to-run noise), so it was retired.
+#   worth 8–16 % ("ours no overlap" column).  Warpgroup ping-pong (the consumer warpgroups take turns issuing their
+#   MMAs through a ring of named barriers, FA3/FA4's GEMM-issue barrier) is on at hd64, where three warpgroups share
+#   the tensor cores: +1.8 % non-causal, +0.7 % causal (H100, 6 of 6 runs ahead).  At hd128 it loses (H100 669 → 646
+#   TFLOP/s non-causal, causal a tie), so there it stays off (`Sm90FwdConfig.wg_pingpong`).
 #   hd256 takes `tile_n = 80` with O rescaled while QK is in flight: +5 % (non-causal and causal).
 # * **A ptxas trap.** `.to(BFloat16)` on a tile that is not 128 wide converts one value at a time; the RS wgmma then
 #   reads registers assembled from 16-bit halves after its fence and ptxas injects extra `warpgroup.arrive`

@@ -269,7 +269,8 @@ if on_gpu:
 # against each other: the H128 producer's rows two half-tiles ahead, FlashMLA's own consumer split, each CTA of the
 # head pair converting one column half of every row (9-11 % slower: a consumer's first QK then waits for two fills
 # of one CTA), issuing an item's first row loads before its scale words, a warp sync a row to keep ptxas from
-# sinking the loads; on the consumers' side, agreeing on a pair's row max by one swap instead of the chain, or more
+# sinking the loads, the split partial O in bf16 instead of fp32 (half the bytes before the combine: B1 H64 13.0 →
+# 15.7 µs, slower); on the consumers' side, agreeing on a pair's row max by one swap instead of the chain, or more
 # consumer registers.
 #
 # Where the time goes now (sessions 33-34, `scripts/probe_d7.py` with parts switched off, its `--trace`, and Nsight

@@ -14,9 +14,6 @@ input set) — this is a measurement, never a result.
   regs216       the consumers at 216 registers, the producer at 72 (shipped 208 / 88; both spill-free, ptxas -v):
                 session 33 on the H100 13.5 / 51.2 / 70.4 / 135.4 µs against 13.0 / 50.6 / 70.5 / 136.9 — noise at
                 H128, slower at H64: not adopted (200 registers cost 6-9 % at H128, session 32); right too
-  bf16_partials split-KV partial O in bf16 (decode.BF16_PARTIALS): half the bytes a split writes and the combine
-                reads — B1's one-tile splits write 128 KB each in fp32 (session 34's candidate); right up to
-                one bf16 rounding of each partial (the GPU test checks it against float64)
   early_release each half-tile freed as soon as its consumer has waited for it (the consumers' releases after their
                 MMAs do nothing): the producer refills while the buffer is still read — garbage, but the time of a
                 pipeline deep enough that no refill waits for the consumers (the bound of a third buffer, session 33)
@@ -57,8 +54,7 @@ ORIGINAL = dict(convert=md.e4m3x2_to_bf16x2, load_row=md.Model1DecodeSm90.load_r
                 slot=md.Model1DecodeSm90.producer_slot, pipes=md.Model1DecodeSm90.half_tile_pipelines,
                 cute=md.cute,
                 placed_max=md.PLACED_SCALE_MAX, crossover=decode.HEAD_PAIR_CLUSTER,
-                regs=(md.Model1DecodeSm90.PAIRED_PRODUCER_REGS, md.Model1DecodeSm90.PAIRED_CONSUMER_REGS),
-                bf16_partials=decode.BF16_PARTIALS)
+                regs=(md.Model1DecodeSm90.PAIRED_PRODUCER_REGS, md.Model1DecodeSm90.PAIRED_CONSUMER_REGS))
 SAME_BITS = ("full", "no_crossover")   # variants that must compute the shipped output
 
 
@@ -169,7 +165,6 @@ VARIANTS = {
     "regs216": dict(regs=(72, 216)),
     "early_release": dict(pipes=early_release(ORIGINAL["pipes"])),
     "no_fence": dict(cute=CUTE_WITHOUT_FENCE),
-    "bf16_partials": dict(bf16_partials=True),
     "idle_producer": dict(load_row=nothing, fill=nothing),
     "no_mma": dict(gemm=nothing),
     "floor": dict(load_row=nothing, fill=nothing, gemm=nothing),
@@ -335,7 +330,6 @@ def apply(variant: str) -> None:
     md.cute = parts["cute"]
     md.PLACED_SCALE_MAX = parts["placed_max"]
     decode.HEAD_PAIR_CLUSTER = parts["crossover"]
-    decode.BF16_PARTIALS = parts["bf16_partials"]
     md.Model1DecodeSm90.PAIRED_PRODUCER_REGS, md.Model1DecodeSm90.PAIRED_CONSUMER_REGS = parts["regs"]
     launch.forget_plans()
     launch._COMPILED.clear()

@@ -54,35 +54,6 @@ def test_every_converted_row_is_stored_at_a_constant_offset_from_two_chunk_addre
     assert all(stores[1:]), stores            # (row 0 of (0, L): offset 0, printed without one)
 
 
-@pytest.mark.compile
-def test_bf16_partials_split_build_stores_half_the_bytes_and_the_combine_reads_them():
-    """``bf16_partials`` (A/B candidate, session 34): a split's partial O leaves as bf16 pairs (4-byte stores where the
-    fp32 build stores 8), and the combine built for bf16 partials loads them as bf16 and widens each to fp32 before
-    weighting.  Spill-free; without split_kv the knob is refused."""
-    from cutlass import BFloat16, Float32
-    from dsv4lib.kernels.combine import LSECombineKernel, fake_args as combine_fake_args
-    from dsv4lib.kernels.compile import compile_for_arch
-    from dsv4lib.kernels.sm90.model1_decode import Model1DecodeSm90
-    from dsv4lib.kernels.sm90.sparse_config import Model1DecodeConfig
-    from dsv4lib.ops.decode import fake_args
-    builds = {}
-    for bf16 in (False, True):
-        config = Model1DecodeConfig.for_decode(extra_cache=True, topk_length=True, extra_topk_length=True, sink=False,
-                                               split_kv=True, bf16_partials=bf16)
-        builds[bf16] = compile_for_arch(Model1DecodeSm90(config), *fake_args(True, True, bf16_partials=bf16),
-                                        arch="sm_90a")
-    assert builds[False].count(r"st\.global\.v2\.b32") == 128 and builds[True].count(r"st\.global\.v2\.b32") == 0
-    assert builds[True].count(r"st\.global\.b32") == 128 + builds[False].count(r"st\.global\.b32")
-    assert builds[True].count(r"\.local") == 0
-    combine = {dt: compile_for_arch(LSECombineKernel(512, has_sink=True, pdl=True), *combine_fake_args(512, dt),
-                                    arch="sm_90a") for dt in (Float32, BFloat16)}
-    assert combine[Float32].count(r"cvt\.f32\.bf16") == 0 and combine[Float32].count(r"ld\.global\.v4\.b32") > 0
-    assert combine[BFloat16].count(r"ld\.global\.v4\.b16") == combine[Float32].count(r"ld\.global\.v4\.b32")
-    assert combine[BFloat16].count(r"cvt\.f32\.bf16") > 0
-    with pytest.raises(ValueError, match="split_kv"):
-        Model1DecodeConfig(split_kv=False, bf16_partials=True)
-
-
 def test_the_model1_decode_refuses_another_schedule():
     """Only the paired schedule reads MODEL1 pages (FlashMLA's consumer split was measured slower and removed)."""
     from dsv4lib.kernels.sm90.sparse_config import Model1DecodeConfig
@@ -351,25 +322,6 @@ def test_head_pair_clusters_compute_what_one_cta_per_head_group_computes(B, num_
     single = dsv4lib.sparse_decode(q, main, idx, **kw, num_splits=num_splits)
     assert torch.equal(paired, single)
     check_output(paired, _reference(q, main, idx, kw)[0])
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("B,H,num_splits", [(1, 64, 0), (1, 128, 0), (3, 64, 5)])
-def test_bf16_partials_decode_matches_float64_and_the_fp32_partials(B, H, num_splits, monkeypatch):
-    """``BF16_PARTIALS`` (A/B candidate): B1 by the split rule (a tile a split), H64 and H128, and 5 splits of
-    three queries — against the float64 reference and close to the fp32-partials result (one more bf16 rounding
-    of each split's normalized partial)."""
-    from dsv4lib.ops import decode, launch
-    gen = torch.Generator().manual_seed(fresh_seed())
-    q, main, idx, kw = _decode_inputs(B, 1, H, True, True, True, gen)
-    splits = dict(num_splits=num_splits) if num_splits else {}
-    fp32 = dsv4lib.sparse_decode(q, main, idx, **kw, **splits)
-    monkeypatch.setattr(decode, "BF16_PARTIALS", True)
-    launch.forget_plans()                          # the plan of the first call holds the fp32-partials build
-    bf16 = dsv4lib.sparse_decode(q, main, idx, **kw, **splits)
-    assert not bf16.isnan().any()
-    check_output(bf16, _reference(q, main, idx, kw)[0])
-    assert (bf16.float() - fp32.float()).abs().max().item() <= 4e-2 * fp32.float().abs().max().item()
 
 
 @pytest.mark.gpu

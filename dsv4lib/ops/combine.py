@@ -3,8 +3,6 @@
 branch's build merges the others' partials in its epilogue: ``Sm90Epilogue.merge_previous``)."""
 from __future__ import annotations
 
-import torch
-
 from .launch import Launch, aligned16, raw_stream, rows_dynamic, stream_arg, to_cute
 
 
@@ -19,7 +17,7 @@ def combine_args(o_part, lse_part, out, lse, sink_t, stream=None, tvm_ffi: bool 
 
 
 def combine_launcher(D: int, device, *, has_sink: bool, pdl: bool = False) -> Launch:
-    """The combine as a :class:`~dsv4lib.ops.launch.Launch` of ``(o_part (splits, B, Sq, H, D) fp32 or bf16, lse_part (splits,
+    """The combine as a :class:`~dsv4lib.ops.launch.Launch` of ``(o_part (splits, B, Sq, H, D) fp32, lse_part (splits,
     B, H, Sq), out (B, Sq, H, D) bf16, lse (B, H, Sq), sink_t)`` — or, at B = 1, out (Sq, H, D) / lse (H, Sq) without
     the batch mode (the build adds it at trace time).  ``pdl``: launched with programmatic dependent launch behind a
     split kernel that lets it go early."""
@@ -27,11 +25,9 @@ def combine_launcher(D: int, device, *, has_sink: bool, pdl: bool = False) -> La
         return o_part, lse_part, out, lse, sink_t, raw_stream(device)
 
     def spec(o_part, lse_part, out, lse, sink_t):
-        if o_part.dtype not in (torch.float32, torch.bfloat16):
-            raise TypeError(f"the combine takes fp32 or bf16 partials, got {o_part.dtype}")
         from ..kernels.combine import LSECombineKernel
         tensors = (o_part, lse_part, out, lse, sink_t)
-        return (("combine", D, has_sink, pdl, out.dim(), o_part.dtype, *map(aligned16, tensors[1:])),
+        return (("combine", D, has_sink, pdl, out.dim(), *map(aligned16, tensors[1:])),
                 lambda: LSECombineKernel(D, has_sink=has_sink, pdl=pdl), lambda: combine_args(*tensors, tvm_ffi=True))
     return Launch(args, spec)
 

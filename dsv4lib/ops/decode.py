@@ -30,9 +30,6 @@ DECODE_SQ = (1, 2)             # one token, or two with MTP
 DECODE_MAX_SPLITS = 32
 # H = 128: the two head-group CTAs of a token as one cluster that dequantizes each key once (the crossover)
 HEAD_PAIR_CLUSTER = True
-# A/B (session 34, not yet measured): split-KV partial O in bf16 instead of fp32 (Model1DecodeConfig.bf16_partials) —
-# a one-tile split writes 64 KB from its SM instead of 128 KB before the combine may finish; read when a plan is made
-BF16_PARTIALS = False
 
 
 def decode_splits(batch_ctas: int, n_tiles: int, sms: int) -> int:
@@ -85,10 +82,10 @@ def decode_args(q, pages, idx, lengths, pages2, idx2, lengths2, page_size: int, 
             Float32(scale * math.log2(math.e)), rows(sink), *stream_arg(stream, tvm_ffi))
 
 
-def fake_args(extra: bool = True, split_kv: bool = False, heads: int = 64, bf16_partials: bool = False) -> tuple:
+def fake_args(extra: bool = True, split_kv: bool = False, heads: int = 64) -> tuple:
     """Runtime-typed stand-ins (CPU tensors) for a CPU build."""
     from ..reference.model1 import page_bytes
-    o_dtype = torch.float32 if split_kv and not bf16_partials else torch.bfloat16
+    o_dtype = torch.float32 if split_kv else torch.bfloat16
     splits = 2 if split_kv else 1
     return decode_args(torch.empty(3, 1, heads, HEAD_DIM, dtype=torch.bfloat16),
                        torch.empty(5, page_bytes(64), dtype=torch.uint8), torch.empty(3, 1, 128, dtype=torch.int32),
@@ -153,9 +150,8 @@ def _config(device, B: int, s_q: int, H: int, n_keys: int, num_splits, extra: bo
     if splits == 1:
         return cached_config(lambda: Model1DecodeConfig.for_decode(sink=sink, split_kv=False, **flags),
                              "model1", sink, *flags.values()), 1
-    bf16 = BF16_PARTIALS
-    return cached_config(lambda: Model1DecodeConfig.for_decode(sink=False, split_kv=True, bf16_partials=bf16, **flags),
-                         "model1 split", bf16, *flags.values()), splits
+    return cached_config(lambda: Model1DecodeConfig.for_decode(sink=False, split_kv=True, **flags),
+                         "model1 split", *flags.values()), splits
 
 
 def _cache_sig(cache):
@@ -245,8 +241,7 @@ def _decode_plan(q, k_cache, indices, topk_length, *, extra_k_cache, extra_indic
     # the outputs as returned: the unsplit build takes them as they are (its split mode is added at trace time)
     go = launcher(config, device, page_size=page_size, page_size2=page_size2, scale=scale, public=splits == 1)
     if splits > 1:
-        o_part, lse_part = workspace(splits, B, s_q, H, HEAD_DIM, device,
-                                     torch.bfloat16 if config.bf16_partials else torch.float32)
+        o_part, lse_part = workspace(splits, B, s_q, H, HEAD_DIM, device)
         # PDL: the combine's launch hides behind the split kernel, which lets it go once past its main loop; both go
         # out through one compiled function (launch.Sequence)
         split_then_combine = Sequence(go, combine_launcher(HEAD_DIM, device, has_sink=sink is not None, pdl=True))

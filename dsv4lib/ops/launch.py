@@ -327,13 +327,12 @@ def lse_output(device, shape: tuple, wanted: bool, written: bool = True) -> Call
 _WORKSPACE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-def workspace(splits: int, B: int, Sq: int, H: int, D: int, device,
-              dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-    """Partial O ``(splits, B, Sq, H, D)`` (fp32, or ``dtype``) and fp32 LSE ``(splits, B, H, Sq)`` for split-KV,
-    allocated once per shape and reused."""
-    key = (splits, B, Sq, H, D, device, dtype)
+def workspace(splits: int, B: int, Sq: int, H: int, D: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 partial O ``(splits, B, Sq, H, D)`` and LSE ``(splits, B, H, Sq)`` for split-KV, allocated once per
+    shape and reused."""
+    key = (splits, B, Sq, H, D, device)
     if key not in _WORKSPACE:
-        _WORKSPACE[key] = (torch.empty(splits, B, Sq, H, D, dtype=dtype, device=device),
+        _WORKSPACE[key] = (torch.empty(splits, B, Sq, H, D, dtype=torch.float32, device=device),
                            torch.empty(splits, B, H, Sq, dtype=torch.float32, device=device))
     return _WORKSPACE[key]
 

@@ -67,14 +67,9 @@ class Model1DecodeConfig(SparseFwdConfig):
     # H = 128: the token's two head-group CTAs form a cluster and each dequantizes half of every half-tile's rows into
     # both CTAs' buffers (the crossover; model1_decode's module docstring)
     head_pair_cluster: bool = False
-    # split-KV: each split's partial O leaves in bf16 instead of fp32 — half the bytes a one-tile split writes from
-    # its SM before the combine can finish (B1: 128 KB a CTA), the combine reading half as many
-    bf16_partials: bool = False
 
     def check(self) -> None:
         super().check()
-        if self.bf16_partials and not self.split_kv:
-            raise ValueError("bf16_partials is the split-KV partials' dtype: it needs split_kv")
         if (not self.gather or self.schedule != "paired" or self.gather_only or self.skip_mma is not None
                 or self.cluster_splits != 1):
             raise ValueError("the MODEL1 decode is the gathered, paired kernel (no benchmark knobs, no split clusters)")
@@ -83,7 +78,6 @@ class Model1DecodeConfig(SparseFwdConfig):
 
     @classmethod
     def for_decode(cls, *, extra_cache: bool, topk_length: bool, extra_topk_length: bool, sink: bool,
-                   split_kv: bool, head_pair_cluster: bool = False, bf16_partials: bool = False) -> "Model1DecodeConfig":
+                   split_kv: bool, head_pair_cluster: bool = False) -> "Model1DecodeConfig":
         return cls(sink=sink and not split_kv, has_lse=True, split_kv=split_kv, extra_cache=extra_cache,
-                   topk_length=topk_length, extra_topk_length=extra_topk_length, head_pair_cluster=head_pair_cluster,
-                   bf16_partials=bf16_partials and split_kv)
+                   topk_length=topk_length, extra_topk_length=extra_topk_length, head_pair_cluster=head_pair_cluster)
