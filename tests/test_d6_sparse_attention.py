@@ -117,8 +117,13 @@ def test_hd512_kernel_builds_from_the_public_functions_arguments(gather, split_k
     o_stores = k.count(r"cp\.async\.bulk\.tensor\.4d\.global\.shared::cta")
     if schedule != "columns" and not split_kv:
         # bf16 O: each warpgroup puts its 64 × 256 half in the dead Q buffer as value pairs (64 st.shared.b32 a
-        # thread), then one TMA store of 8 boxes of 64 × 64, waited on before exit; O never leaves from registers
-        assert o_stores == 8 and k.count(r"cp\.async\.bulk\.wait_group\.read\s+0") == 1
+        # thread) in four 64-column chunks, each its own TMA store (a bulk group) issued once the warpgroup met on
+        # its own barrier; each warpgroup's storer waits for its reads once, before exit; O never leaves from
+        # registers
+        assert o_stores == 8 and k.count(r"cp\.async\.bulk\.commit_group") == 8
+        assert k.count(r"cp\.async\.bulk\.wait_group\.read\s+0") == 2
+        for w in range(2):
+            assert k.count(rf"bar\.sync\s+{8 + w},\s*128") == 4
         assert k.count(r"st\.global\.b32") == (2 if flags.get("has_lse") else 0)     # the LSE of its 2 rows
     else:
         assert o_stores == 0                                  # fp32 partials / the columns schedule: registers

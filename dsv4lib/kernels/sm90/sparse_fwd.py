@@ -74,7 +74,7 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.cutlass_dsl import dsl_user_op
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
-from ..common import convert_to_bf16_pairs, exp2, launch_stream, tma_store_tile
+from ..common import convert_to_bf16_pairs, cvt_bf16x2, exp2, launch_stream, tma_store_tile
 from ..layouts import acc_layout_as_operand_a, acc_layout_rows_cols, row_major_smem_layout, transposed_view
 from ..softmax import LN_2, LOG2_E, finish_row, online_softmax, rescale_rows
 from ..sparse_base import HALF, HEAD_DIM, TILE_H, TILE_N, SparseAttentionBase, as_global
@@ -84,7 +84,9 @@ from .wgmma import gemm
 # named barrier ids (0 is __syncthreads)
 P_FULL, P_EMPTY, FINAL = 1, 3, 5
 PAIR_MAX, PAIR_P, PAIR_SUM = 1, 3, 5   # the paired variant's: + warpgroup (M0 / M1, S0 / S1), then the row sums
-O_IN_SMEM = 6                          # paired, bf16 out: both halves of O are in the dead Q buffer
+O_IN_SMEM = 6                          # paired, bf16 out, one store: both halves of O are in the dead Q buffer
+O_CHUNK_READY = 8                      # paired, bf16 out, chunked stores: + warpgroup (7 is MODEL1's producer's)
+O_CHUNK = 64                           # columns of O a TMA store carries (one 128 B-swizzle atom wide, 8 KB)
 STAGED = 6                             # columns, split partials through sRed: both consumer warpgroups
 RED_PAD = 8                            # sRed row pad in elements.  fp32 rows of 2080 B: the accumulator's 8 B pairs of
                                        # 8 rows fall in two wavefronts, the minimum for a warp's 256 B; bf16 rows of
@@ -138,6 +140,11 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
     # (a branch per key column: H200 Sq 4096 H64 K640 441 → 471 TFLOP/s with the mask switched off, probe_d6.py)
     PRODUCER_KEY_FLAGS = True
     HEAD_GROUP_FASTEST = True                       # gathered keys: a token's head groups side by side (the base)
+    # paired, bf16 out: each warpgroup stores its column half of O by itself in 64-column chunks, each chunk's TMA
+    # store issued as soon as the warpgroup has written it (FlashMLA's epilogue order), instead of one 64 x 512
+    # store once both halves are in shared memory (ncu, H100 Sq 4096 H64: the CTA's last warp then waited ~1/5
+    # of the kernel's samples at EXIT for that store; docs/tuning/d2_d6.md, session 35)
+    CHUNKED_O_STORE = True
 
     def __init__(self, config: SparseFwdConfig):
         super().__init__(config)
@@ -238,10 +245,12 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
                 sQ_layout, (TILE_H, HEAD_DIM))
         tma_atom_O = tma_O = None
         if const_expr(self.tma_store_o):
-            # (1, B, Sq, H, 512) -> (H, 512, Sq, B), like Q (one split: its index is always 0)
+            # (1, B, Sq, H, 512) -> (H, 512, Sq, B), like Q (one split: its index is always 0); chunked: a 64 x 64
+            # box, whose shared image is one 8 KB column block of the Q buffer (its atoms stack rows first)
+            o_cols = O_CHUNK if const_expr(self.CHUNKED_O_STORE) else HEAD_DIM
             tma_atom_O, tma_O = cpasync.make_tiled_tma_atom(
                 cpasync.CopyBulkTensorTileS2GOp(), cute.make_tensor(mO.iterator, cute.select(mO.layout, mode=[3, 4, 2, 1])),
-                sQ_layout, (TILE_H, HEAD_DIM))
+                row_major_smem_layout(self.dtype, TILE_H, o_cols), (TILE_H, o_cols))
         return (tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ_layout, sKV_layout, sP_layout, SharedStorage,
                 tma_atom_Q, tma_Q, tma_atom_O, tma_O)
 
@@ -713,7 +722,7 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
     @cute.jit
     def finish_shared_max(self, w, thr_pv, acc_O, acc_O_rc, tScS_rc, row_max, row_sum, sSum, mO,
                           mLSE, mSink, softmax_scale_log2, wtid, token, head_group, batch, split,
-                          sum_barrier: cutlass.Constexpr, tiled_mma_pv, sQ, tma_atom_O, tma_O):
+                          sum_barrier: cutlass.Constexpr, tiled_mma_pv, sQ, tma_atom_O, tma_O, tiled_mma_qk=None):
         """Epilogue of the schedules whose two warpgroups end with the same row max (balanced, paired): my row
         sums + the other warpgroup's, sink, LSE, my half of O."""
         n_rows = cute.size(tScS_rc, mode=[0])
@@ -734,7 +743,9 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
                     mLSE[split, batch, head_group * TILE_H + m, token] = lse
             for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
                 acc_O_rc[r, c] = acc_O_rc[r, c] * inv
-        if const_expr(self.tma_store_o):
+        if const_expr(self.tma_store_o and self.CHUNKED_O_STORE):
+            self.store_o_chunks(w, tiled_mma_qk, acc_O, sQ, tma_atom_O, tma_O, wtid, token, head_group, batch)
+        elif const_expr(self.tma_store_o):
             self.store_o_tma(w, tiled_mma_pv, acc_O, sQ, tma_atom_O, tma_O, wtid, token, head_group, batch)
         else:
             self.store_half(thr_pv, acc_O, mO, split, batch, token, head_group, w)
@@ -754,6 +765,33 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
         if w == 0 and wtid < 32:
             gO = cute.local_tile(tma_O[None, None, token, batch], (TILE_H, HEAD_DIM), (head_group, 0))   # (64, 512)
             tma_store_tile(tma_atom_O, sQ, gO)
+
+    @cute.jit
+    def store_o_chunks(self, w, tiled_mma_qk, acc_O, sQ, tma_atom_O, tma_O, wtid, token, head_group, batch):
+        """My column half of O (bf16) → the dead Q buffer in four 64-column chunks; after each chunk my warpgroup
+        meets on its own barrier and my first warp issues that chunk's TMA store, so the stores overlap the next
+        chunk's writes and the other warpgroup's, and little is left in flight when the CTA ends.  A chunk is
+        partitioned as a m64n64 accumulator (the QK wgmma's C layout: same threads, same rows, 8-column groups), so
+        its values are 32 consecutive ones of my m64n256 accumulator: chunk c = groups 8c … 8c+7."""
+        acc_flat = cute.make_tensor(acc_O.iterator, cute.make_layout(cute.size(acc_O)))
+        chunks = HALF // O_CHUNK
+        per_chunk = cute.size(acc_O) // chunks
+        thr_c = tiled_mma_qk.get_slice(wtid)
+        gO = cute.local_tile(tma_O[None, None, token, batch], (TILE_H, O_CHUNK), (head_group, None))   # (64, 64, 8)
+        for c in cutlass.range_constexpr(chunks):
+            col_block = w * chunks + c
+            sO_c = cute.local_tile(sQ, (TILE_H, O_CHUNK), (0, col_block))                  # (64, 64), 8 KB block
+            rO = cute.make_rmem_tensor(thr_c.partition_shape_C((TILE_H, O_CHUNK)), self.dtype)
+            rO32 = cute.recast_tensor(rO, cutlass.Uint32)
+            for i in cutlass.range_constexpr(cute.size(rO32)):
+                rO32[i] = cvt_bf16x2(acc_flat[c * per_chunk + 2 * i], acc_flat[c * per_chunk + 2 * i + 1])
+            cute.autovec_copy(rO, thr_c.partition_C(sO_c))
+            cute.arch.fence_proxy("async.shared", space="cta")                      # generic writes → TMA reads
+            cute.arch.barrier(barrier_id=O_CHUNK_READY + w, number_of_threads=128)
+            if wtid < 32:
+                tma_store_tile(tma_atom_O, sO_c, gO[None, None, col_block], wait=False)
+        if wtid < 32:
+            cute.arch.cp_async_bulk_wait_group(0, read=True)       # the CTA may not exit before its buffer is read
 
     @cute.jit
     def paired_half(self, w: cutlass.Constexpr, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sKV, sVt, sP,
@@ -818,7 +856,7 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
                 cute.arch.griddepcontrol_launch_dependents()
         self.finish_shared_max(w, thr_pv, acc_O, acc_O_rc, tScS_rc, row_max, row_sum, sSum, mO, mLSE, mSink,
                                softmax_scale_log2, wtid, token, head_group, batch, split, PAIR_SUM,
-                               tiled_mma_pv_rs, sQ, tma_atom_O, tma_O)
+                               tiled_mma_pv_rs, sQ, tma_atom_O, tma_O, tiled_mma_qk)
         return state
 
     @cute.jit
