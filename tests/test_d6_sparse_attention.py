@@ -1,6 +1,8 @@
 """D6 core: the hd512 MQA kernel (K = V, 64 heads packed as M) — gathered (sparse_attention) and dense (attention
 with hd512) — builds on the CPU with the right instructions, rejects bad input, and on a Hopper GPU matches the
 float64 reference."""
+import re
+
 import pytest
 import torch
 
@@ -133,6 +135,15 @@ def test_hd512_kernel_builds_from_the_public_functions_arguments(gather, split_k
         # SS product twice: once in a lone pair (odd tile count: no tile of its own) and once in a full one
         assert k.count(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16") == 2 * 512 // 16
         assert (rs, ss) == (8, 12), (rs, ss)
+        if gather:
+            # the gather: a pair's 64 copies a thread (4 half-tiles x 4 rows x 4 column blocks), every one at a
+            # constant offset from the same shared address (kv_chunk_offset) and from its row's global address
+            copies = re.findall(r"cp\.async\.cg\.shared\.global\s+\[(%r\d+)\+(\d+)\],\s*\[(%rd\d+)\+(\d+)\]",
+                                k.ptx)
+            assert len(copies) == 64 and len({c[0] for c in copies}) == 1, copies[:3]
+            assert len({c[2] for c in copies}) == 8          # one global address a row: 2 tiles x 4 rows a pair
+            assert sorted({int(c[1]) for c in copies}) == sorted(
+                b * 65536 + block * 8192 + k * 2048 for b in range(2) for block in range(8) for k in range(4))
         # the lone pair's skipped MMAs sit in branches that hold whole wgmma stages (issue to wait): a stage
         # crossing a branch makes ptxas serialize every wgmma of the kernel (C7514; D6 0.87 -> 0.74x FlashMLA)
         report = k.ptxas_report()

@@ -17,6 +17,17 @@ TILE_N = 64            # keys per tile
 HALF = HEAD_DIM // 2   # output columns per consumer warpgroup
 
 
+def kv_chunk_offset(row, chunk, stage):
+    """Byte offset in the KV buffers (``row_major_smem_layout(bf16, 64, 512, 2)``) of 16-byte chunk ``chunk`` (0-63)
+    of key row ``row`` in stage ``stage``: 8-row × 128 B atoms stacked along the rows, then along the columns, then
+    the stages; in each 128 B line chunk ``c`` sits at slot ``c ^ (row % 8)`` (the 128 B swizzle).  Plain arithmetic
+    on Python or DSL integers: the bf16 gather's copies and the MODEL1 producer's stores (the crossover's into the
+    peer's buffer too) address the buffers by it (checked against the traced layout on the CPU,
+    ``tests/test_d7_fp8_decode.py``)."""
+    return (stage * (TILE_N * HEAD_DIM * 2) + (chunk // 8) * (TILE_N * 128) + row * 128
+            + ((chunk % 8) ^ (row % 8)) * 16)
+
+
 @cute.jit
 def as_global(t: cute.Tensor, align: cutlass.Constexpr) -> cute.Tensor:
     """The same tensor with its pointer in the global address space and a known alignment (a CPU build

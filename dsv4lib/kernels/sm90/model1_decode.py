@@ -45,8 +45,8 @@ from cutlass.cute.nvgpu import cpasync
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from ..common import gmem_view, inline_ptx, launch_stream
-from ..sparse_base import HALF, HEAD_DIM, TILE_N, as_global
+from ..common import gmem_view, inline_ptx, launch_stream, shared_address
+from ..sparse_base import HALF, HEAD_DIM, TILE_N, as_global, kv_chunk_offset
 from .sparse_config import Model1DecodeConfig
 from .sparse_fwd import HALF_TILE_ORDER, SparseAttentionForwardSm90, half_tile_pipelines
 
@@ -60,16 +60,6 @@ ROPE_LANE = (NOPE_DIMS - HALF) // COLS_PER_THREAD    # 12: in the right half, la
 PLACED_SCALE_MAX = 127 + 7       # scale bytes up to 2^7 take the placed-bits conversion; larger ones the fp32 path
 PRODUCER_SYNC = 7                 # named barrier of the producer warpgroup (the consumers use 1-6)
 HEAD_PAIR = 2                     # CTAs of a head-pair cluster (H = 128: a token's two head groups)
-
-
-def kv_chunk_offset(row, chunk, stage):
-    """Byte offset in the KV buffers (``row_major_smem_layout(bf16, 64, 512, 2)``) of 16-byte chunk ``chunk`` (0-63)
-    of key row ``row`` in stage ``stage``: 8-row × 128 B atoms stacked along the rows, then along the columns, then
-    the stages; in each 128 B line chunk ``c`` sits at slot ``c ^ (row % 8)`` (the 128 B swizzle).  Plain arithmetic
-    on Python or DSL integers: the crossover's peer stores address the peer's buffer by it (checked against the
-    traced layout on the CPU, ``tests/test_d7_fp8_decode.py``)."""
-    return (stage * (TILE_N * HEAD_DIM * 2) + (chunk // 8) * (TILE_N * 128) + row * 128
-            + ((chunk % 8) ^ (row % 8)) * 16)
 
 
 @dataclass(frozen=True)
@@ -139,13 +129,6 @@ def ue8m0_scale(byte: Uint32, *, loc=None, ip=None) -> Float32:
     """A UE8M0 scale byte ``b`` → ``2^(b - 127)`` (its fp32 bit pattern is ``b << 23``)."""
     return inline_ptx(T.f32(), Float32, [Uint32(byte)], "{ .reg .b32 t; shl.b32 t, $1, 23; mov.b32 $0, t; }", "=f,r",
                       loc, ip)
-
-
-@dsl_user_op
-def shared_address(ptr: cute.Pointer, *, loc=None, ip=None) -> Int32:
-    """A shared-memory pointer as its 32-bit shared address (the base of a buffer whose pieces are addressed by byte
-    offsets, e.g. in a peer CTA through ``mapa``)."""
-    return Int32(llvm.ptrtoint(T.i32(), ptr.to_llvm_ptr(loc=loc, ip=ip), loc=loc, ip=ip))
 
 
 @dsl_user_op

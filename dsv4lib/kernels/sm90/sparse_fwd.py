@@ -68,16 +68,16 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import Float32, Int32, const_expr, pipeline
+from cutlass import Float32, Int32, Int64, const_expr, pipeline
 from cutlass._mlir.dialects import nvvm
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.cutlass_dsl import dsl_user_op
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
-from ..common import convert_to_bf16_pairs, cvt_bf16x2, exp2, launch_stream, tma_store_tile
+from ..common import convert_to_bf16_pairs, cp_async_16, cvt_bf16x2, exp2, launch_stream, shared_address, tma_store_tile
 from ..layouts import acc_layout_as_operand_a, acc_layout_rows_cols, row_major_smem_layout, transposed_view
 from ..softmax import LN_2, LOG2_E, finish_row, online_softmax, rescale_rows
-from ..sparse_base import HALF, HEAD_DIM, TILE_H, TILE_N, SparseAttentionBase, as_global
+from ..sparse_base import HALF, HEAD_DIM, TILE_H, TILE_N, SparseAttentionBase, as_global, kv_chunk_offset
 from .sparse_config import SparseFwdConfig
 from .wgmma import gemm
 
@@ -145,6 +145,10 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
     # store once both halves are in shared memory (ncu, H100 Sq 4096 H64: the CTA's last warp then waited ~1/5
     # of the kernel's samples at EXIT for that store; docs/tuning/d2_d6.md, session 35)
     CHUNKED_O_STORE = True
+    # the gathered paired producer's copies at constant offsets from one shared and one global address per row
+    # (kv_chunk_offset: a thread's rows are group + 16 k, so row % 8 — the swizzle — is its own constant) instead of
+    # each copy's swizzled address computed by the layout (ncu: twice FlashMLA's producer instructions)
+    GATHER_AT_CONSTANT_OFFSETS = True
 
     def __init__(self, config: SparseFwdConfig):
         super().__init__(config)
@@ -498,6 +502,10 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
         rows_per_group = TILE_N // ROW_GROUPS
         segments = HALF // 64                                     # 128 B segments per half row
         rows = cute.make_rmem_tensor((2 * rows_per_group,), Int32)
+        # my 16 B chunk of row `group`, column block 0, stage 0: every other copy of mine is a constant away
+        s_at = shared_address(sKV.iterator) + kv_chunk_offset(group, chunk, 0)
+        # ... and of my 16 B chunk of key row 0 in global memory (2 bytes an element)
+        kv_at = mKV.iterator.toint() + Int64(2) * (Int64(batch) * Int64(mKV.stride[0]) + Int64(8) * Int64(chunk))
         # past it (an odd count's padding tile, or the next split's keys): no key — neither loaded nor flagged real
         key_end = cutlass.min(n_keys, tile_hi * TILE_N)
         if const_expr(self.key_flags):
@@ -525,13 +533,24 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
                     row = rows[b * rows_per_group + k]
                     # no key: the copy reads nothing and zero-fills (src-size 0) — no traffic, and no hot spot
                     # where every CTA would fetch the same stand-in row; the consumers mask the column anyway
-                    real = cute.make_rmem_tensor(cute.make_layout((1, 1), stride=(0, 0)), cutlass.Boolean)
-                    real[0] = row >= 0
-                    gKV_row = mKV[batch, cutlass.max(row, 0), None]                              # (512,)
-                    for seg in cutlass.range_constexpr(segments):
-                        c = (h * segments + seg) * 8 + chunk                                   # 16 B chunk of the row
-                        cute.copy(copy_atom, cute.logical_divide(cute.local_tile(gKV_row, (8,), (c,)), (8,)),
-                                  cute.logical_divide(cute.local_tile(sKV[r, None, b], (8,), (c,)), (8,)), pred=real)
+                    if const_expr(self.GATHER_AT_CONSTANT_OFFSETS):
+                        # 16 bytes for a key, 0 for none (no runtime `if`: one inside this loop broke the public
+                        # build's pass pipeline)
+                        src_bytes = Int32(16) & ~(row >> 31)
+                        g_at = kv_at + Int64(2) * (Int64(cutlass.max(row, 0)) * Int64(mKV.stride[1]))
+                        for seg in cutlass.range_constexpr(segments):
+                            block = h * segments + seg                               # 64-column block of the row
+                            cp_async_16(s_at, kv_chunk_offset(ROW_GROUPS * k, 8 * block, b) - kv_chunk_offset(0, 0, 0),
+                                        g_at, 128 * block, src_bytes)
+                    else:
+                        gKV_row = mKV[batch, cutlass.max(row, 0), None]                          # (512,)
+                        real = cute.make_rmem_tensor(cute.make_layout((1, 1), stride=(0, 0)), cutlass.Boolean)
+                        real[0] = row >= 0
+                        for seg in cutlass.range_constexpr(segments):
+                            c = (h * segments + seg) * 8 + chunk                               # 16 B chunk of the row
+                            cute.copy(copy_atom, cute.logical_divide(cute.local_tile(gKV_row, (8,), (c,)), (8,)),
+                                      cute.logical_divide(cute.local_tile(sKV[r, None, b], (8,), (c,)), (8,)),
+                                      pred=real)
                 if const_expr(self.key_flags):
                     # the copies counted, then a release arrive of the thread's own: it publishes the flag writers'
                     # stores (every thread alike, so no branch on who wrote flags)
