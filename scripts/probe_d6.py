@@ -16,10 +16,6 @@ prefill shapes (every index valid, so ``no_key_mask`` computes the same result).
                       the 64 x 512 tile by TMA and waits for it (shipped: each warpgroup stores its half in 64-column
                       chunks as it writes them, ``CHUNKED_O_STORE``).  Same output.
 
-  layout_addressed    the gather's copies addressed through the swizzled layout, one address computed per copy (before
-                      session 35; shipped: constant offsets from one shared and one global address a row,
-                      ``GATHER_AT_CONSTANT_OFFSETS``).  Same output.
-
   early_release       each half-tile freed as soon as its consumer has waited for it (probe_d7's
                       ``early_release_pipe``): the producer refills buffers still being read — garbage, but the time of
                       a pipeline deep enough that no gather waits for the consumers.
@@ -32,8 +28,7 @@ copies — were a copy of ``gather_pairs`` that drifted from the shipped one and
 measurements of session 25); the D6 notebook's FlashMLA section draws from 2^18 rows (256 MiB), where H = 128 read
 427 TFLOP/s against FlashMLA's 496 while H = 64 tied (session 27, token-fastest grid) — the order was the suspect.
 
-Usage: python scripts/probe_d6.py [--variants full,no_key_mask,token_fastest,regs216,one_o_store,layout_addressed,
-                                                    early_release]
+Usage: python scripts/probe_d6.py [--variants full,no_key_mask,token_fastest,regs216,one_o_store,early_release]
                                   [--pool-rows N]"""
 import argparse
 
@@ -62,8 +57,6 @@ def patch(cls, variant: str, original: dict) -> None:
         cls.HEAD_GROUP_FASTEST = False
     elif variant == "early_release":
         cls.half_tile_pipelines = early_release(original["half_tile_pipelines"])
-    elif variant == "layout_addressed":
-        cls.GATHER_AT_CONSTANT_OFFSETS = False
     elif variant == "one_o_store":
         cls.CHUNKED_O_STORE = False
     elif variant == "regs216":
@@ -81,7 +74,7 @@ def main():
     cls = SparseAttentionForwardSm90                   # its is_real_key reads the producer's flags or the index list
     original = {name: cls.__dict__[name] for name in ("is_real_key", "HEAD_GROUP_FASTEST", "PAIRED_PRODUCER_REGS",
                                                       "PAIRED_CONSUMER_REGS", "half_tile_pipelines",
-                                                      "CHUNKED_O_STORE", "GATHER_AT_CONSTANT_OFFSETS")}
+                                                      "CHUNKED_O_STORE")}
     gen = torch.Generator(device="cuda").manual_seed(0)
     shapes = ((4096, 64, 640), (16384, 64, 640), (4096, 128, 1152), (1024, 64, 640))
     print(f"{torch.cuda.get_device_name()}: TFLOP/s by graph replay (sink, num_splits=1)")
@@ -97,7 +90,7 @@ def main():
         for v in args.variants.split(","):
             patch(cls, v, original)
             fn = lambda q, i: dsv4lib.sparse_attention(q, kv, i, sink=sink, num_splits=1)
-            if v in ("full", "token_fastest", "regs216", "one_o_store", "layout_addressed"):    # the variants that must compute the shipped result
+            if v in ("full", "token_fastest", "regs216", "one_o_store"):    # the variants that must compute the shipped result
                 got = fn(*sets[0])
                 want = got if want is None else want
                 assert torch.equal(got, want), f"{v} differs from the shipped kernel"

@@ -173,27 +173,6 @@ def inline_ptx(ret, wrap, args, text: str, constraints: str, loc, ip, side_effec
 
 
 @dsl_user_op
-def shared_address(ptr: cute.Pointer, *, loc=None, ip=None) -> Int32:
-    """A shared-memory pointer as its 32-bit shared address (the base of a buffer whose pieces are addressed by byte
-    offsets, e.g. in a peer CTA through ``mapa``)."""
-    return Int32(llvm.ptrtoint(T.i32(), ptr.to_llvm_ptr(loc=loc, ip=ip), loc=loc, ip=ip))
-
-
-
-@dsl_user_op
-def cp_async_16(shared: Int32, shared_offset: int, address: Int64, global_offset: int, src_bytes: Int32, *, loc=None,
-                ip=None) -> None:
-    """``cp.async.cg`` of 16 bytes from global ``address + global_offset`` into shared ``shared + shared_offset``
-    (the offsets constants: a thread whose copies sit at fixed distances from two addresses computes no address per
-    copy); ``src_bytes`` 0 reads nothing and zero-fills.  Completes like any ``cp.async`` of the thread (its
-    ``cp.async.mbarrier.arrive``)."""
-    llvm.inline_asm(None, [Int32(shared).ir_value(loc=loc, ip=ip), Int64(address).ir_value(loc=loc, ip=ip),
-                           Int32(src_bytes).ir_value(loc=loc, ip=ip)],
-                    f"cp.async.cg.shared.global [$0+{shared_offset}], [$1+{global_offset}], 16, $2;", "r,l,r",
-                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
-
-
-@dsl_user_op
 def exp2(x: Float32, *, loc=None, ip=None) -> Float32:
     """``2^x`` by ``ex2.approx.ftz.f32`` (what softmax wants: one MUFU op, ``2^-inf = 0``).  Our own, not
     ``cute.arch.exp2``: that one is deprecated and marked as having side effects, which pins every call in place

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32, const_expr
+from cutlass import Int32, Int64, const_expr
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
 
 from .block_info import BlockInfo
 from .sm90.sparse_config import SparseFwdConfig
@@ -26,6 +28,27 @@ def kv_chunk_offset(row, chunk, stage):
     ``tests/test_d7_fp8_decode.py``)."""
     return (stage * (TILE_N * HEAD_DIM * 2) + (chunk // 8) * (TILE_N * 128) + row * 128
             + ((chunk % 8) ^ (row % 8)) * 16)
+
+
+@dsl_user_op
+def shared_address(ptr: cute.Pointer, *, loc=None, ip=None) -> Int32:
+    """A shared-memory pointer as its 32-bit shared address (the base of a buffer whose pieces are addressed by byte
+    offsets, e.g. in a peer CTA through ``mapa``)."""
+    return Int32(llvm.ptrtoint(T.i32(), ptr.to_llvm_ptr(loc=loc, ip=ip), loc=loc, ip=ip))
+
+
+
+@dsl_user_op
+def cp_async_16(shared: Int32, shared_offset: int, address: Int64, global_offset: int, src_bytes: Int32, *, loc=None,
+                ip=None) -> None:
+    """``cp.async.cg`` of 16 bytes from global ``address + global_offset`` into shared ``shared + shared_offset``
+    (the offsets constants: a thread whose copies sit at fixed distances from two addresses computes no address per
+    copy); ``src_bytes`` 0 reads nothing and zero-fills.  Completes like any ``cp.async`` of the thread (its
+    ``cp.async.mbarrier.arrive``)."""
+    llvm.inline_asm(None, [Int32(shared).ir_value(loc=loc, ip=ip), Int64(address).ir_value(loc=loc, ip=ip),
+                           Int32(src_bytes).ir_value(loc=loc, ip=ip)],
+                    f"cp.async.cg.shared.global [$0+{shared_offset}], [$1+{global_offset}], 16, $2;", "r,l,r",
+                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
 
 
 @cute.jit

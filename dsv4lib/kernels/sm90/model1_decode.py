@@ -45,8 +45,8 @@ from cutlass.cute.nvgpu import cpasync
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from ..common import gmem_view, inline_ptx, launch_stream, shared_address
-from ..sparse_base import HALF, HEAD_DIM, TILE_N, as_global, kv_chunk_offset
+from ..common import gmem_view, inline_ptx, launch_stream
+from ..sparse_base import HALF, HEAD_DIM, TILE_N, as_global, kv_chunk_offset, shared_address
 from .sparse_config import Model1DecodeConfig
 from .sparse_fwd import HALF_TILE_ORDER, SparseAttentionForwardSm90, half_tile_pipelines
 

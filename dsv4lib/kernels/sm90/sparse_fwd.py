@@ -74,10 +74,11 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.cutlass_dsl import dsl_user_op
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
-from ..common import convert_to_bf16_pairs, cp_async_16, cvt_bf16x2, exp2, launch_stream, shared_address, tma_store_tile
+from ..common import convert_to_bf16_pairs, cvt_bf16x2, exp2, launch_stream, tma_store_tile
 from ..layouts import acc_layout_as_operand_a, acc_layout_rows_cols, row_major_smem_layout, transposed_view
 from ..softmax import LN_2, LOG2_E, finish_row, online_softmax, rescale_rows
-from ..sparse_base import HALF, HEAD_DIM, TILE_H, TILE_N, SparseAttentionBase, as_global, kv_chunk_offset
+from ..sparse_base import (HALF, HEAD_DIM, TILE_H, TILE_N, SparseAttentionBase, as_global, cp_async_16,
+                           kv_chunk_offset, shared_address)
 from .sparse_config import SparseFwdConfig
 from .wgmma import gemm
 
@@ -145,10 +146,6 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
     # store once both halves are in shared memory (ncu, H100 Sq 4096 H64: the CTA's last warp then waited ~1/5
     # of the kernel's samples at EXIT for that store; docs/tuning/d2_d6.md, session 35)
     CHUNKED_O_STORE = True
-    # the gathered paired producer's copies at constant offsets from one shared and one global address per row
-    # (kv_chunk_offset: a thread's rows are group + 16 k, so row % 8 — the swizzle — is its own constant) instead of
-    # each copy's swizzled address computed by the layout (ncu: twice FlashMLA's producer instructions)
-    GATHER_AT_CONSTANT_OFFSETS = True
 
     def __init__(self, config: SparseFwdConfig):
         super().__init__(config)
@@ -494,9 +491,11 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
         """The paired producer's gather of one item's tiles ``[tile_lo, tile_hi)``, a pair at a time.  Thread t copies
         16 B chunk ``t % 8`` of each 128 B segment of rows ``t // 8 + 16 k`` (k < 4): a group of 8 threads reads
         128 contiguous bytes of one row, and each thread needs only 4 row indices per tile.  Returns the pipelines'
-        state past the item.  (``sKeyAddr``: shared room for a pair's key addresses, for producers that share them.)"""
-        copy_atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), self.dtype,
-                                        num_bits_per_copy=128)
+        state past the item.  (``sKeyAddr``: shared room for a pair's key addresses, for producers that share them.)
+        Every copy of a thread sits at a constant offset from one shared address and from its row's global address
+        (:func:`kv_chunk_offset`: the thread's rows are ``group + 16 k``, so ``row % 8`` — the swizzle's XOR — is its
+        own constant): no address math per copy (through the swizzled layout it was half the producer's instructions,
+        ncu, session 35)."""
         group = tidx // 8
         chunk = tidx % 8
         rows_per_group = TILE_N // ROW_GROUPS
@@ -529,28 +528,16 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
                 b, h = HALF_TILE_ORDER[j]
                 kv_pipes[2 * b + h].producer_acquire(state)
                 for k in cutlass.range_constexpr(rows_per_group):
-                    r = group + ROW_GROUPS * k
                     row = rows[b * rows_per_group + k]
                     # no key: the copy reads nothing and zero-fills (src-size 0) — no traffic, and no hot spot
-                    # where every CTA would fetch the same stand-in row; the consumers mask the column anyway
-                    if const_expr(self.GATHER_AT_CONSTANT_OFFSETS):
-                        # 16 bytes for a key, 0 for none (no runtime `if`: one inside this loop broke the public
-                        # build's pass pipeline)
-                        src_bytes = Int32(16) & ~(row >> 31)
-                        g_at = kv_at + Int64(2) * (Int64(cutlass.max(row, 0)) * Int64(mKV.stride[1]))
-                        for seg in cutlass.range_constexpr(segments):
-                            block = h * segments + seg                               # 64-column block of the row
-                            cp_async_16(s_at, kv_chunk_offset(ROW_GROUPS * k, 8 * block, b) - kv_chunk_offset(0, 0, 0),
-                                        g_at, 128 * block, src_bytes)
-                    else:
-                        gKV_row = mKV[batch, cutlass.max(row, 0), None]                          # (512,)
-                        real = cute.make_rmem_tensor(cute.make_layout((1, 1), stride=(0, 0)), cutlass.Boolean)
-                        real[0] = row >= 0
-                        for seg in cutlass.range_constexpr(segments):
-                            c = (h * segments + seg) * 8 + chunk                               # 16 B chunk of the row
-                            cute.copy(copy_atom, cute.logical_divide(cute.local_tile(gKV_row, (8,), (c,)), (8,)),
-                                      cute.logical_divide(cute.local_tile(sKV[r, None, b], (8,), (c,)), (8,)),
-                                      pred=real)
+                    # where every CTA would fetch the same stand-in row; the consumers mask the column anyway.  (A
+                    # select, not a runtime `if`: one inside this loop broke the public build's pass pipeline)
+                    src_bytes = Int32(16) & ~(row >> 31)
+                    g_at = kv_at + Int64(2) * (Int64(cutlass.max(row, 0)) * Int64(mKV.stride[1]))
+                    for seg in cutlass.range_constexpr(segments):
+                        block = h * segments + seg                                   # 64-column block of the row
+                        cp_async_16(s_at, kv_chunk_offset(ROW_GROUPS * k, 8 * block, b) - kv_chunk_offset(0, 0, 0),
+                                    g_at, 128 * block, src_bytes)
                 if const_expr(self.key_flags):
                     # the copies counted, then a release arrive of the thread's own: it publishes the flag writers'
                     # stores (every thread alike, so no branch on who wrote flags)
