@@ -464,22 +464,24 @@ def test_the_checks_catch_a_build_that_skips_a_store():
     ref, _ = _reference(q, main, idx, kw)
     good = dsv4lib.sparse_decode(q, main, idx, **kw, num_splits=1)
     check_output(good, ref)                                                    # the shipped build: right
-    store = md.Model1DecodeSm90.store_o_tma
+    # the O store the unsplit build uses (each warpgroup's half in 64-column TMA chunks)
+    assert md.Model1DecodeSm90.CHUNKED_O_STORE
+    store = md.Model1DecodeSm90.store_o_chunks
 
     @cute.jit
-    def store_all_but_the_last_entry(self, w, tiled_mma_pv, acc_O, sQ, tma_atom_O, tma_O, wtid, token, head_group,
+    def store_all_but_the_last_entry(self, w, tiled_mma_qk, acc_O, sQ, tma_atom_O, tma_O, wtid, token, head_group,
                                      batch):
         if batch != cutlass.Int32(B - 1):                 # the whole CTA skips: no barrier left half-met
-            store(self, w, tiled_mma_pv, acc_O, sQ, tma_atom_O, tma_O, wtid, token, head_group, batch)
+            store(self, w, tiled_mma_qk, acc_O, sQ, tma_atom_O, tma_O, wtid, token, head_group, batch)
 
     built = dict(launch._COMPILED)
     launch._COMPILED.clear()
-    md.Model1DecodeSm90.store_o_tma = store_all_but_the_last_entry
+    md.Model1DecodeSm90.store_o_chunks = store_all_but_the_last_entry
     try:
         broken = dsv4lib.sparse_decode(q, main, idx, **kw, num_splits=1)
         torch.cuda.synchronize()
     finally:
-        md.Model1DecodeSm90.store_o_tma = store
+        md.Model1DecodeSm90.store_o_chunks = store
         launch._COMPILED.clear()
         launch._COMPILED.update(built)                   # the broken build never serves another test
     check_output(broken[:B - 1], ref[:B - 1])                                  # the entries it did store are right
