@@ -11,10 +11,13 @@ prefill shapes (every index valid, so ``no_key_mask`` computes the same result).
   regs216             the consumers at 216 registers and the producer at 72 (shipped 208 / 88; both spill-free,
                       ptxas -v).  Session 33, H100, 256 MiB pool: 331 / 333 / 464 / 314 TFLOP/s against the shipped
                       331 / 336 / 469 / 314 — not adopted.  Same output.
-
-  one_o_store         the epilogue before session 35: both warpgroups write their O halves, meet, and one warp stores
-                      the 64 x 512 tile by TMA and waits for it (shipped: each warpgroup stores its half in 64-column
-                      chunks as it writes them, ``CHUNKED_O_STORE``).  Same output.
+  (one_o_store, session 35: the O tile stored once by one warp after both halves — lost to the chunked store,
+  docs/tuning/d2_d6.md; removed with its code.)
+  no_l2_hints         no L2 eviction hints and no 256 B prefetch (shipped: Q and O evict-first, the gathered rows
+                      evict-last with ``L2::256B``, FlashMLA's hints).  Same output.
+  no_gather_hint      only the gather's hints removed (Q and O keep theirs).  Same output.
+  o_value_pairs       the O chunks written as value pairs (16 st.shared.b32 a chunk and thread) instead of by stmatrix
+                      (shipped: ``O_CHUNK_STMATRIX``).  Same output.
 
   early_release       each half-tile freed as soon as its consumer has waited for it (probe_d7's
                       ``early_release_pipe``): the producer refills buffers still being read — garbage, but the time of
@@ -28,7 +31,8 @@ copies — were a copy of ``gather_pairs`` that drifted from the shipped one and
 measurements of session 25); the D6 notebook's FlashMLA section draws from 2^18 rows (256 MiB), where H = 128 read
 427 TFLOP/s against FlashMLA's 496 while H = 64 tied (session 27, token-fastest grid) — the order was the suspect.
 
-Usage: python scripts/probe_d6.py [--variants full,no_key_mask,token_fastest,regs216,one_o_store,early_release]
+Usage: python scripts/probe_d6.py [--variants full,no_key_mask,token_fastest,regs216,no_l2_hints,
+                                                    no_gather_hint,o_value_pairs,early_release]
                                   [--pool-rows N]"""
 import argparse
 
@@ -57,8 +61,14 @@ def patch(cls, variant: str, original: dict) -> None:
         cls.HEAD_GROUP_FASTEST = False
     elif variant == "early_release":
         cls.half_tile_pipelines = early_release(original["half_tile_pipelines"])
-    elif variant == "one_o_store":
-        cls.CHUNKED_O_STORE = False
+    elif variant == "no_l2_hints":
+        cls.Q_L2_POLICY = cls.O_L2_POLICY = cls.GATHER_L2_POLICY = None
+        cls.GATHER_PREFETCH_256 = False
+    elif variant == "no_gather_hint":
+        cls.GATHER_L2_POLICY = None
+        cls.GATHER_PREFETCH_256 = False
+    elif variant == "o_value_pairs":
+        cls.O_CHUNK_STMATRIX = False
     elif variant == "regs216":
         cls.PAIRED_PRODUCER_REGS, cls.PAIRED_CONSUMER_REGS = 72, 216
     elif variant != "full":
@@ -74,7 +84,8 @@ def main():
     cls = SparseAttentionForwardSm90                   # its is_real_key reads the producer's flags or the index list
     original = {name: cls.__dict__[name] for name in ("is_real_key", "HEAD_GROUP_FASTEST", "PAIRED_PRODUCER_REGS",
                                                       "PAIRED_CONSUMER_REGS", "half_tile_pipelines",
-                                                      "CHUNKED_O_STORE")}
+                                                      "Q_L2_POLICY", "O_L2_POLICY",
+                                                      "GATHER_L2_POLICY", "GATHER_PREFETCH_256", "O_CHUNK_STMATRIX")}
     gen = torch.Generator(device="cuda").manual_seed(0)
     shapes = ((4096, 64, 640), (16384, 64, 640), (4096, 128, 1152), (1024, 64, 640))
     print(f"{torch.cuda.get_device_name()}: TFLOP/s by graph replay (sink, num_splits=1)")
@@ -90,7 +101,8 @@ def main():
         for v in args.variants.split(","):
             patch(cls, v, original)
             fn = lambda q, i: dsv4lib.sparse_attention(q, kv, i, sink=sink, num_splits=1)
-            if v in ("full", "token_fastest", "regs216", "one_o_store"):    # the variants that must compute the shipped result
+            if v in ("full", "token_fastest", "regs216", "no_l2_hints",
+                     "no_gather_hint", "o_value_pairs"):    # the variants that must compute the shipped result
                 got = fn(*sets[0])
                 want = got if want is None else want
                 assert torch.equal(got, want), f"{v} differs from the shipped kernel"

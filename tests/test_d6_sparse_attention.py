@@ -118,10 +118,11 @@ def test_hd512_kernel_builds_from_the_public_functions_arguments(gather, split_k
     schedule = flags.get("schedule", "columns")
     o_stores = k.count(r"cp\.async\.bulk\.tensor\.4d\.global\.shared::cta")
     if schedule != "columns" and not split_kv:
-        # bf16 O: each warpgroup puts its 64 × 256 half in the dead Q buffer as value pairs (64 st.shared.b32 a
-        # thread) in four 64-column chunks, each its own TMA store (a bulk group) issued once the warpgroup met on
+        # bf16 O: each warpgroup puts its 64 × 256 half in the dead Q buffer by stmatrix (4 a chunk and thread)
+        # in four 64-column chunks, each its own TMA store (a bulk group) issued once the warpgroup met on
         # its own barrier; each warpgroup's storer waits for its reads once, before exit; O never leaves from
         # registers
+        assert k.count(r"stmatrix\.sync\.aligned\.m8n8\.x4") == 2 * 4 * 4
         assert o_stores == 8 and k.count(r"cp\.async\.bulk\.commit_group") == 8
         assert k.count(r"cp\.async\.bulk\.wait_group\.read\s+0") == 2
         for w in range(2):
@@ -138,12 +139,18 @@ def test_hd512_kernel_builds_from_the_public_functions_arguments(gather, split_k
         if gather:
             # the gather: a pair's 64 copies a thread (4 half-tiles x 4 rows x 4 column blocks), every one at a
             # constant offset from the same shared address (kv_chunk_offset) and from its row's global address
-            copies = re.findall(r"cp\.async\.cg\.shared\.global\s+\[(%r\d+)\+(\d+)\],\s*\[(%rd\d+)\+(\d+)\]",
+            copies = re.findall(r"cp\.async\.cg\.shared\.global\S*\s+\[(%r\d+)\+(\d+)\],\s*\[(%rd\d+)\+(\d+)\]",
                                 k.ptx)
             assert len(copies) == 64 and len({c[0] for c in copies}) == 1, copies[:3]
             assert len({c[2] for c in copies}) == 8          # one global address a row: 2 tiles x 4 rows a pair
             assert sorted({int(c[1]) for c in copies}) == sorted(
                 b * 65536 + block * 8192 + k * 2048 for b in range(2) for block in range(8) for k in range(4))
+            # L2 hints: the key rows evict-last with the 256 B prefetch; Q's TMA loads and O's stores evict-first
+            assert k.count(r"cp\.async\.cg\.shared\.global\.L2::cache_hint\.L2::256B") == 64
+            assert k.count(r"cp\.async\.bulk\.tensor\.4d\.shared::cta\.global[^\n]*\.L2::cache_hint") == \
+                k.count(r"cp\.async\.bulk\.tensor\.4d\.shared::cta\.global") >= 1
+            assert k.count(r"cp\.async\.bulk\.tensor\.4d\.global\.shared::cta[^\n]*\.L2::cache_hint") == \
+                (0 if split_kv else 8)                               # split partials leave from the registers
         # the lone pair's skipped MMAs sit in branches that hold whole wgmma stages (issue to wait): a stage
         # crossing a branch makes ptxas serialize every wgmma of the kernel (C7514; D6 0.87 -> 0.74x FlashMLA)
         report = k.ptxas_report()
@@ -152,7 +159,7 @@ def test_hd512_kernel_builds_from_the_public_functions_arguments(gather, split_k
         assert k.count(r"bar\.arrive") >= 4 and k.count(r"bar\.sync") >= 5    # M0 M1 S0 S1 one way, SUM
         # every key row by cp.async into four half-tile pipelines (4 rows × 4 segments per half), Q by TMA
         # ... each with a src-size operand: a row that is no key is zero-filled, not read
-        assert k.count(r"cp\.async\.cg\.shared\.global[^\n]*, 16, %r\d+;") == 4 * 16
+        assert k.count(r"cp\.async\.cg\.shared\.global[^\n]*, 16, %r\d+(, %rd\d+)?;") == 4 * 16
         if gather:
             # the producer publishes each key's validity: every producer thread has its copies counted
             # (cp.async.mbarrier.arrive without .noinc) and arrives itself with release on each half-tile (4 + the
@@ -225,7 +232,7 @@ def test_schedule_knobs_are_checked():
 def test_paired_gather_only_build_frees_every_half_tile():
     """The paired producer timed alone: four half-tile pipelines filled by cp.async, Q by TMA, no math."""
     k = _build(True, gather_only=True, schedule="paired")
-    assert k.count(r"cp\.async\.cg\.shared\.global[^\n]*, 16, %r\d+;") == 4 * 16
+    assert k.count(r"cp\.async\.cg\.shared\.global[^\n]*, 16, %r\d+(, %rd\d+)?;") == 4 * 16
     # each half-tile: the thread's copies counted, then its own arrive (the key flags' publication), + the
     # stand-in consumers' 4 releases
     assert k.count(r"cp\.async\.mbarrier\.arrive\.shared") == 4

@@ -37,17 +37,25 @@ def shared_address(ptr: cute.Pointer, *, loc=None, ip=None) -> Int32:
     return Int32(llvm.ptrtoint(T.i32(), ptr.to_llvm_ptr(loc=loc, ip=ip), loc=loc, ip=ip))
 
 
-
 @dsl_user_op
-def cp_async_16(shared: Int32, shared_offset: int, address: Int64, global_offset: int, src_bytes: Int32, *, loc=None,
-                ip=None) -> None:
+def cp_async_16(shared: Int32, shared_offset: int, address: Int64, global_offset: int, src_bytes: Int32,
+                cache_policy: int | None = None, prefetch_256: bool = False, *, loc=None, ip=None) -> None:
     """``cp.async.cg`` of 16 bytes from global ``address + global_offset`` into shared ``shared + shared_offset``
     (the offsets constants: a thread whose copies sit at fixed distances from two addresses computes no address per
     copy); ``src_bytes`` 0 reads nothing and zero-fills.  Completes like any ``cp.async`` of the thread (its
-    ``cp.async.mbarrier.arrive``)."""
-    llvm.inline_asm(None, [Int32(shared).ir_value(loc=loc, ip=ip), Int64(address).ir_value(loc=loc, ip=ip),
-                           Int32(src_bytes).ir_value(loc=loc, ip=ip)],
-                    f"cp.async.cg.shared.global [$0+{shared_offset}], [$1+{global_offset}], 16, $2;", "r,l,r",
+    ``cp.async.mbarrier.arrive``).  ``cache_policy``: an L2 eviction hint (``common.L2_EVICT_LAST`` / ``_FIRST``, a
+    Python int fixed at build time); ``prefetch_256``: the ``L2::256B`` prefetch qualifier (the whole 256 B sector
+    pair brought into L2)."""
+    qualifiers = (".L2::cache_hint" if cache_policy is not None else "") + (".L2::256B" if prefetch_256 else "")
+    args = [Int32(shared).ir_value(loc=loc, ip=ip), Int64(address).ir_value(loc=loc, ip=ip),
+            Int32(src_bytes).ir_value(loc=loc, ip=ip)]
+    policy = ""
+    if cache_policy is not None:
+        args.append(Int64(cache_policy).ir_value(loc=loc, ip=ip))
+        policy = ", $3"
+    llvm.inline_asm(None, args,
+                    f"cp.async.cg.shared.global{qualifiers} [$0+{shared_offset}], [$1+{global_offset}], 16, $2{policy};",
+                    "r,l,r" + (",l" if cache_policy is not None else ""),
                     has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
 
 
@@ -75,7 +83,9 @@ class SparseAttentionBase:
         config.check()
         self.config = config                 # its fields read as the kernel's own (__getattr__): self.gather, ...
         self.has_window = config.window
-        self.has_sink = config.sink
+        # a split cluster that writes the final output (``cluster_final``) applies the sink in its merge, not per split
+        self.merge_sink = config.sink and getattr(config, "cluster_final", False)
+        self.has_sink = config.sink and not self.merge_sink
         self.num_stages = 2
         self.dtype = cutlass.BFloat16
         self.block_info = BlockInfo(tile_m=1, tile_n=TILE_N, causal=config.causal, has_window=config.window)

@@ -74,7 +74,8 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.cutlass_dsl import dsl_user_op
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
-from ..common import convert_to_bf16_pairs, cvt_bf16x2, exp2, launch_stream, tma_store_tile
+from ..common import (L2_EVICT_FIRST, L2_EVICT_LAST, convert_to_bf16_pairs, exp2, launch_stream, tma_copy,
+                      tma_store_tile)
 from ..layouts import acc_layout_as_operand_a, acc_layout_rows_cols, row_major_smem_layout, transposed_view
 from ..softmax import LN_2, LOG2_E, finish_row, online_softmax, rescale_rows
 from ..sparse_base import (HALF, HEAD_DIM, TILE_H, TILE_N, SparseAttentionBase, as_global, cp_async_16,
@@ -85,8 +86,8 @@ from .wgmma import gemm
 # named barrier ids (0 is __syncthreads)
 P_FULL, P_EMPTY, FINAL = 1, 3, 5
 PAIR_MAX, PAIR_P, PAIR_SUM = 1, 3, 5   # the paired variant's: + warpgroup (M0 / M1, S0 / S1), then the row sums
-O_IN_SMEM = 6                          # paired, bf16 out, one store: both halves of O are in the dead Q buffer
-O_CHUNK_READY = 8                      # paired, bf16 out, chunked stores: + warpgroup (7 is MODEL1's producer's)
+O_CHUNK_READY = 8                      # paired, bf16 out: a warpgroup's O chunk written, + warpgroup (7 is MODEL1's
+                                       # producer's)
 O_CHUNK = 64                           # columns of O a TMA store carries (one 128 B-swizzle atom wide, 8 KB)
 STAGED = 6                             # columns, split partials through sRed: both consumer warpgroups
 RED_PAD = 8                            # sRed row pad in elements.  fp32 rows of 2080 B: the accumulator's 8 B pairs of
@@ -141,11 +142,15 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
     # (a branch per key column: H200 Sq 4096 H64 K640 441 → 471 TFLOP/s with the mask switched off, probe_d6.py)
     PRODUCER_KEY_FLAGS = True
     HEAD_GROUP_FASTEST = True                       # gathered keys: a token's head groups side by side (the base)
-    # paired, bf16 out: each warpgroup stores its column half of O by itself in 64-column chunks, each chunk's TMA
-    # store issued as soon as the warpgroup has written it (FlashMLA's epilogue order), instead of one 64 x 512
-    # store once both halves are in shared memory (ncu, H100 Sq 4096 H64: the CTA's last warp then waited ~1/5
-    # of the kernel's samples at EXIT for that store; docs/tuning/d2_d6.md, session 35)
-    CHUNKED_O_STORE = True
+    # L2 eviction hints (FlashMLA's): Q and O pass through L2 once (evict first), the gathered key rows are read by
+    # every CTA whose list names them (evict last), and each gather copy prefetches its 256 B.  ncu (session 35, Sq
+    # 4096 H64, 32 MiB pool): L2 hit rate 54 % ours / 62.5 % FlashMLA; H128 on that pool ran bimodal for us only
+    # (2365-2895 µs against FlashMLA's 2297-2404) — Q and O (512 MiB each at H128) streaming through L2 can evict the
+    # 32 MiB of keys.  None: no hint.
+    Q_L2_POLICY, O_L2_POLICY, GATHER_L2_POLICY = L2_EVICT_FIRST, L2_EVICT_FIRST, L2_EVICT_LAST
+    GATHER_PREFETCH_256 = True
+    # the O chunks (store_o_chunks) written by stmatrix, 4 a chunk and thread (FlashMLA's), not 16 st.shared.b32
+    O_CHUNK_STMATRIX = True
 
     def __init__(self, config: SparseFwdConfig):
         super().__init__(config)
@@ -246,12 +251,11 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
                 sQ_layout, (TILE_H, HEAD_DIM))
         tma_atom_O = tma_O = None
         if const_expr(self.tma_store_o):
-            # (1, B, Sq, H, 512) -> (H, 512, Sq, B), like Q (one split: its index is always 0); chunked: a 64 x 64
-            # box, whose shared image is one 8 KB column block of the Q buffer (its atoms stack rows first)
-            o_cols = O_CHUNK if const_expr(self.CHUNKED_O_STORE) else HEAD_DIM
+            # (1, B, Sq, H, 512) -> (H, 512, Sq, B), like Q (one split: its index is always 0); a 64 x 64 box, whose
+            # shared image is one 8 KB column block of the Q buffer (its atoms stack rows first): store_o_chunks
             tma_atom_O, tma_O = cpasync.make_tiled_tma_atom(
                 cpasync.CopyBulkTensorTileS2GOp(), cute.make_tensor(mO.iterator, cute.select(mO.layout, mode=[3, 4, 2, 1])),
-                row_major_smem_layout(self.dtype, TILE_H, o_cols), (TILE_H, o_cols))
+                row_major_smem_layout(self.dtype, TILE_H, O_CHUNK), (TILE_H, O_CHUNK))
         return (tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ_layout, sKV_layout, sP_layout, SharedStorage,
                 tma_atom_Q, tma_Q, tma_atom_O, tma_O)
 
@@ -377,12 +381,12 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
                 self.paired_half(0, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sKV, sVt, sP, sMax, sSum,
                                  keys_seen, mO, mLSE, mSink, pipeline_kv, softmax_scale_log2, tidx - 128, token,
                                  head_group, batch, split, n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O,
-                                 mQ, mKV, window_size, tma_atom_Q, tma_Q, pipeline_q)
+                                 mQ, mKV, window_size, tma_atom_Q, tma_Q, pipeline_q, (sRed, sLSE))
             else:
                 self.paired_half(1, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sKV, sVt, sP, sMax, sSum,
                                  keys_seen, mO, mLSE, mSink, pipeline_kv, softmax_scale_log2, tidx - 256, token,
                                  head_group, batch, split, n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O,
-                                 mQ, mKV, window_size, tma_atom_Q, tma_Q, pipeline_q)
+                                 mQ, mKV, window_size, tma_atom_Q, tma_Q, pipeline_q, (sRed, sLSE))
         elif warp_idx < 8:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.wait_q(pipeline_q, tile_lo, tile_hi)
@@ -458,7 +462,7 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
         if tile_hi > tile_lo:
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
             pipeline_q.producer_acquire(q_state)
-            cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
+            tma_copy(tma_atom_Q, tQgQ, tQsQ, self.Q_L2_POLICY, tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
 
     @cute.jit
     def q_tile(self, tma_atom_Q, mQ, sQ, token, head_group, batch):
@@ -537,7 +541,7 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
                     for seg in cutlass.range_constexpr(segments):
                         block = h * segments + seg                                   # 64-column block of the row
                         cp_async_16(s_at, kv_chunk_offset(ROW_GROUPS * k, 8 * block, b) - kv_chunk_offset(0, 0, 0),
-                                    g_at, 128 * block, src_bytes)
+                                    g_at, 128 * block, src_bytes, self.GATHER_L2_POLICY, self.GATHER_PREFETCH_256)
                 if const_expr(self.key_flags):
                     # the copies counted, then a release arrive of the thread's own: it publishes the flag writers'
                     # stores (every thread alike, so no branch on who wrote flags)
@@ -728,7 +732,8 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
     @cute.jit
     def finish_shared_max(self, w, thr_pv, acc_O, acc_O_rc, tScS_rc, row_max, row_sum, sSum, mO,
                           mLSE, mSink, softmax_scale_log2, wtid, token, head_group, batch, split,
-                          sum_barrier: cutlass.Constexpr, tiled_mma_pv, sQ, tma_atom_O, tma_O, tiled_mma_qk=None):
+                          sum_barrier: cutlass.Constexpr, tiled_mma_pv, sQ, tma_atom_O, tma_O, tiled_mma_qk,
+                          reduce_buffers):
         """Epilogue of the schedules whose two warpgroups end with the same row max (balanced, paired): my row
         sums + the other warpgroup's, sink, LSE, my half of O."""
         n_rows = cute.size(tScS_rc, mode=[0])
@@ -744,33 +749,21 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
             m = tScS_rc[r, 0][0]
             s = row_sum[r] + sSum[(1 - w) * TILE_H + m]
             inv, lse = finish_row(s, row_max[r], softmax_scale_log2, self.sink_logit(mSink, head_group, m))
-            if const_expr(self.has_lse or self.split_kv):
+            if const_expr(self.cluster_splits > 1):
+                if w == 0 and wtid % 4 == 0:
+                    reduce_buffers[1][m] = lse            # sLSE: merged with the cluster's peers (cluster_reduce_half)
+            elif const_expr(self.has_lse or self.split_kv):
                 if w == 0 and wtid % 4 == 0:
                     mLSE[split, batch, head_group * TILE_H + m, token] = lse
             for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
                 acc_O_rc[r, c] = acc_O_rc[r, c] * inv
-        if const_expr(self.tma_store_o and self.CHUNKED_O_STORE):
-            self.store_o_chunks(w, tiled_mma_qk, acc_O, sQ, tma_atom_O, tma_O, wtid, token, head_group, batch)
+        if const_expr(self.cluster_splits > 1):
+            self.cluster_reduce_half(w, thr_pv, acc_O, mO, mLSE, reduce_buffers[1], reduce_buffers[0], wtid, token,
+                                     head_group, batch, split, mSink)
         elif const_expr(self.tma_store_o):
-            self.store_o_tma(w, tiled_mma_pv, acc_O, sQ, tma_atom_O, tma_O, wtid, token, head_group, batch)
+            self.store_o_chunks(w, tiled_mma_qk, acc_O, sQ, tma_atom_O, tma_O, wtid, token, head_group, batch)
         else:
             self.store_half(thr_pv, acc_O, mO, split, batch, token, head_group, w)
-
-    @cute.jit
-    def store_o_tma(self, w, tiled_mma_pv, acc_O, sQ, tma_atom_O, tma_O, wtid, token, head_group, batch):
-        """My column half of O (bf16) → the Q buffer as 32-bit value pairs (the accumulator's own layout through
-        ``partition_C``, swizzled like the buffer); once both halves are there, one thread stores the 64 × 512 tile
-        by TMA and waits until the buffer has been read (the CTA may not exit before).  Not stmatrix: at the paired
-        schedule's 208 registers its operand packing spilled 20 B (ptxas -v), the pair stores spill nothing."""
-        sO_half = cute.local_tile(sQ, (TILE_H, HALF), (0, w))                        # (64 heads, 256), swizzled
-        rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
-        rO.store(acc_O.load().to(self.dtype))
-        cute.autovec_copy(rO, tiled_mma_pv.get_slice(wtid).partition_C(sO_half))
-        cute.arch.fence_proxy("async.shared", space="cta")                          # generic writes → TMA reads
-        cute.arch.barrier(barrier_id=O_IN_SMEM, number_of_threads=256)
-        if w == 0 and wtid < 32:
-            gO = cute.local_tile(tma_O[None, None, token, batch], (TILE_H, HEAD_DIM), (head_group, 0))   # (64, 512)
-            tma_store_tile(tma_atom_O, sQ, gO)
 
     @cute.jit
     def store_o_chunks(self, w, tiled_mma_qk, acc_O, sQ, tma_atom_O, tma_O, wtid, token, head_group, batch):
@@ -788,14 +781,18 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
             col_block = w * chunks + c
             sO_c = cute.local_tile(sQ, (TILE_H, O_CHUNK), (0, col_block))                  # (64, 64), 8 KB block
             rO = cute.make_rmem_tensor(thr_c.partition_shape_C((TILE_H, O_CHUNK)), self.dtype)
-            rO32 = cute.recast_tensor(rO, cutlass.Uint32)
-            for i in cutlass.range_constexpr(cute.size(rO32)):
-                rO32[i] = cvt_bf16x2(acc_flat[c * per_chunk + 2 * i], acc_flat[c * per_chunk + 2 * i + 1])
-            cute.autovec_copy(rO, thr_c.partition_C(sO_c))
+            convert_to_bf16_pairs(cute.local_tile(acc_flat, (per_chunk,), (c,)), rO)
+            if const_expr(self.O_CHUNK_STMATRIX):
+                stmatrix = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4),
+                                               self.dtype)
+                thr_copy = cute.make_tiled_copy_C(stmatrix, tiled_mma_qk).get_slice(wtid)
+                cute.copy(stmatrix, thr_copy.retile(rO), thr_copy.partition_D(sO_c))
+            else:
+                cute.autovec_copy(rO, thr_c.partition_C(sO_c))
             cute.arch.fence_proxy("async.shared", space="cta")                      # generic writes → TMA reads
             cute.arch.barrier(barrier_id=O_CHUNK_READY + w, number_of_threads=128)
             if wtid < 32:
-                tma_store_tile(tma_atom_O, sO_c, gO[None, None, col_block], wait=False)
+                tma_store_tile(tma_atom_O, sO_c, gO[None, None, col_block], wait=False, cache_policy=self.O_L2_POLICY)
         if wtid < 32:
             cute.arch.cp_async_bulk_wait_group(0, read=True)       # the CTA may not exit before its buffer is read
 
@@ -803,7 +800,7 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
     def paired_half(self, w: cutlass.Constexpr, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sKV, sVt, sP,
                     sMax, sSum, mIdx, mO, mLSE, mSink, kv_pipes, softmax_scale_log2, wtid, token, head_group, batch,
                     split, n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O, mQ, mKV, window_size, tma_atom_Q,
-                    tma_Q, pipeline_q):
+                    tma_Q, pipeline_q, reduce_buffers):
         """Warpgroup ``w`` of the paired schedule: the scores of tiles ``tile_lo + 2p + w`` and O columns
         ``256w … 256w+255`` of every tile (module docstring).  Half-buffer ``2b + h`` = tile buffer b, columns h.
         Persistent: the same for each of this CTA's items; warp 0 of warpgroup 0 loads every item's Q (the first
@@ -822,15 +819,15 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
                     rP)
         self.paired_item(w, operands, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sP, sMax, sSum, mIdx, mO,
                          mLSE, mSink, kv_pipes, softmax_scale_log2, wtid, token, head_group, batch, split, n_keys,
-                         seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O, state)
+                         seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O, state, reduce_buffers)
 
     @cute.jit
     def paired_item(self, w: cutlass.Constexpr, operands, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sP, sMax,
                     sSum, mIdx, mO, mLSE, mSink, kv_pipes, softmax_scale_log2, wtid, token, head_group, batch, split,
-                    n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O, state):
+                    n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O, state, reduce_buffers):
         """One query item of :meth:`paired_half` (O, row max and sum come in reset): its pairs, the epilogue and the
-        O store.  Returns the half-buffer pipelines' state past this item's pairs.  ``item``: the CTA's item count
-        (debug_times stamps)."""
+        O store.  Returns the half-buffer pipelines' state past this item's pairs.  ``reduce_buffers``: ``(sRed,
+        sLSE)``, where a split cluster merges its partials (:meth:`cluster_reduce_half`)."""
         thr_qk, thr_pv, tSrQ, tSrK, tOrV, tOsP, tOsV, acc_O, acc_O_rc, tScS_rc, row_max, row_sum, acc_S, rP = operands
         n_rows = cute.size(tScS_rc, mode=[0])                                 # 2 rows, 16 key columns
         n_cols = cute.size(tScS_rc, mode=[1])
@@ -855,14 +852,14 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
                                        tOrP, tOrV, tOsP, tOsV, acc_O, acc_O_rc, row_max, row_sum, other_max,
                                        corrections, tScS_rc, sMax, sP, kv_pipes, softmax_scale_log2, wtid)
             state.advance()
-        if const_expr(self.split_kv and w == 0):
+        if const_expr(self.split_kv and not self.cluster_final and w == 0):
             # past the main loop: a combine launched with PDL (kernels.combine) may be scheduled now, its launch
             # hidden behind this kernel's epilogue (its griddepcontrol.wait still waits for every partial)
             if wtid == 0:
                 cute.arch.griddepcontrol_launch_dependents()
         self.finish_shared_max(w, thr_pv, acc_O, acc_O_rc, tScS_rc, row_max, row_sum, sSum, mO, mLSE, mSink,
                                softmax_scale_log2, wtid, token, head_group, batch, split, PAIR_SUM,
-                               tiled_mma_pv_rs, sQ, tma_atom_O, tma_O, tiled_mma_qk)
+                               tiled_mma_pv_rs, sQ, tma_atom_O, tma_O, tiled_mma_qk, reduce_buffers)
         return state
 
     @cute.jit
@@ -979,7 +976,7 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
 
     @cute.jit
     def cluster_reduce_half(self, half: cutlass.Constexpr, thr_pv, acc_O, mO, mLSE, sLSE, sRed, wtid, token,
-                            head_group, batch, split):
+                            head_group, batch, split, mSink=None):
         """Consumer warpgroup ``half``'s share of writing the split partial through shared memory (``acc_O``: its O
         half normalized over this split's keys).  ``cluster_splits`` C > 1: merge the cluster's C partials on chip
         first (module docstring) — two cluster barriers, in which the producer warps take part too.  C = 1
@@ -991,7 +988,12 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
         first barrier, and the LSE weights are applied while summing: the thread that sums a row's slice reads that
         row's C LSEs with its C vectors.  (Weighing first needed a barrier between the LSE exchange and the sRed
         writes: ~1.5 µs of the decode's merge, the sRed writes now overlapping the wait for the
-        cluster's slowest split.)"""
+        cluster's slowest split.)
+
+        The 64 × 512 tile is cut into C consecutive ranges of 16 B vectors (row-major), one per rank, so any C ≤ 16
+        works (C = 10: B1's ten one-tile splits).  ``cluster_final`` (the cluster holds every split of its query): the
+        merge writes the call's output itself — bf16 O with the sink joining each row's denominator once, and the
+        row's LSE (sink excluded) — and no combine runs."""
         C = self.cluster_splits
         ctid = half * 128 + wtid
         rank = split % C                    # = the CTA's rank in its (1, 1, C) cluster
@@ -1010,11 +1012,12 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
             cute.arch.cluster_wait()
         else:
             cute.arch.barrier(barrier_id=STAGED, number_of_threads=256)
-        # column slice `rank` (512 / C columns × 64 heads) summed in fp32 over the C peers, one 16 B vector (4 fp32
-        # or 8 bf16) per peer, thread and step, each weighed by e^{lse_peer - lse_cluster} of its row
+        # the ranges of rank `rank` (16 B vectors, row-major over the 64 × 512 tile) summed in fp32 over the C
+        # peers, one vector per peer, thread and step, each weighed by e^{lse_peer - lse_cluster} of its row
         vec = 128 // sRed.element_type.width
-        width = HEAD_DIM // C
-        vecs_per_row = width // vec
+        vecs_per_row = HEAD_DIM // vec
+        per_rank = (TILE_H * vecs_per_row + C - 1) // C
+        v_end = cutlass.min((rank + 1) * per_rank, TILE_H * vecs_per_row)
         sRed_peer = [sRed]
         sLSE_peer = [sLSE]
         if const_expr(C > 1):
@@ -1027,34 +1030,47 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
         lse_p = cute.make_rmem_tensor(cute.make_layout((C, 1), stride=(1, 1)), Float32)
         weight = cute.make_rmem_tensor((C,), Float32)
         total = cute.make_rmem_tensor((vec,), Float32)
-        for step in cutlass.range_constexpr(TILE_H * vecs_per_row // 256):
-            v = step * 256 + ctid
-            row = v // vecs_per_row
-            colv = rank * vecs_per_row + v % vecs_per_row                             # in vector units
-            for p in cutlass.range_constexpr(C):
-                cute.autovec_copy(cute.local_tile(sRed_peer[p][row, None], (vec,), (colv,)), parts[p, None])
-            if const_expr(C > 1):
-                for p in cutlass.range_constexpr(C):  # (a DSMEM tensor is read by copies, not by indexing)
-                    cute.autovec_copy(cute.local_tile(sLSE_peer[p], (1,), (row,)), lse_p[p, None])
-                lse_cluster = self.lse_weights(lse_p, weight, C)
-                for j in cutlass.range_constexpr(vec):
-                    total[j] = weight[0] * Float32(parts[0, j])
-                    for p in cutlass.range_constexpr(1, C):
-                        total[j] += weight[p] * Float32(parts[p, j])
-                if rank == 0 and v % vecs_per_row == 0:
-                    mLSE[part, batch, head_group * TILE_H + row, token] = lse_cluster
-            else:
-                for j in cutlass.range_constexpr(vec):
-                    total[j] = Float32(parts[0, j])
-            cute.autovec_copy(total, cute.local_tile(gO[head_group * TILE_H + row, None], (vec,), (colv,)))
+        for step in cutlass.range_constexpr((per_rank + 255) // 256):
+            v = rank * per_rank + step * 256 + ctid
+            # (v < v_end also keeps a thread inside its own rank's range: v_end ≤ (rank + 1) · per_rank)
+            if const_expr(per_rank * C == TILE_H * vecs_per_row and per_rank % 256 == 0) or v < v_end:
+                row = v // vecs_per_row
+                colv = v % vecs_per_row                                                   # in vector units
+                for p in cutlass.range_constexpr(C):
+                    cute.autovec_copy(cute.local_tile(sRed_peer[p][row, None], (vec,), (colv,)), parts[p, None])
+                if const_expr(C > 1):
+                    for p in cutlass.range_constexpr(C):  # (a DSMEM tensor is read by copies, not by indexing)
+                        cute.autovec_copy(cute.local_tile(sLSE_peer[p], (1,), (row,)), lse_p[p, None])
+                    sink = None
+                    if const_expr(self.merge_sink):
+                        sink = mSink[head_group * TILE_H + row]
+                    lse_cluster = self.lse_weights(lse_p, weight, C, sink)
+                    for j in cutlass.range_constexpr(vec):
+                        total[j] = weight[0] * Float32(parts[0, j])
+                        for p in cutlass.range_constexpr(1, C):
+                            total[j] += weight[p] * Float32(parts[p, j])
+                    if colv == 0:                          # the rank that holds the row's first vector
+                        mLSE[part, batch, head_group * TILE_H + row, token] = lse_cluster
+                else:
+                    for j in cutlass.range_constexpr(vec):
+                        total[j] = Float32(parts[0, j])
+                gO_v = cute.local_tile(gO[head_group * TILE_H + row, None], (vec,), (colv,))
+                if const_expr(mO.element_type == Float32):
+                    cute.autovec_copy(total, gO_v)
+                else:                                      # the final bf16 output: 8 values, one 16 B store
+                    out = cute.make_rmem_tensor((vec,), mO.element_type)
+                    convert_to_bf16_pairs(total, out)
+                    cute.autovec_copy(out, gO_v)
         if const_expr(C > 1):
             cute.arch.cluster_arrive()                 # [2] no CTA exits while a peer still reads its sRed
             cute.arch.cluster_wait()
 
     @cute.jit
-    def lse_weights(self, lse_p: cute.Tensor, weight: cute.Tensor, C: cutlass.Constexpr) -> Float32:
+    def lse_weights(self, lse_p: cute.Tensor, weight: cute.Tensor, C: cutlass.Constexpr, sink=None) -> Float32:
         """One row's C peer LSEs (``lse_p (C, 1)``) → ``weight[p] = e^{lse_p - lse_cluster}`` and the row's
-        ``lse_cluster`` (returned).  A row no split of the cluster saw: weights 0 (its O is 0), LSE -inf."""
+        ``lse_cluster`` (returned).  A row no split of the cluster saw: weights 0 (its O is 0), LSE -inf.  ``sink``
+        (the row's sink logit, a cluster that writes the final output): it joins the denominator of the weights
+        once, ``e^{sink - lse_cluster}``, and stays out of the LSE."""
         mx = lse_p[0, 0]
         for p in cutlass.range_constexpr(1, C):
             mx = cute.arch.fmax(mx, lse_p[p, 0])
@@ -1067,7 +1083,10 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
                 weight[p] = exp2((lse_p[p, 0] - mx) * LOG2_E)    # exp2(-inf) = 0: empty adds 0
                 norm += weight[p]
             lse_cluster = mx + cute.math.log2(norm) * LN_2
-            inv_norm = 1.0 / norm
+            denom = norm
+            if const_expr(sink is not None):
+                denom = norm + exp2((sink - mx) * LOG2_E)
+            inv_norm = 1.0 / denom
             for p in cutlass.range_constexpr(C):
                 weight[p] = weight[p] * inv_norm
         return lse_cluster
