@@ -11,9 +11,6 @@ input set) — this is a measurement, never a result.
   lane_t16      the producer's old thread slots (lane t % 16: every warp splits between rope copies and conversion)
   l2_256        the key-byte loads with an L2::256B prefetch hint (FlashMLA's); the output is right in this one
   no_crossover  H = 128 without the head-pair cluster (each CTA dequantizes every row); right too
-  split_combine a split call whose splits fit one cluster split + combined as before (fp32 partials, the PDL combine
-                launch) instead of merged on chip (``decode.CLUSTER_MERGE``, shipped on); right (not the same bits:
-                another summation order)
   regs216       the consumers at 216 registers, the producer at 72 (shipped 208 / 88; both spill-free, ptxas -v):
                 session 33 on the H100 13.5 / 51.2 / 70.4 / 135.4 µs against 13.0 / 50.6 / 70.5 / 136.9 — noise at
                 H128, slower at H64: not adopted (200 registers cost 6-9 % at H128, session 32); right too
@@ -57,7 +54,6 @@ ORIGINAL = dict(convert=md.e4m3x2_to_bf16x2, load_row=md.Model1DecodeSm90.load_r
                 slot=md.Model1DecodeSm90.producer_slot, pipes=md.Model1DecodeSm90.half_tile_pipelines,
                 cute=md.cute,
                 placed_max=md.PLACED_SCALE_MAX, crossover=decode.HEAD_PAIR_CLUSTER,
-                cluster_merge=decode.CLUSTER_MERGE,
                 regs=(md.Model1DecodeSm90.PAIRED_PRODUCER_REGS, md.Model1DecodeSm90.PAIRED_CONSUMER_REGS))
 SAME_BITS = ("full", "no_crossover")   # variants that must compute the shipped output
 
@@ -166,7 +162,6 @@ VARIANTS = {
     "lane_t16": dict(slot=slot_t16),
     "l2_256": dict(load_row=load_row_l2_256),
     "no_crossover": dict(crossover=False),
-    "split_combine": dict(cluster_merge=False),
     "regs216": dict(regs=(72, 216)),
     "early_release": dict(pipes=early_release(ORIGINAL["pipes"])),
     "no_fence": dict(cute=CUTE_WITHOUT_FENCE),
@@ -335,7 +330,6 @@ def apply(variant: str) -> None:
     md.cute = parts["cute"]
     md.PLACED_SCALE_MAX = parts["placed_max"]
     decode.HEAD_PAIR_CLUSTER = parts["crossover"]
-    decode.CLUSTER_MERGE = parts["cluster_merge"]
     md.Model1DecodeSm90.PAIRED_PRODUCER_REGS, md.Model1DecodeSm90.PAIRED_CONSUMER_REGS = parts["regs"]
     launch.forget_plans()
     launch._COMPILED.clear()

@@ -401,10 +401,10 @@ def test_the_plans_of_quantize_and_dequantize_pass_each_launch_its_builds_checks
 
 @pytest.mark.compile
 def test_the_plans_of_sparse_decode_pass_each_launch_its_builds_checks(monkeypatch):
-    """``sparse_decode`` over two MODEL1 caches on CPU tensors (the device checks off): splits merged by one cluster
-    (one launch) at B = 1 and, with other list lengths, at B = 2; the split path (the decode's split kernel + the PDL
-    combine, one compiled call) where the splits outnumber a cluster; and the unsplit public build at B = 40 — every
-    launch passes its build's argument checks and stops only at the launch, twice, one plan per kind."""
+    """``sparse_decode`` over two MODEL1 caches on CPU tensors (the device checks off): the split path (the decode's
+    split kernel + the PDL combine, one compiled call) at B = 1 and, with other list lengths, at B = 2, and the unsplit
+    public build at B = 40 — every launch passes its build's argument checks and stops only at the launch, twice,
+    one plan per kind."""
     import dsv4lib
     from dsv4lib.ops.kvcache import Model1Cache
     decode, combine = _ops("decode"), _ops("combine")
@@ -422,7 +422,6 @@ def test_the_plans_of_sparse_decode_pass_each_launch_its_builds_checks(monkeypat
         lengths = torch.full((B,), K1, dtype=torch.int32), torch.full((B,), K2 - 3, dtype=torch.int32)
         return lambda: dsv4lib.sparse_decode(q, window, idx, lengths[0], extra_k_cache=compressed,
                                              extra_indices=idx2, extra_topk_length=lengths[1], sink=sink)
-    # B1 / B2: their splits merge in one cluster (one launch); 18 tiles need more than 16 splits: split + combine
-    calls = {"B1 one cluster": (call(1, 128, 512), 1), "B2 one cluster, other lengths": (call(2, 64, 300), 1),
-             "B1 18 tiles split + combine": (call(1, 128, 1024), 2), "B40 unsplit": (call(40, 128, 512), 1)}
+    calls = {"B1 split + combine": (call(1, 128, 512), 2), "B2 split + combine, other lengths": (call(2, 64, 300), 2),
+             "B40 unsplit": (call(40, 128, 512), 1)}
     _plans_reach_their_launches(calls, launched, monkeypatch)

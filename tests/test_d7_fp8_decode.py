@@ -113,35 +113,6 @@ def test_decode_builds_dequantizing_in_the_producer(extra, split_kv):
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("C", [4, 10])
-def test_cluster_merged_decode_build_writes_the_output_through_dsmem(C):
-    """A split call whose splits fit one cluster (``cluster_final``): every CTA takes part in two cluster barriers
-    (producer included), each consumer thread reads its rows' 16 B vectors and LSEs from all C peers
-    (``ld.shared::cluster``; C need not divide the 512 columns: ranges of vectors a rank), and the merge stores the
-    final bf16 O as 16 B vectors and the LSE — no partials, no TMA store, no PDL trigger for a combine, no local
-    memory.  Refused beside the head-pair cluster and past 16 CTAs."""
-    from dsv4lib.kernels.compile import compile_for_arch
-    from dsv4lib.kernels.sm90.sparse_config import Model1DecodeConfig
-    from dsv4lib.kernels.sm90.sparse_public import Model1DecodePublicSm90
-    from dsv4lib.ops.decode import fake_args
-    config = Model1DecodeConfig.for_decode(extra_cache=True, topk_length=True, extra_topk_length=True, sink=True,
-                                           split_kv=True, cluster_splits=C)
-    assert config.cluster_final and config.sink
-    k = compile_for_arch(Model1DecodePublicSm90(config), *fake_args(True, False), arch="sm_90a")
-    steps = -(-(64 * 512 // 8) // C) // 256 + (1 if -(-(64 * 512 // 8) // C) % 256 else 0)
-    assert k.count(r"barrier\.cluster\.arrive") == 6 and k.count(r"barrier\.cluster\.wait") == 6
-    assert k.count(r"ld\.shared::cluster\.v4") == 2 * steps * C          # 2 warpgroups x steps x peers
-    assert k.count(r"ld\.shared::cluster\.(b32|f32)") == 2 * steps * C
-    assert k.count(r"st\.global\.v4\.b32") == 2 * steps                  # 8 bf16 of O a step
-    assert k.count(r"cp\.async\.bulk\.tensor\.4d\.global\.shared") == 0
-    assert k.count(r"griddepcontrol\.launch_dependents") == 0 and k.count(r"\.local") == 0
-    for bad in (dict(cluster_splits=17), dict(cluster_splits=4, head_pair_cluster=True)):
-        with pytest.raises(ValueError, match="cluster"):
-            Model1DecodeConfig.for_decode(extra_cache=True, topk_length=True, extra_topk_length=True, sink=True,
-                                          split_kv=True, **bad)
-
-
-@pytest.mark.compile
 @pytest.mark.parametrize("heads", [64, 128])
 def test_unsplit_decode_build_takes_the_outputs_as_returned(heads):
     """``sparse_decode``'s unsplit launch writes o [B, s_q, H, 512] / lse [B, H, s_q] as allocated and returned (the
@@ -406,34 +377,6 @@ def test_decode_splits_agree_and_views_work():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("B,s_q,num_splits,sink", [(1, 1, 10, True), (3, 2, 4, True), (2, 1, 7, False),
-                                                   (1, 1, 16, True)])
-def test_cluster_merged_splits_match_the_reference_and_the_combine(B, s_q, num_splits, sink, monkeypatch):
-    """Splits merged on chip by one cluster a query (``cluster_final``: no partials, no combine, the sink applied in
-    the merge; 10 and 7 ranks do not divide the 512 columns, 16 is the largest cluster; lengths of 0 give rows with
-    no key) against float64 — output rows and LSE — and against the same splits merged by the combine kernel."""
-    from dsv4lib.ops import decode, launch
-    gen = torch.Generator().manual_seed(fresh_seed())
-    q, main, idx, kw = _decode_inputs(B, s_q, 64, True, True, sink, gen)
-    if B > 1:                                                            # a batch entry without any key
-        kw["topk_length"][1] = 0
-        kw["extra_topk_length"][1] = 0
-    ref_out, ref_lse = _reference(q, main, idx, kw)
-    assert decode.cluster_merges(num_splits, False)
-    out, lse = dsv4lib.sparse_decode(q, main, idx, **kw, num_splits=num_splits, return_lse=True)
-    check_output(out, ref_out)
-    seen = torch.isfinite(ref_lse)
-    assert torch.equal(torch.isfinite(lse), seen)
-    torch.testing.assert_close(lse[seen], ref_lse[seen].float(), atol=2e-3, rtol=0)
-    monkeypatch.setattr(decode, "CLUSTER_MERGE", False)
-    launch.forget_plans()
-    combined, lse_c = dsv4lib.sparse_decode(q, main, idx, **kw, num_splits=num_splits, return_lse=True)
-    check_output(combined, ref_out)
-    torch.testing.assert_close(lse[seen], lse_c[seen], atol=1e-4, rtol=0)
-    torch.testing.assert_close(out.float(), combined.float(), atol=2e-2, rtol=2e-2)
-
-
-@pytest.mark.gpu
 def test_flashmla_decodes_our_cache_as_we_do():
     flash_mla = pytest.importorskip("vllm.third_party.flashmla.flash_mla_interface",
                                     reason="FlashMLA's Hopper kernels (.device-c) are not installed")
@@ -471,15 +414,12 @@ def test_decode_split_rule_keeps_half_a_wave():
 
 
 def test_decode_work_is_what_the_call_launches():
-    """The notebook's work split comes from the call's own rules: B1 H64 a tile a split, all lone pairs, merged on
-    chip by one cluster (no combine); B1 H128 (head pairs) split with a combine; a full batch one CTA a token with
-    whole pairs; H128 head-pair clusters; explicit splits taken as given."""
+    """The notebook's work split comes from the call's own rules: B1 H64 a tile a split, all lone pairs, a combine;
+    a full batch one CTA a token with whole pairs; H128 head-pair clusters; explicit splits taken as given."""
     from dsv4lib.ops.decode import decode_splits, decode_work
     w = decode_work(1, 1, 64, 640, 132)
-    assert (w["tiles"], w["splits"], w["ctas"], w["cluster_merge"], w["combine"]) == (10, 10, 10, True, False)
+    assert (w["tiles"], w["splits"], w["ctas"], w["combine"]) == (10, 10, 10, True)
     assert w["tiles_per_split"] == [1] * 10 and all(w["lone"]) and w["pairs_per_split"] == [1] * 10
-    w = decode_work(1, 1, 128, 1152, 132)
-    assert w["head_pair_cluster"] and w["splits"] > 1 and (w["cluster_merge"], w["combine"]) == (False, True)
     w = decode_work(128, 1, 64, 640, 132)
     assert (w["splits"], w["ctas"], w["tiles_per_split"], w["lone"], w["combine"]) == (1, 128, [10], [False], False)
     w = decode_work(64, 2, 128, 1152, 132)

@@ -83,9 +83,7 @@ class SparseAttentionBase:
         config.check()
         self.config = config                 # its fields read as the kernel's own (__getattr__): self.gather, ...
         self.has_window = config.window
-        # a split cluster that writes the final output (``cluster_final``) applies the sink in its merge, not per split
-        self.merge_sink = config.sink and getattr(config, "cluster_final", False)
-        self.has_sink = config.sink and not self.merge_sink
+        self.has_sink = config.sink
         self.num_stages = 2
         self.dtype = cutlass.BFloat16
         self.block_info = BlockInfo(tile_m=1, tile_n=TILE_N, causal=config.causal, has_window=config.window)

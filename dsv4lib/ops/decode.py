@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from ..kernels.sm90.sparse_config import FINAL_CLUSTER_MAX, Model1DecodeConfig
+from ..kernels.sm90.sparse_config import Model1DecodeConfig
 from ..kernels.splitkv import nonempty_splits
 from .attention import check_sink
 from .combine import combine_launcher
@@ -30,9 +30,6 @@ DECODE_SQ = (1, 2)             # one token, or two with MTP
 DECODE_MAX_SPLITS = 32
 # H = 128: the two head-group CTAs of a token as one cluster that dequantizes each key once (the crossover)
 HEAD_PAIR_CLUSTER = True
-# a split call whose splits fit one cluster (and that has no head pair): the splits merge on chip through DSMEM into
-# the output itself — no fp32 partials, no combine launch (B1 H64: 10 one-tile splits, one launch)
-CLUSTER_MERGE = True
 
 
 def decode_splits(batch_ctas: int, n_tiles: int, sms: int) -> int:
@@ -60,26 +57,19 @@ def launch_shape(B: int, s_q: int, H: int, n_keys: int, sms: int, num_splits=Non
     return n_tiles, splits, HEAD_PAIR_CLUSTER and H == 2 * HEADS_PER_CTA
 
 
-def cluster_merges(splits: int, head_pair: bool) -> bool:
-    """Whether a call with this many splits merges them on chip (one cluster a query, no combine)."""
-    return CLUSTER_MERGE and 1 < splits <= FINAL_CLUSTER_MAX and not head_pair
-
-
 def decode_work(B: int, s_q: int, H: int, n_keys: int, sms: int, num_splits=None) -> dict:
     """What a decode call of this shape launches (the D7 notebook's work-split plot; the same rules as the call):
     CTAs (one per query token x 64-head group x split), splits, the 64-key tiles of a query and of each split
     (``ceil(tiles / splits)``, the last split the rest), each CTA's pairs of tiles (the consumers take tiles in
     turn) and whether its last pair is lone (an odd count: one tile, no pad filled), waves over ``sms``, the
-    head-pair clusters (H = 128), whether the splits merge on chip (``cluster_merge``) and whether a combine launch
-    follows."""
+    head-pair clusters (H = 128), and whether a combine launch follows."""
     from ..kernels.splitkv import split_block_ranges
     n_tiles, splits, cluster = launch_shape(B, s_q, H, n_keys, sms, num_splits)
     per_split = [max(hi - lo, 0) for lo, hi in split_block_ranges(0, n_tiles, splits)]
     ctas = B * s_q * H // HEADS_PER_CTA * splits
     return dict(B=B, s_q=s_q, H=H, n_keys=n_keys, tiles=n_tiles, splits=splits, tiles_per_split=per_split,
                 pairs_per_split=[(t + 1) // 2 for t in per_split], lone=[t % 2 == 1 for t in per_split],
-                ctas=ctas, waves=ctas / sms, head_pair_cluster=cluster, cluster_merge=cluster_merges(splits, cluster),
-                combine=splits > 1 and not cluster_merges(splits, cluster))
+                ctas=ctas, waves=ctas / sms, head_pair_cluster=cluster, combine=splits > 1)
 
 
 def decode_args(q, pages, idx, lengths, pages2, idx2, lengths2, page_size: int, page_size2: int, o, lse, scale: float,
@@ -160,10 +150,6 @@ def _config(device, B: int, s_q: int, H: int, n_keys: int, num_splits, extra: bo
     if splits == 1:
         return cached_config(lambda: Model1DecodeConfig.for_decode(sink=sink, split_kv=False, **flags),
                              "model1", sink, *flags.values()), 1
-    if cluster_merges(splits, cluster):
-        return cached_config(lambda: Model1DecodeConfig.for_decode(sink=sink, split_kv=True, cluster_splits=splits,
-                                                                   **flags),
-                             "model1 cluster", sink, splits, *flags.values()), splits
     return cached_config(lambda: Model1DecodeConfig.for_decode(sink=False, split_kv=True, **flags),
                          "model1 split", *flags.values()), splits
 
@@ -253,10 +239,8 @@ def _decode_plan(q, k_cache, indices, topk_length, *, extra_k_cache, extra_indic
     new_lse = lse_output(device, lse_shape, bool(return_lse))          # the builds write an LSE either way
     pass_sink = sink_passer(sink, device)
     # the outputs as returned: the unsplit build takes them as they are (its split mode is added at trace time)
-    merged = config.cluster_final                      # one launch that writes the outputs as returned
-    go = launcher(config, device, page_size=page_size, page_size2=page_size2, scale=scale,
-                  public=splits == 1 or merged)
-    if splits > 1 and not merged:
+    go = launcher(config, device, page_size=page_size, page_size2=page_size2, scale=scale, public=splits == 1)
+    if splits > 1:
         o_part, lse_part = workspace(splits, B, s_q, H, HEAD_DIM, device)
         # PDL: the combine's launch hides behind the split kernel, which lets it go once past its main loop; both go
         # out through one compiled function (launch.Sequence)
@@ -274,7 +258,7 @@ def _decode_plan(q, k_cache, indices, topk_length, *, extra_k_cache, extra_indic
         out = torch.empty(out_shape, dtype=torch.bfloat16, device=device)
         lse = new_lse()
         with on_device(device):
-            if splits == 1 or merged:
+            if splits == 1:
                 go(q, pages, indices, lengths, pages2, extra_indices, lengths2, out, lse, sink_t)
             else:
                 split_then_combine((q, pages, indices, lengths, pages2, extra_indices, lengths2, o_part, lse_part,

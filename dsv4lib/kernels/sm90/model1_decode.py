@@ -235,8 +235,7 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         self.kernel(mQ, mCache, mIdx, mLen, mCache2, mIdx2, mLen2, page_size, page_size2, mO, mLSE,
                     softmax_scale_log2, mSink, *common).launch(
             grid=self.grid(mQ, mO), block=[self.NUM_THREADS, 1, 1], min_blocks_per_mp=1,
-            cluster=(1, HEAD_PAIR, 1) if const_expr(self.crossover) else (
-                (1, 1, self.cluster_splits) if const_expr(self.cluster_splits > 1) else None), **launch_stream(stream))
+            cluster=(1, HEAD_PAIR, 1) if const_expr(self.crossover) else None, **launch_stream(stream))
 
     # ---------------------------------------------------------------------------- device side
     @cute.kernel

@@ -10,7 +10,6 @@ from .config import _Config
 
 SPARSE_SCHEDULES = ("columns", "paired")
 CLUSTER_SIZES = (1, 2, 4, 8)
-FINAL_CLUSTER_MAX = 16          # a cluster that merges every split of a query: up to H100's non-portable size
 
 
 @dataclass(frozen=True)
@@ -24,30 +23,22 @@ class SparseFwdConfig(_Config):
     split_kv: bool = False
     schedule: str = "columns"       # how the two consumer warpgroups share a tile (kernel docstring)
     cluster_splits: int = 1         # C splits of a query merge on chip through DSMEM (dense split decode)
-    # the cluster holds every split of a query (C = splits): its merge writes the output itself — bf16 O with the
-    # sink, the LSE — and no combine runs
-    cluster_final: bool = False
     gather_only: bool = False       # benchmark only: the producer alone, no math, output unwritten
     skip_mma: str | None = None     # benchmark only: "qk" or "pv" left out (wrong output), columns schedule
 
     def check(self) -> None:
         if self.gather and (self.causal or self.window):
             raise ValueError("gathered keys come with their own index list: no causal / window mask on top")
-        if self.split_kv and self.sink and not self.cluster_final:
+        if self.split_kv and self.sink:
             raise ValueError("with split-KV the sink belongs to the combine kernel, not to the splits")
         if self.schedule not in SPARSE_SCHEDULES:
             raise ValueError(f"schedule must be one of {SPARSE_SCHEDULES}, got {self.schedule!r}")
-        if self.cluster_final:
-            if not 2 <= self.cluster_splits <= FINAL_CLUSTER_MAX or self.schedule != "paired":
-                raise ValueError(f"cluster_final merges 2-{FINAL_CLUSTER_MAX} splits of the paired schedule, got "
-                                 f"cluster_splits={self.cluster_splits}, schedule={self.schedule!r}")
-        elif self.cluster_splits not in CLUSTER_SIZES:
+        if self.cluster_splits not in CLUSTER_SIZES:
             raise ValueError(f"cluster_splits must be one of {CLUSTER_SIZES} (a portable cluster), "
                              f"got {self.cluster_splits}")
-        if self.cluster_splits > 1 and (not self.split_kv or self.gather_only
-                                        or (self.schedule != "columns" and not self.cluster_final)):
-            raise ValueError("cluster_splits reduces the split partials of the columns schedule, or (cluster_final) "
-                             "merges a paired query's splits into its output (split_kv=True, not gather_only)")
+        if self.cluster_splits > 1 and (not self.split_kv or self.schedule != "columns" or self.gather_only):
+            raise ValueError("cluster_splits reduces the split partials of the columns schedule (split_kv=True, "
+                             "schedule='columns', not gather_only)")
         if self.skip_mma not in (None, "qk", "pv"):
             raise ValueError(f"skip_mma must be None, 'qk' or 'pv', got {self.skip_mma!r}")
         if self.skip_mma is not None and self.schedule != "columns":
@@ -80,16 +71,13 @@ class Model1DecodeConfig(SparseFwdConfig):
     def check(self) -> None:
         super().check()
         if (not self.gather or self.schedule != "paired" or self.gather_only or self.skip_mma is not None
-                or (self.cluster_splits != 1 and (not self.cluster_final or self.head_pair_cluster))):
-            raise ValueError("the MODEL1 decode is the gathered, paired kernel (no benchmark knobs; a split cluster "
-                             "only as cluster_final, and not beside the head-pair cluster)")
+                or self.cluster_splits != 1):
+            raise ValueError("the MODEL1 decode is the gathered, paired kernel (no benchmark knobs, no split clusters)")
         if self.extra_topk_length and not self.extra_cache:
             raise ValueError("extra_topk_length needs extra_cache")
 
     @classmethod
     def for_decode(cls, *, extra_cache: bool, topk_length: bool, extra_topk_length: bool, sink: bool,
-                   split_kv: bool, head_pair_cluster: bool = False, cluster_splits: int = 1) -> "Model1DecodeConfig":
-        final = split_kv and cluster_splits > 1          # the splits merge on chip into the output: no combine
-        return cls(sink=sink and (not split_kv or final), has_lse=True, split_kv=split_kv, extra_cache=extra_cache,
-                   topk_length=topk_length, extra_topk_length=extra_topk_length, head_pair_cluster=head_pair_cluster,
-                   cluster_splits=cluster_splits, cluster_final=final)
+                   split_kv: bool, head_pair_cluster: bool = False) -> "Model1DecodeConfig":
+        return cls(sink=sink and not split_kv, has_lse=True, split_kv=split_kv, extra_cache=extra_cache,
+                   topk_length=topk_length, extra_topk_length=extra_topk_length, head_pair_cluster=head_pair_cluster)

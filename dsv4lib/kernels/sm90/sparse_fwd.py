@@ -381,12 +381,12 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
                 self.paired_half(0, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sKV, sVt, sP, sMax, sSum,
                                  keys_seen, mO, mLSE, mSink, pipeline_kv, softmax_scale_log2, tidx - 128, token,
                                  head_group, batch, split, n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O,
-                                 mQ, mKV, window_size, tma_atom_Q, tma_Q, pipeline_q, (sRed, sLSE))
+                                 mQ, mKV, window_size, tma_atom_Q, tma_Q, pipeline_q)
             else:
                 self.paired_half(1, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sKV, sVt, sP, sMax, sSum,
                                  keys_seen, mO, mLSE, mSink, pipeline_kv, softmax_scale_log2, tidx - 256, token,
                                  head_group, batch, split, n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O,
-                                 mQ, mKV, window_size, tma_atom_Q, tma_Q, pipeline_q, (sRed, sLSE))
+                                 mQ, mKV, window_size, tma_atom_Q, tma_Q, pipeline_q)
         elif warp_idx < 8:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.wait_q(pipeline_q, tile_lo, tile_hi)
@@ -732,8 +732,7 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
     @cute.jit
     def finish_shared_max(self, w, thr_pv, acc_O, acc_O_rc, tScS_rc, row_max, row_sum, sSum, mO,
                           mLSE, mSink, softmax_scale_log2, wtid, token, head_group, batch, split,
-                          sum_barrier: cutlass.Constexpr, tiled_mma_pv, sQ, tma_atom_O, tma_O, tiled_mma_qk,
-                          reduce_buffers):
+                          sum_barrier: cutlass.Constexpr, tiled_mma_pv, sQ, tma_atom_O, tma_O, tiled_mma_qk):
         """Epilogue of the schedules whose two warpgroups end with the same row max (balanced, paired): my row
         sums + the other warpgroup's, sink, LSE, my half of O."""
         n_rows = cute.size(tScS_rc, mode=[0])
@@ -749,18 +748,12 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
             m = tScS_rc[r, 0][0]
             s = row_sum[r] + sSum[(1 - w) * TILE_H + m]
             inv, lse = finish_row(s, row_max[r], softmax_scale_log2, self.sink_logit(mSink, head_group, m))
-            if const_expr(self.cluster_splits > 1):
-                if w == 0 and wtid % 4 == 0:
-                    reduce_buffers[1][m] = lse            # sLSE: merged with the cluster's peers (cluster_reduce_half)
-            elif const_expr(self.has_lse or self.split_kv):
+            if const_expr(self.has_lse or self.split_kv):
                 if w == 0 and wtid % 4 == 0:
                     mLSE[split, batch, head_group * TILE_H + m, token] = lse
             for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
                 acc_O_rc[r, c] = acc_O_rc[r, c] * inv
-        if const_expr(self.cluster_splits > 1):
-            self.cluster_reduce_half(w, thr_pv, acc_O, mO, mLSE, reduce_buffers[1], reduce_buffers[0], wtid, token,
-                                     head_group, batch, split, mSink)
-        elif const_expr(self.tma_store_o):
+        if const_expr(self.tma_store_o):
             self.store_o_chunks(w, tiled_mma_qk, acc_O, sQ, tma_atom_O, tma_O, wtid, token, head_group, batch)
         else:
             self.store_half(thr_pv, acc_O, mO, split, batch, token, head_group, w)
@@ -800,7 +793,7 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
     def paired_half(self, w: cutlass.Constexpr, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sKV, sVt, sP,
                     sMax, sSum, mIdx, mO, mLSE, mSink, kv_pipes, softmax_scale_log2, wtid, token, head_group, batch,
                     split, n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O, mQ, mKV, window_size, tma_atom_Q,
-                    tma_Q, pipeline_q, reduce_buffers):
+                    tma_Q, pipeline_q):
         """Warpgroup ``w`` of the paired schedule: the scores of tiles ``tile_lo + 2p + w`` and O columns
         ``256w … 256w+255`` of every tile (module docstring).  Half-buffer ``2b + h`` = tile buffer b, columns h.
         Persistent: the same for each of this CTA's items; warp 0 of warpgroup 0 loads every item's Q (the first
@@ -819,15 +812,15 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
                     rP)
         self.paired_item(w, operands, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sP, sMax, sSum, mIdx, mO,
                          mLSE, mSink, kv_pipes, softmax_scale_log2, wtid, token, head_group, batch, split, n_keys,
-                         seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O, state, reduce_buffers)
+                         seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O, state)
 
     @cute.jit
     def paired_item(self, w: cutlass.Constexpr, operands, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sP, sMax,
                     sSum, mIdx, mO, mLSE, mSink, kv_pipes, softmax_scale_log2, wtid, token, head_group, batch, split,
-                    n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O, state, reduce_buffers):
+                    n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O, state):
         """One query item of :meth:`paired_half` (O, row max and sum come in reset): its pairs, the epilogue and the
-        O store.  Returns the half-buffer pipelines' state past this item's pairs.  ``reduce_buffers``: ``(sRed,
-        sLSE)``, where a split cluster merges its partials (:meth:`cluster_reduce_half`)."""
+        O store.  Returns the half-buffer pipelines' state past this item's pairs.  ``item``: the CTA's item count
+        (debug_times stamps)."""
         thr_qk, thr_pv, tSrQ, tSrK, tOrV, tOsP, tOsV, acc_O, acc_O_rc, tScS_rc, row_max, row_sum, acc_S, rP = operands
         n_rows = cute.size(tScS_rc, mode=[0])                                 # 2 rows, 16 key columns
         n_cols = cute.size(tScS_rc, mode=[1])
@@ -852,14 +845,14 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
                                        tOrP, tOrV, tOsP, tOsV, acc_O, acc_O_rc, row_max, row_sum, other_max,
                                        corrections, tScS_rc, sMax, sP, kv_pipes, softmax_scale_log2, wtid)
             state.advance()
-        if const_expr(self.split_kv and not self.cluster_final and w == 0):
+        if const_expr(self.split_kv and w == 0):
             # past the main loop: a combine launched with PDL (kernels.combine) may be scheduled now, its launch
             # hidden behind this kernel's epilogue (its griddepcontrol.wait still waits for every partial)
             if wtid == 0:
                 cute.arch.griddepcontrol_launch_dependents()
         self.finish_shared_max(w, thr_pv, acc_O, acc_O_rc, tScS_rc, row_max, row_sum, sSum, mO, mLSE, mSink,
                                softmax_scale_log2, wtid, token, head_group, batch, split, PAIR_SUM,
-                               tiled_mma_pv_rs, sQ, tma_atom_O, tma_O, tiled_mma_qk, reduce_buffers)
+                               tiled_mma_pv_rs, sQ, tma_atom_O, tma_O, tiled_mma_qk)
         return state
 
     @cute.jit
@@ -976,7 +969,7 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
 
     @cute.jit
     def cluster_reduce_half(self, half: cutlass.Constexpr, thr_pv, acc_O, mO, mLSE, sLSE, sRed, wtid, token,
-                            head_group, batch, split, mSink=None):
+                            head_group, batch, split):
         """Consumer warpgroup ``half``'s share of writing the split partial through shared memory (``acc_O``: its O
         half normalized over this split's keys).  ``cluster_splits`` C > 1: merge the cluster's C partials on chip
         first (module docstring) — two cluster barriers, in which the producer warps take part too.  C = 1
@@ -988,12 +981,7 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
         first barrier, and the LSE weights are applied while summing: the thread that sums a row's slice reads that
         row's C LSEs with its C vectors.  (Weighing first needed a barrier between the LSE exchange and the sRed
         writes: ~1.5 µs of the decode's merge, the sRed writes now overlapping the wait for the
-        cluster's slowest split.)
-
-        The 64 × 512 tile is cut into C consecutive ranges of 16 B vectors (row-major), one per rank, so any C ≤ 16
-        works (C = 10: B1's ten one-tile splits).  ``cluster_final`` (the cluster holds every split of its query): the
-        merge writes the call's output itself — bf16 O with the sink joining each row's denominator once, and the
-        row's LSE (sink excluded) — and no combine runs."""
+        cluster's slowest split.)"""
         C = self.cluster_splits
         ctid = half * 128 + wtid
         rank = split % C                    # = the CTA's rank in its (1, 1, C) cluster
@@ -1012,12 +1000,11 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
             cute.arch.cluster_wait()
         else:
             cute.arch.barrier(barrier_id=STAGED, number_of_threads=256)
-        # the ranges of rank `rank` (16 B vectors, row-major over the 64 × 512 tile) summed in fp32 over the C
-        # peers, one vector per peer, thread and step, each weighed by e^{lse_peer - lse_cluster} of its row
+        # column slice `rank` (512 / C columns × 64 heads) summed in fp32 over the C peers, one 16 B vector (4 fp32
+        # or 8 bf16) per peer, thread and step, each weighed by e^{lse_peer - lse_cluster} of its row
         vec = 128 // sRed.element_type.width
-        vecs_per_row = HEAD_DIM // vec
-        per_rank = (TILE_H * vecs_per_row + C - 1) // C
-        v_end = cutlass.min((rank + 1) * per_rank, TILE_H * vecs_per_row)
+        width = HEAD_DIM // C
+        vecs_per_row = width // vec
         sRed_peer = [sRed]
         sLSE_peer = [sLSE]
         if const_expr(C > 1):
@@ -1030,47 +1017,34 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
         lse_p = cute.make_rmem_tensor(cute.make_layout((C, 1), stride=(1, 1)), Float32)
         weight = cute.make_rmem_tensor((C,), Float32)
         total = cute.make_rmem_tensor((vec,), Float32)
-        for step in cutlass.range_constexpr((per_rank + 255) // 256):
-            v = rank * per_rank + step * 256 + ctid
-            # (v < v_end also keeps a thread inside its own rank's range: v_end ≤ (rank + 1) · per_rank)
-            if const_expr(per_rank * C == TILE_H * vecs_per_row and per_rank % 256 == 0) or v < v_end:
-                row = v // vecs_per_row
-                colv = v % vecs_per_row                                                   # in vector units
-                for p in cutlass.range_constexpr(C):
-                    cute.autovec_copy(cute.local_tile(sRed_peer[p][row, None], (vec,), (colv,)), parts[p, None])
-                if const_expr(C > 1):
-                    for p in cutlass.range_constexpr(C):  # (a DSMEM tensor is read by copies, not by indexing)
-                        cute.autovec_copy(cute.local_tile(sLSE_peer[p], (1,), (row,)), lse_p[p, None])
-                    sink = None
-                    if const_expr(self.merge_sink):
-                        sink = mSink[head_group * TILE_H + row]
-                    lse_cluster = self.lse_weights(lse_p, weight, C, sink)
-                    for j in cutlass.range_constexpr(vec):
-                        total[j] = weight[0] * Float32(parts[0, j])
-                        for p in cutlass.range_constexpr(1, C):
-                            total[j] += weight[p] * Float32(parts[p, j])
-                    if colv == 0:                          # the rank that holds the row's first vector
-                        mLSE[part, batch, head_group * TILE_H + row, token] = lse_cluster
-                else:
-                    for j in cutlass.range_constexpr(vec):
-                        total[j] = Float32(parts[0, j])
-                gO_v = cute.local_tile(gO[head_group * TILE_H + row, None], (vec,), (colv,))
-                if const_expr(mO.element_type == Float32):
-                    cute.autovec_copy(total, gO_v)
-                else:                                      # the final bf16 output: 8 values, one 16 B store
-                    out = cute.make_rmem_tensor((vec,), mO.element_type)
-                    convert_to_bf16_pairs(total, out)
-                    cute.autovec_copy(out, gO_v)
+        for step in cutlass.range_constexpr(TILE_H * vecs_per_row // 256):
+            v = step * 256 + ctid
+            row = v // vecs_per_row
+            colv = rank * vecs_per_row + v % vecs_per_row                             # in vector units
+            for p in cutlass.range_constexpr(C):
+                cute.autovec_copy(cute.local_tile(sRed_peer[p][row, None], (vec,), (colv,)), parts[p, None])
+            if const_expr(C > 1):
+                for p in cutlass.range_constexpr(C):  # (a DSMEM tensor is read by copies, not by indexing)
+                    cute.autovec_copy(cute.local_tile(sLSE_peer[p], (1,), (row,)), lse_p[p, None])
+                lse_cluster = self.lse_weights(lse_p, weight, C)
+                for j in cutlass.range_constexpr(vec):
+                    total[j] = weight[0] * Float32(parts[0, j])
+                    for p in cutlass.range_constexpr(1, C):
+                        total[j] += weight[p] * Float32(parts[p, j])
+                if rank == 0 and v % vecs_per_row == 0:
+                    mLSE[part, batch, head_group * TILE_H + row, token] = lse_cluster
+            else:
+                for j in cutlass.range_constexpr(vec):
+                    total[j] = Float32(parts[0, j])
+            cute.autovec_copy(total, cute.local_tile(gO[head_group * TILE_H + row, None], (vec,), (colv,)))
         if const_expr(C > 1):
             cute.arch.cluster_arrive()                 # [2] no CTA exits while a peer still reads its sRed
             cute.arch.cluster_wait()
 
     @cute.jit
-    def lse_weights(self, lse_p: cute.Tensor, weight: cute.Tensor, C: cutlass.Constexpr, sink=None) -> Float32:
+    def lse_weights(self, lse_p: cute.Tensor, weight: cute.Tensor, C: cutlass.Constexpr) -> Float32:
         """One row's C peer LSEs (``lse_p (C, 1)``) → ``weight[p] = e^{lse_p - lse_cluster}`` and the row's
-        ``lse_cluster`` (returned).  A row no split of the cluster saw: weights 0 (its O is 0), LSE -inf.  ``sink``
-        (the row's sink logit, a cluster that writes the final output): it joins the denominator of the weights
-        once, ``e^{sink - lse_cluster}``, and stays out of the LSE."""
+        ``lse_cluster`` (returned).  A row no split of the cluster saw: weights 0 (its O is 0), LSE -inf."""
         mx = lse_p[0, 0]
         for p in cutlass.range_constexpr(1, C):
             mx = cute.arch.fmax(mx, lse_p[p, 0])
@@ -1083,10 +1057,7 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
                 weight[p] = exp2((lse_p[p, 0] - mx) * LOG2_E)    # exp2(-inf) = 0: empty adds 0
                 norm += weight[p]
             lse_cluster = mx + cute.math.log2(norm) * LN_2
-            denom = norm
-            if const_expr(sink is not None):
-                denom = norm + exp2((sink - mx) * LOG2_E)
-            inv_norm = 1.0 / denom
+            inv_norm = 1.0 / norm
             for p in cutlass.range_constexpr(C):
                 weight[p] = weight[p] * inv_norm
         return lse_cluster
