@@ -60,6 +60,7 @@ def public_calls() -> dict:
     idx = torch.randint(-1, 500, (4, 640), generator=gen, dtype=torch.int32)
     branches = [dict(k=k, v=v, window=64, causal=True), dict(k=k[:, :200], v=v[:, :200])]
     x = bf(64, 256)
+    amax = torch.tensor(4.0)                           # a 0-d fp32 amax, as the NVFP4 stage times the quantize
     # the FP8 decode: B1 (split + combine) and B64 (one launch) over a window cache and a compressed one
     from dsv4lib.ops.kvcache import Model1Cache
     window, compressed = Model1Cache(64, 64, device="cpu"), Model1Cache(128, 64, device="cpu")
@@ -84,6 +85,7 @@ def public_calls() -> dict:
         "sparse_attention split + combine": lambda: dsv4lib.sparse_attention(qs, kv, idx, num_splits=2),
         "quantize_nvfp4 static amax": lambda: dsv4lib.quantize_nvfp4(x, 4.0),
         "quantize_nvfp4 amax of x": lambda: dsv4lib.quantize_nvfp4(x),
+        "quantize_nvfp4 tensor amax": lambda: dsv4lib.quantize_nvfp4(x, amax),
         "sparse_decode B1 (split + combine)": decode(1),
         "sparse_decode B64": decode(64),
     }

@@ -388,9 +388,12 @@ def test_the_plans_of_quantize_and_dequantize_pass_each_launch_its_builds_checks
     data, scales = torch.zeros(40, 80, dtype=torch.uint8), torch.zeros(40, 10, dtype=torch.uint8)
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))       # the dequantize takes its GPU path
     monkeypatch.setattr(nvfp4, "amax_tensor", lambda amax, device: torch.full((1,), float(amax)))
+    amax_t = torch.tensor(6.0)
     calls = {
         "quantize_nvfp4 static amax": (lambda: dsv4lib.quantize_nvfp4(x, 6.0), 1),
         "quantize_nvfp4 amax of x": (lambda: dsv4lib.quantize_nvfp4(x), 2),
+        # a 0-d fp32 amax on x's device: the plan hands the build a (1,) view of the caller's own bytes
+        "quantize_nvfp4 tensor amax": (lambda: dsv4lib.quantize_nvfp4(x, amax_t), 1),
         "quantize_nvfp4 amax of x, fp32": (lambda: dsv4lib.quantize_nvfp4(x.float()), 2),
         # another shape, another partial count (1 instead of 4): the same build takes it (the count is dynamic)
         "quantize_nvfp4 amax of x, few blocks": (lambda: dsv4lib.quantize_nvfp4(x[:8, :64].contiguous()), 2),

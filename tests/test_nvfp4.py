@@ -186,6 +186,28 @@ def test_bytes_equal_the_reference(dtype, M, K):
 
 
 @pytest.mark.gpu
+def test_a_tensor_amax_is_read_on_the_gpu_every_call():
+    """A 0-d fp32 amax tensor (as the NVFP4 stage passes it): the plan keeps a (1,) view of the caller's bytes, so a
+    value written in place, a tensor re-pointed with ``set_`` and another tensor of the same kind all reach the
+    kernel — each call against the reference with that call's amax."""
+    from gpu_checks import fresh_seed
+    gen = torch.Generator().manual_seed(fresh_seed())
+    x = _hard_inputs(64, 256, gen).to(torch.bfloat16)
+    amax = torch.tensor(2688.0, device="cuda")
+    other = torch.tensor(96.0, device="cuda")
+    steps = [("as made", lambda: None, 2688.0), ("written in place", lambda: amax.fill_(40.0), 40.0),
+             ("re-pointed", lambda: amax.set_(torch.tensor(700.0, device="cuda")), 700.0)]
+    for what, change, value in steps:
+        change()
+        data, sf, gs = dsv4lib.quantize_nvfp4(x.cuda(), amax)
+        rd, rs, rgs = ref.nvfp4_quantize(x, value)
+        assert torch.equal(data.cpu(), rd) and torch.equal(sf.cpu(), rs) and gs.item() == rgs.item(), what
+    data, sf, gs = dsv4lib.quantize_nvfp4(x.cuda(), other)
+    rd, rs, rgs = ref.nvfp4_quantize(x, 96.0)
+    assert torch.equal(data.cpu(), rd) and torch.equal(sf.cpu(), rs) and gs.item() == rgs.item(), "another tensor"
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("encoder,depth,ctas_per_sm", [("lines", 1, 0), ("magic", 1, 0), ("lines", 2, 0),
                                                        ("lines", 4, 8), ("magic", 4, 8)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
