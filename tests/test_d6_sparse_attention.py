@@ -425,6 +425,8 @@ def test_cluster_reduced_build_merges_through_dsmem():
         combine = compile_for_arch(LSECombineKernel(512, has_sink=True, pdl=pdl), *combine_fake_args(512),
                                    arch="sm_90a")
         assert combine.count(r"griddepcontrol\.wait") == int(pdl)
+        # the pdl combine lets the next decode call's grid (PDL_CHAIN) go as its CTAs start
+        assert combine.count(r"griddepcontrol\.launch_dependents") == int(pdl)
     for bad in (dict(split_kv=False, cluster_splits=2), dict(split_kv=True, cluster_splits=3),
                 dict(split_kv=True, cluster_splits=2, schedule="paired"),
                 dict(split_kv=True, cluster_splits=2, gather_only=True)):

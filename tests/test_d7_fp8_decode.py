@@ -100,8 +100,12 @@ def test_decode_builds_dequantizing_in_the_producer(extra, split_kv):
     assert k.count(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16") == 2 * 512 // 16
     assert k.count(r"cp\.async\.bulk\.tensor\.4d\.shared::cta\.global\.tile\.mbarrier") == 8      # Q by TMA
     assert k.count(r"\.local") == 0
-    # a split build lets its combine (launched with PDL) go once past the main loop: one trigger, by one thread
-    assert k.count(r"griddepcontrol\.launch_dependents") == (1 if split_kv else 0)
+    # every build is launched with PDL (PDL_CHAIN): it waits for the grid before it ahead of any global access — the
+    # wait comes before the first global load in the PTX — and lets the grid after it (its combine, or the next
+    # call) go once past the main loop: one trigger, by one thread
+    assert k.count(r"griddepcontrol\.wait") == 1 and k.count(r"griddepcontrol\.launch_dependents") == 1
+    assert k.ptx.find("griddepcontrol.wait") < min(k.ptx.find(op) for op in ("ld.global", "cp.async", "st.global")
+                                                   if op in k.ptx)
     report = k.ptxas_report()
     # (the GPU machine's CUDA 13.0 ptxas reads PTX up to 9.0, CuTeDSL writes 9.4: checked where `make setup`'s is)
     if report is not None and "Unsupported .version" not in report:
@@ -258,7 +262,7 @@ def _reference(q, main, idx, kw):
                            extra_k_cache=None if extra is None else extra.data,
                            extra_page_size=None if extra is None else extra.page_size,
                            extra_indices=kw.get("extra_indices"), extra_topk_length=kw.get("extra_topk_length"),
-                           sink=kw.get("sink"), return_lse=True)
+                           sink=kw.get("sink"), scale=kw.get("scale"), return_lse=True)
 
 
 @pytest.mark.gpu
@@ -322,6 +326,26 @@ def test_head_pair_clusters_compute_what_one_cta_per_head_group_computes(B, num_
     single = dsv4lib.sparse_decode(q, main, idx, **kw, num_splits=num_splits)
     assert torch.equal(paired, single)
     check_output(paired, _reference(q, main, idx, kw)[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,H", [(1, 64), (8, 64), (2, 128)])
+def test_back_to_back_calls_each_read_what_the_call_before_wrote(B, H):
+    """``PDL_CHAIN``: every build is launched with programmatic dependent launch, so its CTAs may start while the grid
+    before it (the last call's combine or decode) still runs.  Here each call's q *is* the last call's output
+    (x_{i+1} = decode(x_i), enqueued back to back, no sync): a build that touched q before its griddepcontrol.wait
+    would read x_i half written.  Every step against float64 from the x_i the GPU ended with.  B1 is split + combine
+    (the combine before each next split), B8 one kernel a call, H128 the head-pair cluster.  A small scale keeps the
+    softmax far from one-hot whatever the magnitudes the chain reaches (no near-tie decides a row)."""
+    gen = torch.Generator().manual_seed(fresh_seed())
+    q, main, idx, kw = _decode_inputs(B, 1, H, True, True, True, gen)
+    kw["scale"] = 1e-4
+    xs = [q]
+    for _ in range(6):
+        xs.append(dsv4lib.sparse_decode(xs[-1], main, idx, **kw))
+    torch.cuda.synchronize()
+    for i in range(6):
+        check_output(xs[i + 1], _reference(xs[i], main, idx, kw)[0])
 
 
 @pytest.mark.gpu

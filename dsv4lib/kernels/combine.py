@@ -81,6 +81,9 @@ class LSECombineKernel:
         if const_expr(self.pdl):
             # the CTAs may start while the split kernel still runs: wait for its end and its partials
             cute.arch.griddepcontrol_wait()
+            # and let the grid after this one (the next decode call's, launched with PDL) take the SMs as they free
+            # up: its griddepcontrol.wait holds it until every CTA here has written its rows
+            cute.arch.griddepcontrol_launch_dependents()
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         row = bidx // self.chunks

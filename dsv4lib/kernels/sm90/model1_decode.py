@@ -208,6 +208,9 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
     KEY_MASK_AFTER_WAIT = True               # the consumers' key mask comes from the records (is_real_key)
     PRODUCER_KEY_FLAGS = False               # (the records carry key validity: no separate flags)
     HEAD_GROUP_FASTEST = False               # the crossover's head pair is a cluster along y (grid y = head group)
+    # a decode step is a chain of short grids (B1: split, combine, the next call's split): each launched with PDL, so
+    # the next one's CTAs are resident and waiting when the one before ends (see SparseAttentionForwardSm90)
+    PDL_CHAIN = True
 
     def __init__(self, config: Model1DecodeConfig):
         if not isinstance(config, Model1DecodeConfig):
@@ -235,7 +238,8 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         self.kernel(mQ, mCache, mIdx, mLen, mCache2, mIdx2, mLen2, page_size, page_size2, mO, mLSE,
                     softmax_scale_log2, mSink, *common).launch(
             grid=self.grid(mQ, mO), block=[self.NUM_THREADS, 1, 1], min_blocks_per_mp=1,
-            cluster=(1, HEAD_PAIR, 1) if const_expr(self.crossover) else None, **launch_stream(stream))
+            cluster=(1, HEAD_PAIR, 1) if const_expr(self.crossover) else None, use_pdl=self.PDL_CHAIN,
+            **launch_stream(stream))
 
     # ---------------------------------------------------------------------------- device side
     @cute.kernel
@@ -245,6 +249,10 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
                tiled_mma_qk: cute.TiledMma, tiled_mma_pv_rs: cute.TiledMma, tiled_mma_pv_ss: cute.TiledMma,
                sQ_layout: cute.ComposedLayout, sKV_layout: cute.ComposedLayout, sP_layout: cute.ComposedLayout,
                SharedStorage: cutlass.Constexpr, tma_atom_Q, tma_Q, tma_atom_O, tma_O):
+        if const_expr(self.PDL_CHAIN):
+            # launched with PDL: the grid before (the last call's combine or decode, or whatever wrote q, the caches
+            # and the lists) may still run — nothing global is read or written before it has ended
+            cute.arch.griddepcontrol_wait()
         _, _, batch, _, _ = self.cta_coords(mO)
         extra = None
         if const_expr(self.extra_cache):

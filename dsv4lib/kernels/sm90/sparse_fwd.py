@@ -151,6 +151,11 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
     GATHER_PREFETCH_256 = True
     # the O chunks (store_o_chunks) written by stmatrix, 4 a chunk and thread (FlashMLA's), not 16 st.shared.b32
     O_CHUNK_STMATRIX = True
+    # programmatic dependent launch between calls (a subclass turns it on: the MODEL1 decode): the build is launched
+    # with PDL and waits for the grid before it (griddepcontrol.wait) ahead of its first global access, and lets the
+    # grid after it launch once every CTA is past its main loop — so the next call's CTAs are resident when this one
+    # ends.  No effect beside kernels launched without PDL.
+    PDL_CHAIN = False
 
     def __init__(self, config: SparseFwdConfig):
         super().__init__(config)
@@ -616,9 +621,9 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
             pipeline_kv.consumer_release(kv_state)
             kv_state.advance()
 
-        if const_expr(self.split_kv):
-            # a combine kernel launched with PDL (kernels.combine) may be scheduled once every CTA is past its main
-            # loop (no effect on a dependent launched without it)
+        if const_expr(self.split_kv or self.PDL_CHAIN):
+            # a combine kernel (or, PDL_CHAIN, the next call) launched with PDL may be scheduled once every CTA is
+            # past its main loop (no effect on a dependent launched without it)
             if wtid == 0:
                 cute.arch.griddepcontrol_launch_dependents()
         # epilogue: row sums across the quad, sink, normalizers for WG2, LSE, the left half of O
@@ -845,9 +850,9 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
                                        tOrP, tOrV, tOsP, tOsV, acc_O, acc_O_rc, row_max, row_sum, other_max,
                                        corrections, tScS_rc, sMax, sP, kv_pipes, softmax_scale_log2, wtid)
             state.advance()
-        if const_expr(self.split_kv and w == 0):
-            # past the main loop: a combine launched with PDL (kernels.combine) may be scheduled now, its launch
-            # hidden behind this kernel's epilogue (its griddepcontrol.wait still waits for every partial)
+        if const_expr((self.split_kv or self.PDL_CHAIN) and w == 0):
+            # past the main loop: a combine (or, PDL_CHAIN, the next call) launched with PDL may be scheduled now, its
+            # launch hidden behind this kernel's epilogue (its griddepcontrol.wait still waits for every partial)
             if wtid == 0:
                 cute.arch.griddepcontrol_launch_dependents()
         self.finish_shared_max(w, thr_pv, acc_O, acc_O_rc, tScS_rc, row_max, row_sum, sSum, mO, mLSE, mSink,
