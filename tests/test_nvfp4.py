@@ -185,6 +185,39 @@ def test_bytes_equal_the_reference(dtype, M, K):
         assert gs.item() == rgs.item()
 
 
+def test_plans_pass_scalars_and_operands_as_the_builds_take_them():
+    """``scalar_passer``: a number → one cached (1,) fp32 tensor; an fp32 tensor on the device → a (1,) view of the
+    caller's own bytes, kept while the same tensor keeps the same bytes (written in place: still its bytes; ``set_``:
+    a new view); any other tensor → converted each call.  ``aligned_passer``: the caller's tensor when contiguous
+    from an aligned start, else a contiguous aligned copy."""
+    from dsv4lib.ops.nvfp4 import aligned_passer, scalar_passer
+    cpu = torch.device("cpu")
+    fixed = scalar_passer(3.0, cpu)
+    assert fixed(3.0) is fixed(3.0) and fixed(3.0).shape == (1,) and fixed(3.0).item() == 3.0
+    amax = torch.tensor(2.0)
+    own = scalar_passer(amax, cpu)
+    first = own(amax)
+    assert first.shape == (1,) and first.data_ptr() == amax.data_ptr() and own(amax) is first
+    amax.fill_(5.0)
+    assert own(amax) is first and first.item() == 5.0
+    amax.set_(torch.tensor(7.0))
+    moved = own(amax)
+    assert moved is not first and moved.data_ptr() == amax.data_ptr() and moved.item() == 7.0
+    other = torch.tensor(9.0)
+    assert own(other).item() == 9.0 and own(other).data_ptr() == other.data_ptr()
+    half = torch.tensor(4.0, dtype=torch.float16)
+    converted = scalar_passer(half, cpu)(half)
+    assert converted.dtype == torch.float32 and converted.shape == (1,) and converted.item() == 4.0
+    x = torch.randn(8, 32)
+    assert aligned_passer(x, 16)(x) is x
+    strided = torch.randn(32, 8).t()
+    got = aligned_passer(strided, 16)(strided)
+    assert got.is_contiguous() and got.data_ptr() % 16 == 0 and torch.equal(got, strided)
+    shifted = torch.randn(8 * 32 + 1)[1:].view(8, 32)                      # 4 bytes past an aligned start
+    got = aligned_passer(shifted, 16)(shifted)
+    assert got.data_ptr() % 16 == 0 and torch.equal(got, shifted)
+
+
 @pytest.mark.gpu
 def test_a_tensor_amax_is_read_on_the_gpu_every_call():
     """A 0-d fp32 amax tensor (as the NVFP4 stage passes it): the plan keeps a (1,) view of the caller's bytes, so a

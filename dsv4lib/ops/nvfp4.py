@@ -3,6 +3,8 @@
 E2M1 encoder; Blackwell would take the hardware-cvt build (compiled, not run, here)."""
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from .launch import (Launch, Sequence, amax_tensor, capability, compiled, device_facts, find_plan, keep_plan,
@@ -34,6 +36,42 @@ def nvfp4_arch(device, what: str) -> str:
     if (major, minor) not in ((9, 0), (10, 0)):
         raise RuntimeError(f"{what} needs sm_90a or sm_100a, this GPU is sm_{major}{minor}")
     return "sm_90a" if major == 9 else "sm_100a"
+
+
+def aligned_passer(t: torch.Tensor, align: int) -> Callable:
+    """How a call plan hands ``t`` to a build that needs contiguous rows from an ``align``-byte aligned start, decided
+    once from the plan's first call (its key holds the tensor's strides and 16-byte alignment, so every later call of
+    the plan is the same case): the caller's tensor itself, or a contiguous, aligned copy per call."""
+    if t.is_contiguous() and t.data_ptr() % align == 0:
+        return lambda t: t
+
+    def copy(t):
+        t = t.contiguous()
+        return t if t.data_ptr() % align == 0 else t.clone()
+    return copy
+
+
+def scalar_passer(value, device) -> Callable:
+    """How a call plan hands a scalar (the quantize's amax, the dequantize's global scale) to its build as a ``(1,)``
+    fp32 tensor on ``device``, decided once from the plan's first call (the key holds a number's value, a tensor's
+    dtype, device and shape): a number → one cached device tensor; an fp32 tensor on the device → a ``(1,)`` view of
+    the caller's own bytes (its value is read on the GPU every call), the last call's view kept and used again while
+    the caller passes the same tensor over the same bytes (a view costs ~3 µs of host time; ``set_`` moves the bytes
+    and makes a new one); any other tensor → converted per call.  (The kept view holds the caller's storage.)"""
+    if not isinstance(value, torch.Tensor):
+        fixed = amax_tensor(value, device).view(1)
+        return lambda value: fixed
+    if value.dtype != torch.float32 or value.device != device:
+        return lambda value: amax_tensor(value, device).view(1)
+    last = [None, None]                                        # (the caller's tensor, its (1,) view)
+
+    def own(value):
+        seen, view = last
+        if seen is not value or view.data_ptr() != value.data_ptr():
+            view = value.view(1)
+            last[:] = value, view
+        return view
+    return own
 
 
 def kernel_args(blocks, words, scales, amax, s_dec_out, stream=None, tvm_ffi: bool = False) -> tuple:
@@ -88,7 +126,6 @@ def _quantize_plan(x, global_amax, *, swizzle, depth, ctas_per_sm, encode, encod
         amax = amax_tensor(global_amax, device)
         if amax.numel() != 1:
             raise ValueError(f"global_amax must be a scalar, got shape {tuple(amax.shape)}")
-    fixed_amax = None if global_amax is None or isinstance(global_amax, torch.Tensor) else amax.view(1)
     from ..kernels import nvfp4 as nvfp4_kernels
     depth = depth or (nvfp4_kernels.DEPTH_FP32 if x.dtype == torch.float32 else nvfp4_kernels.DEPTH)
     sms = device_facts(device)[1]
@@ -110,30 +147,11 @@ def _quantize_plan(x, global_amax, *, swizzle, depth, ctas_per_sm, encode, encod
                                         lambda: amax_args(x, partials, tvm_ffi=True), arch)),
             quantize)
 
-    # the plan's key holds x's strides and 16-byte alignment, so whether x needs a copy is known here
-    # (a block's 16 values load as whole vectors: contiguous rows from an aligned start)
-    copy_x = not x.is_contiguous() or x.data_ptr() % 16
-    # a tensor amax that already is fp32 on the device (the key fixes its dtype, device and shape) goes to the build
-    # as a (1,) view of its own bytes: the view of the last call's tensor is kept and used again while that tensor
-    # still points at the same bytes (a view costs ~3 µs of host time; its value is read on the GPU every call)
-    own_amax = (isinstance(global_amax, torch.Tensor) and global_amax.dtype == torch.float32
-                and global_amax.device == device)
-    last_amax = [None, None]                                   # (the caller's tensor, its (1,) view)
-
-    def amax_view(global_amax):
-        if not own_amax:
-            return amax_tensor(global_amax, device).view(1)
-        seen, view = last_amax
-        if seen is not global_amax or view.data_ptr() != global_amax.data_ptr():
-            view = global_amax.view(1)
-            last_amax[:] = global_amax, view
-        return view
+    pass_x = aligned_passer(x, 16)                            # a block's 16 values load as whole vectors
+    pass_amax = scalar_passer(global_amax, device) if global_amax is not None else None
 
     def run(x, global_amax):
-        if copy_x:
-            x = x.contiguous()
-            if x.data_ptr() % 16:
-                x = x.clone()
+        x = pass_x(x)
         # the outputs as returned: the build takes the matrices and makes its block views itself (no torch view)
         data = torch.empty(M, K // 2, dtype=torch.uint8, device=device)
         scale_bytes = torch.empty(M, K // 16, dtype=torch.uint8, device=device)     # e4m3 bits
@@ -143,8 +161,7 @@ def _quantize_plan(x, global_amax, *, swizzle, depth, ctas_per_sm, encode, encod
                 partials = amax_partials(device, raw_stream(device), n_partials)
                 amax_then_quantize((x, partials), (x, data, scale_bytes, partials, s_dec))
             else:
-                quantize(x, data, scale_bytes, fixed_amax if fixed_amax is not None else amax_view(global_amax),
-                         s_dec)
+                quantize(x, data, scale_bytes, pass_amax(global_amax), s_dec)
         if swizzle:
             scale_bytes = ref.swizzle_scales(scale_bytes)
         return data, scale_bytes, s_dec.view(())
@@ -234,7 +251,6 @@ def _dequantize_plan(data, scales, global_scale, out_dtype):
     gs = amax_tensor(global_scale, device)
     if gs.numel() != 1:
         raise ValueError(f"global_scale must be a scalar, got shape {tuple(gs.shape)}")
-    fixed_gs = None if isinstance(global_scale, torch.Tensor) else gs.view(1)
     arch = nvfp4_arch(device, "dequantize_nvfp4")
     M, half_k = data.shape
 
@@ -242,11 +258,12 @@ def _dequantize_plan(data, scales, global_scale, out_dtype):
         from ..kernels.nvfp4 import NVFP4DequantizeMatrixKernel
         return NVFP4DequantizeMatrixKernel()
 
+    pass_data = aligned_passer(data, 8)                       # the kernel loads a block's 8 bytes as one vector
+    pass_gs = scalar_passer(global_scale, device)
+
     def run(data, scales, global_scale):
-        data = data.contiguous()
-        if data.data_ptr() % 8:
-            data = data.clone()                                # the kernel loads a block's 8 bytes as one vector
-        gs = fixed_gs if fixed_gs is not None else amax_tensor(global_scale, device).view(1)
+        data = pass_data(data)
+        gs = pass_gs(global_scale)
         y = torch.empty(M, half_k * 2, dtype=out_dtype, device=device)
         # the caller's matrices as they are: the build makes its block views itself (no torch view here)
         tensors = (data, scales.contiguous(), gs, y)
