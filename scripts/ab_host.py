@@ -36,7 +36,7 @@ def main() -> None:
             torch.cuda.synchronize()
             for _ in range(args.rounds):
                 for label, mod in mods.items():
-                    per[label].append(bench.host_us(lambda x, mod=mod: mod.quantize_nvfp4(x, amax), xs))
+                    per[label].append(bench.host_us(lambda x, mod=mod: mod.quantize_nvfp4(x, amax), xs, rounds=1))
             cells = [f"{statistics.median(v):6.1f} ({min(v):.0f}-{max(v):.0f})" for v in per.values()]
             print(f"quantize {M}x{K} {what:14s} " + " ".join(f"{c:>16s}" for c in cells), flush=True)
         del xs

@@ -130,16 +130,16 @@ def main():
     rounds = {name: [] for name in functions}
     for _ in range(max(args.rounds - 1, 0)):       # the last round is the loop below
         for name, fn in functions.items():
-            rounds[name].append(bench.host_us(fn, calls=100))
+            rounds[name].append(bench.host_us(fn, calls=100, rounds=1))
     for name, fn in functions.items():
-        rounds[name].append(bench.host_us(fn, calls=100))
+        rounds[name].append(bench.host_us(fn, calls=100, rounds=1))
         us = statistics.median(rounds[name])
         rows[name] = us
         row = {"call": name, "host_us": round(us, 1), "spread": [round(min(rounds[name]), 1), round(max(rounds[name]), 1)],
                "bar": None if name.startswith(("peer", "floor", "piece")) else us <= BAR_US}
         if args.split and not name.startswith(("peer", "floor", "piece")):
             with launches_stubbed() as launched:
-                row["no_launch_us"] = round(bench.host_us(fn, calls=100), 1)
+                row["no_launch_us"] = round(bench.host_us(fn, calls=100, rounds=1), 1)
             row["launches"] = launched[0] // 103                 # host_us: 3 warm-up + 100 timed calls
         print(json.dumps(row), flush=True)
         if args.profile:

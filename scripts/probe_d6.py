@@ -18,6 +18,8 @@ prefill shapes (every index valid, so ``no_key_mask`` computes the same result).
   no_gather_hint      only the gather's hints removed (Q and O keep theirs).  Same output.
   o_value_pairs       the O chunks written as value pairs (16 st.shared.b32 a chunk and thread) instead of by stmatrix
                       (shipped: ``O_CHUNK_STMATRIX``).  Same output.
+  no_pdl_chain        launched without programmatic dependent launch (``PDL_CHAIN`` off): each call's grid starts
+                      only after the last one ended (shipped: the next call's CTAs resident and waiting).  Same output.
 
   early_release       each half-tile freed as soon as its consumer has waited for it (probe_d7's
                       ``early_release_pipe``): the producer refills buffers still being read — garbage, but the time of
@@ -32,7 +34,7 @@ measurements of session 25); the D6 notebook's FlashMLA section draws from 2^18 
 427 TFLOP/s against FlashMLA's 496 while H = 64 tied (session 27, token-fastest grid) — the order was the suspect.
 
 Usage: python scripts/probe_d6.py [--variants full,no_key_mask,token_fastest,regs216,no_l2_hints,
-                                                    no_gather_hint,o_value_pairs,early_release]
+                                                    no_gather_hint,o_value_pairs,no_pdl_chain,early_release]
                                   [--pool-rows N]"""
 import argparse
 
@@ -69,6 +71,8 @@ def patch(cls, variant: str, original: dict) -> None:
         cls.GATHER_PREFETCH_256 = False
     elif variant == "o_value_pairs":
         cls.O_CHUNK_STMATRIX = False
+    elif variant == "no_pdl_chain":
+        cls.PDL_CHAIN = False
     elif variant == "regs216":
         cls.PAIRED_PRODUCER_REGS, cls.PAIRED_CONSUMER_REGS = 72, 216
     elif variant != "full":
@@ -85,7 +89,8 @@ def main():
     original = {name: cls.__dict__[name] for name in ("is_real_key", "HEAD_GROUP_FASTEST", "PAIRED_PRODUCER_REGS",
                                                       "PAIRED_CONSUMER_REGS", "half_tile_pipelines",
                                                       "Q_L2_POLICY", "O_L2_POLICY",
-                                                      "GATHER_L2_POLICY", "GATHER_PREFETCH_256", "O_CHUNK_STMATRIX")}
+                                                      "GATHER_L2_POLICY", "GATHER_PREFETCH_256", "O_CHUNK_STMATRIX",
+                                                      "PDL_CHAIN")}
     gen = torch.Generator(device="cuda").manual_seed(0)
     shapes = ((4096, 64, 640), (16384, 64, 640), (4096, 128, 1152), (1024, 64, 640))
     print(f"{torch.cuda.get_device_name()}: TFLOP/s by graph replay (sink, num_splits=1)")
@@ -102,7 +107,7 @@ def main():
             patch(cls, v, original)
             fn = lambda q, i: dsv4lib.sparse_attention(q, kv, i, sink=sink, num_splits=1)
             if v in ("full", "token_fastest", "regs216", "no_l2_hints",
-                     "no_gather_hint", "o_value_pairs"):    # the variants that must compute the shipped result
+                     "no_gather_hint", "o_value_pairs", "no_pdl_chain"):    # the variants that must compute the shipped result
                 got = fn(*sets[0])
                 want = got if want is None else want
                 assert torch.equal(got, want), f"{v} differs from the shipped kernel"

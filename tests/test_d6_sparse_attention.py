@@ -31,9 +31,12 @@ def test_a_tokens_head_groups_launch_side_by_side():
     dense = _build(False, causal=True, sink=True)
     assert gathered.count(r"%ctaid\.x") >= 1 and gathered.count(r"%ctaid\.y") == 0
     assert dense.count(r"%ctaid\.y") >= 1
-    # the gathered split build (the small-batch decode) lets its PDL-launched combine go past the main loop
-    assert _build(True, True, schedule="paired").count(r"griddepcontrol\.launch_dependents") == 1
-    assert gathered.count(r"griddepcontrol\.launch_dependents") == 0
+    # every build is launched with PDL (PDL_CHAIN): one wait for the grid before, first in the kernel, and one trigger
+    # past the main loop (for its PDL combine, or the next call)
+    for k in (gathered, dense, _build(True, True, schedule="paired")):
+        assert k.count(r"griddepcontrol\.wait") == 1 and k.count(r"griddepcontrol\.launch_dependents") == 1
+        assert k.ptx.find("griddepcontrol.wait") < min(k.ptx.find(op) for op in ("ld.global", "cp.async", "st.global")
+                                                       if op in k.ptx)
     from dsv4lib.kernels.sm90.model1_decode import Model1DecodeSm90
     from dsv4lib.kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
     assert SparseAttentionForwardSm90.HEAD_GROUP_FASTEST and not Model1DecodeSm90.HEAD_GROUP_FASTEST
@@ -586,6 +589,37 @@ def test_sparse_hard_inputs_match_the_reference(case, schedule):
         assert torch.equal(torch.isfinite(lse), finite)
         torch.testing.assert_close(lse.double()[finite], ref_lse[finite], atol=2e-3, rtol=1e-4)
 
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("call", ["sparse unsplit", "sparse split + combine", "hd512 dense cluster split"])
+def test_back_to_back_calls_each_read_what_the_call_before_wrote(call):
+    """``PDL_CHAIN``: every hd512 build is launched with programmatic dependent launch, so its CTAs may start while
+    the grid before it (the last call's kernel or combine) still runs.  Each call's q here *is* the last call's output
+    (x_{i+1} = f(x_i), enqueued back to back, no sync): a build that touched q before its griddepcontrol.wait would
+    read x_i half written.  Every step against float64 from the x_i the GPU ended with; a small scale keeps the
+    softmax far from one-hot whatever magnitudes the chain reaches."""
+    gen = torch.Generator().manual_seed(fresh_seed())
+    scale = 1e-3
+    if call.startswith("sparse"):
+        Sq, H, Skv, K = 40, 64, 3000, 640
+        kv = torch.randn(Skv, 512, generator=gen).to("cuda", torch.bfloat16)
+        idx = torch.randint(-1, Skv, (Sq, K), generator=gen, dtype=torch.int32).cuda()
+        splits = 1 if call == "sparse unsplit" else 4
+        step = lambda x: dsv4lib.sparse_attention(x, kv, idx, scale=scale, num_splits=splits)
+        truth = lambda x: reference.sparse_attention(x.double(), kv.double(), idx, scale=scale)
+        x = torch.randn(Sq, H, 512, generator=gen).to("cuda", torch.bfloat16)
+    else:
+        k = torch.randn(1, 4000, 1, 512, generator=gen).to("cuda", torch.bfloat16)
+        step = lambda x: dsv4lib.attention(x, k, k, scale=scale)
+        truth = lambda x: reference.attention(x.double(), k.double(), k.double(), scale=scale)
+        x = torch.randn(1, 1, 64, 512, generator=gen).to("cuda", torch.bfloat16)
+    xs = [x]
+    for _ in range(6):
+        xs.append(step(xs[-1]))
+    torch.cuda.synchronize()
+    for i in range(6):
+        check_output(xs[i + 1], truth(xs[i]))
 
 
 @pytest.mark.gpu

@@ -183,6 +183,32 @@ def test_graph_timing_needs_rotating_sets():
         bench.time_graph(lambda x: x, [(1,)] * 8, calls=4)
 
 
+def test_host_time_is_the_fastest_rounds_median(monkeypatch):
+    """bench.host_us: ``rounds`` rounds of ``calls`` back-to-back calls, each round behind its own GPU sleep; the
+    result is the lowest round median — a slow spell of the host (a whole round slow) does not count, and within a
+    round single slow calls do not either.  Stubbed clock and GPU: round 1 is slow throughout, round 2 has one
+    outlier call, round 3 sits between."""
+    from dsv4lib import bench
+    sleeps = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: sleeps.append(cycles))
+    per_call = iter([40.0] * 5 + [20.0, 20.0, 90.0, 21.0, 20.0] + [30.0] * 5)      # µs a timed call takes
+    clock = [0.0]
+    made = []
+
+    def call(x):
+        made.append(x)
+        if len(made) > 3:                         # after the 3 warm-up calls, each call advances the clock
+            clock[0] += next(per_call) * 1e-6
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
+    got = bench.host_us(call, [(1,), (2,)], calls=5, rounds=3)
+    assert got == pytest.approx(20.0)
+    assert len(sleeps) == 3 and len(made) == 3 + 15 and made[:4] == [1, 2, 1, 1]
+    with pytest.raises(ValueError, match="rounds"):
+        bench.host_us(call, calls=5, rounds=0)
+
+
 @pytest.mark.gpu
 def test_graph_timing_reads_per_call_device_time():
     """time_graph: per-call time of a captured stream of calls; 8 matmuls a call take > 4x one; host time apart."""

@@ -208,9 +208,6 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
     KEY_MASK_AFTER_WAIT = True               # the consumers' key mask comes from the records (is_real_key)
     PRODUCER_KEY_FLAGS = False               # (the records carry key validity: no separate flags)
     HEAD_GROUP_FASTEST = False               # the crossover's head pair is a cluster along y (grid y = head group)
-    # a decode step is a chain of short grids (B1: split, combine, the next call's split): each launched with PDL, so
-    # the next one's CTAs are resident and waiting when the one before ends (see SparseAttentionForwardSm90)
-    PDL_CHAIN = True
 
     def __init__(self, config: Model1DecodeConfig):
         if not isinstance(config, Model1DecodeConfig):
