@@ -181,6 +181,10 @@ def test_graph_timing_needs_rotating_sets():
         bench.time_graph(lambda x: x, [(1,)] * 3)
     with pytest.raises(ValueError, match="calls"):
         bench.time_graph(lambda x: x, [(1,)] * 8, calls=4)
+    with pytest.raises(ValueError, match="'peer'"):      # the check names which function's sets are short
+        bench.time_graph_interleaved({"ours": lambda x: x, "peer": lambda x: x}, {"ours": [(1,)] * 4, "peer": [(1,)]})
+    with pytest.raises(ValueError, match="at least one"):
+        bench.time_graph_interleaved({}, [(1,)] * 4)
 
 
 def test_host_time_is_the_fastest_rounds_median(monkeypatch):
@@ -219,6 +223,22 @@ def test_graph_timing_reads_per_call_device_time():
     assert one.calls == 8 and one.sets == 4 and one.replays == 5 and one.host_us > 0
     assert eight.per_call_ms > 4 * one.per_call_ms > 0
     assert bench.host_us(lambda x: x @ x, sets) > 0
+
+
+@pytest.mark.gpu
+def test_interleaved_graph_timing_gives_each_function_its_own_sets():
+    """time_graph_interleaved: two functions, each on its own input sets, replays interleaved; the one with 8× the
+    work per call reads > 4× the other, each row names its own set count, and its per-call time agrees with
+    time_graph's of the same function alone within 20 %."""
+    from dsv4lib import bench
+    small = [(torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16),) for _ in range(4)]
+    big = [(torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16),) for _ in range(8)]
+    got = bench.time_graph_interleaved({"one": lambda x: x @ x, "eight": lambda x: [x @ x for _ in range(8)]},
+                                       {"one": small, "eight": big}, calls=8, replays=5)
+    assert got["one"].sets == 4 and got["eight"].sets == 8 and got["eight"].replays == 5
+    assert got["eight"].per_call_ms > 4 * got["one"].per_call_ms > 0 and got["one"].host_us > 0
+    alone = bench.time_graph(lambda x: x @ x, small, calls=8, replays=5)
+    assert alone.per_call_ms == pytest.approx(got["one"].per_call_ms, rel=0.2)
 
 
 @pytest.mark.gpu

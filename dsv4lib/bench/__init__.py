@@ -171,39 +171,67 @@ def time_graph(fn: Callable[..., Any], inputs: Sequence[tuple], *, calls: int = 
     so the first sets start cold), per call = replay time / ``calls``.  No launch gap and no event floor: a
     back-to-back stream of calls as a serving loop runs them.  ``inputs``: ≥ 4 sets of fresh random data whose
     total should exceed the 50 MB L2 (else a set is re-read from L2 after one lap: then pass more sets).  The
-    host's time per call is measured apart (:func:`host_us`)."""
-    inputs = list(inputs)
-    if len(inputs) < 4:
-        raise ValueError(f"time_graph needs >= 4 rotating input sets, got {len(inputs)}")
-    if calls < len(inputs) or replays < 1:
-        raise ValueError(f"time_graph needs calls >= the input sets ({len(inputs)}) and replays >= 1")
+    host's time per call is measured apart (:func:`host_us`).  Two kernels to compare: :func:`time_graph_interleaved`."""
+    return time_graph_interleaved({"fn": fn}, inputs, calls=calls, replays=replays, flush_l2=flush_l2)["fn"]
+
+
+def time_graph_interleaved(fns: dict[str, Callable[..., Any]],
+                           inputs: Sequence[tuple] | dict[str, Sequence[tuple]], *, calls: int = 32,
+                           replays: int = 15, flush_l2: bool = True) -> dict[str, GraphTiming]:
+    """:func:`time_graph` of several functions, their replays interleaved (replay i of every function, then replay
+    i + 1 of every function, ...), so a drift of the clock or of the GPU's temperature reaches all of them alike.
+    Timed one after the other, a ratio moved by up to 13 %: the H100's D6 record of session 37 read our Sq 16k prefill
+    at 3415 µs (3004 a session before, 2970-3000 in a probe an hour earlier) and FlashMLA right after it at 2982 (2816),
+    a slow spell of the GPU landing on one side.  ``inputs``: one list of argument sets for all, or a dict giving each
+    function its own (same keys as ``fns``); each list as :func:`time_graph` wants it."""
+    if not fns:
+        raise ValueError("time_graph_interleaved needs at least one function")
+    if isinstance(inputs, dict) and set(inputs) != set(fns):
+        raise ValueError(f"time_graph_interleaved: input sets for {sorted(inputs)}, functions {sorted(fns)}")
+    sets_of = {name: list(inputs[name] if isinstance(inputs, dict) else inputs) for name in fns}
+    for name, sets in sets_of.items():
+        if len(sets) < 4:
+            raise ValueError(f"time_graph needs >= 4 rotating input sets, got {len(sets)} for {name!r}")
+        if calls < len(sets) or replays < 1:
+            raise ValueError(f"time_graph needs calls >= the input sets ({len(sets)}) and replays >= 1")
     if not torch.cuda.is_available():
         raise RuntimeError("time_graph needs a CUDA device")
-    host = host_us(fn, inputs)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):                      # warm-up off the capture: compiles, workspaces, counters
-        for args in inputs:
-            fn(*args)
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            fn(*inputs[i % len(inputs)])
-    flush = torch.zeros(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda") if flush_l2 else None
-    graph.replay()
-    torch.cuda.synchronize()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(replays)]
-    for start, end in events:
-        if flush is not None:
-            flush_l2_by_reading(flush)
-        start.record()
+    host = {name: host_us(fn, sets_of[name]) for name, fn in fns.items()}
+    graphs = {}
+    for name, fn in fns.items():
+        sets = sets_of[name]
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):                  # warm-up off the capture: compiles, workspaces, counters
+            for args in sets:
+                fn(*args)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for i in range(calls):
+                fn(*sets[i % len(sets)])
         graph.replay()
-        end.record()
+        torch.cuda.synchronize()
+        graphs[name] = graph
+    flush = torch.zeros(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda") if flush_l2 else None
+    events = {name: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                     for _ in range(replays)] for name in fns}
+    for i in range(replays):
+        for name, graph in graphs.items():
+            if flush is not None:
+                flush_l2_by_reading(flush)
+            start, end = events[name][i]
+            start.record()
+            graph.replay()
+            end.record()
     torch.cuda.synchronize()
-    per_call = sorted(s.elapsed_time(e) / calls for s, e in events)
-    return GraphTiming(statistics.median(per_call), per_call[0], replays, calls, len(inputs), host)
+    result = {}
+    for name in fns:
+        per_call = sorted(s.elapsed_time(e) / calls for s, e in events[name])
+        result[name] = GraphTiming(statistics.median(per_call), per_call[0], replays, calls, len(sets_of[name]),
+                                   host[name])
+    return result
 
 
 def roof_fraction(ms: float, *, nbytes: float = 0.0, flops: float = 0.0, copy_gbps: float,

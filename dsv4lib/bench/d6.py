@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from ..workbook.metrics import cosine
-from . import d7, tflops, time_graph
+from . import d7, tflops, time_graph_interleaved
 
 HEAD_DIM = 512
 SCALE = HEAD_DIM ** -0.5
@@ -29,9 +29,11 @@ SETS = 4                       # rotating input sets per timing
 CALLS = 4                      # calls per graph replay (a call takes milliseconds: no launch gap to hide)
 
 
-def _timed(fn, sets) -> float:
-    """Device µs per call (graph replay over the rotating sets)."""
-    return time_graph(fn, sets, calls=CALLS, replays=5).per_call_ms * 1e3
+def _timed(fns: dict, sets) -> dict[str, float]:
+    """Device µs per call of each function (graph replay over the rotating sets — one list for all or one per
+    function — the functions' replays interleaved so a slow spell of the GPU reaches ours and the peer alike)."""
+    times = time_graph_interleaved(fns, sets, calls=CALLS, replays=7)
+    return {name: t.per_call_ms * 1e3 for name, t in times.items()}
 
 
 def flashmla_sparse_fn(fm, sink):
@@ -61,12 +63,15 @@ def _bf16_row(fm, gen, kv, Sq, H, K) -> dict:
             for _ in range(SETS)]
     ours = lambda q, kv, idx: dsv4lib.sparse_attention(q, kv, idx, sink=sink, num_splits=1)
     flops = 2.0 * (HEAD_DIM + HEAD_DIM) * Sq * H * K
-    us = _timed(ours, sets)
+    fns = {"ours": ours}
+    if fm is not None:
+        fns["flashmla"] = flashmla_sparse_fn(fm, sink)
+    times = _timed(fns, sets)
+    us = times["ours"]
     row = dict(pool_rows=pool, Sq=Sq, H=H, K=K, ours_us=us, ours_tflops=tflops(flops, us / 1e3), flashmla_us=None)
     if fm is not None:
-        theirs = flashmla_sparse_fn(fm, sink)
-        row["cosine_vs_flashmla"] = cosine(ours(*sets[0]), theirs(*sets[0]))
-        fm_us = _timed(theirs, sets)
+        row["cosine_vs_flashmla"] = cosine(ours(*sets[0]), fns["flashmla"](*sets[0]))
+        fm_us = times["flashmla"]
         row.update(flashmla_us=fm_us, flashmla_tflops=tflops(flops, fm_us / 1e3), ratio_vs_flashmla=fm_us / us)
     return row
 
@@ -95,17 +100,23 @@ def fp8_prefill_vs_flashmla(fm, gen: torch.Generator, shapes=FP8_SHAPES, *, wind
                                sink=sink)[:, 0]
         got = ours(*sets[0])
         row = dict(Sq=Sq, H=H, keys=f"{n_win}+{n_cmp}", cosine=cosine(got[:n], want))
-        us = _timed(ours, sets)
-        row.update(ours_us=us, ours_tflops=tflops(case.flops, us / 1e3))
         table = d7.bf16_rows(case)                                      # both caches dequantized, one bf16 table
         joint = [(s[0][:, 0].contiguous(), d7.joint_indices(case, *s[1:])) for s in case.sets]
-        row["ours_bf16_table_us"] = _timed(lambda q, j: dsv4lib.sparse_attention(q, table, j, sink=sink, num_splits=1),
-                                           joint)
+        fns = {"ours": ours,
+               "ours_bf16_table": lambda q, j: dsv4lib.sparse_attention(q, table, j, sink=sink, num_splits=1)}
+        inputs = {"ours": sets, "ours_bf16_table": joint}
         if fm is not None:
             decode = d7.flashmla_fn(case, fm)
             row["cosine_vs_flashmla_fp8"] = cosine(got, decode(*case.sets[0])[0][:, 0])
-            row["flashmla_fp8_decode_us"] = _timed(decode, case.sets)
-            row["flashmla_bf16_table_us"] = _timed(lambda q, j: flashmla_sparse_fn(fm, sink)(q, table, j), joint)
+            fns.update(flashmla_fp8_decode=decode,
+                       flashmla_bf16_table=lambda q, j: flashmla_sparse_fn(fm, sink)(q, table, j))
+            inputs.update(flashmla_fp8_decode=case.sets, flashmla_bf16_table=joint)
+        times = _timed(fns, inputs)                                     # all four interleaved replay by replay
+        us = times["ours"]
+        row.update(ours_us=us, ours_tflops=tflops(case.flops, us / 1e3), ours_bf16_table_us=times["ours_bf16_table"])
+        if fm is not None:
+            row["flashmla_fp8_decode_us"] = times["flashmla_fp8_decode"]
+            row["flashmla_bf16_table_us"] = times["flashmla_bf16_table"]
             row["ratio_vs_flashmla_bf16"] = row["flashmla_bf16_table_us"] / us
             row["ratio_vs_flashmla_fp8_decode"] = row["flashmla_fp8_decode_us"] / us
         rows.append(row)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import roof_fraction, tflops, time_graph
+from . import roof_fraction, tflops, time_graph, time_graph_interleaved
 
 # (B, H, window keys, compressed keys): Flash (H 64, 128 + 512) and Pro (H 128, 128 + 1024) decode shapes
 SHAPES = ((1, 64, 128, 512), (64, 64, 128, 512), (128, 64, 128, 512), (64, 128, 128, 1024), (128, 128, 128, 1024))
@@ -118,12 +118,16 @@ def bench_case(case: DecodeCase, copy_gbps: float, matmul_tflops: float, fm=None
     """Device µs (graph replay), TFLOP/s, roof fraction and host µs of ours and the peers on one case."""
     import dsv4lib
     row = dict(B=case.B, H=case.H, keys=f"{case.n_win}+{case.n_cmp}")
-    t = time_graph(ours_fn(case), case.sets)
+    fns = {"ours": ours_fn(case)}
+    if fm is not None:
+        fns["flashmla"] = flashmla_fn(case, fm)
+    times = time_graph_interleaved(fns, case.sets)            # replays interleaved: a slow spell reaches both alike
+    t = times["ours"]
     row.update(ours_us=t.per_call_ms * 1e3, ours_tflops=tflops(case.flops, t.per_call_ms), host_us=t.host_us,
                roof_fraction=roof_fraction(t.per_call_ms, nbytes=case.nbytes, flops=case.flops, copy_gbps=copy_gbps,
                                            matmul_tflops=matmul_tflops))
     if fm is not None:
-        tf = time_graph(flashmla_fn(case, fm), case.sets)
+        tf = times["flashmla"]
         row.update(flashmla_us=tf.per_call_ms * 1e3, flashmla_host_us=tf.host_us, ratio_vs_flashmla=tf.per_call_ms / t.per_call_ms)
     if bf16_peer:
         kv = bf16_rows(case)
