@@ -168,13 +168,9 @@ def load_b64_if(address: Int64, pred: Int32, *, loc=None, ip=None) -> Int64:
 
 @dsl_user_op
 def prefetch_l2_if(address: Int64, nbytes: int, pred: Int32, *, loc=None, ip=None) -> None:
-    """Where ``pred`` is non-zero: bring the ``nbytes`` at the global ``address`` into L2 — one ``prefetch.global.L2``
-    per 128-byte line they touch (from any alignment: the first and the last byte's lines and every 128 bytes
-    between).  No register, nothing waits for it.  (One ``cp.async.bulk.prefetch.L2`` a key instead, through the TMA
-    unit: H100 B128 H64 53.3 µs against 46.9 without any prefetch, session 37.)"""
-    offsets = sorted(set(list(range(0, nbytes, 128)) + [nbytes - 1]))
-    lines = " ".join(f"@p prefetch.global.L2 [$0+{o}];" for o in offsets)
-    text = f"{{ .reg .pred p; setp.ne.b32 p, $1, 0; {lines} }}"
+    """Where ``pred`` is non-zero: bring the ``nbytes`` at the global ``address`` (16-byte aligned, a multiple of 16)
+    into L2 by one bulk prefetch — no register, no barrier, nothing waits for it."""
+    text = (f"{{ .reg .pred p; setp.ne.b32 p, $1, 0; @p cp.async.bulk.prefetch.L2.global [$0], {nbytes}; }}")
     llvm.inline_asm(None, [Int64(address).ir_value(loc=loc, ip=ip), Int32(pred).ir_value(loc=loc, ip=ip)], text,
                     "l,r", has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
 
@@ -220,8 +216,8 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
     KEY_ADDR_SLOTS = 2 * 2 * 2 * TILE_N      # key records: (part address, scale bytes) × a pair's 128 keys × 2 buffers
     KEY_MASK_AFTER_WAIT = True               # the consumers' key mask comes from the records (is_real_key)
     PRODUCER_KEY_FLAGS = False               # (the records carry key validity: no separate flags)
-    # each producer thread, as it resolves its key of the next pair, prefetches that key's 576-byte part into L2 (a
-    # prefetch a line): the rolling loads of the next pair then wait for L2, not DRAM (a pair's compute is far longer
+    # each producer thread, as it resolves its key of the next pair, prefetches that key's 576-byte part into L2 (one
+    # bulk prefetch): the rolling loads of the next pair then wait for L2, not DRAM (a pair's compute is far longer
     # than a DRAM latency).  Why: the FP8-cache prefill moved 1.2 TB/s of key bytes where the bf16 kernel on a
     # dequantized table moves 2.8 — latency-bound, not bandwidth-bound; L2-resident caches were 12-13 % faster
     # (session 25)
