@@ -11,8 +11,6 @@ input set) — this is a measurement, never a result.
   lane_t16      the producer's old thread slots (lane t % 16: every warp splits between rope copies and conversion)
   l2_256        the key-byte loads with an L2::256B prefetch hint (FlashMLA's); the output is right in this one
   no_crossover  H = 128 without the head-pair cluster (each CTA dequantizes every row); right too
-  no_l2_prefetch  no bulk prefetch of the next pair's key parts into L2 (L2_PREFETCH_NEXT_PAIR off, session 37);
-                right too
   no_pdl_chain  the builds launched without PDL (PDL_CHAIN off: no wait for the grid before, no trigger in the
                 unsplit build); the graph replay's back-to-back calls then start each grid after the last one ended;
                 right too
@@ -60,8 +58,8 @@ ORIGINAL = dict(convert=md.e4m3x2_to_bf16x2, load_row=md.Model1DecodeSm90.load_r
                 cute=md.cute,
                 placed_max=md.PLACED_SCALE_MAX, crossover=decode.HEAD_PAIR_CLUSTER,
                 regs=(md.Model1DecodeSm90.PAIRED_PRODUCER_REGS, md.Model1DecodeSm90.PAIRED_CONSUMER_REGS),
-                pdl_chain=md.Model1DecodeSm90.PDL_CHAIN, l2_prefetch=md.Model1DecodeSm90.L2_PREFETCH_NEXT_PAIR)
-SAME_BITS = ("full", "no_crossover", "no_pdl_chain", "no_l2_prefetch")   # variants that must compute the shipped output
+                pdl_chain=md.Model1DecodeSm90.PDL_CHAIN)
+SAME_BITS = ("full", "no_crossover", "no_pdl_chain")   # variants that must compute the shipped output
 
 
 @dsl_user_op
@@ -169,7 +167,6 @@ VARIANTS = {
     "l2_256": dict(load_row=load_row_l2_256),
     "no_crossover": dict(crossover=False),
     "no_pdl_chain": dict(pdl_chain=False),
-    "no_l2_prefetch": dict(l2_prefetch=False),
     "regs216": dict(regs=(72, 216)),
     "early_release": dict(pipes=early_release(ORIGINAL["pipes"])),
     "no_fence": dict(cute=CUTE_WITHOUT_FENCE),
@@ -340,7 +337,6 @@ def apply(variant: str) -> None:
     decode.HEAD_PAIR_CLUSTER = parts["crossover"]
     md.Model1DecodeSm90.PAIRED_PRODUCER_REGS, md.Model1DecodeSm90.PAIRED_CONSUMER_REGS = parts["regs"]
     md.Model1DecodeSm90.PDL_CHAIN = parts["pdl_chain"]
-    md.Model1DecodeSm90.L2_PREFETCH_NEXT_PAIR = parts["l2_prefetch"]
     launch.forget_plans()
     launch._COMPILED.clear()
 
@@ -354,16 +350,14 @@ def hangs(variant: str, case) -> bool:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shapes", default="1,2,4", help="indices into bench.d7.SHAPES, or BxHxWINxCMP (4096x64x128x512: "
-                    "the FP8-cache prefill's shape as decode rows, the build sparse_prefill runs)")
+    ap.add_argument("--shapes", default="1,2,4")
     ap.add_argument("--variants", default=None, help="comma-separated (default: all; with --trace: full)")
     ap.add_argument("--trace", action="store_true")
     args = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     window = d7.filled_cache(256 << 10, 64, gen)
     compressed = d7.filled_cache(512 << 10, 64, gen)
-    shapes = [tuple(map(int, i.split("x"))) if "x" in i else d7.SHAPES[int(i)] for i in args.shapes.split(",")]
-    cases = [d7.make_case(*shape, window, compressed, sets=4 if shape[0] > 256 else 8) for shape in shapes]
+    cases = [d7.make_case(*d7.SHAPES[int(i)], window, compressed) for i in args.shapes.split(",")]
     if args.trace:                 # of the first variant named (full by default)
         apply((args.variants or "full").split(",")[0])
         for c in cases:

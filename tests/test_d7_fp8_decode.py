@@ -95,9 +95,6 @@ def test_decode_builds_dequantizing_in_the_producer(extra, split_kv):
     # the consumers' key mask comes from the records in shared memory, not from the index lists
     assert k.count(r"ld\.global\.b8") == 0
     assert k.count(r"ld\.global\.b64") == 2          # the scale words: the record before the loop, the one in it
-    # and with each record its key's 576-byte part prefetched into L2 (one bulk prefetch, only for a real key): the
-    # next pair's rolling loads then wait for L2, not DRAM
-    assert k.count(r"@p cp\.async\.bulk\.prefetch\.L2\.global \[%rd\d+\], 576;") == 2
     assert k.count(r"st\.shared\.v4") == 2 * 4 * 8 * 2    # 16 bf16 a row as two 16-byte stores
     # the consumers are D6's paired ones: QK in two column halves, PV RS + SS per warpgroup
     assert k.count(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16") == 2 * 512 // 16

@@ -166,15 +166,6 @@ def load_b64_if(address: Int64, pred: Int32, *, loc=None, ip=None) -> Int64:
     return inline_ptx(T.i64(), Int64, [Int64(address), Int32(pred)], text, "=l,l,r", loc, ip)
 
 
-@dsl_user_op
-def prefetch_l2_if(address: Int64, nbytes: int, pred: Int32, *, loc=None, ip=None) -> None:
-    """Where ``pred`` is non-zero: bring the ``nbytes`` at the global ``address`` (16-byte aligned, a multiple of 16)
-    into L2 by one bulk prefetch — no register, no barrier, nothing waits for it."""
-    text = (f"{{ .reg .pred p; setp.ne.b32 p, $1, 0; @p cp.async.bulk.prefetch.L2.global [$0], {nbytes}; }}")
-    llvm.inline_asm(None, [Int64(address).ir_value(loc=loc, ip=ip), Int32(pred).ir_value(loc=loc, ip=ip)], text,
-                    "l,r", has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
-
-
 class PageList:
     """One MODEL1 cache and its index list as the kernel reads them, for one batch entry: the cache's address and
     page geometry, its index space, the list and its valid length."""
@@ -216,12 +207,6 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
     KEY_ADDR_SLOTS = 2 * 2 * 2 * TILE_N      # key records: (part address, scale bytes) × a pair's 128 keys × 2 buffers
     KEY_MASK_AFTER_WAIT = True               # the consumers' key mask comes from the records (is_real_key)
     PRODUCER_KEY_FLAGS = False               # (the records carry key validity: no separate flags)
-    # each producer thread, as it resolves its key of the next pair, prefetches that key's 576-byte part into L2 (one
-    # bulk prefetch): the rolling loads of the next pair then wait for L2, not DRAM (a pair's compute is far longer
-    # than a DRAM latency).  Why: the FP8-cache prefill moved 1.2 TB/s of key bytes where the bf16 kernel on a
-    # dequantized table moves 2.8 — latency-bound, not bandwidth-bound; L2-resident caches were 12-13 % faster
-    # (session 25)
-    L2_PREFETCH_NEXT_PAIR = True
     HEAD_GROUP_FASTEST = False               # the crossover's head pair is a cluster along y (grid y = head group)
 
     def __init__(self, config: Model1DecodeConfig):
@@ -349,8 +334,6 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         never has a zero scale byte (the writer's smallest scale is 2^-13)."""
         u = self.joint_address(keys, key, n_keys, *indices)
         part, group_at = self.key_bytes(keys, cutlass.max(u, 0))
-        if const_expr(self.L2_PREFETCH_NEXT_PAIR):
-            prefetch_l2_if(part, PART_BYTES, Int32(1) if u >= 0 else Int32(0))
         return part, load_b64_if(group_at, Int32(1) if u >= 0 else Int32(0))
 
     @cute.jit
