@@ -350,14 +350,16 @@ def hangs(variant: str, case) -> bool:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shapes", default="1,2,4")
+    ap.add_argument("--shapes", default="1,2,4", help="indices into bench.d7.SHAPES, or BxHxWINxCMP (4096x64x128x512: "
+                    "the FP8-cache prefill's shape as decode rows, the build sparse_prefill runs)")
     ap.add_argument("--variants", default=None, help="comma-separated (default: all; with --trace: full)")
     ap.add_argument("--trace", action="store_true")
     args = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     window = d7.filled_cache(256 << 10, 64, gen)
     compressed = d7.filled_cache(512 << 10, 64, gen)
-    cases = [d7.make_case(*d7.SHAPES[int(i)], window, compressed) for i in args.shapes.split(",")]
+    shapes = [tuple(map(int, i.split("x"))) if "x" in i else d7.SHAPES[int(i)] for i in args.shapes.split(",")]
+    cases = [d7.make_case(*shape, window, compressed, sets=4 if shape[0] > 256 else 8) for shape in shapes]
     if args.trace:                 # of the first variant named (full by default)
         apply((args.variants or "full").split(",")[0])
         for c in cases:

@@ -197,6 +197,9 @@ _D1_CAUSAL_SCHEDULE: dict[int, dict] = {
     # 160-key tiles, O in its dead Q stage (the O buffer does not fit beside them): 639 -> 655-664 TFLOP/s, ~FA4
     # (+2.1 to +2.9 % in three H100 runs; non-causal it ties or loses, so it stays at 128 keys)
     128: dict(_D1_SCHEDULE[128], tile_n=160, o_in_q_stage=True),
+    # the two consumer warpgroups taking turns to issue their MMAs: 692 -> 709 TFLOP/s causal (FA4 748), where
+    # non-causal it lost 721 -> 710 (H100, scripts/sweep_d1.py, interleaved with FA4, session 37)
+    256: dict(_D1_SCHEDULE[256], wg_pingpong=True),
 }
 # Windows of at most SMALL_WINDOW_MAX keys (D5a; docs/tuning/d5.md): a query tile visits 2-3 K/V tiles, the kernel
 # is bound by L2 re-reads of K/V, so each warpgroup visits only its own rows' tiles and a 192-row tile shares more
