@@ -66,6 +66,9 @@ def calls() -> dict:
     case1 = d7.make_case(1, 64, 128, 512, window, compressed, sets=1)
     decode1 = d7.ours_fn(case1)
     out["sparse_decode FP8 B1 H64 128+512 (split + combine)"] = lambda: decode1(*case1.sets[0])
+    # the same B1 call as one unsplit kernel: B1's host µs minus this is what the split + combine costs the host
+    decode1_unsplit = d7.ours_fn(case1, 1)
+    out["sparse_decode FP8 B1 H64 128+512 (num_splits=1)"] = lambda: decode1_unsplit(*case1.sets[0])
     out["piece: sparse_decode's compiled launch"] = decode_launch(case)
     peers = attention_peers()
     if "FA4" in peers:
