@@ -10,7 +10,7 @@
 # orders over a 32 MiB (L2-resident) and a 256 MiB key pool: H100 read 0.79x FlashMLA at H128 on the small pool); d1 (scripts/sweep_d1.py: the hd64 and hd256
 # causal schedule candidates vs FA4 — D1's worst shapes — ~4 min); d7why (probe_d7 --trace: the half-tile
 # event trace at four shapes; ~2 min);
-# ncu7 / ncu1 / ncu6: Nsight Compute on one D7 call (B128 H64) / D1's hd64 causal (ours and FA4) / D6's bf16
+# ncu7 / ncu7p / ncu1 / ncu6: Nsight Compute on one D7 call (B128 H64; ncu7p: the FP8-cache prefill's B4096 H64) / D1's hd64 causal (ours and FA4) / D6's bf16
 # prefill (ours and FlashMLA), per-SASS samples summarized by scripts/ncu_sass.py;
 # pipeline=D7 (stages named, comma-separated); pipeline1 / pipeline2: the stages in two calls (the whole pipeline took > 560 s on the H100, session 31).
 # default: all three — about 10 min, over the 600 s a call may take: run "tests" in one call, "pipeline1" and
@@ -72,6 +72,9 @@ for w in $what; do
     # Nsight Compute: one D7 call at B128 H64 (scripts/ncu_d7.py); D1's worst shape, hd64 causal, ours and FA4
     # (scripts/ncu_d1.py); D6's bf16 sparse prefill on a 32 MiB pool, ours and FlashMLA (scripts/ncu_d6.py)
     ncu7)     run_ncu d7 1 scripts/ncu_d7.py 2 ;;
+    # the FP8-cache prefill's build (each token a decode row): where its producer's warps stall (session 37's open
+    # question: neither an L2 prefetch nor a second half-tile of loads in flight shortened its fills)
+    ncu7p)    run_ncu d7p 1 scripts/ncu_d7.py 4096x64x128x512 ;;
     ncu1)     run_ncu d1 2 scripts/ncu_d1.py 64 ;;
     ncu6)     run_ncu d6 2 scripts/ncu_d6.py 15 ;;
     bench)    { timeout 120 python scripts/bench_sparse.py; timeout 60 python scripts/bench_nvfp4.py;
