@@ -187,6 +187,76 @@ def test_graph_timing_needs_rotating_sets():
         bench.time_graph_interleaved({}, [(1,)] * 4)
 
 
+def test_interleaved_graph_timing_replays_in_turn_on_each_functions_sets(monkeypatch):
+    """bench.time_graph_interleaved with the GPU stubbed: each function's graph captures ``calls`` calls rotating
+    over its OWN input sets; the timed replays alternate between the functions (replay i of each before replay
+    i + 1); each function's per-call time is the median over its replays of (replay time / calls), and its host µs
+    is bench.host_us of that function on its sets."""
+    import contextlib
+    from dsv4lib import bench
+    log, capturing, clock = [], [None], [0.0]
+
+    graphs = []
+
+    class Graph:
+        def __init__(self):
+            self.captured = []
+            graphs.append(self)
+
+        def replay(self):
+            log.append(self.captured[0][0])
+            clock[0] += {"slow": 8.0, "fast": 2.0}[self.captured[0][0]] + 0.5 * len(log) % 3   # ms, with jitter
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            self.t = None
+
+        def record(self):
+            self.t = clock[0]
+
+        def elapsed_time(self, end):
+            return end.t - self.t
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+    @contextlib.contextmanager
+    def graph_capture(graph):
+        capturing[0] = graph
+        yield
+        capturing[0] = None
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: Stream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph", graph_capture)
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(bench, "host_us", lambda fn, sets: {"slow": 30.0, "fast": 10.0}[fn(*sets[0], probe=True)])
+
+    def fn(name):
+        def call(x, probe=False):
+            if probe:
+                return name
+            if capturing[0] is not None:
+                capturing[0].captured.append((name, x))
+        return call
+    sets = {"slow": [(i,) for i in range(4)], "fast": [(10 + i,) for i in range(8)]}
+    got = bench.time_graph_interleaved({"slow": fn("slow"), "fast": fn("fast")}, sets, calls=8, replays=5,
+                                       flush_l2=False)
+    # each graph holds 8 calls rotating over its own sets (the warm-up calls ran outside the capture)
+    assert [g.captured for g in graphs] == [[("slow", i % 4) for i in range(8)], [("fast", 10 + i) for i in range(8)]]
+    # one untimed replay each after its capture, then five rounds: slow, fast, slow, fast, ...
+    assert log == ["slow", "fast"] + ["slow", "fast"] * 5
+    assert got["slow"].sets == 4 and got["fast"].sets == 8 and got["fast"].calls == 8 and got["slow"].replays == 5
+    assert got["slow"].host_us == 30.0 and got["fast"].host_us == 10.0
+    assert 1.0 <= got["slow"].per_call_ms <= 1.25 and 0.25 <= got["fast"].per_call_ms <= 0.5   # 8 / 8, 2 / 8 + jitter
+    assert got["slow"].min_ms <= got["slow"].per_call_ms
+
+
 def test_host_time_is_the_fastest_rounds_median(monkeypatch):
     """bench.host_us: ``rounds`` rounds of ``calls`` back-to-back calls, each round behind its own GPU sleep; the
     result is the lowest round median — a slow spell of the host (a whole round slow) does not count, and within a
