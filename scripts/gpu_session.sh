@@ -75,6 +75,10 @@ for w in $what; do
     # the FP8-cache prefill's build (each token a decode row): where its producer's warps stall (session 37's open
     # question: neither an L2 prefetch nor a second half-tile of loads in flight shortened its fills)
     ncu7p)    run_ncu d7p 1 scripts/ncu_d7.py 4096x64x128x512 ;;
+    # the producer's key-byte loads with other cache paths (read-only .nc, L2-only .cg, no L1 allocation, FlashMLA's
+    # L2::256B hint) at B128 H64, B128 H128 and the FP8 prefill's build; every variant asserted bit-equal (~3 min)
+    d7hints)  { timeout 280 python scripts/probe_d7.py --shapes 2,4,4096x64x128x512 \
+                  --variants full,nc_loads,cg_loads,l1_no_allocate,l2_256,full; } 2>&1 | tee "$out/logs/d7hints.txt" | tail -n 8 ;;
     ncu1)     run_ncu d1 2 scripts/ncu_d1.py 64 ;;
     ncu6)     run_ncu d6 2 scripts/ncu_d6.py 15 ;;
     bench)    { timeout 120 python scripts/bench_sparse.py; timeout 60 python scripts/bench_nvfp4.py;

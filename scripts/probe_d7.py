@@ -10,6 +10,9 @@ input set) — this is a measurement, never a result.
   no_rope       no rope cp.async: the right halves' rope lanes convert their bytes as e4m3 like every other lane
   lane_t16      the producer's old thread slots (lane t % 16: every warp splits between rope copies and conversion)
   l2_256        the key-byte loads with an L2::256B prefetch hint (FlashMLA's); the output is right in this one
+  nc_loads      the key-byte loads by the read-only path (ld.global.nc); right
+  l1_no_allocate  the key-byte loads without L1 allocation (ld.global.L1::no_allocate); right
+  cg_loads      the key-byte loads cached in L2 only (ld.global.cg); right
   no_crossover  H = 128 without the head-pair cluster (each CTA dequantizes every row); right too
   no_pdl_chain  the builds launched without PDL (PDL_CHAIN off: no wait for the grid before, no trigger in the
                 unsplit build); the graph replay's back-to-back calls then start each grid after the last one ended;
@@ -59,7 +62,7 @@ ORIGINAL = dict(convert=md.e4m3x2_to_bf16x2, load_row=md.Model1DecodeSm90.load_r
                 placed_max=md.PLACED_SCALE_MAX, crossover=decode.HEAD_PAIR_CLUSTER,
                 regs=(md.Model1DecodeSm90.PAIRED_PRODUCER_REGS, md.Model1DecodeSm90.PAIRED_CONSUMER_REGS),
                 pdl_chain=md.Model1DecodeSm90.PDL_CHAIN)
-SAME_BITS = ("full", "no_crossover", "no_pdl_chain")   # variants that must compute the shipped output
+SAME_BITS = ("full", "no_crossover", "no_pdl_chain", "l2_256", "nc_loads", "l1_no_allocate", "cg_loads")   # variants that must compute the shipped output
 
 
 @dsl_user_op
@@ -78,29 +81,31 @@ def load_row_constant(self, records, scale_of, buf, b, h: cutlass.Constexpr, slo
         raw[k, w] = scale_bytes[k] ^ Uint32(0x38383838 + w)
 
 
-@dsl_user_op
-def ld_global_v4_l2_256(address: Int64, *, loc=None, ip=None):
-    """16 bytes at a global address as four words, with an L2 256-byte prefetch hint (FlashMLA's hint on its nope
-    loads): the first of the four warps reading a key's 256-byte half brings the rest of it into L2."""
-    words = llvm.StructType.get_literal([T.i32()] * 4)
-    res = llvm.inline_asm(words, [Int64(address).ir_value(loc=loc, ip=ip)],
-                          "ld.global.L2::256B.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l",
-                          has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
-    return tuple(Uint32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(4))
+def load_row_with(**attributes):
+    """The shipped ``load_row`` with its 16-byte nope load as one ``CopyG2ROp`` copy carrying ``attributes`` (cache
+    hints: the same bytes, so the output stays right; the DSL's own load, so the registers are allocated as for the
+    shipped ``autovec_copy`` — inline-asm loads spilled 12 B, session 37)."""
+
+    @cute.jit
+    def load_row(self, records, scale_of, buf, b, h: cutlass.Constexpr, slot, k: cutlass.Constexpr, raw,
+                 scale_bytes):
+        group, lane, first_k = slot[:3]
+        col = h * md.HALF + lane * md.COLS_PER_THREAD
+        key = b * md.TILE_N + group + md.ROW_GROUPS * (first_k + k)
+        atom = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), Uint32, num_bits_per_copy=128, **attributes)
+        cute.copy(atom, md.gmem_view(Uint32, records[0, key, buf] + Int64(col), 4, 16), raw[k, None])
+        scale_bytes[k] = Uint32(scale_of[col // 64, key, buf])
+    return load_row
 
 
-@cute.jit
-def load_row_l2_256(self, records, scale_of, buf, b, h: cutlass.Constexpr, slot,
-                    k: cutlass.Constexpr, raw, scale_bytes):
-    group, lane, first_k = slot[:3]
-    col = h * md.HALF + lane * md.COLS_PER_THREAD
-    key = b * md.TILE_N + group + md.ROW_GROUPS * (first_k + k)
-    w0, w1, w2, w3 = ld_global_v4_l2_256(records[0, key, buf] + Int64(col))
-    raw[k, 0] = w0
-    raw[k, 1] = w1
-    raw[k, 2] = w2
-    raw[k, 3] = w3
-    scale_bytes[k] = Uint32(scale_of[col // 64, key, buf])
+NV = cute.nvgpu
+# FlashMLA's hint on its nope loads: the first of the four warps reading a key's 256-byte half brings the rest into L2
+load_row_l2_256 = load_row_with(l2_prefetch_size=NV.L2PrefetchSize.SIZE_256B)
+# session 37's open question — is the rows' wait the L1 / LSU path rather than the memory behind it: the read-only
+# path (ld.global.nc), no L1 allocation, L2 only (.cg)
+load_row_nc = load_row_with(invariant=True)
+load_row_no_allocate = load_row_with(l1c_evict_priority=NV.CacheEvictionPriority.NO_ALLOCATE)
+load_row_cg = load_row_with(load_cache_mode=NV.LoadCacheMode.GLOBAL)
 
 
 @cute.jit
@@ -165,6 +170,9 @@ VARIANTS = {
     "no_rope": dict(rope_lane=16),
     "lane_t16": dict(slot=slot_t16),
     "l2_256": dict(load_row=load_row_l2_256),
+    "nc_loads": dict(load_row=load_row_nc),
+    "l1_no_allocate": dict(load_row=load_row_no_allocate),
+    "cg_loads": dict(load_row=load_row_cg),
     "no_crossover": dict(crossover=False),
     "no_pdl_chain": dict(pdl_chain=False),
     "regs216": dict(regs=(72, 216)),
