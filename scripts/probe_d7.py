@@ -9,10 +9,13 @@ input set) — this is a measurement, never a result.
   no_gmem       producer converts and stores, no global loads of key bytes (registers hold a constant)
   no_rope       no rope cp.async: the right halves' rope lanes convert their bytes as e4m3 like every other lane
   lane_t16      the producer's old thread slots (lane t % 16: every warp splits between rope copies and conversion)
-  l2_256        the key-byte loads with an L2::256B prefetch hint (FlashMLA's); the output is right in this one
-  nc_loads      the key-byte loads by the read-only path (ld.global.nc); right
-  l1_no_allocate  the key-byte loads without L1 allocation (ld.global.L1::no_allocate); right
-  cg_loads      the key-byte loads cached in L2 only (ld.global.cg); right
+  no_l2_256     the key-byte loads without the L2::256B prefetch hint the shipped ones carry (FlashMLA's; adopted
+                session 38: −1.3 %); the output is right in this one
+  nc_loads      the key-byte loads by the read-only path (ld.global.nc) and the hint; right
+  l1_no_allocate  the key-byte loads without L1 allocation (ld.global.L1::no_allocate) and the hint; right
+  cg_loads      the key-byte loads cached in L2 only (ld.global.cg) and the hint; right
+  register_indices  the next-but-one pair's list entries loaded into registers (the build before session 38), not
+                staged by cp.async into shared memory (STAGED_INDICES); right
   no_crossover  H = 128 without the head-pair cluster (each CTA dequantizes every row); right too
   no_pdl_chain  the builds launched without PDL (PDL_CHAIN off: no wait for the grid before, no trigger in the
                 unsplit build); the graph replay's back-to-back calls then start each grid after the last one ended;
@@ -61,8 +64,10 @@ ORIGINAL = dict(convert=md.e4m3x2_to_bf16x2, load_row=md.Model1DecodeSm90.load_r
                 cute=md.cute,
                 placed_max=md.PLACED_SCALE_MAX, crossover=decode.HEAD_PAIR_CLUSTER,
                 regs=(md.Model1DecodeSm90.PAIRED_PRODUCER_REGS, md.Model1DecodeSm90.PAIRED_CONSUMER_REGS),
-                pdl_chain=md.Model1DecodeSm90.PDL_CHAIN)
-SAME_BITS = ("full", "no_crossover", "no_pdl_chain", "l2_256", "nc_loads", "l1_no_allocate", "cg_loads")   # variants that must compute the shipped output
+                pdl_chain=md.Model1DecodeSm90.PDL_CHAIN, load_attributes=md.Model1DecodeSm90.NOPE_LOAD_ATTRIBUTES,
+                staged_indices=md.Model1DecodeSm90.STAGED_INDICES)
+SAME_BITS = ("full", "no_crossover", "no_pdl_chain", "no_l2_256", "nc_loads", "l1_no_allocate", "cg_loads",
+             "register_indices")   # variants that must compute the shipped output
 
 
 @dsl_user_op
@@ -81,31 +86,10 @@ def load_row_constant(self, records, scale_of, buf, b, h: cutlass.Constexpr, slo
         raw[k, w] = scale_bytes[k] ^ Uint32(0x38383838 + w)
 
 
-def load_row_with(**attributes):
-    """The shipped ``load_row`` with its 16-byte nope load as one ``CopyG2ROp`` copy carrying ``attributes`` (cache
-    hints: the same bytes, so the output stays right; the DSL's own load, so the registers are allocated as for the
-    shipped ``autovec_copy`` — inline-asm loads spilled 12 B, session 37)."""
-
-    @cute.jit
-    def load_row(self, records, scale_of, buf, b, h: cutlass.Constexpr, slot, k: cutlass.Constexpr, raw,
-                 scale_bytes):
-        group, lane, first_k = slot[:3]
-        col = h * md.HALF + lane * md.COLS_PER_THREAD
-        key = b * md.TILE_N + group + md.ROW_GROUPS * (first_k + k)
-        atom = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), Uint32, num_bits_per_copy=128, **attributes)
-        cute.copy(atom, md.gmem_view(Uint32, records[0, key, buf] + Int64(col), 4, 16), raw[k, None])
-        scale_bytes[k] = Uint32(scale_of[col // 64, key, buf])
-    return load_row
-
-
 NV = cute.nvgpu
-# FlashMLA's hint on its nope loads: the first of the four warps reading a key's 256-byte half brings the rest into L2
-load_row_l2_256 = load_row_with(l2_prefetch_size=NV.L2PrefetchSize.SIZE_256B)
-# session 37's open question — is the rows' wait the L1 / LSU path rather than the memory behind it: the read-only
-# path (ld.global.nc), no L1 allocation, L2 only (.cg)
-load_row_nc = load_row_with(invariant=True)
-load_row_no_allocate = load_row_with(l1c_evict_priority=NV.CacheEvictionPriority.NO_ALLOCATE)
-load_row_cg = load_row_with(load_cache_mode=NV.LoadCacheMode.GLOBAL)
+# the nope loads' CopyG2ROp attributes (NOPE_LOAD_ATTRIBUTES): session 37's open question — is the rows' wait the L1 /
+# LSU path rather than the memory behind it: the read-only path (ld.global.nc), no L1 allocation, L2 only (.cg)
+HINT = ORIGINAL["load_attributes"]
 
 
 @cute.jit
@@ -169,10 +153,11 @@ VARIANTS = {
     "no_gmem": dict(load_row=load_row_constant),
     "no_rope": dict(rope_lane=16),
     "lane_t16": dict(slot=slot_t16),
-    "l2_256": dict(load_row=load_row_l2_256),
-    "nc_loads": dict(load_row=load_row_nc),
-    "l1_no_allocate": dict(load_row=load_row_no_allocate),
-    "cg_loads": dict(load_row=load_row_cg),
+    "no_l2_256": dict(load_attributes={}),
+    "nc_loads": dict(load_attributes={**HINT, "invariant": True}),
+    "l1_no_allocate": dict(load_attributes={**HINT, "l1c_evict_priority": NV.CacheEvictionPriority.NO_ALLOCATE}),
+    "cg_loads": dict(load_attributes={**HINT, "load_cache_mode": NV.LoadCacheMode.GLOBAL}),
+    "register_indices": dict(staged_indices=False),
     "no_crossover": dict(crossover=False),
     "no_pdl_chain": dict(pdl_chain=False),
     "regs216": dict(regs=(72, 216)),
@@ -345,6 +330,8 @@ def apply(variant: str) -> None:
     decode.HEAD_PAIR_CLUSTER = parts["crossover"]
     md.Model1DecodeSm90.PAIRED_PRODUCER_REGS, md.Model1DecodeSm90.PAIRED_CONSUMER_REGS = parts["regs"]
     md.Model1DecodeSm90.PDL_CHAIN = parts["pdl_chain"]
+    md.Model1DecodeSm90.NOPE_LOAD_ATTRIBUTES = parts["load_attributes"]
+    md.Model1DecodeSm90.STAGED_INDICES = parts["staged_indices"]
     launch.forget_plans()
     launch._COMPILED.clear()
 

@@ -166,6 +166,14 @@ def load_b64_if(address: Int64, pred: Int32, *, loc=None, ip=None) -> Int64:
     return inline_ptx(T.i64(), Int64, [Int64(address), Int32(pred)], text, "=l,l,r", loc, ip)
 
 
+@dsl_user_op
+def cp_async_4(shared: Int32, address: Int64, *, loc=None, ip=None) -> None:
+    """``cp.async.ca`` of the 4 bytes at global ``address`` into shared ``shared``."""
+    llvm.inline_asm(None, [Int32(shared).ir_value(loc=loc, ip=ip), Int64(address).ir_value(loc=loc, ip=ip)],
+                    "cp.async.ca.shared.global [$0], [$1], 4;", "r,l", has_side_effects=True, is_align_stack=False,
+                    asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
 class PageList:
     """One MODEL1 cache and its index list as the kernel reads them, for one batch entry: the cache's address and
     page geometry, its index space, the list and its valid length."""
@@ -204,7 +212,18 @@ class RecordedKeys:
 class Model1DecodeSm90(SparseAttentionForwardSm90):
     """MQA decode with head dim 512, K = V, keys gathered from FP8 MODEL1 pages (module docstring)."""
 
-    KEY_ADDR_SLOTS = 2 * 2 * 2 * TILE_N      # key records: (part address, scale bytes) × a pair's 128 keys × 2 buffers
+    # key records: (part address, scale bytes) × a pair's 128 keys × 2 buffers; then the staged list entries: 2 lists
+    # × 2 buffers × 128 int32 (in 64-bit words)
+    KEY_ADDR_SLOTS = 2 * 2 * 2 * TILE_N + 2 * TILE_N
+    # the next-but-one pair's list entries come by cp.async into shared memory (:meth:`stage_indices`), not by loads
+    # into registers: a register load's scoreboard was shared with the rolling row loads issued after it, so reading
+    # the index a pair later waited for the freshest row loads — 14 % of the producer's stall samples sat on that one
+    # use (ncu, FP8-cache prefill B4096 H64, session 38)
+    STAGED_INDICES = True
+    # cache attributes of the 16-byte nope loads (a CopyG2ROp's): the L2::256B prefetch FlashMLA puts on its own — the
+    # first of the 4 threads reading a key's 256-byte stretch brings the rest into L2 (H100, session 38: −1.3 % at
+    # B128 H64 / H128 and the prefill; .nc, .cg and L1::no_allocate each lost 1-4 %)
+    NOPE_LOAD_ATTRIBUTES = dict(l2_prefetch_size=cute.nvgpu.L2PrefetchSize.SIZE_256B)
     KEY_MASK_AFTER_WAIT = True               # the consumers' key mask comes from the records (is_real_key)
     PRODUCER_KEY_FLAGS = False               # (the records carry key validity: no separate flags)
     HEAD_GROUP_FASTEST = False               # the crossover's head pair is a cluster along y (grid y = head group)
@@ -300,6 +319,36 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
                                      cutlass.max(cutlass.min(key - keys.main.length, keys.extra.list_len - 1), 0)]
         return main_i, extra_i
 
+    @cute.jit
+    def staged_entries(self, sKeyAddr) -> cute.Tensor:
+        """The staged list entries in shared memory, past the key records: ``[list, key of the pair, buffer]`` int32
+        (list 0 the main one, 1 the extra one)."""
+        at = cute.recast_ptr(sKeyAddr.iterator + 2 * 2 * 2 * TILE_N, dtype=Int32)
+        return cute.make_tensor(at, cute.make_layout((2, 2 * TILE_N, 2), stride=(4 * TILE_N, 1, 2 * TILE_N)))
+
+    @cute.jit
+    def stage_indices(self, keys: KeyLists, batch, token, key, staged, tidx, buf):
+        """:meth:`load_indices` by ``cp.async`` into ``staged[:, tidx, buf]`` (committed as one group): nothing in a
+        register waits for them, and :meth:`staged_indices` finds them landed a pair later."""
+        lists = [(keys.main, key)]
+        if const_expr(self.extra_cache):
+            lists.append((keys.extra, key - keys.main.length))
+        for i, (page_list, position) in enumerate(lists):
+            position = cutlass.max(cutlass.min(position, page_list.list_len - 1), 0)
+            entry = page_list.idx.iterator.toint() + Int64(cute.crd2idx((batch, token, position), page_list.idx.layout)) * 4
+            cp_async_4(shared_address(staged.iterator) + (i * 4 * TILE_N + tidx + buf * 2 * TILE_N) * 4, entry)
+        cute.arch.cp_async_commit_group()
+
+    @cute.jit
+    def staged_indices(self, staged, tidx, buf):
+        """The entries :meth:`stage_indices` copied into buffer ``buf`` a pair ago — once this thread's groups
+        before have landed (every ``cp.async`` since is uncommitted: the rope copies, whose wait is an mbarrier's)."""
+        cute.arch.cp_async_wait_group(0)
+        extra_i = Int32(-1)
+        if const_expr(self.extra_cache):
+            extra_i = staged[1, tidx, buf]
+        return staged[0, tidx, buf], extra_i
+
     def key_source(self, keys: KeyLists, sKeyAddr, tile_lo) -> RecordedKeys:
         """The consumers read key validity from the producer's key records (:meth:`is_real_key`)."""
         return RecordedKeys(self.key_records(sKeyAddr), tile_lo)
@@ -375,7 +424,12 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         part, scales = self.fetch_record(keys, key0, key_end, self.load_indices(keys, batch, token, key0))
         records[0, tidx, 0] = part
         records[1, tidx, 0] = scales
-        next_indices = self.load_indices(keys, batch, token, key0 + 2 * TILE_N)
+        staged = self.staged_entries(sKeyAddr)
+        next_indices = (Int32(0), Int32(0))
+        if const_expr(self.STAGED_INDICES):
+            self.stage_indices(keys, batch, token, key0 + 2 * TILE_N, staged, tidx, 1)
+        else:
+            next_indices = self.load_indices(keys, batch, token, key0 + 2 * TILE_N)
         cute.arch.barrier(barrier_id=PRODUCER_SYNC, number_of_threads=128)
         b0, h0 = HALF_TILE_ORDER[0]
         for k in cutlass.range_constexpr(self.convert_rows):
@@ -388,8 +442,13 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
             for j in cutlass.range_constexpr(4):
                 b, h = HALF_TILE_ORDER[j]
                 if const_expr(j == 0):      # the next pair's record; the indices of the pair after it
-                    part, scales = self.fetch_record(keys, key0 + (2 * p + 2) * TILE_N, key_end, next_indices)
-                    next_indices = self.load_indices(keys, batch, token, key0 + (2 * p + 4) * TILE_N)
+                    if const_expr(self.STAGED_INDICES):
+                        part, scales = self.fetch_record(keys, key0 + (2 * p + 2) * TILE_N, key_end,
+                                                         self.staged_indices(staged, tidx, 1 - buf))
+                        self.stage_indices(keys, batch, token, key0 + (2 * p + 4) * TILE_N, staged, tidx, buf)
+                    else:
+                        part, scales = self.fetch_record(keys, key0 + (2 * p + 2) * TILE_N, key_end, next_indices)
+                        next_indices = self.load_indices(keys, batch, token, key0 + (2 * p + 4) * TILE_N)
                 kv_pipes[2 * b + h].producer_acquire(state)
                 if const_expr(self.crossover):
                     # the peer's half of the rows arrives as transaction bytes (its st.async); none into a pad
@@ -447,7 +506,8 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         group, lane, first_k, _, _, _ = slot
         col = h * HALF + lane * COLS_PER_THREAD
         key = b * TILE_N + group + ROW_GROUPS * (first_k + k)
-        cute.autovec_copy(gmem_view(Uint32, records[0, key, buf] + Int64(col), 4, 16), raw[k, None])
+        atom = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), Uint32, num_bits_per_copy=128, **self.NOPE_LOAD_ATTRIBUTES)
+        cute.copy(atom, gmem_view(Uint32, records[0, key, buf] + Int64(col), 4, 16), raw[k, None])
         scale_bytes[k] = Uint32(scale_of[col // 64, key, buf])
 
     @cute.jit
