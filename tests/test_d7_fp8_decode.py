@@ -54,6 +54,19 @@ def test_every_converted_row_is_stored_at_a_constant_offset_from_two_chunk_addre
     assert all(stores[1:]), stores            # (row 0 of (0, L): offset 0, printed without one)
 
 
+def test_the_producer_s_shared_records_and_staged_entries_fit_their_room():
+    """The key records and the staged list entries share ``sKeyAddr`` (KEY_ADDR_SLOTS 64-bit words): every staged
+    entry lands in its own int32 past the records and inside the room (session 38's first build reserved half of it:
+    the extra list's entries overwrote the next buffer, wrong rows on the GPU)."""
+    import itertools
+    from dsv4lib.kernels.sm90.model1_decode import Model1DecodeSm90 as M
+    offsets = [sum(c * d for c, d in zip(coord, M.STAGED_STRIDE))
+               for coord in itertools.product(*(range(n) for n in M.STAGED_SHAPE))]
+    assert sorted(offsets) == list(range(M.STAGED_ENTRIES))          # one int32 each, no gap, no overlap
+    assert 2 * M.RECORD_SLOTS + M.STAGED_ENTRIES <= 2 * M.KEY_ADDR_SLOTS
+    assert M.RECORD_SLOTS == 2 * 2 * 2 * 64                         # (address, scales) × 128 keys × 2 buffers
+
+
 def test_the_model1_decode_refuses_another_schedule():
     """Only the paired schedule reads MODEL1 pages (FlashMLA's consumer split was measured slower and removed)."""
     from dsv4lib.kernels.sm90.sparse_config import Model1DecodeConfig

@@ -213,8 +213,11 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
     """MQA decode with head dim 512, K = V, keys gathered from FP8 MODEL1 pages (module docstring)."""
 
     # key records: (part address, scale bytes) × a pair's 128 keys × 2 buffers; then the staged list entries: 2 lists
-    # × 2 buffers × 128 int32 (in 64-bit words)
-    KEY_ADDR_SLOTS = 2 * 2 * 2 * TILE_N + 2 * TILE_N
+    # × 2 buffers × 128 int32, in 64-bit words
+    RECORD_SLOTS = 2 * 2 * 2 * TILE_N
+    STAGED_SHAPE, STAGED_STRIDE = (2, 2 * TILE_N, 2), (4 * TILE_N, 1, 2 * TILE_N)     # [list, key, buffer] → int32
+    STAGED_ENTRIES = 2 * 2 * 2 * TILE_N
+    KEY_ADDR_SLOTS = RECORD_SLOTS + STAGED_ENTRIES // 2
     # the next-but-one pair's list entries come by cp.async into shared memory (:meth:`stage_indices`), not by loads
     # into registers: a register load's scoreboard was shared with the rolling row loads issued after it, so reading
     # the index a pair later waited for the freshest row loads — 14 % of the producer's stall samples sat on that one
@@ -323,8 +326,12 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
     def staged_entries(self, sKeyAddr) -> cute.Tensor:
         """The staged list entries in shared memory, past the key records: ``[list, key of the pair, buffer]`` int32
         (list 0 the main one, 1 the extra one)."""
-        at = cute.recast_ptr(sKeyAddr.iterator + 2 * 2 * 2 * TILE_N, dtype=Int32)
-        return cute.make_tensor(at, cute.make_layout((2, 2 * TILE_N, 2), stride=(4 * TILE_N, 1, 2 * TILE_N)))
+        at = cute.recast_ptr(sKeyAddr.iterator + self.RECORD_SLOTS, dtype=Int32)
+        return cute.make_tensor(at, self.staged_layout())
+
+    def staged_layout(self) -> cute.Layout:
+        """``[list, key of the pair, buffer]`` → int32 offset past the records (``STAGED_ENTRIES`` of them)."""
+        return cute.make_layout(self.STAGED_SHAPE, stride=self.STAGED_STRIDE)
 
     @cute.jit
     def stage_indices(self, keys: KeyLists, batch, token, key, staged, tidx, buf):
@@ -336,7 +343,7 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         for i, (page_list, position) in enumerate(lists):
             position = cutlass.max(cutlass.min(position, page_list.list_len - 1), 0)
             entry = page_list.idx.iterator.toint() + Int64(cute.crd2idx((batch, token, position), page_list.idx.layout)) * 4
-            cp_async_4(shared_address(staged.iterator) + (i * 4 * TILE_N + tidx + buf * 2 * TILE_N) * 4, entry)
+            cp_async_4(shared_address(staged.iterator) + cute.crd2idx((i, tidx, buf), staged.layout) * 4, entry)
         cute.arch.cp_async_commit_group()
 
     @cute.jit
