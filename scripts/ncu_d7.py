@@ -16,7 +16,7 @@ from ncu_profile import profile_once      # scripts/ is the script's directory, 
 from dsv4lib.bench import d7
 
 arg = sys.argv[1] if len(sys.argv) > 1 else "2"
-shape = tuple(map(int, arg.split("x"))) if "x" in arg else d7.SHAPES[int(arg)]
+shape = d7.parse_shape(arg)
 gen = torch.Generator(device="cuda").manual_seed(0)
 window = d7.filled_cache(256 << 10, 64, gen)
 compressed = d7.filled_cache(512 << 10, 64, gen)

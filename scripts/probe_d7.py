@@ -353,7 +353,7 @@ def main():
     gen = torch.Generator(device="cuda").manual_seed(0)
     window = d7.filled_cache(256 << 10, 64, gen)
     compressed = d7.filled_cache(512 << 10, 64, gen)
-    shapes = [tuple(map(int, i.split("x"))) if "x" in i else d7.SHAPES[int(i)] for i in args.shapes.split(",")]
+    shapes = [d7.parse_shape(i) for i in args.shapes.split(",")]
     cases = [d7.make_case(*shape, window, compressed, sets=4 if shape[0] > 256 else 8) for shape in shapes]
     if args.trace:                 # of the first variant named (full by default)
         apply((args.variants or "full").split(",")[0])

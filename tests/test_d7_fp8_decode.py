@@ -653,3 +653,12 @@ def test_one_compiled_call_per_public_call_gives_the_same_bits(monkeypatch):
     for name in calls:
         for a, b in zip(got[True][name], got[False][name]):
             assert torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)), name
+
+
+def test_decode_shapes_parse_from_an_index_or_four_extents():
+    """The probes' shape argument: an index into the benchmark's shapes, or B x H x window x compressed keys."""
+    from dsv4lib.bench import d7
+    assert d7.parse_shape("2") == d7.SHAPES[2]
+    assert d7.parse_shape("4096x64x128x512") == (4096, 64, 128, 512)
+    with pytest.raises(ValueError, match="B x H"):
+        d7.parse_shape("64x128")

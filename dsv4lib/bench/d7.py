@@ -19,6 +19,15 @@ SHAPES = ((1, 64, 128, 512), (64, 64, 128, 512), (128, 64, 128, 512), (64, 128, 
 KEY_BYTES = 584
 
 
+def parse_shape(text: str) -> tuple:
+    """A decode shape from the command line: an index into :data:`SHAPES`, or ``BxHxWINxCMP`` (``4096x64x128x512``:
+    the FP8-cache prefill's shape as decode rows)."""
+    shape = tuple(map(int, text.split("x"))) if "x" in text else SHAPES[int(text)]
+    if len(shape) != 4:
+        raise ValueError(f"a decode shape is B x H x window keys x compressed keys, got {text!r}")
+    return shape
+
+
 def flashmla():
     """FlashMLA's interface module where ``.device-c`` is installed, else None."""
     try:
@@ -118,10 +127,15 @@ def bench_case(case: DecodeCase, copy_gbps: float, matmul_tflops: float, fm=None
     """Device µs (graph replay), TFLOP/s, roof fraction and host µs of ours and the peers on one case."""
     import dsv4lib
     row = dict(B=case.B, H=case.H, keys=f"{case.n_win}+{case.n_cmp}")
-    fns = {"ours": ours_fn(case)}
+    fns, sets = {"ours": ours_fn(case)}, {"ours": case.sets}
     if fm is not None:
-        fns["flashmla"] = flashmla_fn(case, fm)
-    times = time_graph_interleaved(fns, case.sets)            # replays interleaved: a slow spell reaches both alike
+        fns["flashmla"], sets["flashmla"] = flashmla_fn(case, fm), case.sets
+    kv = None
+    if bf16_peer:          # our bf16 kernel over the dequantized rows: its own argument sets (q, joint indices)
+        kv = bf16_rows(case)
+        fns["bf16"] = lambda q, j: dsv4lib.sparse_attention(q, kv, j, sink=case.sink)
+        sets["bf16"] = [(q[:, 0].contiguous(), joint_indices(case, *rest)) for q, *rest in case.sets]
+    times = time_graph_interleaved(fns, sets)     # replays interleaved: a slow spell reaches every column alike
     t = times["ours"]
     row.update(ours_us=t.per_call_ms * 1e3, ours_tflops=tflops(case.flops, t.per_call_ms), host_us=t.host_us,
                roof_fraction=roof_fraction(t.per_call_ms, nbytes=case.nbytes, flops=case.flops, copy_gbps=copy_gbps,
@@ -130,11 +144,8 @@ def bench_case(case: DecodeCase, copy_gbps: float, matmul_tflops: float, fm=None
         tf = times["flashmla"]
         row.update(flashmla_us=tf.per_call_ms * 1e3, flashmla_host_us=tf.host_us, ratio_vs_flashmla=tf.per_call_ms / t.per_call_ms)
     if bf16_peer:
-        kv = bf16_rows(case)
-        sets = [(q[:, 0].contiguous(), joint_indices(case, *rest)) for q, *rest in case.sets]
-        tb = time_graph(lambda q, j: dsv4lib.sparse_attention(q, kv, j, sink=case.sink), sets)
-        row.update(bf16_us=tb.per_call_ms * 1e3)
-        del kv
+        row.update(bf16_us=times["bf16"].per_call_ms * 1e3)
+    del kv
     return row
 
 
