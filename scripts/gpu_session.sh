@@ -10,7 +10,7 @@
 # orders over a 32 MiB (L2-resident) and a 256 MiB key pool: H100 read 0.79x FlashMLA at H128 on the small pool); d1 (scripts/sweep_d1.py: the hd64 and hd256
 # causal schedule candidates vs FA4 — D1's worst shapes — ~4 min); d7why (probe_d7 --trace: the half-tile
 # event trace at four shapes; ~2 min);
-# d7hints / d7idx: probe_d7's load-hint and index-staging variants;
+# d7hints / d7idx / d7staged: probe_d7's load-hint, index-staging and staged-rows variants;
 # ncu7 / ncu7p / ncu1 / ncu6: Nsight Compute on one D7 call (B128 H64; ncu7p: the FP8-cache prefill's B4096 H64) / D1's hd64 causal (ours and FA4) / D6's bf16
 # prefill (ours and FlashMLA), per-SASS samples summarized by scripts/ncu_sass.py;
 # pipeline=D7 (stages named, comma-separated); pipeline1 / pipeline2: the stages in two calls (the whole pipeline took > 560 s on the H100, session 31).
@@ -83,6 +83,9 @@ for w in $what; do
     # the index staging (STAGED_INDICES) against register loads, both orders, at B1 / B128 H64 / B128 H128 / the prefill
     d7idx)    { timeout 400 python scripts/probe_d7.py --shapes 0,2,4,4096x64x128x512 \
                   --variants full,register_indices,full; } 2>&1 | tee "$out/logs/d7idx.txt" | tail -n 6 ;;
+    # the STAGED_ROWS candidate (nope bytes by cp.async, converted in place) against the shipped producer
+    d7staged) { timeout 200 python scripts/probe_d7.py --shapes 0,2,4,4096x64x128x512 \
+                  --variants full,staged_rows,staged_rows_nx,no_crossover; } 2>&1 | tee "$out/logs/d7staged.txt" | tail -n 9 ;;
     ncu1)     run_ncu d1 2 scripts/ncu_d1.py 64 ;;
     ncu6)     run_ncu d6 2 scripts/ncu_d6.py 15 ;;
     bench)    { timeout 120 python scripts/bench_sparse.py; timeout 60 python scripts/bench_nvfp4.py;

@@ -16,6 +16,10 @@ input set) — this is a measurement, never a result.
   cg_loads      the key-byte loads cached in L2 only (ld.global.cg) and the hint; right
   register_indices  the next-but-one pair's list entries loaded into registers (the build before session 38), not
                 staged by cp.async into shared memory (STAGED_INDICES); right
+  staged_rows   the candidate STAGED_ROWS producer (nope bytes by cp.async into the half-tile buffers, two half-
+                tiles ahead, converted in place) in the one-CTA builds — H = 128 keeps the crossover's rolling
+                producer; right
+  staged_rows_nx  STAGED_ROWS with the head-pair cluster off (H = 128 too: each CTA converts every row); right
   no_crossover  H = 128 without the head-pair cluster (each CTA dequantizes every row); right too
   no_pdl_chain  the builds launched without PDL (PDL_CHAIN off: no wait for the grid before, no trigger in the
                 unsplit build); the graph replay's back-to-back calls then start each grid after the last one ended;
@@ -65,9 +69,9 @@ ORIGINAL = dict(convert=md.e4m3x2_to_bf16x2, load_row=md.Model1DecodeSm90.load_r
                 placed_max=md.PLACED_SCALE_MAX, crossover=decode.HEAD_PAIR_CLUSTER,
                 regs=(md.Model1DecodeSm90.PAIRED_PRODUCER_REGS, md.Model1DecodeSm90.PAIRED_CONSUMER_REGS),
                 pdl_chain=md.Model1DecodeSm90.PDL_CHAIN, load_attributes=md.Model1DecodeSm90.NOPE_LOAD_ATTRIBUTES,
-                staged_indices=md.Model1DecodeSm90.STAGED_INDICES)
+                staged_indices=md.Model1DecodeSm90.STAGED_INDICES, staged_rows=md.Model1DecodeSm90.STAGED_ROWS)
 SAME_BITS = ("full", "no_crossover", "no_pdl_chain", "no_l2_256", "nc_loads", "l1_no_allocate", "cg_loads",
-             "register_indices")   # variants that must compute the shipped output
+             "register_indices", "staged_rows", "staged_rows_nx")   # variants that must compute the shipped output
 
 
 @dsl_user_op
@@ -158,6 +162,8 @@ VARIANTS = {
     "l1_no_allocate": dict(load_attributes={**HINT, "l1c_evict_priority": NV.CacheEvictionPriority.NO_ALLOCATE}),
     "cg_loads": dict(load_attributes={**HINT, "load_cache_mode": NV.LoadCacheMode.GLOBAL}),
     "register_indices": dict(staged_indices=False),
+    "staged_rows": dict(staged_rows=True),
+    "staged_rows_nx": dict(staged_rows=True, crossover=False),
     "no_crossover": dict(crossover=False),
     "no_pdl_chain": dict(pdl_chain=False),
     "regs216": dict(regs=(72, 216)),
@@ -332,6 +338,7 @@ def apply(variant: str) -> None:
     md.Model1DecodeSm90.PDL_CHAIN = parts["pdl_chain"]
     md.Model1DecodeSm90.NOPE_LOAD_ATTRIBUTES = parts["load_attributes"]
     md.Model1DecodeSm90.STAGED_INDICES = parts["staged_indices"]
+    md.Model1DecodeSm90.STAGED_ROWS = parts["staged_rows"]
     launch.forget_plans()
     launch._COMPILED.clear()
 
@@ -369,10 +376,13 @@ def main():
     want = {(c.B, c.H): d7.ours_fn(c)(*c.sets[0]).clone() for c in cases}
     for v in variants:
         apply(v)
-        if v in SAME_BITS:
+        if v in SAME_BITS:          # a candidate that misses is still timed (and said so), not a crash
             for c in cases:
                 got = d7.ours_fn(c)(*c.sets[0])
-                assert torch.equal(got, want[c.B, c.H]), f"{v} B{c.B} H{c.H}: not the shipped bits"
+                if not torch.equal(got, want[c.B, c.H]):
+                    diff = (got.float() - want[c.B, c.H].float()).abs()
+                    print(f"{v} B{c.B} H{c.H}: NOT the shipped bits (max |diff| {diff.nan_to_num(1e9).max().item():.3g},"
+                          f" {int(got.isnan().sum())} NaN)", flush=True)
         row = [math.nan if hangs(v, c) else time_graph(d7.ours_fn(c), c.sets).per_call_ms * 1e3 for c in cases]
         print(f"{v:<14}" + "".join(f"  {t:9.1f}" if t == t else f"  {'-':>9}" for t in row), flush=True)
     apply("full")
