@@ -69,7 +69,7 @@ ORIGINAL = dict(convert=md.e4m3x2_to_bf16x2, load_row=md.Model1DecodeSm90.load_r
                 placed_max=md.PLACED_SCALE_MAX, crossover=decode.HEAD_PAIR_CLUSTER,
                 regs=(md.Model1DecodeSm90.PAIRED_PRODUCER_REGS, md.Model1DecodeSm90.PAIRED_CONSUMER_REGS),
                 pdl_chain=md.Model1DecodeSm90.PDL_CHAIN, load_attributes=md.Model1DecodeSm90.NOPE_LOAD_ATTRIBUTES,
-                staged_indices=md.Model1DecodeSm90.STAGED_INDICES, staged_rows=md.Model1DecodeSm90.STAGED_ROWS)
+                staged_indices=md.Model1DecodeSm90.STAGED_INDICES, staged_rows=getattr(md.Model1DecodeSm90, "STAGED_ROWS", False))   # (a candidate patch's knob)
 SAME_BITS = ("full", "no_crossover", "no_pdl_chain", "no_l2_256", "nc_loads", "l1_no_allocate", "cg_loads",
              "register_indices", "staged_rows", "staged_rows_nx")   # variants that must compute the shipped output
 
@@ -338,7 +338,8 @@ def apply(variant: str) -> None:
     md.Model1DecodeSm90.PDL_CHAIN = parts["pdl_chain"]
     md.Model1DecodeSm90.NOPE_LOAD_ATTRIBUTES = parts["load_attributes"]
     md.Model1DecodeSm90.STAGED_INDICES = parts["staged_indices"]
-    md.Model1DecodeSm90.STAGED_ROWS = parts["staged_rows"]
+    if parts["staged_rows"] or hasattr(md.Model1DecodeSm90, "STAGED_ROWS"):
+        md.Model1DecodeSm90.STAGED_ROWS = parts["staged_rows"]
     launch.forget_plans()
     launch._COMPILED.clear()
 

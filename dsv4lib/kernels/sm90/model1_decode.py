@@ -46,7 +46,7 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 from ..common import gmem_view, inline_ptx, launch_stream
-from ..sparse_base import HALF, HEAD_DIM, TILE_N, as_global, cp_async_16, kv_chunk_offset, shared_address
+from ..sparse_base import HALF, HEAD_DIM, TILE_N, as_global, kv_chunk_offset, shared_address
 from .sparse_config import Model1DecodeConfig
 from .sparse_fwd import HALF_TILE_ORDER, SparseAttentionForwardSm90, half_tile_pipelines
 
@@ -151,16 +151,6 @@ def st_shared_v4(address: Int32, words: tuple, offset: int, *, loc=None, ip=None
 
 
 @dsl_user_op
-def ld_shared_v4(address: Int32, offset: int, *, loc=None, ip=None) -> tuple:
-    """The four 32-bit words at the shared address ``address + offset`` (``offset`` a constant).  Marked as having
-    side effects: it must stay after the ``cp.async.wait_group`` that makes the bytes there this thread's to read."""
-    words = llvm.inline_asm(llvm.StructType.get_literal([T.i32()] * 4), [Int32(address).ir_value(loc=loc, ip=ip)],
-                            f"ld.shared.v4.b32 {{$0, $1, $2, $3}}, [$4+{offset}];", "=r,=r,=r,=r,r",
-                            has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
-    return tuple(Uint32(llvm.extractvalue(T.i32(), words, [i], loc=loc, ip=ip)) for i in range(4))
-
-
-@dsl_user_op
 def st_async_v4(address: Int32, words: tuple, barrier: Int32, offset: int, *, loc=None, ip=None) -> None:
     """16 bytes into another CTA of the cluster at the shared::cluster address ``address + offset``, completing 16
     transaction bytes on that CTA's mbarrier at ``barrier`` (also a shared::cluster address) when they land."""
@@ -237,12 +227,6 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
     # first of the 4 threads reading a key's 256-byte stretch brings the rest into L2 (H100, session 38: −1.3 % at
     # B128 H64 / H128 and the prefill; .nc, .cg and L1::no_allocate each lost 1-4 %)
     NOPE_LOAD_ATTRIBUTES = dict(l2_prefetch_size=cute.nvgpu.L2PrefetchSize.SIZE_256B)
-    # candidate (session 38, off): the nope bytes by cp.async straight into the half-tile buffer — each thread's 16
-    # bytes of a row into the second 16-byte chunk of the 32 its bf16 will take — copies two half-tiles ahead, each
-    # half-tile converted in place once its group has landed (:meth:`gather_pairs_staged`).  No register holds a
-    # byte in flight: the bf16 kernel, whose producer only issues copies, runs B128 H128 in 84 µs against this one's
-    # 128 (FlashMLA 119).  One-CTA builds only (not the head-pair crossover)
-    STAGED_ROWS = False
     KEY_MASK_AFTER_WAIT = True               # the consumers' key mask comes from the records (is_real_key)
     PRODUCER_KEY_FLAGS = False               # (the records carry key validity: no separate flags)
     HEAD_GROUP_FASTEST = False               # the crossover's head pair is a cluster along y (grid y = head group)
@@ -350,7 +334,7 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         return cute.make_layout(self.STAGED_SHAPE, stride=self.STAGED_STRIDE)
 
     @cute.jit
-    def stage_indices(self, keys: KeyLists, batch, token, key, staged, tidx, buf, commit: cutlass.Constexpr = True):
+    def stage_indices(self, keys: KeyLists, batch, token, key, staged, tidx, buf):
         """:meth:`load_indices` by ``cp.async`` into ``staged[:, tidx, buf]`` (committed as one group): nothing in a
         register waits for them, and :meth:`staged_indices` finds them landed a pair later."""
         lists = [(keys.main, key)]
@@ -360,15 +344,13 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
             position = cutlass.max(cutlass.min(position, page_list.list_len - 1), 0)
             entry = page_list.idx.iterator.toint() + Int64(cute.crd2idx((batch, token, position), page_list.idx.layout)) * 4
             cp_async_4(shared_address(staged.iterator) + cute.crd2idx((i, tidx, buf), staged.layout) * 4, entry)
-        if const_expr(commit):      # (the staged-rows producer commits them with the next half-tile's copies)
-            cute.arch.cp_async_commit_group()
+        cute.arch.cp_async_commit_group()
 
     @cute.jit
-    def staged_indices(self, staged, tidx, buf, wait: cutlass.Constexpr = True):
+    def staged_indices(self, staged, tidx, buf):
         """The entries :meth:`stage_indices` copied into buffer ``buf`` a pair ago — once this thread's groups
         before have landed (every ``cp.async`` since is uncommitted: the rope copies, whose wait is an mbarrier's)."""
-        if const_expr(wait):
-            cute.arch.cp_async_wait_group(0)
+        cute.arch.cp_async_wait_group(0)
         extra_i = Int32(-1)
         if const_expr(self.extra_cache):
             extra_i = staged[1, tidx, buf]
@@ -410,16 +392,9 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         part, group_at = self.key_bytes(keys, cutlass.max(u, 0))
         return part, load_b64_if(group_at, Int32(1) if u >= 0 else Int32(0))
 
-    def gather_pairs(self, *args):
-        """The producer's fills of one item: :meth:`gather_pairs_rolling` (shipped) or, with ``STAGED_ROWS`` in a
-        one-CTA build, :meth:`gather_pairs_staged`."""
-        if self.STAGED_ROWS and not self.crossover:
-            return self.gather_pairs_staged(*args)
-        return self.gather_pairs_rolling(*args)
-
     @cute.jit
-    def gather_pairs_rolling(self, keys, _keys, sKV, kv_pipes, tidx, token, batch, key_lo, n_keys, seqlen_k, tile_lo,
-                             tile_hi, state, sKeyAddr):
+    def gather_pairs(self, keys, _keys, sKV, kv_pipes, tidx, token, batch, key_lo, n_keys, seqlen_k, tile_lo,
+                     tile_hi, state, sKeyAddr):
         """The producer's fills of one item's tiles ``[tile_lo, tile_hi)``, a pair at a time, half-tiles in the order
         the consumers free them (module docstring).  Rolling loads: a thread holds 8 rows' bytes in registers, and as
         soon as a row is converted the same registers take that row of the *next* half-tile — the loads stay in flight
@@ -514,152 +489,6 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         return state
 
     @cute.jit
-    def gather_pairs_staged(self, keys, _keys, sKV, kv_pipes, tidx, token, batch, key_lo, n_keys, seqlen_k, tile_lo,
-                            tile_hi, state, sKeyAddr):
-        """``STAGED_ROWS``: the fills with the nope bytes copied, not loaded.  Half-tile n's copies (each thread's 16
-        bytes of each of its rows, into the second chunk of the row's 32 output bytes; the rope lanes' rope as
-        always) are issued as one ``cp.async`` group once its buffer is acquired, two half-tiles before it is
-        converted: at step n the producer waits for group n (``wait_group 1``: n + 1's still in flight), converts n
-        in place (a thread reads only bytes it copied and writes only its own 32 bytes a row: no barrier), fences,
-        commits, then acquires half-tile n + 2 and issues its copies.  A pair's records are published at its previous pair's third
-        step (before its first copies), the list entries of the pair after next ride in a half-tile's group."""
-        group, lane = self.producer_slot(tidx)
-        records = self.key_records(sKeyAddr)
-        scale_of = self.record_scales(sKeyAddr)
-        staged = self.staged_entries(sKeyAddr)
-        kv_base = shared_address(sKV.iterator)
-        chunk_at = tuple(kv_base + kv_chunk_offset(group, 2 * lane + c, 0) for c in range(2))
-        slot = (group, lane, Int32(0), Int32(0), chunk_at, (Int32(0), Int32(0)))
-        n_pairs = (tile_hi - tile_lo + 1) // 2
-        key0 = tile_lo * TILE_N + tidx                                   # my key of pair 0
-        key_end = cutlass.min(n_keys, tile_hi * TILE_N)
-        part, scales = self.fetch_record(keys, key0, key_end, self.load_indices(keys, batch, token, key0))
-        records[0, tidx, 0] = part
-        records[1, tidx, 0] = scales
-        self.stage_indices(keys, batch, token, key0 + 2 * TILE_N, staged, tidx, 1)     # its own group, first
-        cute.arch.barrier(barrier_id=PRODUCER_SYNC, number_of_threads=128)
-        issue_state = state.clone()
-        if n_pairs > 0:
-            lone0 = tile_lo + 1 >= tile_hi
-            for j in cutlass.range_constexpr(2):
-                self.copy_half_tile(kv_pipes, issue_state, records, 0, HALF_TILE_ORDER[j], lone0, sKV, slot)
-                cute.arch.cp_async_commit_group()
-        for p in cutlass.range(n_pairs, unroll=1):
-            buf = p % 2
-            lone = tile_lo + 2 * p + 1 >= tile_hi
-            lone_next = tile_lo + 2 * p + 3 >= tile_hi
-            has_next = p + 1 < n_pairs
-            for j in cutlass.range_constexpr(4):
-                b, h = HALF_TILE_ORDER[j]
-                cute.arch.cp_async_wait_group(1)        # this half-tile's copies have landed (and all before)
-                if const_expr(j == 0):      # the next pair's record; the entries of the pair after it
-                    part, scales = self.fetch_record(keys, key0 + (2 * p + 2) * TILE_N, key_end,
-                                                     self.staged_indices(staged, tidx, 1 - buf, wait=False))
-                    self.stage_indices(keys, batch, token, key0 + (2 * p + 4) * TILE_N, staged, tidx, buf,
-                                       commit=False)
-                fill = True
-                if const_expr(b == 1):
-                    fill = not lone
-                if fill:
-                    self.convert_half_tile(scale_of, buf, b, h, slot)
-                cute.arch.fence_proxy("async.shared", space="cta")   # generic writes → the consumers' wgmma
-                kv_pipes[2 * b + h].producer_commit(state)
-                # then the copies two half-tiles ahead (acquired only now: a buffer's consumers may wait for the
-                # half-tile just committed before they free it — (0, L) waits for (0, R)'s QK)
-                if const_expr(j == 2):      # every half-tile of this pair acquired: the last pair's records are free
-                    records[0, tidx, 1 - buf] = part
-                    records[1, tidx, 1 - buf] = scales
-                    cute.arch.barrier(barrier_id=PRODUCER_SYNC, number_of_threads=128)
-                    issue_state.advance()
-                if const_expr(j < 2):       # this pair's (0, R), (1, L)
-                    self.copy_half_tile(kv_pipes, issue_state, records, buf, HALF_TILE_ORDER[j + 2], lone, sKV,
-                                        slot)
-                else:                       # the next pair's (0, L), (1, R)
-                    if has_next:
-                        self.copy_half_tile(kv_pipes, issue_state, records, 1 - buf, HALF_TILE_ORDER[j - 2],
-                                            lone_next, sKV, slot)
-                cute.arch.cp_async_commit_group()       # (empty past the last pair: the count stays uniform)
-            state.advance()
-        return state
-
-    @cute.jit
-    def copy_half_tile(self, kv_pipes, issue_state, records, buf, half: cutlass.Constexpr, lone, sKV, slot):
-        """Acquire half-tile ``half`` = (b, h) of the pair whose records are in ``buf`` and issue its copies: my 16
-        nope bytes of each of my 8 rows into the second chunk of the row's output (or, the rope lanes of a right
-        half, the row's rope straight into the tile).  A lone pair's pad tile is acquired, nothing copied."""
-        b, h = half
-        kv_pipes[2 * b + h].producer_acquire(issue_state)
-        group, lane, _, _, chunk_at, _ = slot
-        col = h * HALF + lane * COLS_PER_THREAD
-        copy = True
-        if const_expr(b == 1):
-            copy = not lone
-        if copy:
-            rope = False
-            if const_expr(h == 1):
-                rope = lane >= ROPE_LANE
-            if rope:
-                copy_atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL),
-                                                self.dtype, num_bits_per_copy=128)
-                for k in cutlass.range_constexpr(ROWS_PER_THREAD):
-                    self.copy_rope(records, buf, b, group + ROW_GROUPS * k, lane, col, sKV, copy_atom)
-            else:
-                for k in cutlass.range_constexpr(ROWS_PER_THREAD):
-                    step = kv_chunk_offset(ROW_GROUPS * k, 32 * h, b) - kv_chunk_offset(0, 0, 0)
-                    key = b * TILE_N + group + ROW_GROUPS * k
-                    cp_async_16(chunk_at[1], step, records[0, key, buf] + Int64(col), 0, Int32(16),
-                                prefetch_256=True)
-
-    @cute.jit
-    def convert_half_tile(self, scale_of, buf, b: cutlass.Constexpr, h: cutlass.Constexpr, slot):
-        """Half-tile (b, h) in place: each of my rows' 16 staged e4m3 bytes (second chunk of its output) → 16 bf16
-        (both chunks); the rope lanes of a right half have nothing to convert."""
-        group, lane, _, _, chunk_at, _ = slot
-        col = h * HALF + lane * COLS_PER_THREAD
-        rope = False
-        if const_expr(h == 1):
-            rope = lane >= ROPE_LANE
-        if not rope:
-            scale_bytes = cute.make_rmem_tensor((ROWS_PER_THREAD,), Uint32)
-            largest = Uint32(0)
-            for k in cutlass.range_constexpr(ROWS_PER_THREAD):
-                scale_bytes[k] = Uint32(scale_of[col // 64, b * TILE_N + group + ROW_GROUPS * k, buf])
-                largest = cutlass.max(largest, scale_bytes[k])
-            if largest <= Uint32(PLACED_SCALE_MAX):
-                self.convert_rows_in_place(chunk_at, b, h, scale_bytes, True)
-            else:
-                self.convert_rows_in_place(chunk_at, b, h, scale_bytes, False)
-
-    @cute.jit
-    def convert_rows_in_place(self, chunk_at, b: cutlass.Constexpr, h: cutlass.Constexpr, scale_bytes,
-                              placed: cutlass.Constexpr):
-        for k in cutlass.range_constexpr(ROWS_PER_THREAD):
-            step = kv_chunk_offset(ROW_GROUPS * k, 32 * h, b) - kv_chunk_offset(0, 0, 0)
-            out = self.convert_row(ld_shared_v4(chunk_at[1], step), scale_bytes[k], placed)
-            for c in cutlass.range_constexpr(2):
-                st_shared_v4(chunk_at[c], (out[4 * c], out[4 * c + 1], out[4 * c + 2], out[4 * c + 3]), step)
-
-    @cute.jit
-    def convert_row(self, raw, scale_byte, placed: cutlass.Constexpr) -> cute.Tensor:
-        """One row's 16 e4m3 values (four words) times its scale → 16 bf16 as 8 words: by placed bits (``placed``)
-        or through fp32; a scale byte of 0 (no key) gives zeros."""
-        out = cute.make_rmem_tensor((8,), Uint32)
-        if const_expr(placed):
-            scale2 = bf16x2_placed_scale(scale_byte)       # 0 for no key: zeros, whatever the stand-in holds
-            for w in cutlass.range_constexpr(4):
-                out[2 * w] = e4m3x2_placed_bf16x2(raw[w], scale2, False)
-                out[2 * w + 1] = e4m3x2_placed_bf16x2(raw[w], scale2, True)
-        else:
-            scale = ue8m0_scale(scale_byte)
-            keep = Uint32(0xFFFFFFFF)
-            if scale_byte == Uint32(0):
-                keep = Uint32(0)     # no key: zeros, even where the stand-in row's bytes are not finite
-            for w in cutlass.range_constexpr(4):
-                out[2 * w] = e4m3x2_to_bf16x2(raw[w] & keep, scale, False)
-                out[2 * w + 1] = e4m3x2_to_bf16x2(raw[w] & keep, scale, True)
-        return out
-
-    @cute.jit
     def producer_slot(self, tidx):
         """Thread ``tidx``'s (row group, 16-column lane): rows ``group + 8 k``, columns ``256 h + 16 lane``.  Lane
         ``t // 8`` makes the right halves' rope lanes (12-15) exactly warp 3, so no warp splits between converting
@@ -735,7 +564,20 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
                     self.copy_rope(records, buf, b, group + ROW_GROUPS * (self.convert_rows - first_k + k), lane,
                                    col, sKV, copy_atom)
             else:
-                out = self.convert_row(tuple(raw[k, w] for w in range(4)), scale_bytes[k], placed)   # 16 bf16
+                out = cute.make_rmem_tensor((8,), Uint32)                              # 16 bf16
+                if const_expr(placed):
+                    scale2 = bf16x2_placed_scale(scale_bytes[k])  # 0 for no key: zeros, whatever the stand-in holds
+                    for w in cutlass.range_constexpr(4):
+                        out[2 * w] = e4m3x2_placed_bf16x2(raw[k, w], scale2, False)
+                        out[2 * w + 1] = e4m3x2_placed_bf16x2(raw[k, w], scale2, True)
+                else:
+                    scale = ue8m0_scale(scale_bytes[k])
+                    keep = Uint32(0xFFFFFFFF)
+                    if scale_bytes[k] == Uint32(0):
+                        keep = Uint32(0)     # no key: zeros, even where the stand-in row's bytes are not finite
+                    for w in cutlass.range_constexpr(4):
+                        out[2 * w] = e4m3x2_to_bf16x2(raw[k, w] & keep, scale, False)
+                        out[2 * w + 1] = e4m3x2_to_bf16x2(raw[k, w] & keep, scale, True)
                 # two 16-byte chunks at constant offsets from my first row's (k rows of 8 further, 1 KiB each; the
                 # half's 4 column atoms; the stage); with the crossover into the peer's buffer too.  (Stored through
                 # the swizzled layout instead, ~14 integer instructions of address a row: H100 B64 / B128 H64 46.3 /
