@@ -93,6 +93,40 @@ def test_every_stage_declares_files_that_exist():
         assert not missing, (stage.id, missing)
 
 
+def test_every_stage_depends_on_the_bench_modules_its_notebook_runs():
+    """A stage names the ``dsv4lib.bench`` modules its notebook imports (and theirs, ``from . import``) one by one, so
+    that a change to one stage's benchmark module (bench/d7.py) marks that stage's results stale and not every GPU
+    stage's — and no imported module is missing."""
+    import re
+    from dsv4lib.workbook.provenance import REPO_ROOT
+    from dsv4lib.workbook.registry import load_registry
+    bench = REPO_ROOT / "dsv4lib" / "bench"
+
+    def imported(text: str) -> set[str]:
+        names = set()
+        if re.search(r"^\s*from dsv4lib import .*\bbench\b", text, re.M):
+            names.add("__init__")
+        for group in re.findall(r"^\s*from dsv4lib\.bench import ([\w, ]+)", text, re.M):
+            names |= {"__init__", *(n.strip() for n in group.split(","))}
+        for module in re.findall(r"^\s*from dsv4lib\.bench\.(\w+) import", text, re.M):
+            names |= {"__init__", module}             # (a submodule's import runs the package's __init__ too)
+        return {n for n in names if (bench / f"{n}.py").exists()}
+
+    for stage in load_registry():
+        need = imported(stage.notebook.read_text())
+        todo = list(need)
+        while todo:                                  # bench modules importing each other (d6 → d7)
+            for group in re.findall(r"^from \. import ([\w, ]+)", (bench / f"{todo.pop()}.py").read_text(), re.M):
+                for n in (n.strip() for n in group.split(",")):
+                    if (bench / f"{n}.py").exists() and n not in need:
+                        need.add(n)
+                        todo.append(n)
+        named = {p.removeprefix("dsv4lib/bench/").removesuffix(".py") for p in stage.depends
+                 if p.startswith("dsv4lib/bench/")}
+        assert "dsv4lib/bench" not in stage.depends, stage.id          # the whole folder: every stage stale at once
+        assert need <= named, (stage.id, sorted(need - named))
+
+
 def test_a_gpu_result_is_stale_once_its_stages_files_change(tmp_path):
     """In a scratch repository: a GPU row recorded at commit A shows STALE (naming the file) after a file of its
     stage changed, and not for a change elsewhere; CPU rows are never marked; an unknown commit marks nothing."""
@@ -411,6 +445,13 @@ def test_a_result_with_file_digests_is_stale_by_content_not_by_its_commit_stamp(
         (tmp_path / "kern" / "b.py").write_text("b = 1\n")
         assert "kern/b.py" in status.stale_note(row, depends, "h100")
         assert status.stale_note(row, depends, "cpu") == ""
+        # a narrowed depends: a file the stage no longer names does not make it stale, one it still names does
+        (tmp_path / "kern" / "b.py").unlink()
+        (tmp_path / "kern" / "a.py").write_text("a = 3\n")
+        assert status.stale_note(row, ("nb.py",), "h100") == ""
+        assert "kern/a.py" in status.stale_note(row, ("nb.py", "kern/a.py"), "h100")
+        (tmp_path / "kern" / "a.py").unlink()                              # deleted from a depended-on folder
+        assert "kern/a.py" in status.stale_note(row, depends, "h100")
     finally:
         status.REPO_ROOT = real
 

@@ -92,7 +92,10 @@ def stale_note(row: dict[str, Any], depends: tuple[str, ...] | list[str] | None,
     recorded = row.get("depends_digest")
     if recorded:                 # by content: the files as the run saw them against the files here
         now = (digests_now or (lambda paths: file_digests(paths, REPO_ROOT)))(tuple(depends))
-        changed = sorted(p for p in set(recorded) | set(now) if recorded.get(p) != now.get(p))
+        # only files the stage depends on now: one the registry no longer names (a narrowed depends) is not code the
+        # result measured; one deleted from a depended-on folder still counts
+        covered = lambda p: any(p == d or p.startswith(d.rstrip("/") + "/") for d in depends)
+        changed = sorted(p for p in set(recorded) | set(now) if covered(p) and recorded.get(p) != now.get(p))
     else:                        # rows recorded before the digests: by the commit stamp, through git
         changed = changed_since(str(row.get("commit", "")), depends, repo=REPO_ROOT, files_since=files_since)
     if not changed:
