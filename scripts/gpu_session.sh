@@ -86,6 +86,9 @@ for w in $what; do
     # the STAGED_ROWS candidate (nope bytes by cp.async, converted in place) against the shipped producer
     d7staged) { timeout 200 python scripts/probe_d7.py --shapes 0,2,4,4096x64x128x512 \
                   --variants full,staged_rows,staged_rows_nx,no_crossover; } 2>&1 | tee "$out/logs/d7staged.txt" | tail -n 9 ;;
+    # the TWO_SLOTS_WITH_CROSSOVER candidate (apply docs/tuning/candidates/d7_two_slots.patch first) at the H128 shapes
+    d7slots)  { timeout 200 python scripts/probe_d7.py --shapes 3,4,4096x128x128x1024 \
+                  --variants full,two_slots,full,two_slots; } 2>&1 | tee "$out/logs/d7slots.txt" | tail -n 8 ;;
     ncu1)     run_ncu d1 2 scripts/ncu_d1.py 64 ;;
     ncu6)     run_ncu d6 2 scripts/ncu_d6.py 15 ;;
     bench)    { timeout 120 python scripts/bench_sparse.py; timeout 60 python scripts/bench_nvfp4.py;
