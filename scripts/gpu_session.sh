@@ -88,7 +88,7 @@ for w in $what; do
                   --variants full,staged_rows,staged_rows_nx,no_crossover; } 2>&1 | tee "$out/logs/d7staged.txt" | tail -n 9 ;;
     # the TWO_SLOTS_WITH_CROSSOVER candidate (apply docs/tuning/candidates/d7_two_slots.patch first) at the H128 shapes
     d7slots)  { timeout 200 python scripts/probe_d7.py --shapes 3,4,4096x128x128x1024 \
-                  --variants full,two_slots,full,two_slots; } 2>&1 | tee "$out/logs/d7slots.txt" | tail -n 8 ;;
+                  --variants full,two_slots,two_slots_late_ring,full,two_slots_late_ring; } 2>&1 | tee "$out/logs/d7slots.txt" | tail -n 8 ;;
     # why two half-tiles ahead loses at the decode (B64 H128) and not at the prefill: the half-tile event traces of
     # the shipped build and of two_slots (apply docs/tuning/candidates/d7_two_slots.patch first), ~2 min
     d7slotstrace) { for v in full two_slots; do timeout 110 python scripts/probe_d7.py --shapes 3,4096x128x128x1024 \

@@ -22,6 +22,8 @@ input set) — this is a measurement, never a result.
   staged_rows_nx  STAGED_ROWS with the head-pair cluster off (H = 128 too: each CTA converts every row); right
   two_slots     the candidate TWO_SLOTS_WITH_CROSSOVER (d7_two_slots.patch): the head-pair builds keep two half-
                 tiles of rows in flight, even fills' in the registers, odd fills' in a cp.async staging ring; right
+  two_slots_late_ring  two_slots with warp 3's ring copies for (1, L) issued after fill 2's rope arrive
+                (RING_AFTER_ROPE_ARRIVE, the same patch); right
   no_crossover  H = 128 without the head-pair cluster (each CTA dequantizes every row); right too
   no_pdl_chain  the builds launched without PDL (PDL_CHAIN off: no wait for the grid before, no trigger in the
                 unsplit build); the graph replay's back-to-back calls then start each grid after the last one ended;
@@ -72,9 +74,10 @@ ORIGINAL = dict(convert=md.e4m3x2_to_bf16x2, load_row=md.Model1DecodeSm90.load_r
                 regs=(md.Model1DecodeSm90.PAIRED_PRODUCER_REGS, md.Model1DecodeSm90.PAIRED_CONSUMER_REGS),
                 pdl_chain=md.Model1DecodeSm90.PDL_CHAIN, load_attributes=md.Model1DecodeSm90.NOPE_LOAD_ATTRIBUTES,
                 staged_indices=md.Model1DecodeSm90.STAGED_INDICES, staged_rows=getattr(md.Model1DecodeSm90, "STAGED_ROWS", False),
-                two_slots=getattr(md.Model1DecodeSm90, "TWO_SLOTS_WITH_CROSSOVER", False))   # (a candidate patch's knob)
+                two_slots=getattr(md.Model1DecodeSm90, "TWO_SLOTS_WITH_CROSSOVER", False),
+                ring_late=getattr(md.Model1DecodeSm90, "RING_AFTER_ROPE_ARRIVE", False))   # (a candidate patch's knob)
 SAME_BITS = ("full", "no_crossover", "no_pdl_chain", "no_l2_256", "nc_loads", "l1_no_allocate", "cg_loads",
-             "register_indices", "staged_rows", "staged_rows_nx", "two_slots")   # variants that must compute the shipped output
+             "register_indices", "staged_rows", "staged_rows_nx", "two_slots", "two_slots_late_ring")   # variants that must compute the shipped output
 
 
 @dsl_user_op
@@ -168,6 +171,7 @@ VARIANTS = {
     "staged_rows": dict(staged_rows=True),
     "staged_rows_nx": dict(staged_rows=True, crossover=False),
     "two_slots": dict(two_slots=True),
+    "two_slots_late_ring": dict(two_slots=True, ring_late=True),
     "no_crossover": dict(crossover=False),
     "no_pdl_chain": dict(pdl_chain=False),
     "regs216": dict(regs=(72, 216)),
@@ -346,6 +350,8 @@ def apply(variant: str) -> None:
         md.Model1DecodeSm90.STAGED_ROWS = parts["staged_rows"]
     if parts["two_slots"] or hasattr(md.Model1DecodeSm90, "TWO_SLOTS_WITH_CROSSOVER"):
         md.Model1DecodeSm90.TWO_SLOTS_WITH_CROSSOVER = parts["two_slots"]
+    if parts["ring_late"] or hasattr(md.Model1DecodeSm90, "RING_AFTER_ROPE_ARRIVE"):
+        md.Model1DecodeSm90.RING_AFTER_ROPE_ARRIVE = parts["ring_late"]
     launch.forget_plans()
     launch._COMPILED.clear()
 
