@@ -93,38 +93,45 @@ def test_every_stage_declares_files_that_exist():
         assert not missing, (stage.id, missing)
 
 
-def test_every_stage_depends_on_the_bench_modules_its_notebook_runs():
-    """A stage names the ``dsv4lib.bench`` modules its notebook imports (and theirs, ``from . import``) one by one, so
-    that a change to one stage's benchmark module (bench/d7.py) marks that stage's results stale and not every GPU
-    stage's — and no imported module is missing."""
+def _package_modules_run(text: str, package: str) -> set[str]:
+    """The modules of ``dsv4lib.<package>`` a notebook's source imports (the package's ``__init__`` with any of
+    them), closed over the package's own relative imports (``from . import x``, ``from .x import``)."""
     import re
     from dsv4lib.workbook.provenance import REPO_ROOT
+    folder = REPO_ROOT / "dsv4lib" / package
+    names = set()
+    if re.search(rf"^\s*from dsv4lib import .*\b{package}\b", text, re.M):
+        names.add("__init__")
+    for group in re.findall(rf"^\s*from dsv4lib\.{package} import ([\w, ]+)", text, re.M):
+        names |= {"__init__", *(n.strip() for n in group.split(","))}
+    for module in re.findall(rf"^\s*from dsv4lib\.{package}\.(\w+) import", text, re.M):
+        names |= {"__init__", module}             # (a submodule's import runs the package's __init__ too)
+    need = {n for n in names if (folder / f"{n}.py").exists()}
+    todo = list(need)
+    while todo:
+        source = (folder / f"{todo.pop()}.py").read_text()
+        found = [n.strip() for group in re.findall(r"^\s*from \. import ([\w, ]+)", source, re.M)
+                 for n in group.split(",")] + re.findall(r"^\s*from \.(\w+) import", source, re.M)
+        for n in found:
+            if (folder / f"{n}.py").exists() and n not in need:
+                need.add(n)
+                todo.append(n)
+    return need
+
+
+def test_every_stage_depends_on_the_bench_and_reference_modules_its_notebook_runs():
+    """A stage's ``depends`` covers every module of ``dsv4lib.bench`` and ``dsv4lib.reference`` its notebook runs
+    (the float64 truth its cosines are read against included), and names the bench modules one by one, so that a
+    change to one stage's benchmark module (bench/d7.py) marks that stage's results stale and not every GPU stage's."""
     from dsv4lib.workbook.registry import load_registry
-    bench = REPO_ROOT / "dsv4lib" / "bench"
-
-    def imported(text: str) -> set[str]:
-        names = set()
-        if re.search(r"^\s*from dsv4lib import .*\bbench\b", text, re.M):
-            names.add("__init__")
-        for group in re.findall(r"^\s*from dsv4lib\.bench import ([\w, ]+)", text, re.M):
-            names |= {"__init__", *(n.strip() for n in group.split(","))}
-        for module in re.findall(r"^\s*from dsv4lib\.bench\.(\w+) import", text, re.M):
-            names |= {"__init__", module}             # (a submodule's import runs the package's __init__ too)
-        return {n for n in names if (bench / f"{n}.py").exists()}
-
     for stage in load_registry():
-        need = imported(stage.notebook.read_text())
-        todo = list(need)
-        while todo:                                  # bench modules importing each other (d6 → d7)
-            for group in re.findall(r"^from \. import ([\w, ]+)", (bench / f"{todo.pop()}.py").read_text(), re.M):
-                for n in (n.strip() for n in group.split(",")):
-                    if (bench / f"{n}.py").exists() and n not in need:
-                        need.add(n)
-                        todo.append(n)
-        named = {p.removeprefix("dsv4lib/bench/").removesuffix(".py") for p in stage.depends
-                 if p.startswith("dsv4lib/bench/")}
+        text = stage.notebook.read_text()
         assert "dsv4lib/bench" not in stage.depends, stage.id          # the whole folder: every stage stale at once
-        assert need <= named, (stage.id, sorted(need - named))
+        for package in ("bench", "reference"):
+            covered = lambda m: (f"dsv4lib/{package}" in stage.depends
+                                 or f"dsv4lib/{package}/{m}.py" in stage.depends)
+            missing = sorted(m for m in _package_modules_run(text, package) if not covered(m))
+            assert not missing, (stage.id, package, missing)
 
 
 def test_a_gpu_result_is_stale_once_its_stages_files_change(tmp_path):
@@ -452,6 +459,17 @@ def test_a_result_with_file_digests_is_stale_by_content_not_by_its_commit_stamp(
         assert "kern/a.py" in status.stale_note(row, ("nb.py", "kern/a.py"), "h100")
         (tmp_path / "kern" / "a.py").unlink()                              # deleted from a depended-on folder
         assert "kern/a.py" in status.stale_note(row, depends, "h100")
+        # a widened depends: a file the run did not digest counts as changed only if git says it changed since the
+        # row's commit (an unknown or dirty commit: it does)
+        (tmp_path / "ref.py").write_text("r = 1\n")
+        assert "ref.py" in status.stale_note(row, depends + ("ref.py",), "h100")          # commit 0000000: unknown
+        same = lambda commit: ("kern/a.py",)                                              # git: only a.py changed
+        assert status.stale_note(row, depends + ("ref.py",), "h100", files_since=same) == \
+            status.stale_note(row, depends, "h100", files_since=same)
+        moved = lambda commit: ("kern/a.py", "ref.py")
+        assert "ref.py" in status.stale_note(row, depends + ("ref.py",), "h100", files_since=moved)
+        assert "ref.py" in status.stale_note({**row, "commit": "0000000+dirty"}, depends + ("ref.py",), "h100",
+                                             files_since=same)
     finally:
         status.REPO_ROOT = real
 

@@ -95,7 +95,15 @@ def stale_note(row: dict[str, Any], depends: tuple[str, ...] | list[str] | None,
         # only files the stage depends on now: one the registry no longer names (a narrowed depends) is not code the
         # result measured; one deleted from a depended-on folder still counts
         covered = lambda p: any(p == d or p.startswith(d.rstrip("/") + "/") for d in depends)
-        changed = sorted(p for p in set(recorded) | set(now) if covered(p) and recorded.get(p) != now.get(p))
+        changed = {p for p in set(recorded) | set(now) if covered(p) and recorded.get(p) != now.get(p)}
+        # a file the registry names now but the run did not digest (depends widened after it): the run used it as
+        # it was at the row's commit — changed only if git says so (or cannot tell)
+        unseen = sorted(p for p in changed if p not in recorded and p in now)
+        if unseen:
+            commit = str(row.get("commit", ""))
+            since = None if "+" in commit else changed_since(commit, unseen, repo=REPO_ROOT, files_since=files_since)
+            changed -= set(unseen) - set(unseen if since is None else since)
+        changed = sorted(changed)
     else:                        # rows recorded before the digests: by the commit stamp, through git
         changed = changed_since(str(row.get("commit", "")), depends, repo=REPO_ROOT, files_since=files_since)
     if not changed:
