@@ -71,11 +71,12 @@ ORIGINAL = dict(convert=md.e4m3x2_to_bf16x2, load_row=md.Model1DecodeSm90.load_r
                 slot=md.Model1DecodeSm90.producer_slot, pipes=md.Model1DecodeSm90.half_tile_pipelines,
                 cute=md.cute,
                 placed_max=md.PLACED_SCALE_MAX, crossover=decode.HEAD_PAIR_CLUSTER,
-                regs=(md.Model1DecodeSm90.PAIRED_PRODUCER_REGS, md.Model1DecodeSm90.PAIRED_CONSUMER_REGS),
-                pdl_chain=md.Model1DecodeSm90.PDL_CHAIN, load_attributes=md.Model1DecodeSm90.NOPE_LOAD_ATTRIBUTES,
-                staged_indices=md.Model1DecodeSm90.STAGED_INDICES, staged_rows=getattr(md.Model1DecodeSm90, "STAGED_ROWS", False),
-                two_slots=getattr(md.Model1DecodeSm90, "TWO_SLOTS_WITH_CROSSOVER", False),
-                ring_late=getattr(md.Model1DecodeSm90, "RING_AFTER_ROPE_ARRIVE", False))   # (a candidate patch's knob)
+                regs=(md.Model1DecodeSm90.PAIRED_PRODUCER_REGS, md.Model1DecodeSm90.PAIRED_CONSUMER_REGS))
+# the kernel class's knobs a variant may set (part name → class attribute); a candidate patch's knob (off when the
+# patch is not applied: the class has no such attribute) is set only where the class has it or a variant turns it on
+KNOBS = dict(pdl_chain="PDL_CHAIN", load_attributes="NOPE_LOAD_ATTRIBUTES", staged_indices="STAGED_INDICES",
+             staged_rows="STAGED_ROWS", two_slots="TWO_SLOTS_WITH_CROSSOVER", ring_late="RING_AFTER_ROPE_ARRIVE")
+ORIGINAL.update({part: getattr(md.Model1DecodeSm90, attr, False) for part, attr in KNOBS.items()})
 SAME_BITS = ("full", "no_crossover", "no_pdl_chain", "no_l2_256", "nc_loads", "l1_no_allocate", "cg_loads",
              "register_indices", "staged_rows", "staged_rows_nx", "two_slots", "two_slots_late_ring")   # variants that must compute the shipped output
 
@@ -343,15 +344,9 @@ def apply(variant: str) -> None:
     md.PLACED_SCALE_MAX = parts["placed_max"]
     decode.HEAD_PAIR_CLUSTER = parts["crossover"]
     md.Model1DecodeSm90.PAIRED_PRODUCER_REGS, md.Model1DecodeSm90.PAIRED_CONSUMER_REGS = parts["regs"]
-    md.Model1DecodeSm90.PDL_CHAIN = parts["pdl_chain"]
-    md.Model1DecodeSm90.NOPE_LOAD_ATTRIBUTES = parts["load_attributes"]
-    md.Model1DecodeSm90.STAGED_INDICES = parts["staged_indices"]
-    if parts["staged_rows"] or hasattr(md.Model1DecodeSm90, "STAGED_ROWS"):
-        md.Model1DecodeSm90.STAGED_ROWS = parts["staged_rows"]
-    if parts["two_slots"] or hasattr(md.Model1DecodeSm90, "TWO_SLOTS_WITH_CROSSOVER"):
-        md.Model1DecodeSm90.TWO_SLOTS_WITH_CROSSOVER = parts["two_slots"]
-    if parts["ring_late"] or hasattr(md.Model1DecodeSm90, "RING_AFTER_ROPE_ARRIVE"):
-        md.Model1DecodeSm90.RING_AFTER_ROPE_ARRIVE = parts["ring_late"]
+    for part, attr in KNOBS.items():
+        if parts[part] or hasattr(md.Model1DecodeSm90, attr):
+            setattr(md.Model1DecodeSm90, attr, parts[part])
     launch.forget_plans()
     launch._COMPILED.clear()
 

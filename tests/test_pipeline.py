@@ -93,50 +93,9 @@ def test_every_stage_declares_files_that_exist():
         assert not missing, (stage.id, missing)
 
 
-def _package_modules_run(text: str, package: str) -> set[str]:
-    """The modules of ``dsv4lib.<package>`` a notebook's source imports (the package's ``__init__`` with any of
-    them), closed over the package's own relative imports (``from . import x``, ``from .x import``)."""
-    import re
-    from dsv4lib.workbook.provenance import REPO_ROOT
-    folder = REPO_ROOT / "dsv4lib" / package
-    names = set()
-    if re.search(rf"^\s*from dsv4lib import .*\b{package}\b", text, re.M):
-        names.add("__init__")
-    for group in re.findall(rf"^\s*from dsv4lib\.{package} import ([\w, ]+)", text, re.M):
-        names |= {"__init__", *(n.strip() for n in group.split(","))}
-    for module in re.findall(rf"^\s*from dsv4lib\.{package}\.(\w+) import", text, re.M):
-        names |= {"__init__", module}             # (a submodule's import runs the package's __init__ too)
-    need = {n for n in names if (folder / f"{n}.py").exists()}
-    todo = list(need)
-    while todo:
-        source = (folder / f"{todo.pop()}.py").read_text()
-        found = [n.strip() for group in re.findall(r"^\s*from \. import ([\w, ]+)", source, re.M)
-                 for n in group.split(",")] + re.findall(r"^\s*from \.(\w+) import", source, re.M)
-        for n in found:
-            if (folder / f"{n}.py").exists() and n not in need:
-                need.add(n)
-                todo.append(n)
-    return need
-
-
-def test_every_stage_depends_on_the_bench_and_reference_modules_its_notebook_runs():
-    """A stage's ``depends`` covers every module of ``dsv4lib.bench`` and ``dsv4lib.reference`` its notebook runs
-    (the float64 truth its cosines are read against included), and names the bench modules one by one, so that a
-    change to one stage's benchmark module (bench/d7.py) marks that stage's results stale and not every GPU stage's."""
-    from dsv4lib.workbook.registry import load_registry
-    for stage in load_registry():
-        text = stage.notebook.read_text()
-        assert "dsv4lib/bench" not in stage.depends, stage.id          # the whole folder: every stage stale at once
-        for package in ("bench", "reference"):
-            covered = lambda m: (f"dsv4lib/{package}" in stage.depends
-                                 or f"dsv4lib/{package}/{m}.py" in stage.depends)
-            missing = sorted(m for m in _package_modules_run(text, package) if not covered(m))
-            assert not missing, (stage.id, package, missing)
-
-
-def _module_level_imports(path) -> set[str]:
-    """The ``dsv4lib`` module files (repository paths, no package ``__init__``) that importing ``path`` imports at
-    module level (what a build of its kernels can read: constants, helpers, other kernels' classes)."""
+def _dsv4lib_imports(path, anywhere: bool = False) -> set[str]:
+    """The ``dsv4lib`` files (repository paths) that ``path``'s imports name — at module level, or ``anywhere`` (a
+    notebook imports inside its cells' blocks) — each with its packages' ``__init__``, relative imports resolved."""
     import ast
     from dsv4lib.workbook.provenance import REPO_ROOT
 
@@ -147,8 +106,9 @@ def _module_level_imports(path) -> set[str]:
         return None
 
     package = ".".join(path.relative_to(REPO_ROOT).with_suffix("").parts[:-1])
+    tree = ast.parse(path.read_text())
     found = set()
-    for node in ast.parse(path.read_text()).body:
+    for node in (ast.walk(tree) if anywhere else tree.body):
         if isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
@@ -160,8 +120,32 @@ def _module_level_imports(path) -> set[str]:
                 found |= set(modules) if modules else {base}
         elif isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.startswith("dsv4lib")}
-    files = (file_of(m) for m in found)
-    return {f.relative_to(REPO_ROOT).as_posix() for f in files if f is not None and f.name != "__init__.py"}
+    with_parents = {".".join(m.split(".")[:n]) for m in found for n in range(1, m.count(".") + 2)}
+    files = (file_of(m) for m in with_parents)
+    return {f.relative_to(REPO_ROOT).as_posix() for f in files if f is not None}
+
+
+def test_every_stage_depends_on_the_bench_and_reference_modules_its_notebook_runs():
+    """A stage's ``depends`` covers every module of ``dsv4lib.bench`` and ``dsv4lib.reference`` its notebook runs
+    (the float64 truth its cosines are read against included; closed over each package's own imports), and names the
+    bench modules one by one, so that a change to one stage's benchmark module (bench/d7.py) marks that stage's results
+    stale and not every GPU stage's."""
+    from dsv4lib.workbook.provenance import REPO_ROOT
+    from dsv4lib.workbook.registry import load_registry
+    from dsv4lib.workbook.status import under
+    for stage in load_registry():
+        assert "dsv4lib/bench" not in stage.depends, stage.id          # the whole folder: every stage stale at once
+        run = _dsv4lib_imports(stage.notebook, anywhere=True)
+        for package in ("dsv4lib/bench", "dsv4lib/reference"):
+            need = {f for f in run if under(f, [package])}
+            todo = list(need)
+            while todo:                          # the package's modules importing each other (d6 → d7)
+                for g in _dsv4lib_imports(REPO_ROOT / todo.pop()):
+                    if under(g, [package]) and g not in need:
+                        need.add(g)
+                        todo.append(g)
+            missing = sorted(f for f in need if not under(f, stage.depends))
+            assert not missing, (stage.id, missing)
 
 
 def test_every_stage_depends_on_what_its_listed_modules_import():
@@ -172,25 +156,25 @@ def test_every_stage_depends_on_what_its_listed_modules_import():
     one import no stage's build reaches, with the reason."""
     from dsv4lib.workbook.provenance import REPO_ROOT
     from dsv4lib.workbook.registry import load_registry
+    from dsv4lib.workbook.status import under
     # sparse_public.py imports Model1DecodeSm90 for sparse_decode's unsplit build (Model1DecodePublicSm90); D2 builds
     # only MQA512PublicSm90 / SparseAttentionPublicSm90 from it.  (Moving that class next to Model1DecodeSm90 would
     # end this: do it with the next change to the MODEL1 kernel, which stales D6 / D7 anyway.)
     NOT_BUILT = {("D2", "dsv4lib/kernels/sm90/model1_decode.py")}
+    skipped = lambda f: f.startswith("dsv4lib/workbook/") or f.endswith("__init__.py")
     for stage in load_registry():
-        covered = lambda f: (any(f == d or f.startswith(d.rstrip("/") + "/") for d in stage.depends)
-                             or (stage.id, f) in NOT_BUILT)
         listed = set()
         for d in stage.depends:
             p = REPO_ROOT / d
             listed |= ({f.relative_to(REPO_ROOT).as_posix() for f in p.rglob("*.py")} if p.is_dir()
                        else {d} if d.endswith(".py") else set())
-        todo = sorted(f for f in listed if f.startswith("dsv4lib/") and not f.startswith("dsv4lib/workbook/"))
+        todo = sorted(f for f in listed if f.startswith("dsv4lib/") and not skipped(f))
         seen, missing = set(todo), set()
         while todo:
-            for g in _module_level_imports(REPO_ROOT / todo.pop()):
-                if g.startswith("dsv4lib/workbook/"):
+            for g in _dsv4lib_imports(REPO_ROOT / todo.pop()):
+                if skipped(g):
                     continue
-                if not covered(g):
+                if not under(g, stage.depends) and (stage.id, g) not in NOT_BUILT:
                     missing.add(g)
                 if g not in seen:
                     seen.add(g)

@@ -70,6 +70,11 @@ def changed_files(commit: str, repo: Path = REPO_ROOT) -> tuple[str, ...] | None
     return tuple(line for line in out.stdout.splitlines() if line.strip())
 
 
+def under(path: str, roots) -> bool:
+    """``path`` (a repository path) is one of ``roots`` or inside one of them (folders)."""
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+
 def changed_since(commit: str, paths: tuple[str, ...] | list[str], repo: Path = REPO_ROOT,
                   files_since=None) -> list[str] | None:
     """The files among ``paths`` (repository paths, folders included) that differ between ``commit`` and the working
@@ -80,7 +85,7 @@ def changed_since(commit: str, paths: tuple[str, ...] | list[str], repo: Path = 
     changed = (files_since or (lambda c: changed_files(c, repo)))(commit)
     if changed is None:
         return None
-    return [f for f in changed if any(f == p or f.startswith(p.rstrip("/") + "/") for p in paths)]
+    return [f for f in changed if under(f, paths)]
 
 
 def stale_note(row: dict[str, Any], depends: tuple[str, ...] | list[str] | None, target: str,
@@ -94,8 +99,7 @@ def stale_note(row: dict[str, Any], depends: tuple[str, ...] | list[str] | None,
         now = (digests_now or (lambda paths: file_digests(paths, REPO_ROOT)))(tuple(depends))
         # only files the stage depends on now: one the registry no longer names (a narrowed depends) is not code the
         # result measured; one deleted from a depended-on folder still counts
-        covered = lambda p: any(p == d or p.startswith(d.rstrip("/") + "/") for d in depends)
-        changed = {p for p in set(recorded) | set(now) if covered(p) and recorded.get(p) != now.get(p)}
+        changed = {p for p in set(recorded) | set(now) if under(p, depends) and recorded.get(p) != now.get(p)}
         # a file the registry names now but the run did not digest (depends widened after it): the run used it as
         # it was at the row's commit — changed only if git says so (or cannot tell)
         unseen = sorted(p for p in changed if p not in recorded and p in now)
