@@ -130,7 +130,6 @@ def bench_case(case: DecodeCase, copy_gbps: float, matmul_tflops: float, fm=None
     fns, sets = {"ours": ours_fn(case)}, {"ours": case.sets}
     if fm is not None:
         fns["flashmla"], sets["flashmla"] = flashmla_fn(case, fm), case.sets
-    kv = None
     if bf16_peer:          # our bf16 kernel over the dequantized rows: its own argument sets (q, joint indices)
         kv = bf16_rows(case)
         fns["bf16"] = lambda q, j: dsv4lib.sparse_attention(q, kv, j, sink=case.sink)
@@ -145,7 +144,6 @@ def bench_case(case: DecodeCase, copy_gbps: float, matmul_tflops: float, fm=None
         row.update(flashmla_us=tf.per_call_ms * 1e3, flashmla_host_us=tf.host_us, ratio_vs_flashmla=tf.per_call_ms / t.per_call_ms)
     if bf16_peer:
         row.update(bf16_us=times["bf16"].per_call_ms * 1e3)
-    del kv
     return row
 
 

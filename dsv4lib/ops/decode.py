@@ -110,7 +110,7 @@ def launcher(config: Model1DecodeConfig, device, *, page_size: int, page_size2: 
     def spec(q, pages, idx, lengths, pages2, idx2, lengths2, o, lse, sink_t):
         def make_kernel():
             if public:
-                from ..kernels.sm90.sparse_public import Model1DecodePublicSm90
+                from ..kernels.sm90.model1_decode import Model1DecodePublicSm90
                 return Model1DecodePublicSm90(config)
             from ..kernels.sm90.model1_decode import Model1DecodeSm90
             return Model1DecodeSm90(config)

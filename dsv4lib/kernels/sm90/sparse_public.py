@@ -15,7 +15,6 @@ from cutlass import Float32, Int32
 
 from ..common import with_unit_modes
 
-from .model1_decode import Model1DecodeSm90
 from .sparse_fwd import SparseAttentionForwardSm90
 
 
@@ -43,16 +42,3 @@ class MQA512PublicSm90(SparseAttentionForwardSm90):
                  softmax_scale_log2: Float32, window_size: Int32, mSink: cute.Tensor, stream: cuda.CUstream = None):
         SparseAttentionForwardSm90.__call__(self, mQ, mK[None, None, 0, None], mIdx, with_unit_modes(mO, 5),
                                             with_unit_modes(mLSE, 4), softmax_scale_log2, window_size, mSink, stream)
-
-
-class Model1DecodePublicSm90(Model1DecodeSm90):
-    """``sparse_decode``'s unsplit build: :class:`Model1DecodeSm90` writing o ``[B, s_q, H, 512]`` and lse ``[B, H,
-    s_q]`` as allocated (the split mode added at trace time, as above); the device code is the batched build's."""
-
-    @cute.jit
-    def __call__(self, mQ: cute.Tensor, mCache: cute.Tensor, mIdx: cute.Tensor, mLen: cute.Tensor,
-                 mCache2: cute.Tensor, mIdx2: cute.Tensor, mLen2: cute.Tensor, page_size: Int32, page_size2: Int32,
-                 mO: cute.Tensor, mLSE: cute.Tensor, softmax_scale_log2: Float32, mSink: cute.Tensor,
-                 stream: cuda.CUstream = None):
-        Model1DecodeSm90.__call__(self, mQ, mCache, mIdx, mLen, mCache2, mIdx2, mLen2, page_size, page_size2,
-                                  with_unit_modes(mO, 5), with_unit_modes(mLSE, 4), softmax_scale_log2, mSink, stream)
