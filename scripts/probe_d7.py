@@ -75,12 +75,10 @@ ORIGINAL = dict(convert=md.e4m3x2_to_bf16x2, load_row=md.Model1DecodeSm90.load_r
 # the kernel class's knobs a variant may set (part name → class attribute); a candidate patch's knob (off when the
 # patch is not applied: the class has no such attribute) is set only where the class has it or a variant turns it on
 KNOBS = dict(pdl_chain="PDL_CHAIN", load_attributes="NOPE_LOAD_ATTRIBUTES", staged_indices="STAGED_INDICES",
-             staged_rows="STAGED_ROWS", two_slots="TWO_SLOTS_WITH_CROSSOVER", ring_late="RING_AFTER_ROPE_ARRIVE",
-             rows_first="ROWS_BEFORE_SCALES", first_prefetch="PREFETCH_FIRST_PAIR")
+             staged_rows="STAGED_ROWS", two_slots="TWO_SLOTS_WITH_CROSSOVER", ring_late="RING_AFTER_ROPE_ARRIVE")
 ORIGINAL.update({part: getattr(md.Model1DecodeSm90, attr, False) for part, attr in KNOBS.items()})
 SAME_BITS = ("full", "no_crossover", "no_pdl_chain", "no_l2_256", "nc_loads", "l1_no_allocate", "cg_loads",
-             "register_indices", "staged_rows", "staged_rows_nx", "two_slots", "two_slots_late_ring",
-             "scales_first", "no_first_prefetch", "neither_prologue")   # variants that must compute the shipped output
+             "register_indices", "staged_rows", "staged_rows_nx", "two_slots", "two_slots_late_ring")   # variants that must compute the shipped output
 
 
 @dsl_user_op
@@ -171,9 +169,6 @@ VARIANTS = {
     "l1_no_allocate": dict(load_attributes={**HINT, "l1c_evict_priority": NV.CacheEvictionPriority.NO_ALLOCATE}),
     "cg_loads": dict(load_attributes={**HINT, "load_cache_mode": NV.LoadCacheMode.GLOBAL}),
     "register_indices": dict(staged_indices=False),
-    "scales_first": dict(rows_first=False),
-    "no_first_prefetch": dict(first_prefetch=False),
-    "neither_prologue": dict(rows_first=False, first_prefetch=False),
     "staged_rows": dict(staged_rows=True),
     "staged_rows_nx": dict(staged_rows=True, crossover=False),
     "two_slots": dict(two_slots=True),

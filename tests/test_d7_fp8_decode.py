@@ -115,17 +115,6 @@ def test_decode_builds_dequantizing_in_the_producer(extra, split_kv):
     # the consumers' key mask comes from the records in shared memory, not from the index lists
     assert k.count(r"ld\.global\.b8") == 0
     assert k.count(r"ld\.global\.b64") == 2          # the scale words: the record before the loop, the one in it
-    # ROWS_BEFORE_SCALES: the CTA's first 8 row loads are issued between the producer barrier that publishes the keys'
-    # addresses and the one that publishes their scale bytes (whose store waits for the scale load): the first fill
-    # waits for the entry and the rows, not for a scale load in between
-    marks = [(m.start(), m.group(0)) for m in re.finditer(
-        r"bar\.sync\s+7, 128;|ld\.global\.L2::256B\.v4\.b32|st\.shared\.b64", k.ptx)]
-    prologue = [what for _, what in marks][:13]
-    assert prologue[0].startswith("st.shared") and prologue[1].startswith("bar.sync"), prologue
-    assert prologue[2:10] == ["ld.global.L2::256B.v4.b32"] * 8, prologue
-    assert prologue[10].startswith("st.shared") and prologue[11].startswith("bar.sync"), prologue
-    # PREFETCH_FIRST_PAIR: each thread's key of the first pair, every 128-byte line of its part, into L2 — once
-    assert k.count(r"prefetch\.global\.L2 ") == 6
     assert k.count(r"st\.shared\.v4") == 2 * 4 * 8 * 2    # 16 bf16 a row as two 16-byte stores
     # the consumers are D6's paired ones: QK in two column halves, PV RS + SS per warpgroup
     assert k.count(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16") == 2 * 512 // 16
@@ -156,8 +145,7 @@ def test_unsplit_decode_build_takes_the_outputs_as_returned(heads):
     from _builds import device_code
     from dsv4lib.kernels.compile import compile_for_arch
     from dsv4lib.kernels.sm90.sparse_config import Model1DecodeConfig
-    from dsv4lib.kernels.sm90.model1_decode import Model1DecodeSm90
-    from dsv4lib.kernels.sm90.model1_decode import Model1DecodePublicSm90
+    from dsv4lib.kernels.sm90.model1_decode import Model1DecodePublicSm90, Model1DecodeSm90
     from dsv4lib.ops.decode import decode_args
     config = Model1DecodeConfig.for_decode(sink=True, split_kv=False, extra_cache=True, topk_length=True,
                                            extra_topk_length=True, head_pair_cluster=heads == 128)

@@ -60,7 +60,6 @@ COLS_PER_THREAD = HALF // 16      # 16 columns = 16 e4m3 bytes = one 16-byte loa
 ROPE_LANE = (NOPE_DIMS - HALF) // COLS_PER_THREAD    # 12: in the right half, lanes 12-15 (warp 3) hold the rope
 PLACED_SCALE_MAX = 127 + 7       # scale bytes up to 2^7 take the placed-bits conversion; larger ones the fp32 path
 PRODUCER_SYNC = 7                 # named barrier of the producer warpgroup (the consumers use 1-6)
-PREFETCH_OFFSETS = (0, 128, 256, 384, 512, PART_BYTES - 1)   # every 128-byte line a 576-byte part touches
 HEAD_PAIR = 2                     # CTAs of a head-pair cluster (H = 128: a token's two head groups)
 
 
@@ -176,13 +175,6 @@ def cp_async_4(shared: Int32, address: Int64, *, loc=None, ip=None) -> None:
                     asm_dialect=llvm.AsmDialect.AD_ATT)
 
 
-@dsl_user_op
-def prefetch_l2(address: Int64, *, loc=None, ip=None) -> None:
-    """``prefetch.global.L2``: bring the line holding global ``address`` into L2 (no register, nothing to wait for)."""
-    llvm.inline_asm(None, [Int64(address).ir_value(loc=loc, ip=ip)], "prefetch.global.L2 [$0];", "l",
-                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
-
-
 class PageList:
     """One MODEL1 cache and its index list as the kernel reads them, for one batch entry: the cache's address and
     page geometry, its index space, the list and its valid length."""
@@ -236,13 +228,6 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
     # first of the 4 threads reading a key's 256-byte stretch brings the rest into L2 (H100, session 38: −1.3 % at
     # B128 H64 / H128 and the prefill; .nc, .cg and L1::no_allocate each lost 1-4 %)
     NOPE_LOAD_ATTRIBUTES = dict(l2_prefetch_size=cute.nvgpu.L2PrefetchSize.SIZE_256B)
-    # the CTA's first rows are loaded once the keys' addresses are in the records, their scale bytes read after a
-    # second producer barrier (ROWS_BEFORE_SCALES); off: one barrier once addresses and scales are both in
-    ROWS_BEFORE_SCALES = True
-    # the first pair's key parts prefetched into L2 as soon as their addresses are known: the rows of every fill of
-    # the pair but the first are loaded only as the fill before converts (rolling), a DRAM latency each from a cold
-    # start — at B = 1 (one tile a split) the CTA's whole run is that chain
-    PREFETCH_FIRST_PAIR = True
     KEY_MASK_AFTER_WAIT = True               # the consumers' key mask comes from the records (is_real_key)
     PRODUCER_KEY_FLAGS = False               # (the records carry key validity: no separate flags)
     HEAD_GROUP_FASTEST = False               # the crossover's head pair is a cluster along y (grid y = head group)
@@ -446,16 +431,6 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         key_end = cutlass.min(n_keys, tile_hi * TILE_N)     # past it (padding tile, the next split's): no key
         part, scales = self.fetch_record(keys, key0, key_end, self.load_indices(keys, batch, token, key0))
         records[0, tidx, 0] = part
-        if const_expr(self.PREFETCH_FIRST_PAIR):
-            for offset in PREFETCH_OFFSETS:
-                prefetch_l2(part + Int64(offset))
-        b0, h0 = HALF_TILE_ORDER[0]
-        if const_expr(self.ROWS_BEFORE_SCALES):
-            # the first rows' loads need only the keys' addresses: issued before the scale loads have landed, so the
-            # CTA's first fill waits for two dependent loads (entry, row), not three (entry, scale group, row)
-            cute.arch.barrier(barrier_id=PRODUCER_SYNC, number_of_threads=128)
-            for k in cutlass.range_constexpr(self.convert_rows):
-                self.load_row_bytes(records, 0, b0, h0, slot, k, raw)
         records[1, tidx, 0] = scales
         staged = self.staged_entries(sKeyAddr)
         next_indices = (Int32(0), Int32(0))     # (only the register path reads them)
@@ -464,11 +439,9 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         else:
             next_indices = self.load_indices(keys, batch, token, key0 + 2 * TILE_N)
         cute.arch.barrier(barrier_id=PRODUCER_SYNC, number_of_threads=128)
+        b0, h0 = HALF_TILE_ORDER[0]
         for k in cutlass.range_constexpr(self.convert_rows):
-            if const_expr(self.ROWS_BEFORE_SCALES):
-                self.load_row_scale(scale_of, 0, b0, h0, slot, k, scale_bytes)
-            else:
-                self.load_row(records, scale_of, 0, b0, h0, slot, k, raw, scale_bytes)
+            self.load_row(records, scale_of, 0, b0, h0, slot, k, raw, scale_bytes)
         for p in cutlass.range(n_pairs, unroll=1):
             buf = p % 2
             # a lone pair (odd tile count, the last pair): its odd tile is a pad no consumer MMA reads — its two
@@ -538,26 +511,11 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         ``scale_bytes[k]``.  The rope lanes (right half, 12-15) load too — 16 bytes of their row's rope, the L2 lines
         their ``cp.async`` reads, never used — so that no lane-dependent branch has to carry registers.  ``b`` may be
         a runtime value (a lone pair's first fill loads (0, R) next, not (1, R))."""
-        self.load_row_bytes(records, buf, b, h, slot, k, raw)
-        self.load_row_scale(scale_of, buf, b, h, slot, k, scale_bytes)
-
-    @cute.jit
-    def row_of(self, b, h: cutlass.Constexpr, slot, k: cutlass.Constexpr):
-        """(key of the pair, first column) of this thread's row ``k`` of half-tile (b, h)."""
         group, lane, first_k, _, _, _ = slot
-        return b * TILE_N + group + ROW_GROUPS * (first_k + k), h * HALF + lane * COLS_PER_THREAD
-
-    @cute.jit
-    def load_row_bytes(self, records, buf, b, h: cutlass.Constexpr, slot, k: cutlass.Constexpr, raw):
-        """:meth:`load_row`'s 16-byte load of e4m3 values (reads only the record's address word)."""
-        key, col = self.row_of(b, h, slot, k)
+        col = h * HALF + lane * COLS_PER_THREAD
+        key = b * TILE_N + group + ROW_GROUPS * (first_k + k)
         atom = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), Uint32, num_bits_per_copy=128, **self.NOPE_LOAD_ATTRIBUTES)
         cute.copy(atom, gmem_view(Uint32, records[0, key, buf] + Int64(col), 4, 16), raw[k, None])
-
-    @cute.jit
-    def load_row_scale(self, scale_of, buf, b, h: cutlass.Constexpr, slot, k: cutlass.Constexpr, scale_bytes):
-        """:meth:`load_row`'s scale byte (from the record's scale word)."""
-        key, col = self.row_of(b, h, slot, k)
         scale_bytes[k] = Uint32(scale_of[col // 64, key, buf])
 
     @cute.jit
