@@ -117,9 +117,10 @@ record(metrics_path, compiled=build_ok)
 # ## The decode's work split
 #
 # One CTA serves one query token x 64 heads (the MMA's M) and walks that token's 64-key tiles; its two consumer
-# warpgroups take the tiles in turn, a *pair* at a time.  When the batch is too small to fill half the GPU the keys
-# are split over several CTAs (each writes an fp32 partial and its LSE; a combine kernel merges them by LSE and
-# adds the sink once), down to one tile a split at B1.  An odd count ends on a *lone* pair: its second tile is not
+# warpgroups take the tiles in turn, a *pair* at a time.  When the batch is too small to fill the GPU the keys are
+# split over several CTAs, doubling while they fit one wave (each writes an fp32 partial and its LSE; a combine
+# kernel merges them by LSE and adds the sink once: one CTA a row once there are rows for every SM, else four warps
+# a 128-column chunk sharing many splits), down to one tile a split at B1.  An odd count ends on a *lone* pair: its second tile is not
 # filled and no MMA runs on it (B1 H64: 15.4 → 13.0 µs on the H100 when that landed).  At H = 128 a token's two
 # head-group CTAs form a cluster that dequantizes each key once for both.  Every kernel of a call goes out with
 # *programmatic dependent launch*: the combine's CTAs launch once the split CTAs are past their main loop, and the

@@ -2,6 +2,7 @@
 (builds on the CPU with the instructions it is about, rejects bad input, and on a Hopper GPU matches the float64
 reference over the same FP8 cache), and where FlashMLA's Hopper kernels are present (``.device-c``) the cross-check
 that FlashMLA decodes our writer's bytes to what our decode computes."""
+import math
 import re
 
 import pytest
@@ -443,17 +444,72 @@ def test_flashmla_decodes_our_cache_as_we_do():
     check_output(ours, theirs.view_as(ours).double(), cos_min=0.9999)
 
 
-def test_decode_split_rule_keeps_half_a_wave():
+def test_decode_split_rule_keeps_one_wave():
     from dsv4lib.ops.decode import DECODE_MAX_SPLITS, decode_splits
-    assert decode_splits(64, 10, 132) == 1          # B64 H64: 2 splits measured 1.5x slower than none
-    assert decode_splits(32, 10, 132) == 2          # 64 CTAs: still within half a wave
+    assert decode_splits(64, 10, 132) == 2          # B64 H64: 128 CTAs, one wave (the row combine merges 4096 rows)
+    assert decode_splits(32, 10, 132) == 4          # 128 CTAs
+    assert decode_splits(128, 10, 132) == 1         # B128 H64: a wave already
+    assert decode_splits(128, 18, 132) == 1         # B64 H128: two head-group CTAs a token, a wave already
     assert decode_splits(1, 10, 132) == 10          # B1 H64: a tile a CTA (10 CTAs fit half a wave)
     assert decode_splits(2, 18, 132) == 18          # B1 H128: 36 CTAs fit half a wave, a tile each (16.2 vs 16.7 µs)
     assert decode_splits(8, 10, 132) == 5           # 80 CTAs a tile each do not fit: 8 by doubling, 2 tiles fill 5
     assert decode_splits(1, 1000, 132) == DECODE_MAX_SPLITS
     for ctas in range(1, 300):
         s = decode_splits(ctas, 18, 132)
-        assert s == 1 or ctas * s <= 66
+        assert s == 1 or ctas * s <= 132
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("has_sink", [False, True])
+def test_row_combine_builds_one_cta_a_row(has_sink):
+    """The many-row merge (B ≥ 3 at H64): 128 threads a row, each loading its 4 columns of a batch of splits as
+    16-byte vectors, all issued before any is used; no shared memory, no barrier; launched behind the split kernel
+    with PDL (it waits for that grid first); one 8-byte bf16 store a thread."""
+    from dsv4lib.kernels.combine import fake_args
+    from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.row_combine import UNROLL, RowCombineKernel
+    k = compile_for_arch(RowCombineKernel(512, has_sink=has_sink, pdl=True), *fake_args(512), arch="sm_90a")
+    vector = r"ld\.global\.v4\.(f32|b32)"
+    assert k.count(vector) == UNROLL
+    first_ex2 = k.ptx.index("ex2.approx")
+    assert len(re.findall(vector, k.ptx[:first_ex2])) == UNROLL     # the batch's loads before its weights
+    assert k.count(r"bar\.sync") == 0 and k.count(r"\.shared") == 0 and k.count(r"\.local") == 0
+    assert k.ptx.index("griddepcontrol.wait") < k.ptx.index("ld.global")
+    assert k.count(r"st\.global\.v2\.b32|st\.global\.v4\.b16|st\.global\.b64") == 1
+    with pytest.raises(ValueError):
+        RowCombineKernel(192, has_sink=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("splits", [1, 3, 4, 9])
+@pytest.mark.parametrize("has_sink", [False, True])
+def test_row_combine_merges_as_the_reference(splits, has_sink):
+    """The row combine against the combine's float64 algorithm (``splitkv.combine_torch``) on fresh random partials:
+    split counts below, at and past a batch, a split that saw no key in every row (lse -inf, its partial NaN: it must
+    add nothing), a row with no key at all (zeros, lse -inf), the sink once."""
+    from dsv4lib.kernels.splitkv import combine_torch
+    from dsv4lib.ops.decode import row_combine_launcher
+    gen = torch.Generator().manual_seed(fresh_seed())
+    B, H = 3, 64
+    o_part = torch.randn(splits, B, 1, H, 512, generator=gen) * 3
+    lse_part = torch.randn(splits, B, H, 1, generator=gen) * 4
+    if splits > 1:
+        o_part[1] = float("nan")
+        lse_part[1] = -math.inf
+    lse_part[:, 2, 7] = -math.inf                                     # batch 2, head 7: no key in any split
+    sink = torch.randn(H, generator=gen)
+    ref_out, ref_lse = combine_torch(o_part.double(), lse_part.double(), sink.double() if has_sink else None)
+    ref_out = torch.nan_to_num(ref_out, nan=0.0)
+    out = torch.full((B, 1, H, 512), float("nan"), dtype=torch.bfloat16, device="cuda")      # poisoned
+    lse = torch.full((B, H, 1), float("nan"), device="cuda")
+    sink_t = sink.cuda() if has_sink else torch.zeros(1, device="cuda")
+    row_combine_launcher(torch.device("cuda"), has_sink=has_sink)(o_part.cuda(), lse_part.cuda(), out, lse, sink_t)
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all()
+    assert (out[2, 0, 7] == 0).all() and lse[2, 7, 0].item() == -math.inf
+    check_output(out, ref_out)
+    finite = torch.isfinite(ref_lse)
+    assert torch.allclose(lse.cpu().double()[finite], ref_lse[finite], atol=1e-5, rtol=1e-5)
 
 
 def test_decode_work_is_what_the_call_launches():

@@ -20,9 +20,11 @@ from .sparse import HEAD_DIM, HEADS_PER_CTA
 
 DECODE_HEADS = (64, 128)
 DECODE_SQ = (1, 2)             # one token, or two with MTP
-# split only while the split launch stays within half a wave of SMs: each split writes a 128 KB fp32 partial that the
-# combine reads back, and with the rolling producer a CTA's 10-18 tiles cost less than that round trip once the SMs are
-# half busy.  Measured (H100, issue #35 shapes): B64 H64 1 / 2 / 4 splits 50 / 75 / 91 µs, B128 H64 53 / 146 µs,
+# split while the split launch stays within one wave of SMs (the doubling) — each split writes a 128 KB fp32 partial
+# that the combine reads back from L2, which costs less than walking twice the tiles in a CTA while SMs are idle.
+# Until session 39 only within *half* a wave: B64 H64 at 2 splits had measured 75 vs 50 µs (later 112 vs 41) — the
+# combine's fault, not the split's: one 4-warp CTA per (row, 128 columns), at most 2 a SM under its PDL reservation,
+# ~62 waves of tiny CTAs at B64; many-row merges now go to the row combine (:func:`row_combine_launcher`).
 # B1 H64 43 / 32 / 24 / 17 µs at 1 / 2 / 4 / 8 splits (8 asked of 10 tiles: 2 tiles each, so 5 did the work and 3
 # wrote empty partials; 5 asked measured no faster than 8, 10 — a tile each — as fast: 10 now).  A split keeps at
 # least one 64-key tile.  32, not 16, so that B1 H128's 18 tiles get a split each too (H100, session 32: 18 splits
@@ -34,12 +36,12 @@ HEAD_PAIR_CLUSTER = True
 
 def decode_splits(batch_ctas: int, n_tiles: int, sms: int) -> int:
     """The split count of a decode launch of ``batch_ctas`` (token, head group) CTAs over ``n_tiles`` 64-key tiles:
-    doubling within half a wave; when every tile can have a CTA of its own within half a wave, one tile a split (a
+    doubling within one wave; when every tile can have a CTA of its own within half a wave, one tile a split (a
     latency-bound call: the fewer tiles a CTA walks, the sooner the last partial lands — B1 H64's 10 tiles over 5 /
     8 / 10 splits took 16.1 / 15.7 / 15.7 and 16.2 / 15.9 / 15.8 µs in two runs, H100, session 30); then only as
     many as get a tile (``nonempty_splits``)."""
     splits = 1
-    while splits * 2 <= DECODE_MAX_SPLITS and batch_ctas * splits * 2 <= sms // 2 and n_tiles // (splits * 2) >= 1:
+    while splits * 2 <= DECODE_MAX_SPLITS and batch_ctas * splits * 2 <= sms and n_tiles // (splits * 2) >= 1:
         splits *= 2
     if splits > 1 and batch_ctas * n_tiles <= sms // 2:
         splits = min(n_tiles, DECODE_MAX_SPLITS)
@@ -140,6 +142,18 @@ def _check_int32(name, t, shape: tuple, device_index: int) -> None:
         raise ValueError(f"{name} is on {t.device}, q on cuda:{device_index}")
     if not t.is_contiguous() or t.data_ptr() % 16:
         raise ValueError(f"{name} must be contiguous from a 16-byte aligned start (strides {t.stride()})")
+
+
+def row_combine_launcher(device, *, has_sink: bool) -> Launch:
+    """:func:`~dsv4lib.ops.combine.combine_launcher`'s launch (same arguments, PDL) with the one-CTA-a-row kernel
+    (:class:`dsv4lib.kernels.row_combine.RowCombineKernel`): for a merge of at least as many rows as SMs."""
+    plain = combine_launcher(HEAD_DIM, device, has_sink=has_sink, pdl=True)
+
+    def spec(*tensors):
+        key, _, compile_args = plain.spec(*tensors)
+        from ..kernels.row_combine import RowCombineKernel
+        return ("rows", *key), lambda: RowCombineKernel(HEAD_DIM, has_sink=has_sink, pdl=True), compile_args
+    return Launch(plain.args, spec)
 
 
 def _config(device, B: int, s_q: int, H: int, n_keys: int, num_splits, extra: bool, lengths: bool, lengths2: bool,
@@ -244,7 +258,11 @@ def _decode_plan(q, k_cache, indices, topk_length, *, extra_k_cache, extra_indic
         o_part, lse_part = workspace(splits, B, s_q, H, HEAD_DIM, device)
         # PDL: the combine's launch hides behind the split kernel, which lets it go once past its main loop; both go
         # out through one compiled function (launch.Sequence)
-        split_then_combine = Sequence(go, combine_launcher(HEAD_DIM, device, has_sink=sink is not None, pdl=True))
+        # the merge: one CTA a row where there are rows for every SM (B ≥ 3 at H64), else the 4-warp chunks that share
+        # many splits (B1: 64 rows over 10 splits)
+        merge = (row_combine_launcher(device, has_sink=sink is not None) if B * s_q * H >= device_facts(device)[1]
+                 else combine_launcher(HEAD_DIM, device, has_sink=sink is not None, pdl=True))
+        split_then_combine = Sequence(go, merge)
 
     def run(q, k_cache, indices, topk_length, extra_k_cache, extra_indices, extra_topk_length, sink):
         pages = k_cache.data if cache_object else cache_pages(k_cache)[0]
