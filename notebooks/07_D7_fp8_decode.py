@@ -118,7 +118,8 @@ record(metrics_path, compiled=build_ok)
 #
 # One CTA serves one query token x 64 heads (the MMA's M) and walks that token's 64-key tiles; its two consumer
 # warpgroups take the tiles in turn, a *pair* at a time.  When the batch is too small to fill the GPU the keys are
-# split over several CTAs, doubling while they fit one wave (each writes an fp32 partial and its LSE; a combine
+# split over several CTAs, doubling within half a wave (one wave from a quarter-full grid or over long lists: B32
+# H64 40 → 28 µs, B32 H128 63 → 50 on the H100) (each writes an fp32 partial and its LSE; a combine
 # kernel merges them by LSE and adds the sink once: one CTA a row once there are rows for every SM, else four warps
 # a 128-column chunk sharing many splits), down to one tile a split at B1.  An odd count ends on a *lone* pair: its second tile is not
 # filled and no MMA runs on it (B1 H64: 15.4 → 13.0 µs on the H100 when that landed).  At H = 128 a token's two

@@ -446,8 +446,11 @@ def test_flashmla_decodes_our_cache_as_we_do():
 
 def test_decode_split_rule_keeps_one_wave():
     from dsv4lib.ops.decode import DECODE_MAX_SPLITS, decode_splits
-    assert decode_splits(64, 10, 132) == 2          # B64 H64: 128 CTAs, one wave (the row combine merges 4096 rows)
-    assert decode_splits(32, 10, 132) == 4          # 128 CTAs
+    assert decode_splits(64, 10, 132) == 1          # B64 H64: 2 splits 42.8 vs 41.1 µs unsplit (H100, session 39)
+    assert decode_splits(32, 10, 132) == 4          # B32 H64: a quarter of the SMs → one wave (28.1 vs 40.2 µs)
+    assert decode_splits(64, 18, 132) == 2          # B32 H128: long lists → one wave (50.4 vs 63.4 µs)
+    assert decode_splits(16, 10, 132) == 5          # 8 by doubling within the wave, 2 tiles fill 5
+    assert decode_splits(48, 10, 132) == 1          # more than a quarter, short lists: half a wave only
     assert decode_splits(128, 10, 132) == 1         # B128 H64: a wave already
     assert decode_splits(128, 18, 132) == 1         # B64 H128: two head-group CTAs a token, a wave already
     assert decode_splits(1, 10, 132) == 10          # B1 H64: a tile a CTA (10 CTAs fit half a wave)
@@ -503,7 +506,8 @@ def test_row_combine_merges_as_the_reference(splits, has_sink):
     out = torch.full((B, 1, H, 512), float("nan"), dtype=torch.bfloat16, device="cuda")      # poisoned
     lse = torch.full((B, H, 1), float("nan"), device="cuda")
     sink_t = sink.cuda() if has_sink else torch.zeros(1, device="cuda")
-    row_combine_launcher(torch.device("cuda"), has_sink=has_sink)(o_part.cuda(), lse_part.cuda(), out, lse, sink_t)
+    device = torch.device("cuda", torch.cuda.current_device())
+    row_combine_launcher(device, has_sink=has_sink)(o_part.cuda(), lse_part.cuda(), out, lse, sink_t)
     torch.cuda.synchronize()
     assert torch.isfinite(out).all()
     assert (out[2, 0, 7] == 0).all() and lse[2, 7, 0].item() == -math.inf

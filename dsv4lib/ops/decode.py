@@ -20,11 +20,13 @@ from .sparse import HEAD_DIM, HEADS_PER_CTA
 
 DECODE_HEADS = (64, 128)
 DECODE_SQ = (1, 2)             # one token, or two with MTP
-# split while the split launch stays within one wave of SMs (the doubling) — each split writes a 128 KB fp32 partial
-# that the combine reads back from L2, which costs less than walking twice the tiles in a CTA while SMs are idle.
-# Until session 39 only within *half* a wave: B64 H64 at 2 splits had measured 75 vs 50 µs (later 112 vs 41) — the
-# combine's fault, not the split's: one 4-warp CTA per (row, 128 columns), at most 2 a SM under its PDL reservation,
-# ~62 waves of tiny CTAs at B64; many-row merges now go to the row combine (:func:`row_combine_launcher`).
+# split while the split launch stays within half a wave of SMs — or within one wave when the unsplit grid fills at most
+# a quarter of them or the lists are long (≥ 16 tiles, H128's 1152 keys).  Each split writes a 128 KB fp32 partial
+# that the combine reads back.  H100, session 39, device µs by graph replay with the row combine
+# (:func:`row_combine_launcher`; the old combine gave a many-row merge ~62 waves of tiny CTAs: B64 H64 at 2 splits
+# 112 vs 41 µs, and B32 H64 — 2 splits by the half-wave rule — 65 vs 40 unsplit): B32 H64 1 / 2 / 4 splits 40.2 /
+# 31.6 / 28.1 (FlashMLA 27.8), B32 H128 1 / 2 63.4 / 50.4 (FlashMLA 52.5), B64 H64 1 / 2 / 4 41.1 / 42.8 / 54.6 —
+# at 64 CTAs of 10 tiles the split gains nothing (its 128 CTAs share what the 64 could not use).
 # B1 H64 43 / 32 / 24 / 17 µs at 1 / 2 / 4 / 8 splits (8 asked of 10 tiles: 2 tiles each, so 5 did the work and 3
 # wrote empty partials; 5 asked measured no faster than 8, 10 — a tile each — as fast: 10 now).  A split keeps at
 # least one 64-key tile.  32, not 16, so that B1 H128's 18 tiles get a split each too (H100, session 32: 18 splits
@@ -36,12 +38,16 @@ HEAD_PAIR_CLUSTER = True
 
 def decode_splits(batch_ctas: int, n_tiles: int, sms: int) -> int:
     """The split count of a decode launch of ``batch_ctas`` (token, head group) CTAs over ``n_tiles`` 64-key tiles:
-    doubling within one wave; when every tile can have a CTA of its own within half a wave, one tile a split (a
+    doubling within half a wave, or within one wave from a grid of at most a quarter of the SMs or over ≥ 16 tiles
+    (the measurements above :data:`DECODE_MAX_SPLITS`); when every tile can have a CTA of its own within half a wave,
+    one tile a split (a
     latency-bound call: the fewer tiles a CTA walks, the sooner the last partial lands — B1 H64's 10 tiles over 5 /
     8 / 10 splits took 16.1 / 15.7 / 15.7 and 16.2 / 15.9 / 15.8 µs in two runs, H100, session 30); then only as
     many as get a tile (``nonempty_splits``)."""
     splits = 1
-    while splits * 2 <= DECODE_MAX_SPLITS and batch_ctas * splits * 2 <= sms and n_tiles // (splits * 2) >= 1:
+    one_wave = batch_ctas <= sms // 4 or n_tiles >= 16
+    while (splits * 2 <= DECODE_MAX_SPLITS and n_tiles // (splits * 2) >= 1
+           and batch_ctas * splits * 2 <= (sms if one_wave else sms // 2)):
         splits *= 2
     if splits > 1 and batch_ctas * n_tiles <= sms // 2:
         splits = min(n_tiles, DECODE_MAX_SPLITS)
