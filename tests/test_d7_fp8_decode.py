@@ -501,8 +501,9 @@ def test_row_combine_merges_as_the_reference(splits, has_sink):
         lse_part[1] = -math.inf
     lse_part[:, 2, 7] = -math.inf                                     # batch 2, head 7: no key in any split
     sink = torch.randn(H, generator=gen)
-    ref_out, ref_lse = combine_torch(o_part.double(), lse_part.double(), sink.double() if has_sink else None)
-    ref_out = torch.nan_to_num(ref_out, nan=0.0)
+    # the truth weighs an empty split's partial by 0: its NaN bits as zeros (0 · NaN would be NaN in torch)
+    ref_out, ref_lse = combine_torch(o_part.double().nan_to_num(0.0), lse_part.double(),
+                                     sink.double() if has_sink else None)
     out = torch.full((B, 1, H, 512), float("nan"), dtype=torch.bfloat16, device="cuda")      # poisoned
     lse = torch.full((B, H, 1), float("nan"), device="cuda")
     sink_t = sink.cuda() if has_sink else torch.zeros(1, device="cuda")
