@@ -10,7 +10,9 @@
 # orders over a 32 MiB (L2-resident) and a 256 MiB key pool: H100 read 0.79x FlashMLA at H128 on the small pool); d1 (scripts/sweep_d1.py: the hd64 and hd256
 # causal schedule candidates vs FA4 — D1's worst shapes — ~4 min); d7why (probe_d7 --trace: the half-tile
 # event trace at four shapes; ~2 min);
-# d7hints / d7idx / d7staged: probe_d7's load-hint, index-staging and staged-rows variants;
+# d7hints / d7idx / d7staged: probe_d7's load-hint, index-staging and staged-rows variants; gatherroof
+# (scripts/gather_roof_d7.py: torch's gather of the D7 shapes' key bytes beside ours); d7fused (the fused-merge
+# candidate against the combine launch at B1 / B2 / B4);
 # ncu7 / ncu7p / ncu1 / ncu6: Nsight Compute on one D7 call (B128 H64; ncu7p: the FP8-cache prefill's B4096 H64) / D1's hd64 causal (ours and FA4) / D6's bf16
 # prefill (ours and FlashMLA), per-SASS samples summarized by scripts/ncu_sass.py;
 # pipeline=D7 (stages named, comma-separated); pipeline1 / pipeline2: the stages in two calls (the whole pipeline took > 560 s on the H100, session 31).
@@ -87,6 +89,13 @@ for w in $what; do
     d7staged) { timeout 200 python scripts/probe_d7.py --shapes 0,2,4,4096x64x128x512 \
                   --variants full,staged_rows,staged_rows_nx,no_crossover; } 2>&1 | tee "$out/logs/d7staged.txt" | tail -n 9 ;;
     # the TWO_SLOTS_WITH_CROSSOVER candidate (apply docs/tuning/candidates/d7_two_slots.patch first) at the H128 shapes
+    # the random-read roof of the D7 shapes: torch's gather of the same key bytes beside ours and FlashMLA, ~1.5 min
+    gatherroof) { timeout 200 python scripts/gather_roof_d7.py --shapes 1,2,3,4; } 2>&1 | tee "$out/logs/gatherroof.txt" \
+                  | tail -n 6 ;;
+    # the fused merge (apply docs/tuning/candidates/d7_fused_merge.patch first): B1 / B2 / B4 H64 with it and with the
+    # combine launch, alternating, ~2 min
+    d7fused)  { timeout 250 python scripts/probe_d7.py --shapes 0,2x64x128x512,4x64x128x512 \
+                  --variants full,no_fused_merge,full,no_fused_merge; } 2>&1 | tee "$out/logs/d7fused.txt" | tail -n 6 ;;
     d7slots)  { timeout 200 python scripts/probe_d7.py --shapes 3,4,4096x128x128x1024 \
                   --variants full,two_slots,two_slots_late_ring,full,two_slots_late_ring; } 2>&1 | tee "$out/logs/d7slots.txt" | tail -n 8 ;;
     # why two half-tiles ahead loses at the decode (B64 H128) and not at the prefill: the half-tile event traces of
