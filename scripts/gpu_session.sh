@@ -12,7 +12,8 @@
 # event trace at four shapes; ~2 min);
 # d7hints / d7idx / d7staged: probe_d7's load-hint, index-staging and staged-rows variants; gatherroof
 # (scripts/gather_roof_d7.py: torch's gather of the D7 shapes' key bytes beside ours); d7fused (the fused-merge
-# candidate against the combine launch at B1 / B2 / B4);
+# candidate against the combine launch at B1 / B2 / B4); splitsparse (scripts/split_sweep_sparse.py: D6 / D2 split
+# counts at 4-32 tokens);
 # ncu7 / ncu7p / ncu1 / ncu6: Nsight Compute on one D7 call (B128 H64; ncu7p: the FP8-cache prefill's B4096 H64) / D1's hd64 causal (ours and FA4) / D6's bf16
 # prefill (ours and FlashMLA), per-SASS samples summarized by scripts/ncu_sass.py;
 # pipeline=D7 (stages named, comma-separated); pipeline1 / pipeline2: the stages in two calls (the whole pipeline took > 560 s on the H100, session 31).
@@ -91,6 +92,10 @@ for w in $what; do
     # the TWO_SLOTS_WITH_CROSSOVER candidate (apply docs/tuning/candidates/d7_two_slots.patch first) at the H128 shapes
     # the random-read roof of the D7 shapes: torch's gather of the same key bytes beside ours and FlashMLA, ~1.5 min
     gatherroof) { timeout 200 python scripts/gather_roof_d7.py --shapes 1,2,3,4; } 2>&1 | tee "$out/logs/gatherroof.txt" \
+                  | tail -n 6 ;;
+    # D6's gathered and D2's dense hd512 split paths at 4-32 tokens, each split count and the default (run on main
+    # and with the row-combine candidate applied), ~2 min
+    splitsparse) { timeout 250 python scripts/split_sweep_sparse.py; } 2>&1 | tee "$out/logs/splitsparse.txt" \
                   | tail -n 6 ;;
     # the fused merge (apply docs/tuning/candidates/d7_fused_merge.patch first): B1 / B2 / B4 H64 with it and with the
     # combine launch, alternating, ~2 min

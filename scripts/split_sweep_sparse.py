@@ -1,0 +1,47 @@
+"""D6 / D2 split paths at small batches: device µs of each forced split count, and of the split rule's own choice.
+
+    python scripts/split_sweep_sparse.py [--tokens 4,8,16,32] [--splits 1,2,4,8]
+
+Why (session 39): D7's split decode lost 70 µs at B64 to its combine — one 4-warp CTA per (row, 128 columns), at
+most 2 a SM under the PDL reservation, ~62 waves of tiny CTAs for a many-row merge — until a one-CTA-a-row combine
+took merges of at least as many rows as SMs.  `sparse_attention` (D6's gathered keys: a decode step's tokens as Sq
+rows of 64 heads, 640 keys each) and the hd512 MQA `attention` (D2's dense keys, 8k of them) split too and merge
+through the same combine launcher: this prints, per token count, the time at each split count and at the default
+(``num_splits=None``), by CUDA-graph replay over rotating inputs.  Run it on main and with
+``docs/tuning/candidates/combine_rows_everywhere.patch`` (or ``next_stack.patch``) applied: the many-row columns
+(tokens × 64 ≥ SMs) are the ones the row combine changes, and a rule that splits more may follow
+(``ops.sparse.gather_splits`` splits only ≤ 16 tokens today)."""
+import argparse
+
+import torch
+
+import dsv4lib
+from dsv4lib import bench
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", default="4,8,16,32")
+    ap.add_argument("--splits", default="1,2,4,8")
+    args = ap.parse_args()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    counts = [int(s) for s in args.splits.split(",")]
+    kv = torch.randn(1 << 18, 512, device="cuda", dtype=torch.bfloat16, generator=gen)          # 256 MiB of rows
+    print(f"{torch.cuda.get_device_name()}: device µs per call (graph replay); splits {counts} then the default")
+    for n in (int(t) for t in args.tokens.split(",")):
+        sets = [(torch.randn(n, 64, 512, device="cuda", dtype=torch.bfloat16, generator=gen),
+                 torch.randint(0, kv.shape[0], (n, 640), device="cuda", dtype=torch.int32, generator=gen))
+                for _ in range(8)]
+        gathered = [bench.time_graph(lambda q, i, s=s: dsv4lib.sparse_attention(q, kv, i, num_splits=s),
+                                     sets).per_call_ms * 1e3 for s in counts + [None]]
+        k = torch.randn(n, 8192, 1, 512, device="cuda", dtype=torch.bfloat16, generator=gen)   # a batch of n, K = V
+        dense_sets = [(torch.randn(n, 1, 64, 512, device="cuda", dtype=torch.bfloat16, generator=gen),)
+                      for _ in range(8)]
+        dense = [bench.time_graph(lambda q, s=s: dsv4lib.attention(q, k, k, num_splits=s), dense_sets).per_call_ms
+                 * 1e3 for s in counts + [None]]
+        fmt = lambda xs: "  ".join(f"{x:7.1f}" for x in xs)
+        print(f"{n:3d} tokens  gathered 640 keys: {fmt(gathered)}   |   dense hd512 8k keys: {fmt(dense)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
