@@ -42,8 +42,8 @@ def main():
           f"key parts + scale groups")
     for text in args.shapes.split(","):
         case = d7.make_case(*d7.parse_shape(text), window, compressed)
-        sets = [(i1 // 64, i1 % 64, i2 // 64, i2 % 64) for _, i1, _, i2, _ in
-                ((s[0], s[1].long(), s[2], s[3].long(), s[4]) for s in case.sets)]
+        ps1, ps2 = window.page_size, compressed.page_size
+        sets = [(i1.long() // ps1, i1.long() % ps1, i2.long() // ps2, i2.long() % ps2) for _, i1, _, i2, _ in case.sets]
         gather = lambda p1, s1, p2, s2: (wp[p1, s1], wg[p1, s1], cp[p2, s2], cg[p2, s2])
         fns, inputs = {"gather": gather, "ours": d7.ours_fn(case)}, {"gather": sets, "ours": case.sets}
         if fm is not None:
@@ -54,6 +54,7 @@ def main():
         print(f"B{case.B:<4} H{case.H:<4} {case.n_win}+{case.n_cmp}: gather {us['gather']:7.1f} µs "
               f"({nbytes / us['gather'] / 1e3:5.0f} GB/s)  ours {us['ours']:7.1f}  FlashMLA "
               f"{us.get('flashmla', float('nan')):7.1f}  ours / gather {us['ours'] / us['gather']:5.2f}", flush=True)
+
 
 if __name__ == "__main__":
     main()

@@ -8,7 +8,7 @@ took merges of at least as many rows as SMs.  `sparse_attention` (D6's gathered 
 rows of 64 heads, 640 keys each) and the hd512 MQA `attention` (D2's dense keys, 8k of them) split too and merge
 through the same combine launcher: this prints, per token count, the time at each split count and at the default
 (``num_splits=None``), by CUDA-graph replay over rotating inputs.  Run it on main and with
-``docs/tuning/candidates/combine_rows_everywhere.patch`` (or ``next_stack.patch``) applied: the many-row columns
+``docs/tuning/candidates/next_stack.patch`` applied (``git am``): the many-row columns
 (tokens × 64 ≥ SMs) are the ones the row combine changes, and a rule that splits more may follow
 (``ops.sparse.gather_splits`` splits only ≤ 16 tokens today)."""
 import argparse
