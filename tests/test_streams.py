@@ -184,3 +184,39 @@ def test_a_known_kind_of_call_takes_its_plan_and_still_refuses_bad_input():
         dsv4lib.sparse_decode(qs, cache, idx.long())
     with pytest.raises(ValueError):
         dsv4lib.sparse_decode(qs, cache, idx, num_splits=0)
+
+
+def test_split_workspaces_are_per_stream():
+    """The split paths' fp32 partials are kept per (shape, stream): the same shape on another stream gets its own,
+    the same stream its own again (a plan holding one is keyed by its stream too)."""
+    from dsv4lib.ops.launch import workspace
+    a = workspace(2, 1, 1, 64, 512, "cpu", 111)
+    assert workspace(2, 1, 1, 64, 512, "cpu", 111)[0] is a[0]
+    b = workspace(2, 1, 1, 64, 512, "cpu", 222)
+    assert b[0] is not a[0] and b[0].data_ptr() != a[0].data_ptr() and b[1].data_ptr() != a[1].data_ptr()
+
+
+@pytest.mark.gpu
+def test_the_same_split_shape_on_two_streams_at_once():
+    """Two streams run the same split shape concurrently (the hd128 decode, 8 splits + combine), each its own input,
+    20 calls each enqueued alternately with no sync: every call must read its own partials.  With one workspace per
+    shape one stream's split kernel could overwrite the partials the other's combine was reading."""
+    gen = torch.Generator().manual_seed(fresh_seed())
+    k = torch.randn(1, 8000, 16, 128, generator=gen).to("cuda", torch.bfloat16)
+    qs = [torch.randn(1, 1, 16, 128, generator=gen).to("cuda", torch.bfloat16) for _ in range(2)]
+    wants = [reference.attention(q.double(), k.double(), k.double()) for q in qs]
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    for s in streams:                                  # plans, workspaces and builds before the race
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            dsv4lib.attention(qs[0], k, k, num_splits=8)
+    torch.cuda.synchronize()
+    outs = [[], []]
+    for _ in range(20):
+        for i, s in enumerate(streams):
+            with torch.cuda.stream(s):
+                outs[i].append(dsv4lib.attention(qs[i], k, k, num_splits=8))
+    torch.cuda.synchronize()
+    for i in range(2):
+        for out in outs[i]:
+            check_output(out, wants[i])

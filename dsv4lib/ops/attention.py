@@ -175,7 +175,7 @@ def attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, retu
     tiles are clamped to it."""
     try:
         key = ("attention", tensor_sig(q), tensor_sig(k), tensor_sig(v), tensor_sig(sink),
-               options_sig(scale, causal, window, return_lse, num_splits))
+               options_sig(scale, causal, window, return_lse, num_splits), raw_stream(q.device))
     except AttributeError:
         key = None                                   # a non-tensor argument: the full path says which
     plan = find_plan(key)
@@ -193,7 +193,8 @@ def attention_with_p_path(q, k, v, *, scale=None, causal=False, window=None, sin
     intra-warpgroup overlap (``None``: on with P in registers); and of GQA head packing (``None``: default)."""
     try:
         key = ("attention_with_p_path", tensor_sig(q), tensor_sig(k), tensor_sig(v), tensor_sig(sink),
-               options_sig(scale, causal, window, return_lse, p_path, num_splits, overlap, pack_gqa))
+               options_sig(scale, causal, window, return_lse, p_path, num_splits, overlap, pack_gqa),
+               raw_stream(q.device))
     except AttributeError:
         key = None
     plan = find_plan(key)
@@ -250,7 +251,7 @@ def _plan(q, k, v, *, scale, causal, window, sink, return_lse, p_path, num_split
         go = launcher(config, device, scale=scale, window=window)
     else:
         go = launcher(config_for(q, split_kv=True, **problem), device, scale=scale, window=window)
-        o_part, lse_part = workspace(num_splits, B, Sq, H, D, device)
+        o_part, lse_part = workspace(num_splits, B, Sq, H, D, device, raw_stream(device))
         split_then_combine = Sequence(go, combine_launcher(D, device, has_sink=with_sink))
 
     def run(q, k, v, sink):
@@ -277,7 +278,7 @@ def attention_branches(q, branches, *, sink=None, scale=None, return_lse=False):
     ``2^(lse - max)``, the sink once — and writes the bf16 output and the LSE: n launches for n branches.  Equals
     :func:`dsv4lib.reference.attention` over the concatenated keys."""
     try:
-        key = ("branches", tensor_sig(q), tensor_sig(sink), options_sig(scale, return_lse),
+        key = ("branches", tensor_sig(q), tensor_sig(sink), options_sig(scale, return_lse), raw_stream(q.device),
                *[(tensor_sig(br["k"]), tensor_sig(br["v"]), options_sig(br.get("causal", False), br.get("window")))
                  for br in branches])
     except (AttributeError, TypeError, KeyError):
@@ -302,7 +303,7 @@ def _branches_plan(q, branches, *, sink, scale, return_lse):
         raise ValueError("attention_branches runs the head dims of the dense kernel (64, 128, 256)")
     scale = D ** -0.5 if scale is None else float(scale)
     earlier, last = branches[:-1], branches[-1]
-    prev = workspace(len(earlier), B, Sq, H, D, device) if earlier else None
+    prev = workspace(len(earlier), B, Sq, H, D, device, raw_stream(device)) if earlier else None
     # each earlier branch into its own slot of the workspace (views made once, with the plan)
     slots = [(launcher(plain_split_config(q, causal=bool(br.get("causal", False)), window=br.get("window")), device,
                        scale=scale, window=br.get("window")), prev[0][i:i + 1], prev[1][i:i + 1])

@@ -195,7 +195,7 @@ def sparse_decode(q, k_cache, indices, topk_length=None, *, extra_k_cache=None, 
     try:
         key = ("sparse_decode", tensor_sig(q), _cache_sig(k_cache), tensor_sig(indices), tensor_sig(topk_length),
                _cache_sig(extra_k_cache), tensor_sig(extra_indices), tensor_sig(extra_topk_length), tensor_sig(sink),
-               options_sig(scale, return_lse, num_splits))
+               options_sig(scale, return_lse, num_splits), raw_stream(q.device))
     except AttributeError:
         key = None
     plan = find_plan(key)
@@ -261,7 +261,7 @@ def _decode_plan(q, k_cache, indices, topk_length, *, extra_k_cache, extra_indic
     # the outputs as returned: the unsplit build takes them as they are (its split mode is added at trace time)
     go = launcher(config, device, page_size=page_size, page_size2=page_size2, scale=scale, public=splits == 1)
     if splits > 1:
-        o_part, lse_part = workspace(splits, B, s_q, H, HEAD_DIM, device)
+        o_part, lse_part = workspace(splits, B, s_q, H, HEAD_DIM, device, raw_stream(device))
         # PDL: the combine's launch hides behind the split kernel, which lets it go once past its main loop; both go
         # out through one compiled function (launch.Sequence)
         # the merge: one CTA a row where there are rows for every SM (B ≥ 3 at H64), else the 4-warp chunks that share

@@ -327,10 +327,11 @@ def lse_output(device, shape: tuple, wanted: bool, written: bool = True) -> Call
 _WORKSPACE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-def workspace(splits: int, B: int, Sq: int, H: int, D: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+def workspace(splits: int, B: int, Sq: int, H: int, D: int, device, stream: int) -> tuple[torch.Tensor, torch.Tensor]:
     """fp32 partial O ``(splits, B, Sq, H, D)`` and LSE ``(splits, B, H, Sq)`` for split-KV, allocated once per
-    shape and reused."""
-    key = (splits, B, Sq, H, D, device)
+    shape and stream (:func:`raw_stream`) and reused: two streams running the same split shape at once write their
+    own partials (a plan that holds a workspace is keyed by its stream too)."""
+    key = (splits, B, Sq, H, D, device, stream)
     if key not in _WORKSPACE:
         _WORKSPACE[key] = (torch.empty(splits, B, Sq, H, D, dtype=torch.float32, device=device),
                            torch.empty(splits, B, H, Sq, dtype=torch.float32, device=device))

@@ -174,7 +174,7 @@ def _runner(B: int, Sq: int, H: int, device, *, gather, causal, window, sink, sc
         config = cached_config(lambda: SparseFwdConfig.for_problem(gather=gather, causal=causal, window=window_on,
                                                                    split_kv=True, cluster_splits=cluster),
                                "sparse split", gather, causal, window_on, cluster)
-        o_part, lse_part = workspace(num_splits // cluster, B, Sq, H, HEAD_DIM, device)
+        o_part, lse_part = workspace(num_splits // cluster, B, Sq, H, HEAD_DIM, device, raw_stream(device))
         # the combine takes the outputs as returned (the build adds the batch mode).  PDL behind a cluster split and
         # behind the gathered (paired) split, whose CTAs let it go once past their main loops; both kernels go out
         # through one compiled function (launch.Sequence)
@@ -225,7 +225,7 @@ def sparse_attention(q, kv, indices, *, scale=None, sink=None, return_lse=False,
     heuristic, ``1`` = no split, clamped to the number of 64-key tiles."""
     try:
         key = ("sparse_attention", tensor_sig(q), tensor_sig(kv), tensor_sig(indices), tensor_sig(sink),
-               options_sig(scale, return_lse, num_splits))
+               options_sig(scale, return_lse, num_splits), raw_stream(q.device))
     except AttributeError:
         key = None
     plan = find_plan(key)
