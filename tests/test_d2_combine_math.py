@@ -137,3 +137,23 @@ def test_combine_takes_unbatched_outputs_with_the_same_device_code(pdl):
     build = lambda o, l: compile_for_arch(LSECombineKernel(512, has_sink=True, pdl=pdl),
                                           *combine_args(o_part, lse_part, o, l, sink), arch="sm_90a")
     assert device_code(build(out[0], lse[0]).ptx) == device_code(build(out, lse).ptx)
+
+
+def test_combine_launch_picks_the_row_kernel_for_many_rows(monkeypatch):
+    """``combine_launcher`` builds the one-CTA-a-row merge for at least as many output rows as SMs (head dims the
+    row kernel tiles: multiples of 128), the chunk kernel otherwise — and the two are different builds (keys)."""
+    from dsv4lib.kernels.combine import LSECombineKernel
+    from dsv4lib.kernels.row_combine import RowCombineKernel
+    from dsv4lib.ops import combine
+    monkeypatch.setattr(combine, "device_facts", lambda device: ("test GPU", 132))
+    assert combine.by_rows(512, 132, "cpu") and not combine.by_rows(512, 131, "cpu")
+    assert combine.by_rows(128, 4096, "cpu") and not combine.by_rows(64, 4096, "cpu")
+    picked = {}
+    for B in (1, 3):                                  # 64 rows (B1 H64), 192 rows
+        o_part, lse_part = torch.zeros(2, B, 1, 64, 512), torch.zeros(2, B, 64, 1)
+        out, lse, sink = torch.zeros(B, 1, 64, 512, dtype=torch.bfloat16), torch.zeros(B, 64, 1), torch.zeros(1)
+        key, make_kernel, _ = combine.combine_launcher(512, "cpu", has_sink=False).spec(o_part, lse_part, out, lse,
+                                                                                        sink)
+        picked[B] = (key, type(make_kernel()))
+    assert picked[1][1] is LSECombineKernel and picked[3][1] is RowCombineKernel
+    assert picked[1][0] != picked[3][0]

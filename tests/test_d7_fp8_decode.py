@@ -491,7 +491,7 @@ def test_row_combine_merges_as_the_reference(splits, has_sink):
     split counts below, at and past a batch, a split that saw no key in every row (lse -inf, its partial NaN: it must
     add nothing), a row with no key at all (zeros, lse -inf), the sink once."""
     from dsv4lib.kernels.splitkv import combine_torch
-    from dsv4lib.ops.decode import row_combine_launcher
+    from dsv4lib.ops.combine import by_rows, combine_launcher
     gen = torch.Generator().manual_seed(fresh_seed())
     B, H = 3, 64
     o_part = torch.randn(splits, B, 1, H, 512, generator=gen) * 3
@@ -508,7 +508,8 @@ def test_row_combine_merges_as_the_reference(splits, has_sink):
     lse = torch.full((B, H, 1), float("nan"), device="cuda")
     sink_t = sink.cuda() if has_sink else torch.zeros(1, device="cuda")
     device = torch.device("cuda", torch.cuda.current_device())
-    row_combine_launcher(device, has_sink=has_sink)(o_part.cuda(), lse_part.cuda(), out, lse, sink_t)
+    assert by_rows(512, B * H, device)                # 192 rows: at least one a SM on an H100 / H200
+    combine_launcher(512, device, has_sink=has_sink, pdl=False)(o_part.cuda(), lse_part.cuda(), out, lse, sink_t)
     torch.cuda.synchronize()
     assert torch.isfinite(out).all()
     assert (out[2, 0, 7] == 0).all() and lse[2, 7, 0].item() == -math.inf

@@ -1,9 +1,14 @@
 """The LSE combine (D2): split-KV partials merged into one softmax, the sink applied once.  Called by the dense
-(``ops.attention``) and the hd512 (``ops.sparse``) split paths alike; D5b's branches no longer need it (the last
-branch's build merges the others' partials in its epilogue: ``Sm90Epilogue.merge_previous``)."""
+(``ops.attention``), the hd512 (``ops.sparse``) and the FP8 decode (``ops.decode``) split paths alike; D5b's branches
+no longer need it (the last branch's build merges the others' partials in its epilogue:
+``Sm90Epilogue.merge_previous``).  Two kernels: a merge of at least as many output rows as SMs goes to
+:class:`~dsv4lib.kernels.row_combine.RowCombineKernel` (one CTA a row), a smaller one to
+:class:`~dsv4lib.kernels.combine.LSECombineKernel` (four warps a 128-column chunk sharing many splits)."""
 from __future__ import annotations
 
-from .launch import Launch, aligned16, raw_stream, rows_dynamic, stream_arg, to_cute
+import math
+
+from .launch import Launch, aligned16, device_facts, raw_stream, rows_dynamic, stream_arg, to_cute
 
 
 def combine_args(o_part, lse_part, out, lse, sink_t, stream=None, tvm_ffi: bool = False) -> tuple:
@@ -26,10 +31,21 @@ def combine_launcher(D: int, device, *, has_sink: bool, pdl: bool = False) -> La
 
     def spec(o_part, lse_part, out, lse, sink_t):
         from ..kernels.combine import LSECombineKernel
+        from ..kernels.row_combine import RowCombineKernel
         tensors = (o_part, lse_part, out, lse, sink_t)
-        return (("combine", D, has_sink, pdl, out.dim(), *map(aligned16, tensors[1:])),
-                lambda: LSECombineKernel(D, has_sink=has_sink, pdl=pdl), lambda: combine_args(*tensors, tvm_ffi=True))
+        rows = by_rows(D, math.prod(out.shape[:-1]), device)
+        kernel = RowCombineKernel if rows else LSECombineKernel
+        return (("combine", D, has_sink, pdl, rows, out.dim(), *map(aligned16, tensors[1:])),
+                lambda: kernel(D, has_sink=has_sink, pdl=pdl), lambda: combine_args(*tensors, tvm_ffi=True))
     return Launch(args, spec)
+
+
+def by_rows(D: int, rows: int, device) -> bool:
+    """Whether a merge of ``rows`` output rows goes to the one-CTA-a-row kernel: as many rows as SMs (the chunk
+    kernel's PDL reservation allows it 2 CTAs a SM — a many-row merge took ~62 waves of tiny CTAs, H100 session 39)
+    and a head dim the row kernel's 4-column threads tile (a multiple of 128)."""
+    from ..kernels.row_combine import COLS_PER_THREAD
+    return D % (32 * COLS_PER_THREAD) == 0 and rows >= device_facts(device)[1]
 
 
 def combine_partials(o_part, lse_part, out, lse, sink_t, *, has_sink: bool, pdl: bool = False) -> None:

@@ -23,7 +23,7 @@ DECODE_SQ = (1, 2)             # one token, or two with MTP
 # split while the split launch stays within half a wave of SMs — or within one wave when the unsplit grid fills at most
 # a quarter of them or the lists are long (≥ 16 tiles, H128's 1152 keys).  Each split writes a 128 KB fp32 partial
 # that the combine reads back.  H100, session 39, device µs by graph replay with the row combine
-# (:func:`row_combine_launcher`; the old combine gave a many-row merge ~62 waves of tiny CTAs: B64 H64 at 2 splits
+# (:func:`dsv4lib.ops.combine.by_rows`; the old combine gave a many-row merge ~62 waves of tiny CTAs: B64 H64 at 2 splits
 # 112 vs 41 µs, and B32 H64 — 2 splits by the half-wave rule — 65 vs 40 unsplit): B32 H64 1 / 2 / 4 splits 40.2 /
 # 31.6 / 28.1 (FlashMLA 27.8), B32 H128 1 / 2 63.4 / 50.4 (FlashMLA 52.5), B64 H64 1 / 2 / 4 41.1 / 42.8 / 54.6 —
 # at 64 CTAs of 10 tiles the split gains nothing (its 128 CTAs share what the 64 could not use).
@@ -150,18 +150,6 @@ def _check_int32(name, t, shape: tuple, device_index: int) -> None:
         raise ValueError(f"{name} must be contiguous from a 16-byte aligned start (strides {t.stride()})")
 
 
-def row_combine_launcher(device, *, has_sink: bool) -> Launch:
-    """:func:`~dsv4lib.ops.combine.combine_launcher`'s launch (same arguments, PDL) with the one-CTA-a-row kernel
-    (:class:`dsv4lib.kernels.row_combine.RowCombineKernel`): for a merge of at least as many rows as SMs."""
-    plain = combine_launcher(HEAD_DIM, device, has_sink=has_sink, pdl=True)
-
-    def spec(*tensors):
-        key, _, compile_args = plain.spec(*tensors)
-        from ..kernels.row_combine import RowCombineKernel
-        return ("rows", *key), lambda: RowCombineKernel(HEAD_DIM, has_sink=has_sink, pdl=True), compile_args
-    return Launch(plain.args, spec)
-
-
 def _config(device, B: int, s_q: int, H: int, n_keys: int, num_splits, extra: bool, lengths: bool, lengths2: bool,
             sink: bool):
     """(config, splits) of one kind of call: the split count and the frozen build."""
@@ -265,10 +253,8 @@ def _decode_plan(q, k_cache, indices, topk_length, *, extra_k_cache, extra_indic
         # PDL: the combine's launch hides behind the split kernel, which lets it go once past its main loop; both go
         # out through one compiled function (launch.Sequence)
         # the merge: one CTA a row where there are rows for every SM (B ≥ 3 at H64), else the 4-warp chunks that share
-        # many splits (B1: 64 rows over 10 splits)
-        merge = (row_combine_launcher(device, has_sink=sink is not None) if B * s_q * H >= device_facts(device)[1]
-                 else combine_launcher(HEAD_DIM, device, has_sink=sink is not None, pdl=True))
-        split_then_combine = Sequence(go, merge)
+        # many splits (B1: 64 rows over 10 splits) — ops.combine picks
+        split_then_combine = Sequence(go, combine_launcher(HEAD_DIM, device, has_sink=sink is not None, pdl=True))
 
     def run(q, k_cache, indices, topk_length, extra_k_cache, extra_indices, extra_topk_length, sink):
         pages = k_cache.data if cache_object else cache_pages(k_cache)[0]
