@@ -21,7 +21,7 @@
 target = "auto"
 metrics_path = ""
 seed = 0
-shapes = [0, 1, 2, 3, 4]              # rows of dsv4lib.bench.d7.SHAPES
+shapes = [0, 1, 2, 3, 4, 5, 6]        # rows of dsv4lib.bench.d7.SHAPES (5, 6: B32, outside the bars)
 window_slots = 256 << 10
 compressed_slots = 512 << 10
 
@@ -268,9 +268,10 @@ if on_gpu:
 # ## Where it stands
 #
 # Correct everywhere (the writer bit-equal to the reference, the decode at cosine 0.999998 against float64 over
-# the same FP8 cache, every e4m3 byte and scale dequantized bit-exactly).  Speed on the H100 (session 34, FlashMLA in
-# the same run): B1 12.85 µs, 1.14x FlashMLA (the bar: ≤ 12 µs, 1.15x); H64 at B64 / B128 1.1x / 1.0x; H128
-# 0.89-0.90x, the worst — not yet the 1.5x the stage aims at.  What got it here (docs/tuning/d7.md has the
+# the same FP8 cache, every e4m3 byte and scale dequantized bit-exactly).  Speed on the H100 (session 39, FlashMLA in
+# the same run, before the fused merge): B1 12.8 µs, 1.16x FlashMLA (the bars: ≤ 12 µs, 1.15x); H64 at B64 / B128
+# 1.18x / 1.07x; H128 0.94x / 0.93x, the worst — not the 1.5x the stage aims at; B32 0.98x (H64) / 1.04x (H128) since
+# the many-row merge got its own kernel (0.42x / 0.83x before).  What got it here (docs/tuning/d7.md has the
 # measurements): each key resolved once into a shared record; rolling loads (8 rows in flight per producer thread);
 # the rope columns by `cp.async` with the hardware arriving for them; e4m3 → bf16 by placed bits and one bf16
 # multiply (4 instructions a pair instead of 6); every row stored at a constant offset from two chunk addresses (a
