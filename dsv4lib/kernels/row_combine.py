@@ -1,4 +1,5 @@
-"""The LSE merge of split-KV partials for many rows and few splits: one CTA per output row (D7's decode at B ≥ 16).
+"""The LSE merge of split-KV partials for many rows and few splits: one CTA per output row (every merge of at least
+as many rows as SMs: D7's decode from B3 at H64).
 
 The math is :mod:`dsv4lib.kernels.combine`'s (``L = log Σ e^{lse_i}``, ``O = Σ e^{lse_i - L} O_i``, the sink once);
 what differs is the work split.  :class:`~dsv4lib.kernels.combine.LSECombineKernel` gives a (row, 128-column chunk)
@@ -11,17 +12,13 @@ batches of ``UNROLL`` whose loads are all issued before any is used, folded in w
 one L2 round trip per batch); no shared memory, no barrier, up to 16 CTAs a SM."""
 from __future__ import annotations
 
-import math
-
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, const_expr
 
 from .common import exp2, launch_stream, with_unit_modes
-
-LOG2_E = math.log2(math.e)
-LN_2 = math.log(2.0)
+from .softmax import LN_2, LOG2_E
 COLS_PER_THREAD = 4         # one 16-byte fp32 vector of a split's row
 UNROLL = 4                  # splits whose loads are in flight together
 
