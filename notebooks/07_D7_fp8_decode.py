@@ -269,7 +269,7 @@ if on_gpu:
 #
 # Correct everywhere (the writer bit-equal to the reference, the decode at cosine 0.999998 against float64 over
 # the same FP8 cache, every e4m3 byte and scale dequantized bit-exactly).  Speed on the H100 (session 39, FlashMLA in
-# the same run, before the fused merge): B1 12.8 µs, 1.16x FlashMLA (the bars: ≤ 12 µs, 1.15x); H64 at B64 / B128
+# the same run): B1 12.8 µs, 1.16x FlashMLA (the bars: ≤ 12 µs, 1.15x); H64 at B64 / B128
 # 1.18x / 1.07x; H128 0.94x / 0.93x, the worst — not the 1.5x the stage aims at; B32 0.98x (H64) / 1.04x (H128) since
 # the many-row merge got its own kernel (0.42x / 0.83x before).  What got it here (docs/tuning/d7.md has the
 # measurements): each key resolved once into a shared record; rolling loads (8 rows in flight per producer thread);

@@ -91,7 +91,8 @@ def _without_a_gpu(monkeypatch, stream_modules, device_modules) -> list:
         monkeypatch.setattr(module, "raw_stream", lambda device: 0)
     stand_ins = {"check_hopper": lambda device, what: None, "on_device": lambda device: launch._NO_GUARD,
                  "device_facts": lambda device: ("NVIDIA H200", 132)}
-    for module in device_modules:
+    # the combine launcher asks the device facts too (which merge kernel: rows against SMs)
+    for module in (*device_modules, _ops("combine")):
         for name, stand_in in stand_ins.items():
             if hasattr(module, name):
                 monkeypatch.setattr(module, name, stand_in)
@@ -135,6 +136,7 @@ def _check_tvm_ffi_launches(monkeypatch):
                                                                             "launch", "decode"))
     for module in (attention, sparse, combine, nvfp4, decode):
         monkeypatch.setattr(module, "raw_stream", lambda device: 0)
+    monkeypatch.setattr(combine, "device_facts", lambda device: ("NVIDIA H200", 132))     # which merge kernel
 
     def reaches_launch(call):
         with pytest.raises(Exception) as err:
@@ -307,8 +309,9 @@ def test_a_one_call_sequence_launches_each_kernel_with_its_own_builds_device_cod
     from dsv4lib.reference.model1 import page_bytes
     attention, combine, launch, decode = (_ops(n) for n in ("attention", "combine", "launch", "decode"))
     monkeypatch.setattr(CuTeDSL._get_dsl().envar, "arch", "sm_90a")
-    for module in (attention, combine, decode):
+    for module in (attention, combine, decode, _ops("sparse")):
         monkeypatch.setattr(module, "raw_stream", lambda device: 0)
+    monkeypatch.setattr(combine, "device_facts", lambda device: ("NVIDIA H200", 132))
     gen = torch.Generator().manual_seed(0)
     bf = lambda *s: torch.randn(*s, generator=gen).to(torch.bfloat16)
     cpu = torch.device("cpu")
