@@ -191,7 +191,7 @@ def test_interleaved_graph_timing_replays_in_turn_on_each_functions_sets(monkeyp
     """bench.time_graph_interleaved with the GPU stubbed: each function's graph captures ``calls`` calls rotating
     over its OWN input sets; the timed replays alternate between the functions (replay i of each before replay
     i + 1); each function's per-call time is the median over its replays of (replay time / calls), and its host µs
-    is bench.host_us of that function on its sets."""
+    the lowest of bench.host_us' single rounds on its sets, taken after the replays with the functions in turn."""
     import contextlib
     from dsv4lib import bench
     log, capturing, clock = [], [None], [0.0]
@@ -235,7 +235,14 @@ def test_interleaved_graph_timing_replays_in_turn_on_each_functions_sets(monkeyp
     monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
     monkeypatch.setattr(torch.cuda, "graph", graph_capture)
     monkeypatch.setattr(torch.cuda, "Event", Event)
-    monkeypatch.setattr(bench, "host_us", lambda fn, sets: {"slow": 30.0, "fast": 10.0}[fn(*sets[0], probe=True)])
+    host_rounds = {"slow": iter([31.0, 30.0, 33.0]), "fast": iter([12.0, 14.0, 10.0])}
+
+    def host_us(fn, sets, rounds=3):
+        assert rounds == 1                          # one round at a time, the functions in turn
+        name = fn(*sets[0], probe=True)
+        log.append(f"host {name}")
+        return next(host_rounds[name])
+    monkeypatch.setattr(bench, "host_us", host_us)
 
     def fn(name):
         def call(x, probe=False):
@@ -249,8 +256,9 @@ def test_interleaved_graph_timing_replays_in_turn_on_each_functions_sets(monkeyp
                                        flush_l2=False)
     # each graph holds 8 calls rotating over its own sets (the warm-up calls ran outside the capture)
     assert [g.captured for g in graphs] == [[("slow", i % 4) for i in range(8)], [("fast", 10 + i) for i in range(8)]]
-    # one untimed replay each after its capture, then five rounds: slow, fast, slow, fast, ...
-    assert log == ["slow", "fast"] + ["slow", "fast"] * 5
+    # one untimed replay each after its capture, then five rounds: slow, fast, slow, fast, ...; the host rounds
+    # after every replay (each function compiled and warm), in turn, each function's lowest round kept
+    assert log == ["slow", "fast"] + ["slow", "fast"] * 5 + ["host slow", "host fast"] * 3
     assert got["slow"].sets == 4 and got["fast"].sets == 8 and got["fast"].calls == 8 and got["slow"].replays == 5
     assert got["slow"].host_us == 30.0 and got["fast"].host_us == 10.0
     assert 1.0 <= got["slow"].per_call_ms <= 1.25 and 0.25 <= got["fast"].per_call_ms <= 0.5   # 8 / 8, 2 / 8 + jitter
