@@ -7,10 +7,8 @@ most 2 a SM under the PDL reservation, ~62 waves of tiny CTAs for a many-row mer
 took merges of at least as many rows as SMs.  `sparse_attention` (D6's gathered keys: a decode step's tokens as Sq
 rows of 64 heads, 640 keys each) and the hd512 MQA `attention` (D2's dense keys, 8k of them) split too and merge
 through the same combine launcher: this prints, per token count, the time at each split count and at the default
-(``num_splits=None``), by CUDA-graph replay over rotating inputs.  Run it on main and with
-``docs/tuning/candidates/next_stack.patch`` applied (``git am``): the many-row columns
-(tokens × 64 ≥ SMs) are the ones the row combine changes, and a rule that splits more may follow
-(``ops.sparse.gather_splits`` splits only ≤ 16 tokens today)."""
+(``num_splits=None``), by CUDA-graph replay over rotating inputs.  Session 40 ran it before and after the row
+combine took every split path's many-row merges (tokens × 64 ≥ SMs): docs/tuning/d2_d6.md has both tables."""
 import argparse
 
 import torch
