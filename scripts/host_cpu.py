@@ -39,7 +39,7 @@ def stub_the_gpu(calls: list):
     sparse._check_placement = lambda name, t: None
     decode.check_pages = lambda pages, page_size, name: None
     torch.Tensor.is_cuda = property(lambda t: True)          # the decode's first-call check (plans skip it after)
-    for module in (attention, sparse, nvfp4, decode):
+    for module in (attention, sparse, nvfp4, decode, combine):     # combine: which merge kernel (rows vs SMs)
         module.device_facts = lambda device: ("NVIDIA H200", 132)
     sparse.active_clusters = lambda cluster, device: 132 // cluster
 
