@@ -415,3 +415,27 @@ def test_refused_calls_make_no_plan():
         with pytest.raises(ValueError):
             dsv4lib.sparse_attention(q[0], q[0, :, 0], torch.zeros(8, 4, dtype=torch.int32))
     assert len(launch._PLANS) == before
+
+
+def test_the_cpu_host_probe_runs_every_public_call_as_one_compiled_call():
+    """scripts/host_cpu.py (#28's tool for sessions without a GPU: each public call's Python with the launches
+    stubbed) runs every call it lists, and each — split + combine and the branches included — goes out as one
+    compiled call (``launch.ONE_CALL``); with ``--one-call 0`` the multi-kernel ones are two or more.  It broke
+    silently once (session 40: the combine began asking the device's SM count, which the probe had not stubbed)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = Path(__file__).resolve().parents[1] / "scripts" / "host_cpu.py"
+
+    def rows(one_call: int) -> dict:
+        proc = subprocess.run([sys.executable, str(script), "--one-call", str(one_call)], capture_output=True,
+                              text=True, timeout=300, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        got = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+        return {r["call"]: r for r in got}
+    one, each = rows(1), rows(0)
+    assert len(one) >= 12 and set(one) == set(each)
+    assert all(r["compiled_calls"] == 1 and r["cpu_host_us"] > 0 for r in one.values()), one
+    multi = [name for name in one if "combine" in name or "branches" in name]
+    assert multi and all(each[name]["compiled_calls"] >= 2 for name in multi), each
