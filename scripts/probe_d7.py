@@ -71,7 +71,8 @@ ORIGINAL = dict(convert=md.e4m3x2_to_bf16x2, load_row=md.Model1DecodeSm90.load_r
                 slot=md.Model1DecodeSm90.producer_slot, pipes=md.Model1DecodeSm90.half_tile_pipelines,
                 cute=md.cute,
                 placed_max=md.PLACED_SCALE_MAX, crossover=decode.HEAD_PAIR_CLUSTER,
-                regs=(md.Model1DecodeSm90.PAIRED_PRODUCER_REGS, md.Model1DecodeSm90.PAIRED_CONSUMER_REGS))
+                regs=(md.Model1DecodeSm90.PAIRED_PRODUCER_REGS, md.Model1DecodeSm90.PAIRED_CONSUMER_REGS),
+                store=sf.SparseAttentionForwardSm90.store_half)
 # the kernel class's knobs a variant may set (part name → class attribute); a candidate patch's knob (off when the
 # patch is not applied: the class has no such attribute) is set only where the class has it or a variant turns it on
 KNOBS = dict(pdl_chain="PDL_CHAIN", load_attributes="NOPE_LOAD_ATTRIBUTES", staged_indices="STAGED_INDICES",
@@ -181,6 +182,9 @@ VARIANTS = {
     "idle_producer": dict(load_row=nothing, fill=nothing),
     "no_mma": dict(gemm=nothing),
     "floor": dict(load_row=nothing, fill=nothing, gemm=nothing),
+    # the O halves not written (the split's fp32 partials, 128 KB a CTA at H64, or the bf16 output): what the
+    # epilogue's register-to-global stores cost (B1: 10 CTAs each storing 64 x 512 fp32 from the accumulators)
+    "no_partial_store": dict(store=nothing),
 }
 
 
@@ -344,6 +348,7 @@ def apply(variant: str) -> None:
     md.PLACED_SCALE_MAX = parts["placed_max"]
     decode.HEAD_PAIR_CLUSTER = parts["crossover"]
     md.Model1DecodeSm90.PAIRED_PRODUCER_REGS, md.Model1DecodeSm90.PAIRED_CONSUMER_REGS = parts["regs"]
+    md.Model1DecodeSm90.store_half = parts["store"]
     for part, attr in KNOBS.items():
         if parts[part] or hasattr(md.Model1DecodeSm90, attr):
             setattr(md.Model1DecodeSm90, attr, parts[part])
