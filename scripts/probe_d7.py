@@ -76,12 +76,10 @@ ORIGINAL = dict(convert=md.e4m3x2_to_bf16x2, load_row=md.Model1DecodeSm90.load_r
 # the kernel class's knobs a variant may set (part name → class attribute); a candidate patch's knob (off when the
 # patch is not applied: the class has no such attribute) is set only where the class has it or a variant turns it on
 KNOBS = dict(pdl_chain="PDL_CHAIN", load_attributes="NOPE_LOAD_ATTRIBUTES", staged_indices="STAGED_INDICES",
-             staged_rows="STAGED_ROWS", two_slots="TWO_SLOTS_WITH_CROSSOVER", ring_late="RING_AFTER_ROPE_ARRIVE",
-             staged_partials="STAGED_PAIRED_PARTIALS")
+             staged_rows="STAGED_ROWS", two_slots="TWO_SLOTS_WITH_CROSSOVER", ring_late="RING_AFTER_ROPE_ARRIVE")
 ORIGINAL.update({part: getattr(md.Model1DecodeSm90, attr, False) for part, attr in KNOBS.items()})
 SAME_BITS = ("full", "no_crossover", "no_pdl_chain", "no_l2_256", "nc_loads", "l1_no_allocate", "cg_loads",
-             "register_indices", "staged_rows", "staged_rows_nx", "two_slots", "two_slots_late_ring",
-             "unstaged_partials")   # variants that must compute the shipped output
+             "register_indices", "staged_rows", "staged_rows_nx", "two_slots", "two_slots_late_ring")   # variants that must compute the shipped output
 
 
 @dsl_user_op
@@ -187,8 +185,6 @@ VARIANTS = {
     # the O halves not written (the split's fp32 partials, 128 KB a CTA at H64, or the bf16 output): what the
     # epilogue's register-to-global stores cost (B1: 10 CTAs each storing 64 x 512 fp32 from the accumulators)
     "no_partial_store": dict(store=nothing),
-    # the split partial straight from the accumulator (8 B pairs) instead of through sRed (16 B row stores)
-    "unstaged_partials": dict(staged_partials=False),
 }
 
 

@@ -138,26 +138,6 @@ def test_decode_builds_dequantizing_in_the_producer(extra, split_kv):
 
 
 @pytest.mark.compile
-def test_split_partials_leave_through_shared_memory_as_16_byte_row_stores(monkeypatch):
-    """The split build's fp32 partial (64 heads x 512 a CTA) goes to global memory as row-contiguous 16-byte stores
-    (a warp writes 512 B of one row) after both consumer warpgroups staged their O halves in the dead Q / KV buffers
-    and met twice on named barrier 6 — not as the accumulator's 8-byte pairs scattered over 8 rows a warp store,
-    which took 3.6 of B1's 13.0 µs (H100, session 40, probe_d7 ``no_partial_store``).  Spill-free either way;
-    ``STAGED_PAIRED_PARTIALS = False`` gives back the accumulator's stores (probe variant ``unstaged_partials``)."""
-    from dsv4lib.kernels.sm90.model1_decode import Model1DecodeSm90
-    staged = _build_decode(True, True)
-    # 32 vectors a thread in each warpgroup's epilogue (64 rows x 128 vectors / 256 threads), the row LSEs as words
-    assert staged.count(r"st\.global\.v4\.b32") == 2 * 32 and staged.count(r"st\.global\.v2") == 0
-    assert staged.count(r"st\.global\.b32") == 2
-    assert staged.count(r"bar\.sync\s+6\b") == 4
-    assert staged.count(r"\.local") == 0
-    monkeypatch.setattr(Model1DecodeSm90, "STAGED_PAIRED_PARTIALS", False)
-    direct = _build_decode(True, True)
-    assert direct.count(r"st\.global\.v4") == 0 and direct.count(r"st\.global\.v2\.b32") == 2 * 64
-    assert direct.count(r"bar\.sync\s+6\b") == 0
-
-
-@pytest.mark.compile
 @pytest.mark.parametrize("heads", [64, 128])
 def test_unsplit_decode_build_takes_the_outputs_as_returned(heads):
     """``sparse_decode``'s unsplit launch writes o [B, s_q, H, 512] / lse [B, H, s_q] as allocated and returned (the

@@ -156,10 +156,6 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
     # past its main loop — so the next call's CTAs are resident when this one ends.  No effect beside kernels
     # launched without PDL.  (The MODEL1 decode first, session 36: B1 13.4 → 13.0 µs.)
     PDL_CHAIN = True
-    # the paired schedule's split partial (fp32, 64 x 512) leaves through sRed as row-contiguous 16 B stores, as the
-    # columns schedule's does: straight from the accumulator (8 B pairs scattered over 8 rows a warp store) it took
-    # 3.6 of the MODEL1 decode's 13.0 µs at B1 (H100, session 40: probe_d7 no_partial_store)
-    STAGED_PAIRED_PARTIALS = True
 
     def __init__(self, config: SparseFwdConfig):
         super().__init__(config)
@@ -167,8 +163,7 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
         self.paired = config.schedule == "paired"
         # columns, split-KV, no cluster: the fp32 partial leaves through sRed as row-contiguous 16 B stores (a tie
         # with the accumulator's 8 B stores, kept as the C = 1 case of the cluster code)
-        self.staged_partials = self.split_kv and self.cluster_splits == 1 and (
-            self.schedule == "columns" or self.paired and self.STAGED_PAIRED_PARTIALS)
+        self.staged_partials = self.split_kv and self.schedule == "columns" and self.cluster_splits == 1
         # benchmark knobs (wrong output by construction; never used for results): the consumers only wait for and
         # release each tile (gather_only: the producer's roof), or one MMA left out (skip_mma "qk" / "pv")
         self.gather_only = config.gather_only
@@ -394,12 +389,12 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
                 self.paired_half(0, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sKV, sVt, sP, sMax, sSum,
                                  keys_seen, mO, mLSE, mSink, pipeline_kv, softmax_scale_log2, tidx - 128, token,
                                  head_group, batch, split, n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O,
-                                 mQ, mKV, window_size, tma_atom_Q, tma_Q, pipeline_q, sRed)
+                                 mQ, mKV, window_size, tma_atom_Q, tma_Q, pipeline_q)
             else:
                 self.paired_half(1, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sKV, sVt, sP, sMax, sSum,
                                  keys_seen, mO, mLSE, mSink, pipeline_kv, softmax_scale_log2, tidx - 256, token,
                                  head_group, batch, split, n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O,
-                                 mQ, mKV, window_size, tma_atom_Q, tma_Q, pipeline_q, sRed)
+                                 mQ, mKV, window_size, tma_atom_Q, tma_Q, pipeline_q)
         elif warp_idx < 8:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.wait_q(pipeline_q, tile_lo, tile_hi)
@@ -745,7 +740,7 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
     @cute.jit
     def finish_shared_max(self, w, thr_pv, acc_O, acc_O_rc, tScS_rc, row_max, row_sum, sSum, mO,
                           mLSE, mSink, softmax_scale_log2, wtid, token, head_group, batch, split,
-                          sum_barrier: cutlass.Constexpr, tiled_mma_pv, sQ, tma_atom_O, tma_O, tiled_mma_qk, sRed=None):
+                          sum_barrier: cutlass.Constexpr, tiled_mma_pv, sQ, tma_atom_O, tma_O, tiled_mma_qk):
         """Epilogue of the schedules whose two warpgroups end with the same row max (balanced, paired): my row
         sums + the other warpgroup's, sink, LSE, my half of O."""
         n_rows = cute.size(tScS_rc, mode=[0])
@@ -768,8 +763,6 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
                 acc_O_rc[r, c] = acc_O_rc[r, c] * inv
         if const_expr(self.tma_store_o):
             self.store_o_chunks(w, tiled_mma_qk, acc_O, sQ, tma_atom_O, tma_O, wtid, token, head_group, batch)
-        elif const_expr(self.staged_partials):      # both warpgroups are here: the staging's barriers take 256
-            self.cluster_reduce_half(w, thr_pv, acc_O, mO, mLSE, None, sRed, wtid, token, head_group, batch, split)
         else:
             self.store_half(thr_pv, acc_O, mO, split, batch, token, head_group, w)
 
@@ -808,7 +801,7 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
     def paired_half(self, w: cutlass.Constexpr, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sKV, sVt, sP,
                     sMax, sSum, mIdx, mO, mLSE, mSink, kv_pipes, softmax_scale_log2, wtid, token, head_group, batch,
                     split, n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O, mQ, mKV, window_size, tma_atom_Q,
-                    tma_Q, pipeline_q, sRed=None):
+                    tma_Q, pipeline_q):
         """Warpgroup ``w`` of the paired schedule: the scores of tiles ``tile_lo + 2p + w`` and O columns
         ``256w … 256w+255`` of every tile (module docstring).  Half-buffer ``2b + h`` = tile buffer b, columns h.
         Persistent: the same for each of this CTA's items; warp 0 of warpgroup 0 loads every item's Q (the first
@@ -827,12 +820,12 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
                     rP)
         self.paired_item(w, operands, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sP, sMax, sSum, mIdx, mO,
                          mLSE, mSink, kv_pipes, softmax_scale_log2, wtid, token, head_group, batch, split, n_keys,
-                         seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O, state, sRed)
+                         seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O, state)
 
     @cute.jit
     def paired_item(self, w: cutlass.Constexpr, operands, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sP, sMax,
                     sSum, mIdx, mO, mLSE, mSink, kv_pipes, softmax_scale_log2, wtid, token, head_group, batch, split,
-                    n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O, state, sRed=None):
+                    n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O, state):
         """One query item of :meth:`paired_half` (O, row max and sum come in reset): its pairs, the epilogue and the
         O store.  Returns the half-buffer pipelines' state past this item's pairs.  ``item``: the CTA's item count
         (debug_times stamps)."""
@@ -867,7 +860,7 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
                 cute.arch.griddepcontrol_launch_dependents()
         self.finish_shared_max(w, thr_pv, acc_O, acc_O_rc, tScS_rc, row_max, row_sum, sSum, mO, mLSE, mSink,
                                softmax_scale_log2, wtid, token, head_group, batch, split, PAIR_SUM,
-                               tiled_mma_pv_rs, sQ, tma_atom_O, tma_O, tiled_mma_qk, sRed)
+                               tiled_mma_pv_rs, sQ, tma_atom_O, tma_O, tiled_mma_qk)
         return state
 
     @cute.jit
