@@ -113,6 +113,12 @@ def nothing(*args, **kwargs) -> None:
     """A switched-off part: called while the kernel is traced, it emits nothing (plain Python, any signature)."""
 
 
+def store_left_half_only(self, thr_pv, acc_O, mO, split, batch, token, head_group, half):
+    """``store_half`` for the left column half only (a trace-time choice: ``half`` is a Python int there)."""
+    if half == 0:
+        sf.SparseAttentionForwardSm90.store_half(self, thr_pv, acc_O, mO, split, batch, token, head_group, half)
+
+
 def pipe_like(pipe, name: str, **methods):
     """``pipe`` (a shipped half-tile pipeline) as an instance of a subclass of its own class with ``methods``
     replaced (each may call the shipped one as ``type(pipe).<name>``).  Why a subclass, not a wrapper object: when
@@ -185,6 +191,9 @@ VARIANTS = {
     # the O halves not written (the split's fp32 partials, 128 KB a CTA at H64, or the bf16 output): what the
     # epilogue's register-to-global stores cost (B1: 10 CTAs each storing 64 x 512 fp32 from the accumulators)
     "no_partial_store": dict(store=nothing),
+    # only the left warpgroup's half written (64 KB of the 128 KB partial a CTA at H64): whether the store's cost at
+    # B1 (3.6 µs of 13, session 40) scales with its bytes
+    "half_partial_store": dict(store=store_left_half_only),
 }
 
 
