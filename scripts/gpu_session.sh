@@ -13,7 +13,8 @@
 # d7hints / d7idx / d7staged: probe_d7's load-hint, index-staging and staged-rows variants; gatherroof
 # (scripts/gather_roof_d7.py: torch's gather of the D7 shapes' key bytes beside ours); d7fused (the fused-merge
 # candidate against the combine launch at B1 / B2 / B4); splitsparse (scripts/split_sweep_sparse.py: D6 / D2 split
-# counts at 4-32 tokens); combinerows (scripts/probe_combine_rows.py: D7's small merges by either combine);
+# counts at 4-32 tokens); combinerows (scripts/probe_combine_rows.py: D7's small merges by either combine); d7store (B1's partial
+# store: none / half / all);
 # ncu7 / ncu7p / ncu1 / ncu6: Nsight Compute on one D7 call (B128 H64; ncu7p: the FP8-cache prefill's B4096 H64) / D1's hd64 causal (ours and FA4) / D6's bf16
 # prefill (ours and FlashMLA), per-SASS samples summarized by scripts/ncu_sass.py;
 # pipeline=D7 (stages named, comma-separated); pipeline1 / pipeline2: the stages in two calls (the whole pipeline took > 560 s on the H100, session 31).
@@ -101,6 +102,10 @@ for w in $what; do
     # combine launch, alternating, ~2 min
     d7fused)  { timeout 250 python scripts/probe_d7.py --shapes 0,2x64x128x512,4x64x128x512 \
                   --variants full,no_fused_merge,full,no_fused_merge; } 2>&1 | tee "$out/logs/d7fused.txt" | tail -n 6 ;;
+    # where B1's partial store goes (session 40: 3.6 of 13 µs): no store / half the bytes / all, B1 and B2 H64, ~1.5 min
+    d7store)  { timeout 200 python scripts/probe_d7.py --shapes 0,2x64x128x512 \
+                  --variants full,no_partial_store,half_partial_store,full,half_partial_store; } 2>&1 \
+                  | tee "$out/logs/d7store.txt" | tail -n 7 ;;
     # D7's B1 / B2 split decodes merged by the chunk combine (shipped) or the row combine, device and host µs, ~2 min
     combinerows) { timeout 250 python scripts/probe_combine_rows.py; } 2>&1 | tee "$out/logs/combinerows.txt" | tail -n 12 ;;
     d7slots)  { timeout 200 python scripts/probe_d7.py --shapes 3,4,4096x128x128x1024 \
