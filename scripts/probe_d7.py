@@ -39,6 +39,10 @@ input set) — this is a measurement, never a result.
                 earlier shared store of the thread (session 33's question: the fill costs 14 µs beyond its loads)
   idle_producer producer fetches key records and arrives, nothing loaded, converted or stored (consumer-bound)
   no_mma        consumers' wgmmas removed (producer-bound, softmax and barriers kept)
+  fp32_partials the split partials in fp32, stored from the accumulators (the build before session 41; shipped:
+                bf16 by the output's TMA epilogue); no_partial_store / half_partial_store patch that fp32 store
+  bf16_partials_regs  the bf16 partials stored from the accumulators (4-byte pairs), not through the TMA epilogue
+  o_evict_last  O's TMA stores (output, bf16 partials) with an evict-last L2 hint instead of evict-first
   floor         idle producer and no wgmma: launch, Q, records, barriers, softmax, epilogue
                 (idle_producer and floor HANG at H = 128 since the head-pair crossover: each half-tile barrier
                 expects the peer's st.async bytes, which an idle producer never sends — session 33 lost a call to
@@ -63,7 +67,7 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 from dsv4lib.bench import d7, time_graph
 from dsv4lib.kernels.sm90 import model1_decode as md
 from dsv4lib.kernels.sm90 import sparse_fwd as sf
-from dsv4lib.kernels.common import inline_ptx
+from dsv4lib.kernels.common import L2_EVICT_LAST, inline_ptx
 from dsv4lib.ops import decode, launch
 
 ORIGINAL = dict(convert=md.e4m3x2_to_bf16x2, load_row=md.Model1DecodeSm90.load_row,
@@ -72,10 +76,10 @@ ORIGINAL = dict(convert=md.e4m3x2_to_bf16x2, load_row=md.Model1DecodeSm90.load_r
                 cute=md.cute,
                 placed_max=md.PLACED_SCALE_MAX, crossover=decode.HEAD_PAIR_CLUSTER,
                 regs=(md.Model1DecodeSm90.PAIRED_PRODUCER_REGS, md.Model1DecodeSm90.PAIRED_CONSUMER_REGS),
-                store=sf.SparseAttentionForwardSm90.store_half)
+                store=sf.SparseAttentionForwardSm90.store_half, bf16_partials=decode.BF16_PARTIALS)
 # the kernel class's knobs a variant may set (part name → class attribute); a candidate patch's knob (off when the
 # patch is not applied: the class has no such attribute) is set only where the class has it or a variant turns it on
-KNOBS = dict(pdl_chain="PDL_CHAIN", load_attributes="NOPE_LOAD_ATTRIBUTES", staged_indices="STAGED_INDICES",
+KNOBS = dict(pdl_chain="PDL_CHAIN", partials_by_tma="BF16_PARTIALS_BY_TMA", o_policy="O_L2_POLICY", load_attributes="NOPE_LOAD_ATTRIBUTES", staged_indices="STAGED_INDICES",
              staged_rows="STAGED_ROWS", two_slots="TWO_SLOTS_WITH_CROSSOVER", ring_late="RING_AFTER_ROPE_ARRIVE")
 ORIGINAL.update({part: getattr(md.Model1DecodeSm90, attr, False) for part, attr in KNOBS.items()})
 SAME_BITS = ("full", "no_crossover", "no_pdl_chain", "no_l2_256", "nc_loads", "l1_no_allocate", "cg_loads",
@@ -188,12 +192,21 @@ VARIANTS = {
     "idle_producer": dict(load_row=nothing, fill=nothing),
     "no_mma": dict(gemm=nothing),
     "floor": dict(load_row=nothing, fill=nothing, gemm=nothing),
-    # the O halves not written (the split's fp32 partials, 128 KB a CTA at H64, or the bf16 output): what the
-    # epilogue's register-to-global stores cost (B1: 10 CTAs each storing 64 x 512 fp32 from the accumulators)
-    "no_partial_store": dict(store=nothing),
-    # only the left warpgroup's half written (64 KB of the 128 KB partial a CTA at H64): whether the store's cost at
-    # B1 (3.6 µs of 13, session 40) scales with its bytes
-    "half_partial_store": dict(store=store_left_half_only),
+    # the O halves not written (the split's fp32 partials, 128 KB a CTA at H64 — the build before session 41's bf16
+    # partials — or the bf16 output): what the epilogue's register-to-global stores cost (B1: 10 CTAs each storing
+    # 64 x 512 fp32 from the accumulators)
+    "no_partial_store": dict(bf16_partials=False, store=nothing),
+    # only the left warpgroup's half written (64 KB of the 128 KB fp32 partial a CTA at H64): whether the store's
+    # cost at B1 (3.6 µs of 13, session 40) scales with its bytes (it did, session 41: 11.4 µs)
+    "half_partial_store": dict(bf16_partials=False, store=store_left_half_only),
+    # the split partials in fp32 from the accumulators (the build before session 41) against the shipped bf16
+    # partials by the output's TMA epilogue; right to bf16 rounding, not bit-equal
+    "fp32_partials": dict(bf16_partials=False),
+    # the bf16 partials from the accumulators as 4-byte pairs (half-filled 32-byte sectors), not by TMA
+    "bf16_partials_regs": dict(partials_by_tma=False),
+    # O's TMA stores (the output and the bf16 partials) evict-last instead of evict-first: the combine reads the
+    # partials right after
+    "o_evict_last": dict(o_policy=L2_EVICT_LAST),
 }
 
 
@@ -358,6 +371,8 @@ def apply(variant: str) -> None:
     decode.HEAD_PAIR_CLUSTER = parts["crossover"]
     md.Model1DecodeSm90.PAIRED_PRODUCER_REGS, md.Model1DecodeSm90.PAIRED_CONSUMER_REGS = parts["regs"]
     md.Model1DecodeSm90.store_half = parts["store"]
+    decode.BF16_PARTIALS = parts["bf16_partials"]
+    launch._CONFIGS.clear()
     for part, attr in KNOBS.items():
         if parts[part] or hasattr(md.Model1DecodeSm90, attr):
             setattr(md.Model1DecodeSm90, attr, parts[part])

@@ -21,7 +21,12 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", default="4,8,16,32")
     ap.add_argument("--splits", default="1,2,4,8")
+    ap.add_argument("--gathered-partials", default=None,
+                    help="fp32,bf16: the gathered rows only, once per partial dtype (ops.sparse.GATHER_BF16_PARTIALS), "
+                    "alternating")
     args = ap.parse_args()
+    if args.gathered_partials:
+        return partials_ab(args)
     gen = torch.Generator(device="cuda").manual_seed(0)
     counts = [int(s) for s in args.splits.split(",")]
     kv = torch.randn(1 << 18, 512, device="cuda", dtype=torch.bfloat16, generator=gen)          # 256 MiB of rows
@@ -39,6 +44,28 @@ def main():
                  * 1e3 for s in counts + [None]]
         fmt = lambda xs: "  ".join(f"{x:7.1f}" for x in xs)
         print(f"{n:3d} tokens  gathered 640 keys: {fmt(gathered)}   |   dense hd512 8k keys: {fmt(dense)}", flush=True)
+
+
+def partials_ab(args):
+    """The gathered split at each token count and split count with fp32 and bf16 partials, alternating (session 41:
+    the FP8 decode's B1 lost 1 µs to its fp32 partial store)."""
+    from dsv4lib.ops import launch, sparse
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    counts = [int(s) for s in args.splits.split(",")]
+    kv = torch.randn(1 << 18, 512, device="cuda", dtype=torch.bfloat16, generator=gen)
+    print(f"{torch.cuda.get_device_name()}: gathered 640 keys, device µs per call (graph replay); splits {counts} "
+          "then the default")
+    for n in (int(t) for t in args.tokens.split(",")):
+        sets = [(torch.randn(n, 64, 512, device="cuda", dtype=torch.bfloat16, generator=gen),
+                 torch.randint(0, kv.shape[0], (n, 640), device="cuda", dtype=torch.int32, generator=gen))
+                for _ in range(8)]
+        for mode in args.gathered_partials.split(","):
+            sparse.GATHER_BF16_PARTIALS = mode == "bf16"
+            launch.forget_plans()
+            launch._CONFIGS.clear()
+            times = [bench.time_graph(lambda q, i, s=s: dsv4lib.sparse_attention(q, kv, i, num_splits=s),
+                                      sets).per_call_ms * 1e3 for s in counts + [None]]
+            print(f"{n:3d} tokens  {mode}: " + "  ".join(f"{x:7.1f}" for x in times), flush=True)
 
 
 if __name__ == "__main__":

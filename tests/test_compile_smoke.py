@@ -186,8 +186,10 @@ def _check_tvm_ffi_launches(monkeypatch):
     out, lse = torch.empty(1, 2, 64, 512, dtype=torch.bfloat16), torch.empty(1, 64, 2)
     reaches_launch(lambda: combine.combine_partials(o_part, lse_part, out, lse, sink64, has_sink=True))
     reaches_launch(lambda: combine.combine_partials(o_part, lse_part, out[0], lse[0], sink64, has_sink=True))
-    with pytest.raises((ValueError, TypeError)):             # the build's own check: fp32 partials, not bf16
-        combine.combine_partials(o_part.bfloat16(), lse_part, out, lse, sink64, has_sink=True)
+    # bf16 partials (the FP8 decode's) are a build of their own; an LSE that is not fp32 is refused by the build
+    reaches_launch(lambda: combine.combine_partials(o_part.bfloat16(), lse_part, out, lse, sink64, has_sink=True))
+    with pytest.raises((ValueError, TypeError)):
+        combine.combine_partials(o_part, lse_part.bfloat16(), out, lse, sink64, has_sink=True)
     with pytest.raises((ValueError, TypeError)):             # head dim 512 is static in the sparse build
         sparse.launch(SparseFwdConfig.for_problem(gather=True, split_kv=True), q4, kv[..., :256].contiguous(), idx,
                       o_part, lse_part, sink64, scale=0.05, window=None)
@@ -203,8 +205,8 @@ def _check_tvm_ffi_launches(monkeypatch):
     reaches_launch(lambda: decode.launch(unsplit, (q1, *cache_args, torch.empty(2, 1, 64, 512, dtype=torch.bfloat16),
                                                    torch.empty(2, 64, 1), 0.05, sink64), public=True))
     reaches_launch(lambda: decode.launch(Model1DecodeConfig.for_decode(sink=False, split_kv=True, **flags),
-                                         (q1, *cache_args, torch.empty(2, 2, 1, 64, 512), torch.empty(2, 2, 64, 1),
-                                          0.05, sink64)))
+                                         (q1, *cache_args, torch.empty(2, 2, 1, 64, 512, dtype=torch.bfloat16),
+                                          torch.empty(2, 2, 64, 1), 0.05, sink64)))
     # NVFP4 quantize / dequantize: the builds the ops compile, called as the ops call them
     from dsv4lib.kernels.nvfp4 import NVFP4DequantizeMatrixKernel, NVFP4QuantizeMatrixKernel
     import cutlass.cute as cute
@@ -325,7 +327,7 @@ def test_a_one_call_sequence_launches_each_kernel_with_its_own_builds_device_cod
     cache_args = (torch.zeros(3, page_bytes(64), dtype=torch.uint8), torch.zeros(2, 1, 128, dtype=torch.int32),
                   torch.zeros(2, dtype=torch.int32), torch.zeros(3, page_bytes(64), dtype=torch.uint8),
                   torch.zeros(2, 1, 64, dtype=torch.int32), torch.zeros(2, dtype=torch.int32))
-    d_part, d_lse_part = torch.empty(2, 2, 1, 64, 512), torch.empty(2, 2, 64, 1)
+    d_part, d_lse_part = torch.empty(2, 2, 1, 64, 512, dtype=torch.bfloat16), torch.empty(2, 2, 64, 1)   # bf16 partials
     sink64 = launch.sink_arg(torch.randn(64, generator=gen), cpu)
     decode_split = decode.launcher(Model1DecodeConfig.for_decode(sink=False, split_kv=True, extra_cache=True,
                                                                  topk_length=True, extra_topk_length=True),

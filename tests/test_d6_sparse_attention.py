@@ -18,7 +18,7 @@ def _build(gather, split_kv=False, **flags):
     from dsv4lib.kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
     from dsv4lib.ops.sparse import fake_args
     return compile_for_arch(SparseAttentionForwardSm90(SparseFwdConfig(gather=gather, split_kv=split_kv, **flags)),
-                            *fake_args(gather, split_kv), arch="sm_90a")
+                            *fake_args(gather, split_kv, flags.get("bf16_partials", False)), arch="sm_90a")
 
 
 @pytest.mark.compile
@@ -111,6 +111,7 @@ def test_hd512_attention_build_is_the_batched_builds_device_code(split_kv):
     (False, False, {"causal": True, "window": True, "sink": True}),
     (True, False, {"sink": True, "has_lse": True, "schedule": "paired"}),
     (True, True, {"schedule": "paired"}),
+    (True, True, {"schedule": "paired", "bf16_partials": True}),
     (False, False, {"causal": True, "window": True, "sink": True, "schedule": "paired"}),
 ])
 def test_hd512_kernel_builds_from_the_public_functions_arguments(gather, split_kv, flags):
@@ -119,18 +120,20 @@ def test_hd512_kernel_builds_from_the_public_functions_arguments(gather, split_k
     rs = k.count(r"wgmma\.mma_async\.sync\.aligned\.m64n256k16[^\n]*\},\s*\{%r")
     ss = k.count(r"wgmma\.mma_async\.sync\.aligned\.m64n256k16[^\n]*\},\s*%rd\d+,\s*%rd")
     schedule = flags.get("schedule", "columns")
-    o_stores = k.count(r"cp\.async\.bulk\.tensor\.4d\.global\.shared::cta")
-    if schedule != "columns" and not split_kv:
-        # bf16 O: each warpgroup puts its 64 × 256 half in the dead Q buffer by stmatrix (4 a chunk and thread)
-        # in four 64-column chunks, each its own TMA store (a bulk group) issued once the warpgroup met on
-        # its own barrier; each warpgroup's storer waits for its reads once, before exit; O never leaves from
-        # registers
+    o_stores = k.count(r"cp\.async\.bulk\.tensor\.5d\.global\.shared::cta")      # (H, 512, Sq, B, split)
+    bf16_o = not split_kv or flags.get("bf16_partials", False)
+    if schedule != "columns" and bf16_o:
+        # bf16 O (the output, or bf16 split partials): each warpgroup puts its 64 × 256 half in the dead Q buffer by
+        # stmatrix (4 a chunk and thread) in four 64-column chunks, each its own TMA store (a bulk group) issued once
+        # the warpgroup met on its own barrier; each warpgroup's storer waits for its reads once, before exit; O never
+        # leaves from registers
         assert k.count(r"stmatrix\.sync\.aligned\.m8n8\.x4") == 2 * 4 * 4
         assert o_stores == 8 and k.count(r"cp\.async\.bulk\.commit_group") == 8
         assert k.count(r"cp\.async\.bulk\.wait_group\.read\s+0") == 2
         for w in range(2):
             assert k.count(rf"bar\.sync\s+{8 + w},\s*128") == 4
-        assert k.count(r"st\.global\.b32") == (2 if flags.get("has_lse") else 0)     # the LSE of its 2 rows
+        assert k.count(r"st\.global\.b32") == (2 if flags.get("has_lse") or split_kv else 0)  # its 2 rows' LSE
+        assert k.count(r"st\.global\.v2\.f32") == 0
     else:
         assert o_stores == 0                                  # fp32 partials / the columns schedule: registers
     if schedule == "paired":
@@ -152,8 +155,8 @@ def test_hd512_kernel_builds_from_the_public_functions_arguments(gather, split_k
             assert k.count(r"cp\.async\.cg\.shared\.global\.L2::cache_hint\.L2::256B") == 64
             assert k.count(r"cp\.async\.bulk\.tensor\.4d\.shared::cta\.global[^\n]*\.L2::cache_hint") == \
                 k.count(r"cp\.async\.bulk\.tensor\.4d\.shared::cta\.global") >= 1
-            assert k.count(r"cp\.async\.bulk\.tensor\.4d\.global\.shared::cta[^\n]*\.L2::cache_hint") == \
-                (0 if split_kv else 8)                               # split partials leave from the registers
+            assert k.count(r"cp\.async\.bulk\.tensor\.5d\.global\.shared::cta[^\n]*\.L2::cache_hint") == \
+                (8 if bf16_o else 0)                          # fp32 split partials leave from the registers
         # the lone pair's skipped MMAs sit in branches that hold whole wgmma stages (issue to wait): a stage
         # crossing a branch makes ptxas serialize every wgmma of the kernel (C7514; D6 0.87 -> 0.74x FlashMLA)
         report = k.ptxas_report()
@@ -284,7 +287,9 @@ def schedule(request, monkeypatch):
 
     def for_problem(cls, **problem):
         config = chosen(cls, **problem)
-        config = config if config.cluster_splits > 1 else config.replace(schedule=request.param)
+        if config.cluster_splits == 1:          # (bf16 split partials are the paired schedule's)
+            config = config.replace(schedule=request.param,
+                                    bf16_partials=config.bf16_partials and request.param == "paired")
         built.append(config.schedule)
         return config
     monkeypatch.setattr(SparseFwdConfig, "for_problem", classmethod(for_problem))

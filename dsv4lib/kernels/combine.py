@@ -43,7 +43,7 @@ LSE_SLOTS = 5            # splits' LSEs a lane keeps in registers: 160 splits (t
 
 
 class LSECombineKernel:
-    """``O_partial (splits, B, Sq, H, D)`` fp32 and ``LSE_partial (splits, B, H, Sq)`` fp32 →
+    """``O_partial (splits, B, Sq, H, D)`` fp32 (or bf16) and ``LSE_partial (splits, B, H, Sq)`` fp32 →
     ``O (B, Sq, H, D)`` (bf16) and ``LSE (B, H, Sq)`` fp32; optional ``sink [H]`` fp32 applied once.
     ``cols_per_cta``: columns of one row merged by one CTA (default ``min(D, 128)``: 4 fp32 per lane)."""
 
@@ -115,7 +115,7 @@ def merge_chunk(mOp: cute.Tensor, mLSEp: cute.Tensor, mO: cute.Tensor, mLSE: cut
     # the first batch of this warp's splits (see the loop below) is loaded before the row's LSE is reduced: those
     # loads do not depend on it, and with ≤ 4 · unroll splits (the clustered hd512 decode) they are all there is,
     # so the whole merge waits for one L2 round trip instead of two
-    tOr = cute.make_rmem_tensor(cute.make_layout((unroll, vec), stride=(vec, 1)), Float32)   # a split's row contiguous
+    tOr = cute.make_rmem_tensor(cute.make_layout((unroll, vec), stride=(vec, 1)), mOp.element_type)   # (split, col)
     lse_i = cute.make_rmem_tensor((unroll,), Float32)
     load_split_batch(mOp, mLSEp, b, s, h, chunk, lane, warp, cols, unroll, tOr, lse_i)
     sink = Float32(0.0)
@@ -207,15 +207,16 @@ def add_split_batch(acc: cute.Tensor, tOr: cute.Tensor, lse_i: cute.Tensor, i0, 
         # a split past the end, or an empty split (w = 0: its partial may be unwritten, NaN bits) adds nothing
         w = w if i0 + WARPS_PER_CTA * k < num_splits else Float32(0.0)
         for j in cutlass.range_constexpr(vec):
-            acc[j] += w * (tOr[k, j] if w > 0.0 else Float32(0.0))
+            acc[j] += w * (Float32(tOr[k, j]) if w > 0.0 else Float32(0.0))
 
 
-def fake_args(head_dim: int):
-    """Symbolic (splits, B, Sq, H) — built once for every shape; D is static."""
+def fake_args(head_dim: int, partial_dtype=Float32):
+    """Symbolic (splits, B, Sq, H) — built once for every shape; D is static; partials fp32 (or the D7 decode's
+    bf16)."""
     from cutlass.cute.runtime import make_fake_tensor
     sp, b, s, h = (cute.sym_int() for _ in range(4))
-    o_part = make_fake_tensor(Float32, (sp, b, s, h, head_dim),
-                              stride=tuple(cute.sym_int(divisibility=4) for _ in range(4)) + (1,), assumed_align=16)
+    o_part = make_fake_tensor(partial_dtype, (sp, b, s, h, head_dim),
+                              stride=tuple(cute.sym_int(divisibility=8) for _ in range(4)) + (1,), assumed_align=16)
     lse_part = make_fake_tensor(Float32, (sp, b, h, s), stride=(cute.sym_int(), cute.sym_int(), cute.sym_int(), 1),
                                 assumed_align=4)
     out = make_fake_tensor(cutlass.BFloat16, (b, s, h, head_dim),

@@ -7,7 +7,8 @@ four warps that share the splits — right for a few rows over many splits (B1: 
 and with PDL it reserves 96 KB of shared memory a CTA so that its early CTAs do not pile onto the SMs the split
 kernel left idle.  At B64 H64 with 2 splits that is 16 384 CTAs of two 2-KB loads each, at most 2 a SM: ~62 waves,
 ~70 µs for 16 MB (H100, session 39: the decode took 112 µs split in two against 41 unsplit).  Here a row is one CTA
-of ``D / 4`` threads, each owning 4 contiguous columns of every split (one 16-byte load a split), the splits taken in
+of ``D / 4`` threads, each owning 4 contiguous columns of every split (one 16-byte load a split; 8 bytes for the D7
+decode's bf16 partials), the splits taken in
 batches of ``UNROLL`` whose loads are all issued before any is used, folded in with an online rescale (any split count,
 one L2 round trip per batch); no shared memory, no barrier, up to 16 CTAs a SM."""
 from __future__ import annotations
@@ -19,12 +20,12 @@ from cutlass import Float32, const_expr
 
 from .common import exp2, launch_stream, with_unit_modes
 from .softmax import LN_2, LOG2_E
-COLS_PER_THREAD = 4         # one 16-byte fp32 vector of a split's row
+COLS_PER_THREAD = 4         # one 16-byte fp32 (8-byte bf16) vector of a split's row
 UNROLL = 4                  # splits whose loads are in flight together
 
 
 class RowCombineKernel:
-    """``O_partial (splits, B, Sq, H, D)`` fp32 and ``LSE_partial (splits, B, H, Sq)`` → ``O (B, Sq, H, D)`` bf16 and
+    """``O_partial (splits, B, Sq, H, D)`` fp32 or bf16 and ``LSE_partial (splits, B, H, Sq)`` → ``O (B, Sq, H, D)`` bf16 and
     ``LSE (B, H, Sq)``; optional ``sink [H]`` applied once; ``pdl``: launched with programmatic dependent launch behind
     the split kernel (its reads wait for that grid's end)."""
 
@@ -58,7 +59,7 @@ class RowCombineKernel:
         if const_expr(self.has_sink):
             sink = mSink[h]
         tOr = cute.make_rmem_tensor(cute.make_layout((UNROLL, COLS_PER_THREAD), stride=(COLS_PER_THREAD, 1)),
-                                    Float32)                                   # (split of the batch, my columns)
+                                    mOp.element_type)                          # (split of the batch, my columns)
         lse_b = cute.make_rmem_tensor((UNROLL,), Float32)                      # their LSEs, log2 units
         acc = cute.make_rmem_tensor((COLS_PER_THREAD,), Float32)
         acc.fill(0.0)
@@ -90,7 +91,7 @@ class RowCombineKernel:
                     w = exp2(lse_b[k] - running_max)
                 total += w
                 for j in cutlass.range_constexpr(COLS_PER_THREAD):
-                    acc[j] += w * (tOr[k, j] if w > 0.0 else Float32(0.0))
+                    acc[j] += w * (Float32(tOr[k, j]) if w > 0.0 else Float32(0.0))
         lse = -Float32.inf
         norm = Float32(0.0)                      # an empty row stays 0
         if total > 0.0:

@@ -22,7 +22,7 @@ def combine_args(o_part, lse_part, out, lse, sink_t, stream=None, tvm_ffi: bool 
 
 
 def combine_launcher(D: int, device, *, has_sink: bool, pdl: bool = False) -> Launch:
-    """The combine as a :class:`~dsv4lib.ops.launch.Launch` of ``(o_part (splits, B, Sq, H, D) fp32, lse_part (splits,
+    """The combine as a :class:`~dsv4lib.ops.launch.Launch` of ``(o_part (splits, B, Sq, H, D) fp32 or bf16, lse_part (splits,
     B, H, Sq), out (B, Sq, H, D) bf16, lse (B, H, Sq), sink_t)`` — or, at B = 1, out (Sq, H, D) / lse (H, Sq) without
     the batch mode (the build adds it at trace time).  ``pdl``: launched with programmatic dependent launch behind a
     split kernel that lets it go early."""
@@ -35,7 +35,7 @@ def combine_launcher(D: int, device, *, has_sink: bool, pdl: bool = False) -> La
         tensors = (o_part, lse_part, out, lse, sink_t)
         rows = by_rows(D, math.prod(out.shape[:-1]), device)
         kernel = RowCombineKernel if rows else LSECombineKernel
-        return (("combine", D, has_sink, pdl, rows, out.dim(), *map(aligned16, tensors[1:])),
+        return (("combine", D, has_sink, pdl, rows, out.dim(), o_part.dtype, *map(aligned16, tensors[1:])),
                 lambda: kernel(D, has_sink=has_sink, pdl=pdl), lambda: combine_args(*tensors, tvm_ffi=True))
     return Launch(args, spec)
 

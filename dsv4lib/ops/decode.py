@@ -21,8 +21,8 @@ from .sparse import HEAD_DIM, HEADS_PER_CTA
 DECODE_HEADS = (64, 128)
 DECODE_SQ = (1, 2)             # one token, or two with MTP
 # split while the split launch stays within half a wave of SMs — or within one wave when the unsplit grid fills at most
-# a quarter of them or the lists are long (≥ 16 tiles, H128's 1152 keys).  Each split writes a 128 KB fp32 partial
-# that the combine reads back.  H100, session 39, device µs by graph replay with the row combine
+# a quarter of them or the lists are long (≥ 16 tiles, H128's 1152 keys).  Each split writes a partial (64 KB bf16
+# at H64: BF16_PARTIALS) that the combine reads back.  H100, session 39, device µs by graph replay with the row combine
 # (:func:`dsv4lib.ops.combine.by_rows`; the old combine gave a many-row merge ~62 waves of tiny CTAs: B64 H64 at 2 splits
 # 112 vs 41 µs, and B32 H64 — 2 splits by the half-wave rule — 65 vs 40 unsplit): B32 H64 1 / 2 / 4 splits 40.2 /
 # 31.6 / 28.1 (FlashMLA 27.8), B32 H128 1 / 2 63.4 / 50.4 (FlashMLA 52.5), B64 H64 1 / 2 / 4 41.1 / 42.8 / 54.6 —
@@ -34,6 +34,10 @@ DECODE_SQ = (1, 2)             # one token, or two with MTP
 DECODE_MAX_SPLITS = 32
 # H = 128: the two head-group CTAs of a token as one cluster that dequantizes each key once (the crossover)
 HEAD_PAIR_CLUSTER = True
+# split partials in bf16, stored by the output's TMA epilogue: at B1 the split's fp32 partial store (128 KB a CTA from
+# the accumulators) was 3.6 of 13.0 µs and scaled with its bytes (H100, session 41: none / half / all of it 9.4 /
+# 11.4 / 12.9 µs; docs/tuning/d7.md) — one bf16 rounding more, under the output's own
+BF16_PARTIALS = True
 
 
 def decode_splits(batch_ctas: int, n_tiles: int, sms: int) -> int:
@@ -93,7 +97,7 @@ def decode_args(q, pages, idx, lengths, pages2, idx2, lengths2, page_size: int, 
 def fake_args(extra: bool = True, split_kv: bool = False, heads: int = 64) -> tuple:
     """Runtime-typed stand-ins (CPU tensors) for a CPU build."""
     from ..reference.model1 import page_bytes
-    o_dtype = torch.float32 if split_kv else torch.bfloat16
+    o_dtype = torch.bfloat16                # the output, or the split partials (Model1DecodeConfig.for_decode)
     splits = 2 if split_kv else 1
     return decode_args(torch.empty(3, 1, heads, HEAD_DIM, dtype=torch.bfloat16),
                        torch.empty(5, page_bytes(64), dtype=torch.uint8), torch.empty(3, 1, 128, dtype=torch.int32),
@@ -158,8 +162,9 @@ def _config(device, B: int, s_q: int, H: int, n_keys: int, num_splits, extra: bo
     if splits == 1:
         return cached_config(lambda: Model1DecodeConfig.for_decode(sink=sink, split_kv=False, **flags),
                              "model1", sink, *flags.values()), 1
-    return cached_config(lambda: Model1DecodeConfig.for_decode(sink=False, split_kv=True, **flags),
-                         "model1 split", *flags.values()), splits
+    return cached_config(lambda: Model1DecodeConfig.for_decode(sink=False, split_kv=True, bf16_partials=BF16_PARTIALS,
+                                                               **flags),
+                         "model1 split", BF16_PARTIALS, *flags.values()), splits
 
 
 def _cache_sig(cache):
@@ -249,7 +254,8 @@ def _decode_plan(q, k_cache, indices, topk_length, *, extra_k_cache, extra_indic
     # the outputs as returned: the unsplit build takes them as they are (its split mode is added at trace time)
     go = launcher(config, device, page_size=page_size, page_size2=page_size2, scale=scale, public=splits == 1)
     if splits > 1:
-        o_part, lse_part = workspace(splits, B, s_q, H, HEAD_DIM, device, raw_stream(device))
+        o_part, lse_part = workspace(splits, B, s_q, H, HEAD_DIM, device, raw_stream(device),
+                                     torch.bfloat16 if config.bf16_partials else torch.float32)
         # PDL: the combine's launch hides behind the split kernel, which lets it go once past its main loop; both go
         # out through one compiled function (launch.Sequence)
         # the merge: one CTA a row where there are rows for every SM (B ≥ 3 at H64), else the 4-warp chunks that share

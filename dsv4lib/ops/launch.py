@@ -327,13 +327,15 @@ def lse_output(device, shape: tuple, wanted: bool, written: bool = True) -> Call
 _WORKSPACE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-def workspace(splits: int, B: int, Sq: int, H: int, D: int, device, stream: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 partial O ``(splits, B, Sq, H, D)`` and LSE ``(splits, B, H, Sq)`` for split-KV, allocated once per
-    shape and stream (:func:`raw_stream`) and reused: two streams running the same split shape at once write their
-    own partials (a plan that holds a workspace is keyed by its stream too)."""
-    key = (splits, B, Sq, H, D, device, stream)
+def workspace(splits: int, B: int, Sq: int, H: int, D: int, device, stream: int,
+              dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """Partial O ``(splits, B, Sq, H, D)`` (fp32, or ``dtype``: the D7 decode's bf16 partials) and fp32 LSE
+    ``(splits, B, H, Sq)`` for split-KV, allocated once per shape, dtype and stream (:func:`raw_stream`) and reused:
+    two streams running the same split shape at once write their own partials (a plan that holds a workspace is
+    keyed by its stream too)."""
+    key = (splits, B, Sq, H, D, device, stream, dtype)
     if key not in _WORKSPACE:
-        _WORKSPACE[key] = (torch.empty(splits, B, Sq, H, D, dtype=torch.float32, device=device),
+        _WORKSPACE[key] = (torch.empty(splits, B, Sq, H, D, dtype=dtype, device=device),
                            torch.empty(splits, B, H, Sq, dtype=torch.float32, device=device))
     return _WORKSPACE[key]
 

@@ -48,9 +48,9 @@ def kernel_args(q, kv, indices, o, lse, sink, scale: float, window: int, stream=
             Float32(scale * math.log2(math.e)), Int32(window), rows(sink), *stream_arg(stream, tvm_ffi))
 
 
-def fake_args(gather: bool = True, split_kv: bool = False):
-    """Runtime-typed stand-ins (CPU tensors) for a CPU build of the kernel."""
-    o_dtype = torch.float32 if split_kv else torch.bfloat16
+def fake_args(gather: bool = True, split_kv: bool = False, bf16_partials: bool = False):
+    """Runtime-typed stand-ins (CPU tensors) for a CPU build of the kernel (split partials fp32, or bf16)."""
+    o_dtype = torch.float32 if split_kv and not bf16_partials else torch.bfloat16
     return kernel_args(torch.empty(1, 3, 64, HEAD_DIM, dtype=torch.bfloat16),
                        torch.empty(1, 100, HEAD_DIM, dtype=torch.bfloat16),
                        torch.empty(1, 3, 128 if gather else 1, dtype=torch.int32),
@@ -59,6 +59,9 @@ def fake_args(gather: bool = True, split_kv: bool = False):
 
 
 PUBLIC_BUILDS = ("sparse", "mqa")
+# the gathered (paired) split's partials in bf16 by the output's TMA epilogue, as the FP8 decode's
+# (ops.decode.BF16_PARTIALS; the dense split keeps fp32 partials from its columns schedule or its cluster merge)
+GATHER_BF16_PARTIALS = True
 
 
 def launcher(config: SparseFwdConfig, device, *, scale: float, window, public=None):
@@ -171,10 +174,13 @@ def _runner(B: int, Sq: int, H: int, device, *, gather, causal, window, sink, sc
         go = launcher(config, device, scale=scale, window=window, public=public)
     else:
         cluster = cluster_for(num_splits, gather)
+        bf16 = gather and GATHER_BF16_PARTIALS
         config = cached_config(lambda: SparseFwdConfig.for_problem(gather=gather, causal=causal, window=window_on,
-                                                                   split_kv=True, cluster_splits=cluster),
-                               "sparse split", gather, causal, window_on, cluster)
-        o_part, lse_part = workspace(num_splits // cluster, B, Sq, H, HEAD_DIM, device, raw_stream(device))
+                                                                   split_kv=True, cluster_splits=cluster,
+                                                                   bf16_partials=bf16),
+                               "sparse split", gather, causal, window_on, cluster, bf16)
+        o_part, lse_part = workspace(num_splits // cluster, B, Sq, H, HEAD_DIM, device, raw_stream(device),
+                                     torch.bfloat16 if config.bf16_partials else torch.float32)
         # the combine takes the outputs as returned (the build adds the batch mode).  PDL behind a cluster split and
         # behind the gathered (paired) split, whose CTAs let it go once past their main loops; both kernels go out
         # through one compiled function (launch.Sequence)

@@ -23,6 +23,9 @@ class SparseFwdConfig(_Config):
     split_kv: bool = False
     schedule: str = "columns"       # how the two consumer warpgroups share a tile (kernel docstring)
     cluster_splits: int = 1         # C splits of a query merge on chip through DSMEM (dense split decode)
+    # paired split-KV: each split's partial O normalized over its keys leaves in bf16 by the bf16 output's TMA
+    # epilogue (one rounding more, half the bytes a split CTA writes and the combine reads; sparse_fwd docstring)
+    bf16_partials: bool = False
     gather_only: bool = False       # benchmark only: the producer alone, no math, output unwritten
     skip_mma: str | None = None     # benchmark only: "qk" or "pv" left out (wrong output), columns schedule
 
@@ -39,6 +42,8 @@ class SparseFwdConfig(_Config):
         if self.cluster_splits > 1 and (not self.split_kv or self.schedule != "columns" or self.gather_only):
             raise ValueError("cluster_splits reduces the split partials of the columns schedule (split_kv=True, "
                              "schedule='columns', not gather_only)")
+        if self.bf16_partials and not (self.split_kv and self.schedule == "paired"):
+            raise ValueError("bf16_partials are the paired schedule's split partials (split_kv=True, schedule='paired')")
         if self.skip_mma not in (None, "qk", "pv"):
             raise ValueError(f"skip_mma must be None, 'qk' or 'pv', got {self.skip_mma!r}")
         if self.skip_mma is not None and self.schedule != "columns":
@@ -46,11 +51,12 @@ class SparseFwdConfig(_Config):
 
     @classmethod
     def for_problem(cls, *, gather: bool, causal: bool = False, window: bool = False, sink: bool = False,
-                    split_kv: bool = False, cluster_splits: int = 1) -> "SparseFwdConfig":
+                    split_kv: bool = False, cluster_splits: int = 1, bf16_partials: bool = False) -> "SparseFwdConfig":
         # gathered keys: paired schedule (whole tiles in turn, half-tile pipelines): 423 vs 369 TFLOP/s at h64 K640;
         # dense keys: columns (the long-KV split decode: 44.2 vs 47.8 us at H64 KV64k)
         return cls(gather=gather, causal=causal, window=window, sink=sink and not split_kv, has_lse=True, split_kv=split_kv,
-                   schedule="paired" if gather else "columns", cluster_splits=cluster_splits)
+                   schedule="paired" if gather else "columns", cluster_splits=cluster_splits,
+                   bf16_partials=bf16_partials)
 
 
 @dataclass(frozen=True)
@@ -78,6 +84,10 @@ class Model1DecodeConfig(SparseFwdConfig):
 
     @classmethod
     def for_decode(cls, *, extra_cache: bool, topk_length: bool, extra_topk_length: bool, sink: bool,
-                   split_kv: bool, head_pair_cluster: bool = False) -> "Model1DecodeConfig":
+                   split_kv: bool, head_pair_cluster: bool = False, bf16_partials: bool | None = None
+                   ) -> "Model1DecodeConfig":
+        # split partials in bf16 unless told (the op's choice: ops.decode.BF16_PARTIALS)
+        bf16 = split_kv if bf16_partials is None else bf16_partials
         return cls(sink=sink and not split_kv, has_lse=True, split_kv=split_kv, extra_cache=extra_cache,
-                   topk_length=topk_length, extra_topk_length=extra_topk_length, head_pair_cluster=head_pair_cluster)
+                   topk_length=topk_length, extra_topk_length=extra_topk_length, head_pair_cluster=head_pair_cluster,
+                   bf16_partials=bf16)

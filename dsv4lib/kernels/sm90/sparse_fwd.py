@@ -48,7 +48,9 @@ so each writes its normalized column half of O into the Q buffer (value pairs th
 
 Split-KV (``split_kv=True``, D2 decode): split s takes its share of the key tiles and writes an fp32 partial O
 normalized over its own keys plus its LSE; :class:`dsv4lib.kernels.combine.LSECombineKernel` merges them and
-applies the sink once.
+applies the sink once.  The paired schedule's splits (D6 gathered, D7) write it in bf16 instead (``bf16_partials``)
+through the bf16 output's own TMA epilogue, into their split's slice: half the bytes a split CTA drains from its SM
+(B1 D7 decode 13.0 → 12.1 µs, H100; the fp32 store from the accumulators was 3.6 µs of it, docs/tuning/d7.md).
 
 **Cluster-reduced partials** (``cluster_splits=C > 1``, split-KV, columns schedule): the C consecutive splits of a
 query form a thread-block cluster and merge their partials on chip before anything leaves the SMs.  Each CTA puts
@@ -151,6 +153,9 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
     GATHER_PREFETCH_256 = True
     # the O chunks (store_o_chunks) written by stmatrix, 4 a chunk and thread (FlashMLA's), not 16 st.shared.b32
     O_CHUNK_STMATRIX = True
+    # bf16 split partials (bf16_partials) leave by the output's TMA epilogue; off (probe_d7's bf16_partials_regs):
+    # from the accumulators as 4-byte bf16 pairs (store_half)
+    BF16_PARTIALS_BY_TMA = True
     # programmatic dependent launch between calls: the build is launched with PDL and waits for the grid before it
     # (griddepcontrol.wait) ahead of its first global access, and lets the grid after it launch once every CTA is
     # past its main loop — so the next call's CTAs are resident when this one ends.  No effect beside kernels
@@ -178,9 +183,9 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
         self.producer_regs = self.PAIRED_PRODUCER_REGS if self.paired else self.PRODUCER_REGS
         self.consumer_regs = self.PAIRED_CONSUMER_REGS if self.paired else self.CONSUMER_REGS
         # bf16 O of the paired schedule leaves as value pairs into the Q buffer (dead once both warpgroups passed the
-        # row-sum barrier) and one TMA store of the 64 x 512 tile; fp32 split partials and the columns schedule keep
-        # their register stores
-        self.tma_store_o = not self.split_kv and self.paired
+        # row-sum barrier) and one TMA store of the 64 x 512 tile — a bf16 split partial (bf16_partials) the same way,
+        # into its split's slice; fp32 split partials and the columns schedule keep their register stores
+        self.tma_store_o = self.paired and (not self.split_kv or (config.bf16_partials and self.BF16_PARTIALS_BY_TMA))
         self.key_flags = self.paired and self.gather and self.PRODUCER_KEY_FLAGS
         self.key_mask_after_wait = self.KEY_MASK_AFTER_WAIT or self.key_flags
         # the cluster whose CTAs use each other's pipeline barriers (none here: the split clusters merge through their
@@ -256,10 +261,12 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
                 sQ_layout, (TILE_H, HEAD_DIM))
         tma_atom_O = tma_O = None
         if const_expr(self.tma_store_o):
-            # (1, B, Sq, H, 512) -> (H, 512, Sq, B), like Q (one split: its index is always 0); a 64 x 64 box, whose
-            # shared image is one 8 KB column block of the Q buffer (its atoms stack rows first): store_o_chunks
+            # (splits, B, Sq, H, 512) -> (H, 512, Sq, B, splits), like Q with the split last (1 without split-KV); a
+            # 64 x 64 box, whose shared image is one 8 KB column block of the Q buffer (its atoms stack rows first):
+            # store_o_chunks
             tma_atom_O, tma_O = cpasync.make_tiled_tma_atom(
-                cpasync.CopyBulkTensorTileS2GOp(), cute.make_tensor(mO.iterator, cute.select(mO.layout, mode=[3, 4, 2, 1])),
+                cpasync.CopyBulkTensorTileS2GOp(),
+                cute.make_tensor(mO.iterator, cute.select(mO.layout, mode=[3, 4, 2, 1, 0])),
                 row_major_smem_layout(self.dtype, TILE_H, O_CHUNK), (TILE_H, O_CHUNK))
         return (tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ_layout, sKV_layout, sP_layout, SharedStorage,
                 tma_atom_Q, tma_Q, tma_atom_O, tma_O)
@@ -762,14 +769,14 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
             for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
                 acc_O_rc[r, c] = acc_O_rc[r, c] * inv
         if const_expr(self.tma_store_o):
-            self.store_o_chunks(w, tiled_mma_qk, acc_O, sQ, tma_atom_O, tma_O, wtid, token, head_group, batch)
+            self.store_o_chunks(w, tiled_mma_qk, acc_O, sQ, tma_atom_O, tma_O, wtid, token, head_group, batch, split)
         else:
             self.store_half(thr_pv, acc_O, mO, split, batch, token, head_group, w)
 
     @cute.jit
-    def store_o_chunks(self, w, tiled_mma_qk, acc_O, sQ, tma_atom_O, tma_O, wtid, token, head_group, batch):
-        """My column half of O (bf16) → the dead Q buffer in four 64-column chunks; after each chunk my warpgroup
-        meets on its own barrier and my first warp issues that chunk's TMA store, so the stores overlap the next
+    def store_o_chunks(self, w, tiled_mma_qk, acc_O, sQ, tma_atom_O, tma_O, wtid, token, head_group, batch, split):
+        """My column half of O (bf16: the output, or split ``split``'s partial) → the dead Q buffer in four 64-column
+        chunks; after each chunk my warpgroup meets on its own barrier and my first warp issues that chunk's TMA store, so the stores overlap the next
         chunk's writes and the other warpgroup's, and little is left in flight when the CTA ends.  A chunk is
         partitioned as a m64n64 accumulator (the QK wgmma's C layout: same threads, same rows, 8-column groups), so
         its values are 32 consecutive ones of my m64n256 accumulator: chunk c = groups 8c … 8c+7."""
@@ -777,7 +784,7 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
         chunks = HALF // O_CHUNK
         per_chunk = cute.size(acc_O) // chunks
         thr_c = tiled_mma_qk.get_slice(wtid)
-        gO = cute.local_tile(tma_O[None, None, token, batch], (TILE_H, O_CHUNK), (head_group, None))   # (64, 64, 8)
+        gO = cute.local_tile(tma_O[None, None, token, batch, split], (TILE_H, O_CHUNK), (head_group, None))  # (64, 64, 8)
         for c in cutlass.range_constexpr(chunks):
             col_block = w * chunks + c
             sO_c = cute.local_tile(sQ, (TILE_H, O_CHUNK), (0, col_block))                  # (64, 64), 8 KB block
