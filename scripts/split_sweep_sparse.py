@@ -21,6 +21,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", default="4,8,16,32")
     ap.add_argument("--splits", default="1,2,4,8")
+    ap.add_argument("--keys", default="640", help="gathered keys a token (comma-separated: 640 Flash, 1152 Pro)")
+    ap.add_argument("--gathered-only", action="store_true", help="no dense hd512 rows")
     ap.add_argument("--gathered-partials", default=None,
                     help="fp32,bf16: the gathered rows only, once per partial dtype (ops.sparse.GATHER_BF16_PARTIALS), "
                     "alternating")
@@ -31,19 +33,25 @@ def main():
     counts = [int(s) for s in args.splits.split(",")]
     kv = torch.randn(1 << 18, 512, device="cuda", dtype=torch.bfloat16, generator=gen)          # 256 MiB of rows
     print(f"{torch.cuda.get_device_name()}: device µs per call (graph replay); splits {counts} then the default")
+    fmt = lambda xs: "  ".join(f"{x:7.1f}" for x in xs)
     for n in (int(t) for t in args.tokens.split(",")):
-        sets = [(torch.randn(n, 64, 512, device="cuda", dtype=torch.bfloat16, generator=gen),
-                 torch.randint(0, kv.shape[0], (n, 640), device="cuda", dtype=torch.int32, generator=gen))
-                for _ in range(8)]
-        gathered = [bench.time_graph(lambda q, i, s=s: dsv4lib.sparse_attention(q, kv, i, num_splits=s),
-                                     sets).per_call_ms * 1e3 for s in counts + [None]]
+        gathered = {}
+        for keys in (int(k) for k in args.keys.split(",")):
+            sets = [(torch.randn(n, 64, 512, device="cuda", dtype=torch.bfloat16, generator=gen),
+                     torch.randint(0, kv.shape[0], (n, keys), device="cuda", dtype=torch.int32, generator=gen))
+                    for _ in range(8)]
+            gathered[keys] = [bench.time_graph(lambda q, i, s=s: dsv4lib.sparse_attention(q, kv, i, num_splits=s),
+                                               sets).per_call_ms * 1e3 for s in counts + [None]]
+        rows = "   ".join(f"gathered {keys} keys: {fmt(t)}" for keys, t in gathered.items())
+        if args.gathered_only:
+            print(f"{n:3d} tokens  {rows}", flush=True)
+            continue
         k = torch.randn(n, 8192, 1, 512, device="cuda", dtype=torch.bfloat16, generator=gen)   # a batch of n, K = V
         dense_sets = [(torch.randn(n, 1, 64, 512, device="cuda", dtype=torch.bfloat16, generator=gen),)
                       for _ in range(8)]
         dense = [bench.time_graph(lambda q, s=s: dsv4lib.attention(q, k, k, num_splits=s), dense_sets).per_call_ms
                  * 1e3 for s in counts + [None]]
-        fmt = lambda xs: "  ".join(f"{x:7.1f}" for x in xs)
-        print(f"{n:3d} tokens  gathered 640 keys: {fmt(gathered)}   |   dense hd512 8k keys: {fmt(dense)}", flush=True)
+        print(f"{n:3d} tokens  {rows}   |   dense hd512 8k keys: {fmt(dense)}", flush=True)
 
 
 def partials_ab(args):

@@ -522,14 +522,17 @@ def k_bars(k):
     return k.count(r"bar\.(arrive|sync)")
 
 
-def test_gathered_decode_splits_only_small_batches():
-    """Gathered keys (1152 a token = 18 tiles): the measured best split counts on the H200 — 8 for B ≤ 4, 4 at B16,
-    none from B32 on (the plain rule split B128 in two: 3× slower) — and never under two tiles a split; then only
-    the splits that get a tile: 8 splits of 18 tiles take 3 each, so 6 do the work (the 8 measured best were those 6
-    and two empty ones)."""
-    from dsv4lib.ops.sparse import gather_splits
-    assert [gather_splits(b, 18) for b in (1, 4, 16, 17, 32, 64, 128, 4096)] == [6, 6, 4, 1, 1, 1, 1, 1]
-    assert gather_splits(1, 2) == 1 and gather_splits(1, 4) == 2 and gather_splits(1, 9) == 3
+def test_gathered_decode_splits_by_the_decode_rule_without_the_long_list_wave():
+    """Gathered bf16 keys split by D7's rule (``ops.sparse.decode_splits``) — a tile a split while every tile can have
+    a CTA within half a wave, doubling within one wave while the grid fills at most a quarter of the SMs — but not the
+    FP8 decode's one wave for long lists: H100, session 41, 64 tokens × 1152 keys 44.8 µs at 2 splits against 40.5
+    unsplit; 32 tokens × 1152 keys at 4 splits 27.2 against 35.0 (the old rule's one split)."""
+    from dsv4lib.ops.sparse import decode_splits
+    gathered = lambda tokens, tiles: decode_splits(tokens, tiles, 132, long_lists_fill_wave=False)
+    assert [gathered(t, 10) for t in (1, 2, 4, 8, 16, 32, 64, 128)] == [10, 10, 10, 5, 5, 4, 1, 1]
+    assert [gathered(t, 18) for t in (1, 2, 4, 8, 16, 32, 64, 128)] == [18, 18, 9, 9, 6, 4, 1, 1]
+    assert decode_splits(64, 18, 132) == 2                # the FP8 decode's long-list wave (B32 H128: 50.4 vs 63.4)
+    assert gathered(1, 1) == 1 and gathered(1, 3) == 3
 
 
 def test_no_split_is_left_without_a_tile():

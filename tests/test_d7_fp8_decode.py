@@ -449,7 +449,7 @@ def test_flashmla_decodes_our_cache_as_we_do():
 
 
 def test_decode_split_rule_keeps_one_wave():
-    from dsv4lib.ops.decode import DECODE_MAX_SPLITS, decode_splits
+    from dsv4lib.ops.sparse import DECODE_MAX_SPLITS, decode_splits
     assert decode_splits(64, 10, 132) == 1          # B64 H64: 2 splits 42.8 vs 41.1 µs unsplit (H100, session 39)
     assert decode_splits(32, 10, 132) == 4          # B32 H64: a quarter of the SMs → one wave (28.1 vs 40.2 µs)
     assert decode_splits(64, 18, 132) == 2          # B32 H128: long lists → one wave (50.4 vs 63.4 µs)

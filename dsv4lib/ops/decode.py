@@ -9,53 +9,22 @@ import math
 import torch
 
 from ..kernels.sm90.sparse_config import Model1DecodeConfig
-from ..kernels.splitkv import nonempty_splits
 from .attention import check_sink
 from .combine import combine_launcher
 from .kvcache import Model1Cache, cache_pages, check_pages
 from .launch import (Launch, Sequence, cached_config, check_hopper, check_num_splits, device_facts, find_plan,
                      keep_plan, lse_output, on_device, options_sig, placeholder, raw_stream, rows_dynamic, sink_passer,
                      stream_arg, tensor_sig, workspace)
-from .sparse import HEAD_DIM, HEADS_PER_CTA
+from .sparse import HEAD_DIM, HEADS_PER_CTA, decode_splits
 
 DECODE_HEADS = (64, 128)
 DECODE_SQ = (1, 2)             # one token, or two with MTP
-# split while the split launch stays within half a wave of SMs — or within one wave when the unsplit grid fills at most
-# a quarter of them or the lists are long (≥ 16 tiles, H128's 1152 keys).  Each split writes a partial (64 KB bf16
-# at H64: BF16_PARTIALS) that the combine reads back.  H100, session 39, device µs by graph replay with the row combine
-# (:func:`dsv4lib.ops.combine.by_rows`; the old combine gave a many-row merge ~62 waves of tiny CTAs: B64 H64 at 2 splits
-# 112 vs 41 µs, and B32 H64 — 2 splits by the half-wave rule — 65 vs 40 unsplit): B32 H64 1 / 2 / 4 splits 40.2 /
-# 31.6 / 28.1 (FlashMLA 27.8), B32 H128 1 / 2 63.4 / 50.4 (FlashMLA 52.5), B64 H64 1 / 2 / 4 41.1 / 42.8 / 54.6 —
-# at 64 CTAs of 10 tiles the split gains nothing (its 128 CTAs share what the 64 could not use).
-# B1 H64 43 / 32 / 24 / 17 µs at 1 / 2 / 4 / 8 splits (8 asked of 10 tiles: 2 tiles each, so 5 did the work and 3
-# wrote empty partials; 5 asked measured no faster than 8, 10 — a tile each — as fast: 10 now).  A split keeps at
-# least one 64-key tile.  32, not 16, so that B1 H128's 18 tiles get a split each too (H100, session 32: 18 splits
-# 16.2 µs; 16 allowed gave 9 splits of two tiles: 16.7 and 17.1 in the same run; FlashMLA 16.0)
-DECODE_MAX_SPLITS = 32
 # H = 128: the two head-group CTAs of a token as one cluster that dequantizes each key once (the crossover)
 HEAD_PAIR_CLUSTER = True
 # split partials in bf16, stored by the output's TMA epilogue: at B1 the split's fp32 partial store (128 KB a CTA from
 # the accumulators) was 3.6 of 13.0 µs and scaled with its bytes (H100, session 41: none / half / all of it 9.4 /
 # 11.4 / 12.9 µs; docs/tuning/d7.md) — one bf16 rounding more, under the output's own
 BF16_PARTIALS = True
-
-
-def decode_splits(batch_ctas: int, n_tiles: int, sms: int) -> int:
-    """The split count of a decode launch of ``batch_ctas`` (token, head group) CTAs over ``n_tiles`` 64-key tiles:
-    doubling within half a wave, or within one wave from a grid of at most a quarter of the SMs or over ≥ 16 tiles
-    (the measurements above :data:`DECODE_MAX_SPLITS`); when every tile can have a CTA of its own within half a wave,
-    one tile a split (a
-    latency-bound call: the fewer tiles a CTA walks, the sooner the last partial lands — B1 H64's 10 tiles over 5 /
-    8 / 10 splits took 16.1 / 15.7 / 15.7 and 16.2 / 15.9 / 15.8 µs in two runs, H100, session 30); then only as
-    many as get a tile (``nonempty_splits``)."""
-    splits = 1
-    one_wave = batch_ctas <= sms // 4 or n_tiles >= 16
-    while (splits * 2 <= DECODE_MAX_SPLITS and n_tiles // (splits * 2) >= 1
-           and batch_ctas * splits * 2 <= (sms if one_wave else sms // 2)):
-        splits *= 2
-    if splits > 1 and batch_ctas * n_tiles <= sms // 2:
-        splits = min(n_tiles, DECODE_MAX_SPLITS)
-    return nonempty_splits(n_tiles, splits)
 
 
 def launch_shape(B: int, s_q: int, H: int, n_keys: int, sms: int, num_splits=None) -> tuple[int, int, bool]:
