@@ -118,10 +118,11 @@ record(metrics_path, compiled=build_ok)
 #
 # One CTA serves one query token x 64 heads (the MMA's M) and walks that token's 64-key tiles; its two consumer
 # warpgroups take the tiles in turn, a *pair* at a time.  When the batch is too small to fill the GPU the keys are
-# split over several CTAs, doubling within half a wave (one wave from a quarter-full grid or over long lists: B32
-# H64 40 → 28 µs, B32 H128 63 → 50 on the H100) (each writes an fp32 partial and its LSE; a combine
-# kernel merges them by LSE and adds the sink once: one CTA a row once there are rows for every SM, else four warps
-# a 128-column chunk sharing many splits), down to one tile a split at B1.  An odd count ends on a *lone* pair: its second tile is not
+# split over several CTAs, doubling within half a wave (one wave from a half-full grid or over long lists: B32
+# H64 40 → 23 µs, B32 H128 63 → 46, B64 H64 41 → 37 on the H100) (each writes a bf16 partial — through the
+# output's own TMA epilogue, into its split's slice — and its LSE; a combine kernel merges them by LSE and adds the
+# sink once: one CTA a row once there are rows for every SM, else four warps a 128-column chunk sharing many
+# splits), down to one tile a split at B1.  An odd count ends on a *lone* pair: its second tile is not
 # filled and no MMA runs on it (B1 H64: 15.4 → 13.0 µs on the H100 when that landed).  At H = 128 a token's two
 # head-group CTAs form a cluster that dequantizes each key once for both.  Every kernel of a call goes out with
 # *programmatic dependent launch*: the combine's CTAs launch once the split CTAs are past their main loop, and the
@@ -276,12 +277,14 @@ if on_gpu:
 # the rope columns by `cp.async` with the hardware arriving for them; e4m3 → bf16 by placed bits and one bf16
 # multiply (4 instructions a pair instead of 6); every row stored at a constant offset from two chunk addresses (a
 # thread's rows share their swizzle); the rope lanes as one whole warp; at H128 the head-pair cluster that
-# dequantizes each key once for both CTAs; at B1 a tile a split and the lone pair.  What did not help, measured
+# dequantizes each key once for both CTAs; at B1 a tile a split and the lone pair; the split partials in bf16 by
+# the output's TMA epilogue (B1 H64 13.0 → 12.0 µs: a split CTA's store drains from one SM, and its cost went with
+# its bytes — 9.4 µs with none of it stored, 11.4 with half).  What did not help, measured
 # against each other: the H128 producer's rows two half-tiles ahead, FlashMLA's own consumer split, each CTA of the
 # head pair converting one column half of every row (9-11 % slower: a consumer's first QK then waits for two fills
 # of one CTA), issuing an item's first row loads before its scale words, a warp sync a row to keep ptxas from
-# sinking the loads, the split partial O in bf16 instead of fp32 (half the bytes before the combine: B1 H64 13.0 →
-# 15.7 µs, slower); on the consumers' side, agreeing on a pair's row max by one swap instead of the chain, or more
+# sinking the loads, the split partial O in bf16 stored straight from the accumulators (4-byte pairs that half-fill
+# every 32-byte sector: B1 H64 13.0 → 15.7 µs); on the consumers' side, agreeing on a pair's row max by one swap instead of the chain, or more
 # consumer registers.
 #
 # Where the time goes now (sessions 33-34, `scripts/probe_d7.py` with parts switched off, its `--trace`, and Nsight

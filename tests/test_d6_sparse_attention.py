@@ -522,16 +522,18 @@ def k_bars(k):
     return k.count(r"bar\.(arrive|sync)")
 
 
-def test_gathered_decode_splits_by_the_decode_rule_without_the_long_list_wave():
+def test_gathered_decode_splits_by_the_decode_rule_without_the_fp8_waves():
     """Gathered bf16 keys split by D7's rule (``ops.sparse.decode_splits``) — a tile a split while every tile can have
     a CTA within half a wave, doubling within one wave while the grid fills at most a quarter of the SMs — but not the
-    FP8 decode's one wave for long lists: H100, session 41, 64 tokens × 1152 keys 44.8 µs at 2 splits against 40.5
-    unsplit; 32 tokens × 1152 keys at 4 splits 27.2 against 35.0 (the old rule's one split)."""
+    FP8 decode's wider waves (half the SMs, long lists): H100, session 41, 64 tokens at 2 splits 32.7 µs against 26.1
+    unsplit (640 keys), 44.8 against 40.5 (1152 keys); 32 tokens × 1152 keys at 4 splits 27.2 against 35.0 (the old
+    rule's one split)."""
     from dsv4lib.ops.sparse import decode_splits
-    gathered = lambda tokens, tiles: decode_splits(tokens, tiles, 132, long_lists_fill_wave=False)
+    gathered = lambda tokens, tiles: decode_splits(tokens, tiles, 132, dequantizing=False)
     assert [gathered(t, 10) for t in (1, 2, 4, 8, 16, 32, 64, 128)] == [10, 10, 10, 5, 5, 4, 1, 1]
     assert [gathered(t, 18) for t in (1, 2, 4, 8, 16, 32, 64, 128)] == [18, 18, 9, 9, 6, 4, 1, 1]
     assert decode_splits(64, 18, 132) == 2                # the FP8 decode's long-list wave (B32 H128: 50.4 vs 63.4)
+    assert decode_splits(64, 10, 132) == 2                # ... and half-SMs wave (B64 H64: 37.4 vs 41.1 µs)
     assert gathered(1, 1) == 1 and gathered(1, 3) == 3
 
 

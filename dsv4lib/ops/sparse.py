@@ -26,19 +26,21 @@ CLUSTER_SPLITS = 4
 MIN_TILES_PER_CLUSTERED_SPLIT = 2
 # The split rule of the hd512 gathered decodes (D7's FP8 decode and D6's sparse_attention: the paired kernel, bf16
 # partials, the same combines): split while the split launch stays within half a wave of SMs — or within one wave
-# when the unsplit grid fills at most a quarter of them or (the FP8 decode only) the lists are long (≥ 16 tiles,
-# H128's 1152 keys).  H100, session 39, D7 device µs by graph replay with the row combine (:func:`dsv4lib.ops.combine.
-# by_rows`; the old combine gave a many-row merge ~62 waves of tiny CTAs: B64 H64 at 2 splits 112 vs 41 µs, and B32
-# H64 — 2 splits by the half-wave rule — 65 vs 40 unsplit): B32 H64 1 / 2 / 4 splits 40.2 / 31.6 / 28.1 (FlashMLA
-# 27.8), B32 H128 1 / 2 63.4 / 50.4 (FlashMLA 52.5), B64 H64 1 / 2 / 4 41.1 / 42.8 / 54.6 — at 64 CTAs of 10 tiles
-# the split gains nothing (its 128 CTAs share what the 64 could not use).  B1 H64 43 / 32 / 24 / 17 µs at 1 / 2 / 4 /
-# 8 splits (8 asked of 10 tiles: 2 tiles each, so 5 did the work and 3 wrote empty partials; 5 asked measured no
-# faster than 8, 10 — a tile each — as fast: 10 now).  A split keeps at least one 64-key tile.  32, not 16, so that
-# B1 H128's 18 tiles get a split each too (H100, session 32: 18 splits 16.2 µs; 16 allowed gave 9 splits of two
-# tiles: 16.7 and 17.1 in the same run; FlashMLA 16.0).  D6's gathered split (bf16 rows: a cheaper tile) took this
-# rule in session 41 (H100, split_sweep_sparse.py, 640 / 1152 keys, µs: 1 token 11.5 → 8.6 / 11.5 → 9.3, 4 tokens
-# 12.1 → 9.8 / 12.6 → 11.5, 32 tokens 21.9 → 20.0 / 35.0 → 27.2; docs/tuning/d2_d6.md) without the long-list clause:
-# 64 tokens × 1152 keys at 2 splits 44.8 against 40.5 unsplit.
+# when the unsplit grid fills at most a quarter of the SMs, or (the FP8 decode, whose dequantizing producer makes a
+# tile dearer) at most half of them or the lists are long (≥ 16 tiles, H128's 1152 keys).  H100, session 39, D7 device
+# µs by graph replay with the row combine (:func:`dsv4lib.ops.combine.by_rows`; the old combine gave a many-row merge
+# ~62 waves of tiny CTAs: B64 H64 at 2 splits 112 vs 41 µs, and B32 H64 — 2 splits by the half-wave rule — 65 vs 40
+# unsplit): B32 H64 1 / 2 / 4 splits 40.2 / 31.6 / 28.1 (FlashMLA 27.8), B32 H128 1 / 2 63.4 / 50.4 (FlashMLA 52.5).
+# B1 H64 43 / 32 / 24 / 17 µs at 1 / 2 / 4 / 8 splits (8 asked of 10 tiles: 2 tiles each, so 5 did the work and 3
+# wrote empty partials; 5 asked measured no faster than 8, 10 — a tile each — as fast: 10 now).  A split keeps at
+# least one 64-key tile.  32, not 16, so that B1 H128's 18 tiles get a split each too (H100, session 32: 18 splits
+# 16.2 µs; 16 allowed gave 9 splits of two tiles: 16.7 and 17.1 in the same run; FlashMLA 16.0).  With bf16 partials
+# (session 41, bench_d7.py --splits) B64 H64 1 / 2 / 3 / 4 splits 41.1 / 37.4 / 49.7 / 46.9 (FlashMLA 48.9; fp32
+# partials: 41.1 / 42.8 at 1 / 2) — the half-SMs wave; B64 H128 66.2 / 90.5 / 95.3 / 108.8 (stays 1).  D6's gathered
+# split (bf16 rows: a cheaper tile) took this rule in session 41 (H100, split_sweep_sparse.py, 640 / 1152 keys, µs:
+# 1 token 11.5 → 8.6 / 11.5 → 9.3, 4 tokens 12.1 → 9.8 / 12.6 → 11.5, 32 tokens 21.9 → 20.0 / 35.0 → 27.2;
+# docs/tuning/d2_d6.md) without the FP8 decode's wider waves: 64 tokens at 2 splits 32.7 against 26.1 unsplit (640
+# keys), 44.8 against 40.5 (1152).
 DECODE_MAX_SPLITS = 32
 
 
@@ -134,16 +136,17 @@ def cluster_for(num_splits: int, gather: bool) -> int:
     return c
 
 
-def decode_splits(batch_ctas: int, n_tiles: int, sms: int, long_lists_fill_wave: bool = True) -> int:
+def decode_splits(batch_ctas: int, n_tiles: int, sms: int, dequantizing: bool = True) -> int:
     """The split count of a gathered decode launch of ``batch_ctas`` (token, head group) CTAs over ``n_tiles`` 64-key
     tiles: doubling within half a wave, or within one wave from a grid of at most a quarter of the SMs or (with
-    ``long_lists_fill_wave``: the FP8 decode) over ≥ 16 tiles (the measurements above :data:`DECODE_MAX_SPLITS`);
+    ``dequantizing``: the FP8 decode) at most half of them or over ≥ 16 tiles (the measurements above
+    :data:`DECODE_MAX_SPLITS`);
     when every tile can have a CTA of its own within half a wave, one tile a split (a latency-bound call: the fewer
     tiles a CTA walks, the sooner the last partial lands — B1 H64's 10 tiles over 5 / 8 / 10 splits took 16.1 / 15.7
     / 15.7 and 16.2 / 15.9 / 15.8 µs in two runs, H100, session 30); then only as many as get a tile
     (``nonempty_splits``)."""
     splits = 1
-    one_wave = batch_ctas <= sms // 4 or (long_lists_fill_wave and n_tiles >= 16)
+    one_wave = batch_ctas <= (sms // 2 if dequantizing else sms // 4) or (dequantizing and n_tiles >= 16)
     while (splits * 2 <= DECODE_MAX_SPLITS and n_tiles // (splits * 2) >= 1
            and batch_ctas * splits * 2 <= (sms if one_wave else sms // 2)):
         splits *= 2
@@ -157,7 +160,7 @@ def choose_splits(num_splits, batch_ctas: int, n_keys: int, device, gather: bool
     check_num_splits(num_splits)
     n_tiles = max(1, -(-n_keys // 64))
     if num_splits is None and gather:
-        return decode_splits(batch_ctas, n_tiles, device_facts(device)[1], long_lists_fill_wave=False)
+        return decode_splits(batch_ctas, n_tiles, device_facts(device)[1], dequantizing=False)
     if num_splits is None:
         # clustered partials cost 1/C of the plain ones: fill every cluster slot the GPU has (one CTA per SM),
         # at least MIN_TILES_PER_CLUSTERED_SPLIT tiles a split, a multiple of C splits per query
