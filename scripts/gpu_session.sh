@@ -14,7 +14,7 @@
 # (scripts/gather_roof_d7.py: torch's gather of the D7 shapes' key bytes beside ours); d7fused (the fused-merge
 # candidate against the combine launch at B1 / B2 / B4); splitsparse (scripts/split_sweep_sparse.py: D6 / D2 split
 # counts at 4-32 tokens); combinerows (scripts/probe_combine_rows.py: D7's small merges by either combine); d7store (B1's partial
-# store: none / half / all);
+# store: none / half / all); d7alt (the ALTERNATE_HALF_TILES candidate's tests and timing);
 # ncu7 / ncu7p / ncu1 / ncu6: Nsight Compute on one D7 call (B128 H64; ncu7p: the FP8-cache prefill's B4096 H64) / D1's hd64 causal (ours and FA4) / D6's bf16
 # prefill (ours and FlashMLA), per-SASS samples summarized by scripts/ncu_sass.py;
 # pipeline=D7 (stages named, comma-separated); pipeline1 / pipeline2: the stages in two calls (the whole pipeline took > 560 s on the H100, session 31).
@@ -107,6 +107,11 @@ for w in $what; do
                   --variants full,no_partial_store,half_partial_store,full,half_partial_store; } 2>&1 \
                   | tee "$out/logs/d7store.txt" | tail -n 7 ;;
     # D7's B1 / B2 split decodes merged by the chunk combine (shipped) or the row combine, device and host µs, ~2 min
+    # the candidate ALTERNATE_HALF_TILES (git apply docs/tuning/candidates/d7_alternate_half_tiles.patch first): its
+    # GPU tests (bit-equal to the shipped crossover), then B1 / B64 / B128 H128 and the H128 prefill, alternating, ~4 min
+    d7alt)    { timeout 200 python -m pytest -m gpu -q -p no:cacheprovider -k candidate tests/test_d7_fp8_decode.py;
+                timeout 250 python scripts/probe_d7.py --shapes 1x128x128x1024,3,4,4096x128x128x1024 \
+                  --variants full,alternate,full,alternate; } 2>&1 | tee "$out/logs/d7alt.txt" | tail -n 9 ;;
     combinerows) { timeout 250 python scripts/probe_combine_rows.py; } 2>&1 | tee "$out/logs/combinerows.txt" | tail -n 12 ;;
     d7slots)  { timeout 200 python scripts/probe_d7.py --shapes 3,4,4096x128x128x1024 \
                   --variants full,two_slots,two_slots_late_ring,full,two_slots_late_ring; } 2>&1 | tee "$out/logs/d7slots.txt" | tail -n 8 ;;
