@@ -411,7 +411,7 @@ def test_the_plans_of_quantize_and_dequantize_pass_each_launch_its_builds_checks
 def test_the_plans_of_sparse_decode_pass_each_launch_its_builds_checks(monkeypatch):
     """``sparse_decode`` over two MODEL1 caches on CPU tensors (the device checks off): the split path (the decode's
     split kernel + the PDL combine, one compiled call) at B = 1 and, with other list lengths, at B = 2, and the unsplit
-    public build at B = 40 — every launch passes its build's argument checks and stops only at the launch, twice,
+    public build at B = 80 — every launch passes its build's argument checks and stops only at the launch, twice,
     one plan per kind."""
     import dsv4lib
     from dsv4lib.ops.kvcache import Model1Cache
@@ -431,5 +431,5 @@ def test_the_plans_of_sparse_decode_pass_each_launch_its_builds_checks(monkeypat
         return lambda: dsv4lib.sparse_decode(q, window, idx, lengths[0], extra_k_cache=compressed,
                                              extra_indices=idx2, extra_topk_length=lengths[1], sink=sink)
     calls = {"B1 split + combine": (call(1, 128, 512), 2), "B2 split + combine, other lengths": (call(2, 64, 300), 2),
-             "B40 unsplit": (call(40, 128, 512), 1)}
+             "B80 unsplit": (call(80, 128, 512), 1)}
     _plans_reach_their_launches(calls, launched, monkeypatch)
