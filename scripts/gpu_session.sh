@@ -108,10 +108,12 @@ for w in $what; do
                   | tee "$out/logs/d7store.txt" | tail -n 7 ;;
     # D7's B1 / B2 split decodes merged by the chunk combine (shipped) or the row combine, device and host µs, ~2 min
     # the candidate ALTERNATE_HALF_TILES (git apply docs/tuning/candidates/d7_alternate_half_tiles.patch first): its
-    # GPU tests (bit-equal to the shipped crossover), then B1 / B64 / B128 H128 and the H128 prefill, alternating, ~4 min
+    # GPU tests (bit-equal to the shipped crossover; with and without its early records), then B1 / B64 / B128 H128 and
+    # the H128 prefill, alternating, ~5 min
     d7alt)    { timeout 200 python -m pytest -m gpu -q -p no:cacheprovider -k candidate tests/test_d7_fp8_decode.py;
                 timeout 250 python scripts/probe_d7.py --shapes 1x128x128x1024,3,4,4096x128x128x1024 \
-                  --variants full,alternate,full,alternate; } 2>&1 | tee "$out/logs/d7alt.txt" | tail -n 9 ;;
+                  --variants full,alternate,alternate_early,full,alternate,alternate_early; } 2>&1 \
+                  | tee "$out/logs/d7alt.txt" | tail -n 9 ;;
     combinerows) { timeout 250 python scripts/probe_combine_rows.py; } 2>&1 | tee "$out/logs/combinerows.txt" | tail -n 12 ;;
     d7slots)  { timeout 200 python scripts/probe_d7.py --shapes 3,4,4096x128x128x1024 \
                   --variants full,two_slots,two_slots_late_ring,full,two_slots_late_ring; } 2>&1 | tee "$out/logs/d7slots.txt" | tail -n 8 ;;

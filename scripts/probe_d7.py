@@ -45,6 +45,8 @@ input set) — this is a measurement, never a result.
   o_evict_last  O's TMA stores (output, bf16 partials) with an evict-last L2 hint instead of evict-first
   alternate     the candidate ALTERNATE_HALF_TILES: at H128 each CTA of the head pair converts every row of two of
                 a pair's four half-tiles (8 rows of loads in flight a producer thread, not 4); right
+  alternate_early  alternate with ALTERNATE_EARLY_RECORDS (three key-record slots, the next pair's records published
+                at the second acquire); right
   floor         idle producer and no wgmma: launch, Q, records, barriers, softmax, epilogue
                 (idle_producer and floor HANG at H = 128 since the head-pair crossover: each half-tile barrier
                 expects the peer's st.async bytes, which an idle producer never sends — session 33 lost a call to
@@ -82,11 +84,12 @@ ORIGINAL = dict(convert=md.e4m3x2_to_bf16x2, load_row=md.Model1DecodeSm90.load_r
 # the kernel class's knobs a variant may set (part name → class attribute); a candidate patch's knob (off when the
 # patch is not applied: the class has no such attribute) is set only where the class has it or a variant turns it on
 KNOBS = dict(pdl_chain="PDL_CHAIN", partials_by_tma="BF16_PARTIALS_BY_TMA", o_policy="O_L2_POLICY",
-             alternate="ALTERNATE_HALF_TILES", load_attributes="NOPE_LOAD_ATTRIBUTES", staged_indices="STAGED_INDICES",
+             alternate="ALTERNATE_HALF_TILES", alternate_early="ALTERNATE_EARLY_RECORDS", load_attributes="NOPE_LOAD_ATTRIBUTES", staged_indices="STAGED_INDICES",
              staged_rows="STAGED_ROWS", two_slots="TWO_SLOTS_WITH_CROSSOVER", ring_late="RING_AFTER_ROPE_ARRIVE")
 ORIGINAL.update({part: getattr(md.Model1DecodeSm90, attr, False) for part, attr in KNOBS.items()})
 SAME_BITS = ("full", "no_crossover", "no_pdl_chain", "no_l2_256", "nc_loads", "l1_no_allocate", "cg_loads",
-             "register_indices", "staged_rows", "staged_rows_nx", "two_slots", "two_slots_late_ring", "alternate")   # variants that must compute the shipped output
+             "register_indices", "staged_rows", "staged_rows_nx", "two_slots", "two_slots_late_ring", "alternate",
+             "alternate_early")   # variants that must compute the shipped output
 
 
 @dsl_user_op
@@ -213,6 +216,8 @@ VARIANTS = {
     # the candidate ALTERNATE_HALF_TILES (d7_alternate_half_tiles.patch): the H128 crossover split by half-tile, 8 rows
     # of loads in flight a producer thread (the shipped crossover: 4); right
     "alternate": dict(alternate=True),
+    # ... with its refinement ALTERNATE_EARLY_RECORDS (three record slots: rank 0 reloads behind its (1, R)); right
+    "alternate_early": dict(alternate=True, alternate_early=True),
 }
 
 
