@@ -24,56 +24,41 @@ def main():
     ap.add_argument("--keys", default="640", help="gathered keys a token (comma-separated: 640 Flash, 1152 Pro)")
     ap.add_argument("--gathered-only", action="store_true", help="no dense hd512 rows")
     ap.add_argument("--gathered-partials", default=None,
-                    help="fp32,bf16: the gathered rows only, once per partial dtype (ops.sparse.GATHER_BF16_PARTIALS), "
-                    "alternating")
+                    help="fp32,bf16: the gathered rows once per partial dtype (ops.sparse.GATHER_BF16_PARTIALS), "
+                    "alternating; implies --gathered-only")
     args = ap.parse_args()
-    if args.gathered_partials:
-        return partials_ab(args)
+    from dsv4lib.ops import launch, sparse
     gen = torch.Generator(device="cuda").manual_seed(0)
     counts = [int(s) for s in args.splits.split(",")]
+    modes = args.gathered_partials.split(",") if args.gathered_partials else [None]
     kv = torch.randn(1 << 18, 512, device="cuda", dtype=torch.bfloat16, generator=gen)          # 256 MiB of rows
     print(f"{torch.cuda.get_device_name()}: device µs per call (graph replay); splits {counts} then the default")
     fmt = lambda xs: "  ".join(f"{x:7.1f}" for x in xs)
+    shipped = sparse.GATHER_BF16_PARTIALS
     for n in (int(t) for t in args.tokens.split(",")):
-        gathered = {}
+        rows = []
         for keys in (int(k) for k in args.keys.split(",")):
             sets = [(torch.randn(n, 64, 512, device="cuda", dtype=torch.bfloat16, generator=gen),
                      torch.randint(0, kv.shape[0], (n, keys), device="cuda", dtype=torch.int32, generator=gen))
                     for _ in range(8)]
-            gathered[keys] = [bench.time_graph(lambda q, i, s=s: dsv4lib.sparse_attention(q, kv, i, num_splits=s),
-                                               sets).per_call_ms * 1e3 for s in counts + [None]]
-        rows = "   ".join(f"gathered {keys} keys: {fmt(t)}" for keys, t in gathered.items())
-        if args.gathered_only:
-            print(f"{n:3d} tokens  {rows}", flush=True)
+            for mode in modes:
+                if mode is not None:              # another partial dtype: new configs, new plans
+                    sparse.GATHER_BF16_PARTIALS = mode == "bf16"
+                    launch.forget_plans()
+                    launch._CONFIGS.clear()
+                times = [bench.time_graph(lambda q, i, s=s: dsv4lib.sparse_attention(q, kv, i, num_splits=s),
+                                          sets).per_call_ms * 1e3 for s in counts + [None]]
+                rows.append(f"gathered {keys} keys{'' if mode is None else ' ' + mode}: {fmt(times)}")
+        sparse.GATHER_BF16_PARTIALS = shipped
+        if args.gathered_only or args.gathered_partials:
+            print(f"{n:3d} tokens  " + "   ".join(rows), flush=True)
             continue
         k = torch.randn(n, 8192, 1, 512, device="cuda", dtype=torch.bfloat16, generator=gen)   # a batch of n, K = V
         dense_sets = [(torch.randn(n, 1, 64, 512, device="cuda", dtype=torch.bfloat16, generator=gen),)
                       for _ in range(8)]
         dense = [bench.time_graph(lambda q, s=s: dsv4lib.attention(q, k, k, num_splits=s), dense_sets).per_call_ms
                  * 1e3 for s in counts + [None]]
-        print(f"{n:3d} tokens  {rows}   |   dense hd512 8k keys: {fmt(dense)}", flush=True)
-
-
-def partials_ab(args):
-    """The gathered split at each token count and split count with fp32 and bf16 partials, alternating (session 41:
-    the FP8 decode's B1 lost 1 µs to its fp32 partial store)."""
-    from dsv4lib.ops import launch, sparse
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    counts = [int(s) for s in args.splits.split(",")]
-    kv = torch.randn(1 << 18, 512, device="cuda", dtype=torch.bfloat16, generator=gen)
-    print(f"{torch.cuda.get_device_name()}: gathered 640 keys, device µs per call (graph replay); splits {counts} "
-          "then the default")
-    for n in (int(t) for t in args.tokens.split(",")):
-        sets = [(torch.randn(n, 64, 512, device="cuda", dtype=torch.bfloat16, generator=gen),
-                 torch.randint(0, kv.shape[0], (n, 640), device="cuda", dtype=torch.int32, generator=gen))
-                for _ in range(8)]
-        for mode in args.gathered_partials.split(","):
-            sparse.GATHER_BF16_PARTIALS = mode == "bf16"
-            launch.forget_plans()
-            launch._CONFIGS.clear()
-            times = [bench.time_graph(lambda q, i, s=s: dsv4lib.sparse_attention(q, kv, i, num_splits=s),
-                                      sets).per_call_ms * 1e3 for s in counts + [None]]
-            print(f"{n:3d} tokens  {mode}: " + "  ".join(f"{x:7.1f}" for x in times), flush=True)
+        print(f"{n:3d} tokens  " + "   ".join(rows) + f"   |   dense hd512 8k keys: {fmt(dense)}", flush=True)
 
 
 if __name__ == "__main__":
