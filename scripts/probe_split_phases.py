@@ -23,7 +23,7 @@ def main():
     args = ap.parse_args()
     from dsv4lib.kernels.sm90.sparse_config import SparseFwdConfig
     from dsv4lib.ops import combine, launch, sparse
-    dev = torch.device("cuda")
+    dev = torch.device("cuda", torch.cuda.current_device())
     gen = torch.Generator(device="cuda").manual_seed(0)
     kv = torch.randn(1 << 18, 512, device="cuda", dtype=torch.bfloat16, generator=gen)          # 256 MiB of rows
     sink_t = launch.placeholder(dev, "sink")
