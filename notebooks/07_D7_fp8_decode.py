@@ -268,24 +268,28 @@ if on_gpu:
 # %% [markdown]
 # ## Where it stands
 #
-# Correct everywhere (the writer bit-equal to the reference, the decode at cosine 0.999998 against float64 over
-# the same FP8 cache, every e4m3 byte and scale dequantized bit-exactly).  Speed on the H100 (session 39, FlashMLA in
-# the same run): B1 12.8 µs, 1.16x FlashMLA (the bars: ≤ 12 µs, 1.15x); H64 at B64 / B128
-# 1.18x / 1.07x; H128 0.94x / 0.93x, the worst — not the 1.5x the stage aims at; B32 0.98x (H64) / 1.04x (H128) since
-# the many-row merge got its own kernel (0.42x / 0.83x before).  What got it here (docs/tuning/d7.md has the
+# Correct everywhere (the writer bit-equal to the reference, the decode at cosine 0.999997 against float64 over
+# the same FP8 cache, every e4m3 byte and scale dequantized bit-exactly).  Speed (sessions 41-42, FlashMLA in the same
+# run; H100 / H200): B1 11.8 / 11.8 µs, 1.23x / 1.24x FlashMLA (the bars: ≤ 12 µs, 1.15x — both met); H64 at B64 /
+# B128 1.30x / 1.06x (H100), 1.28x / 1.05x (H200); H128 0.94x / 0.93x on both — the worst, not the 1.5x the stage
+# aims at; B32 1.16x (H64) / 1.13x (H128).  The H128 shapes take the same time on both GPUs (B128 H128: 130.3 µs on
+# the H100, 128.8 on the H200, whose memory is 1.4x faster — FlashMLA 120.5 / 120.4): what limits them is on the
+# chip, not the DRAM.  What got it here (docs/tuning/d7.md has the
 # measurements): each key resolved once into a shared record; rolling loads (8 rows in flight per producer thread);
 # the rope columns by `cp.async` with the hardware arriving for them; e4m3 → bf16 by placed bits and one bf16
 # multiply (4 instructions a pair instead of 6); every row stored at a constant offset from two chunk addresses (a
 # thread's rows share their swizzle); the rope lanes as one whole warp; at H128 the head-pair cluster that
 # dequantizes each key once for both CTAs; at B1 a tile a split and the lone pair; the split partials in bf16 by
 # the output's TMA epilogue (B1 H64 13.0 → 12.0 µs: a split CTA's store drains from one SM, and its cost went with
-# its bytes — 9.4 µs with none of it stored, 11.4 with half).  What did not help, measured
-# against each other: the H128 producer's rows two half-tiles ahead, FlashMLA's own consumer split, each CTA of the
-# head pair converting one column half of every row (9-11 % slower: a consumer's first QK then waits for two fills
-# of one CTA), issuing an item's first row loads before its scale words, a warp sync a row to keep ptxas from
-# sinking the loads, the split partial O in bf16 stored straight from the accumulators (4-byte pairs that half-fill
-# every 32-byte sector: B1 H64 13.0 → 15.7 µs); on the consumers' side, agreeing on a pair's row max by one swap instead of the chain, or more
-# consumer registers.
+# its bytes — 9.4 µs with none of it stored, 11.4 with half); a half-full grid split in two (B64 H64 41.1 → 37.4
+# µs); the many-row merge 8 bf16 columns a thread (4096 rows × 2 splits, B64 H64's merge: 8.2 → 5.9 µs).  What did not help,
+# measured against each other: the H128 producer's rows two half-tiles ahead, FlashMLA's own consumer split, each
+# CTA of the head pair converting one column half of every row (9-11 % slower: a consumer's first QK then waits for
+# two fills of one CTA), each CTA converting whole half-tiles — two of a pair's four, 8 rows of loads in flight a
+# thread as at H64 (10-14 % slower at B64 / B128 H128, H200, session 42), issuing an item's first row loads before
+# its scale words, a warp sync a row to keep ptxas from sinking the loads, the split partial O in bf16 stored
+# straight from the accumulators (4-byte pairs that half-fill every 32-byte sector: B1 H64 13.0 → 15.7 µs); on the
+# consumers' side, agreeing on a pair's row max by one swap instead of the chain, or more consumer registers.
 #
 # Where the time goes now (sessions 33-34, `scripts/probe_d7.py` with parts switched off, its `--trace`, and Nsight
 # Compute per SASS instruction): the conversion and the proxy fence cost nothing measurable; the producer *alone*

@@ -6,7 +6,10 @@ Why (session 42): `sparse_attention` at 64 tokens (64 CTAs on 132 SMs) loses by 
 µs unsplit, 44.8 at 2 splits (H100, session 41's sweep) — though 128 tokens unsplit (128 CTAs of the same 18 tiles)
 take 58.3, so 128 CTAs of 9 tiles should take ~30 plus the merge.  This times, by CUDA-graph replay over 8 rotating
 sets (device µs per call): the public call unsplit and at each split count, the split launch by itself into the
-workspace, the combine by itself on that workspace, and the unsplit call at twice the tokens (twice the CTAs)."""
+workspace, the combine by itself on that workspace, and the unsplit call at twice the tokens (twice the CTAs).
+Session 42 found the merge of 4096 rows (64 tokens x 64 heads) x 2 bf16 splits at 8.2 µs by itself, and took it to
+5.9 with 8 bf16 columns a thread (kernels/row_combine.py has the shapes tried); ``split<s>_both`` is the split kernel
+and the combine as two launches (the combine with PDL, as the call sends them)."""
 import argparse
 
 import torch
@@ -20,6 +23,7 @@ def main():
     ap.add_argument("--tokens", default="64")
     ap.add_argument("--keys", default="640,1152")
     ap.add_argument("--splits", default="2,4")
+    ap.add_argument("--no-twice", action="store_true", help="leave out the unsplit call at twice the tokens")
     args = ap.parse_args()
     from dsv4lib.kernels.sm90.sparse_config import SparseFwdConfig
     from dsv4lib.ops import combine, launch, sparse
@@ -33,7 +37,7 @@ def main():
             make = lambda t: [(torch.randn(t, 64, 512, device="cuda", dtype=torch.bfloat16, generator=gen),
                                torch.randint(0, kv.shape[0], (t, keys), device="cuda", dtype=torch.int32,
                                              generator=gen)) for _ in range(8)]
-            sets, sets2 = make(n), make(2 * n)
+            sets, sets2 = make(n), (None if args.no_twice else make(2 * n))
             fns = {"unsplit": lambda q, i: dsv4lib.sparse_attention(q, kv, i, num_splits=1),
                    "default": lambda q, i: dsv4lib.sparse_attention(q, kv, i)}
             inputs = {"unsplit": sets, "default": sets}
@@ -45,14 +49,18 @@ def main():
                                                     torch.bfloat16 if config.bf16_partials else torch.float32)
                 out = torch.empty(n, 64, 512, device="cuda", dtype=torch.bfloat16)
                 lse = torch.empty(64, n, device="cuda", dtype=torch.float32)
-                merge = combine.combine_launcher(512, dev, has_sink=False, pdl=True)
                 fns[f"split{s}"] = lambda q, i, s=s: dsv4lib.sparse_attention(q, kv, i, num_splits=s)
                 fns[f"split{s}_kernel"] = lambda q, i, go=go, o=o_part, l=lse_part: go(q, kv, i, o, l, sink_t)
+                inputs.update({f"split{s}": sets, f"split{s}_kernel": sets})
+                merge = combine.combine_launcher(512, dev, has_sink=False, pdl=True)
                 fns[f"split{s}_combine"] = (lambda q, i, m=merge, o=o_part, l=lse_part, out=out, lse=lse:
                                             m(o, l, out, lse, sink_t))
-                inputs.update({f"split{s}": sets, f"split{s}_kernel": sets, f"split{s}_combine": sets})
-            fns["unsplit_2x_tokens"] = lambda q, i: dsv4lib.sparse_attention(q, kv, i, num_splits=1)
-            inputs["unsplit_2x_tokens"] = sets2
+                fns[f"split{s}_both"] = (lambda q, i, go=go, m=merge, o=o_part, l=lse_part, out=out, lse=lse:
+                                         (go(q, kv, i, o, l, sink_t), m(o, l, out, lse, sink_t)))
+                inputs.update({f"split{s}_combine": sets, f"split{s}_both": sets})
+            if not args.no_twice:
+                fns["unsplit_2x_tokens"] = lambda q, i: dsv4lib.sparse_attention(q, kv, i, num_splits=1)
+                inputs["unsplit_2x_tokens"] = sets2
             times = bench.time_graph_interleaved(fns, inputs)
             print(f"{n} tokens x {keys} keys: " + "  ".join(f"{k} {t.per_call_ms * 1e3:.1f}"
                                                            for k, t in times.items()), flush=True)

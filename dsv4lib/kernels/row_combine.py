@@ -7,10 +7,15 @@ four warps that share the splits — right for a few rows over many splits (B1: 
 and with PDL it reserves 96 KB of shared memory a CTA so that its early CTAs do not pile onto the SMs the split
 kernel left idle.  At B64 H64 with 2 splits that is 16 384 CTAs of two 2-KB loads each, at most 2 a SM: ~62 waves,
 ~70 µs for 16 MB (H100, session 39: the decode took 112 µs split in two against 41 unsplit).  Here a row is one CTA
-of ``D / 4`` threads, each owning 4 contiguous columns of every split (one 16-byte load a split; 8 bytes for the D7
-decode's bf16 partials), the splits taken in
-batches of ``UNROLL`` whose loads are all issued before any is used, folded in with an online rescale (any split count,
-one L2 round trip per batch); no shared memory, no barrier, up to 16 CTAs a SM."""
+of ``D / 4`` threads (``D / 8`` for bf16 partials), each owning 4 (8) contiguous columns of every split — one
+16-byte load a split — the splits taken in batches of ``UNROLL`` whose loads are all issued before any is used,
+folded in with an online rescale (any split count, one L2 round trip per batch); no shared memory, no barrier, up to
+16 CTAs a SM (32 of the bf16 build's 64 threads).
+
+bf16 partials go 8 columns a thread (one 16-byte load a split, one 16-byte store): 64 threads a row, so 4096 rows fit
+the GPU's thread slots at once.  H100, session 42 (``scripts/probe_split_phases.py``, the merge alone, 4096 rows x 2
+bf16 splits): 4 columns a thread 8.2 µs (two waves of 128-thread CTAs), 8 columns 5.9; 2 / 4 / 8 rows side by side
+in a CTA of 8 columns a thread 6.7 / 7.2 / 9.0 (fewer, larger CTAs lose); 2048 rows x 2 splits 4.7 → 4.2."""
 from __future__ import annotations
 
 import cuda.bindings.driver as cuda
@@ -20,7 +25,8 @@ from cutlass import Float32, const_expr
 
 from .common import exp2, launch_stream, with_unit_modes
 from .softmax import LN_2, LOG2_E
-COLS_PER_THREAD = 4         # one 16-byte fp32 (8-byte bf16) vector of a split's row
+COLS_PER_THREAD = 4         # the fewest columns a thread owns: one 16-byte vector of fp32 partials
+VECTOR_BYTES = 16           # a thread's columns of a split: one 16-byte vector (4 fp32 or 8 bf16 columns)
 UNROLL = 4                  # splits whose loads are in flight together
 
 
@@ -33,16 +39,21 @@ class RowCombineKernel:
         if head_dim % (32 * COLS_PER_THREAD):
             raise ValueError(f"head_dim must be a multiple of {32 * COLS_PER_THREAD}, got {head_dim}")
         self.head_dim = head_dim
-        self.threads = head_dim // COLS_PER_THREAD
         self.has_sink = has_sink
         self.pdl = pdl
+
+    @staticmethod
+    def cols_per_thread(dtype) -> int:
+        """A thread's columns of a row: one 16-byte vector of the partials' ``dtype``."""
+        return VECTOR_BYTES * 8 // dtype.width
 
     @cute.jit
     def __call__(self, mOp: cute.Tensor, mLSEp: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor, mSink: cute.Tensor,
                  stream: cuda.CUstream = None):
         mO, mLSE = with_unit_modes(mO, 4), with_unit_modes(mLSE, 3)
         rows = cute.size(mO.shape[0]) * cute.size(mO.shape[1]) * cute.size(mO.shape[2])      # B * Sq * H
-        self.kernel(mOp, mLSEp, mO, mLSE, mSink).launch(grid=(rows, 1, 1), block=(self.threads, 1, 1),
+        threads = self.head_dim // self.cols_per_thread(mOp.element_type)
+        self.kernel(mOp, mLSEp, mO, mLSE, mSink).launch(grid=(rows, 1, 1), block=(threads, 1, 1),
                                                         use_pdl=self.pdl, **launch_stream(stream))
 
     @cute.kernel
@@ -50,6 +61,7 @@ class RowCombineKernel:
         if const_expr(self.pdl):
             cute.arch.griddepcontrol_wait()                 # the split kernel has ended: its partials are there
             cute.arch.griddepcontrol_launch_dependents()     # the next call's grid may take the SMs as they free up
+        cols = const_expr(self.cols_per_thread(mOp.element_type))             # 4 fp32 / 8 bf16 partial columns
         tidx, _, _ = cute.arch.thread_idx()
         row, _, _ = cute.arch.block_idx()
         H, Sq = mO.shape[2], mO.shape[1]
@@ -58,10 +70,10 @@ class RowCombineKernel:
         sink = Float32(0.0)
         if const_expr(self.has_sink):
             sink = mSink[h]
-        tOr = cute.make_rmem_tensor(cute.make_layout((UNROLL, COLS_PER_THREAD), stride=(COLS_PER_THREAD, 1)),
+        tOr = cute.make_rmem_tensor(cute.make_layout((UNROLL, cols), stride=(cols, 1)),
                                     mOp.element_type)                          # (split of the batch, my columns)
         lse_b = cute.make_rmem_tensor((UNROLL,), Float32)                      # their LSEs, log2 units
-        acc = cute.make_rmem_tensor((COLS_PER_THREAD,), Float32)
+        acc = cute.make_rmem_tensor((cols,), Float32)
         acc.fill(0.0)
         running_max = -Float32.inf                                             # log2 units
         total = Float32(0.0)                                                   # Σ e^{lse_i - running_max}
@@ -72,7 +84,7 @@ class RowCombineKernel:
                 i = i0 + k
                 i_safe = i if i < num_splits else 0
                 lse_b[k] = mLSEp[i_safe, b, h, s]
-                cute.autovec_copy(cute.local_tile(mOp[i_safe, b, s, h, None], (COLS_PER_THREAD,), (tidx,)),
+                cute.autovec_copy(cute.local_tile(mOp[i_safe, b, s, h, None], (cols,), (tidx,)),
                                   tOr[k, None])
             batch_max = running_max
             for k in cutlass.range_constexpr(UNROLL):
@@ -81,7 +93,7 @@ class RowCombineKernel:
             if batch_max > running_max:          # rescale what is summed so far (nothing while it is -inf)
                 rescale = exp2(running_max - batch_max)
                 total *= rescale
-                for j in cutlass.range_constexpr(COLS_PER_THREAD):
+                for j in cutlass.range_constexpr(cols):
                     acc[j] *= rescale
                 running_max = batch_max
             for k in cutlass.range_constexpr(UNROLL):
@@ -90,7 +102,7 @@ class RowCombineKernel:
                 if lse_b[k] > -Float32.inf:
                     w = exp2(lse_b[k] - running_max)
                 total += w
-                for j in cutlass.range_constexpr(COLS_PER_THREAD):
+                for j in cutlass.range_constexpr(cols):
                     acc[j] += w * (Float32(tOr[k, j]) if w > 0.0 else Float32(0.0))
         lse = -Float32.inf
         norm = Float32(0.0)                      # an empty row stays 0
@@ -99,9 +111,9 @@ class RowCombineKernel:
             norm = 1.0 / total
             if const_expr(self.has_sink):        # e^L / (e^L + e^σ)
                 norm = norm / (1.0 + exp2((sink - lse) * LOG2_E))
-        out = cute.make_rmem_tensor((COLS_PER_THREAD,), mO.element_type)
-        for j in cutlass.range_constexpr(COLS_PER_THREAD):
+        out = cute.make_rmem_tensor((cols,), mO.element_type)
+        for j in cutlass.range_constexpr(cols):
             out[j] = (acc[j] * norm).to(mO.element_type)
-        cute.autovec_copy(out, cute.local_tile(mO[b, s, h, None], (COLS_PER_THREAD,), (tidx,)))
+        cute.autovec_copy(out, cute.local_tile(mO[b, s, h, None], (cols,), (tidx,)))
         if tidx == 0:
             mLSE[b, h, s] = lse
