@@ -31,6 +31,11 @@ def main():
     gen = torch.Generator(device="cuda").manual_seed(0)
     kv = torch.randn(1 << 18, 512, device="cuda", dtype=torch.bfloat16, generator=gen)          # 256 MiB of rows
     sink_t = launch.placeholder(dev, "sink")
+    # the split build and its launch, as the public split call makes them (one for every token count and split; the
+    # merge's launch is made per token count: it picks its kernel by the rows of its first call)
+    config = SparseFwdConfig.for_problem(gather=True, split_kv=True, cluster_splits=1,
+                                         bf16_partials=sparse.GATHER_BF16_PARTIALS)
+    go = sparse.launcher(config, dev, scale=512 ** -0.5, window=None, public="sparse")
     print(f"{torch.cuda.get_device_name()}: device µs per call (graph replay, 8 sets)")
     for n in (int(t) for t in args.tokens.split(",")):
         for keys in (int(k) for k in args.keys.split(",")):
@@ -41,22 +46,19 @@ def main():
             fns = {"unsplit": lambda q, i: dsv4lib.sparse_attention(q, kv, i, num_splits=1),
                    "default": lambda q, i: dsv4lib.sparse_attention(q, kv, i)}
             inputs = {"unsplit": sets, "default": sets}
+            merge = combine.combine_launcher(512, dev, has_sink=False, pdl=True)
             for s in (int(x) for x in args.splits.split(",")):
-                config = SparseFwdConfig.for_problem(gather=True, split_kv=True, cluster_splits=1,
-                                                     bf16_partials=sparse.GATHER_BF16_PARTIALS)
-                go = sparse.launcher(config, dev, scale=512 ** -0.5, window=None, public="sparse")
                 o_part, lse_part = launch.workspace(s, 1, n, 64, 512, dev, launch.raw_stream(dev),
                                                     torch.bfloat16 if config.bf16_partials else torch.float32)
                 out = torch.empty(n, 64, 512, device="cuda", dtype=torch.bfloat16)
                 lse = torch.empty(64, n, device="cuda", dtype=torch.float32)
                 fns[f"split{s}"] = lambda q, i, s=s: dsv4lib.sparse_attention(q, kv, i, num_splits=s)
-                fns[f"split{s}_kernel"] = lambda q, i, go=go, o=o_part, l=lse_part: go(q, kv, i, o, l, sink_t)
+                fns[f"split{s}_kernel"] = lambda q, i, o=o_part, l=lse_part: go(q, kv, i, o, l, sink_t)
                 inputs.update({f"split{s}": sets, f"split{s}_kernel": sets})
-                merge = combine.combine_launcher(512, dev, has_sink=False, pdl=True)
-                fns[f"split{s}_combine"] = (lambda q, i, m=merge, o=o_part, l=lse_part, out=out, lse=lse:
-                                            m(o, l, out, lse, sink_t))
-                fns[f"split{s}_both"] = (lambda q, i, go=go, m=merge, o=o_part, l=lse_part, out=out, lse=lse:
-                                         (go(q, kv, i, o, l, sink_t), m(o, l, out, lse, sink_t)))
+                fns[f"split{s}_combine"] = (lambda q, i, o=o_part, l=lse_part, out=out, lse=lse:
+                                            merge(o, l, out, lse, sink_t))
+                fns[f"split{s}_both"] = (lambda q, i, o=o_part, l=lse_part, out=out, lse=lse:
+                                         (go(q, kv, i, o, l, sink_t), merge(o, l, out, lse, sink_t)))
                 inputs.update({f"split{s}_combine": sets, f"split{s}_both": sets})
             if not args.no_twice:
                 fns["unsplit_2x_tokens"] = lambda q, i: dsv4lib.sparse_attention(q, kv, i, num_splits=1)
