@@ -41,7 +41,6 @@ input set) — this is a measurement, never a result.
   no_mma        consumers' wgmmas removed (producer-bound, softmax and barriers kept)
   fp32_partials the split partials in fp32, stored from the accumulators (the build before session 41; shipped:
                 bf16 by the output's TMA epilogue); no_partial_store / half_partial_store patch that fp32 store
-  bf16_partials_regs  the bf16 partials stored from the accumulators (4-byte pairs), not through the TMA epilogue
   o_evict_last  O's TMA stores (output, bf16 partials) with an evict-last L2 hint instead of evict-first
   alternate     the candidate ALTERNATE_HALF_TILES: at H128 each CTA of the head pair converts every row of two of
                 a pair's four half-tiles (8 rows of loads in flight a producer thread, not 4); right
@@ -72,7 +71,7 @@ from dsv4lib.bench import d7, time_graph
 from dsv4lib.kernels.sm90 import model1_decode as md
 from dsv4lib.kernels.sm90 import sparse_fwd as sf
 from dsv4lib.kernels.common import L2_EVICT_LAST, inline_ptx
-from dsv4lib.ops import decode, launch
+from dsv4lib.ops import decode, launch, sparse
 
 ORIGINAL = dict(convert=md.e4m3x2_to_bf16x2, load_row=md.Model1DecodeSm90.load_row,
                 fill=md.Model1DecodeSm90.fill_half_tile, gemm=sf.gemm, rope_lane=md.ROPE_LANE,
@@ -80,10 +79,10 @@ ORIGINAL = dict(convert=md.e4m3x2_to_bf16x2, load_row=md.Model1DecodeSm90.load_r
                 cute=md.cute,
                 placed_max=md.PLACED_SCALE_MAX, crossover=decode.HEAD_PAIR_CLUSTER,
                 regs=(md.Model1DecodeSm90.PAIRED_PRODUCER_REGS, md.Model1DecodeSm90.PAIRED_CONSUMER_REGS),
-                store=sf.SparseAttentionForwardSm90.store_half, bf16_partials=decode.BF16_PARTIALS)
+                store=sf.SparseAttentionForwardSm90.store_half, bf16_partials=sparse.PAIRED_BF16_PARTIALS)
 # the kernel class's knobs a variant may set (part name → class attribute); a candidate patch's knob (off when the
 # patch is not applied: the class has no such attribute) is set only where the class has it or a variant turns it on
-KNOBS = dict(pdl_chain="PDL_CHAIN", partials_by_tma="BF16_PARTIALS_BY_TMA", o_policy="O_L2_POLICY",
+KNOBS = dict(pdl_chain="PDL_CHAIN", o_policy="O_L2_POLICY",
              alternate="ALTERNATE_HALF_TILES", alternate_early="ALTERNATE_EARLY_RECORDS", load_attributes="NOPE_LOAD_ATTRIBUTES", staged_indices="STAGED_INDICES",
              staged_rows="STAGED_ROWS", two_slots="TWO_SLOTS_WITH_CROSSOVER", ring_late="RING_AFTER_ROPE_ARRIVE")
 ORIGINAL.update({part: getattr(md.Model1DecodeSm90, attr, False) for part, attr in KNOBS.items()})
@@ -208,8 +207,6 @@ VARIANTS = {
     # the split partials in fp32 from the accumulators (the build before session 41) against the shipped bf16
     # partials by the output's TMA epilogue; right to bf16 rounding, not bit-equal
     "fp32_partials": dict(bf16_partials=False),
-    # the bf16 partials from the accumulators as 4-byte pairs (half-filled 32-byte sectors), not by TMA
-    "bf16_partials_regs": dict(partials_by_tma=False),
     # O's TMA stores (the output and the bf16 partials) evict-last instead of evict-first: the combine reads the
     # partials right after
     "o_evict_last": dict(o_policy=L2_EVICT_LAST),
@@ -382,7 +379,7 @@ def apply(variant: str) -> None:
     decode.HEAD_PAIR_CLUSTER = parts["crossover"]
     md.Model1DecodeSm90.PAIRED_PRODUCER_REGS, md.Model1DecodeSm90.PAIRED_CONSUMER_REGS = parts["regs"]
     md.Model1DecodeSm90.store_half = parts["store"]
-    decode.BF16_PARTIALS = parts["bf16_partials"]
+    sparse.PAIRED_BF16_PARTIALS = parts["bf16_partials"]
     launch._CONFIGS.clear()
     for part, attr in KNOBS.items():
         if parts[part] or hasattr(md.Model1DecodeSm90, attr):

@@ -34,7 +34,7 @@ def main():
     # the split build and its launch, as the public split call makes them (one for every token count and split; the
     # merge's launch is made per token count: it picks its kernel by the rows of its first call)
     config = SparseFwdConfig.for_problem(gather=True, split_kv=True, cluster_splits=1,
-                                         bf16_partials=sparse.GATHER_BF16_PARTIALS)
+                                         bf16_partials=sparse.PAIRED_BF16_PARTIALS)
     go = sparse.launcher(config, dev, scale=512 ** -0.5, window=None, public="sparse")
     print(f"{torch.cuda.get_device_name()}: device µs per call (graph replay, 8 sets)")
     for n in (int(t) for t in args.tokens.split(",")):
@@ -49,7 +49,7 @@ def main():
             merge = combine.combine_launcher(512, dev, has_sink=False, pdl=True)
             for s in (int(x) for x in args.splits.split(",")):
                 o_part, lse_part = launch.workspace(s, 1, n, 64, 512, dev, launch.raw_stream(dev),
-                                                    torch.bfloat16 if config.bf16_partials else torch.float32)
+                                                    sparse.partial_dtype(config))
                 out = torch.empty(n, 64, 512, device="cuda", dtype=torch.bfloat16)
                 lse = torch.empty(64, n, device="cuda", dtype=torch.float32)
                 fns[f"split{s}"] = lambda q, i, s=s: dsv4lib.sparse_attention(q, kv, i, num_splits=s)

@@ -24,7 +24,7 @@ def main():
     ap.add_argument("--keys", default="640", help="gathered keys a token (comma-separated: 640 Flash, 1152 Pro)")
     ap.add_argument("--gathered-only", action="store_true", help="no dense hd512 rows")
     ap.add_argument("--gathered-partials", default=None,
-                    help="fp32,bf16: the gathered rows once per partial dtype (ops.sparse.GATHER_BF16_PARTIALS), "
+                    help="fp32,bf16: the gathered rows once per partial dtype (ops.sparse.PAIRED_BF16_PARTIALS), "
                     "alternating; implies --gathered-only")
     args = ap.parse_args()
     from dsv4lib.ops import launch, sparse
@@ -34,7 +34,7 @@ def main():
     kv = torch.randn(1 << 18, 512, device="cuda", dtype=torch.bfloat16, generator=gen)          # 256 MiB of rows
     print(f"{torch.cuda.get_device_name()}: device µs per call (graph replay); splits {counts} then the default")
     fmt = lambda xs: "  ".join(f"{x:7.1f}" for x in xs)
-    shipped = sparse.GATHER_BF16_PARTIALS
+    shipped = sparse.PAIRED_BF16_PARTIALS
     for n in (int(t) for t in args.tokens.split(",")):
         rows = []
         for keys in (int(k) for k in args.keys.split(",")):
@@ -43,13 +43,13 @@ def main():
                     for _ in range(8)]
             for mode in modes:
                 if mode is not None:              # another partial dtype: new configs, new plans
-                    sparse.GATHER_BF16_PARTIALS = mode == "bf16"
+                    sparse.PAIRED_BF16_PARTIALS = mode == "bf16"
                     launch.forget_plans()
                     launch._CONFIGS.clear()
                 times = [bench.time_graph(lambda q, i, s=s: dsv4lib.sparse_attention(q, kv, i, num_splits=s),
                                           sets).per_call_ms * 1e3 for s in counts + [None]]
                 rows.append(f"gathered {keys} keys{'' if mode is None else ' ' + mode}: {fmt(times)}")
-        sparse.GATHER_BF16_PARTIALS = shipped
+        sparse.PAIRED_BF16_PARTIALS = shipped
         if args.gathered_only or args.gathered_partials:
             print(f"{n:3d} tokens  " + "   ".join(rows), flush=True)
             continue

@@ -121,7 +121,7 @@ def test_decode_builds_dequantizing_in_the_producer(extra, split_kv):
     assert k.count(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16") == 2 * 512 // 16
     assert k.count(r"cp\.async\.bulk\.tensor\.4d\.shared::cta\.global\.tile\.mbarrier") == 8      # Q by TMA
     # O by TMA in eight 64-column chunks through the dead Q buffer — the output, or a split's bf16 partial into its
-    # split's slice (BF16_PARTIALS: session 41, B1's fp32 partial store from the accumulators was 3.6 of 13 µs)
+    # split's slice (ops.sparse.PAIRED_BF16_PARTIALS: session 41, B1's fp32 partial store from the accumulators was 3.6 of 13 µs)
     assert k.count(r"cp\.async\.bulk\.tensor\.5d\.global\.shared::cta") == 8
     assert k.count(r"st\.global\.v2\.f32") == 0
     assert k.count(r"\.local") == 0

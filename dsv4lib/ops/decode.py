@@ -15,16 +15,13 @@ from .kvcache import Model1Cache, cache_pages, check_pages
 from .launch import (Launch, Sequence, cached_config, check_hopper, check_num_splits, device_facts, find_plan,
                      keep_plan, lse_output, on_device, options_sig, placeholder, raw_stream, rows_dynamic, sink_passer,
                      stream_arg, tensor_sig, workspace)
-from .sparse import HEAD_DIM, HEADS_PER_CTA, decode_splits
+from . import sparse
+from .sparse import HEAD_DIM, HEADS_PER_CTA, decode_splits, partial_dtype
 
 DECODE_HEADS = (64, 128)
 DECODE_SQ = (1, 2)             # one token, or two with MTP
 # H = 128: the two head-group CTAs of a token as one cluster that dequantizes each key once (the crossover)
 HEAD_PAIR_CLUSTER = True
-# split partials in bf16, stored by the output's TMA epilogue: at B1 the split's fp32 partial store (128 KB a CTA from
-# the accumulators) was 3.6 of 13.0 µs and scaled with its bytes (H100, session 41: none / half / all of it 9.4 /
-# 11.4 / 12.9 µs; docs/tuning/d7.md) — one bf16 rounding more, under the output's own
-BF16_PARTIALS = True
 
 
 def launch_shape(B: int, s_q: int, H: int, n_keys: int, sms: int, num_splits=None) -> tuple[int, int, bool]:
@@ -131,9 +128,9 @@ def _config(device, B: int, s_q: int, H: int, n_keys: int, num_splits, extra: bo
     if splits == 1:
         return cached_config(lambda: Model1DecodeConfig.for_decode(sink=sink, split_kv=False, **flags),
                              "model1", sink, *flags.values()), 1
-    return cached_config(lambda: Model1DecodeConfig.for_decode(sink=False, split_kv=True, bf16_partials=BF16_PARTIALS,
-                                                               **flags),
-                         "model1 split", BF16_PARTIALS, *flags.values()), splits
+    bf16 = sparse.PAIRED_BF16_PARTIALS          # the split partials' dtype (ops.sparse: one choice for both)
+    return cached_config(lambda: Model1DecodeConfig.for_decode(sink=False, split_kv=True, bf16_partials=bf16, **flags),
+                         "model1 split", bf16, *flags.values()), splits
 
 
 def _cache_sig(cache):
@@ -223,8 +220,7 @@ def _decode_plan(q, k_cache, indices, topk_length, *, extra_k_cache, extra_indic
     # the outputs as returned: the unsplit build takes them as they are (its split mode is added at trace time)
     go = launcher(config, device, page_size=page_size, page_size2=page_size2, scale=scale, public=splits == 1)
     if splits > 1:
-        o_part, lse_part = workspace(splits, B, s_q, H, HEAD_DIM, device, raw_stream(device),
-                                     torch.bfloat16 if config.bf16_partials else torch.float32)
+        o_part, lse_part = workspace(splits, B, s_q, H, HEAD_DIM, device, raw_stream(device), partial_dtype(config))
         # PDL: the combine's launch hides behind the split kernel, which lets it go once past its main loop; both go
         # out through one compiled function (launch.Sequence)
         # the merge: one CTA a row where there are rows for every SM (B ≥ 3 at H64), else the 4-warp chunks that share

@@ -72,9 +72,16 @@ def fake_args(gather: bool = True, split_kv: bool = False, bf16_partials: bool =
 
 
 PUBLIC_BUILDS = ("sparse", "mqa")
-# the gathered (paired) split's partials in bf16 by the output's TMA epilogue, as the FP8 decode's
-# (ops.decode.BF16_PARTIALS; the dense split keeps fp32 partials from its columns schedule or its cluster merge)
-GATHER_BF16_PARTIALS = True
+# The paired schedule's split partials — D6's gathered split and D7's FP8 decode — in bf16, stored by the output's TMA
+# epilogue: at B1 the fp32 partial store (128 KB a CTA from the accumulators) was 3.6 of 13.0 µs and scaled with its
+# bytes (H100, session 41: none / half / all of it 9.4 / 11.4 / 12.9 µs; docs/tuning/d7.md) — one bf16 rounding
+# more, under the output's own.  The dense split keeps fp32 partials (columns schedule, cluster merge).
+PAIRED_BF16_PARTIALS = True
+
+
+def partial_dtype(config: SparseFwdConfig) -> torch.dtype:
+    """The dtype of a split build's partial O (its workspace)."""
+    return torch.bfloat16 if config.bf16_partials else torch.float32
 
 
 def launcher(config: SparseFwdConfig, device, *, scale: float, window, public=None):
@@ -195,13 +202,13 @@ def _runner(B: int, Sq: int, H: int, device, *, gather, causal, window, sink, sc
         go = launcher(config, device, scale=scale, window=window, public=public)
     else:
         cluster = cluster_for(num_splits, gather)
-        bf16 = gather and GATHER_BF16_PARTIALS
+        bf16 = gather and PAIRED_BF16_PARTIALS
         config = cached_config(lambda: SparseFwdConfig.for_problem(gather=gather, causal=causal, window=window_on,
                                                                    split_kv=True, cluster_splits=cluster,
                                                                    bf16_partials=bf16),
                                "sparse split", gather, causal, window_on, cluster, bf16)
         o_part, lse_part = workspace(num_splits // cluster, B, Sq, H, HEAD_DIM, device, raw_stream(device),
-                                     torch.bfloat16 if config.bf16_partials else torch.float32)
+                                     partial_dtype(config))
         # the combine takes the outputs as returned (the build adds the batch mode).  PDL behind a cluster split and
         # behind the gathered (paired) split, whose CTAs let it go once past their main loops; both kernels go out
         # through one compiled function (launch.Sequence)

@@ -84,10 +84,9 @@ class Model1DecodeConfig(SparseFwdConfig):
 
     @classmethod
     def for_decode(cls, *, extra_cache: bool, topk_length: bool, extra_topk_length: bool, sink: bool,
-                   split_kv: bool, head_pair_cluster: bool = False, bf16_partials: bool | None = None
+                   split_kv: bool, head_pair_cluster: bool = False, bf16_partials: bool = True
                    ) -> "Model1DecodeConfig":
-        # split partials in bf16 unless told (the op's choice: ops.decode.BF16_PARTIALS)
-        bf16 = split_kv if bf16_partials is None else bf16_partials
+        # a split build's partials in bf16 (the op passes its choice, ops.sparse.PAIRED_BF16_PARTIALS)
         return cls(sink=sink and not split_kv, has_lse=True, split_kv=split_kv, extra_cache=extra_cache,
                    topk_length=topk_length, extra_topk_length=extra_topk_length, head_pair_cluster=head_pair_cluster,
-                   bf16_partials=bf16)
+                   bf16_partials=bf16_partials and split_kv)

@@ -153,9 +153,6 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
     GATHER_PREFETCH_256 = True
     # the O chunks (store_o_chunks) written by stmatrix, 4 a chunk and thread (FlashMLA's), not 16 st.shared.b32
     O_CHUNK_STMATRIX = True
-    # bf16 split partials (bf16_partials) leave by the output's TMA epilogue; off (probe_d7's bf16_partials_regs):
-    # from the accumulators as 4-byte bf16 pairs (store_half)
-    BF16_PARTIALS_BY_TMA = True
     # programmatic dependent launch between calls: the build is launched with PDL and waits for the grid before it
     # (griddepcontrol.wait) ahead of its first global access, and lets the grid after it launch once every CTA is
     # past its main loop — so the next call's CTAs are resident when this one ends.  No effect beside kernels
@@ -184,8 +181,10 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
         self.consumer_regs = self.PAIRED_CONSUMER_REGS if self.paired else self.CONSUMER_REGS
         # bf16 O of the paired schedule leaves as value pairs into the Q buffer (dead once both warpgroups passed the
         # row-sum barrier) and one TMA store of the 64 x 512 tile — a bf16 split partial (bf16_partials) the same way,
-        # into its split's slice; fp32 split partials and the columns schedule keep their register stores
-        self.tma_store_o = self.paired and (not self.split_kv or (config.bf16_partials and self.BF16_PARTIALS_BY_TMA))
+        # into its split's slice (from the accumulators as 4-byte bf16 pairs instead — half-filled 32-byte sectors —
+        # B1 H64 took 15.7 µs against 12.0, session 41); fp32 split partials and the columns schedule keep their
+        # register stores
+        self.tma_store_o = self.paired and (not self.split_kv or config.bf16_partials)
         self.key_flags = self.paired and self.gather and self.PRODUCER_KEY_FLAGS
         self.key_mask_after_wait = self.KEY_MASK_AFTER_WAIT or self.key_flags
         # the cluster whose CTAs use each other's pipeline barriers (none here: the split clusters merge through their
