@@ -46,6 +46,10 @@ input set) — this is a measurement, never a result.
                 a pair's four half-tiles (8 rows of loads in flight a producer thread, not 4); right
   alternate_early  alternate with ALTERNATE_EARLY_RECORDS (three key-record slots, the next pair's records published
                 at the second acquire); right
+  no_peer_store H128 crossover without its DSMEM traffic: no st.async of the converted rows into the peer, the
+                peer's bytes not expected on the full barrier (each CTA's buffers hold its own 32 rows and stale
+                ones: garbage) — the cost of shipping 16 KB of bf16 a half-tile over the cluster network
+  half_peer_store the same with half of it: the first 16-byte chunk of each row shipped, half the bytes expected
   floor         idle producer and no wgmma: launch, Q, records, barriers, softmax, epilogue
                 (idle_producer and floor HANG at H = 128 since the head-pair crossover: each half-tile barrier
                 expects the peer's st.async bytes, which an idle producer never sends — session 33 lost a call to
@@ -79,7 +83,8 @@ ORIGINAL = dict(convert=md.e4m3x2_to_bf16x2, load_row=md.Model1DecodeSm90.load_r
                 cute=md.cute,
                 placed_max=md.PLACED_SCALE_MAX, crossover=decode.HEAD_PAIR_CLUSTER,
                 regs=(md.Model1DecodeSm90.PAIRED_PRODUCER_REGS, md.Model1DecodeSm90.PAIRED_CONSUMER_REGS),
-                store=sf.SparseAttentionForwardSm90.store_half, bf16_partials=sparse.PAIRED_BF16_PARTIALS)
+                store=sf.SparseAttentionForwardSm90.store_half, bf16_partials=sparse.PAIRED_BF16_PARTIALS,
+                st_async=md.st_async_v4, peer_bytes=md.Model1DecodeSm90.peer_bytes)
 # the kernel class's knobs a variant may set (part name → class attribute); a candidate patch's knob (off when the
 # patch is not applied: the class has no such attribute) is set only where the class has it or a variant turns it on
 KNOBS = dict(pdl_chain="PDL_CHAIN", o_policy="O_L2_POLICY",
@@ -120,6 +125,20 @@ def slot_t16(self, tidx):
 
 def nothing(*args, **kwargs) -> None:
     """A switched-off part: called while the kernel is traced, it emits nothing (plain Python, any signature)."""
+
+
+class EveryOtherPeerStore:
+    """``st_async_v4`` for the first of each row's two 16-byte chunks only.  ``fill_rows`` is unrolled at trace time
+    and stores chunk 0 then chunk 1 of every row, so the calls alternate; the toggle starts each trace at chunk 0
+    (every fill makes an even number of calls)."""
+
+    def __init__(self):
+        self.second = False
+
+    def __call__(self, *args, **kwargs) -> None:
+        if not self.second:
+            ORIGINAL["st_async"](*args, **kwargs)
+        self.second = not self.second
 
 
 def store_left_half_only(self, thr_pv, acc_O, mO, split, batch, token, head_group, half):
@@ -196,6 +215,11 @@ VARIANTS = {
     "no_fence": dict(cute=CUTE_WITHOUT_FENCE),
     "idle_producer": dict(load_row=nothing, fill=nothing),
     "no_mma": dict(gemm=nothing),
+    # H128: the crossover's peer stores (16 KB of bf16 a half-tile into the other CTA over DSMEM) removed, or halved;
+    # the buffers' releases still couple the two CTAs (is the cluster network's bandwidth the H128 chain?)
+    "no_peer_store": dict(st_async=nothing, peer_bytes=lambda self, h: 0),
+    "half_peer_store": dict(st_async=EveryOtherPeerStore(),
+                            peer_bytes=lambda self, h: ORIGINAL["peer_bytes"](self, h) // 2),
     "floor": dict(load_row=nothing, fill=nothing, gemm=nothing),
     # the O halves not written (the split's fp32 partials, 128 KB a CTA at H64 — the build before session 41's bf16
     # partials — or the bf16 output): what the epilogue's register-to-global stores cost (B1: 10 CTAs each storing
@@ -380,6 +404,8 @@ def apply(variant: str) -> None:
     md.Model1DecodeSm90.PAIRED_PRODUCER_REGS, md.Model1DecodeSm90.PAIRED_CONSUMER_REGS = parts["regs"]
     md.Model1DecodeSm90.store_half = parts["store"]
     sparse.PAIRED_BF16_PARTIALS = parts["bf16_partials"]
+    md.st_async_v4 = parts["st_async"]
+    md.Model1DecodeSm90.peer_bytes = parts["peer_bytes"]
     launch._CONFIGS.clear()
     for part, attr in KNOBS.items():
         if parts[part] or hasattr(md.Model1DecodeSm90, attr):
