@@ -14,7 +14,7 @@
 # (scripts/gather_roof_d7.py: torch's gather of the D7 shapes' key bytes beside ours); d7fused (the fused-merge
 # candidate against the combine launch at B1 / B2 / B4); splitsparse (scripts/split_sweep_sparse.py: D6 / D2 split
 # counts at 4-32 tokens); combinerows (scripts/probe_combine_rows.py: D7's small merges by either combine); d7store (B1's partial
-# store: none / half / all); d7alt (the ALTERNATE_HALF_TILES candidate's tests and timing; d7alttrace its event traces); d7peer (H128 without / with half the crossover's DSMEM stores); splitphases (probe_split_phases.py at 32-64 tokens);
+# store: none / half / all); d7alt (the ALTERNATE_HALF_TILES candidate's tests and timing; d7alttrace its event traces); d7peer (H128 without / with half the crossover's DSMEM stores); d7peerfp8 (PEER_FP8 against peer_bf16, then the d7 + sparse GPU tests); splitphases (probe_split_phases.py at 32-64 tokens);
 # ncu7 / ncu7p / ncu1 / ncu6: Nsight Compute on one D7 call (B128 H64; ncu7p: the FP8-cache prefill's B4096 H64) / D1's hd64 causal (ours and FA4) / D6's bf16
 # prefill (ours and FlashMLA), per-SASS samples summarized by scripts/ncu_sass.py;
 # pipeline=D7 (stages named, comma-separated); pipeline1 / pipeline2: the stages in two calls (the whole pipeline took > 560 s on the H100, session 31).
@@ -127,6 +127,14 @@ for w in $what; do
     d7peer)   { timeout 320 python scripts/probe_d7.py --shapes 3,4,4096x128x128x1024 \
                   --variants full,no_peer_store,half_peer_store,full,no_peer_store,half_peer_store; } 2>&1 \
                   | tee "$out/logs/d7peer.txt" | tail -n 8 ;;
+    # PEER_FP8 (session 43): the H128 crossover shipping e4m3 rows, timed against peer_bf16 (the build before) —
+    # the probe first (a hang shows there within its limit; it also asserts peer_bf16 bit-equal to full), then the
+    # d7 and sparse GPU test groups only if it passed, ~5 min
+    d7peerfp8) { timeout 150 python scripts/probe_d7.py --shapes 1x128x128x1024,3,4,4096x128x128x1024 \
+                   --variants full,peer_bf16,full,peer_bf16 2>&1 | tee "$out/logs/d7peerfp8.txt" | tail -n 7 \
+                 && [ "${PIPESTATUS[0]}" -eq 0 ] \
+                 && { OUT="$out/logs" GROUP_TIMEOUT=300 PARALLEL=2 bash scripts/gpu_check.sh d7 sparse \
+                        > "$out/logs/gpu_check.txt" 2>&1; tail -n 5 "$out/logs/gpu_check.txt"; }; } ;;
     splitphases) { timeout 200 python scripts/probe_split_phases.py --tokens 64,48,32 --keys 640,1152 --splits 2 \
                   --no-twice; } 2>&1 | tee "$out/logs/splitphases.txt" | tail -n 7 ;;
     combinerows) { timeout 250 python scripts/probe_combine_rows.py; } 2>&1 | tee "$out/logs/combinerows.txt" | tail -n 12 ;;

@@ -50,6 +50,9 @@ input set) — this is a measurement, never a result.
                 peer's bytes not expected on the full barrier (each CTA's buffers hold its own 32 rows and stale
                 ones: garbage) — the cost of shipping 16 KB of bf16 a half-tile over the cluster network
   half_peer_store the same with half of it: the first 16-byte chunk of each row shipped, half the bytes expected
+                (both measured on the bf16 peer stores, PEER_FP8 off)
+  peer_bf16     the H128 crossover as before PEER_FP8: converted bf16 rows shipped to the peer (32 B a row and lane),
+                not their e4m3 bytes converted by the peer; right
   floor         idle producer and no wgmma: launch, Q, records, barriers, softmax, epilogue
                 (idle_producer and floor HANG at H = 128 since the head-pair crossover: each half-tile barrier
                 expects the peer's st.async bytes, which an idle producer never sends — session 33 lost a call to
@@ -89,11 +92,12 @@ ORIGINAL = dict(convert=md.e4m3x2_to_bf16x2, load_row=md.Model1DecodeSm90.load_r
 # patch is not applied: the class has no such attribute) is set only where the class has it or a variant turns it on
 KNOBS = dict(pdl_chain="PDL_CHAIN", o_policy="O_L2_POLICY",
              alternate="ALTERNATE_HALF_TILES", alternate_early="ALTERNATE_EARLY_RECORDS", load_attributes="NOPE_LOAD_ATTRIBUTES", staged_indices="STAGED_INDICES",
-             staged_rows="STAGED_ROWS", two_slots="TWO_SLOTS_WITH_CROSSOVER", ring_late="RING_AFTER_ROPE_ARRIVE")
+             staged_rows="STAGED_ROWS", two_slots="TWO_SLOTS_WITH_CROSSOVER", ring_late="RING_AFTER_ROPE_ARRIVE",
+             peer_fp8="PEER_FP8")
 ORIGINAL.update({part: getattr(md.Model1DecodeSm90, attr, False) for part, attr in KNOBS.items()})
 SAME_BITS = ("full", "no_crossover", "no_pdl_chain", "no_l2_256", "nc_loads", "l1_no_allocate", "cg_loads",
              "register_indices", "staged_rows", "staged_rows_nx", "two_slots", "two_slots_late_ring", "alternate",
-             "alternate_early")   # variants that must compute the shipped output
+             "alternate_early", "peer_bf16")   # variants that must compute the shipped output
 
 
 @dsl_user_op
@@ -217,9 +221,13 @@ VARIANTS = {
     "no_mma": dict(gemm=nothing),
     # H128: the crossover's peer stores (16 KB of bf16 a half-tile into the other CTA over DSMEM) removed, or halved;
     # the buffers' releases still couple the two CTAs (is the cluster network's bandwidth the H128 chain?)
-    "no_peer_store": dict(st_async=nothing, peer_bytes=lambda self, h: 0),
-    "half_peer_store": dict(st_async=EveryOtherPeerStore(),
+    # (both on the bf16 peer stores, PEER_FP8 off: the build they were measured on, session 43)
+    "no_peer_store": dict(peer_fp8=False, st_async=nothing, peer_bytes=lambda self, h: 0),
+    "half_peer_store": dict(peer_fp8=False, st_async=EveryOtherPeerStore(),
                             peer_bytes=lambda self, h: ORIGINAL["peer_bytes"](self, h) // 2),
+    # the crossover before PEER_FP8: each CTA ships its rows converted (bf16, 32 B a row and lane), not as e4m3
+    # bytes the peer converts; right
+    "peer_bf16": dict(peer_fp8=False),
     "floor": dict(load_row=nothing, fill=nothing, gemm=nothing),
     # the O halves not written (the split's fp32 partials, 128 KB a CTA at H64 — the build before session 41's bf16
     # partials — or the bf16 output): what the epilogue's register-to-global stores cost (B1: 10 CTAs each storing

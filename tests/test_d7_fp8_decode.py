@@ -27,19 +27,40 @@ def _build_decode(extra, split_kv, arch="sm_90a", head_pair_cluster=False):
 
 @pytest.mark.compile
 @pytest.mark.parametrize("split_kv", [False, True])
-def test_head_pair_build_converts_half_the_rows_and_stores_them_into_the_peer(split_kv):
-    """H = 128, the crossover: a cluster of the token's two head-group CTAs, each converting 4 of a thread's 8 rows
-    per half-tile and storing each into its own buffer and the peer's (st.async, bytes completed on the peer's full
-    barrier); the rope lanes copy both CTAs' rows; the consumers free a buffer in both CTAs."""
+def test_head_pair_build_loads_half_the_rows_and_ships_their_e4m3_bytes_to_the_peer(split_kv):
+    """H = 128, the crossover (``PEER_FP8``): a cluster of the token's two head-group CTAs, each loading 4 of a
+    thread's 8 rows per half-tile, converting them into its own buffer and shipping their e4m3 bytes (16 B a row by
+    st.async, completing on the peer's landed barrier) to the peer, which converts them in place from shared memory
+    once they landed — so each CTA converts all 8 rows, half of them from its own loads; the rope lanes copy both
+    CTAs' rows; the consumers free a buffer in both CTAs."""
+    k = _build_decode(True, split_kv, head_pair_cluster=True)
+    assert k.count(r"mul\.rn\.bf16x2") == 4 * 8 * 8              # every row converted here (own 4 + the peer's 4)
+    assert k.count(r"ld\.global\.L2::256B\.v4\.b32") == 4 + 2 * 4 * 4     # ... but only 4 loaded
+    assert k.count(r"st\.async\.shared::cluster\.mbarrier::complete_tx::bytes\.v4\.b32") == 4 * 4 * 2   # a row, both paths
+    assert k.count(r"ld\.shared\.v4\.b32") == 4 * 4 * 2             # the peer's landed rows, both paths
+    assert k.count(r"st\.shared\.v4") == 2 * (2 * 4 * 4 * 2)         # own rows and the peer's: 2 chunks, both paths
+    assert k.count(r"cp\.async\.cg\.shared\.global") == 2 * 2 * 8 * 2     # rope: all 8 rows, in each CTA
+    assert k.count(r"mbarrier\.expect_tx") == 0                    # the full barriers take local arrivals only
+    assert k.count(r"mbarrier\.arrive\.expect_tx") == 1 + 4         # Q's TMA; each half-tile's landed barrier
+    assert k.count(r"mapa") >= 1
+    assert k.count(r"barrier\.cluster\.arrive") >= 1 and k.count(r"barrier\.cluster\.wait") >= 1
+    assert k.count(r"\.local") == 0
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("split_kv", [False, True])
+def test_head_pair_build_with_bf16_peer_stores_converts_half_the_rows(split_kv, monkeypatch):
+    """The crossover with ``PEER_FP8`` off (the build before session 43, kept as the probe's ``peer_bf16``): each CTA
+    converts 4 of a thread's 8 rows and stores the bf16 into its own buffer and the peer's (st.async, bytes completed
+    on the peer's full barrier)."""
+    from dsv4lib.kernels.sm90.model1_decode import Model1DecodeSm90
+    monkeypatch.setattr(Model1DecodeSm90, "PEER_FP8", False)
     k = _build_decode(True, split_kv, head_pair_cluster=True)
     assert k.count(r"mul\.rn\.bf16x2") == 4 * 4 * 8              # half the rows of the one-CTA build
     assert k.count(r"st\.shared\.v4") == 2 * 4 * 4 * 2           # local stores: 4 rows, 2 chunks, both paths
     assert k.count(r"st\.async\.shared::cluster\.mbarrier::complete_tx::bytes\.v4\.b32") == 2 * 4 * 4 * 2
-    assert k.count(r"ld\.global\.L2::256B\.v4\.b32") == 4 + 2 * 4 * 4
-    assert k.count(r"cp\.async\.cg\.shared\.global") == 2 * 2 * 8 * 2     # rope: all 8 rows, in each CTA
+    assert k.count(r"ld\.shared\.v4\.b32") == 0
     assert k.count(r"mbarrier\.expect_tx") == 4                   # the peer's bytes, once per half-tile
-    assert k.count(r"mapa") >= 1
-    assert k.count(r"barrier\.cluster\.arrive") >= 1 and k.count(r"barrier\.cluster\.wait") >= 1
     assert k.count(r"\.local") == 0
 
 
@@ -50,9 +71,11 @@ def test_every_converted_row_is_stored_at_a_constant_offset_from_two_chunk_addre
     16 columns at the same slots of every row, stage and half — each store is one of two chunk addresses plus a
     constant (no address arithmetic a row).  Every ``st.shared.v4`` of the fill carries that constant."""
     k = _build_decode(True, False, head_pair_cluster=head_pair_cluster)
-    stores = re.findall(r"st\.shared\.v4\.b32\s+\[%r\d+(\+\d+)?\]", k.ptx)
-    assert len(stores) == (2 * 4 * 4 * 2 if head_pair_cluster else 2 * 4 * 8 * 2)
-    assert all(stores[1:]), stores            # (row 0 of (0, L): offset 0, printed without one)
+    stores = re.findall(r"st\.shared\.v4\.b32\s+\[(%r\d+)(\+\d+)?\]", k.ptx)
+    # with the crossover: the CTA's own rows, then (PEER_FP8) the peer's rows it converts in place, from two more
+    assert len(stores) == 2 * 4 * 8 * 2
+    assert len({base for base, _ in stores}) <= 8, stores       # a few base registers (two a row set and path)
+    assert all(offset for _, offset in stores[1:]), stores      # (row 0 of (0, L) may print without one)
 
 
 def test_the_producer_s_shared_records_and_staged_entries_fit_their_room():

@@ -44,7 +44,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint8, Uint32, const_expr, pipeline
 from cutlass.cute.nvgpu import cpasync
 from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import T, dsl_user_op
+from cutlass.cutlass_dsl import T, dsl_user_op, if_generate
 
 from ..common import gmem_view, inline_ptx, launch_stream, with_unit_modes
 from ..sparse_base import HALF, HEAD_DIM, TILE_N, as_global, kv_chunk_offset, shared_address
@@ -160,6 +160,17 @@ def st_async_v4(address: Int32, words: tuple, barrier: Int32, offset: int, *, lo
 
 
 @dsl_user_op
+def ld_shared_v4(address: Int32, offset: int, *, loc=None, ip=None) -> tuple:
+    """The 16 bytes (four 32-bit words) at the shared address ``address + offset`` (``offset`` a constant).  Marked
+    as having side effects so that it stays behind the mbarrier wait that makes its bytes visible."""
+    words = llvm.StructType.get_literal([T.i32()] * 4)
+    loaded = llvm.inline_asm(words, [Int32(address).ir_value(loc=loc, ip=ip)],
+                             f"ld.shared.v4.b32 {{$0, $1, $2, $3}}, [$4+{offset}];", "=r,=r,=r,=r,r",
+                             has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+    return tuple(Uint32(llvm.extractvalue(T.i32(), loaded, [w], loc=loc, ip=ip)) for w in range(4))
+
+
+@dsl_user_op
 def load_b64_if(address: Int64, pred: Int32, *, loc=None, ip=None) -> Int64:
     """The 8 bytes at a global ``address`` where ``pred`` is non-zero, else 0 — no select on the loaded value, so
     nothing waits for the load before its value is used."""
@@ -231,6 +242,13 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
     KEY_MASK_AFTER_WAIT = True               # the consumers' key mask comes from the records (is_real_key)
     PRODUCER_KEY_FLAGS = False               # (the records carry key validity: no separate flags)
     HEAD_GROUP_FASTEST = False               # the crossover's head pair is a cluster along y (grid y = head group)
+    # the crossover ships a CTA's rows to the peer as their e4m3 bytes, not as bf16: 16 bytes a row and lane by
+    # st.async into the second 16-byte chunk the row's bf16 takes there, completing on the peer's "landed" barrier of
+    # the half-tile; the peer converts them in place once its own rows are done.  Half the bytes over the cluster
+    # network, which H128's chain waited on (H100, session 43, probe_d7: the bf16 peer stores removed B128 H128 128.8
+    # → 111.1 µs, halved → 116.9) — for twice the conversions a thread (its own rows from registers, the peer's from
+    # shared memory).  Off: each CTA ships its converted bf16 rows, the peer's bytes expected on the full barrier.
+    PEER_FP8 = True
 
     def __init__(self, config: Model1DecodeConfig):
         if not isinstance(config, Model1DecodeConfig):
@@ -241,6 +259,9 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         self.convert_rows = ROWS_PER_THREAD // HEAD_PAIR if self.crossover else ROWS_PER_THREAD
         if self.crossover:
             self.pipeline_cluster = (1, HEAD_PAIR)
+        self.peer_fp8 = self.crossover and self.PEER_FP8
+        if self.peer_fp8:
+            self.extra_kv_barriers = 4           # a "landed" barrier a half-tile: the peer's e4m3 rows are in
 
     # ------------------------------------------------------------------------------ host side
     @cute.jit
@@ -287,6 +308,15 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         crossover each freed by the consumers of both CTAs (:class:`HeadPairPipeline`)."""
         if const_expr(not self.crossover):
             return half_tile_pipelines(barriers, producer=pipeline.PipelineAsync)
+        if const_expr(self.peer_fp8):
+            # landed barrier i (past the pipelines' eight): one arrival (the producer's thread 0, with the bytes it
+            # expects from the peer) + the peer's st.async bytes; initialized before the cluster's init sync, so no
+            # peer store can reach it first
+            def init_landed():
+                with cute.arch.elect_one():
+                    for i in range(4):
+                        cute.arch.mbarrier_init(barriers + 8 + i, 1)
+            if_generate(cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 0, init_landed)   # (plain Python here)
         return tuple(HeadPairPipeline.create_pair(barriers + 2 * i) for i in range(4))
 
     # ------------------------------------------------------------------------------ key rules
@@ -414,6 +444,7 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         first_k = Int32(0)
         peer = Int32(0)
         peer_chunk_at = (Int32(0), Int32(0))
+        peer_rows_at = (Int32(0), Int32(0))
         if const_expr(self.crossover):
             rank = cute.arch.block_idx_in_cluster()
             first_k = rank * self.convert_rows
@@ -425,7 +456,11 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         chunk_at = tuple(kv_base + kv_chunk_offset(group + ROW_GROUPS * first_k, 2 * lane + c, 0) for c in range(2))
         if const_expr(self.crossover):
             peer_chunk_at = tuple(peer_address(a, peer) for a in chunk_at)
-        slot = (group, lane, first_k, peer, chunk_at, peer_chunk_at)
+        if const_expr(self.peer_fp8):
+            # the peer's rows of my row group and columns, in my buffer: it ships their e4m3 bytes, I convert them
+            peer_rows_at = tuple(kv_base + kv_chunk_offset(group + ROW_GROUPS * (self.convert_rows - first_k),
+                                                           2 * lane + c, 0) for c in range(2))
+        slot = (group, lane, first_k, peer, chunk_at, peer_chunk_at, peer_rows_at)
         n_pairs = (tile_hi - tile_lo + 1) // 2
         key0 = tile_lo * TILE_N + tidx                                   # my key of pair 0
         key_end = cutlass.min(n_keys, tile_hi * TILE_N)     # past it (padding tile, the next split's): no key
@@ -458,7 +493,17 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
                         part, scales = self.fetch_record(keys, key0 + (2 * p + 2) * TILE_N, key_end, next_indices)
                         next_indices = self.load_indices(keys, batch, token, key0 + (2 * p + 4) * TILE_N)
                 kv_pipes[2 * b + h].producer_acquire(state)
-                if const_expr(self.crossover):
+                landed = kv_pipes[2 * b + h].producer_get_barrier(state)     # (read only with peer_fp8)
+                if const_expr(self.peer_fp8):
+                    # my landed barrier of this half-tile: one arrival and the bytes of the peer's rows (none
+                    # into a lone pair's pad); its phase completes once a pair, as the pipelines' do
+                    landed = kv_pipes[0].producer_get_barrier(state) + (8 + 2 * b + h)
+                    if tidx == 0:
+                        peer_rows = Int32(self.peer_fp8_bytes(h))
+                        if const_expr(b == 1):
+                            peer_rows = peer_rows * (Int32(1) - Int32(lone))
+                        cute.arch.mbarrier_arrive_and_expect_tx(landed, peer_rows)
+                if const_expr(self.crossover and not self.peer_fp8):
                     # the peer's half of the rows arrives as transaction bytes (its st.async); none into a pad
                     expect_peer = tidx == 0
                     if const_expr(b == 1):
@@ -480,7 +525,8 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
                     fill = not lone
                 if fill:
                     self.fill_half_tile(records, scale_of, buf, b, h, next_buf, next_half, sKV, slot, raw,
-                                        scale_bytes, kv_pipes[2 * b + h].producer_get_barrier(state))
+                                        scale_bytes, kv_pipes[2 * b + h].producer_get_barrier(state), landed,
+                                        state.phase ^ 1)
                 cute.arch.fence_proxy("async.shared", space="cta")   # generic writes → the consumers' wgmma
                 if rope_lane and const_expr(h == 1):    # arrives once its rope copies have landed; no wait
                     cute.arch.cp_async_mbarrier_arrive_noinc(kv_pipes[2 * b + h].producer_get_barrier(state))
@@ -497,6 +543,11 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         ~2.5k for left ones, H100 trace of session 23)."""
         return tidx % ROW_GROUPS, tidx // ROW_GROUPS
 
+    def peer_fp8_bytes(self, h: int) -> int:
+        """``PEER_FP8``: bytes the peer CTA stores into my half-tile of column half ``h`` — its 32 rows' e4m3 bytes of
+        the nope columns, one byte a column."""
+        return self.peer_bytes(h) // 2
+
     def peer_bytes(self, h: int) -> int:
         """Bytes the peer CTA stores into a half-tile of column half ``h`` (crossover): its 32 rows × the converted
         columns (the rope columns each CTA copies for itself)."""
@@ -511,7 +562,7 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         ``scale_bytes[k]``.  The rope lanes (right half, 12-15) load too — 16 bytes of their row's rope, the L2 lines
         their ``cp.async`` reads, never used — so that no lane-dependent branch has to carry registers.  ``b`` may be
         a runtime value (a lone pair's first fill loads (0, R) next, not (1, R))."""
-        group, lane, first_k, _, _, _ = slot
+        group, lane, first_k = slot[:3]
         col = h * HALF + lane * COLS_PER_THREAD
         key = b * TILE_N + group + ROW_GROUPS * (first_k + k)
         atom = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), Uint32, num_bits_per_copy=128, **self.NOPE_LOAD_ATTRIBUTES)
@@ -520,7 +571,7 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
 
     @cute.jit
     def fill_half_tile(self, records, scale_of, buf, b: cutlass.Constexpr, h: cutlass.Constexpr, next_buf,
-                       next_half, sKV, slot, raw, scale_bytes, full_barrier):
+                       next_half, sKV, slot, raw, scale_bytes, full_barrier, landed, landed_phase):
         """Write this thread's 16 columns of its 8 rows of half-tile (b, h) in bf16, each row's registers reloaded with
         the next half-tile's row right after.  Nope columns: 16 e4m3 values times the row's power-of-two scale (a row
         without a key — scale byte 0 — is zeros, whatever its stand-in bytes hold).  Rope columns (right half, lanes
@@ -534,22 +585,85 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         # ~2 % unused (a build without it: 49.9 µs); a second multiply on every row instead of the copy: 53.2 µs
         if largest <= Uint32(PLACED_SCALE_MAX):
             self.fill_rows(records, scale_of, buf, b, h, next_buf, next_half, sKV, slot, raw, scale_bytes,
-                           full_barrier, True)
+                           full_barrier, landed, True)
         else:
             self.fill_rows(records, scale_of, buf, b, h, next_buf, next_half, sKV, slot, raw, scale_bytes,
-                           full_barrier, False)
+                           full_barrier, landed, False)
+        if const_expr(self.peer_fp8):
+            # the peer's rows, once their bytes landed (my own rows' next loads are in flight meanwhile); the rope
+            # lanes have none to convert (they copied the peer's rope rows themselves)
+            converts = True
+            if const_expr(h == 1):
+                converts = slot[1] < ROPE_LANE
+            if converts:
+                cute.arch.mbarrier_wait(landed, landed_phase)
+                self.convert_peer_rows(scale_of, buf, b, h, slot)
+
+    @cute.jit
+    def convert_peer_rows(self, scale_of, buf, b: cutlass.Constexpr, h: cutlass.Constexpr, slot):
+        """``PEER_FP8``: the peer's rows of my row group in half-tile (b, h) — their 16 e4m3 bytes of my columns sit
+        where their bf16 chunk 1 goes — converted in place with their scale bytes from the key records."""
+        group, lane, first_k = slot[:3]
+        peer_rows_at = slot[6]
+        col = h * HALF + lane * COLS_PER_THREAD
+        scales = cute.make_rmem_tensor((self.convert_rows,), Uint32)
+        for k in cutlass.range_constexpr(self.convert_rows):
+            key = b * TILE_N + group + ROW_GROUPS * (self.convert_rows - first_k + k)
+            scales[k] = Uint32(scale_of[col // 64, key, buf])
+        largest = scales[0]
+        for k in cutlass.range_constexpr(1, self.convert_rows):
+            largest = cutlass.max(largest, scales[k])
+        if largest <= Uint32(PLACED_SCALE_MAX):
+            self.convert_landed_rows(peer_rows_at, scales, b, h, True)
+        else:
+            self.convert_landed_rows(peer_rows_at, scales, b, h, False)
+
+    @cute.jit
+    def convert_landed_rows(self, rows_at, scales, b: cutlass.Constexpr, h: cutlass.Constexpr,
+                            placed: cutlass.Constexpr):
+        """:meth:`convert_peer_rows`' rows: each 16-byte chunk 1 read, converted, written back as chunks 0 and 1."""
+        for k in cutlass.range_constexpr(self.convert_rows):
+            step = kv_chunk_offset(ROW_GROUPS * k, 32 * h, b) - kv_chunk_offset(0, 0, 0)
+            w = ld_shared_v4(rows_at[1], step)
+            out = cute.make_rmem_tensor((8,), Uint32)                              # 16 bf16
+            self.convert_row(w[0], w[1], w[2], w[3], scales[k], out, placed)
+            st_shared_v4(rows_at[0], (out[0], out[1], out[2], out[3]), step)
+            st_shared_v4(rows_at[1], (out[4], out[5], out[6], out[7]), step)
+
+    @cute.jit
+    def convert_row(self, w0: Uint32, w1: Uint32, w2: Uint32, w3: Uint32, scale_byte: Uint32, out,
+                    placed: cutlass.Constexpr):
+        """16 e4m3 values (four words) times the row's power-of-two scale → ``out``'s 8 bf16x2 words, by placed bits
+        (``placed``: 4 instructions a pair) or through fp32 (6); a row without a key (scale byte 0) is zeros,
+        whatever its stand-in bytes hold."""
+        words = (w0, w1, w2, w3)
+        if const_expr(placed):
+            scale2 = bf16x2_placed_scale(scale_byte)          # 0 for no key
+            for w in cutlass.range_constexpr(4):
+                out[2 * w] = e4m3x2_placed_bf16x2(words[w], scale2, False)
+                out[2 * w + 1] = e4m3x2_placed_bf16x2(words[w], scale2, True)
+        else:
+            scale = ue8m0_scale(scale_byte)
+            keep = Uint32(0xFFFFFFFF)
+            if scale_byte == Uint32(0):
+                keep = Uint32(0)         # no key: zeros, even where the stand-in row's bytes are not finite
+            for w in cutlass.range_constexpr(4):
+                out[2 * w] = e4m3x2_to_bf16x2(words[w] & keep, scale, False)
+                out[2 * w + 1] = e4m3x2_to_bf16x2(words[w] & keep, scale, True)
 
     @cute.jit
     def fill_rows(self, records, scale_of, buf, b: cutlass.Constexpr, h: cutlass.Constexpr, next_buf,
-                  next_half, sKV, slot, raw, scale_bytes, full_barrier, placed: cutlass.Constexpr):
+                  next_half, sKV, slot, raw, scale_bytes, full_barrier, landed, placed: cutlass.Constexpr):
         """:meth:`fill_half_tile`'s rows, converted by placed bits (``placed``: 4 instructions a pair) or through
         fp32 (6).  Crossover: each converted row goes to the peer's buffer too (``st.async``, completing bytes on the
         peer's full barrier of the half-tile), and the rope lanes copy the peer's rows' rope as well (a ``cp.async``
         cannot write into another CTA)."""
-        group, lane, first_k, peer, chunk_at, peer_chunk_at = slot
+        group, lane, first_k, peer, chunk_at, peer_chunk_at = slot[:6]
         col = h * HALF + lane * COLS_PER_THREAD
         peer_full = Int32(0)
-        if const_expr(self.crossover):
+        if const_expr(self.peer_fp8):                 # the peer's landed barrier: my rows' e4m3 bytes
+            peer_full = peer_address(shared_address(landed), peer)
+        elif const_expr(self.crossover):              # the peer's full barrier: my rows in bf16
             peer_full = peer_address(shared_address(full_barrier), peer)
         nb, nh = next_half
         rope = False
@@ -565,29 +679,20 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
                     self.copy_rope(records, buf, b, group + ROW_GROUPS * (self.convert_rows - first_k + k), lane,
                                    col, sKV, copy_atom)
             else:
+                step = kv_chunk_offset(ROW_GROUPS * k, 32 * h, b) - kv_chunk_offset(0, 0, 0)
+                if const_expr(self.peer_fp8):
+                    # the row's e4m3 bytes into the peer, where its bf16 chunk 1 goes there (converted in place)
+                    st_async_v4(peer_chunk_at[1], (raw[k, 0], raw[k, 1], raw[k, 2], raw[k, 3]), peer_full, step)
                 out = cute.make_rmem_tensor((8,), Uint32)                              # 16 bf16
-                if const_expr(placed):
-                    scale2 = bf16x2_placed_scale(scale_bytes[k])  # 0 for no key: zeros, whatever the stand-in holds
-                    for w in cutlass.range_constexpr(4):
-                        out[2 * w] = e4m3x2_placed_bf16x2(raw[k, w], scale2, False)
-                        out[2 * w + 1] = e4m3x2_placed_bf16x2(raw[k, w], scale2, True)
-                else:
-                    scale = ue8m0_scale(scale_bytes[k])
-                    keep = Uint32(0xFFFFFFFF)
-                    if scale_bytes[k] == Uint32(0):
-                        keep = Uint32(0)     # no key: zeros, even where the stand-in row's bytes are not finite
-                    for w in cutlass.range_constexpr(4):
-                        out[2 * w] = e4m3x2_to_bf16x2(raw[k, w] & keep, scale, False)
-                        out[2 * w + 1] = e4m3x2_to_bf16x2(raw[k, w] & keep, scale, True)
+                self.convert_row(raw[k, 0], raw[k, 1], raw[k, 2], raw[k, 3], scale_bytes[k], out, placed)
                 # two 16-byte chunks at constant offsets from my first row's (k rows of 8 further, 1 KiB each; the
                 # half's 4 column atoms; the stage); with the crossover into the peer's buffer too.  (Stored through
                 # the swizzled layout instead, ~14 integer instructions of address a row: H100 B64 / B128 H64 46.3 /
                 # 50.2 µs against 44.5 / 48.8, session 34)
-                step = kv_chunk_offset(ROW_GROUPS * k, 32 * h, b) - kv_chunk_offset(0, 0, 0)
                 for c in cutlass.range_constexpr(2):
                     words = (out[4 * c], out[4 * c + 1], out[4 * c + 2], out[4 * c + 3])
                     st_shared_v4(chunk_at[c], words, step)
-                    if const_expr(self.crossover):
+                    if const_expr(self.crossover and not self.peer_fp8):
                         st_async_v4(peer_chunk_at[c], words, peer_full, step)
             self.load_row(records, scale_of, next_buf, nb, nh, slot, k, raw, scale_bytes)
 

@@ -136,6 +136,8 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
     # int64 words of shared room for a producer's key records: here the gathered paired producer's key flags (one
     # int32 per key of a pair, two pairs)
     KEY_ADDR_SLOTS = 2 * TILE_N
+    # mbarriers a producer keeps past the paired schedule's eight (the FP8 decode's crossover: one a half-tile)
+    extra_kv_barriers = 0
     # paired schedule: the consumers' key mask computed after the tile's first wait (from what the producer published
     # with the tile, see key_source) instead of from global memory before it
     KEY_MASK_AFTER_WAIT = False
@@ -239,7 +241,8 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
 
         @cute.struct
         class SharedStorage:
-            mbar_KV: cute.struct.MemRange[cutlass.Int64, 8 if self.paired else self.num_stages * 2]
+            mbar_KV: cute.struct.MemRange[cutlass.Int64,
+                                          8 + self.extra_kv_barriers if self.paired else self.num_stages * 2]
             sRowScale: cute.struct.MemRange[Float32, 2 * TILE_H]     # per sP buffer: O rescale of each row
             sRowInv: cute.struct.MemRange[Float32, TILE_H]           # final 1 / denominator of each row
             sMax: cute.struct.MemRange[Float32, 2 * 2 * TILE_H]      # paired: each warpgroup's row maxima
