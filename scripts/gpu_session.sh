@@ -14,7 +14,7 @@
 # (scripts/gather_roof_d7.py: torch's gather of the D7 shapes' key bytes beside ours); d7fused (the fused-merge
 # candidate against the combine launch at B1 / B2 / B4); splitsparse (scripts/split_sweep_sparse.py: D6 / D2 split
 # counts at 4-32 tokens); combinerows (scripts/probe_combine_rows.py: D7's small merges by either combine); d7store (B1's partial
-# store: none / half / all); d7alt (the ALTERNATE_HALF_TILES candidate's tests and timing; d7alttrace its event traces); d7peer (H128 without / with half the crossover's DSMEM stores); d7peerfp8 (PEER_FP8 against peer_bf16, then the d7 + sparse GPU tests); splitphases (probe_split_phases.py at 32-64 tokens);
+# store: none / half / all); d7alt (the ALTERNATE_HALF_TILES candidate's tests and timing; d7alttrace its event traces); d7peer (H128 without / with half the crossover's DSMEM stores); d7peerfp8 (PEER_FP8 against peer_bf16, then the d7 + sparse GPU tests); d7peerparts (PEER_FP8's peer rows left unconverted); splitphases (probe_split_phases.py at 32-64 tokens);
 # ncu7 / ncu7p / ncu1 / ncu6: Nsight Compute on one D7 call (B128 H64; ncu7p: the FP8-cache prefill's B4096 H64) / D1's hd64 causal (ours and FA4) / D6's bf16
 # prefill (ours and FlashMLA), per-SASS samples summarized by scripts/ncu_sass.py;
 # pipeline=D7 (stages named, comma-separated); pipeline1 / pipeline2: the stages in two calls (the whole pipeline took > 560 s on the H100, session 31).
@@ -135,6 +135,11 @@ for w in $what; do
                  && [ "${PIPESTATUS[0]}" -eq 0 ] \
                  && { OUT="$out/logs" GROUP_TIMEOUT=300 PARALLEL=2 bash scripts/gpu_check.sh d7 sparse \
                         > "$out/logs/gpu_check.txt" 2>&1; tail -n 5 "$out/logs/gpu_check.txt"; }; } ;;
+    # what PEER_FP8's peer rows cost the producer (session 43's open question): their conversion switched off
+    # against the shipped build, H128 shapes, two alternations, ~1.5 min
+    d7peerparts) { timeout 200 python scripts/probe_d7.py --shapes 3,4,4096x128x128x1024 \
+                     --variants full,peer_no_convert,full,peer_no_convert; } 2>&1 \
+                     | tee "$out/logs/d7peerparts.txt" | tail -n 8 ;;
     splitphases) { timeout 200 python scripts/probe_split_phases.py --tokens 64,48,32 --keys 640,1152 --splits 2 \
                   --no-twice; } 2>&1 | tee "$out/logs/splitphases.txt" | tail -n 7 ;;
     combinerows) { timeout 250 python scripts/probe_combine_rows.py; } 2>&1 | tee "$out/logs/combinerows.txt" | tail -n 12 ;;

@@ -51,6 +51,8 @@ input set) — this is a measurement, never a result.
                 ones: garbage) — the cost of shipping 16 KB of bf16 a half-tile over the cluster network
   half_peer_store the same with half of it: the first 16-byte chunk of each row shipped, half the bytes expected
                 (both measured on the bf16 peer stores, PEER_FP8 off)
+  peer_no_convert  PEER_FP8 with the peer's landed rows waited for but not converted (garbage): what converting them
+                costs the producer — the most that moving it elsewhere (to the consumers) can win
   peer_bf16     the H128 crossover as before PEER_FP8: converted bf16 rows shipped to the peer (32 B a row and lane),
                 not their e4m3 bytes converted by the peer; right
   floor         idle producer and no wgmma: launch, Q, records, barriers, softmax, epilogue
@@ -87,7 +89,8 @@ ORIGINAL = dict(convert=md.e4m3x2_to_bf16x2, load_row=md.Model1DecodeSm90.load_r
                 placed_max=md.PLACED_SCALE_MAX, crossover=decode.HEAD_PAIR_CLUSTER,
                 regs=(md.Model1DecodeSm90.PAIRED_PRODUCER_REGS, md.Model1DecodeSm90.PAIRED_CONSUMER_REGS),
                 store=sf.SparseAttentionForwardSm90.store_half, bf16_partials=sparse.PAIRED_BF16_PARTIALS,
-                st_async=md.st_async_v4, peer_bytes=md.Model1DecodeSm90.peer_bytes)
+                st_async=md.st_async_v4, peer_bytes=md.Model1DecodeSm90.peer_bytes,
+                peer_convert=md.Model1DecodeSm90.convert_peer_rows)
 # the kernel class's knobs a variant may set (part name → class attribute); a candidate patch's knob (off when the
 # patch is not applied: the class has no such attribute) is set only where the class has it or a variant turns it on
 KNOBS = dict(pdl_chain="PDL_CHAIN", o_policy="O_L2_POLICY",
@@ -228,6 +231,9 @@ VARIANTS = {
     # the crossover before PEER_FP8: each CTA ships its rows converted (bf16, 32 B a row and lane), not as e4m3
     # bytes the peer converts; right
     "peer_bf16": dict(peer_fp8=False),
+    # PEER_FP8's peer rows landed and waited for but left unconverted (garbage).  (Not waiting for them either is
+    # not a variant: a CTA could then exit with the peer's stores still on their way into its shared memory.)
+    "peer_no_convert": dict(peer_convert=nothing),
     "floor": dict(load_row=nothing, fill=nothing, gemm=nothing),
     # the O halves not written (the split's fp32 partials, 128 KB a CTA at H64 — the build before session 41's bf16
     # partials — or the bf16 output): what the epilogue's register-to-global stores cost (B1: 10 CTAs each storing
@@ -414,6 +420,7 @@ def apply(variant: str) -> None:
     sparse.PAIRED_BF16_PARTIALS = parts["bf16_partials"]
     md.st_async_v4 = parts["st_async"]
     md.Model1DecodeSm90.peer_bytes = parts["peer_bytes"]
+    md.Model1DecodeSm90.convert_peer_rows = parts["peer_convert"]
     launch._CONFIGS.clear()
     for part, attr in KNOBS.items():
         if parts[part] or hasattr(md.Model1DecodeSm90, attr):
