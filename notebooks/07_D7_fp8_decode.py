@@ -269,12 +269,15 @@ if on_gpu:
 # ## Where it stands
 #
 # Correct everywhere (the writer bit-equal to the reference, the decode at cosine 0.999997 against float64 over
-# the same FP8 cache, every e4m3 byte and scale dequantized bit-exactly).  Speed (sessions 41-42, FlashMLA in the same
+# the same FP8 cache, every e4m3 byte and scale dequantized bit-exactly).  Speed (sessions 41-43, FlashMLA in the same
 # run; H100 / H200): B1 11.8 / 11.8 µs, 1.23x / 1.24x FlashMLA (the bars: ≤ 12 µs, 1.15x — both met); H64 at B64 /
-# B128 1.30x / 1.06x (H100), 1.28x / 1.05x (H200); H128 0.94x / 0.93x on both — the worst, not the 1.5x the stage
-# aims at; B32 1.16x (H64) / 1.13x (H128).  The H128 shapes take the same time on both GPUs (B128 H128: 130.3 µs on
-# the H100, 128.8 on the H200, whose memory is 1.4x faster — FlashMLA 120.5 / 120.4): what limits them is on the
-# chip, not the DRAM.  What got it here (docs/tuning/d7.md has the
+# B128 1.37x / 1.07x (H100), 1.28x / 1.05x (H200); H128 0.96x (H100, session 43; 0.93x before) — the worst, not
+# the 1.5x the stage aims at; B32 1.17x (H64) / 1.16x (H128).  The H128 shapes took the same time on both GPUs (B128
+# H128: 130.3 µs on the H100, 128.8 on the H200, whose memory is 1.4x faster — FlashMLA 120.5 / 120.4): what limits
+# them is on the chip, not the DRAM.  Part of it was the cluster network: each CTA of the head pair shipped its
+# converted bf16 rows to the other, 16 KB a half-tile, and without those stores B128 H128 ran 111 µs instead of
+# 129; the pair now ships the rows' e4m3 bytes (half as many) and each CTA converts its peer's rows from shared
+# memory (129 → 125 µs).  What got it here (docs/tuning/d7.md has the
 # measurements): each key resolved once into a shared record; rolling loads (8 rows in flight per producer thread);
 # the rope columns by `cp.async` with the hardware arriving for them; e4m3 → bf16 by placed bits and one bf16
 # multiply (4 instructions a pair instead of 6); every row stored at a constant offset from two chunk addresses (a

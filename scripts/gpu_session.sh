@@ -67,6 +67,13 @@ for w in $what; do
                 timeout 300 python scripts/probe_d6.py --variants full,token_fastest --pool-rows 32768;
                 timeout 300 python scripts/probe_d6.py --variants full,token_fastest --pool-rows 262144; } 2>&1 \
                 | tee "$out/logs/probes.txt" | tail -n 30 ;;
+    # the causal persistent deal in L2 sections of heads (l2_section_mb) at hd64 / hd128 against FA4 on three shapes,
+    # then the gathered split at 40-56 tokens x 1152 keys (candidates/gathered_split_long_lists.patch's question), ~6 min
+    d1sections) { for shape in 4x8192 2x16384 8x4096; do
+                  timeout 100 python scripts/sweep_d1.py --head-dim 64 --causal 1 --sections ${SEC64:-4,8,16} --shape $shape
+                  timeout 100 python scripts/sweep_d1.py --head-dim 128 --causal 1 --sections ${SEC128:-8,16,24,32} --shape $shape
+                done; [ -n "${NOSPLIT:-}" ] || timeout 150 python scripts/probe_split_phases.py --tokens 56,48,40 --keys 1152 --splits 2 --no-twice
+                } 2>&1 | tee "$out/logs/d1sections.txt" | grep "^{\|refused\|tokens\|Error\|error" | tail -n 20 ;;
     d1)       { timeout 240 python scripts/sweep_d1.py --head-dim 64 --causal 1;
                 timeout 240 python scripts/sweep_d1.py --head-dim 256 --causal 1; } 2>&1 | tee "$out/logs/d1.txt" \
                 | grep "^{\|refused" ;;

@@ -1,11 +1,12 @@
 """D1 (#32) schedule candidates against FA4, interleaved in one run (TFLOP/s, events with an L2 flush — the D1
 stage's timing), per head dim on its D1 sweep shape; each variant is the shipped build with some knobs changed:
 
-  hd128 (B4 H16 S8192, the D1 stage's speed shape at every head dim; shipped: persistent + dynamic, early rescale,
-        PV wait in its own block): pingpong (the two consumer warpgroups take turns issuing their MMAs) ·
-        pingpong_no_pvwait (the same with ptxas placing the PV wait); n160_oq / n176_plain measured in session 32
+  hd128 (B4 H16 S8192, the D1 stage's speed shape at every head dim, or --shape; shipped: persistent + dynamic,
+        early rescale, PV wait in its own block): --sections 8,24 (causal: the persistent deal in L2 sections of
+        heads, longest block first across a section — l2_section_mb, one variant per size); pingpong, pingpong_no_pvwait (session 35),
+        n160_oq / n176_plain (session 32) lost
   hd64  (shipped: 192 x 128 tiles, persistent + dynamic, O in its Q stage, the three consumer warpgroups taking
-        turns — wg_pingpong, session 34): no_pingpong; pvwait, early, stages3, m128_n192 (session 32), pvmax,
+        turns — wg_pingpong, session 34): --sections (as at hd128); pvwait, early, stages3, m128_n192 (session 32), pvmax,
         m192_plain, pingpong_early (session 34) lost — docs/tuning/d1_d5.md
   hd256 (shipped: 80-key tiles + early rescale, one block per CTA): pingpong; pvwait / n64 / n64_pvwait (session 32)
 
@@ -27,9 +28,8 @@ from dsv4lib.ops import launch as launch_mod
 from dsv4lib.ops.attention import launch
 
 VARIANTS = {
-    128: {"default": {}, "pingpong": dict(wg_pingpong=True),
-          "pingpong_no_pvwait": dict(wg_pingpong=True, pv_wait_block=False)},
-    64: {"default": {}, "no_pingpong": dict(wg_pingpong=False)},
+    128: {"default": {}},
+    64: {"default": {}},
     256: {"default": {}, "pingpong": dict(wg_pingpong=True)},
 }
 B, H, S = 4, 16, 8192                   # the D1 stage's speed shape at every head dim
@@ -55,9 +55,9 @@ def check(D: int, causal_values) -> None:
             print(f"hd{D} causal={int(causal)} {name:<12} spill {spills} B  C7514 {'C7514' in report}", flush=True)
 
 
-def variant_fn(config: Sm90FwdConfig):
+def variant_fn(config: Sm90FwdConfig, poison: bool = False):
     def run(q, k, v):
-        out = torch.empty_like(q)
+        out = torch.full_like(q, float("nan")) if poison else torch.empty_like(q)   # a block left unwritten shows
         lse = launch_mod.placeholder(q.device, "lse")
         launch(config, q, k, v, out, lse, scale=q.shape[-1] ** -0.5, window=None,
                sink_t=launch_mod.placeholder(q.device, "sink"))
@@ -70,8 +70,13 @@ def main():
     ap.add_argument("--head-dim", type=int, default=128, choices=sorted(VARIANTS))
     ap.add_argument("--causal", default="both")
     ap.add_argument("--check", action="store_true", help="compile every variant on this machine, no GPU")
+    ap.add_argument("--sections", default="", help="comma-separated l2_section_mb values to add as variants")
+    ap.add_argument("--shape", default=f"{B}x{S}", help="BATCHxSEQLEN (H stays 16)")
     args = ap.parse_args()
     D = args.head_dim
+    for mb in filter(None, args.sections.split(",")):
+        VARIANTS[D][f"sections{mb}"] = dict(l2_section_mb=int(mb))
+    batch, seqlen = (int(x) for x in args.shape.split("x"))
     causal_values = {"both": (False, True), "0": (False,), "1": (True,)}[args.causal]
     if args.check:
         check(D, causal_values)
@@ -80,25 +85,26 @@ def main():
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for causal in causal_values:
         gen = torch.Generator(device="cuda").manual_seed(0)
-        inputs = [tuple(torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
+        inputs = [tuple(torch.randn(batch, seqlen, H, D, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
                   for _ in range(2)]
         base = Sm90FwdConfig.for_problem(D, causal=causal, has_lse=False, gpu_name=torch.cuda.get_device_name(),
                                          num_sms=sms)
-        fns = {}
+        fns, configs = {}, {}
         for name, change in VARIANTS[D].items():
             try:
-                fns[name] = variant_fn(base.replace(**change))
+                configs[name] = base.replace(**change)
+                fns[name] = variant_fn(configs[name])
             except ValueError as e:              # a knob this build refuses: said, not timed
                 print(f"hd{D} causal={int(causal)} {name}: refused ({e})")
         want = dsv4lib.attention(*inputs[0], causal=causal)
-        for name, fn in fns.items():
-            err = (fn(*inputs[0]).float() - want.float()).abs().max().item()
-            assert err < 2e-2, (name, err)
+        for name, config in configs.items():
+            err = (variant_fn(config, poison=True)(*inputs[0]).float() - want.float()).abs().max().item()
+            assert err < 2e-2, (name, err)       # NaN fails too
         if "FA4" in peers:
             fns["FA4"] = lambda q, k, v: peers["FA4"](q, k, v, causal=causal)
-        flops = bench.attention_flops(B, H, S, S, D, causal=causal)
+        flops = bench.attention_flops(batch, H, seqlen, seqlen, D, causal=causal)
         times = bench.time_cuda_interleaved(fns, inputs, iters=20, may_fail=("FA4",))
-        row = {"D": D, "causal": causal}
+        row = {"D": D, "causal": causal, "shape": f"B{batch} S{seqlen}"}
         row.update({n: (round(bench.tflops(flops, t.median_ms)) if not isinstance(t, Exception) else None)
                     for n, t in times.items()})
         print(row, flush=True)

@@ -535,6 +535,10 @@ def test_gathered_decode_splits_by_the_decode_rule_without_the_fp8_waves():
     assert decode_splits(64, 18, 132) == 2                # the FP8 decode's long-list wave (B32 H128: 50.4 vs 63.4)
     assert decode_splits(64, 10, 132) == 2                # ... and half-SMs wave (B64 H64: 37.4 vs 41.1 µs)
     assert gathered(1, 1) == 1 and gathered(1, 3) == 3
+    # long lists up to ~3/4 of the SMs split in two (H100, session 43: 48 tokens × 1152 keys 35.2 vs 38.1 µs), short
+    # ones and 64 tokens not (48 × 640: 25.0 vs 23.9; 64 × 1152: 42.9 vs 40.5)
+    assert [gathered(t, 18) for t in (40, 48, 49, 50, 64)] == [2, 2, 2, 1, 1]
+    assert gathered(48, 10) == 1
 
 
 def test_no_split_is_left_without_a_tile():

@@ -23,6 +23,8 @@ def persistent_grid(work_items, slots):
 class PersistentScheduler:
     tile_m: int                     # query rows per work item
     longest_first: bool             # causal / window: a head's last query blocks (the most keys) are dealt first
+    l2_section_bytes: int = 0       # > 0 (causal): heads dealt in sections whose K/V fit this many bytes of L2, each
+                                    # section's blocks longest first across all its heads (LPT over the section)
 
     @cute.jit
     def work_items(self, mQ):
@@ -30,17 +32,34 @@ class PersistentScheduler:
         return cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m) * cute.size(mQ.shape[2]) * cute.size(mQ.shape[3])
 
     @cute.jit
-    def work_coords(self, work, mQ):
+    def work_coords(self, work, mQ, seqlen_k):
         """Persistent CTAs: work item → (query block, head, batch), the query block fastest (so the CTAs running at
-        once take neighbouring blocks of one head and share its K/V tiles through L2)."""
+        once take neighbouring blocks of one head and share its K/V tiles through L2) — or, with L2 sections, the
+        head fastest within a section of heads."""
         m_blocks = cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m)
         n_heads = cute.size(mQ.shape[2])
         m_block = work % m_blocks
+        head, batch = (work // m_blocks) % n_heads, work // (m_blocks * n_heads)
+        if const_expr(self.l2_section_bytes > 0):
+            # Why: one head's blocks longest first still ends the launch with the last head's longest block dealt
+            # only m_blocks - 1 items before the end — a CTA starts a whole row of keys while the rest run dry.
+            # Over a section of heads the last items dealt are the section's shortest (LPT), and the section's K/V
+            # (width heads x seqlen_k x D x 2 tensors x 2 B) still fits the L2 the CTAs running at once share.
+            heads_all = n_heads * cute.size(mQ.shape[3])
+            kv_bytes = seqlen_k * (cute.size(mQ.shape[1]) * 4)
+            width = cutlass.min(cutlass.max(self.l2_section_bytes // cutlass.max(kv_bytes, 1), 1), heads_all)
+            section = work // (m_blocks * width)
+            first = section * width
+            width = cutlass.min(width, heads_all - first)           # the last section may hold fewer heads
+            in_section = work - first * m_blocks
+            m_block = in_section // width
+            head_batch = first + in_section - m_block * width
+            head, batch = head_batch % n_heads, head_batch // n_heads
         if const_expr(self.longest_first):
             # the last query blocks first: under a causal mask or a window the first blocks of a head see the fewest
             # keys, so the items dealt last are the short ones (longest processing time first)
             m_block = m_blocks - 1 - m_block
-        return m_block, (work // m_blocks) % n_heads, work // (m_blocks * n_heads)
+        return m_block, head, batch
 
     @cute.jit
     def take_work(self, mWork) -> Int32:

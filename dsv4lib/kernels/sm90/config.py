@@ -76,6 +76,8 @@ class Sm90FwdConfig(_Config):
     warpgroup_tiles: bool = False   # each consumer warpgroup visits only its own rows' K/V tiles (small windows)
     o_in_q_stage: bool = False      # O staged in its item's dead Q stage, stored by an idle producer warp
     l2_hints: bool = False          # Q / O evict-first, K / V evict-last
+    l2_section_mb: int = 0          # causal persistent deal: heads in sections whose K/V fit this many MB of L2, the
+                                    # blocks of a section longest first across its heads (0: one head at a time)
     merge_slots: int = 0            # attention_branches' last branch: folds the fp32 partials of the branches before
                                     # it (workspace slots 0 .. n-1) into its rows before the epilogue (no combine)
 
@@ -126,6 +128,8 @@ class Sm90FwdConfig(_Config):
         if self.o_in_q_stage and not (self.persistent and not self.nvfp4_out):
             raise ValueError("o_in_q_stage stages a persistent CTA's bf16 O in its Q stage for a storer warp "
                              "(persistent=True, bf16 out)")
+        if self.l2_section_mb and not (self.persistent and self.causal and not self.window):
+            raise ValueError("l2_section_mb orders a persistent causal deal (persistent=True, causal, no window)")
         if self.l2_hints and not (self.warpgroup_tiles and self.o_in_q_stage):
             raise ValueError("l2_hints is built for the warpgroup-tiles producer and the o_in_q_stage storer")
         if self.merge_slots < 0 or (self.merge_slots and (self.split_kv or self.persistent or self.nvfp4_out)):
@@ -170,7 +174,8 @@ class Sm90FwdConfig(_Config):
         return cls(**base, **sched)
 
 
-_PERSISTENT_ONLY = ("persistent", "dynamic_schedule", "warpgroup_tiles", "o_in_q_stage", "l2_hints", "num_sms")
+_PERSISTENT_ONLY = ("persistent", "dynamic_schedule", "warpgroup_tiles", "o_in_q_stage", "l2_hints", "num_sms",
+                    "l2_section_mb")
 
 
 def _without_persistence(sched: dict) -> dict:
@@ -192,11 +197,18 @@ _D1_SCHEDULE: dict[int, dict] = {
     # 80-key tiles + early O rescale: 658 -> 688 TFLOP/s (two 128-key stages do not fit beside Q)
     256: dict(tile_n=80, rescale_o_early=True),
 }
+# The causal deal of the persistent builds: heads in sections whose K/V fill 32 MB of the 50 MB L2 (H100 / H200),
+# longest block first across a section — one head at a time left the last head's longest block to start near the
+# end; 16 MB sections gain less, the whole launch as one section thrashes the L2 (hd128 B8 S4096: 625 -> 353).
+# H100, sweep_d1.py, B4 S8192 / B2 S16384 / B8 S4096, TFLOP/s: hd64 504 / 508 / 461 -> 538 / 532 / 482 (FA4 536 /
+# 550 / 469), hd128 658 / 652 / 625 -> 682 / 667 / 644 (FA4 655 / 658 / 633) (session 44)
+CAUSAL_L2_SECTION_MB = 32
 # Plain causal attention where it differs (a persistent build: split_kv keeps D1's schedule):
 _D1_CAUSAL_SCHEDULE: dict[int, dict] = {
+    64: dict(_D1_SCHEDULE[64], l2_section_mb=CAUSAL_L2_SECTION_MB),
     # 160-key tiles, O in its dead Q stage (the O buffer does not fit beside them): 639 -> 655-664 TFLOP/s, ~FA4
     # (+2.1 to +2.9 % in three H100 runs; non-causal it ties or loses, so it stays at 128 keys)
-    128: dict(_D1_SCHEDULE[128], tile_n=160, o_in_q_stage=True),
+    128: dict(_D1_SCHEDULE[128], tile_n=160, o_in_q_stage=True, l2_section_mb=CAUSAL_L2_SECTION_MB),
     # the two consumer warpgroups taking turns to issue their MMAs: 692 -> 709 TFLOP/s causal (FA4 748), where
     # non-causal it lost 721 -> 710 (H100, scripts/sweep_d1.py, interleaved with FA4, session 37)
     256: dict(_D1_SCHEDULE[256], wg_pingpong=True),

@@ -124,7 +124,8 @@ class FlashAttentionForwardSm90(Sm90Epilogue):
         self.block_info = BlockInfo(tile_m=config.tile_m, tile_n=config.tile_n, causal=config.causal,
                                     has_window=config.window, pack_gqa=config.pack_gqa,
                                     warpgroup_tiles=config.warpgroup_tiles)
-        self.scheduler = PersistentScheduler(tile_m=config.tile_m, longest_first=config.causal or config.window)
+        self.scheduler = PersistentScheduler(tile_m=config.tile_m, longest_first=config.causal or config.window,
+                                             l2_section_bytes=config.l2_section_mb << 20)
 
     def __getattr__(self, name):
         if name == "config":                 # not set yet (a copy in the making): no recursion
@@ -310,7 +311,7 @@ class FlashAttentionForwardSm90(Sm90Epilogue):
             cute.arch.setmaxregister_decrease(self.PRODUCER_REGS)
             if const_expr(self.o_in_q_stage):
                 if warp_idx == 1:
-                    self.store_persistent(tma_atom_O, mO, mQ, sQ, pipeline_q, sWork)
+                    self.store_persistent(tma_atom_O, mO, mQ, sQ, pipeline_q, sWork, seqlen_k)
             if warp_idx == 0:
                 if const_expr(self.persistent):
                     self.load_persistent(tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV, pipeline_q,
@@ -361,7 +362,7 @@ class FlashAttentionForwardSm90(Sm90Epilogue):
         work = bidx                                          # the first item needs no counter (no atomic's latency)
         step = gdim
         while work < total:
-            m_block, head, batch = self.scheduler.work_coords(work, mQ)
+            m_block, head, batch = self.scheduler.work_coords(work, mQ, seqlen_k)
             head_kv = self.kv_head(head, mQ, mK)
             n_block_min, n_block_max = self.block_info.block_range(m_block, seqlen_q, seqlen_k, window_size)
             tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV = self.item_tma_views(tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV,
@@ -441,14 +442,14 @@ class FlashAttentionForwardSm90(Sm90Epilogue):
         while work < total:
             slots = None
             if const_expr(self.warpgroup_tiles):
-                m_block, head, batch = self.scheduler.work_coords(work, mQ)
+                m_block, head, batch = self.scheduler.work_coords(work, mQ, seqlen_k)
                 # this warpgroup's tiles: skip the other's that come first, visit its own, skip the rest
                 _, _, lead_and_own, slots = self.warpgroup_plan(m_block, cute.arch.make_warp_uniform(ctidx // 128),
                                                                 seqlen_q, seqlen_k, window_size)
                 n_lead, n_block_max, n_trail = lead_and_own
                 n_block_min = Int32(0)
             else:
-                m_block, head, batch = self.scheduler.work_coords(work, mQ)
+                m_block, head, batch = self.scheduler.work_coords(work, mQ, seqlen_k)
                 n_block_min, n_block_max = self.block_info.block_range(m_block, seqlen_q, seqlen_k, window_size)
             acc_O.fill(0.0)
             row_max.fill(-Float32.inf)
@@ -558,7 +559,7 @@ class FlashAttentionForwardSm90(Sm90Epilogue):
 
     # ------------------------------------------------------------------ O staged in its Q stage (o_in_q_stage)
     @cute.jit
-    def store_persistent(self, tma_atom_O, mO, mQ, sQ, pipeline_q, sWork):
+    def store_persistent(self, tma_atom_O, mO, mQ, sQ, pipeline_q, sWork, seqlen_k):
         """The storer warp of a persistent CTA with ``o_in_q_stage``: per work item (the consumers' sequence: every
         gridDim.x-th, or as announced in ``sWork``), wait until both consumer warpgroups have put O in the item's Q
         stage (its named barrier: the consumers only arrive), TMA-store it, wait for the store to read the stage and
@@ -573,7 +574,7 @@ class FlashAttentionForwardSm90(Sm90Epilogue):
         if const_expr(self.dynamic_schedule):
             work = self.scheduler.announced_work(pipeline_q, q_state, sWork, total)
         while work < total:
-            m_block, head, batch = self.scheduler.work_coords(work, mQ)
+            m_block, head, batch = self.scheduler.work_coords(work, mQ, seqlen_k)
             self.store_staged_o(tma_atom_O, mO, sQ, pipeline_q, q_state, m_block, head, batch)
             q_state.advance()
             if const_expr(self.dynamic_schedule):

@@ -61,6 +61,7 @@ ROPE_LANE = (NOPE_DIMS - HALF) // COLS_PER_THREAD    # 12: in the right half, la
 PLACED_SCALE_MAX = 127 + 7       # scale bytes up to 2^7 take the placed-bits conversion; larger ones the fp32 path
 PRODUCER_SYNC = 7                 # named barrier of the producer warpgroup (the consumers use 1-6)
 HEAD_PAIR = 2                     # CTAs of a head-pair cluster (H = 128: a token's two head groups)
+LANDED_AT = 8                     # PEER_FP8: landed barrier i sits at mbar_KV + 8 + i, past the 4 pipelines' pairs
 
 
 @dataclass(frozen=True)
@@ -315,7 +316,7 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
             def init_landed():
                 with cute.arch.elect_one():
                     for i in range(4):
-                        cute.arch.mbarrier_init(barriers + 8 + i, 1)
+                        cute.arch.mbarrier_init(barriers + LANDED_AT + i, 1)
             if_generate(cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 0, init_landed)   # (plain Python here)
         return tuple(HeadPairPipeline.create_pair(barriers + 2 * i) for i in range(4))
 
@@ -497,7 +498,7 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
                 if const_expr(self.peer_fp8):
                     # my landed barrier of this half-tile: one arrival and the bytes of the peer's rows (none
                     # into a lone pair's pad); its phase completes once a pair, as the pipelines' do
-                    landed = kv_pipes[0].producer_get_barrier(state) + (8 + 2 * b + h)
+                    landed = kv_pipes[0].producer_get_barrier(state) + (LANDED_AT + 2 * b + h)   # (pipe 0's: mbar_KV)
                     if tidx == 0:
                         peer_rows = Int32(self.peer_fp8_bytes(h))
                         if const_expr(b == 1):
@@ -526,7 +527,7 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
                 if fill:
                     self.fill_half_tile(records, scale_of, buf, b, h, next_buf, next_half, sKV, slot, raw,
                                         scale_bytes, kv_pipes[2 * b + h].producer_get_barrier(state), landed,
-                                        state.phase ^ 1)
+                                        state.phase ^ 1)   # a producer state's phase starts at 1, landed's at 0
                 cute.arch.fence_proxy("async.shared", space="cta")   # generic writes → the consumers' wgmma
                 if rope_lane and const_expr(h == 1):    # arrives once its rope copies have landed; no wait
                     cute.arch.cp_async_mbarrier_arrive_noinc(kv_pipes[2 * b + h].producer_get_barrier(state))
@@ -577,9 +578,7 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         without a key — scale byte 0 — is zeros, whatever its stand-in bytes hold).  Rope columns (right half, lanes
         12-15): bf16 already, ``cp.async`` straight into the tile (zero-filled for no key); the thread's arrive waits
         for them, not the thread (:meth:`gather_pairs`)."""
-        largest = scale_bytes[0]
-        for k in cutlass.range_constexpr(1, self.convert_rows):
-            largest = cutlass.max(largest, scale_bytes[k])
+        largest = self.largest_scale(scale_bytes)
         # one branch a fill, not one a row (a branch per row: H100 B128 H64 50.9 → 59.2 µs); a row scaled above 2^7
         # (|key| ≥ 57 344 in its 64-dim tile) sends my 8 rows through fp32.  The fp32 copy of the rows' code costs
         # ~2 % unused (a build without it: 49.9 µs); a second multiply on every row instead of the copy: 53.2 µs
@@ -610,13 +609,18 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         for k in cutlass.range_constexpr(self.convert_rows):
             key = b * TILE_N + group + ROW_GROUPS * (self.convert_rows - first_k + k)
             scales[k] = Uint32(scale_of[col // 64, key, buf])
-        largest = scales[0]
-        for k in cutlass.range_constexpr(1, self.convert_rows):
-            largest = cutlass.max(largest, scales[k])
-        if largest <= Uint32(PLACED_SCALE_MAX):
+        if self.largest_scale(scales) <= Uint32(PLACED_SCALE_MAX):
             self.convert_landed_rows(peer_rows_at, scales, b, h, True)
         else:
             self.convert_landed_rows(peer_rows_at, scales, b, h, False)
+
+    @cute.jit
+    def largest_scale(self, scale_bytes) -> Uint32:
+        """The largest of a thread's ``convert_rows`` scale bytes: one placed-bits-or-fp32 branch for all its rows."""
+        largest = scale_bytes[0]
+        for k in cutlass.range_constexpr(1, self.convert_rows):
+            largest = cutlass.max(largest, scale_bytes[k])
+        return largest
 
     @cute.jit
     def convert_landed_rows(self, rows_at, scales, b: cutlass.Constexpr, h: cutlass.Constexpr,
@@ -655,9 +659,10 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
     def fill_rows(self, records, scale_of, buf, b: cutlass.Constexpr, h: cutlass.Constexpr, next_buf,
                   next_half, sKV, slot, raw, scale_bytes, full_barrier, landed, placed: cutlass.Constexpr):
         """:meth:`fill_half_tile`'s rows, converted by placed bits (``placed``: 4 instructions a pair) or through
-        fp32 (6).  Crossover: each converted row goes to the peer's buffer too (``st.async``, completing bytes on the
-        peer's full barrier of the half-tile), and the rope lanes copy the peer's rows' rope as well (a ``cp.async``
-        cannot write into another CTA)."""
+        fp32 (6).  Crossover: each row's e4m3 bytes go to the peer (``PEER_FP8``: ``st.async`` completing bytes on its
+        landed barrier of the half-tile; it converts them) — or, ``PEER_FP8`` off, each converted row into the peer's
+        buffer (completing bytes on its full barrier) — and the rope lanes copy the peer's rows' rope as well (a
+        ``cp.async`` cannot write into another CTA)."""
         group, lane, first_k, peer, chunk_at, peer_chunk_at = slot[:6]
         col = h * HALF + lane * COLS_PER_THREAD
         peer_full = Int32(0)
