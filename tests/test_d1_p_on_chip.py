@@ -291,7 +291,7 @@ def test_causal_persistent_deal_goes_in_l2_sections():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("D,section_mb", [(64, 1), (128, 2), (128, 32)])
-def test_l2_sections_deal_every_block_once(D, section_mb):
+def test_persistent_deal_in_l2_sections_computes_every_block_once(D, section_mb):
     """The causal persistent deal in L2 sections: small sections so that one launch holds several and the last is
     short (2 x 5 heads of 1111 keys, ~0.3 / 0.6 MB of K/V each: sections of 3, 3, 3, 1 heads; 32 MB: one of 10),
     every block computed once into NaN-poisoned outputs."""
