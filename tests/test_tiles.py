@@ -3,7 +3,8 @@
 descending run of slots, and no slot is loaded that no warpgroup visits."""
 import pytest
 
-from dsv4lib.kernels.tiles import SKIPPED, tile_plan, warpgroup_slots
+from dsv4lib.kernels.tiles import (SKIPPED, deal_order, dynamic_deal_makespan, section_width, tile_plan,
+                                  warpgroup_slots)
 
 
 @pytest.mark.parametrize("tile_m", [128, 192])
@@ -27,3 +28,32 @@ def test_each_warpgroup_visits_its_own_rows_tiles(tile_m, seqlen_q, seqlen_k, wi
     if (seqlen_q, window) == (2048, 128):
         per_64 = sum(warpgroup_slots(b, tile_m, 64, 2048, 2048, window=128)[1] for b in range(4, 8)) / (4 * tile_m / 64)
         assert per_64 == (5 / 3 if tile_m == 192 else 2)
+
+
+@pytest.mark.parametrize("m_blocks,heads,batch,width", [(43, 16, 4, 16), (43, 16, 4, 0), (9, 5, 2, 3), (9, 5, 2, 10),
+                                                        (7, 3, 1, 4), (64, 16, 2, 6)])
+def test_deal_order_covers_every_block_once_longest_first_in_a_section(m_blocks, heads, batch, width):
+    """The causal deal in L2 sections (the sm90 scheduler's ``work_coords`` in Python): every (block, head, batch)
+    exactly once; inside a section (``width`` heads, the last one short) the blocks never grow longer."""
+    order = deal_order(m_blocks, heads, batch, width=width)
+    assert sorted(order) == sorted((m, h, b) for m in range(m_blocks) for h in range(heads) for b in range(batch))
+    per_section = m_blocks * (width or 1)
+    for start in range(0, len(order), per_section):
+        blocks = [m for m, _, _ in order[start:start + per_section]]
+        assert blocks == sorted(blocks, reverse=True), start
+
+
+def test_sections_shorten_the_causal_tail():
+    """Why the causal D1 deal goes in sections (hd64 B4 H16 S8192, 192 x 128 tiles, 132 CTAs, a block's cost its
+    key tiles + 1): one head at a time ends with the last head's longest block dealt ~42 items before the end, a
+    tail of over 2 % — a 16-head section (32 MB of K/V) ends on its shortest blocks, within 0.5 % of the work / CTAs
+    bound."""
+    m_blocks, tile_m, tile_n, seqlen, heads_all, ctas = 43, 192, 128, 8192, 64, 132
+    width = section_width(32 << 20, seqlen, 64, heads_all)
+    assert width == 16
+    plan = tile_plan(seqlen, seqlen, tile_m, tile_n, causal=True)
+    cost = lambda m: int((plan[m] != SKIPPED).sum()) + 1
+    bound = sum(cost(m) for m in range(m_blocks)) * heads_all / ctas
+    one_head = dynamic_deal_makespan([cost(m) for m, _, _ in deal_order(m_blocks, heads_all)], ctas)
+    sections = dynamic_deal_makespan([cost(m) for m, _, _ in deal_order(m_blocks, heads_all, width=width)], ctas)
+    assert one_head > 1.02 * bound and sections < 1.005 * bound, (one_head / bound, sections / bound)

@@ -58,3 +58,40 @@ def warpgroup_slots(m_block: int, tile_m: int, tile_n: int, seqlen_q: int, seqle
         lead = top - hi if visits > 0 else top - bottom
         parts.append((lead, visits, top - bottom - lead - visits))
     return top, top - bottom, parts
+
+
+def section_width(l2_section_bytes: int, seqlen_k: int, head_dim: int, heads_all: int) -> int:
+    """Heads in one L2 section of the causal deal (the sm90 scheduler's rule): as many as the section's bytes hold
+    of K and V (``seqlen_k · head_dim`` bf16 each a head), at least one, at most all of them."""
+    return min(max(l2_section_bytes // max(seqlen_k * head_dim * 4, 1), 1), heads_all)
+
+
+def deal_order(m_blocks: int, heads: int, batch: int = 1, *, longest_first: bool = True,
+               width: int = 0) -> list[tuple[int, int, int]]:
+    """The persistent scheduler's ``work_coords`` for every work index: ``(m_block, head, batch)`` in the order the
+    items are dealt.  ``width`` 0: one head at a time (its blocks in a row); else sections of ``width`` heads, the
+    head fastest inside a section (the last section may hold fewer).  ``longest_first``: a head's last query blocks
+    (the most keys under a causal mask) first."""
+    heads_all = heads * batch
+    order = []
+    for work in range(m_blocks * heads_all):
+        m, head_batch = work % m_blocks, work // m_blocks
+        if width:
+            first = work // (m_blocks * width) * width
+            in_section = work - first * m_blocks
+            m = in_section // min(width, heads_all - first)
+            head_batch = first + in_section - m * min(width, heads_all - first)
+        if longest_first:
+            m = m_blocks - 1 - m
+        order.append((m, head_batch % heads, head_batch // heads))
+    return order
+
+
+def dynamic_deal_makespan(costs: list[float], ctas: int) -> float:
+    """When the last of ``ctas`` CTAs finishes if each takes the next item (of cost ``costs[i]``, in that order) as
+    soon as it is free — the dynamic deal's timing model: no overlap between items, no L2 effects."""
+    import heapq
+    free = [0.0] * ctas
+    for cost in costs:
+        heapq.heapreplace(free, free[0] + cost)
+    return max(free)
