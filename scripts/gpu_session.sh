@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # One device-tool call that does a session's GPU work and brings everything back in ONE archive:
-#   run  carry [".device-a", ".device-b", ".device-c"]   (66.8 MB with the tree: under the 64 MiB limit)
+#   run  carry [".device-a/activate.sh", ".device-a/kernels.tar.xz", ".device-b", ".device-c"]  (tests, probes: ~62 MB)
+#        — the pipeline also needs ".device-a/notebook.tar.xz": all three bundles whole with the tree (~67.6 MB, session
+#        44) no longer fit the 64 MiB; carry it in a second call while the machine is warm, or cold: .device-a whole +
+#        .device-b (~66.7 MB) and .device-c in the next call (FA4's tvm_ffi lives in .device-b: D6 / D7 need it too)
 #        command: bash scripts/gpu_session.sh <commit> [what ...]
 #   <commit>: this machine's `git rev-parse --short HEAD`, written into the command as a literal — on a warm device
 #   machine `$(git rev-parse ...)` read the first call's commit again (session 30: two later calls were stamped with it)
