@@ -87,11 +87,16 @@ def deal_order(m_blocks: int, heads: int, batch: int = 1, *, longest_first: bool
     return order
 
 
-def dynamic_deal_makespan(costs: list[float], ctas: int) -> float:
-    """When the last of ``ctas`` CTAs finishes if each takes the next item (of cost ``costs[i]``, in that order) as
-    soon as it is free — the dynamic deal's timing model: no overlap between items, no L2 effects."""
+def dynamic_deal_finish_times(costs: list[float], ctas: int) -> list[float]:
+    """When each of ``ctas`` CTAs finishes (ascending) if each takes the next item (of cost ``costs[i]``, in that
+    order) as soon as it is free — the dynamic deal's timing model: no overlap between items, no L2 effects."""
     import heapq
     free = [0.0] * ctas
     for cost in costs:
         heapq.heapreplace(free, free[0] + cost)
-    return max(free)
+    return sorted(free)
+
+
+def dynamic_deal_makespan(costs: list[float], ctas: int) -> float:
+    """When the last CTA of :func:`dynamic_deal_finish_times` finishes."""
+    return dynamic_deal_finish_times(costs, ctas)[-1]
