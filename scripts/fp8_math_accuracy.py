@@ -10,7 +10,9 @@
 
 Queries: e4m3 nope dims with a UE8M0 scale per 64 dims (``reference.quant.fp8_math_queries``), rope dims bf16; keys
 cache-quantized (``reference.model1``).  Attention in float64 over the approximated operands against the exact one
-over the same cached keys (the bf16 path's reference); cosine and the worst row's relative error.  Two key
+over the same cached keys (the bf16 path's reference); cosine and the worst row's relative error.  A third design (session 44) also runs the nope part of PV on e4m3
+operands: the cache's codes as V, P rounded to e4m3 per 64-column output block with the keys' block scales folded in
+(``_attention_fp8_pv``).  Two key
 distributions (Gaussian; Student-t with 3 degrees of freedom: heavy-tailed blocks, large gaps between a key's block
 scales) and two query scales (1: near-uniform attention; 4: peaked).
 
@@ -63,9 +65,13 @@ def main():
             q = q.bfloat16().double()
             exact = reference.sparse_attention(q, keys, idx, sink=sink)
             q8 = fp8_math_queries(q, BLOCK)
-            for design, k in (("per-block", keys), ("one-scale", rebased)):
-                # scores from the approximated operands; PV (and so V) stays the cached keys in bf16 math
-                approx = _attention_scores_from(q8, k, keys, idx, sink)
+            for design, k in (("per-block", keys), ("one-scale", rebased), ("per-block + e4m3 PV", keys)):
+                # scores from the approximated operands; PV (and so V) stays the cached keys in bf16 math — or, in
+                # the last design, runs on the cache's e4m3 codes with P quantized per output block
+                if design.endswith("PV"):
+                    approx = _attention_fp8_pv(q8, keys, records, idx, sink)
+                else:
+                    approx = _attention_scores_from(q8, k, keys, idx, sink)
                 print(json.dumps({"keys": dist, "q_scale": q_scale, "design": design,
                                   "cosine": round(metrics.cosine(approx, exact), 7),
                                   "row_rel_err_worst": round(metrics.row_rel_err_worst(approx, exact), 4),
@@ -83,6 +89,31 @@ def _attention_scores_from(q, k_scores, v, idx, sink):
     p = torch.exp(s - m[..., None])
     denom = p.sum(-1) + torch.exp(sink[None, :] - m)
     return torch.einsum("qhk,qkd->qhd", p, vv) / denom[..., None]
+
+
+def _attention_fp8_pv(q, keys, records, idx, sink, tile: int = 64):
+    """:func:`_attention_scores_from` (per-block scores) with the nope part of PV on e4m3 operands (docs/tuning/
+    d2_d6.md, session 44): the cache's codes as V, and per 64-key tile and 64-column output block b the weights
+    ``P · 2^(e[k, b] - E_b)`` (E_b: the tile's largest exponent of block b) rounded to e4m3 after a fixed x448 (P ≤ 1
+    after the max subtraction), the block's result times 2^E_b.  The rope columns and the row sums keep P exact."""
+    scale = 512 ** -0.5
+    kk = keys[idx.long()]                                                          # [Sq, K, 512]
+    s = torch.einsum("qhd,qkd->qhk", q, kk) * scale
+    m = torch.maximum(s.amax(-1), sink[None, :])
+    p = torch.exp(s - m[..., None])                                                # [Sq, H, K]
+    denom = p.sum(-1) + torch.exp(sink[None, :] - m)
+    exps = (records[:, 576:583].long() - 127)[idx.long()].double()               # [Sq, K, 7]
+    codes = kk[..., :NOPE].unflatten(-1, (7, BLOCK)) / torch.pow(2.0, exps)[..., None]   # [Sq, K, 7, 64] e4m3 values
+    out = torch.zeros(*q.shape[:2], 512, dtype=torch.float64)
+    out[..., NOPE:] = torch.einsum("qhk,qkd->qhd", p, kk[..., NOPE:])
+    for t0 in range(0, idx.shape[1], tile):
+        e = exps[:, t0:t0 + tile]                                                  # [Sq, T, 7]
+        top = e.amax(1, keepdim=True)                                              # [Sq, 1, 7]
+        p_b = p[:, :, t0:t0 + tile, None] * torch.pow(2.0, e - top)[:, None]      # [Sq, H, T, 7]
+        p_b = (p_b * 448).float().to(torch.float8_e4m3fn).double() / 448
+        part = torch.einsum("qhkb,qkbd->qhbd", p_b, codes[:, t0:t0 + tile]) * torch.pow(2.0, top)[:, 0, None, :, None]
+        out[..., :NOPE] += part.flatten(-2)
+    return out / denom[..., None]
 
 
 if __name__ == "__main__":
