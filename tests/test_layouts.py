@@ -39,6 +39,22 @@ def test_rs_bf16_is_a_free_register_review_and_fp8_is_not():
 
 
 @pytest.mark.compile
+def test_fp8_rs_operand_draws_each_register_from_two_lanes_of_its_quad():
+    """What an FP8 P (docs/tuning/d2_d6.md, the FP8 PV design) must shuffle: every 4-byte A-operand register of the
+    e4m3 RS wgmma holds two values from each of two threads of the same quad — quad-local shuffles, two source
+    lanes a register."""
+    import numpy as np
+    fp8 = pv_operand_mapping("sm_90a", "rs", head_dim=128, tile_n=64, dtype="fp8")
+    T, V = fp8.dest.shape
+    source = np.zeros((T, V), dtype=np.int64)                  # the accumulator thread of each A slot
+    for (t_acc, _), slot in np.ndenumerate(fp8.dest):
+        source[slot % T, slot // T] = t_acc
+    assert (source // 4 == np.arange(T)[:, None] // 4).all()
+    per_register = source.reshape(T, V // 4, 4)
+    assert all(sorted(np.unique(r, return_counts=True)[1].tolist()) == [2, 2] for row in per_register for r in row)
+
+
+@pytest.mark.compile
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 def test_element_unit_swizzle_is_the_trap(arch):
     """Indexing make_tensor(ptr, sP) applies S<3,4,3> to element offsets; the hardware swizzles bytes."""
