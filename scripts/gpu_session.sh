@@ -57,6 +57,10 @@ for w in $what; do
               python -m dsv4lib.workbook.gpu_tests "$out/logs/summary.json" >/dev/null   # stages/gpu_tests/<gpu>.json
               tail -n 12 "$out/logs/gpu_check.txt" ;;
     pipeline) run_stages "" pipeline "${PIPELINE_TIMEOUT:-330}" 200 ;;
+    # groups=persistent,d1: only those gpu_check.sh groups (no stages/gpu_tests record: that is a whole run's)
+    groups=*) OUT="$out/logs" GROUP_TIMEOUT=${GROUP_TIMEOUT:-300} PARALLEL=${PARALLEL:-2} \
+                bash scripts/gpu_check.sh $(echo "${w#groups=}" | tr , ' ') > "$out/logs/gpu_check.txt" 2>&1
+              tail -n 8 "$out/logs/gpu_check.txt" ;;
     # the whole pipeline ran past 560 s on the H100 in session 31: two calls, each bringing its results back (the
     # second call's tree re-sync overwrites the first's stages/results: merge the two archives' rows on this side)
     pipeline1) run_stages 00-env,D0-ref,D1,D1.3,D2 "$w" 560 250 ;;
