@@ -3,8 +3,8 @@
 descending run of slots, and no slot is loaded that no warpgroup visits."""
 import pytest
 
-from dsv4lib.kernels.tiles import (SKIPPED, deal_order, dynamic_deal_makespan, section_width, tile_plan,
-                                  warpgroup_slots)
+from dsv4lib.kernels.tiles import (SKIPPED, block_costs, deal_order, dynamic_deal_makespan, section_width,
+                                  tile_plan, warpgroup_slots)
 
 
 @pytest.mark.parametrize("tile_m", [128, 192])
@@ -48,12 +48,12 @@ def test_sections_shorten_the_causal_tail():
     key tiles + 1): one head at a time ends with the last head's longest block dealt ~42 items before the end, a
     tail of over 2 % — a 16-head section (32 MB of K/V) ends on its shortest blocks, within 0.5 % of the work / CTAs
     bound."""
-    m_blocks, tile_m, tile_n, seqlen, heads_all, ctas = 43, 192, 128, 8192, 64, 132
-    width = section_width(32 << 20, seqlen, 64, heads_all)
+    from dsv4lib.kernels.sm90.config import CAUSAL_L2_SECTION_MB
+    tile_m, tile_n, seqlen, heads_all, ctas = 192, 128, 8192, 64, 132
+    width = section_width(CAUSAL_L2_SECTION_MB << 20, seqlen, 64, heads_all)
     assert width == 16
-    plan = tile_plan(seqlen, seqlen, tile_m, tile_n, causal=True)
-    cost = lambda m: int((plan[m] != SKIPPED).sum()) + 1
-    bound = sum(cost(m) for m in range(m_blocks)) * heads_all / ctas
-    one_head = dynamic_deal_makespan([cost(m) for m, _, _ in deal_order(m_blocks, heads_all)], ctas)
-    sections = dynamic_deal_makespan([cost(m) for m, _, _ in deal_order(m_blocks, heads_all, width=width)], ctas)
+    cost = block_costs(tile_plan(seqlen, seqlen, tile_m, tile_n, causal=True))
+    bound = sum(cost) * heads_all / ctas
+    one_head = dynamic_deal_makespan([cost[m] for m, _, _ in deal_order(len(cost), heads_all)], ctas)
+    sections = dynamic_deal_makespan([cost[m] for m, _, _ in deal_order(len(cost), heads_all, width=width)], ctas)
     assert one_head > 1.02 * bound and sections < 1.005 * bound, (one_head / bound, sections / bound)

@@ -78,13 +78,19 @@ def deal_order(m_blocks: int, heads: int, batch: int = 1, *, longest_first: bool
         m, head_batch = work % m_blocks, work // m_blocks
         if width:
             first = work // (m_blocks * width) * width
-            in_section = work - first * m_blocks
-            m = in_section // min(width, heads_all - first)
-            head_batch = first + in_section - m * min(width, heads_all - first)
+            here = min(width, heads_all - first)                  # the last section may hold fewer heads
+            m, head_in_section = divmod(work - first * m_blocks, here)
+            head_batch = first + head_in_section
         if longest_first:
             m = m_blocks - 1 - m
         order.append((m, head_batch % heads, head_batch // heads))
     return order
+
+
+def block_costs(plan: np.ndarray) -> list[int]:
+    """The deal model's cost of each query block of a :func:`tile_plan`: the key tiles it visits, + 1 for the item's
+    fixed part (Q load, first QK, epilogue)."""
+    return [int((row != SKIPPED).sum()) + 1 for row in plan]
 
 
 def dynamic_deal_finish_times(costs: list[float], ctas: int) -> list[float]:
