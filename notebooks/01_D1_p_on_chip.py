@@ -240,6 +240,37 @@ if speed:
     fig.tight_layout()
 
 # %% [markdown]
+# ## How the causal blocks are dealt: L2 sections of heads, longest first
+# Under a causal mask the last query blocks of a head see the most keys.  The persistent CTAs take their next block
+# from a global counter, so the order of the blocks decides how the launch ends.  One head at a time (a head's
+# blocks longest first, then the next head's) deals the *last* head's longest block only `m_blocks - 1` items before
+# the end: one CTA starts a whole row of keys while the others run dry.  The kernel deals the heads in **sections**
+# whose K/V fill 32 MB of the 50 MB L2 (`CAUSAL_L2_SECTION_MB`), the head fastest inside a section, so every
+# section goes longest first across all its heads and the launch ends on its shortest blocks; the section still
+# fits the L2 that the CTAs running at once share (one section for the whole launch thrashes it).  The plot is the
+# scheduler's order in Python (`kernels.tiles.deal_order`) under a simple timing model (a block costs its key tiles
+# + 1): each CTA's finish time over the work / CTAs bound.  Measured on an H100 (`docs/tuning/d1_d5.md`, session 44):
+# hd64 causal +4-7 %, hd128 +2-4 %; FA4's Hopper scheduler sections its heads the same way.
+
+# %%
+from dsv4lib.kernels.sm90.config import CAUSAL_L2_SECTION_MB
+from dsv4lib.kernels.tiles import block_costs, deal_order, dynamic_deal_finish_times, section_width, tile_plan
+
+block_cost = block_costs(tile_plan(8192, 8192, 192, 128, causal=True))    # hd64 B4 H16 S8192: 192 x 128 tiles
+heads_all, ctas = 4 * 16, 132
+bound = sum(block_cost) * heads_all / ctas
+fig, ax = plt.subplots(figsize=(8, 3.2))
+for label, width in [("one head at a time", 0),
+                     (f"{CAUSAL_L2_SECTION_MB} MB sections", section_width(CAUSAL_L2_SECTION_MB << 20, 8192, 64, heads_all))]:
+    order = deal_order(len(block_cost), heads_all, width=width)
+    finish = np.array(dynamic_deal_finish_times([block_cost[m] for m, _, _ in order], ctas)) / bound
+    ax.plot(finish, label=f"{label}: last CTA at {finish[-1]:.3f}")
+ax.axhline(1.0, color="gray", lw=0.8)
+ax.set_xlabel("CTA (by finish time)"); ax.set_ylabel("finish / (work / CTAs)")
+ax.set_title("Causal hd64 S8192, 132 persistent CTAs: the deal's tail (model)"); ax.legend()
+fig.tight_layout()
+
+# %% [markdown]
 # ## What limits us (H200 measurements; the full log: `docs/tuning/d1_d5.md`)
 # * **Registers.** Two consumer warpgroups get 240 registers each after `setmaxnreg` (the producer keeps 24);
 #   ptxas reports no spills for the 128-row tiles at hd 64/128/256.  FA4's hd64 tile is 192 rows (three consumer

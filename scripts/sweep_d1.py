@@ -8,7 +8,8 @@ stage's timing), per head dim on its D1 sweep shape; each variant is the shipped
   hd64  (shipped: 192 x 128 tiles, persistent + dynamic, O in its Q stage, the three consumer warpgroups taking
         turns — wg_pingpong, session 34): --sections (as at hd128); pvwait, early, stages3, m128_n192 (session 32), pvmax,
         m192_plain, pingpong_early (session 34) lost — docs/tuning/d1_d5.md
-  hd256 (shipped: 80-key tiles + early rescale, one block per CTA): pingpong; pvwait / n64 / n64_pvwait (session 32)
+  hd256 (shipped: 80-key tiles + early rescale, one block per CTA; causal: the ping-pong, the grid in L2 sections):
+        --sections 0,16,64 (0: the old grid order); pingpong; pvwait / n64 / n64_pvwait (session 32)
 
 Each variant must match the shipped output (asserted: max |diff| within bf16 rounding of the same math, the tile
 width changes the softmax's summation order).  ``--check`` compiles every variant for sm_90a on this machine

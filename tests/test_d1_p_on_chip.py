@@ -273,28 +273,30 @@ def test_schedule_knobs_match_the_reference(D, knobs, causal, window):
 
 
 def test_causal_persistent_deal_goes_in_l2_sections():
-    """Causal D1 at hd64 / hd128 deals its blocks in L2 sections of heads (longest first across a section); nothing
-    else does, and the knob refuses builds it does not order."""
+    """Causal D1 deals its blocks in L2 sections of heads (longest first across a section: persistent CTAs at hd64 /
+    hd128, the one-block-a-CTA grid's order at hd256); nothing else does, and the knob refuses builds it does not
+    order."""
     from dsv4lib.kernels.sm90.config import CAUSAL_L2_SECTION_MB, Sm90FwdConfig
-    for D in (64, 128):
+    for D in (64, 128, 256):
         assert Sm90FwdConfig.for_problem(D, causal=True, gpu_name="H100").l2_section_mb == CAUSAL_L2_SECTION_MB
         assert Sm90FwdConfig.for_problem(D, causal=False, gpu_name="H100").l2_section_mb == 0
         assert Sm90FwdConfig.for_problem(D, causal=True, split_kv=True, gpu_name="H100").l2_section_mb == 0
         assert Sm90FwdConfig.for_problem(D, causal=True, window=100, gpu_name="H100").l2_section_mb == 0
         assert Sm90FwdConfig.for_problem(D, causal=True, gpu_name="A100").l2_section_mb == 0   # not persistent there
+    assert not Sm90FwdConfig.for_problem(256, causal=True, gpu_name="H100").persistent
     causal_64 = Sm90FwdConfig.for_problem(64, causal=True, gpu_name="H100")
-    for bad in (dict(causal=False), dict(persistent=False, dynamic_schedule=False, o_in_q_stage=False,
-                                         wg_pingpong=False), dict(window=True)):
+    for bad in (dict(causal=False), dict(window=True), dict(split_kv=True, persistent=False, dynamic_schedule=False,
+                                                            o_in_q_stage=False)):
         with pytest.raises(ValueError, match="l2_section_mb"):
             causal_64.replace(**bad)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("D,section_mb", [(64, 1), (128, 2), (128, 32)])
+@pytest.mark.parametrize("D,section_mb", [(64, 1), (128, 2), (128, 32), (256, 4)])
 def test_persistent_deal_in_l2_sections_computes_every_block_once(D, section_mb):
-    """The causal persistent deal in L2 sections: small sections so that one launch holds several and the last is
-    short (2 x 5 heads of 1111 keys, ~0.3 / 0.6 MB of K/V each: sections of 3, 3, 3, 1 heads; 32 MB: one of 10),
-    every block computed once into NaN-poisoned outputs."""
+    """The causal deal in L2 sections: small sections so that one launch holds several and the last is short (2 x 5
+    heads of 1111 keys, ~0.3 / 0.6 / 1.1 MB of K/V each: sections of 3, 3, 3, 1 heads; 32 MB: one of 10), every
+    block computed once into NaN-poisoned outputs — persistent CTAs (hd64, hd128) and the one-block grid (hd256)."""
     from _builds import run_config
     from dsv4lib.kernels.sm90.config import Sm90FwdConfig
     config = Sm90FwdConfig.for_problem(D, causal=True, gpu_name="H100").replace(l2_section_mb=section_mb)

@@ -46,8 +46,9 @@ class PersistentScheduler:
             # Over a section of heads the last items dealt are the section's shortest (LPT), and the section's K/V
             # (width heads x seqlen_k x D x 2 tensors x 2 B) still fits the L2 the CTAs running at once share.
             heads_all = n_heads * cute.size(mQ.shape[3])
-            kv_bytes = seqlen_k * (cute.size(mQ.shape[1]) * 4)
-            width = cutlass.min(cutlass.max(self.l2_section_bytes // cutlass.max(kv_bytes, 1), 1), heads_all)
+            # in 64-byte units, so that a head's K/V (seqlen_k x D x 4 B) stays within Int32 up to 2^27 keys
+            kv_units = seqlen_k * (cute.size(mQ.shape[1]) // 16)
+            width = cutlass.min(cutlass.max((self.l2_section_bytes // 64) // cutlass.max(kv_units, 1), 1), heads_all)
             section = work // (m_blocks * width)
             first = section * width
             width = cutlass.min(width, heads_all - first)           # the last section may hold fewer heads

@@ -153,11 +153,11 @@ def decode_splits(batch_ctas: int, n_tiles: int, sms: int, dequantizing: bool = 
     / 15.7 and 16.2 / 15.9 / 15.8 µs in two runs, H100, session 30); then only as many as get a tile
     (``nonempty_splits``)."""
     splits = 1
-    one_wave = batch_ctas <= (sms // 2 if dequantizing else sms // 4) or (dequantizing and n_tiles >= 16)
     # bf16 rows, long lists: a CTA's chain of ≥ 16 tiles is slower than the DRAM until the split grid passes ~3/4 of
     # the SMs (H100, probe_split_phases, 1152 keys, 2 splits against unsplit: 40 tokens 31.9 / 36.4 µs, 48 tokens
     # 35.1 / 38.1, 56 tokens 39.1 / 39.9 (past 3/4: left unsplit), 64 tokens 42.9 / 40.5; 48 × 640 keys 25.0 / 23.9)
-    one_wave = one_wave or (n_tiles >= 16 and 2 * batch_ctas <= 3 * sms // 4)
+    long_list_wave = n_tiles >= 16 and (dequantizing or 2 * batch_ctas <= 3 * sms // 4)
+    one_wave = batch_ctas <= (sms // 2 if dequantizing else sms // 4) or long_list_wave
     while (splits * 2 <= DECODE_MAX_SPLITS and n_tiles // (splits * 2) >= 1
            and batch_ctas * splits * 2 <= (sms if one_wave else sms // 2)):
         splits *= 2

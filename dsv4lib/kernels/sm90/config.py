@@ -76,8 +76,9 @@ class Sm90FwdConfig(_Config):
     warpgroup_tiles: bool = False   # each consumer warpgroup visits only its own rows' K/V tiles (small windows)
     o_in_q_stage: bool = False      # O staged in its item's dead Q stage, stored by an idle producer warp
     l2_hints: bool = False          # Q / O evict-first, K / V evict-last
-    l2_section_mb: int = 0          # causal persistent deal: heads in sections whose K/V fit this many MB of L2, the
-                                    # blocks of a section longest first across its heads (0: one head at a time)
+    l2_section_mb: int = 0          # causal deal: heads in sections whose K/V fit this many MB of L2, the blocks of
+                                    # a section longest first across its heads (0: one head at a time); persistent
+                                    # CTAs take the items in that order, a one-block-a-CTA build launches them so
     merge_slots: int = 0            # attention_branches' last branch: folds the fp32 partials of the branches before
                                     # it (workspace slots 0 .. n-1) into its rows before the epilogue (no combine)
 
@@ -128,8 +129,8 @@ class Sm90FwdConfig(_Config):
         if self.o_in_q_stage and not (self.persistent and not self.nvfp4_out):
             raise ValueError("o_in_q_stage stages a persistent CTA's bf16 O in its Q stage for a storer warp "
                              "(persistent=True, bf16 out)")
-        if self.l2_section_mb and not (self.persistent and self.causal and not self.window):
-            raise ValueError("l2_section_mb orders a persistent causal deal (persistent=True, causal, no window)")
+        if self.l2_section_mb and not (self.causal and not self.window and not self.split_kv):
+            raise ValueError("l2_section_mb orders a causal deal (causal, no window, no split_kv)")
         if self.l2_hints and not (self.warpgroup_tiles and self.o_in_q_stage):
             raise ValueError("l2_hints is built for the warpgroup-tiles producer and the o_in_q_stage storer")
         if self.merge_slots < 0 or (self.merge_slots and (self.split_kv or self.persistent or self.nvfp4_out)):
@@ -175,7 +176,7 @@ class Sm90FwdConfig(_Config):
 
 
 _PERSISTENT_ONLY = ("persistent", "dynamic_schedule", "warpgroup_tiles", "o_in_q_stage", "l2_hints", "num_sms",
-                    "l2_section_mb")
+                    "l2_section_mb")     # (l2_section_mb: dropped with split_kv; a one-block build sets it itself)
 
 
 def _without_persistence(sched: dict) -> dict:
@@ -210,8 +211,9 @@ _D1_CAUSAL_SCHEDULE: dict[int, dict] = {
     # (+2.1 to +2.9 % in three H100 runs; non-causal it ties or loses, so it stays at 128 keys)
     128: dict(_D1_SCHEDULE[128], tile_n=160, o_in_q_stage=True, l2_section_mb=CAUSAL_L2_SECTION_MB),
     # the two consumer warpgroups taking turns to issue their MMAs: 692 -> 709 TFLOP/s causal (FA4 748), where
-    # non-causal it lost 721 -> 710 (H100, scripts/sweep_d1.py, interleaved with FA4, session 37)
-    256: dict(_D1_SCHEDULE[256], wg_pingpong=True),
+    # non-causal it lost 721 -> 710 (H100, scripts/sweep_d1.py, interleaved with FA4, session 37); the one-block grid
+    # launched in the 32 MB L2 sections: 680 -> 696 TFLOP/s at B4 S8192 (FA4 716; H100, session 45, d1_d5.md)
+    256: dict(_D1_SCHEDULE[256], wg_pingpong=True, l2_section_mb=CAUSAL_L2_SECTION_MB),
 }
 # Windows of at most SMALL_WINDOW_MAX keys (D5a; docs/tuning/d5.md): a query tile visits 2-3 K/V tiles, the kernel
 # is bound by L2 re-reads of K/V, so each warpgroup visits only its own rows' tiles and a 192-row tile shares more

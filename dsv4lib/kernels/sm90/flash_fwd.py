@@ -124,6 +124,8 @@ class FlashAttentionForwardSm90(Sm90Epilogue):
         self.block_info = BlockInfo(tile_m=config.tile_m, tile_n=config.tile_n, causal=config.causal,
                                     has_window=config.window, pack_gqa=config.pack_gqa,
                                     warpgroup_tiles=config.warpgroup_tiles)
+        # a one-block-a-CTA causal build whose grid is the scheduler's sectioned order (1-D) instead of (m, head, batch)
+        self.sectioned_grid = config.l2_section_mb > 0 and not config.persistent
         self.scheduler = PersistentScheduler(tile_m=config.tile_m, longest_first=config.causal or config.window,
                                              l2_section_bytes=config.l2_section_mb << 20)
 
@@ -220,6 +222,8 @@ class FlashAttentionForwardSm90(Sm90Epilogue):
         if const_expr(self.split_kv):
             batch_and_splits = batch_and_splits * cute.size(mO.shape[4])
         grid = (cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m), cute.size(mQ.shape[2]), batch_and_splits)
+        if const_expr(self.sectioned_grid):
+            grid = (self.scheduler.work_items(mQ), 1, 1)         # block x = work item, in the scheduler's order
         if const_expr(self.persistent):
             grid = (persistent_grid(self.scheduler.work_items(mQ), self.num_sms), 1, 1)
             if const_expr(self.dynamic_schedule):            # every slot: the faster ones take more items
@@ -245,9 +249,12 @@ class FlashAttentionForwardSm90(Sm90Epilogue):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
-        if const_expr(self.causal):
+        if const_expr(self.sectioned_grid):
+            # blocks launch in index order: the scheduler's L2 sections, each longest first across its heads
+            m_block, head, batch = self.scheduler.work_coords(m_block, mQ, mK.shape[0])
+        elif const_expr(self.causal):
             # heaviest query blocks first (blocks launch x-fastest): causal work grows with m_block, and the blocks
-            # launched last should be the short ones, not the full-length rows of the last head
+            # launched last should be the short ones of the last head (not those of a whole section: see sectioned_grid)
             m_blocks, _, _ = cute.arch.grid_dim()
             m_block = m_blocks - 1 - m_block
         split = Int32(0)

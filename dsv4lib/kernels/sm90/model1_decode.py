@@ -459,8 +459,8 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
             peer_chunk_at = tuple(peer_address(a, peer) for a in chunk_at)
         if const_expr(self.peer_fp8):
             # the peer's rows of my row group and columns, in my buffer: it ships their e4m3 bytes, I convert them
-            peer_rows_at = tuple(kv_base + kv_chunk_offset(group + ROW_GROUPS * (self.convert_rows - first_k),
-                                                           2 * lane + c, 0) for c in range(2))
+            peer_rows_at = tuple(kv_base + kv_chunk_offset(group + self.peer_rows_past(first_k), 2 * lane + c, 0)
+                                 for c in range(2))
         slot = (group, lane, first_k, peer, chunk_at, peer_chunk_at, peer_rows_at)
         n_pairs = (tile_hi - tile_lo + 1) // 2
         key0 = tile_lo * TILE_N + tidx                                   # my key of pair 0
@@ -494,7 +494,7 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
                         part, scales = self.fetch_record(keys, key0 + (2 * p + 2) * TILE_N, key_end, next_indices)
                         next_indices = self.load_indices(keys, batch, token, key0 + (2 * p + 4) * TILE_N)
                 kv_pipes[2 * b + h].producer_acquire(state)
-                landed = kv_pipes[2 * b + h].producer_get_barrier(state)     # (read only with peer_fp8)
+                landed = None                                       # PEER_FP8 only
                 if const_expr(self.peer_fp8):
                     # my landed barrier of this half-tile: one arrival and the bytes of the peer's rows (none
                     # into a lone pair's pad); its phase completes once a pair, as the pipelines' do
@@ -543,6 +543,19 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         and copying on every row (with lane ``t % 16`` every warp did: right halves filled in ~4k SM clocks against
         ~2.5k for left ones, H100 trace of session 23)."""
         return tidx % ROW_GROUPS, tidx // ROW_GROUPS
+
+    def peer_rows_past(self, first_k, k=None):
+        """Rows from my row group's first row to the peer's ``k``-th one in a half-tile (or its first) — the crossover:
+        each CTA loads ``convert_rows`` of a row group's rows (from ``first_k`` on), its peer the other ones."""
+        if k is None:
+            return ROW_GROUPS * (self.convert_rows - first_k)
+        return ROW_GROUPS * (self.convert_rows - first_k + k)
+
+    @staticmethod
+    def row_step(k: int, h: int, b) -> int:
+        """Bytes from a thread's first row chunk to its ``k``-th row's in half-tile (b, h): rows 8 apart, the half's
+        column atoms, the stage — a constant the stores carry as an immediate offset."""
+        return kv_chunk_offset(ROW_GROUPS * k, 32 * h, b) - kv_chunk_offset(0, 0, 0)
 
     def peer_fp8_bytes(self, h: int) -> int:
         """``PEER_FP8``: bytes the peer CTA stores into my half-tile of column half ``h`` — its 32 rows' e4m3 bytes of
@@ -607,7 +620,7 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         col = h * HALF + lane * COLS_PER_THREAD
         scales = cute.make_rmem_tensor((self.convert_rows,), Uint32)
         for k in cutlass.range_constexpr(self.convert_rows):
-            key = b * TILE_N + group + ROW_GROUPS * (self.convert_rows - first_k + k)
+            key = b * TILE_N + group + self.peer_rows_past(first_k, k)
             scales[k] = Uint32(scale_of[col // 64, key, buf])
         if self.largest_scale(scales) <= Uint32(PLACED_SCALE_MAX):
             self.convert_landed_rows(peer_rows_at, scales, b, h, True)
@@ -627,7 +640,7 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
                             placed: cutlass.Constexpr):
         """:meth:`convert_peer_rows`' rows: each 16-byte chunk 1 read, converted, written back as chunks 0 and 1."""
         for k in cutlass.range_constexpr(self.convert_rows):
-            step = kv_chunk_offset(ROW_GROUPS * k, 32 * h, b) - kv_chunk_offset(0, 0, 0)
+            step = self.row_step(k, h, b)
             w = ld_shared_v4(rows_at[1], step)
             out = cute.make_rmem_tensor((8,), Uint32)                              # 16 bf16
             self.convert_row(w[0], w[1], w[2], w[3], scales[k], out, placed)
@@ -681,10 +694,9 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
             if rope:
                 self.copy_rope(records, buf, b, r, lane, col, sKV, copy_atom)
                 if const_expr(self.crossover):        # the peer's row of the same k
-                    self.copy_rope(records, buf, b, group + ROW_GROUPS * (self.convert_rows - first_k + k), lane,
-                                   col, sKV, copy_atom)
+                    self.copy_rope(records, buf, b, group + self.peer_rows_past(first_k, k), lane, col, sKV, copy_atom)
             else:
-                step = kv_chunk_offset(ROW_GROUPS * k, 32 * h, b) - kv_chunk_offset(0, 0, 0)
+                step = self.row_step(k, h, b)
                 if const_expr(self.peer_fp8):
                     # the row's e4m3 bytes into the peer, where its bf16 chunk 1 goes there (converted in place)
                     st_async_v4(peer_chunk_at[1], (raw[k, 0], raw[k, 1], raw[k, 2], raw[k, 3]), peer_full, step)
