@@ -169,6 +169,8 @@ for w in $what; do
     d7slotstrace) { for v in full two_slots; do timeout 110 python scripts/probe_d7.py --shapes 3,4096x128x128x1024 \
                   --variants $v --trace; done; } 2>&1 | tee "$out/logs/d7slotstrace.txt" | tail -n 40 ;;
     ncu1)     run_ncu d1 2 scripts/ncu_d1.py 64 ;;
+    # ncu1=256,0: another D1 head dim and mask (D,CAUSAL), ours then FA4
+    ncu1=*)   run_ncu "d1_$(echo "${w#ncu1=}" | tr , _)" 2 scripts/ncu_d1.py $(echo "${w#ncu1=}" | tr , ' ') ;;
     ncu6)     run_ncu d6 2 scripts/ncu_d6.py 15 ;;
     bench)    { timeout 120 python scripts/bench_sparse.py; timeout 60 python scripts/bench_nvfp4.py;
                 timeout 120 python scripts/quick_bench.py 64 128 256; } 2>&1 | grep "{" > "$out/logs/bench.txt"

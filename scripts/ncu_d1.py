@@ -1,11 +1,11 @@
-"""D1's worst shape for Nsight Compute: hd64 causal, B4 H16 S8192 — ours (``dsv4lib.attention``, one split) and
+"""A D1 shape for Nsight Compute (default hd64 causal; ``ncu_d1.py D CAUSAL``, e.g. ``256 0``), B4 H16 S8192 — ours (``dsv4lib.attention``, one split) and
 FA4's ``flash_attn_func`` on the same inputs, each warmed up outside the profiled range, then one call of each inside
 ``cudaProfilerStart`` / ``Stop`` (ours first, then FA4).
 
     ncu --profile-from-start off --launch-count 2 --set full -f -o OUT/d1 python scripts/ncu_d1.py
     ncu -i OUT/d1.ncu-rep --page source --print-source sass --csv > OUT/d1_sass.csv
 
-(``gpu_session.sh <sha> ncu1`` runs both.)"""
+(``gpu_session.sh <sha> ncu1`` runs both; ``ncu1=256,0`` another head dim / mask.)"""
 
 import sys
 
@@ -16,11 +16,12 @@ import dsv4lib
 from dsv4lib.bench.peers import attention_peers
 
 D = int(sys.argv[1]) if len(sys.argv) > 1 else 64
+causal = bool(int(sys.argv[2])) if len(sys.argv) > 2 else True
 B, H, S = 4, 16, 8192
 gen = torch.Generator(device="cuda").manual_seed(0)
 q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
-calls = {"ours": lambda: dsv4lib.attention(q, k, v, causal=True, num_splits=1)}
+calls = {"ours": lambda: dsv4lib.attention(q, k, v, causal=causal, num_splits=1)}
 fa4 = attention_peers().get("FA4")
 if fa4 is not None:
-    calls["FA4"] = lambda: fa4(q, k, v, causal=True)
+    calls["FA4"] = lambda: fa4(q, k, v, causal=causal)
 profile_once(calls)
