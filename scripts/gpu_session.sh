@@ -86,6 +86,11 @@ for w in $what; do
     d1s256)   { for shape in 4x8192 2x16384 8x4096; do
                   timeout 150 python scripts/sweep_d1.py --head-dim 256 --causal 1 --sections 0,16,64 --shape $shape
                 done; } 2>&1 | tee "$out/logs/d1s256.txt" | grep "^{\|refused\|Error\|error" | tail -n 20 ;;
+    # the PV wait below the softmax (pv_wait_block) at hd256 both masks and hd64 non-causal, FA4 in the same run (~4 min)
+    d1pvwait) { timeout 150 python scripts/sweep_d1.py --head-dim 256 --causal both --shape 4x8192;
+                timeout 120 python scripts/sweep_d1.py --head-dim 256 --causal 0 --shape 8x4096;
+                timeout 120 python scripts/sweep_d1.py --head-dim 64 --causal 0 --shape 4x8192; } 2>&1 \
+                | tee "$out/logs/d1pvwait.txt" | grep "^{\|refused\|Error\|error" | tail -n 12 ;;
     d1)       { timeout 240 python scripts/sweep_d1.py --head-dim 64 --causal 1;
                 timeout 240 python scripts/sweep_d1.py --head-dim 256 --causal 1; } 2>&1 | tee "$out/logs/d1.txt" \
                 | grep "^{\|refused" ;;

@@ -30,8 +30,11 @@ from dsv4lib.ops.attention import launch
 
 VARIANTS = {
     128: {"default": {}},
-    64: {"default": {}},
-    256: {"default": {}, "pingpong": dict(wg_pingpong=True)},
+    64: {"default": {}, "pvwait": dict(pv_wait_block=True)},
+    # pvwait: the PV wait below the softmax (ncu, session 45: without it ptxas hoists the wait above the softmax,
+    # 94k of 565k warp samples at hd256 non-causal, where FA4 waits after the row max and a third of the exp2s)
+    256: {"default": {}, "pingpong": dict(wg_pingpong=True), "pvwait": dict(pv_wait_block=True),
+          "pp_pvwait": dict(wg_pingpong=True, pv_wait_block=True)},
 }
 B, H, S = 4, 16, 8192                   # the D1 stage's speed shape at every head dim
 
