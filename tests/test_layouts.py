@@ -136,3 +136,33 @@ def test_sm100_hd512_tmem_plan():
     from dsv4lib.layouts import tmem_plan
     checks = tmem_plan().checks()
     assert all(checks.values()), checks
+
+
+@pytest.mark.compile
+def test_f16_and_bf16_wgmmas_share_one_accumulator_and_one_a_operand_layout():
+    """The f16-MMA plan for the FP8-cache decode (docs/tuning/d7.md, session 45): QK as an f16 wgmma over the 448
+    nope dims and a bf16 one over the 64 rope dims into the SAME fp32 accumulator, P converted twice for the PV.
+    That needs the two MMAs' C layouts (who holds which score) and their register A-operand layouts (which P value
+    sits in which register) to be identical — as real CuTeDSL tiled MMAs say they are."""
+    import cutlass
+    import cutlass.cute as cute
+    import cutlass.utils.hopper_helpers as sm90_utils
+    from cutlass.cute.nvgpu import OperandMajorMode, warpgroup
+
+    from dsv4lib.layouts.trace import eval_tv, run_traced
+
+    def build():
+        tables = {}
+        for name, ab in (("f16", cutlass.Float16), ("bf16", cutlass.BFloat16)):
+            qk = sm90_utils.make_trivial_tiled_mma(ab, ab, OperandMajorMode.K, OperandMajorMode.K, cutlass.Float32,
+                                                   (1, 1, 1), (64, 64))
+            pv = sm90_utils.make_trivial_tiled_mma(ab, ab, OperandMajorMode.K, OperandMajorMode.MN, cutlass.Float32,
+                                                   (1, 1, 1), (64, 256), a_source=warpgroup.OperandSource.RMEM)
+            tv_c, tv_a = qk.tv_layout_C_tiled, pv.tv_layout_A_tiled
+            tables[name] = (eval_tv(tv_c, cute.size(tv_c, mode=[0]), cute.size(tv_c, mode=[1])),
+                            eval_tv(tv_a, cute.size(tv_a, mode=[0]), cute.size(tv_a, mode=[1])))
+        return tables
+    got = run_traced(build, "sm_90a")
+    (c16, a16), (cb, ab) = got["f16"], got["bf16"]
+    assert c16.shape == cb.shape == (128, 32) and np.array_equal(c16, cb)
+    assert a16.shape == ab.shape and np.array_equal(a16, ab)
