@@ -81,8 +81,8 @@ for w in $what; do
                   timeout 100 python scripts/sweep_d1.py --head-dim 128 --causal 1 --sections ${SEC128:-8,16,24,32} --shape $shape
                 done; [ -n "${NOSPLIT:-}" ] || timeout 150 python scripts/probe_split_phases.py --tokens 56,48,40 --keys 1152 --splits 2 --no-twice
                 } 2>&1 | tee "$out/logs/d1sections.txt" | grep "^{\|refused\|tokens\|Error\|error" | tail -n 20 ;;
-    # candidates/d1_sections_hd256.patch: hd256 causal (one block a CTA) launched in L2 sections (its default with
-    # the patch) against the old grid order (sections0) and other sizes, FA4 in the same run, three shapes, ~3 min
+    # hd256 causal (one block a CTA) launched in L2 sections (its default since session 45) against the old grid
+    # order (sections0) and other sizes, FA4 in the same run, three shapes, ~3 min
     d1s256)   { for shape in 4x8192 2x16384 8x4096; do
                   timeout 150 python scripts/sweep_d1.py --head-dim 256 --causal 1 --sections 0,16,64 --shape $shape
                 done; } 2>&1 | tee "$out/logs/d1s256.txt" | grep "^{\|refused\|Error\|error" | tail -n 20 ;;
