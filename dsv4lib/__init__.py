@@ -5,7 +5,8 @@ truth, ``dsv4lib.kernels`` the CuTeDSL kernels and their configs, ``dsv4lib.layo
 ``dsv4lib.bench`` the timing, ``dsv4lib.workbook`` the pipeline that runs the stage notebooks and writes STATUS.md."""
 from .ops import (attention, attention_branches, attention_fp32, attention_nvfp4, attention_with_p_path,
                   dequantize_nvfp4, quantize_nvfp4, sparse_attention, sparse_decode, sparse_prefill,
-                  Model1Cache)
+                  sparse_prefill_staged, Model1Cache)
 
 __all__ = ["attention", "attention_branches", "attention_fp32", "attention_nvfp4", "attention_with_p_path",
-           "quantize_nvfp4", "dequantize_nvfp4", "sparse_attention", "sparse_decode", "sparse_prefill", "Model1Cache"]
+           "quantize_nvfp4", "dequantize_nvfp4", "sparse_attention", "sparse_decode", "sparse_prefill",
+           "sparse_prefill_staged", "Model1Cache"]

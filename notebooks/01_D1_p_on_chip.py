@@ -304,7 +304,13 @@ fig.tight_layout()
 #   that softmax, which it does by itself (it wants to pack P early into the registers PV(j) still reads), and which
 #   serialized the softmax behind PV.  `pv_wait_block` puts the wait in a basic block of its own (a never-taken branch)
 #   so it stays below the softmax: ncu, H200, hd128 D1 / causal / W4096 3.78 / 2.05 / 1.81 → 3.74 / 1.98 / 1.76 ms.
-#   It loses at hd64, hd256 and the 64×64 small-window tiles, so it is on for hd128 only (`Sm90FwdConfig.for_problem`).
+#   It lost at hd64, hd256 and the 64×64 small-window tiles.  Why ptxas hoisted the wait (ncu beside FA4, H100,
+#   session 45): the loop body tested the mask's edges every tile, so the softmax began a basic block of its own and
+#   the wait went to its top; FA4 runs its unmasked tiles through a loop without a mask, one basic block, where ptxas
+#   puts the wait after the row max.  Now the loop runs in two where no window is open (`unmasked_body`): the tiles a
+#   mask may touch (the keys' ragged end, the causal diagonal: visited first), then a body without a mask — hd256
+#   728 → 755 TFLOP/s (FA4 755), causal 709 → 733 (732); hd64 causal 540 → 551; hd128 drops `pv_wait_block` there,
+#   causal 667 → 697 (FA4 658).  Windowed builds keep the one loop (the window's left edge masks the last tiles).
 # * **Masks, one edge at a time.** A tile crossing the causal diagonal (or the ragged end of the keys) and a tile
 #   crossing a window's left edge are masked by separate passes, each a single limit per row compared with the
 #   element's constant column offset: W4096 1.76 → 1.72 ms, the W128 window 196 → 183 µs (ncu, H200).

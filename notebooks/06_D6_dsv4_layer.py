@@ -272,7 +272,10 @@ if on_gpu:
 # shared memory).  Next to it: FlashMLA's FP8 decode kernel run over the prefill's queries (the only FlashMLA kernel
 # that reads these caches), FlashMLA's bf16 kernel on both caches *already* dequantized into one bf16 table (the
 # staging pass not even counted), and our bf16 kernel on that table.  Cosine against the float64 reference over the
-# same FP8 cache on the first 64 tokens.
+# same FP8 cache on the first 64 tokens.  **Staged** (`sparse_prefill_staged`): the other design — both caches
+# dequantized once into one bf16 table by a memory-bound pass, then the bf16 kernel; its time includes that pass.  A
+# prefill's tokens list the same keys many times (here each cached key ~13 times), and the fused kernel converts a
+# key once per listing on the producer warps that bound it.
 
 # %%
 from dsv4lib.bench import d6, d7
@@ -292,7 +295,8 @@ if on_gpu:
                 f"  FlashMLA bf16 table {r['flashmla_bf16_table_us']:8.1f} ({r['ratio_vs_flashmla_bf16']:.3f}x)"
                 if fm is not None else "FlashMLA not run")
         print(f"FP8   Sq {r['Sq']:6d} H{r['H']:<4d} {r['keys']:>9}: ours {r['ours_us']:8.1f} us {r['ours_tflops']:5.0f} TF/s"
-              f" cos {r['cosine']:.6f} | ours bf16 table {r['ours_bf16_table_us']:8.1f} | {peer}")
+              f" cos {r['cosine']:.6f} | staged {r['ours_staged_us']:8.1f} us cos {r['staged_cosine']:.6f}"
+              f" | ours bf16 table {r['ours_bf16_table_us']:8.1f} | {peer}")
 
 # %%
 if on_gpu:
@@ -313,6 +317,7 @@ if on_gpu:
 # %%
 if on_gpu:
     fp8_metrics = {"fp8_cache_cosine": min(r["cosine"] for r in fp8_rows),
+                   "fp8_cache_staged_cosine": min(r["staged_cosine"] for r in fp8_rows),
                    "tflops_worst": min(r["ours_tflops"] for r in flashmla_rows)}
     if fm is not None:
         by_pool = lambda pool: [r["ratio_vs_flashmla"] for r in flashmla_rows if r["pool_rows"] == pool]
@@ -322,12 +327,14 @@ if on_gpu:
             ratio_vs_flashmla_worst_dram_pool=min(by_pool(d6.POOL_ROWS[1])),
             cosine_vs_flashmla=min(r["cosine_vs_flashmla"] for r in flashmla_rows),
             fp8_cache_ratio_vs_flashmla_bf16=min(r["ratio_vs_flashmla_bf16"] for r in fp8_rows),
-            fp8_cache_ratio_vs_flashmla_fp8_decode=min(r["ratio_vs_flashmla_fp8_decode"] for r in fp8_rows))
+            fp8_cache_ratio_vs_flashmla_fp8_decode=min(r["ratio_vs_flashmla_fp8_decode"] for r in fp8_rows),
+            fp8_cache_staged_ratio_vs_flashmla_bf16=min(r["staged_ratio_vs_flashmla_bf16"] for r in fp8_rows))
     else:
         fp8_metrics.update({k: "not run" for k in ("ratio_vs_flashmla_worst", "ratio_vs_flashmla_worst_l2_pool",
                                                    "ratio_vs_flashmla_worst_dram_pool", "cosine_vs_flashmla",
                                                    "fp8_cache_ratio_vs_flashmla_bf16",
-                                                   "fp8_cache_ratio_vs_flashmla_fp8_decode")})
+                                                   "fp8_cache_ratio_vs_flashmla_fp8_decode",
+                                                   "fp8_cache_staged_ratio_vs_flashmla_bf16")})
     record(metrics_path, flashmla=flashmla_rows, fp8_prefill=fp8_rows, **fp8_metrics)
 
 # %% [markdown]
@@ -383,4 +390,4 @@ assert all(alias_checks.values()), alias_checks
 if on_gpu:
     assert all(r["same_indices"] for r in layer_rows)
     assert min(r["cosine"] for r in speed_rows) >= 0.9999
-    assert min(r["cosine"] for r in fp8_rows) >= 0.9999, fp8_rows
+    assert min(min(r["cosine"], r["staged_cosine"]) for r in fp8_rows) >= 0.9999, fp8_rows

@@ -91,6 +91,17 @@ for w in $what; do
                 timeout 120 python scripts/sweep_d1.py --head-dim 256 --causal 0 --shape 8x4096;
                 timeout 120 python scripts/sweep_d1.py --head-dim 64 --causal 0 --shape 4x8192; } 2>&1 \
                 | tee "$out/logs/d1pvwait.txt" | grep "^{\|refused\|Error\|error" | tail -n 12 ;;
+    # unmasked_body (the loop in two, the second body without masks; session 45) against the loop in one ("masked")
+    # and FA4, both masks at every head dim, with hd128's pingpong / late_rescale candidates (~8 min: over one
+    # call's 600 s with the start — D1U_DIMS="128" runs one head dim); then d1unmaskedw: windowed builds, where the
+    # knob (the loop in three) is not a default yet, W4096 at hd128 / hd256 / hd64 (~3 min)
+    d1unmasked) { for D in ${D1U_DIMS:-256 64 128}; do
+                timeout 200 python scripts/sweep_d1.py --head-dim $D --causal both --shape 4x8192
+                done; } 2>&1 | tee "$out/logs/d1unmasked.txt" | grep "^{\|refused\|Error\|error" | tail -n 12 ;;
+    d1unmaskedw) { for D in 128 256 64; do
+                timeout 120 python scripts/sweep_d1.py --head-dim $D --causal 0 --window 4096 --shape 2x16384 \
+                  --variants unmasked,unmasked_nopv
+                done; } 2>&1 | tee "$out/logs/d1unmaskedw.txt" | grep "^{\|refused\|Error\|error" | tail -n 12 ;;
     d1)       { timeout 240 python scripts/sweep_d1.py --head-dim 64 --causal 1;
                 timeout 240 python scripts/sweep_d1.py --head-dim 256 --causal 1; } 2>&1 | tee "$out/logs/d1.txt" \
                 | grep "^{\|refused" ;;

@@ -1,15 +1,17 @@
 """D1 (#32) schedule candidates against FA4, interleaved in one run (TFLOP/s, events with an L2 flush — the D1
 stage's timing), per head dim on its D1 sweep shape; each variant is the shipped build with some knobs changed:
 
+  every head dim: masked (the loop in one, with the mask's tests: the build before unmasked_body, session 45)
   hd128 (B4 H16 S8192, the D1 stage's speed shape at every head dim, or --shape; shipped: persistent + dynamic,
-        early rescale, PV wait in its own block): --sections 8,24 (causal: the persistent deal in L2 sections of
+        early rescale, the loop in two — unmasked_body): pingpong / late_rescale / pp_late (FA4's hd128 build: the
+        warpgroups taking turns, O rescaled after the PV wait; not yet run); --sections 8,24 (causal: the persistent deal in L2 sections of
         heads, longest block first across a section — l2_section_mb, one variant per size); pingpong, pingpong_no_pvwait (session 35),
         n160_oq / n176_plain (session 32) lost
   hd64  (shipped: 192 x 128 tiles, persistent + dynamic, O in its Q stage, the three consumer warpgroups taking
         turns — wg_pingpong, session 34): --sections (as at hd128); pvwait, early, stages3, m128_n192 (session 32), pvmax,
         m192_plain, pingpong_early (session 34) lost — docs/tuning/d1_d5.md
   hd256 (shipped: 80-key tiles + early rescale, one block per CTA; causal: the ping-pong, the grid in L2 sections):
-        --sections 0,16,64 (0: the old grid order); pingpong; pvwait / n64 / n64_pvwait (session 32)
+        --sections 0,16,64 (0: the old grid order); pingpong; pvwait (session 45) / n64 / n64_pvwait (session 32) lost
 
 Each variant must match the shipped output (asserted: max |diff| within bf16 rounding of the same math, the tile
 width changes the softmax's summation order).  ``--check`` compiles every variant for sm_90a on this machine
@@ -29,23 +31,31 @@ from dsv4lib.ops import launch as launch_mod
 from dsv4lib.ops.attention import launch
 
 VARIANTS = {
-    128: {"default": {}},
-    64: {"default": {}, "pvwait": dict(pv_wait_block=True)},
-    # pvwait: the PV wait below the softmax (ncu, session 45: without it ptxas hoists the wait above the softmax,
-    # 94k of 565k warp samples at hd256 non-causal, where FA4 waits after the row max and a third of the exp2s)
-    256: {"default": {}, "pingpong": dict(wg_pingpong=True), "pvwait": dict(pv_wait_block=True),
-          "pp_pvwait": dict(wg_pingpong=True, pv_wait_block=True)},
+    # masked: the loop in one with the mask's edge tests (before unmasked_body, session 45: ptxas hoisted the PV wait
+    # above the softmax there); hd128 next to FA4's hd128 build (the warpgroups taking turns, O rescaled late)
+    128: {"default": {}, "masked": dict(unmasked_body=False, pv_wait_block=True), "pingpong": dict(wg_pingpong=True),
+          "late_rescale": dict(rescale_o_early=False), "pp_late": dict(wg_pingpong=True, rescale_o_early=False),
+          "unmasked": dict(unmasked_body=True), "unmasked_nopv": dict(unmasked_body=True, pv_wait_block=False),
+          "onestate": dict(one_kv_state=True)},
+    # unmasked / unmasked_nopv: with --window (the loop in three: the window's left edge masks the last tiles)
+    # onestate: the V pipeline's state copied from the K state (ncu, session 45: our hd64 loop body 424 instructions
+    # a warp and tile against FA4's 413; the second state's advance is 5 of the difference)
+    64: {"default": {}, "masked": dict(unmasked_body=False), "pvwait": dict(pv_wait_block=True),
+         "unmasked": dict(unmasked_body=True), "onestate": dict(one_kv_state=True)},
+    # pvwait: the PV wait below the whole softmax (lost, session 45: 756 -> 743 TFLOP/s non-causal)
+    256: {"default": {}, "masked": dict(unmasked_body=False), "pingpong": dict(wg_pingpong=True),
+          "pvwait": dict(pv_wait_block=True), "unmasked": dict(unmasked_body=True), "onestate": dict(one_kv_state=True)},
 }
 B, H, S = 4, 16, 8192                   # the D1 stage's speed shape at every head dim
 
 
-def check(D: int, causal_values) -> None:
+def check(D: int, causal_values, window=None) -> None:
     """Every variant compiled for sm_90a here: ptxas's spill bytes and C7514 (serialized wgmma)."""
     import re
     from dsv4lib.kernels.compile import compile_for_arch
     from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
     for causal in causal_values:
-        base = Sm90FwdConfig.for_problem(D, causal=causal, has_lse=False, gpu_name="H100")
+        base = Sm90FwdConfig.for_problem(D, causal=causal, has_lse=False, window=window, gpu_name="H100")
         for name, change in VARIANTS[D].items():
             try:
                 config = base.replace(**change)
@@ -59,11 +69,11 @@ def check(D: int, causal_values) -> None:
             print(f"hd{D} causal={int(causal)} {name:<12} spill {spills} B  C7514 {'C7514' in report}", flush=True)
 
 
-def variant_fn(config: Sm90FwdConfig, poison: bool = False):
+def variant_fn(config: Sm90FwdConfig, poison: bool = False, window=None):
     def run(q, k, v):
         out = torch.full_like(q, float("nan")) if poison else torch.empty_like(q)   # a block left unwritten shows
         lse = launch_mod.placeholder(q.device, "lse")
-        launch(config, q, k, v, out, lse, scale=q.shape[-1] ** -0.5, window=None,
+        launch(config, q, k, v, out, lse, scale=q.shape[-1] ** -0.5, window=window,
                sink_t=launch_mod.placeholder(q.device, "sink"))
         return out
     return run
@@ -74,16 +84,21 @@ def main():
     ap.add_argument("--head-dim", type=int, default=128, choices=sorted(VARIANTS))
     ap.add_argument("--causal", default="both")
     ap.add_argument("--check", action="store_true", help="compile every variant on this machine, no GPU")
+    ap.add_argument("--window", type=int, default=None, help="a sliding window of W keys (no sink; FA4 window_size=(W-1, 0))")
     ap.add_argument("--sections", default="", help="comma-separated l2_section_mb values to add as variants")
     ap.add_argument("--shape", default=f"{B}x{S}", help="BATCHxSEQLEN (H stays 16)")
+    ap.add_argument("--variants", default="", help="comma-separated: only these (and default)")
     args = ap.parse_args()
     D = args.head_dim
+    if args.variants:
+        keep = {"default", *args.variants.split(",")}
+        VARIANTS[D] = {name: change for name, change in VARIANTS[D].items() if name in keep}
     for mb in filter(None, args.sections.split(",")):
         VARIANTS[D][f"sections{mb}"] = dict(l2_section_mb=int(mb))
     batch, seqlen = (int(x) for x in args.shape.split("x"))
     causal_values = {"both": (False, True), "0": (False,), "1": (True,)}[args.causal]
     if args.check:
-        check(D, causal_values)
+        check(D, causal_values, args.window)
         return
     peers = attention_peers()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -91,24 +106,28 @@ def main():
         gen = torch.Generator(device="cuda").manual_seed(0)
         inputs = [tuple(torch.randn(batch, seqlen, H, D, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
                   for _ in range(2)]
-        base = Sm90FwdConfig.for_problem(D, causal=causal, has_lse=False, gpu_name=torch.cuda.get_device_name(),
-                                         num_sms=sms)
+        W = args.window
+        base = Sm90FwdConfig.for_problem(D, causal=causal, has_lse=False, window=W,
+                                         gpu_name=torch.cuda.get_device_name(), num_sms=sms)
         fns, configs = {}, {}
         for name, change in VARIANTS[D].items():
             try:
                 configs[name] = base.replace(**change)
-                fns[name] = variant_fn(configs[name])
+                fns[name] = variant_fn(configs[name], window=W)
             except ValueError as e:              # a knob this build refuses: said, not timed
                 print(f"hd{D} causal={int(causal)} {name}: refused ({e})")
-        want = dsv4lib.attention(*inputs[0], causal=causal)
+        want = dsv4lib.attention(*inputs[0], causal=causal, window=W)
         for name, config in configs.items():
-            err = (variant_fn(config, poison=True)(*inputs[0]).float() - want.float()).abs().max().item()
+            err = (variant_fn(config, poison=True, window=W)(*inputs[0]).float() - want.float()).abs().max().item()
             assert err < 2e-2, (name, err)       # NaN fails too
-        if "FA4" in peers:
+        if "FA4" in peers and W is None:
             fns["FA4"] = lambda q, k, v: peers["FA4"](q, k, v, causal=causal)
-        flops = bench.attention_flops(batch, H, seqlen, seqlen, D, causal=causal)
+        elif "FA4" in peers:
+            from flash_attn.cute import flash_attn_func
+            fns["FA4"] = lambda q, k, v: flash_attn_func(q, k, v, window_size=(W - 1, 0))
+        flops = bench.attention_flops(batch, H, seqlen, seqlen, D, causal=causal, window=W)
         times = bench.time_cuda_interleaved(fns, inputs, iters=20, may_fail=("FA4",))
-        row = {"D": D, "causal": causal, "shape": f"B{batch} S{seqlen}"}
+        row = {"D": D, "causal": causal, "shape": f"B{batch} S{seqlen}" + (f" W{W}" if W else "")}
         row.update({n: (round(bench.tflops(flops, t.median_ms)) if not isinstance(t, Exception) else None)
                     for n, t in times.items()})
         print(row, flush=True)

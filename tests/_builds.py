@@ -13,10 +13,11 @@ _PROBLEM = ("head_dim", "causal", "has_lse", "window", "sink", "split_kv", "p_in
 
 
 def sm90_kernel_shape(head_dim, overlap, pack=1, nvfp4_out=False, small_window=False, split_kv=False,
-                      causal=False) -> dict:
+                      causal=False, window=None) -> dict:
     """The schedule fields (tile shape, stages, persistence, ...) ``Sm90FwdConfig.for_problem`` picks on an
-    H100 / H200 for this problem; persistent-only fields are left out where the build is not persistent."""
-    cfg = Sm90FwdConfig.for_problem(head_dim, causal=causal, window=128 if small_window else None, split_kv=split_kv,
+    H100 / H200 for this problem (``small_window``: a 128-key window, else ``window``); persistent-only fields are
+    left out where the build is not persistent."""
+    cfg = Sm90FwdConfig.for_problem(head_dim, causal=causal, window=128 if small_window else window, split_kv=split_kv,
                                     overlap=overlap, nvfp4_out=nvfp4_out, pack_gqa=pack, gpu_name="H200")
     default = Sm90FwdConfig(head_dim=head_dim)
     return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)

@@ -235,7 +235,8 @@ def test_default_tuned_build_feeds_whole_registers_to_the_rs_wgmma(head_dim, cau
                          *fake_attention_args(head_dim, shape.get("dynamic_schedule", False)), arch="sm_90a")
     assert k.count(r"cvt\.rn\.bf16\.f32") == 0 and k.count(r"cvt\.rn\.bf16x2\.f32") > 0
     rs = k.count(rf"wgmma\.mma_async\.sync\.aligned\.m64n{head_dim}k16\.f32\.bf16\.bf16\s+\{{[^}}]*\}},\s*\{{%r")
-    assert rs == 2 * shape["tile_n"] // 16, rs                        # the loop's PV and the tail's PV
+    # the loop's PV (twice with unmasked_body: the masked tiles' loop and the rest's) and the tail's PV
+    assert rs == (3 if shape.get("unmasked_body") else 2) * shape["tile_n"] // 16, rs
     assert k.count(r"\.local") == 0                                    # no local-memory arrays in the PTX
 
 
@@ -248,9 +249,12 @@ def test_schedule_knobs_build_and_are_checked():
                             *fake_attention_args(64), arch="sm_90a")
     assert wide.count(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+160;") == 1     # three consumer warpgroups
     for bad, match in [(dict(tile_m=256), "tile_m"), (dict(rescale_o_early=True), "overlap"),
-                       (dict(tile_m=192, pack_gqa=128), "pack_gqa")]:
+                       (dict(tile_m=192, pack_gqa=128), "pack_gqa"), (dict(unmasked_body=True), "unmasked_body")]:
         with pytest.raises(ValueError, match=match):
             FlashAttentionForwardSm90(Sm90FwdConfig(64, causal=False, has_lse=False, **bad))
+    with pytest.raises(ValueError, match="unmasked_body"):       # warpgroup tiles: slots run by warpgroup
+        Sm90FwdConfig(64, causal=True, window=True, has_lse=False, overlap=True, persistent=True, tile_n=64,
+                      warpgroup_tiles=True, o_in_q_stage=True, unmasked_body=True).check()
 
 
 @pytest.mark.gpu
@@ -259,6 +263,15 @@ def test_schedule_knobs_build_and_are_checked():
     (128, {"rescale_o_early": True}, True, None), (128, {"pv_wait_block": True}, False, 200),
     (64, {"tile_m": 192, "wg_pingpong": True}, True, None), (128, {"wg_pingpong": True}, False, 200),
     (256, {"tile_n": 80, "rescale_o_early": True}, False, 300), (256, {"tile_n": 80}, True, None),
+    # the loop in two, its second body without masks: 1100 keys end inside a tile (80 / 128 keys), the causal
+    # diagonal 323 keys in (GQA-packed rows: a token every 2 rows)
+    (256, {"tile_n": 80, "rescale_o_early": True, "unmasked_body": True}, False, None),
+    (256, {"tile_n": 80, "wg_pingpong": True, "unmasked_body": True}, True, None),
+    (64, {"tile_m": 192, "unmasked_body": True}, False, None),
+    (128, {"rescale_o_early": True, "pv_wait_block": True, "unmasked_body": True}, True, None),
+    # with a window a third loop: its left edge crosses the last tiles visited (W 200 / 300 over 80- / 128-key tiles)
+    (128, {"rescale_o_early": True, "unmasked_body": True}, False, 300),
+    (256, {"tile_n": 80, "rescale_o_early": True, "unmasked_body": True}, False, 200),
 ])
 def test_schedule_knobs_match_the_reference(D, knobs, causal, window):
     from _builds import run_config
@@ -270,6 +283,23 @@ def test_schedule_knobs_match_the_reference(D, knobs, causal, window):
     ref, ref_lse = reference.attention(q.double(), k.double(), v.double(), causal=causal, window=window,
                                        return_lse=True)
     check_matches(out, lse, ref, ref_lse)
+
+
+def test_unmasked_body_wherever_no_window_is_open():
+    """D1's overlapped builds run the loop in two (masked tiles, then a body without masks) unless a window is open
+    (its left edge masks the last tiles visited); hd128 then drops the PV wait's own block; the NVFP4 epilogue keeps
+    its own schedule."""
+    from dsv4lib.kernels.sm90.config import Sm90FwdConfig
+    for D in (64, 128, 256):
+        for causal in (False, True):
+            for split_kv in (False, True):
+                config = Sm90FwdConfig.for_problem(D, causal=causal, split_kv=split_kv, gpu_name="H100")
+                assert config.unmasked_body and not (D == 128 and config.pv_wait_block), (D, causal, split_kv)
+            for window in (100, 5000):
+                assert not Sm90FwdConfig.for_problem(D, causal=causal, window=window, gpu_name="H100").unmasked_body
+        assert not Sm90FwdConfig.for_problem(D, p_in_smem=True, gpu_name="H100").unmasked_body
+        assert not Sm90FwdConfig.for_problem(D, nvfp4_out=True, gpu_name="H100").unmasked_body
+    assert Sm90FwdConfig.for_problem(128, window=5000, gpu_name="H100").pv_wait_block      # D5 keeps it
 
 
 def test_causal_persistent_deal_goes_in_l2_sections():
@@ -459,13 +489,14 @@ def test_default_overlapped_build_keeps_its_wgmmas_asynchronous(head_dim, causal
     """The overlapped mainloop only overlaps if ptxas keeps the wgmmas asynchronous: a register of an in-flight wgmma
     touched on some path (a spilled P buffer, a branch that skips a wait) makes ptxas serialize every wgmma of the
     kernel (its C7514 "wgmma ... serialized" note) — 40 % slower, measured on the H200 with a second P
-    buffer (spilled) and with a PV wait skipped on one side of a branch.  The default builds (hd128 with pv_wait_block:
-    the wait on both sides of a branch) and the knob flipped: no spills, no serialization."""
+    buffer (spilled) and with a PV wait skipped on one side of a branch.  The default builds (the loop in two without
+    a window — unmasked_body; hd128 windowed with pv_wait_block: the wait on both sides of a branch) and the knob
+    flipped: no spills, no serialization."""
     from _builds import sm90_kernel_shape
     from dsv4lib.kernels.compile import compile_for_arch
     from dsv4lib.kernels.sm90.config import Sm90FwdConfig
     from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
-    shape = dict(sm90_kernel_shape(head_dim, True), **knobs)
+    shape = dict(sm90_kernel_shape(head_dim, True, window=5000 if window else None), **knobs)
     kernel = FlashAttentionForwardSm90(Sm90FwdConfig(head_dim=head_dim, causal=causal, has_lse=not window, window=window, sink=window,
                                        overlap=True, **shape))
     k = compile_for_arch(kernel, *fake_attention_args(head_dim, shape.get("dynamic_schedule", False)), arch="sm_90a")
@@ -478,7 +509,7 @@ def test_default_overlapped_build_keeps_its_wgmmas_asynchronous(head_dim, causal
                                                            sink=window, overlap=True, **dict(shape, pv_wait_block=False))),
                                  *fake_attention_args(head_dim, shape.get("dynamic_schedule", False)), arch="sm_90a")
         waits = r"wgmma\.wait_group\.sync\.aligned\s+0;"
-        assert k.count(waits) == plain.count(waits) + 1
+        assert k.count(waits) == plain.count(waits) + (2 if shape.get("unmasked_body") else 1)    # a loop each
 
 
 @pytest.mark.compile

@@ -757,3 +757,120 @@ def test_decode_shapes_parse_from_an_index_or_four_extents():
     assert d7.parse_shape("4096x64x128x512") == (4096, 64, 128, 512)
     with pytest.raises(ValueError, match="B x H"):
         d7.parse_shape("64x128")
+
+
+# ------------------------------------------------------------- sparse_prefill_staged (#36 item 2, the two-pass design)
+@pytest.mark.compile
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_dequant_kernel_reads_a_slot_once_and_writes_its_row_in_one_sweep(arch):
+    """A CTA a page (if its mask byte is set), one warp a slot: 28 lanes load 16 e4m3 bytes each (one 16-byte load)
+    and their tile's scale byte, convert them by pairs (e4m3x2 → f16x2 → fp32 × 2^e → bf16x2: 8 of each a lane),
+    store 32 bytes; 4 lanes copy 32 rope bytes."""
+    from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.model1_dequant import Model1DequantKernel
+    from dsv4lib.ops.prefill_staged import fake_dequant_args
+    k = compile_for_arch(Model1DequantKernel(), *fake_dequant_args(), arch=arch)
+    assert k.count(r"cvt\.rn\.f16x2\.e4m3x2") == 8 and k.count(r"cvt\.rn\.bf16x2\.f32") == 8
+    assert k.count(r"ld\.global(\.\w+)*\.v4") == 1 + 2 and k.count(r"st\.global(\.\w+)*\.v4") == 2 + 2
+    assert k.count(r"\.local") == 0
+
+
+@pytest.mark.parametrize("change,exc,match", [
+    (lambda q, i, n: (q.float(), i, n), TypeError, "bf16"),
+    (lambda q, i, n: (q[None], i, n), ValueError, r"\[Sq >= 1, H, 512\]"),
+    (lambda q, i, n: (q, i[:2], n), ValueError, r"indices must be \[Sq=3"),
+    (lambda q, i, n: (q, i.long(), n), TypeError, "indices must be an int32"),
+    (lambda q, i, n: (q, i, n[:2]), ValueError, r"topk_length must be \[Sq=3\]"),
+    (lambda q, i, n: (q, i, n), ValueError, "CUDA"),                    # all well formed, but on the CPU
+])
+def test_staged_prefill_rejects_bad_input(change, exc, match):
+    from dsv4lib.ops.prefill_staged import sparse_prefill_staged
+    q, idx, lengths = change(torch.zeros(3, 64, 512, dtype=torch.bfloat16), torch.zeros(3, 128, dtype=torch.int32),
+                             torch.zeros(3, dtype=torch.int32))
+    with pytest.raises(exc, match=match):
+        sparse_prefill_staged(q, torch.zeros(1, 64, 1, 584, dtype=torch.uint8), idx, lengths)
+    cache = torch.zeros(1, 64, 1, 584, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="extra_k_cache needs extra_indices"):
+        sparse_prefill_staged(torch.zeros(3, 64, 512, dtype=torch.bfloat16), cache, torch.zeros(3, 9, dtype=torch.int32),
+                              extra_k_cache=cache)
+
+
+def test_staged_prefill_marks_exactly_the_pages_its_valid_entries_name():
+    """The page mask of the staged prefill (a scatter over the list, no host sync): a page is marked iff some entry
+    before its token's length lies in ``[0, n)`` and on it; the extra byte at the end takes every other entry."""
+    from dsv4lib.ops.prefill_staged import _kept, _named_pages
+    gen = torch.Generator().manual_seed(fresh_seed())
+    page_size, num_pages = 4, 50
+    n = page_size * num_pages
+    idx = torch.randint(-3, n + 5, (7, 9), generator=gen, dtype=torch.int32)
+    lengths = torch.randint(0, 10, (7,), generator=gen, dtype=torch.int32)
+    for lens in (None, lengths):
+        mask = torch.zeros(num_pages + 1, dtype=torch.uint8)
+        _named_pages(mask, idx, _kept(idx, lens, n), page_size)
+        want = torch.zeros(num_pages, dtype=torch.uint8)
+        for t in range(idx.shape[0]):
+            for j in range(idx.shape[1] if lens is None else int(lens[t])):
+                if 0 <= int(idx[t, j]) < n:
+                    want[int(idx[t, j]) // page_size] = 1
+        assert torch.equal(mask[:-1], want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [64, 2])
+def test_dequant_kernel_is_bit_equal_to_the_reference(page_size):
+    """Every slot of a cache written by the GPU writer (random keys; a fifth of the slots never written: zero rows)
+    dequantized into the bf16 table (NaN-poisoned first) equals the reference reader's float64 keys rounded to bf16
+    — exactly (they are bf16 values already)."""
+    from dsv4lib.ops.prefill_staged import dequantize_pages
+    gen = torch.Generator().manual_seed(fresh_seed())
+    cache = dsv4lib.Model1Cache(24 if page_size == 64 else 512, page_size, device="cuda")
+    written = torch.randperm(cache.num_keys, generator=gen)[: cache.num_keys * 4 // 5]
+    cache.append(written.to(torch.int32).cuda(), _random_keys(len(written), gen, "cuda"))
+    table = torch.full((cache.num_keys, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    dequantize_pages(cache.data, cache.page_size, table)
+    want = cache.keys().bfloat16()
+    assert torch.equal(table.cpu(), want.cpu())
+    assert int((want.abs().sum(1) == 0).sum()) >= cache.num_keys // 5                  # the unwritten rows: zeros
+    # a page mask: only the named pages' rows written, the others keep their poison
+    mask = (torch.rand(cache.num_pages, generator=gen) < 0.3).to(torch.uint8)
+    table.fill_(float("nan"))
+    dequantize_pages(cache.data, cache.page_size, table, mask.cuda())
+    rows = mask.bool().repeat_interleave(page_size)
+    assert torch.equal(table.cpu()[rows], want.cpu()[rows]) and bool(table.cpu()[~rows].isnan().all())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("Sq,H,extra,lengths,sink", [(300, 64, True, True, True), (130, 128, False, True, False),
+                                                      (5, 64, True, False, True)])
+def test_staged_prefill_matches_the_reference_and_the_bf16_kernel_on_the_table(Sq, H, extra, lengths, sink):
+    """The two-pass prefill against the float64 reference over the same FP8 cache, and bit for bit against
+    ``sparse_attention`` over the reference's bf16 table with the lists joined by hand (out-of-range and
+    past-the-length entries dropped, the extra cache's rows after the window's)."""
+    from dsv4lib.ops.prefill_staged import sparse_prefill_staged
+    gen = torch.Generator().manual_seed(fresh_seed())
+    q, main, idx, kw = _decode_inputs(Sq, 1, H, extra, lengths, sink, gen)
+    ref_out, ref_lse = _reference(q, main, idx, kw)
+    prefill_kw = dict(kw)
+    if extra:
+        prefill_kw["extra_indices"] = kw["extra_indices"][:, 0]
+    out, lse = sparse_prefill_staged(q[:, 0], main, idx[:, 0], **prefill_kw, return_lse=True)
+    assert out.shape == (Sq, H, 512) and lse.shape == (Sq, H)
+    check_output(out, ref_out[:, 0])
+    seen = torch.isfinite(ref_lse[:, :, 0])
+    assert torch.equal(torch.isfinite(lse), seen)
+    torch.testing.assert_close(lse[seen], ref_lse[:, :, 0][seen].float(), atol=2e-3, rtol=0)
+    tables, lists, lo = [main.keys()], [], 0
+    caches = [(main, idx[:, 0], kw.get("topk_length"))]
+    if extra:
+        tables.append(kw["extra_k_cache"].keys())
+        caches.append((kw["extra_k_cache"], kw["extra_indices"][:, 0], kw.get("extra_topk_length")))
+    for cache, ix, n in caches:
+        keep = (ix >= 0) & (ix < cache.num_keys)
+        if n is not None:
+            keep &= torch.arange(ix.shape[1], device=ix.device) < n[:, None]
+        lists.append(torch.where(keep, ix + lo, -1))
+        lo += cache.num_keys
+    table = torch.cat(tables).bfloat16().cuda()
+    want, want_lse = dsv4lib.sparse_attention(q[:, 0], table, torch.cat(lists, 1).contiguous(), sink=kw.get("sink"),
+                                              num_splits=1, return_lse=True)
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)

@@ -3,8 +3,9 @@
 descending run of slots, and no slot is loaded that no warpgroup visits."""
 import pytest
 
-from dsv4lib.kernels.tiles import (SKIPPED, block_costs, deal_order, dynamic_deal_makespan, section_width,
-                                  tile_plan, warpgroup_slots)
+from dsv4lib.kernels.tiles import (FULL, MASKED, SKIPPED, block_costs, deal_order, dynamic_deal_makespan,
+                                  section_width, tile_plan, unmasked_tiles_end, unmasked_tiles_start,
+                                  warpgroup_slots)
 
 
 @pytest.mark.parametrize("tile_m", [128, 192])
@@ -57,3 +58,34 @@ def test_sections_shorten_the_causal_tail():
     one_head = dynamic_deal_makespan([cost[m] for m, _, _ in deal_order(len(cost), heads_all)], ctas)
     sections = dynamic_deal_makespan([cost[m] for m, _, _ in deal_order(len(cost), heads_all, width=width)], ctas)
     assert one_head > 1.02 * bound and sections < 1.005 * bound, (one_head / bound, sections / bound)
+
+
+@pytest.mark.parametrize("causal,window", [(False, None), (True, None), (True, 300), (True, 1000)])
+@pytest.mark.parametrize("tile_m,tile_n", [(128, 80), (128, 128), (192, 128), (128, 160)])
+def test_unmasked_body_leaves_no_masked_tile_to_the_unmasked_loop(causal, window, tile_m, tile_n):
+    """``unmasked_body``'s split (the kernel's mainloop): visit i = 0 (the prologue) and the visits below
+    ``n_block_max - unmasked_tiles_end`` take masks, with a window also those from ``n_block_max -
+    unmasked_tiles_start`` on (the lowest tiles, visited last); the rest none — so every tile a row needs masked must
+    fall in a masked part, and a masked part holds nothing else (the prologue's tile is tested whatever it is)."""
+    # the diagonal a column either side of a tile's edge: shifts tile_n - 2 .. tile_n + 1
+    edges = [(1000, 1000 + tile_n + d) for d in (-2, -1, 0, 1)]
+    if window is not None:      # and the window's left edge of the first block's last row one key either side of one
+        edges += [(1000, 1000 + window - tile_m + tile_n + d) for d in (-1, 0, 1)]
+    for seqlen_q, seqlen_k in [(1, 1), (777, 1100), (1100, 777), (4096, 4096), (1000, 3000), (8192, 8192), (129, 80),
+                               *edges]:
+        plan = tile_plan(seqlen_q, seqlen_k, tile_m, tile_n, causal=causal, window=window)
+        for m_block, row in enumerate(plan):
+            visited = [nb for nb in range(len(row)) if row[nb] != SKIPPED]
+            if not visited:
+                continue
+            n_block_max, n_iter = max(visited) + 1, len(visited)
+            masked_end = min(max(n_block_max - unmasked_tiles_end(m_block, tile_m, tile_n, seqlen_q, seqlen_k,
+                                                                  causal=causal, window=window), 1), n_iter)
+            tail = n_iter
+            if window is not None:
+                start = unmasked_tiles_start(m_block, tile_m, tile_n, seqlen_q, seqlen_k, window)
+                tail = max(min(n_block_max - start, n_iter), masked_end)
+            with_mask = {n_block_max - 1 - i for i in [*range(masked_end), *range(tail, n_iter)]}
+            where = (seqlen_q, seqlen_k, m_block)
+            assert all(row[nb] == FULL for nb in visited if nb not in with_mask), where
+            assert all(row[nb] == MASKED for nb in with_mask - {n_block_max - 1}), where

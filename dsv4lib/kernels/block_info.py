@@ -95,6 +95,26 @@ class BlockInfo:
                             acc_S_rc[r, c] = -Float32.inf
 
     @cute.jit
+    def unmasked_tiles_end(self, m_block, seqlen_k, causal_shift):
+        """Tiles below this index need no right-edge mask for any row of block ``m_block``: wholly inside the keys
+        and, under a causal mask or a window, wholly left of the diagonal of the block's first row (``mask_scores``'s
+        right-edge test false)."""
+        limit = seqlen_k
+        if const_expr(self.causal or self.has_window):
+            limit = cutlass.min(limit, self.token(self.mask_row(m_block, None, 0)) + causal_shift + 1)
+        return cutlass.max(limit, 0) // self.tile_n
+
+    @cute.jit
+    def unmasked_tiles_start(self, m_block, causal_shift, window_size):
+        """With a window: tiles from this index up need no left-edge mask for any row of block ``m_block`` — their
+        first key lies past the window's left edge of the block's last row (``mask_scores``'s window test false)."""
+        edge = self.token(self.mask_row(m_block, None, 1)) + causal_shift - window_size
+        start = Int32(0)
+        if edge >= 0:                    # (Int32 division truncates: a negative edge crosses no tile)
+            start = edge // self.tile_n + 1
+        return start
+
+    @cute.jit
     def mask_row(self, m_block, wg_idx, last: cutlass.Constexpr):
         """The first (``last`` = 0) or last (1) M row whose keys decide whether an edge crosses a tile: the block's,
         or with warpgroup tiles warpgroup ``wg_idx``'s own 64 rows."""

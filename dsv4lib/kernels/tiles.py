@@ -29,6 +29,23 @@ def tile_plan(seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int, *, causal:
     return plan
 
 
+def unmasked_tiles_end(m_block: int, tile_m: int, tile_n: int, seqlen_q: int, seqlen_k: int, *,
+                       causal: bool = False, window: int | None = None) -> int:
+    """Key tiles below this index need no right-edge mask for any row of ``m_block`` (the sm90 kernel's
+    ``unmasked_tiles_end``: with ``unmasked_body`` its loop visits the tiles from this index up first, with masks)."""
+    limit = seqlen_k
+    if causal or window is not None:
+        limit = min(limit, m_block * tile_m + seqlen_k - seqlen_q + 1)
+    return max(limit, 0) // tile_n
+
+
+def unmasked_tiles_start(m_block: int, tile_m: int, tile_n: int, seqlen_q: int, seqlen_k: int, window: int) -> int:
+    """With a window: key tiles from this index up need no left-edge mask for any row of ``m_block`` (the kernel's
+    ``unmasked_tiles_start``: the tiles below it, visited last, take masks again)."""
+    edge = (m_block + 1) * tile_m - 1 + seqlen_k - seqlen_q - window
+    return edge // tile_n + 1 if edge >= 0 else 0
+
+
 def rows_key_tiles(first_row: int, last_row: int, seqlen_q: int, seqlen_k: int, tile_n: int, *,
                    window: int | None = None, causal: bool = False) -> tuple[int, int]:
     """The KV tiles ``[lo, hi)`` the query rows ``first_row..last_row`` visit (the sm90 kernel's

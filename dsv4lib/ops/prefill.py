@@ -26,16 +26,8 @@ def _check_list(name: str, t, Sq: int, dims: int) -> None:
         raise ValueError(f"{name} must be {want}, got {tuple(t.shape)}")
 
 
-def sparse_prefill(q, k_cache, indices, topk_length=None, *, extra_k_cache=None, extra_indices=None,
-                   extra_topk_length=None, sink=None, scale=None, return_lse=False):
-    """DSV4 sparse prefill over FP8 MODEL1 caches: q ``[Sq, H, 512]`` bf16 (H 64 or 128); ``k_cache`` a
-    :class:`dsv4lib.Model1Cache` or FlashMLA's ``[num_pages, page_size, 1, 584]`` view; ``indices [Sq, K]`` int32 into
-    its index space (``page · page_size + slot``; ``-1`` or an address outside the cache = no key); ``topk_length
-    [Sq]`` int32: only the first ``topk_length[t]`` entries of token t's list count.  The optional extra cache (the
-    compressed one, its own page size) comes with ``extra_indices [Sq, K2]`` and ``extra_topk_length [Sq]``.  One
-    softmax per (token, head) over both lists, the per-head ``sink [H]`` fp32 once; keys dequantized inside the
-    kernel, bf16 math, fp32 softmax.  Returns ``out [Sq, H, 512]`` bf16 and with ``return_lse`` ``lse [Sq, H]`` fp32
-    (natural log, sink excluded; -inf for a token without keys), as :func:`dsv4lib.sparse_attention` does."""
+def check_prefill_lists(q, indices, topk_length, extra_indices, extra_topk_length) -> None:
+    """q ``[Sq, H, 512]`` bf16 and the lists' shapes and dtypes against it (placement is checked where used)."""
     if not isinstance(q, torch.Tensor) or q.dtype != torch.bfloat16:
         raise TypeError(f"q must be a bf16 tensor, got {getattr(q, 'dtype', type(q))}")
     if q.dim() != 3 or q.shape[2] != HEAD_DIM or q.shape[0] < 1:
@@ -48,6 +40,19 @@ def sparse_prefill(q, k_cache, indices, topk_length=None, *, extra_k_cache=None,
         _check_list("extra_indices", extra_indices, Sq, 2)
     if extra_topk_length is not None:
         _check_list("extra_topk_length", extra_topk_length, Sq, 1)
+
+
+def sparse_prefill(q, k_cache, indices, topk_length=None, *, extra_k_cache=None, extra_indices=None,
+                   extra_topk_length=None, sink=None, scale=None, return_lse=False):
+    """DSV4 sparse prefill over FP8 MODEL1 caches: q ``[Sq, H, 512]`` bf16 (H 64 or 128); ``k_cache`` a
+    :class:`dsv4lib.Model1Cache` or FlashMLA's ``[num_pages, page_size, 1, 584]`` view; ``indices [Sq, K]`` int32 into
+    its index space (``page · page_size + slot``; ``-1`` or an address outside the cache = no key); ``topk_length
+    [Sq]`` int32: only the first ``topk_length[t]`` entries of token t's list count.  The optional extra cache (the
+    compressed one, its own page size) comes with ``extra_indices [Sq, K2]`` and ``extra_topk_length [Sq]``.  One
+    softmax per (token, head) over both lists, the per-head ``sink [H]`` fp32 once; keys dequantized inside the
+    kernel, bf16 math, fp32 softmax.  Returns ``out [Sq, H, 512]`` bf16 and with ``return_lse`` ``lse [Sq, H]`` fp32
+    (natural log, sink excluded; -inf for a token without keys), as :func:`dsv4lib.sparse_attention` does."""
+    check_prefill_lists(q, indices, topk_length, extra_indices, extra_topk_length)
     # each token one decode row (s_q = 1): the views share the caller's memory, the decode checks the rest
     # (contiguity, devices, cache layout, H, the sink)
     res = sparse_decode(q.unsqueeze(1), k_cache, indices.unsqueeze(1), topk_length, extra_k_cache=extra_k_cache,

@@ -72,6 +72,11 @@ class Sm90FwdConfig(_Config):
     num_sms: int = 132              # persistent grid size
     rescale_o_early: bool = False   # O rescaled while QK(j+1) is in flight
     pv_wait_block: bool = False     # the PV wait in its own basic block (ptxas cannot hoist it above the softmax)
+    one_kv_state: bool = False      # A/B: the V pipeline's state copied from the K state each tile (one tile behind)
+                                    # instead of advanced on its own (FA4's loop: ~5 fewer uniform instructions a tile)
+    unmasked_body: bool = False     # the overlapped loop in two: the tiles that may need a mask (the keys' ragged
+                                    # end, the causal diagonal: the first visited), then a body without mask or edge
+                                    # test (with a window, a third loop: its left edge, the last tiles visited)
     wg_pingpong: bool = False       # A/B: consumer warpgroups take turns issuing their MMAs (a named-barrier ring)
     warpgroup_tiles: bool = False   # each consumer warpgroup visits only its own rows' K/V tiles (small windows)
     o_in_q_stage: bool = False      # O staged in its item's dead Q stage, stored by an idle producer warp
@@ -131,6 +136,9 @@ class Sm90FwdConfig(_Config):
                              "(persistent=True, bf16 out)")
         if self.l2_section_mb and not (self.causal and not self.window and not self.split_kv):
             raise ValueError("l2_section_mb orders a causal deal (causal, no window, no split_kv)")
+        if self.unmasked_body and not (self.overlap and not self.warpgroup_tiles):
+            raise ValueError("unmasked_body splits the overlapped loop where the masks' edges leave the tiles, counted "
+                             "from the block's rows (overlap=True, no warpgroup tiles: their slots run by warpgroup)")
         if self.l2_hints and not (self.warpgroup_tiles and self.o_in_q_stage):
             raise ValueError("l2_hints is built for the warpgroup-tiles producer and the o_in_q_stage storer")
         if self.merge_slots < 0 or (self.merge_slots and (self.split_kv or self.persistent or self.nvfp4_out)):
@@ -161,6 +169,8 @@ class Sm90FwdConfig(_Config):
                 sched = dict(_D1_CAUSAL_SCHEDULE[head_dim])
             if is_small_window(window) and not split_kv:
                 sched = dict(_SMALL_WINDOW_SCHEDULE[head_dim])
+            if window is None:
+                sched.update(_UNMASKED_BODY[head_dim])
             if sched.get("tile_m", 128) % pack_gqa:
                 sched["tile_m"] = 128                     # the GQA pack must divide the tile's rows
         elif overlap and nvfp4_out and _D1_SCHEDULE[head_dim].get("persistent"):
@@ -215,6 +225,14 @@ _D1_CAUSAL_SCHEDULE: dict[int, dict] = {
     # launched in the 32 MB L2 sections: 680 -> 696 TFLOP/s at B4 S8192 (FA4 716; H100, session 45, d1_d5.md)
     256: dict(_D1_SCHEDULE[256], wg_pingpong=True, l2_section_mb=CAUSAL_L2_SECTION_MB),
 }
+# Without a window the overlapped loop runs in two: the tiles a mask may touch (the keys' ragged end, the causal
+# diagonal: visited first), then a body without the mask's branch, one basic block in which ptxas sinks the PV wait
+# into the softmax (as in FA4's unmasked loop) instead of hoisting it above; at hd128 the PV wait's own block
+# (pv_wait_block) then loses.  H100, sweep_d1.py, FA4 in the same runs, TFLOP/s (session 45): hd256 non-causal
+# 728 -> 755 (FA4 755), 686 -> 710 at B8 S4096 (FA4 712), causal 709 -> 733 (FA4 732); hd64 causal 540 -> 551 (541),
+# non-causal 579 -> 577 (589); hd128 causal 667 -> 697 (658), non-causal 669 -> 676 (679)
+_UNMASKED_BODY: dict[int, dict] = {64: dict(unmasked_body=True), 128: dict(unmasked_body=True, pv_wait_block=False),
+                                   256: dict(unmasked_body=True)}
 # Windows of at most SMALL_WINDOW_MAX keys (D5a; docs/tuning/d5.md): a query tile visits 2-3 K/V tiles, the kernel
 # is bound by L2 re-reads of K/V, so each warpgroup visits only its own rows' tiles and a 192-row tile shares more
 _WARPGROUP_TILES_192 = dict(tile_m=192, tile_n=64, num_stages=4, persistent=True, dynamic_schedule=True,

@@ -673,43 +673,63 @@ class FlashAttentionForwardSm90(Sm90Epilogue):
                                 not self.rescale_o_early)
             convert_to_bf16_pairs(tOrP_view, tOrP)
             kv_state.advance()
-            for i in cutlass.range(1, n_iter, unroll=1):
-                n_block = self.slot_block(i, n_block_max, slots)
-                pipeline_k.consumer_wait(kv_state)
-                self.turn_begin(wg_idx)
-                gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], True, False)
-                if const_expr(self.rescale_o_early):
-                    rescale_rows(acc_O_rc, corrections)                 # O·corr(j) before O += P(j)·V(j)
-                pipeline_v.consumer_wait(v_state)
-                gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, v_state.index], False, False)
-                self.turn_end(wg_idx)
-                if const_expr(self.pv_wait_block):
-                    if i > 1:
-                        pipeline_v.consumer_release(v_prev)                  # PV(j-1): waited for last tile
-                warpgroup.wait_group(1)                                      # S of tile n_block is ready
-                pipeline_k.consumer_release(kv_state)
-                self.block_info.mask_scores(acc_S_rc, tScS_rc, n_block, m_block, seqlen_k, causal_shift, window_size, wg_idx)
-                online_softmax(acc_S_rc, row_max, row_sum, softmax_scale_log2, acc_O_rc, corrections, False)
-                if const_expr(self.pv_wait_block):
-                    # PV(j) done.  The wait sits behind a branch (never the else: seqlen_k > 0 here) so that it
-                    # starts a basic block of its own: in the softmax's block ptxas hoists it above the whole softmax
-                    # (to pack P early into the registers PV(j) still reads), which serializes the softmax behind
-                    # PV(j) and undoes the overlap.  Its V stage is released next tile, after PV(j+1) is issued.
-                    if seqlen_k > 0:
-                        warpgroup.wait_group(0)
+            # unmasked_body: the loop in two (unrolled here: two loops in the program) — the tiles a mask may touch
+            # (the keys' ragged end and the causal diagonal are visited first), then the rest without the mask's edge
+            # tests: that body is one basic block, where ptxas sinks the PV wait into the softmax as in FA4's unmasked
+            # loop instead of hoisting it above (hd256 non-causal +3.5 %, H100, session 45: docs/tuning/d1_d5.md)
+            segments = [(True, 1, n_iter)]
+            if const_expr(self.unmasked_body):
+                masked_end = n_block_max - self.block_info.unmasked_tiles_end(m_block, seqlen_k, causal_shift)
+                masked_end = cutlass.min(cutlass.max(masked_end, 1), n_iter)
+                segments = [(True, 1, masked_end), (False, masked_end, n_iter)]
+                if const_expr(self.has_window):
+                    # and a third: the window's left edge crosses the last tiles visited (the lowest)
+                    tail = n_block_max - self.block_info.unmasked_tiles_start(m_block, causal_shift, window_size)
+                    tail = cutlass.max(cutlass.min(tail, n_iter), masked_end)
+                    segments = [(True, 1, masked_end), (False, masked_end, tail), (True, tail, n_iter)]
+            for masked, first, end in segments:
+                for i in cutlass.range(first, end, unroll=1):
+                    n_block = self.slot_block(i, n_block_max, slots)
+                    pipeline_k.consumer_wait(kv_state)
+                    self.turn_begin(wg_idx)
+                    gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], True, False)
+                    if const_expr(self.rescale_o_early):
+                        rescale_rows(acc_O_rc, corrections)                 # O·corr(j) before O += P(j)·V(j)
+                    pipeline_v.consumer_wait(v_state)
+                    gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, v_state.index], False, False)
+                    self.turn_end(wg_idx)
+                    if const_expr(self.pv_wait_block):
+                        if i > 1:
+                            pipeline_v.consumer_release(v_prev)                  # PV(j-1): waited for last tile
+                    warpgroup.wait_group(1)                                      # S of tile n_block is ready
+                    pipeline_k.consumer_release(kv_state)
+                    if const_expr(masked):
+                        self.block_info.mask_scores(acc_S_rc, tScS_rc, n_block, m_block, seqlen_k, causal_shift,
+                                                    window_size, wg_idx)
+                    online_softmax(acc_S_rc, row_max, row_sum, softmax_scale_log2, acc_O_rc, corrections, False)
+                    if const_expr(self.pv_wait_block):
+                        # PV(j) done.  The wait sits behind a branch (never the else: seqlen_k > 0 here) so that it
+                        # starts a basic block of its own: in the softmax's block ptxas hoists it above the whole softmax
+                        # (to pack P early into the registers PV(j) still reads), which serializes the softmax behind
+                        # PV(j) and undoes the overlap.  Its V stage is released next tile, after PV(j+1) is issued.
+                        if seqlen_k > 0:
+                            warpgroup.wait_group(0)
+                        else:
+                            cute.arch.sync_warp()              # differs from the other side, so the branch is kept
+                            warpgroup.wait_group(0)
                     else:
-                        cute.arch.sync_warp()              # differs from the other side, so the branch is kept
-                        warpgroup.wait_group(0)
-                else:
-                    warpgroup.wait_group(0)                                  # PV done: O and P are ours again
-                    pipeline_v.consumer_release(v_state)
-                if const_expr(not self.rescale_o_early):
-                    rescale_rows(acc_O_rc, corrections)
-                convert_to_bf16_pairs(tOrP_view, tOrP)
-                if const_expr(self.pv_wait_block):
-                    v_prev = v_state.clone()
-                v_state.advance()
-                kv_state.advance()
+                        warpgroup.wait_group(0)                                  # PV done: O and P are ours again
+                        pipeline_v.consumer_release(v_state)
+                    if const_expr(not self.rescale_o_early):
+                        rescale_rows(acc_O_rc, corrections)
+                    convert_to_bf16_pairs(tOrP_view, tOrP)
+                    if const_expr(self.pv_wait_block):
+                        v_prev = v_state.clone()
+                    if const_expr(self.one_kv_state):
+                        v_state = kv_state.clone()          # one tile behind: a copy, not a second advance
+                    else:
+                        v_state.advance()
+                    kv_state.advance()
             if const_expr(self.pv_wait_block):
                 if n_iter > 1:
                     pipeline_v.consumer_release(v_prev)

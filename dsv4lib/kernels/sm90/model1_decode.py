@@ -544,11 +544,9 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         ~2.5k for left ones, H100 trace of session 23)."""
         return tidx % ROW_GROUPS, tidx // ROW_GROUPS
 
-    def peer_rows_past(self, first_k, k=None):
-        """Rows from my row group's first row to the peer's ``k``-th one in a half-tile (or its first) — the crossover:
-        each CTA loads ``convert_rows`` of a row group's rows (from ``first_k`` on), its peer the other ones."""
-        if k is None:
-            return ROW_GROUPS * (self.convert_rows - first_k)
+    def peer_rows_past(self, first_k, k=0):
+        """Rows from my row group's first row to the peer's ``k``-th one in a half-tile (its first by default) — the
+        crossover: each CTA loads ``convert_rows`` of a row group's rows (from ``first_k`` on), its peer the other ones."""
         return ROW_GROUPS * (self.convert_rows - first_k + k)
 
     @staticmethod
