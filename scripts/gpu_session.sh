@@ -133,6 +133,8 @@ for w in $what; do
     # and with the row-combine candidate applied), ~2 min
     splitsparse) { timeout 250 python scripts/split_sweep_sparse.py; } 2>&1 | tee "$out/logs/splitsparse.txt" \
                   | tail -n 6 ;;
+    # the staged FP8-cache prefill's passes timed alone (scripts/probe_staged.py, D6's two FP8 shapes), ~1.5 min
+    staged)   { timeout 200 python scripts/probe_staged.py; } 2>&1 | tee "$out/logs/staged.txt" | tail -n 20 ;;
     # the fused merge (git am docs/tuning/candidates/d7_fused_merge.patch first; measured lost, session 40): B1 / B2 / B4 H64 with it and with the
     # combine launch, alternating, ~2 min
     d7fused)  { timeout 250 python scripts/probe_d7.py --shapes 0,2x64x128x512,4x64x128x512 \

@@ -1,0 +1,70 @@
+"""Where the staged FP8-cache prefill's time goes (#36 item 2): each pass of ``sparse_prefill_staged`` timed alone
+(CUDA events, median of 20 after warm-up) at D6's two FP8 prefill shapes, beside the whole call.
+    python scripts/probe_staged.py"""
+import statistics
+
+import torch
+
+import dsv4lib
+from dsv4lib.bench import d7
+from dsv4lib.bench.d6 import FP8_SHAPES
+from dsv4lib.ops import prefill_staged as S
+from dsv4lib.ops.kvcache import cache_pages
+
+
+def timed(fn, reps=20):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record(); fn(); b.record(); torch.cuda.synchronize()
+        ts.append(a.elapsed_time(b) * 1e3)
+    return statistics.median(ts)
+
+
+def main():
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    window, compressed = d7.filled_cache(1 << 16, 64, gen), d7.filled_cache(1 << 17, 64, gen)
+    print(f"{'shape':>14} {'pass':>28} {'us':>9}")
+    for Sq, H, n_win, n_cmp in FP8_SHAPES:
+        case = d7.make_case(Sq, H, n_win, n_cmp, window, compressed, sets=1)
+        q, idx, len1, idx2, len2 = case.sets[0]
+        q, idx, idx2 = q[:, 0], idx[:, 0], idx2[:, 0]
+        sink = case.sink
+        caches = [cache_pages(window, "w"), cache_pages(compressed, "c")]
+        sizes = [p.shape[0] * ps for p, ps in caches]
+        table = torch.empty(sum(sizes), 512, dtype=torch.bfloat16, device="cuda")
+        keeps = [S._kept(i, l, n) for i, l, n in zip((idx, idx2), (len1, len2), sizes)]
+        masks = [torch.zeros(p.shape[0] + 1, dtype=torch.uint8, device="cuda") for p, _ in caches]
+        ones = [torch.ones(p.shape[0], dtype=torch.uint8, device="cuda") for p, _ in caches]
+        joint = torch.cat([S._joined(idx, keeps[0], 0), S._joined(idx2, keeps[1], sizes[0])], 1)
+
+        def scatter():
+            for m, i, k, (p, ps) in zip(masks, (idx, idx2), keeps, caches):
+                m.zero_(); S._named_pages(m, i, k, ps)
+
+        def dequant(ms):
+            lo = 0
+            for m, (p, ps), n in zip(ms, caches, sizes):
+                S.dequantize_pages(p, ps, table[lo:lo + n], m[:p.shape[0]]); lo += n
+
+        rows = {
+            "kept (both lists)": lambda: [S._kept(i, l, n) for i, l, n in zip((idx, idx2), (len1, len2), sizes)],
+            "page mask scatter": scatter,
+            "page mask int32 scatter": lambda: [m.zero_().scatter_(0, torch.where(k, i // ps, m.shape[0] - 1).view(-1).long(), 1)
+                                                for m, i, k, (p, ps) in zip(masks, (idx, idx2), keeps, caches)],
+            "dequant (mask)": lambda: dequant(masks),
+            "dequant (all pages)": lambda: dequant(ones),
+            "joined + cat": lambda: torch.cat([S._joined(idx, keeps[0], 0), S._joined(idx2, keeps[1], sizes[0])], 1),
+            "sparse_attention": lambda: dsv4lib.sparse_attention(q, table, joint, sink=sink, num_splits=1),
+            "whole staged call": lambda: S.sparse_prefill_staged(q, window, idx, len1, extra_k_cache=compressed,
+                                                                 extra_indices=idx2, extra_topk_length=len2, sink=sink),
+        }
+        for name, fn in rows.items():
+            print(f"{f'Sq{Sq} H{H}':>14} {name:>28} {timed(fn):9.1f}")
+
+
+if __name__ == "__main__":
+    main()
