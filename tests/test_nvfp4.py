@@ -304,16 +304,22 @@ def test_pv_accumulator_column_structure_behind_the_fused_epilogue():
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("overlap,persistent", [(False, False), (True, False), (True, True)])
-def test_fused_nvfp4_epilogue_builds(overlap, persistent):
+@pytest.mark.parametrize("overlap,persistent,unmasked", [(False, False, False), (True, False, False),
+                                                         (True, True, False), (True, True, True)])
+def test_fused_nvfp4_epilogue_builds(overlap, persistent, unmasked):
     """attention_nvfp4 builds the default mainloop and schedule of plain attention (overlap; at hd128 persistent
-    CTAs with the dynamic schedule and the early rescale), only the epilogue differs."""
+    CTAs with the dynamic schedule and the early rescale; the loop split where no mask reaches), only the epilogue
+    differs."""
     import collections
     import re
     from dsv4lib.kernels.compile import compile_for_arch
     from dsv4lib.kernels.sm90.config import Sm90FwdConfig
     from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_nvfp4_args, fake_work_counters
     knobs = {"persistent": True, "dynamic_schedule": True, "rescale_o_early": True} if persistent else {}
+    if unmasked:                                           # attention_nvfp4's default build without a window
+        knobs = {k: v for k, v in Sm90FwdConfig.for_problem(128, nvfp4_out=True).__dict__.items()
+                 if k in ("persistent", "dynamic_schedule", "rescale_o_early", "pv_wait_block", "unmasked_body")}
+        assert knobs["unmasked_body"] and knobs["persistent"], knobs
     extra = (None, fake_work_counters()) if persistent else ()
     k = compile_for_arch(FlashAttentionForwardSm90(Sm90FwdConfig(128, causal=False, has_lse=False, nvfp4_out=True, overlap=overlap,
                                                    **knobs)), *fake_nvfp4_args(128), *extra, arch="sm_90a")

@@ -173,11 +173,16 @@ class Sm90FwdConfig(_Config):
                 sched.update(_UNMASKED_BODY[head_dim])
             if sched.get("tile_m", 128) % pack_gqa:
                 sched["tile_m"] = 128                     # the GQA pack must divide the tile's rows
-        elif overlap and nvfp4_out and _D1_SCHEDULE[head_dim].get("persistent"):
+        elif overlap and nvfp4_out:
             # the NVFP4 epilogue keeps D1's schedule but not its tile shapes: another tile_n changes the fp32 sums
             # whose quantized bits it must reproduce (attention_fp32)
-            sched = {k: v for k, v in _D1_SCHEDULE[head_dim].items()
-                     if k in ("persistent", "dynamic_schedule", "rescale_o_early", "pv_wait_block")}
+            if _D1_SCHEDULE[head_dim].get("persistent"):
+                sched = {k: v for k, v in _D1_SCHEDULE[head_dim].items()
+                         if k in ("persistent", "dynamic_schedule", "rescale_o_early", "pv_wait_block")}
+            if window is None:
+                # the plain build's loop split too (the same tiles in the same order: the sums, and so the quantized
+                # bits, do not change); without it the fused overhead read 0.06 against a plain kernel that had it
+                sched.update(_UNMASKED_BODY[head_dim])
         if sched.get("persistent") and (split_kv or not persistent_here):
             sched = _without_persistence(sched)           # split partials leave by register stores, one block a CTA
         if sched.get("persistent"):
