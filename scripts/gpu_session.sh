@@ -65,6 +65,9 @@ for w in $what; do
     # second call's tree re-sync overwrites the first's stages/results: merge the two archives' rows on this side)
     pipeline1) run_stages 00-env,D0-ref,D1,D1.3,D2 "$w" 560 250 ;;
     pipeline2) run_stages D5,D6,D7,NVFP4-1.0 "$w" 560 250 ;;
+    # k=page_mask,staged_prefill: the GPU tests whose names match any of the words (pytest -k "a or b"), ~1-3 min
+    k=*)      timeout 400 python -m pytest -q -p no:cacheprovider tests -k "$(echo "${w#k=}" | sed 's/,/ or /g')" \
+                > "$out/logs/pytest_k.txt" 2>&1; tail -n 4 "$out/logs/pytest_k.txt" ;;
     # pipeline=D7 or pipeline=D6,D7: only those stages (a re-record of the stages the last change made stale)
     pipeline=*) run_stages "${w#pipeline=}" pipeline 560 300 ;;
     ab)       [ -d .ab/before/dsv4lib ] && timeout ${AB_TIMEOUT:-300} python scripts/ab_time.py --tree before=.ab/before \

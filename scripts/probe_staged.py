@@ -41,9 +41,11 @@ def main():
         ones = [torch.ones(p.shape[0], dtype=torch.uint8, device="cuda") for p, _ in caches]
         joint = torch.cat([S._joined(idx, keeps[0], 0), S._joined(idx2, keeps[1], sizes[0])], 1)
 
-        def scatter():
-            for m, i, k, (p, ps) in zip(masks, (idx, idx2), keeps, caches):
-                m.zero_(); S._named_pages(m, i, k, ps)
+        def marked(method):
+            def run():
+                for m, i, k, (p, ps) in zip(masks, (idx, idx2), keeps, caches):
+                    m.zero_(); S._named_pages(m, i, k, ps, method)
+            return run
 
         def dequant(ms):
             lo = 0
@@ -52,9 +54,7 @@ def main():
 
         rows = {
             "kept (both lists)": lambda: [S._kept(i, l, n) for i, l, n in zip((idx, idx2), (len1, len2), sizes)],
-            "page mask scatter": scatter,
-            "page mask int32 scatter": lambda: [m.zero_().scatter_(0, torch.where(k, i // ps, m.shape[0] - 1).view(-1).long(), 1)
-                                                for m, i, k, (p, ps) in zip(masks, (idx, idx2), keeps, caches)],
+            **{f"page mask {method}": marked(method) for method in ("scatter", "spread", "histc")},
             "dequant (mask)": lambda: dequant(masks),
             "dequant (all pages)": lambda: dequant(ones),
             "joined + cat": lambda: torch.cat([S._joined(idx, keeps[0], 0), S._joined(idx2, keeps[1], sizes[0])], 1),

@@ -795,24 +795,42 @@ def test_staged_prefill_rejects_bad_input(change, exc, match):
                               extra_k_cache=cache)
 
 
-def test_staged_prefill_marks_exactly_the_pages_its_valid_entries_name():
-    """The page mask of the staged prefill (a scatter over the list, no host sync): a page is marked iff some entry
-    before its token's length lies in ``[0, n)`` and on it; the extra byte at the end takes every other entry."""
-    from dsv4lib.ops.prefill_staged import _kept, _named_pages
+@pytest.mark.parametrize("method", ["scatter", "spread", "histc"])
+def test_staged_prefill_marks_exactly_the_pages_its_valid_entries_name(method):
+    """The page mask of the staged prefill (each way of marking it, no host sync): a page is marked iff some entry
+    before its token's length lies in ``[0, n)`` and on it."""
     gen = torch.Generator().manual_seed(fresh_seed())
-    page_size, num_pages = 4, 50
+    for page_size, num_pages in ((4, 50), (64, 3000)):
+        _check_page_mask(method, page_size, num_pages, gen, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", ["scatter", "spread", "histc"])
+def test_staged_prefill_page_mask_on_the_gpu(method):
+    """The same rule with CUDA's scatter and histogram kernels (histc bins with its own float arithmetic)."""
+    gen = torch.Generator().manual_seed(fresh_seed())
+    for page_size, num_pages in ((4, 50), (64, 3000), (64, 100_000)):
+        _check_page_mask(method, page_size, num_pages, gen, "cuda")
+
+
+def _check_page_mask(method, page_size, num_pages, gen, device):
+    from dsv4lib.ops.prefill_staged import _kept, _named_pages
     n = page_size * num_pages
     idx = torch.randint(-3, n + 5, (7, 9), generator=gen, dtype=torch.int32)
+    idx[0, :3] = torch.tensor([0, n - 1, n])                 # the first and last slots, and one past them
     lengths = torch.randint(0, 10, (7,), generator=gen, dtype=torch.int32)
+    lengths[0] = 9
+    idx, lengths = idx.to(device), lengths.to(device)
     for lens in (None, lengths):
-        mask = torch.zeros(num_pages + 1, dtype=torch.uint8)
-        _named_pages(mask, idx, _kept(idx, lens, n), page_size)
+        mask = torch.zeros(num_pages + 1, dtype=torch.uint8, device=device)
+        _named_pages(mask, idx, _kept(idx, lens, n), page_size, method)
+        mask, idx_h, lens_h = mask.cpu(), idx.cpu(), None if lens is None else lens.cpu()
         want = torch.zeros(num_pages, dtype=torch.uint8)
-        for t in range(idx.shape[0]):
-            for j in range(idx.shape[1] if lens is None else int(lens[t])):
-                if 0 <= int(idx[t, j]) < n:
-                    want[int(idx[t, j]) // page_size] = 1
-        assert torch.equal(mask[:-1], want)
+        for t in range(idx_h.shape[0]):
+            for j in range(idx_h.shape[1] if lens_h is None else int(lens_h[t])):
+                if 0 <= int(idx_h[t, j]) < n:
+                    want[int(idx_h[t, j]) // page_size] = 1
+        assert torch.equal(mask[:-1], want), method
 
 
 @pytest.mark.gpu

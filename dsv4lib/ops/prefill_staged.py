@@ -81,11 +81,34 @@ def _kept(indices, lengths, n: int) -> torch.Tensor:
     return keep
 
 
-def _named_pages(mask, indices, keep, page_size: int) -> None:
-    """``mask [num_pages + 1]`` (zeroed) gets a 1 at every page a kept entry of ``indices`` names (the last byte
-    takes the other entries' writes: a scatter with no host sync)."""
-    pages = torch.where(keep, indices // page_size, mask.shape[0] - 1).long().view(-1)
-    mask.scatter_(0, pages, 1)
+# How the page mask is marked (scripts/probe_staged.py measures each): "scatter" — a byte store per list entry into
+# the mask itself; "spread" — the same stores into a scratch with a page's flag alone on its 32-byte sector, then its
+# flags gathered into the mask (a list names a few pages thousands of times each: H200, session 46, the plain
+# scatter's stores piling onto the mask's few cache lines took 526 / 789 µs at D6's two FP8 shapes, more than the
+# attention's 40 %); "histc" — a float histogram of the page numbers (shared-memory counts while the bins fit), > 0
+PAGE_MASK_METHOD = "scatter"
+SPREAD_BYTES = 32
+
+
+def _named_pages(mask, indices, keep, page_size: int, method: str | None = None) -> None:
+    """``mask [num_pages + 1]`` (zeroed) gets a 1 at every page a kept entry of ``indices`` names, no host sync (the
+    last byte takes the other entries' writes in the scatters)."""
+    method = method or PAGE_MASK_METHOD
+    num_pages = mask.shape[0] - 1
+    if method == "histc":
+        pages = torch.where(keep, indices // page_size, -1).view(-1).float()
+        counts = torch.histc(pages, bins=num_pages, min=-0.5, max=num_pages - 0.5)   # page p: the bin around p
+        mask[:-1] = counts > 0
+        return
+    pages = torch.where(keep, indices // page_size, num_pages).long().view(-1)
+    if method == "scatter":
+        mask.scatter_(0, pages, 1)
+    elif method == "spread":
+        spread = torch.zeros(num_pages + 1, SPREAD_BYTES, dtype=torch.uint8, device=mask.device)
+        spread.view(-1).scatter_(0, pages * SPREAD_BYTES, 1)
+        mask.copy_(spread[:, 0])
+    else:
+        raise ValueError(f"unknown page mask method {method!r}")
 
 
 def _joined(indices, keep, lo: int) -> torch.Tensor:
