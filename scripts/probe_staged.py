@@ -54,7 +54,7 @@ def main():
 
         rows = {
             "kept (both lists)": lambda: [S._kept(i, l, n) for i, l, n in zip((idx, idx2), (len1, len2), sizes)],
-            **{f"page mask {method}": marked(method) for method in ("scatter", "spread", "histc")},
+            **{f"page mask {method}": marked(method) for method in ("scatter", "spread", "histc", "kernel")},
             "dequant (mask)": lambda: dequant(masks),
             "dequant (all pages)": lambda: dequant(ones),
             "joined + cat": lambda: torch.cat([S._joined(idx, keeps[0], 0), S._joined(idx2, keeps[1], sizes[0])], 1),

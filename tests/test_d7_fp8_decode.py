@@ -664,6 +664,32 @@ def test_decode_hard_inputs_match_the_reference(case):
 
 
 # ------------------------------------------------------------------------------------ sparse_prefill (#36), same kernel
+@pytest.mark.compile
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_page_mark_kernel_loads_each_entry_once_and_stores_only_after_reading_zero(arch):
+    """16 entries a thread, each: its page number (a 4-byte load), the page's mask byte, a byte store of 1 under the
+    test — no other stores, no atomics; every load issued before the first store (a store between them would hold
+    the next entry's loads behind it: the compiler cannot tell the mask from the list)."""
+    from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.model1_dequant import PageMarkKernel
+    from dsv4lib.ops.prefill_staged import fake_mark_args
+    k = compile_for_arch(PageMarkKernel(), *fake_mark_args(), arch=arch)
+    assert k.count(r"ld\.global(\.\w+)*\.[usb]32") == 16 and k.count(r"ld\.global(\.\w+)*\.[ub]8") == 16
+    assert k.count(r"st\.global(\.\w+)*\.[ub]8") == 16 and k.count(r"st\.global") == 16
+    assert k.count(r"\batom\.") == 0 and k.count(r"\.local") == 0
+    assert k.ptx.rfind("ld.global") < k.ptx.find("st.global")
+
+
+def test_mark_pages_rejects_bad_input():
+    from dsv4lib.ops.prefill_staged import mark_pages
+    with pytest.raises(TypeError, match="int32 pages"):
+        mark_pages(torch.zeros(4, dtype=torch.int64), torch.zeros(3, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="contiguous"):
+        mark_pages(torch.zeros(4, 2, dtype=torch.int32)[:, 0], torch.zeros(3, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="CUDA"):
+        mark_pages(torch.zeros(4, dtype=torch.int32), torch.zeros(3, dtype=torch.uint8))
+
+
 @pytest.mark.parametrize("change,exc,match", [
     (lambda q, i, n: (q.float(), i, n), TypeError, "bf16"),
     (lambda q, i, n: (q[None], i, n), ValueError, r"\[Sq >= 1, H, 512\]"),
@@ -775,6 +801,31 @@ def test_dequant_kernel_reads_a_slot_once_and_writes_its_row_in_one_sweep(arch):
     assert k.count(r"\.local") == 0
 
 
+@pytest.mark.compile
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_page_mark_kernel_loads_each_entry_once_and_stores_only_after_reading_zero(arch):
+    """16 entries a thread, each: its page number (a 4-byte load), the page's mask byte, a byte store of 1 under the
+    test — no other stores, no atomics; every load issued before the first store (a store between them would hold
+    the next entry's loads behind it: the compiler cannot tell the mask from the list)."""
+    from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.model1_dequant import PageMarkKernel
+    from dsv4lib.ops.prefill_staged import fake_mark_args
+    k = compile_for_arch(PageMarkKernel(), *fake_mark_args(), arch=arch)
+    assert k.count(r"ld\.global(\.\w+)*\.[usb]32") == 16 and k.count(r"ld\.global(\.\w+)*\.[ub]8") == 16
+    assert k.count(r"st\.global(\.\w+)*\.[ub]8") == 16 and k.count(r"st\.global") == 16
+    assert k.count(r"\batom\.") == 0 and k.count(r"\.local") == 0
+
+
+def test_mark_pages_rejects_bad_input():
+    from dsv4lib.ops.prefill_staged import mark_pages
+    with pytest.raises(TypeError, match="int32 pages"):
+        mark_pages(torch.zeros(4, dtype=torch.int64), torch.zeros(3, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="contiguous"):
+        mark_pages(torch.zeros(4, 2, dtype=torch.int32)[:, 0], torch.zeros(3, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="CUDA"):
+        mark_pages(torch.zeros(4, dtype=torch.int32), torch.zeros(3, dtype=torch.uint8))
+
+
 @pytest.mark.parametrize("change,exc,match", [
     (lambda q, i, n: (q.float(), i, n), TypeError, "bf16"),
     (lambda q, i, n: (q[None], i, n), ValueError, r"\[Sq >= 1, H, 512\]"),
@@ -805,9 +856,10 @@ def test_staged_prefill_marks_exactly_the_pages_its_valid_entries_name(method):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("method", ["scatter", "spread", "histc"])
+@pytest.mark.parametrize("method", ["kernel", "scatter", "spread", "histc"])
 def test_staged_prefill_page_mask_on_the_gpu(method):
-    """The same rule with CUDA's scatter and histogram kernels (histc bins with its own float arithmetic)."""
+    """The same rule on the GPU: our page-mark kernel (the default), CUDA's scatter and histogram kernels (histc bins
+    with its own float arithmetic)."""
     gen = torch.Generator().manual_seed(fresh_seed())
     for page_size, num_pages in ((4, 50), (64, 3000), (64, 100_000)):
         _check_page_mask(method, page_size, num_pages, gen, "cuda")

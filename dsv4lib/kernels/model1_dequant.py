@@ -71,3 +71,44 @@ class Model1DequantKernel:
                     cute.autovec_copy(gmem_view(Uint32, part + Int64(NOPE_DIMS + (lane - NOPE_LANES) * 32), 8, 16),
                                       rR)
                     cute.autovec_copy(rR, gmem_view(Uint32, row, 8, 16))
+
+
+MARK_THREADS = 256
+MARK_PER_THREAD = 16
+
+
+class PageMarkKernel:
+    """``pages [n]`` int32 (a page number per list entry; a dropped entry names the spare page ``num_pages``) →
+    ``mask [num_pages + 1]`` uint8: a 1 at every page named.  Each thread reads the page's byte first and stores only
+    where it reads 0.  Why not a plain scatter: a prefill's lists name a few thousand pages thousands of times each,
+    and a store per entry piles onto the mask's few cache lines (H200, session 46: 526 / 789 µs at D6's two FP8
+    shapes, against a dequantization pass of ~130); the loads hit L1 once a line holds the SM's own marks, so the
+    stores left are about one per page and SM.  A stale 0 only costs a store (every store writes the same 1)."""
+
+    @cute.jit
+    def __call__(self, mPages: cute.Tensor, mMask: cute.Tensor, stream: cuda.CUstream = None):
+        chunk = MARK_THREADS * MARK_PER_THREAD
+        grid = (cute.size(mPages, mode=[0]) + chunk - 1) // chunk
+        self.kernel(mPages, mMask).launch(grid=(grid, 1, 1), block=(MARK_THREADS, 1, 1), **launch_stream(stream))
+
+    @cute.kernel
+    def kernel(self, mPages: cute.Tensor, mMask: cute.Tensor):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        n = cute.size(mPages, mode=[0])
+        spare = cute.size(mMask, mode=[0]) - 1          # the dropped entries' page: past the end, it marks the spare
+        first = bidx * (MARK_THREADS * MARK_PER_THREAD) + tidx
+        # all the loads first, then the stores: with a store between them the next entry's loads could not pass it
+        # (the compiler cannot tell the mask from the list), one entry's two loads' latency after another's
+        rPage = cute.make_rmem_tensor((MARK_PER_THREAD,), Int32)
+        rSeen = cute.make_rmem_tensor((MARK_PER_THREAD,), Uint8)
+        for k in cutlass.range_constexpr(MARK_PER_THREAD):          # coalesced: the block's threads side by side
+            e = first + k * MARK_THREADS
+            rPage[k] = spare
+            if e < n:
+                rPage[k] = mPages[e]
+        for k in cutlass.range_constexpr(MARK_PER_THREAD):
+            rSeen[k] = mMask[rPage[k]]
+        for k in cutlass.range_constexpr(MARK_PER_THREAD):
+            if rSeen[k] == Uint8(0):
+                mMask[rPage[k]] = Uint8(1)

@@ -73,6 +73,37 @@ def dequantize_pages(pages: torch.Tensor, page_size: int, out: torch.Tensor, pag
                      (pages, page_size, out, page_mask, raw_stream(pages.device)))
 
 
+def mark_args(pages, mask, stream=None, tvm_ffi: bool = False) -> tuple:
+    return rows_dynamic(pages, tvm_ffi=tvm_ffi), rows_dynamic(mask, tvm_ffi=tvm_ffi), *stream_arg(stream, tvm_ffi)
+
+
+def fake_mark_args():
+    """CPU stand-ins for a compile test of the page-mark kernel."""
+    return mark_args(torch.empty(100, dtype=torch.int32), torch.empty(9, dtype=torch.uint8))
+
+
+def mark_pages(pages: torch.Tensor, mask: torch.Tensor) -> None:
+    """``mask[p] = 1`` for every ``p`` in ``pages`` (int32, contiguous, each in ``[0, len(mask))``), on the GPU
+    (:class:`~dsv4lib.kernels.model1_dequant.PageMarkKernel`); no host sync."""
+    if pages.dtype != torch.int32 or mask.dtype != torch.uint8 or pages.dim() != 1 or mask.dim() != 1:
+        raise TypeError("mark_pages takes int32 pages [n] and a uint8 mask [num_pages]")
+    if pages.device != mask.device or not pages.is_contiguous() or not mask.is_contiguous():
+        raise ValueError("pages and mask must be contiguous, on one device")
+    if not mask.is_cuda:
+        raise ValueError("mark_pages takes CUDA tensors")
+    if pages.numel() == 0:
+        return
+    check_hopper(mask.device, "mark_pages")
+
+    def make_kernel():
+        from ..kernels.model1_dequant import PageMarkKernel
+        return PageMarkKernel()
+
+    with on_device(mask.device):
+        run_compiled("model1 page mark", make_kernel, lambda: mark_args(pages, mask, tvm_ffi=True),
+                     (pages, mask, raw_stream(mask.device)))
+
+
 def _kept(indices, lengths, n: int) -> torch.Tensor:
     """Which entries of a list count: in ``[0, n)`` (its own cache's slots) and before the token's length."""
     keep = (indices >= 0) & (indices < n)
@@ -81,18 +112,18 @@ def _kept(indices, lengths, n: int) -> torch.Tensor:
     return keep
 
 
-# How the page mask is marked (scripts/probe_staged.py measures each): "scatter" — a byte store per list entry into
-# the mask itself; "spread" — the same stores into a scratch with a page's flag alone on its 32-byte sector, then its
-# flags gathered into the mask (a list names a few pages thousands of times each: H200, session 46, the plain
-# scatter's stores piling onto the mask's few cache lines took 526 / 789 µs at D6's two FP8 shapes, more than the
-# attention's 40 %); "histc" — a float histogram of the page numbers (shared-memory counts while the bins fit), > 0
-PAGE_MASK_METHOD = "scatter"
+# How the page mask is marked (scripts/probe_staged.py times each; H200, session 46, D6's two FP8 shapes, µs with
+# some host time in them): "scatter" — a byte store per list entry into the mask (528 / 783: a list names a few pages
+# thousands of times each, and the stores pile onto the mask's few cache lines); "spread" — the same into a scratch
+# with a page's flag alone on its 32-byte sector (380 / 353); "histc" — a float histogram of the page numbers, > 0
+# (290 / 211); "kernel" — PageMarkKernel: a store only where a load reads 0
+PAGE_MASK_METHOD = "kernel"
 SPREAD_BYTES = 32
 
 
 def _named_pages(mask, indices, keep, page_size: int, method: str | None = None) -> None:
     """``mask [num_pages + 1]`` (zeroed) gets a 1 at every page a kept entry of ``indices`` names, no host sync (the
-    last byte takes the other entries' writes in the scatters)."""
+    last byte takes the other entries' marks; ``method``: :data:`PAGE_MASK_METHOD` by default)."""
     method = method or PAGE_MASK_METHOD
     num_pages = mask.shape[0] - 1
     if method == "histc":
@@ -100,7 +131,11 @@ def _named_pages(mask, indices, keep, page_size: int, method: str | None = None)
         counts = torch.histc(pages, bins=num_pages, min=-0.5, max=num_pages - 0.5)   # page p: the bin around p
         mask[:-1] = counts > 0
         return
-    pages = torch.where(keep, indices // page_size, num_pages).long().view(-1)
+    pages = torch.where(keep, indices // page_size, num_pages).view(-1)          # int32
+    if method == "kernel":
+        mark_pages(pages, mask)
+        return
+    pages = pages.long()
     if method == "scatter":
         mask.scatter_(0, pages, 1)
     elif method == "spread":
