@@ -117,7 +117,7 @@ def _kept(indices, lengths, n: int) -> torch.Tensor:
 # thousands of times each, and the stores pile onto the mask's few cache lines); "spread" — the same into a scratch
 # with a page's flag alone on its 32-byte sector (380 / 353); "histc" — a float histogram of the page numbers, > 0
 # (290 / 211); "kernel" — PageMarkKernel: a store only where a load reads 0
-PAGE_MASK_METHOD = "kernel"
+PAGE_MASK_METHOD = "histc"
 SPREAD_BYTES = 32
 
 
