@@ -664,32 +664,6 @@ def test_decode_hard_inputs_match_the_reference(case):
 
 
 # ------------------------------------------------------------------------------------ sparse_prefill (#36), same kernel
-@pytest.mark.compile
-@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
-def test_page_mark_kernel_loads_each_entry_once_and_stores_only_after_reading_zero(arch):
-    """16 entries a thread, each: its page number (a 4-byte load), the page's mask byte, a byte store of 1 under the
-    test — no other stores, no atomics; every load issued before the first store (a store between them would hold
-    the next entry's loads behind it: the compiler cannot tell the mask from the list)."""
-    from dsv4lib.kernels.compile import compile_for_arch
-    from dsv4lib.kernels.model1_dequant import PageMarkKernel
-    from dsv4lib.ops.prefill_staged import fake_mark_args
-    k = compile_for_arch(PageMarkKernel(), *fake_mark_args(), arch=arch)
-    assert k.count(r"ld\.global(\.\w+)*\.[usb]32") == 16 and k.count(r"ld\.global(\.\w+)*\.[ub]8") == 16
-    assert k.count(r"st\.global(\.\w+)*\.[ub]8") == 16 and k.count(r"st\.global") == 16
-    assert k.count(r"\batom\.") == 0 and k.count(r"\.local") == 0
-    assert k.ptx.rfind("ld.global") < k.ptx.find("st.global")
-
-
-def test_mark_pages_rejects_bad_input():
-    from dsv4lib.ops.prefill_staged import mark_pages
-    with pytest.raises(TypeError, match="int32 pages"):
-        mark_pages(torch.zeros(4, dtype=torch.int64), torch.zeros(3, dtype=torch.uint8))
-    with pytest.raises(ValueError, match="contiguous"):
-        mark_pages(torch.zeros(4, 2, dtype=torch.int32)[:, 0], torch.zeros(3, dtype=torch.uint8))
-    with pytest.raises(ValueError, match="CUDA"):
-        mark_pages(torch.zeros(4, dtype=torch.int32), torch.zeros(3, dtype=torch.uint8))
-
-
 @pytest.mark.parametrize("change,exc,match", [
     (lambda q, i, n: (q.float(), i, n), TypeError, "bf16"),
     (lambda q, i, n: (q[None], i, n), ValueError, r"\[Sq >= 1, H, 512\]"),
