@@ -105,6 +105,12 @@ for w in $what; do
                 timeout 120 python scripts/sweep_d1.py --head-dim $D --causal 0 --window 4096 --shape 2x16384 \
                   --variants unmasked,unmasked_nopv
                 done; } 2>&1 | tee "$out/logs/d1unmaskedw.txt" | grep "^{\|refused\|Error\|error" | tail -n 12 ;;
+    # the built, never-timed D1 A/B knobs (all compile spill-free, no serialized wgmma: sweep_d1.py --check, session
+    # 46): one_kv_state at every head dim, hd128's pingpong / late rescale / both, FA4 in the same runs, ~3 min
+    d1ab)     { timeout 150 python scripts/sweep_d1.py --head-dim 128 --causal both --variants onestate,pingpong,late_rescale,pp_late
+                timeout 120 python scripts/sweep_d1.py --head-dim 64 --causal both --variants onestate
+                timeout 120 python scripts/sweep_d1.py --head-dim 256 --causal both --variants onestate; } 2>&1 \
+                | tee "$out/logs/d1ab.txt" | grep "^{\|refused\|Error\|error" | tail -n 12 ;;
     d1)       { timeout 240 python scripts/sweep_d1.py --head-dim 64 --causal 1;
                 timeout 240 python scripts/sweep_d1.py --head-dim 256 --causal 1; } 2>&1 | tee "$out/logs/d1.txt" \
                 | grep "^{\|refused" ;;
