@@ -275,7 +275,10 @@ if on_gpu:
 # same FP8 cache on the first 64 tokens.  **Staged** (`sparse_prefill_staged`): the other design — both caches
 # dequantized once into one bf16 table by a memory-bound pass, then the bf16 kernel; its time includes that pass.  A
 # prefill's tokens list the same keys many times (here each cached key ~13 times), and the fused kernel converts a
-# key once per listing on the producer warps that bound it.
+# key once per listing on the producer warps that bound it.  The staged call is given the pages it may read (`pages=`,
+# `extra_pages=`: what a serving engine's block table holds; here every page, the lists being random over the whole
+# caches); without them it finds them by a pass over the lists ("scan", timed beside: a `torch.histc` of the entries'
+# page numbers — a byte store per entry piled onto the mask's few cache lines and cost more than the dequantization).
 
 # %%
 from dsv4lib.bench import d6, d7
@@ -295,7 +298,8 @@ if on_gpu:
                 f"  FlashMLA bf16 table {r['flashmla_bf16_table_us']:8.1f} ({r['ratio_vs_flashmla_bf16']:.3f}x)"
                 if fm is not None else "FlashMLA not run")
         print(f"FP8   Sq {r['Sq']:6d} H{r['H']:<4d} {r['keys']:>9}: ours {r['ours_us']:8.1f} us {r['ours_tflops']:5.0f} TF/s"
-              f" cos {r['cosine']:.6f} | staged {r['ours_staged_us']:8.1f} us cos {r['staged_cosine']:.6f}"
+              f" cos {r['cosine']:.6f} | staged {r['ours_staged_us']:8.1f} us (scan {r['ours_staged_scan_us']:8.1f})"
+              f" cos {r['staged_cosine']:.6f}"
               f" | ours bf16 table {r['ours_bf16_table_us']:8.1f} | {peer}")
 
 # %%

@@ -1,5 +1,7 @@
 """Where the staged FP8-cache prefill's time goes (#36 item 2): each pass of ``sparse_prefill_staged`` timed alone
-(CUDA events, median of 20 after warm-up) at D6's two FP8 prefill shapes, beside the whole call.
+(CUDA events, median of 20 after warm-up: the small torch passes carry some host time) at D6's two FP8 prefill
+shapes, beside the whole call with the pages found by a scan of the lists and given (``pages=``).  Session 46 timed
+four ways of marking the page mask with it (docs/tuning/d2_d6.md).
     python scripts/probe_staged.py"""
 import statistics
 
@@ -37,30 +39,30 @@ def main():
         sizes = [p.shape[0] * ps for p, ps in caches]
         table = torch.empty(sum(sizes), 512, dtype=torch.bfloat16, device="cuda")
         keeps = [S._kept(i, l, n) for i, l, n in zip((idx, idx2), (len1, len2), sizes)]
-        masks = [torch.zeros(p.shape[0] + 1, dtype=torch.uint8, device="cuda") for p, _ in caches]
-        ones = [torch.ones(p.shape[0], dtype=torch.uint8, device="cuda") for p, _ in caches]
         joint = torch.cat([S._joined(idx, keeps[0], 0), S._joined(idx2, keeps[1], sizes[0])], 1)
 
-        def marked(method):
-            def run():
-                for m, i, k, (p, ps) in zip(masks, (idx, idx2), keeps, caches):
-                    m.zero_(); S._named_pages(m, i, k, ps, method)
-            return run
+        def marked():
+            for i, k, (p, ps) in zip((idx, idx2), keeps, caches):
+                S._named_pages(i, k, ps, p.shape[0])
 
-        def dequant(ms):
+        all_pages = [torch.arange(c.num_pages, dtype=torch.int32, device="cuda") for c in (window, compressed)]
+
+        def dequant():
             lo = 0
-            for m, (p, ps), n in zip(ms, caches, sizes):
-                S.dequantize_pages(p, ps, table[lo:lo + n], m[:p.shape[0]]); lo += n
+            for (p, ps), n in zip(caches, sizes):
+                S.dequantize_pages(p, ps, table[lo:lo + n]); lo += n
 
         rows = {
             "kept (both lists)": lambda: [S._kept(i, l, n) for i, l, n in zip((idx, idx2), (len1, len2), sizes)],
-            **{f"page mask {method}": marked(method) for method in ("scatter", "spread", "histc", "kernel")},
-            "dequant (mask)": lambda: dequant(masks),
-            "dequant (all pages)": lambda: dequant(ones),
+            "page list (histc of the lists)": marked,
+            "dequant (all pages)": dequant,
             "joined + cat": lambda: torch.cat([S._joined(idx, keeps[0], 0), S._joined(idx2, keeps[1], sizes[0])], 1),
             "sparse_attention": lambda: dsv4lib.sparse_attention(q, table, joint, sink=sink, num_splits=1),
-            "whole staged call": lambda: S.sparse_prefill_staged(q, window, idx, len1, extra_k_cache=compressed,
-                                                                 extra_indices=idx2, extra_topk_length=len2, sink=sink),
+            "whole staged call (scan)": lambda: S.sparse_prefill_staged(
+                q, window, idx, len1, extra_k_cache=compressed, extra_indices=idx2, extra_topk_length=len2, sink=sink),
+            "whole staged call (pages=)": lambda: S.sparse_prefill_staged(
+                q, window, idx, len1, extra_k_cache=compressed, extra_indices=idx2, extra_topk_length=len2, sink=sink,
+                pages=all_pages[0], extra_pages=all_pages[1]),
         }
         for name, fn in rows.items():
             print(f"{f'Sq{Sq} H{H}':>14} {name:>28} {timed(fn):9.1f}")

@@ -763,41 +763,21 @@ def test_decode_shapes_parse_from_an_index_or_four_extents():
 @pytest.mark.compile
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 def test_dequant_kernel_reads_a_slot_once_and_writes_its_row_in_one_sweep(arch):
-    """A CTA a page (if its mask byte is set), one warp a slot: 28 lanes load 16 e4m3 bytes each (one 16-byte load)
-    and their tile's scale byte, convert them by pairs (e4m3x2 → f16x2 → fp32 × 2^e → bf16x2: 8 of each a lane),
-    store 32 bytes; 4 lanes copy 32 rope bytes."""
+    """A CTA a page (if its mask byte is set), a warp two slots at a time: 28 lanes load 16 e4m3 bytes of each (one
+    16-byte load) and its tile's scale byte, convert them by pairs (e4m3x2 → f16x2 → fp32 × 2^e → bf16x2: 8 of each
+    a slot), store 32 bytes; 4 lanes copy 32 rope bytes — both slots' loads issued before the first store."""
+    import re
     from dsv4lib.kernels.compile import compile_for_arch
-    from dsv4lib.kernels.model1_dequant import Model1DequantKernel
+    from dsv4lib.kernels.model1_dequant import SLOTS_IN_FLIGHT, Model1DequantKernel
     from dsv4lib.ops.prefill_staged import fake_dequant_args
     k = compile_for_arch(Model1DequantKernel(), *fake_dequant_args(), arch=arch)
-    assert k.count(r"cvt\.rn\.f16x2\.e4m3x2") == 8 and k.count(r"cvt\.rn\.bf16x2\.f32") == 8
-    assert k.count(r"ld\.global(\.\w+)*\.v4") == 1 + 2 and k.count(r"st\.global(\.\w+)*\.v4") == 2 + 2
+    slots = SLOTS_IN_FLIGHT
+    assert k.count(r"cvt\.rn\.f16x2\.e4m3x2") == 8 * slots and k.count(r"cvt\.rn\.bf16x2\.f32") == 8 * slots
+    assert k.count(r"ld\.global(\.\w+)*\.v4") == (1 + 2) * slots
+    assert k.count(r"st\.global(\.\w+)*\.v4") == (2 + 2) * slots
     assert k.count(r"\.local") == 0
-
-
-@pytest.mark.compile
-@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
-def test_page_mark_kernel_loads_each_entry_once_and_stores_only_after_reading_zero(arch):
-    """16 entries a thread, each: its page number (a 4-byte load), the page's mask byte, a byte store of 1 under the
-    test — no other stores, no atomics; every load issued before the first store (a store between them would hold
-    the next entry's loads behind it: the compiler cannot tell the mask from the list)."""
-    from dsv4lib.kernels.compile import compile_for_arch
-    from dsv4lib.kernels.model1_dequant import PageMarkKernel
-    from dsv4lib.ops.prefill_staged import fake_mark_args
-    k = compile_for_arch(PageMarkKernel(), *fake_mark_args(), arch=arch)
-    assert k.count(r"ld\.global(\.\w+)*\.[usb]32") == 16 and k.count(r"ld\.global(\.\w+)*\.[ub]8") == 16
-    assert k.count(r"st\.global(\.\w+)*\.[ub]8") == 16 and k.count(r"st\.global") == 16
-    assert k.count(r"\batom\.") == 0 and k.count(r"\.local") == 0
-
-
-def test_mark_pages_rejects_bad_input():
-    from dsv4lib.ops.prefill_staged import mark_pages
-    with pytest.raises(TypeError, match="int32 pages"):
-        mark_pages(torch.zeros(4, dtype=torch.int64), torch.zeros(3, dtype=torch.uint8))
-    with pytest.raises(ValueError, match="contiguous"):
-        mark_pages(torch.zeros(4, 2, dtype=torch.int32)[:, 0], torch.zeros(3, dtype=torch.uint8))
-    with pytest.raises(ValueError, match="CUDA"):
-        mark_pages(torch.zeros(4, dtype=torch.int32), torch.zeros(3, dtype=torch.uint8))
+    memory = [m.group(1) for m in re.finditer(r"\b(ld|st)\.global(\.\w+)*\.v4", k.ptx)]
+    assert memory[:slots] == ["ld"] * slots, memory                 # the nope lanes: every slot's load, then stores
 
 
 @pytest.mark.parametrize("change,exc,match", [
@@ -820,26 +800,46 @@ def test_staged_prefill_rejects_bad_input(change, exc, match):
                               extra_k_cache=cache)
 
 
-@pytest.mark.parametrize("method", ["scatter", "spread", "histc"])
-def test_staged_prefill_marks_exactly_the_pages_its_valid_entries_name(method):
-    """The page mask of the staged prefill (each way of marking it, no host sync): a page is marked iff some entry
-    before its token's length lies in ``[0, n)`` and on it."""
+def test_staged_prefill_rejects_bad_pages():
+    from dsv4lib.ops.prefill_staged import _page_slots, dequantize_pages, sparse_prefill_staged
+    with pytest.raises(TypeError, match="pages must be an int32 tensor"):
+        _page_slots(torch.zeros(3, dtype=torch.int64), 5, "pages")
+    with pytest.raises(TypeError, match="extra_pages must be an int32 tensor"):
+        _page_slots(torch.zeros(3, 1, dtype=torch.int32), 5, "extra_pages")
+    with pytest.raises(TypeError, match="pages must be an int32 tensor"):
+        _page_slots(torch.zeros(0, dtype=torch.int32), 5, "pages")
+    # each page's position in the list; -1: not given (and the spare last entry, the padding's target)
+    assert _page_slots(torch.tensor([3, -1, 4, 9, 0], dtype=torch.int32), 5, "pages").tolist() == [4, -1, -1, 0, 2, -1]
+    from dsv4lib.reference.model1 import page_bytes
+    cache, pages = torch.zeros(1, 64, 1, 584, dtype=torch.uint8), torch.zeros(1, page_bytes(64), dtype=torch.uint8)
+    for page_list, match in ((torch.zeros(2, dtype=torch.int64), "int32"), (torch.zeros(0, dtype=torch.int32), "int32"),
+                             (torch.zeros(2, 2, dtype=torch.int32)[:, 0], "contiguous")):
+        with pytest.raises(ValueError, match=match):
+            dequantize_pages(pages, 64, torch.zeros(128, 512, dtype=torch.bfloat16), page_list)
+    with pytest.raises(ValueError, match=r"out must be \[128, 512\]"):
+        dequantize_pages(pages, 64, torch.zeros(64, 512, dtype=torch.bfloat16), torch.zeros(2, dtype=torch.int32))
+    with pytest.raises(ValueError, match="extra_pages need extra_k_cache"):
+        sparse_prefill_staged(torch.zeros(3, 64, 512, dtype=torch.bfloat16), cache, torch.zeros(3, 9, dtype=torch.int32),
+                              extra_pages=torch.zeros(2, dtype=torch.int32))
+
+
+def test_staged_prefill_marks_exactly_the_pages_its_valid_entries_name():
+    """The page mask of the staged prefill (no host sync): a page is marked iff some entry before its token's length
+    lies in ``[0, n)`` and on it."""
     gen = torch.Generator().manual_seed(fresh_seed())
     for page_size, num_pages in ((4, 50), (64, 3000)):
-        _check_page_mask(method, page_size, num_pages, gen, "cpu")
+        _check_page_mask(page_size, num_pages, gen, "cpu")
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("method", ["kernel", "scatter", "spread", "histc"])
-def test_staged_prefill_page_mask_on_the_gpu(method):
-    """The same rule on the GPU: our page-mark kernel (the default), CUDA's scatter and histogram kernels (histc bins
-    with its own float arithmetic)."""
+def test_staged_prefill_page_mask_on_the_gpu():
+    """The same rule with CUDA's histogram kernel (its own float arithmetic for the bins)."""
     gen = torch.Generator().manual_seed(fresh_seed())
     for page_size, num_pages in ((4, 50), (64, 3000), (64, 100_000)):
-        _check_page_mask(method, page_size, num_pages, gen, "cuda")
+        _check_page_mask(page_size, num_pages, gen, "cuda")
 
 
-def _check_page_mask(method, page_size, num_pages, gen, device):
+def _check_page_mask(page_size, num_pages, gen, device):
     from dsv4lib.ops.prefill_staged import _kept, _named_pages
     n = page_size * num_pages
     idx = torch.randint(-3, n + 5, (7, 9), generator=gen, dtype=torch.int32)
@@ -848,15 +848,15 @@ def _check_page_mask(method, page_size, num_pages, gen, device):
     lengths[0] = 9
     idx, lengths = idx.to(device), lengths.to(device)
     for lens in (None, lengths):
-        mask = torch.zeros(num_pages + 1, dtype=torch.uint8, device=device)
-        _named_pages(mask, idx, _kept(idx, lens, n), page_size, method)
-        mask, idx_h, lens_h = mask.cpu(), idx.cpu(), None if lens is None else lens.cpu()
+        page_list = _named_pages(idx, _kept(idx, lens, n), page_size, num_pages).cpu()
+        idx_h, lens_h = idx.cpu(), None if lens is None else lens.cpu()
         want = torch.zeros(num_pages, dtype=torch.uint8)
         for t in range(idx_h.shape[0]):
             for j in range(idx_h.shape[1] if lens_h is None else int(lens_h[t])):
                 if 0 <= int(idx_h[t, j]) < n:
                     want[int(idx_h[t, j]) // page_size] = 1
-        assert torch.equal(mask[:-1], want), method
+        assert page_list.dtype == torch.int32
+        assert torch.equal(page_list, torch.where(want.bool(), torch.arange(num_pages, dtype=torch.int32), -1))
 
 
 @pytest.mark.gpu
@@ -864,7 +864,7 @@ def _check_page_mask(method, page_size, num_pages, gen, device):
 def test_dequant_kernel_is_bit_equal_to_the_reference(page_size):
     """Every slot of a cache written by the GPU writer (random keys; a fifth of the slots never written: zero rows)
     dequantized into the bf16 table (NaN-poisoned first) equals the reference reader's float64 keys rounded to bf16
-    — exactly (they are bf16 values already)."""
+    — exactly (they are bf16 values already); and a packed table from a shuffled page list."""
     from dsv4lib.ops.prefill_staged import dequantize_pages
     gen = torch.Generator().manual_seed(fresh_seed())
     cache = dsv4lib.Model1Cache(24 if page_size == 64 else 512, page_size, device="cuda")
@@ -875,12 +875,18 @@ def test_dequant_kernel_is_bit_equal_to_the_reference(page_size):
     want = cache.keys().bfloat16()
     assert torch.equal(table.cpu(), want.cpu())
     assert int((want.abs().sum(1) == 0).sum()) >= cache.num_keys // 5                  # the unwritten rows: zeros
-    # a page mask: only the named pages' rows written, the others keep their poison
-    mask = (torch.rand(cache.num_pages, generator=gen) < 0.3).to(torch.uint8)
-    table.fill_(float("nan"))
-    dequantize_pages(cache.data, cache.page_size, table, mask.cuda())
-    rows = mask.bool().repeat_interleave(page_size)
-    assert torch.equal(table.cpu()[rows], want.cpu()[rows]) and bool(table.cpu()[~rows].isnan().all())
+    # a page list, shuffled, with numbers outside the cache: block b gets page list[b], the others keep their poison
+    pages = torch.randperm(cache.num_pages, generator=gen)[: cache.num_pages // 3].int()
+    page_list = torch.cat([pages, torch.tensor([-1, cache.num_pages, 1 << 30], dtype=torch.int32)])
+    page_list = page_list[torch.randperm(len(page_list), generator=gen)]
+    packed = torch.full((len(page_list) * page_size, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    dequantize_pages(cache.data, cache.page_size, packed, page_list.cuda())
+    packed, want = packed.cpu().view(len(page_list), page_size, 512), want.cpu().view(cache.num_pages, page_size, 512)
+    for b, page in enumerate(page_list.tolist()):
+        if 0 <= page < cache.num_pages:
+            assert torch.equal(packed[b], want[page]), (b, page)
+        else:
+            assert bool(packed[b].isnan().all()), (b, page)
 
 
 @pytest.mark.gpu
@@ -903,18 +909,52 @@ def test_staged_prefill_matches_the_reference_and_the_bf16_kernel_on_the_table(S
     seen = torch.isfinite(ref_lse[:, :, 0])
     assert torch.equal(torch.isfinite(lse), seen)
     torch.testing.assert_close(lse[seen], ref_lse[:, :, 0][seen].float(), atol=2e-3, rtol=0)
+    want, want_lse = _staged_by_hand(q, main, idx, kw)
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+
+
+def _staged_by_hand(q, main, idx, kw, allowed=(None, None)):
+    """``sparse_attention`` over the reference's bf16 table with the lists joined by hand: out-of-range,
+    past-the-length entries and (``allowed``: a bool per page of each cache, or None) entries on other pages
+    dropped, the extra cache's rows after the window's."""
     tables, lists, lo = [main.keys()], [], 0
     caches = [(main, idx[:, 0], kw.get("topk_length"))]
-    if extra:
+    if kw.get("extra_k_cache") is not None:
         tables.append(kw["extra_k_cache"].keys())
         caches.append((kw["extra_k_cache"], kw["extra_indices"][:, 0], kw.get("extra_topk_length")))
-    for cache, ix, n in caches:
+    for (cache, ix, n), ok in zip(caches, allowed):
         keep = (ix >= 0) & (ix < cache.num_keys)
         if n is not None:
             keep &= torch.arange(ix.shape[1], device=ix.device) < n[:, None]
+        if ok is not None:
+            keep &= ok[torch.where(keep, ix // cache.page_size, 0)]
         lists.append(torch.where(keep, ix + lo, -1))
         lo += cache.num_keys
     table = torch.cat(tables).bfloat16().cuda()
-    want, want_lse = dsv4lib.sparse_attention(q[:, 0], table, torch.cat(lists, 1).contiguous(), sink=kw.get("sink"),
-                                              num_splits=1, return_lse=True)
-    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+    return dsv4lib.sparse_attention(q[:, 0], table, torch.cat(lists, 1).contiguous(), sink=kw.get("sink"),
+                                    num_splits=1, return_lse=True)
+
+
+@pytest.mark.gpu
+def test_staged_prefill_with_given_pages_reads_only_those():
+    """``pages`` / ``extra_pages`` (a block table's pages, padding -1 and past-the-end numbers among them, shuffled):
+    only they are dequantized, packed a block of rows a page (the table NaN-poisoned first), the entries on other
+    pages dropped — bit for bit the by-hand join over the whole caches' table without them."""
+    from dsv4lib.ops import prefill_staged as S
+    gen = torch.Generator().manual_seed(fresh_seed())
+    q, main, idx, kw = _decode_inputs(200, 1, 64, True, True, True, gen)
+    prefill_kw = dict(kw, extra_indices=kw["extra_indices"][:, 0])
+    cmp = kw["extra_k_cache"]
+    allowed = [torch.rand(c.num_pages, generator=gen) < 0.5 for c in (main, cmp)]
+    given = [torch.cat([ok.nonzero().view(-1).int(), torch.tensor([-1, c.num_pages, 1 << 20], dtype=torch.int32)])
+             for ok, c in zip(allowed, (main, cmp))]
+    given = [torch.cat([g, g[:2]]) for g in given]                 # two pages given twice: either block serves
+    given = [g[torch.randperm(len(g), generator=gen)].cuda() for g in given]
+    call = lambda: S.sparse_prefill_staged(q[:, 0], main, idx[:, 0], **prefill_kw, return_lse=True,
+                                           pages=given[0], extra_pages=given[1])
+    call()                                                          # the table made; then every row poisoned
+    for table in S._TABLES.values():
+        table.fill_(float("nan"))
+    out, lse = call()
+    want, want_lse = _staged_by_hand(q, main, idx, kw, [ok.cuda() for ok in allowed])
+    assert torch.isfinite(out).all() and torch.equal(out, want) and torch.equal(lse, want_lse)

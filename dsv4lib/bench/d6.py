@@ -101,16 +101,22 @@ def fp8_prefill_vs_flashmla(fm, gen: torch.Generator, shapes=FP8_SHAPES, *, wind
                                extra_page_size=64, extra_indices=idx2[:n, None], extra_topk_length=len2[:n],
                                sink=sink)[:, 0]
         got = ours(*sets[0])
-        # the two-pass design: both caches dequantized into one bf16 table, then sparse_attention over it
+        # the two-pass design: both caches dequantized into one bf16 table, then sparse_attention over it — given
+        # the pages it may read, as a serving engine's block table would (here every page: the lists are random
+        # over the whole caches); "scan": the pages found by a pass over the lists instead
+        all_pages = [torch.arange(c.num_pages, dtype=torch.int32, device="cuda") for c in (window, compressed)]
         staged = lambda q, idx, len1, idx2, len2: sparse_prefill_staged(
+            q, window, idx, len1, extra_k_cache=compressed, extra_indices=idx2, extra_topk_length=len2, sink=sink,
+            pages=all_pages[0], extra_pages=all_pages[1])
+        staged_scan = lambda q, idx, len1, idx2, len2: sparse_prefill_staged(
             q, window, idx, len1, extra_k_cache=compressed, extra_indices=idx2, extra_topk_length=len2, sink=sink)
         row = dict(Sq=Sq, H=H, keys=f"{n_win}+{n_cmp}", cosine=cosine(got[:n], want),
                    staged_cosine=cosine(staged(*sets[0])[:n], want))
         table = d7.bf16_rows(case)                                      # both caches dequantized, one bf16 table
         joint = [(s[0][:, 0].contiguous(), d7.joint_indices(case, *s[1:])) for s in case.sets]
-        fns = {"ours": ours, "ours_staged": staged,
+        fns = {"ours": ours, "ours_staged": staged, "ours_staged_scan": staged_scan,
                "ours_bf16_table": lambda q, j: dsv4lib.sparse_attention(q, table, j, sink=sink, num_splits=1)}
-        inputs = {"ours": sets, "ours_staged": sets, "ours_bf16_table": joint}
+        inputs = {"ours": sets, "ours_staged": sets, "ours_staged_scan": sets, "ours_bf16_table": joint}
         if fm is not None:
             decode = d7.flashmla_fn(case, fm)
             row["cosine_vs_flashmla_fp8"] = cosine(got, decode(*case.sets[0])[0][:, 0])
@@ -120,7 +126,7 @@ def fp8_prefill_vs_flashmla(fm, gen: torch.Generator, shapes=FP8_SHAPES, *, wind
         times = _timed(fns, inputs)                                     # all four interleaved replay by replay
         us = times["ours"]
         row.update(ours_us=us, ours_tflops=tflops(case.flops, us / 1e3), ours_bf16_table_us=times["ours_bf16_table"],
-                   ours_staged_us=times["ours_staged"])
+                   ours_staged_us=times["ours_staged"], ours_staged_scan_us=times["ours_staged_scan"])
         if fm is not None:
             row["flashmla_fp8_decode_us"] = times["flashmla_fp8_decode"]
             row["flashmla_bf16_table_us"] = times["flashmla_bf16_table"]

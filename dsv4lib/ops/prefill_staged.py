@@ -10,11 +10,12 @@ converts every key that many times, on the producer warps that bound it, where a
 once (~0.3 GB at the benchmark's cache sizes: ~0.1 ms at 3 TB/s).  Measured on the H100 at ``c74c603``: the fused
 kernel 1266 / 3829 µs at Sq 4096 H64 / H128, our bf16 kernel on the dequantized table 960 / 2360, FlashMLA's bf16
 kernel on it 973 / 2470 — so this path should land near 0.9x / 1.0x FlashMLA's bf16 kernel *with* its staging pass
-counted, against the fused kernel's 0.77x / 0.65x.  Not yet run on a GPU (candidate).
+counted, against the fused kernel's 0.77x / 0.65x.  Measured on the H200 at ``281266e`` (the pages found by a
+histogram of the lists): 0.78x / 0.95x, the fused kernel 0.63x / 0.61x (docs/tuning/d2_d6.md, session 46).
 
-The table has a row for every slot of both caches (``num_pages · page_size`` rows each, 1 KiB a row), but only the
-pages the lists name are dequantized (a page mask filled by a scatter over the lists first; a production prefill
-touches a few thousand slots of a large cache); the table's memory is the price of indexing it by address."""
+Only the pages the caller gives (``pages=``: what a block table holds; packed, a block of rows a page) or else the
+pages the lists name are dequantized (a page mask; then the table has a row for every slot of the cache, the price
+of indexing it by address): a production cache holds far more keys than one prefill reads."""
 from __future__ import annotations
 
 import torch
@@ -24,43 +25,53 @@ from .launch import check_hopper, on_device, raw_stream, rows_dynamic, run_compi
 from .prefill import check_prefill_lists
 from .sparse import HEAD_DIM, sparse_attention
 
-_TABLES: dict = {}          # (device, rows) -> the bf16 table, rewritten by every call on that device
+_TABLES: dict = {}          # device -> the largest bf16 table asked for there, rewritten by every call on that device
 
 
-def dequant_args(pages, page_size: int, out, mask, stream=None, tvm_ffi: bool = False) -> tuple:
+def _table(device, rows: int) -> torch.Tensor:
+    """``[rows, 512]`` bf16 rows of this device's staging table (grown when a call needs more)."""
+    table = _TABLES.get(device)
+    if table is None or table.shape[0] < rows:
+        table = _TABLES[device] = torch.empty(max(rows, 1), HEAD_DIM, dtype=torch.bfloat16, device=device)
+    return table[:rows]
+
+
+def dequant_args(pages, page_size: int, out, page_list, stream=None, tvm_ffi: bool = False) -> tuple:
     from cutlass import Int32
     return (rows_dynamic(pages, align=16, tvm_ffi=tvm_ffi), Int32(page_size), rows_dynamic(out, (1,), tvm_ffi=tvm_ffi),
-            rows_dynamic(mask, tvm_ffi=tvm_ffi), *stream_arg(stream, tvm_ffi))
+            rows_dynamic(page_list, tvm_ffi=tvm_ffi), *stream_arg(stream, tvm_ffi))
 
 
 def fake_dequant_args():
     """CPU stand-ins for a compile test of the dequantization kernel."""
     from ..reference.model1 import page_bytes
     return dequant_args(torch.empty(3, page_bytes(64), dtype=torch.uint8), 64,
-                        torch.empty(3 * 64, HEAD_DIM, dtype=torch.bfloat16), torch.empty(3, dtype=torch.uint8))
+                        torch.empty(2 * 64, HEAD_DIM, dtype=torch.bfloat16), torch.empty(2, dtype=torch.int32))
 
 
-def dequantize_pages(pages: torch.Tensor, page_size: int, out: torch.Tensor, page_mask=None) -> None:
-    """The slots of ``pages`` (uint8 ``[num_pages, page_bytes]``) dequantized into ``out [num_pages · page_size,
-    512]`` bf16 (row = address ``page · page_size + slot``), on the GPU, bit-equal to the reference's
-    dequantization; a slot never written (scale bytes 0) gives a row of zeros.  ``page_mask`` (uint8
-    ``[num_pages]``, optional): only the pages whose byte is non-zero, the other rows left as they were.  No host
-    sync."""
-    check_pages(pages, page_size, "cache")
-    rows = pages.shape[0] * page_size
+def dequantize_pages(pages: torch.Tensor, page_size: int, out: torch.Tensor, page_list=None) -> None:
+    """Pages of ``pages`` (uint8 ``[num_pages, page_bytes]``) dequantized into ``out [len(page_list) · page_size,
+    512]`` bf16 on the GPU, bit-equal to the reference's dequantization: the ``b``-th block of ``page_size`` rows
+    gets the slots of page ``page_list[b]`` (int32; default every page in order, so that row = key address); a
+    number outside ``[0, num_pages)`` leaves its block as it was; a slot never written (scale bytes 0) gives a row
+    of zeros.  No host sync."""
+    if page_list is None:
+        page_list = torch.arange(pages.shape[0], dtype=torch.int32, device=pages.device)
+    if (not isinstance(page_list, torch.Tensor) or page_list.dtype != torch.int32 or page_list.dim() != 1
+            or page_list.numel() == 0):
+        raise ValueError("page_list must be an int32 tensor [n >= 1] of page numbers")
+    if not page_list.is_contiguous():
+        raise ValueError("page_list must be contiguous")
+    rows = page_list.shape[0] * page_size
     if not isinstance(out, torch.Tensor) or out.dtype != torch.bfloat16:
         raise TypeError(f"out must be a bf16 tensor, got {getattr(out, 'dtype', type(out))}")
     if tuple(out.shape) != (rows, HEAD_DIM):
         raise ValueError(f"out must be [{rows}, {HEAD_DIM}], got {tuple(out.shape)}")
+    check_pages(pages, page_size, "cache")
+    if page_list.device != pages.device:
+        raise ValueError(f"page_list is on {page_list.device}, the cache on {pages.device}")
     if out.device != pages.device or not out.is_contiguous() or out.data_ptr() % 16:
         raise ValueError("out must be contiguous from a 16-byte aligned start, on the cache's device")
-    if page_mask is None:
-        page_mask = torch.ones(pages.shape[0], dtype=torch.uint8, device=pages.device)
-    if (not isinstance(page_mask, torch.Tensor) or page_mask.dtype != torch.uint8
-            or tuple(page_mask.shape) != (pages.shape[0],)):
-        raise ValueError(f"page_mask must be a uint8 tensor [{pages.shape[0]}]")
-    if page_mask.device != pages.device or not page_mask.is_contiguous():
-        raise ValueError("page_mask must be contiguous, on the cache's device")
     check_hopper(pages.device, "dequantize_pages")
 
     def make_kernel():
@@ -69,39 +80,8 @@ def dequantize_pages(pages: torch.Tensor, page_size: int, out: torch.Tensor, pag
 
     with on_device(pages.device):
         run_compiled("model1 dequant", make_kernel,
-                     lambda: dequant_args(pages, page_size, out, page_mask, tvm_ffi=True),
-                     (pages, page_size, out, page_mask, raw_stream(pages.device)))
-
-
-def mark_args(pages, mask, stream=None, tvm_ffi: bool = False) -> tuple:
-    return rows_dynamic(pages, tvm_ffi=tvm_ffi), rows_dynamic(mask, tvm_ffi=tvm_ffi), *stream_arg(stream, tvm_ffi)
-
-
-def fake_mark_args():
-    """CPU stand-ins for a compile test of the page-mark kernel."""
-    return mark_args(torch.empty(100, dtype=torch.int32), torch.empty(9, dtype=torch.uint8))
-
-
-def mark_pages(pages: torch.Tensor, mask: torch.Tensor) -> None:
-    """``mask[p] = 1`` for every ``p`` in ``pages`` (int32, contiguous, each in ``[0, len(mask))``), on the GPU
-    (:class:`~dsv4lib.kernels.model1_dequant.PageMarkKernel`); no host sync."""
-    if pages.dtype != torch.int32 or mask.dtype != torch.uint8 or pages.dim() != 1 or mask.dim() != 1:
-        raise TypeError("mark_pages takes int32 pages [n] and a uint8 mask [num_pages]")
-    if pages.device != mask.device or not pages.is_contiguous() or not mask.is_contiguous():
-        raise ValueError("pages and mask must be contiguous, on one device")
-    if not mask.is_cuda:
-        raise ValueError("mark_pages takes CUDA tensors")
-    if pages.numel() == 0:
-        return
-    check_hopper(mask.device, "mark_pages")
-
-    def make_kernel():
-        from ..kernels.model1_dequant import PageMarkKernel
-        return PageMarkKernel()
-
-    with on_device(mask.device):
-        run_compiled("model1 page mark", make_kernel, lambda: mark_args(pages, mask, tvm_ffi=True),
-                     (pages, mask, raw_stream(mask.device)))
+                     lambda: dequant_args(pages, page_size, out, page_list, tvm_ffi=True),
+                     (pages, page_size, out, page_list, raw_stream(pages.device)))
 
 
 def _kept(indices, lengths, n: int) -> torch.Tensor:
@@ -112,38 +92,15 @@ def _kept(indices, lengths, n: int) -> torch.Tensor:
     return keep
 
 
-# How the page mask is marked (scripts/probe_staged.py times each; H200, session 46, D6's two FP8 shapes, µs with
-# some host time in them): "scatter" — a byte store per list entry into the mask (528 / 783: a list names a few pages
-# thousands of times each, and the stores pile onto the mask's few cache lines); "spread" — the same into a scratch
-# with a page's flag alone on its 32-byte sector (380 / 353); "histc" — a float histogram of the page numbers, > 0
-# (290 / 211); "kernel" — PageMarkKernel: a store only where a load reads 0
-PAGE_MASK_METHOD = "histc"
-SPREAD_BYTES = 32
-
-
-def _named_pages(mask, indices, keep, page_size: int, method: str | None = None) -> None:
-    """``mask [num_pages + 1]`` (zeroed) gets a 1 at every page a kept entry of ``indices`` names, no host sync (the
-    last byte takes the other entries' marks; ``method``: :data:`PAGE_MASK_METHOD` by default)."""
-    method = method or PAGE_MASK_METHOD
-    num_pages = mask.shape[0] - 1
-    if method == "histc":
-        pages = torch.where(keep, indices // page_size, -1).view(-1).float()
-        counts = torch.histc(pages, bins=num_pages, min=-0.5, max=num_pages - 0.5)   # page p: the bin around p
-        mask[:-1] = counts > 0
-        return
-    pages = torch.where(keep, indices // page_size, num_pages).view(-1)          # int32
-    if method == "kernel":
-        mark_pages(pages, mask)
-        return
-    pages = pages.long()
-    if method == "scatter":
-        mask.scatter_(0, pages, 1)
-    elif method == "spread":
-        spread = torch.zeros(num_pages + 1, SPREAD_BYTES, dtype=torch.uint8, device=mask.device)
-        spread.view(-1).scatter_(0, pages * SPREAD_BYTES, 1)
-        mask.copy_(spread[:, 0])
-    else:
-        raise ValueError(f"unknown page mask method {method!r}")
+def _named_pages(indices, keep, page_size: int, num_pages: int) -> torch.Tensor:
+    """The page list of the pages a kept entry of ``indices`` names, each at its own place (int32 ``[num_pages]``:
+    ``p`` where page ``p`` is named, ``-1`` elsewhere), no host sync: a ``torch.histc`` of the entries' page numbers
+    (a CTA counts in shared memory and writes its bins once).  A byte store per entry instead piled ~1000 stores a
+    page onto a mask's few cache lines: 3x slower (H200, session 46: docs/tuning/d2_d6.md, with the other ways
+    measured)."""
+    pages = torch.where(keep, indices // page_size, -1).view(-1).float()
+    named = torch.histc(pages, bins=num_pages, min=-0.5, max=num_pages - 0.5) > 0       # page p: the bin around p
+    return torch.where(named, torch.arange(num_pages, dtype=torch.int32, device=indices.device), -1)
 
 
 def _joined(indices, keep, lo: int) -> torch.Tensor:
@@ -152,16 +109,38 @@ def _joined(indices, keep, lo: int) -> torch.Tensor:
     return torch.where(keep, indices + lo, -1)
 
 
+def _page_slots(pages, num_pages: int, name: str) -> torch.Tensor:
+    """``page_map [num_pages + 1]`` int32: the position in ``pages`` (int32 ``[n]``, the caller's page numbers — a
+    block table's rows flattened; numbers outside ``[0, num_pages)``, a table's padding, ignored) of each page,
+    ``-1`` for a page not in it (and for the spare last entry).  A page given twice keeps one of its positions."""
+    if not isinstance(pages, torch.Tensor) or pages.dtype != torch.int32 or pages.dim() != 1 or pages.numel() == 0:
+        raise TypeError(f"{name} must be an int32 tensor [n >= 1] of page numbers, got "
+                        f"{getattr(pages, 'dtype', type(pages))} {tuple(getattr(pages, 'shape', ()))}")
+    page_map = torch.full((num_pages + 1,), -1, dtype=torch.int32, device=pages.device)
+    inside = (pages >= 0) & (pages < num_pages)
+    positions = torch.arange(pages.shape[0], dtype=torch.int32, device=pages.device)
+    page_map.scatter_(0, torch.where(inside, pages, num_pages).long(), positions)
+    page_map[num_pages:] = -1
+    return page_map
+
+
 def sparse_prefill_staged(q, k_cache, indices, topk_length=None, *, extra_k_cache=None, extra_indices=None,
-                          extra_topk_length=None, sink=None, scale=None, return_lse=False):
+                          extra_topk_length=None, sink=None, scale=None, return_lse=False, pages=None,
+                          extra_pages=None):
     """:func:`dsv4lib.sparse_prefill`'s call and semantics (q ``[Sq, H, 512]`` bf16, FP8 MODEL1 caches, index lists
     with optional valid lengths, the extra cache, the per-head sink once), computed in two passes (module docstring):
     both caches dequantized into one bf16 table, then ``sparse_attention`` over it.  Returns ``out [Sq, H, 512]``
-    bf16 and with ``return_lse`` ``lse [Sq, H]`` fp32."""
+    bf16 and with ``return_lse`` ``lse [Sq, H]`` fp32.
+
+    ``pages`` / ``extra_pages`` (optional, int32 ``[n]``): the pages of each cache this prefill may read — what a
+    serving engine's block table holds for the batch.  Given, only they are dequantized, packed into a table of
+    ``n · page_size`` rows (without them the table has a row per slot of the cache), and the lists are not scanned
+    for pages (the scan costs ~150-180 µs at D6's FP8 shapes, H200); a list entry on any other page is dropped like
+    an out-of-range one."""
     check_prefill_lists(q, indices, topk_length, extra_indices, extra_topk_length)
     extra = extra_k_cache is not None
-    if not extra and (extra_indices is not None or extra_topk_length is not None):
-        raise ValueError("extra_indices / extra_topk_length need extra_k_cache")
+    if not extra and (extra_indices is not None or extra_topk_length is not None or extra_pages is not None):
+        raise ValueError("extra_indices / extra_topk_length / extra_pages need extra_k_cache")
     if extra and extra_indices is None:
         raise ValueError("extra_k_cache needs extra_indices")
     if not q.is_cuda or not q.is_contiguous() or q.data_ptr() % 16:
@@ -175,20 +154,34 @@ def sparse_prefill_staged(q, k_cache, indices, topk_length=None, *, extra_k_cach
                     ("extra_topk_length", extra_topk_length)):
         if t is not None and t.device != q.device:
             raise ValueError(f"{name} is on {t.device}, q on {q.device}")
-    sizes = [pages.shape[0] * page_size for pages, page_size in caches]
-    key = (q.device, sum(sizes))
-    table = _TABLES.get(key)
-    if table is None:
-        table = _TABLES[key] = torch.empty(sum(sizes), HEAD_DIM, dtype=torch.bfloat16, device=q.device)
+    for name, given in (("pages", pages), ("extra_pages", extra_pages)):
+        if given is not None and getattr(given, "device", q.device) != q.device:
+            raise ValueError(f"{name} is on {given.device}, q on {q.device}")
+    # per cache: the pages to dequantize, in the order of their blocks of rows in the table, and each list entry's
+    # table row (-1: dropped)
+    plans = []
+    for (data, page_size), idx, lengths, given, name in zip(
+            caches, (indices, extra_indices), (topk_length, extra_topk_length), (pages, extra_pages),
+            ("pages", "extra_pages")):
+        num_pages = data.shape[0]
+        keep = _kept(idx, lengths, num_pages * page_size)
+        if given is None:
+            # only the pages the lists name (a production cache holds far more keys than one prefill lists), each
+            # at its own address: the table as large as the cache
+            page_list, rows = _named_pages(idx, keep, page_size, num_pages), idx
+        else:
+            # the caller's pages, packed: a block of rows each, the table as large as the pages given
+            page_map = _page_slots(given, num_pages, name)
+            block = page_map[torch.where(keep, idx // page_size, num_pages)]
+            keep &= block >= 0                                           # the other pages' rows: not written
+            page_list, rows = given, block * page_size + idx % page_size
+        plans.append((data, page_size, page_list, rows, keep))
+    table = _table(q.device, sum(p[2].shape[0] * p[1] for p in plans))
     lists, lo = [], 0
-    for (pages, page_size), n, idx, lengths in zip(caches, sizes, (indices, extra_indices),
-                                                   (topk_length, extra_topk_length)):
-        # only the pages the lists name: a production cache holds far more keys than one prefill lists
-        keep = _kept(idx, lengths, n)
-        mask = torch.zeros(pages.shape[0] + 1, dtype=torch.uint8, device=q.device)
-        _named_pages(mask, idx, keep, page_size)
-        dequantize_pages(pages, page_size, table[lo:lo + n], mask[:-1])
-        lists.append(_joined(idx, keep, lo))
+    for data, page_size, page_list, rows, keep in plans:
+        n = page_list.shape[0] * page_size
+        dequantize_pages(data, page_size, table[lo:lo + n], page_list.contiguous())
+        lists.append(_joined(rows, keep, lo))
         lo += n
     joint = torch.cat(lists, 1) if extra else lists[0].contiguous()
     return sparse_attention(q, table, joint, scale=scale, sink=sink, return_lse=return_lse, num_splits=1)

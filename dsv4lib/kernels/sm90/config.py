@@ -169,20 +169,19 @@ class Sm90FwdConfig(_Config):
                 sched = dict(_D1_CAUSAL_SCHEDULE[head_dim])
             if is_small_window(window) and not split_kv:
                 sched = dict(_SMALL_WINDOW_SCHEDULE[head_dim])
-            if window is None:
-                sched.update(_UNMASKED_BODY[head_dim])
+            if window is not None and not is_small_window(window) and not split_kv:
+                sched.update(_UNMASKED_BODY_WINDOW.get(head_dim, {}))
             if sched.get("tile_m", 128) % pack_gqa:
                 sched["tile_m"] = 128                     # the GQA pack must divide the tile's rows
-        elif overlap and nvfp4_out:
+        elif overlap and nvfp4_out and _D1_SCHEDULE[head_dim].get("persistent"):
             # the NVFP4 epilogue keeps D1's schedule but not its tile shapes: another tile_n changes the fp32 sums
             # whose quantized bits it must reproduce (attention_fp32)
-            if _D1_SCHEDULE[head_dim].get("persistent"):
-                sched = {k: v for k, v in _D1_SCHEDULE[head_dim].items()
-                         if k in ("persistent", "dynamic_schedule", "rescale_o_early", "pv_wait_block")}
-            if window is None:
-                # the plain build's loop split too (the same tiles in the same order: the sums, and so the quantized
-                # bits, do not change); without it the fused overhead read 0.06 against a plain kernel that had it
-                sched.update(_UNMASKED_BODY[head_dim])
+            sched = {k: v for k, v in _D1_SCHEDULE[head_dim].items()
+                     if k in ("persistent", "dynamic_schedule", "rescale_o_early", "pv_wait_block")}
+        if overlap and window is None:
+            # the loop in two for both epilogues (NVFP4's: the same tiles in the same order, so the same sums and
+            # quantized bits; without it its overhead read 0.06 against a plain kernel that had it)
+            sched.update(_UNMASKED_BODY[head_dim])
         if sched.get("persistent") and (split_kv or not persistent_here):
             sched = _without_persistence(sched)           # split partials leave by register stores, one block a CTA
         if sched.get("persistent"):
@@ -238,6 +237,12 @@ _D1_CAUSAL_SCHEDULE: dict[int, dict] = {
 # non-causal 579 -> 577 (589); hd128 causal 667 -> 697 (658), non-causal 669 -> 676 (679)
 _UNMASKED_BODY: dict[int, dict] = {64: dict(unmasked_body=True), 128: dict(unmasked_body=True, pv_wait_block=False),
                                    256: dict(unmasked_body=True)}
+# With a large window the loop in three (the tiles the window's left edge crosses — the lowest, visited last — get a
+# masked loop of their own; BlockInfo.unmasked_tiles_start).  H200, sweep_d1.py --window 4096, B2 S16384 non-causal,
+# FA4 in the same run, TFLOP/s (session 46): hd128 616 -> 631, without pv_wait_block 649 (FA4 631); hd256 634 -> 657
+# (631); hd64 516 -> 511 (505): hd64 keeps the loop in one.  Not measured with split KV (D2's windowed split).
+_UNMASKED_BODY_WINDOW: dict[int, dict] = {128: dict(unmasked_body=True, pv_wait_block=False),
+                                          256: dict(unmasked_body=True)}
 # Windows of at most SMALL_WINDOW_MAX keys (D5a; docs/tuning/d5.md): a query tile visits 2-3 K/V tiles, the kernel
 # is bound by L2 re-reads of K/V, so each warpgroup visits only its own rows' tiles and a 192-row tile shares more
 _WARPGROUP_TILES_192 = dict(tile_m=192, tile_n=64, num_stages=4, persistent=True, dynamic_schedule=True,
