@@ -14,7 +14,7 @@ counted, against the fused kernel's 0.77x / 0.65x.  Measured on the H200 at ``28
 histogram of the lists): 0.78x / 0.95x, the fused kernel 0.63x / 0.61x (docs/tuning/d2_d6.md, session 46).
 
 Only the pages the caller gives (``pages=``: what a block table holds; packed, a block of rows a page) or else the
-pages the lists name are dequantized (a page mask; then the table has a row for every slot of the cache, the price
+pages the lists name are dequantized (a page list from a histogram of the lists; then the table has a row for every slot of the cache, the price
 of indexing it by address): a production cache holds far more keys than one prefill reads."""
 from __future__ import annotations
 
@@ -146,10 +146,10 @@ def sparse_prefill_staged(q, k_cache, indices, topk_length=None, *, extra_k_cach
     if not q.is_cuda or not q.is_contiguous() or q.data_ptr() % 16:
         raise ValueError("q must be a contiguous CUDA tensor from a 16-byte aligned start")
     caches = [cache_pages(k_cache, "k_cache")] + ([cache_pages(extra_k_cache, "extra_k_cache")] if extra else [])
-    for (pages, page_size), name in zip(caches, ("k_cache", "extra_k_cache")):
-        check_pages(pages, page_size, name)
-        if pages.device != q.device:
-            raise ValueError(f"{name} is on {pages.device}, q on {q.device}")
+    for (cache_data, page_size), name in zip(caches, ("k_cache", "extra_k_cache")):   # not `pages`: the argument
+        check_pages(cache_data, page_size, name)
+        if cache_data.device != q.device:
+            raise ValueError(f"{name} is on {cache_data.device}, q on {q.device}")
     for name, t in (("indices", indices), ("topk_length", topk_length), ("extra_indices", extra_indices),
                     ("extra_topk_length", extra_topk_length)):
         if t is not None and t.device != q.device:
