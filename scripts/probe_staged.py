@@ -1,7 +1,8 @@
 """Where the staged FP8-cache prefill's time goes (#36 item 2): each pass of ``sparse_prefill_staged`` timed alone
 (CUDA events, median of 20 after warm-up: the small torch passes carry some host time) at D6's two FP8 prefill
 shapes, beside the whole call with the pages found by a scan of the lists and given (``pages=``).  Session 46 timed
-four ways of marking the page mask with it (docs/tuning/d2_d6.md).
+four ways of marking the page mask with it, session 47 the list join's kernel against the torch passes it
+replaced (docs/tuning/d2_d6.md).
     python scripts/probe_staged.py"""
 import statistics
 
@@ -39,7 +40,15 @@ def main():
         sizes = [p.shape[0] * ps for p, ps in caches]
         table = torch.empty(sum(sizes), 512, dtype=torch.bfloat16, device="cuda")
         keeps = [S._kept(i, l, n) for i, l, n in zip((idx, idx2), (len1, len2), sizes)]
-        joint = torch.cat([S._joined(idx, keeps[0], 0), S._joined(idx2, keeps[1], sizes[0])], 1)
+        joint = torch.empty(Sq, idx.shape[1] + idx2.shape[1], dtype=torch.int32, device="cuda")
+
+        def join_in_torch():            # the staged call's join before the kernel (session 46): ~10 torch passes
+            keep = [S._kept(i, l, n) for i, l, n in zip((idx, idx2), (len1, len2), sizes)]
+            return torch.cat([torch.where(keep[0], idx, -1), torch.where(keep[1], idx2 + sizes[0], -1)], 1)
+
+        def join_kernel():
+            S.join_list(idx, len1, None, joint, sizes[0], caches[0][1], 0, 0)
+            S.join_list(idx2, len2, None, joint, sizes[1], caches[1][1], sizes[0], idx.shape[1])
 
         def marked():
             for i, k, (p, ps) in zip((idx, idx2), keeps, caches):
@@ -53,10 +62,10 @@ def main():
                 S.dequantize_pages(p, ps, table[lo:lo + n]); lo += n
 
         rows = {
-            "kept (both lists)": lambda: [S._kept(i, l, n) for i, l, n in zip((idx, idx2), (len1, len2), sizes)],
+            "join in torch (before)": join_in_torch,
+            "join kernel (both lists)": join_kernel,
             "page list (histc of the lists)": marked,
             "dequant (all pages)": dequant,
-            "joined + cat": lambda: torch.cat([S._joined(idx, keeps[0], 0), S._joined(idx2, keeps[1], sizes[0])], 1),
             "sparse_attention": lambda: dsv4lib.sparse_attention(q, table, joint, sink=sink, num_splits=1),
             "whole staged call (scan)": lambda: S.sparse_prefill_staged(
                 q, window, idx, len1, extra_k_cache=compressed, extra_indices=idx2, extra_topk_length=len2, sink=sink),
@@ -64,6 +73,8 @@ def main():
                 q, window, idx, len1, extra_k_cache=compressed, extra_indices=idx2, extra_topk_length=len2, sink=sink,
                 pages=all_pages[0], extra_pages=all_pages[1]),
         }
+        join_kernel()
+        assert torch.equal(joint, join_in_torch())
         for name, fn in rows.items():
             print(f"{f'Sq{Sq} H{H}':>14} {name:>28} {timed(fn):9.1f}")
 

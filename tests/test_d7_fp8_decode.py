@@ -780,6 +780,79 @@ def test_dequant_kernel_reads_a_slot_once_and_writes_its_row_in_one_sweep(arch):
     assert memory[:slots] == ["ld"] * slots, memory                 # the nope lanes: every slot's load, then stores
 
 
+@pytest.mark.compile
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("has_lengths,has_page_map", [(False, False), (True, False), (False, True), (True, True)])
+def test_list_join_reads_each_entry_once_and_writes_it_once(arch, has_lengths, has_page_map):
+    """The staged prefill's join: a thread an entry at a time — one load of the entry, the token's length once
+    (only with lengths), one load of the page map (only with one: then the only division), one store; no spills."""
+    from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.list_join import ListJoinKernel
+    from dsv4lib.ops.prefill_staged import fake_join_args
+    k = compile_for_arch(ListJoinKernel(has_lengths, has_page_map), *fake_join_args(), arch=arch)
+    assert k.count(r"ld\.global") == 1 + has_lengths + has_page_map
+    assert k.count(r"st\.global") == 1
+    assert (k.count(r"\b(div|rem)\.(s|u)32") > 0) == has_page_map
+    assert k.count(r"\.local") == 0
+
+
+def test_list_join_s_builds_take_every_list_width(monkeypatch):
+    """One build a (lengths?, page map?) case serves lists of any width and any column offset: on CPU tensors each
+    call passes the TVM-FFI build's argument checks (a 16-byte alignment assumed from a first list of 640 entries
+    would refuse a list starting 20 bytes into its tensor) and stops only at the launch — there is no GPU."""
+    import contextlib
+    from cutlass.cutlass_dsl import CuTeDSL
+    from dsv4lib.ops import prefill_staged as S
+    monkeypatch.setattr(CuTeDSL._get_dsl().envar, "arch", "sm_90a")
+    monkeypatch.setattr(S, "raw_stream", lambda device: 0)
+    monkeypatch.setattr(S, "on_device", lambda device: contextlib.nullcontext())
+    i32 = lambda *s: torch.zeros(*s, dtype=torch.int32)
+    for K, col0 in ((640, 0), (5, 640), (130, 3)):
+        for lengths in (None, i32(3)):
+            for page_map in (None, i32(10)):
+                with pytest.raises(Exception) as err:
+                    S.join_list(i32(4, K)[1:], lengths, page_map, i32(3, 775), 576, 64, 0, col0)   # a 4K-byte offset
+                assert not isinstance(err.value, (ValueError, TypeError)), err.value
+                assert "cuda" in str(err.value).lower(), err.value
+
+
+def _join_by_hand(idx, lengths, page_map, joint, n_keys, page_size, lo, col0):
+    """The join in torch (what the staged prefill did before the kernel), written into ``joint``'s columns."""
+    keep = (idx >= 0) & (idx < n_keys)
+    if lengths is not None:
+        keep &= torch.arange(idx.shape[1], device=idx.device) < lengths.view(-1, 1)
+    rows = idx + lo
+    if page_map is not None:
+        block = page_map[torch.where(keep, idx // page_size, page_map.shape[0] - 1).long()]
+        keep &= block >= 0
+        rows = lo + block * page_size + idx % page_size
+    joint[:, col0:col0 + idx.shape[1]] = torch.where(keep, rows, -1)
+
+
+@pytest.mark.gpu
+def test_list_join_equals_the_join_in_torch():
+    """Random lists with every kind of entry (negative, past the cache, past the token's length — lengths of 0,
+    of the whole list and beyond it), a page map with holes: the kernel's columns equal the torch join's, the
+    columns of the other list untouched (the joint poisoned first)."""
+    from dsv4lib.ops.prefill_staged import _page_slots, join_list
+    gen = torch.Generator().manual_seed(fresh_seed())
+    for Sq, K, page_size, num_pages in ((300, 640, 64, 40), (7, 5, 4, 3), (1, 1030, 128, 9)):
+        n = page_size * num_pages
+        idx = torch.randint(-5, n + 7, (Sq, K), generator=gen, dtype=torch.int32)
+        lengths = torch.randint(-1, K + 3, (Sq,), generator=gen, dtype=torch.int32)
+        lengths[0] = K
+        given = torch.randperm(num_pages + 2, generator=gen)[: num_pages // 2 + 1].int() - 1    # holes, -1, past end
+        idx, lengths, given = idx.cuda(), lengths.cuda(), given.cuda()
+        page_map = _page_slots(given, num_pages, "pages")
+        for lens in (None, lengths):
+            for pmap in (None, page_map):
+                got = torch.full((Sq, K + 11), -7, dtype=torch.int32, device="cuda")
+                want = got.clone()
+                join_list(idx, lens, pmap, got, n, page_size, 1000, 6)
+                _join_by_hand(idx, lens, pmap, want, n, page_size, 1000, 6)
+                assert torch.equal(got, want), (Sq, K, lens is None, pmap is None)
+
+
 @pytest.mark.parametrize("change,exc,match", [
     (lambda q, i, n: (q.float(), i, n), TypeError, "bf16"),
     (lambda q, i, n: (q[None], i, n), ValueError, r"\[Sq >= 1, H, 512\]"),

@@ -15,13 +15,14 @@ histogram of the lists): 0.78x / 0.95x, the fused kernel 0.63x / 0.61x (docs/tun
 
 Only the pages the caller gives (``pages=``: what a block table holds; packed, a block of rows a page) or else the
 pages the lists name are dequantized (a page list from a histogram of the lists; then the table has a row for every slot of the cache, the price
-of indexing it by address): a production cache holds far more keys than one prefill reads."""
+of indexing it by address): a production cache holds far more keys than one prefill reads.  The two lists become
+one list of table rows in one pass each (:class:`dsv4lib.kernels.list_join.ListJoinKernel`), not ~10 torch passes."""
 from __future__ import annotations
 
 import torch
 
 from .kvcache import cache_pages, check_pages
-from .launch import check_hopper, on_device, raw_stream, rows_dynamic, run_compiled, stream_arg
+from .launch import check_hopper, on_device, placeholder, raw_stream, rows_dynamic, run_compiled, stream_arg
 from .prefill import check_prefill_lists
 from .sparse import HEAD_DIM, sparse_attention
 
@@ -103,10 +104,39 @@ def _named_pages(indices, keep, page_size: int, num_pages: int) -> torch.Tensor:
     return torch.where(named, torch.arange(num_pages, dtype=torch.int32, device=indices.device), -1)
 
 
-def _joined(indices, keep, lo: int) -> torch.Tensor:
-    """One list's kept entries as rows of the table (``lo + index``), ``-1`` elsewhere (an entry outside its own
-    cache would otherwise read the other cache's rows)."""
-    return torch.where(keep, indices + lo, -1)
+def join_args(indices, lengths, page_map, joint, n_keys: int, page_size: int, lo: int, col0: int, stream=None,
+              tvm_ffi: bool = False) -> tuple:
+    from cutlass import Int32
+    # 4-byte alignment assumed for every list (a build serves any list width; the entries are read one by one)
+    lists = (rows_dynamic(t, align=4, tvm_ffi=tvm_ffi) for t in (indices, lengths, page_map, joint))
+    return (*lists, Int32(n_keys), Int32(page_size), Int32(lo), Int32(col0), *stream_arg(stream, tvm_ffi))
+
+
+def fake_join_args():
+    """CPU stand-ins for a compile test of the list join."""
+    i32 = lambda *s: torch.empty(*s, dtype=torch.int32)
+    return join_args(i32(3, 5), i32(3), i32(4), i32(3, 9), 192, 64, 0, 4)
+
+
+def join_list(indices, lengths, page_map, joint, n_keys: int, page_size: int, lo: int, col0: int) -> None:
+    """``joint[:, col0 : col0 + K]`` ← the table row of each entry of ``indices [Sq, K]`` (int32, on the GPU) or -1:
+    kept when ``0 <= i < n_keys``, before ``lengths[t]`` (int32 ``[Sq]`` or None) and, with ``page_map`` (int32
+    ``[num_pages + 1]``, :func:`_page_slots`), on a page the map holds — then ``lo + map[i // page_size] · page_size
+    + i % page_size``, else ``lo + i``.  One pass (:class:`~dsv4lib.kernels.list_join.ListJoinKernel`), no host sync."""
+    device = indices.device
+    has_lengths, has_page_map = lengths is not None, page_map is not None
+    indices = indices.contiguous()
+    lengths = lengths.contiguous() if has_lengths else placeholder(device, "lengths")
+    page_map = page_map if has_page_map else placeholder(device, "lengths")
+
+    def make_kernel():
+        from ..kernels.list_join import ListJoinKernel
+        return ListJoinKernel(has_lengths, has_page_map)
+
+    with on_device(device):
+        run_compiled(("list join", has_lengths, has_page_map), make_kernel,
+                     lambda: join_args(indices, lengths, page_map, joint, n_keys, page_size, lo, col0, tvm_ffi=True),
+                     (indices, lengths, page_map, joint, n_keys, page_size, lo, col0, raw_stream(device)))
 
 
 def _page_slots(pages, num_pages: int, name: str) -> torch.Tensor:
@@ -157,31 +187,29 @@ def sparse_prefill_staged(q, k_cache, indices, topk_length=None, *, extra_k_cach
     for name, given in (("pages", pages), ("extra_pages", extra_pages)):
         if given is not None and getattr(given, "device", q.device) != q.device:
             raise ValueError(f"{name} is on {given.device}, q on {q.device}")
-    # per cache: the pages to dequantize, in the order of their blocks of rows in the table, and each list entry's
-    # table row (-1: dropped)
+    # per cache: the pages to dequantize, in the order of their blocks of rows in the table, and (with pages=) the
+    # map from a page to its block
     plans = []
     for (data, page_size), idx, lengths, given, name in zip(
             caches, (indices, extra_indices), (topk_length, extra_topk_length), (pages, extra_pages),
             ("pages", "extra_pages")):
         num_pages = data.shape[0]
-        keep = _kept(idx, lengths, num_pages * page_size)
         if given is None:
             # only the pages the lists name (a production cache holds far more keys than one prefill lists), each
             # at its own address: the table as large as the cache
-            page_list, rows = _named_pages(idx, keep, page_size, num_pages), idx
+            page_list = _named_pages(idx, _kept(idx, lengths, num_pages * page_size), page_size, num_pages)
+            page_map = None
         else:
-            # the caller's pages, packed: a block of rows each, the table as large as the pages given
-            page_map = _page_slots(given, num_pages, name)
-            block = page_map[torch.where(keep, idx // page_size, num_pages)]
-            keep &= block >= 0                                           # the other pages' rows: not written
-            page_list, rows = given, block * page_size + idx % page_size
-        plans.append((data, page_size, page_list, rows, keep))
+            # the caller's pages, packed: a block of rows each, the table as large as the pages given; an entry on
+            # another page is dropped by the join
+            page_list, page_map = given, _page_slots(given, num_pages, name)
+        plans.append((data, page_size, page_list, page_map, idx, lengths))
     table = _table(q.device, sum(p[2].shape[0] * p[1] for p in plans))
-    lists, lo = [], 0
-    for data, page_size, page_list, rows, keep in plans:
+    joint = torch.empty(q.shape[0], sum(p[4].shape[1] for p in plans), dtype=torch.int32, device=q.device)
+    lo = col0 = 0
+    for data, page_size, page_list, page_map, idx, lengths in plans:
         n = page_list.shape[0] * page_size
         dequantize_pages(data, page_size, table[lo:lo + n], page_list.contiguous())
-        lists.append(_joined(rows, keep, lo))
-        lo += n
-    joint = torch.cat(lists, 1) if extra else lists[0].contiguous()
+        join_list(idx, lengths, page_map, joint, data.shape[0] * page_size, page_size, lo, col0)
+        lo, col0 = lo + n, col0 + idx.shape[1]
     return sparse_attention(q, table, joint, scale=scale, sink=sink, return_lse=return_lse, num_splits=1)
