@@ -199,6 +199,8 @@ for w in $what; do
     # ncu1=256,0: another D1 head dim and mask (D,CAUSAL), ours then FA4
     ncu1=*)   run_ncu "d1_$(echo "${w#ncu1=}" | tr , _)" 2 scripts/ncu_d1.py $(echo "${w#ncu1=}" | tr , ' ') ;;
     ncu6)     run_ncu d6 2 scripts/ncu_d6.py 15 ;;
+    # the staged FP8-cache prefill's dequantization (both caches, every page) and list joins (scripts/ncu_staged.py)
+    ncustaged) run_ncu staged 4 scripts/ncu_staged.py ;;
     bench)    { timeout 120 python scripts/bench_sparse.py; timeout 60 python scripts/bench_nvfp4.py;
                 timeout 120 python scripts/quick_bench.py 64 128 256; } 2>&1 | grep "{" > "$out/logs/bench.txt"
               cat "$out/logs/bench.txt" ;;
