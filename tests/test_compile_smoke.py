@@ -118,6 +118,7 @@ def _plans_reach_their_launches(calls: dict, launched: list, monkeypatch):
 
 
 @pytest.mark.compile
+@pytest.mark.no_gpu
 def test_tvm_ffi_builds_take_the_arguments_each_public_launch_passes(monkeypatch):
     """The public functions compile each kernel with CuTeDSL's TVM-FFI ABI from one argument list and call it with
     another (torch tensors, Python numbers, the raw stream).  On CPU tensors every launch path gets through the build's
@@ -220,6 +221,7 @@ def _check_tvm_ffi_launches(monkeypatch):
 
 
 @pytest.mark.compile
+@pytest.mark.no_gpu
 def test_the_plans_of_the_hd512_paths_pass_each_launch_its_builds_checks(monkeypatch):
     """The call plans of ``attention`` at head dim 512 (the public MQA build, unsplit and split + combine) and of
     ``sparse_attention``'s split path (the combine on unbatched outputs), run on CPU tensors with the device checks
@@ -254,6 +256,7 @@ def test_the_plans_of_the_hd512_paths_pass_each_launch_its_builds_checks(monkeyp
 
 
 @pytest.mark.compile
+@pytest.mark.no_gpu
 def test_the_plans_of_the_dense_paths_pass_each_launch_its_builds_checks(monkeypatch):
     """As above for the dense kernel's public functions: ``attention`` (unsplit and split + combine),
     ``attention_branches`` (a launch per earlier branch into its workspace slot, then the last branch's build that
@@ -298,6 +301,7 @@ def _entries(ptx: str) -> list[str]:
 
 
 @pytest.mark.compile
+@pytest.mark.no_gpu
 def test_a_one_call_sequence_launches_each_kernel_with_its_own_builds_device_code(monkeypatch):
     """A call that launches several kernels (split + combine, a kernel per branch with the last one merging, the FP8
     decode's split + PDL combine) goes out as ONE compiled TVM-FFI function (``launch.Sequence``, issue #28: one round of argument
@@ -378,6 +382,7 @@ def test_a_one_call_sequence_launches_each_kernel_with_its_own_builds_device_cod
 
 
 @pytest.mark.compile
+@pytest.mark.no_gpu
 def test_the_plans_of_quantize_and_dequantize_pass_each_launch_its_builds_checks(monkeypatch):
     """``quantize_nvfp4`` with a static amax (one kernel), without one (our own max |x| kernel, then the quantize that
     reduces its partials: two kernels, one compiled call) and ``dequantize_nvfp4``: every launch of each plan passes
@@ -408,6 +413,7 @@ def test_the_plans_of_quantize_and_dequantize_pass_each_launch_its_builds_checks
 
 
 @pytest.mark.compile
+@pytest.mark.no_gpu
 def test_the_plans_of_sparse_decode_pass_each_launch_its_builds_checks(monkeypatch):
     """``sparse_decode`` over two MODEL1 caches on CPU tensors (the device checks off): the split path (the decode's
     split kernel + the PDL combine, one compiled call) at B = 1 and, with other list lengths, at B = 2, and the unsplit

@@ -797,7 +797,7 @@ def test_list_join_reads_each_entry_once_and_writes_it_once(arch, has_lengths, h
 
 
 @pytest.mark.compile
-@pytest.mark.skipif(torch.cuda.is_available(), reason="launches with CPU pointers: a check for machines without a GPU")
+@pytest.mark.no_gpu
 def test_list_join_s_builds_take_every_list_width(monkeypatch):
     """One build a (lengths?, page map?) case serves lists of any width and any column offset: on CPU tensors each
     call passes the TVM-FFI build's argument checks (a 16-byte alignment assumed from a first list of 640 entries
