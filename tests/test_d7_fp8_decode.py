@@ -831,6 +831,100 @@ def _join_by_hand(idx, lengths, page_map, joint, n_keys, page_size, lo, col0):
     joint[:, col0:col0 + idx.shape[1]] = torch.where(keep, rows, -1)
 
 
+class _LooksCuda(torch.Tensor):
+    """A CPU tensor that passes the staged call's ``q.is_cuda`` check (the orchestration test runs without a GPU)."""
+
+    @property
+    def is_cuda(self):
+        return True
+
+
+def _staged_on_the_cpu(monkeypatch):
+    """``sparse_prefill_staged`` on CPU tensors with its three GPU steps replaced by torch twins of what they compute
+    (the dequantization by the reference reader, the list join by :func:`_join_by_hand`, the attention by the float64
+    reference) and every table it is given NaN-poisoned first: what is left is the call's own orchestration — which
+    pages go where in the table, the page map, the rows and columns each list lands in."""
+    from dsv4lib.ops import prefill_staged as S
+    from dsv4lib.reference import sparse_attention as reference_sparse_attention
+    tables = []
+
+    def dequantize_pages(pages, page_size, out, page_list):
+        assert page_list.dtype == torch.int32 and out.shape == (page_list.shape[0] * page_size, 512)
+        keys = M.read_keys(pages, page_size)
+        for b, page in enumerate(page_list.tolist()):
+            if 0 <= page < pages.shape[0]:
+                out[b * page_size:(b + 1) * page_size] = keys[page * page_size:(page + 1) * page_size].bfloat16()
+
+    def table(device, rows):
+        tables.append(rows)
+        return torch.full((rows, 512), float("nan"), dtype=torch.bfloat16, device=device)
+
+    def attention(q, kv, indices, *, scale=None, sink=None, return_lse=False, num_splits=None):
+        out, lse = reference_sparse_attention(q.as_subclass(torch.Tensor).double(), kv.double(), indices,
+                                              scale=scale, sink=sink, return_lse=True)
+        return (out, lse) if return_lse else out
+
+    monkeypatch.setattr(S, "dequantize_pages", dequantize_pages)
+    monkeypatch.setattr(S, "join_list", _join_by_hand)
+    monkeypatch.setattr(S, "sparse_attention", attention)
+    monkeypatch.setattr(S, "_table", table)
+    # the cache checks but the one for a CUDA device
+    monkeypatch.setattr(S, "check_pages", lambda pages, page_size, name: M._check_cache(pages, page_size))
+    return S.sparse_prefill_staged, tables
+
+
+@pytest.mark.parametrize("given", ["none", "both", "window only"])
+def test_staged_prefill_places_pages_and_lists_on_the_cpu(monkeypatch, given):
+    """The staged call's bookkeeping without a GPU (its kernels are GPU-tested on their own): with the lists scanned
+    for pages (``pages`` not given), with both caches' pages given (shuffled, padding -1 and past-the-end numbers,
+    two pages twice) and with the window's alone — the output equals the float64 attention over the whole caches'
+    keys with the lists joined by hand (entries on pages not given dropped), so no list entry reads a row of
+    another page, of the other cache or a row never written; with pages given the table is packed (a block of
+    rows a page given).  Session 47's GPU run found the loop over the caches reusing the name ``pages`` (every call
+    took the last cache's bytes for its page list): this test fails on that."""
+    staged, tables = _staged_on_the_cpu(monkeypatch)
+    gen = torch.Generator().manual_seed(fresh_seed())
+    main, cmp = dsv4lib.Model1Cache(6, 8, device="cpu"), dsv4lib.Model1Cache(9, 2, device="cpu")
+    for cache in (main, cmp):
+        M.write_keys(cache.data, cache.page_size, torch.randperm(cache.num_keys, generator=gen).int(),
+                     _random_keys(cache.num_keys, gen, "cpu"))
+    Sq, H = 5, 4
+    q = (torch.randn(Sq, H, 512, generator=gen) * 0.5).bfloat16()
+    idx = torch.randint(-2, main.num_keys + 3, (Sq, 13), generator=gen, dtype=torch.int32)
+    idx2 = torch.randint(-2, cmp.num_keys + 3, (Sq, 7), generator=gen, dtype=torch.int32)
+    lengths = torch.randint(0, 14, (Sq,), generator=gen, dtype=torch.int32)
+    lengths[0] = 13
+    sink = torch.randn(H, generator=gen)
+    allowed = [None, None]
+    kw = {}
+    if given != "none":
+        caches = (main, cmp) if given == "both" else (main,)
+        allowed = [torch.rand(c.num_pages, generator=gen) < 0.5 for c in caches] + [None] * (2 - len(caches))
+        for name, ok, c in zip(("pages", "extra_pages"), allowed, caches):
+            pages = torch.cat([ok.nonzero().view(-1).int(), torch.tensor([-1, c.num_pages], dtype=torch.int32)])
+            pages = torch.cat([pages, pages[:2]])
+            kw[name] = pages[torch.randperm(len(pages), generator=gen)]
+    out, lse = staged(q.as_subclass(_LooksCuda), main, idx, lengths, extra_k_cache=cmp, extra_indices=idx2,
+                      sink=sink, return_lse=True, **kw)
+    # by hand: the whole caches' keys, the window's rows first, each list's kept entries as rows of that table
+    table = torch.cat([main.keys(), cmp.keys()])
+    joint = torch.empty(Sq, 20, dtype=torch.int32)
+    for (ix, lens, ok, cache, lo, col0) in ((idx, lengths, allowed[0], main, 0, 0),
+                                            (idx2, None, allowed[1], cmp, main.num_keys, 13)):
+        page_map = None
+        if ok is not None:      # a page allowed: at its own block of the whole table; the spare last entry -1
+            page_map = torch.cat([torch.where(ok, torch.arange(cache.num_pages), -1), torch.tensor([-1])]).int()
+        _join_by_hand(ix, lens, page_map, joint, cache.num_keys, cache.page_size, lo, col0)
+    want, want_lse = dsv4lib.reference.sparse_attention(q.double(), table, joint, sink=sink, return_lse=True)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, want, rtol=0, atol=1e-12)
+    torch.testing.assert_close(lse, want_lse, rtol=0, atol=1e-12)
+    if given == "both":
+        assert tables == [(len(kw["pages"]) * main.page_size + len(kw["extra_pages"]) * cmp.page_size)]
+    if given == "none":
+        assert tables == [main.num_keys + cmp.num_keys]
+
+
 @pytest.mark.gpu
 def test_list_join_equals_the_join_in_torch():
     """Random lists with every kind of entry (negative, past the cache, past the token's length — lengths of 0,
