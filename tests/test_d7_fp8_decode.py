@@ -860,8 +860,12 @@ def _staged_on_the_cpu(monkeypatch):
         return torch.full((rows, 512), float("nan"), dtype=torch.bfloat16, device=device)
 
     def attention(q, kv, indices, *, scale=None, sink=None, return_lse=False, num_splits=None):
-        out, lse = reference_sparse_attention(q.as_subclass(torch.Tensor).double(), kv.double(), indices,
-                                              scale=scale, sink=sink, return_lse=True)
+        # the poison check: a kept entry must read a row a page was dequantized into (the reference itself gathers
+        # a row for every entry, a dropped one too, so it gets the table with the poison zeroed)
+        kept = (indices >= 0) & (indices < kv.shape[0])
+        assert torch.isfinite(kv[indices[kept].long()]).all(), "a kept entry reads a row no page was written to"
+        out, lse = reference_sparse_attention(q.as_subclass(torch.Tensor).double(), kv.double().nan_to_num(0.0),
+                                              indices, scale=scale, sink=sink, return_lse=True)
         return (out, lse) if return_lse else out
 
     monkeypatch.setattr(S, "dequantize_pages", dequantize_pages)
