@@ -831,6 +831,22 @@ def _join_by_hand(idx, lengths, page_map, joint, n_keys, page_size, lo, col0):
     joint[:, col0:col0 + idx.shape[1]] = torch.where(keep, rows, -1)
 
 
+def test_staging_tables_are_per_stream(monkeypatch):
+    """The staged prefill's bf16 table is kept per (device, stream): another stream gets its own, the same stream
+    its own again (grown in place of the old one when a call needs more rows)."""
+    from dsv4lib.ops import prefill_staged as S
+    monkeypatch.setattr(S, "_TABLES", {})
+    stream = [111]
+    monkeypatch.setattr(S, "raw_stream", lambda device: stream[0])
+    a = S._table("cpu", 10)
+    assert S._table("cpu", 7).data_ptr() == a.data_ptr()
+    stream[0] = 222
+    b = S._table("cpu", 10)
+    assert b.data_ptr() != a.data_ptr()
+    stream[0] = 111
+    assert S._table("cpu", 10).data_ptr() == a.data_ptr() and S._table("cpu", 20).shape == (20, 512)
+
+
 class _LooksCuda(torch.Tensor):
     """A CPU tensor that passes the staged call's ``q.is_cuda`` check (the orchestration test runs without a GPU)."""
 

@@ -220,3 +220,39 @@ def test_the_same_split_shape_on_two_streams_at_once():
     for i in range(2):
         for out in outs[i]:
             check_output(out, wants[i])
+
+
+@pytest.mark.gpu
+def test_the_staged_prefill_on_two_streams_at_once():
+    """Two streams run the staged FP8-cache prefill concurrently (each its own queries and lists over the same
+    caches), 10 calls each enqueued alternately with no sync: every call must attend over its own table — with one
+    staging table a device, one stream's dequantization could rewrite rows under the other's attention."""
+    from dsv4lib.ops.prefill_staged import sparse_prefill_staged
+    gen = torch.Generator().manual_seed(fresh_seed())
+    caches = [dsv4lib.Model1Cache(40, 64, device="cuda"), dsv4lib.Model1Cache(300, 2, device="cuda")]
+    for cache in caches:
+        keys = (torch.randn(cache.num_keys, 512, generator=gen) * 2).to("cuda", torch.bfloat16)
+        cache.append(torch.randperm(cache.num_keys, generator=gen).to(torch.int32).cuda(), keys)
+    calls = []
+    for i in range(2):
+        q = torch.randn(50, 64, 512, generator=gen).to("cuda", torch.bfloat16)
+        idx = torch.randint(0, caches[0].num_keys, (50, 128), generator=gen, dtype=torch.int32).cuda()
+        idx2 = torch.randint(0, caches[1].num_keys, (50, 96), generator=gen, dtype=torch.int32).cuda()
+        # stream 0 gives every page, stream 1 lets the call find them: two table sizes on the two streams
+        pages = ({"pages": torch.arange(40, dtype=torch.int32, device="cuda"),
+                  "extra_pages": torch.arange(300, dtype=torch.int32, device="cuda")} if i == 0 else {})
+        calls.append(lambda q=q, idx=idx, idx2=idx2, pages=pages: sparse_prefill_staged(
+            q, caches[0], idx, extra_k_cache=caches[1], extra_indices=idx2, **pages))
+    wants = [call() for call in calls]                 # builds, tables and plans before the race, each checked below
+    torch.cuda.synchronize()
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    outs = [[], []]
+    for _ in range(10):
+        for i, s in enumerate(streams):
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                outs[i].append(calls[i]())
+    torch.cuda.synchronize()
+    for i in range(2):
+        for out in outs[i]:
+            assert torch.equal(out, wants[i])

@@ -26,14 +26,18 @@ from .launch import check_hopper, on_device, placeholder, raw_stream, rows_dynam
 from .prefill import check_prefill_lists
 from .sparse import HEAD_DIM, sparse_attention
 
-_TABLES: dict = {}          # device -> the largest bf16 table asked for there, rewritten by every call on that device
+_TABLES: dict = {}          # (device, stream) -> the largest bf16 table asked for there, rewritten by every call
 
 
 def _table(device, rows: int) -> torch.Tensor:
-    """``[rows, 512]`` bf16 rows of this device's staging table (grown when a call needs more)."""
-    table = _TABLES.get(device)
+    """``[rows, 512]`` bf16 rows of the staging table of this device and its current stream (grown when a call needs
+    more): two streams prefilling at once each write their own table — with one table a device, one stream's
+    dequantization could overwrite rows the other's attention was reading (as the split workspaces, session 40).
+    Reused by the next call on the same stream only, after this one's kernels in stream order."""
+    key = (device, raw_stream(device))
+    table = _TABLES.get(key)
     if table is None or table.shape[0] < rows:
-        table = _TABLES[device] = torch.empty(max(rows, 1), HEAD_DIM, dtype=torch.bfloat16, device=device)
+        table = _TABLES[key] = torch.empty(max(rows, 1), HEAD_DIM, dtype=torch.bfloat16, device=device)
     return table[:rows]
 
 
