@@ -101,6 +101,8 @@ def test_every_public_function_replays_in_a_cuda_graph():
     idx_d, idx2_d, idx_p, idx2_p = lists(3, 128, 512), lists(3, 100, 128), lists(5, 128, 512), lists(5, 100, 128)
     len_d, len_p = torch.tensor([128, 7, 0], dtype=torch.int32).cuda(), torch.full((5,), 90, dtype=torch.int32).cuda()
     sink64 = sink.repeat(16)
+    pages_main = torch.tensor([7, 0, 3, 1, 2, 6, 5, 4, -1], dtype=torch.int32, device="cuda")   # every page, shuffled
+    pages_cmp = torch.arange(63, -1, -1, dtype=torch.int32, device="cuda")
     decode = lambda splits: dsv4lib.sparse_decode(qd, main, idx_d[:, None], len_d, extra_k_cache=cmp,
                                                   extra_indices=idx2_d[:, None], sink=sink64, return_lse=True,
                                                   num_splits=splits)
@@ -109,6 +111,14 @@ def test_every_public_function_replays_in_a_cuda_graph():
         "sparse_decode split": lambda: decode(4),
         "sparse_prefill": lambda: dsv4lib.sparse_prefill(qp, main, idx_p, extra_k_cache=cmp, extra_indices=idx2_p,
                                                          extra_topk_length=len_p, sink=sink64, return_lse=True),
+        # the staged design: a dequantization pass into a bf16 table (kept per stream: the capture's own), the lists
+        # joined, then the bf16 kernel — with the pages scanned for (a histogram) and given
+        "sparse_prefill_staged": lambda: dsv4lib.sparse_prefill_staged(
+            qp, main, idx_p, extra_k_cache=cmp, extra_indices=idx2_p, extra_topk_length=len_p, sink=sink64,
+            return_lse=True),
+        "sparse_prefill_staged pages=": lambda: dsv4lib.sparse_prefill_staged(
+            qp, main, idx_p, extra_k_cache=cmp, extra_indices=idx2_p, extra_topk_length=len_p, sink=sink64,
+            pages=pages_main, extra_pages=pages_cmp),
         "attention_branches": lambda: dsv4lib.attention_branches(q, branches, sink=sink, return_lse=True),
         "attention_nvfp4": lambda: dsv4lib.attention_nvfp4(q, k, v, 8.0, causal=True, sink=sink),
         "attention_fp32": lambda: dsv4lib.attention_fp32(q, k, v, window=100),
