@@ -32,7 +32,9 @@ limit=${GROUP_TIMEOUT:-150}
 # with 25 of 26 tests passed): they get at least 240 s, so a slow compile is not read as a hang (d7ab: about 12 A/B
 # builds, each its own compile); d7 300 since session 40: 37 tests passed in 230 s with 4 groups at once, and the
 # interpreter's exit took it past 240 (rc 124 recorded for a group that had passed)
-declare -A heavy=([d1]=240 [sparse]=240 [d7]=300 [d7ab]=420 [nvfp4]=240)
+# streams 240 since session 47: 120 s at 0c09932 (H200, 3 groups at once), then the staged prefill joined its graph
+# test and a two-stream race (the staged builds: dequantization, joins, the bf16 kernel at H64 — their own compiles)
+declare -A heavy=([d1]=240 [sparse]=240 [d7]=300 [d7ab]=420 [nvfp4]=240 [streams]=240)
 parallel=${PARALLEL:-1}       # groups at once: their JIT compiles are CPU-bound and independent (the timing group
                              # always runs alone, last)
 run_group() {
