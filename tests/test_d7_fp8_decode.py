@@ -928,13 +928,7 @@ def test_staged_prefill_places_pages_and_lists_on_the_cpu(monkeypatch, given):
                       sink=sink, return_lse=True, **kw)
     # by hand: the whole caches' keys, the window's rows first, each list's kept entries as rows of that table
     table = torch.cat([main.keys(), cmp.keys()])
-    joint = torch.empty(Sq, 20, dtype=torch.int32)
-    for (ix, lens, ok, cache, lo, col0) in ((idx, lengths, allowed[0], main, 0, 0),
-                                            (idx2, None, allowed[1], cmp, main.num_keys, 13)):
-        page_map = None
-        if ok is not None:      # a page allowed: at its own block of the whole table; the spare last entry -1
-            page_map = torch.cat([torch.where(ok, torch.arange(cache.num_pages), -1), torch.tensor([-1])]).int()
-        _join_by_hand(ix, lens, page_map, joint, cache.num_keys, cache.page_size, lo, col0)
+    joint = _joint_by_hand([(main, idx, lengths), (cmp, idx2, None)], allowed)
     want, want_lse = dsv4lib.reference.sparse_attention(q.double(), table, joint, sink=sink, return_lse=True)
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out, want, rtol=0, atol=1e-12)
@@ -1106,22 +1100,30 @@ def _staged_by_hand(q, main, idx, kw, allowed=(None, None)):
     """``sparse_attention`` over the reference's bf16 table with the lists joined by hand: out-of-range,
     past-the-length entries and (``allowed``: a bool per page of each cache, or None) entries on other pages
     dropped, the extra cache's rows after the window's."""
-    tables, lists, lo = [main.keys()], [], 0
     caches = [(main, idx[:, 0], kw.get("topk_length"))]
     if kw.get("extra_k_cache") is not None:
-        tables.append(kw["extra_k_cache"].keys())
         caches.append((kw["extra_k_cache"], kw["extra_indices"][:, 0], kw.get("extra_topk_length")))
-    for (cache, ix, n), ok in zip(caches, allowed):
-        keep = (ix >= 0) & (ix < cache.num_keys)
-        if n is not None:
-            keep &= torch.arange(ix.shape[1], device=ix.device) < n[:, None]
-        if ok is not None:
-            keep &= ok[torch.where(keep, ix // cache.page_size, 0)]
-        lists.append(torch.where(keep, ix + lo, -1))
-        lo += cache.num_keys
-    table = torch.cat(tables).bfloat16().cuda()
-    return dsv4lib.sparse_attention(q[:, 0], table, torch.cat(lists, 1).contiguous(), sink=kw.get("sink"),
+    table = torch.cat([cache.keys() for cache, _, _ in caches]).bfloat16().cuda()
+    return dsv4lib.sparse_attention(q[:, 0], table, _joint_by_hand(caches, allowed), sink=kw.get("sink"),
                                     num_splits=1, return_lse=True)
+
+
+def _joint_by_hand(caches, allowed):
+    """The lists of ``caches`` (``(cache, indices [Sq, K], lengths or None)``, the window's first) joined by hand as
+    rows of the whole caches' table, one after the other: :func:`_join_by_hand` with each cache's ``allowed`` pages
+    (a bool per page, or None) as a page map that keeps every allowed page at its own block."""
+    joint = torch.empty(caches[0][1].shape[0], sum(ix.shape[1] for _, ix, _ in caches), dtype=torch.int32,
+                        device=caches[0][1].device)
+    lo = col0 = 0
+    for (cache, ix, lengths), ok in zip(caches, allowed):
+        page_map = None
+        if ok is not None:      # an allowed page at its own block of the whole table; the spare last entry -1
+            ok = ok.to(ix.device)
+            page_map = torch.cat([torch.where(ok, torch.arange(cache.num_pages, device=ix.device), -1),
+                                  torch.tensor([-1], device=ix.device)]).int()
+        _join_by_hand(ix, lengths, page_map, joint, cache.num_keys, cache.page_size, lo, col0)
+        lo, col0 = lo + cache.num_keys, col0 + ix.shape[1]
+    return joint
 
 
 @pytest.mark.gpu

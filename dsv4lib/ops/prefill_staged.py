@@ -182,15 +182,12 @@ def sparse_prefill_staged(q, k_cache, indices, topk_length=None, *, extra_k_cach
     caches = [cache_pages(k_cache, "k_cache")] + ([cache_pages(extra_k_cache, "extra_k_cache")] if extra else [])
     for (cache_data, page_size), name in zip(caches, ("k_cache", "extra_k_cache")):   # not `pages`: the argument
         check_pages(cache_data, page_size, name)
-        if cache_data.device != q.device:
-            raise ValueError(f"{name} is on {cache_data.device}, q on {q.device}")
-    for name, t in (("indices", indices), ("topk_length", topk_length), ("extra_indices", extra_indices),
-                    ("extra_topk_length", extra_topk_length)):
-        if t is not None and t.device != q.device:
+    placed = (("k_cache", caches[0][0]), ("extra_k_cache", caches[-1][0] if extra else None), ("indices", indices),
+              ("topk_length", topk_length), ("extra_indices", extra_indices), ("extra_topk_length", extra_topk_length),
+              ("pages", pages), ("extra_pages", extra_pages))
+    for name, t in placed:                  # a non-tensor `pages` is refused by _page_slots with its dtype
+        if t is not None and getattr(t, "device", q.device) != q.device:
             raise ValueError(f"{name} is on {t.device}, q on {q.device}")
-    for name, given in (("pages", pages), ("extra_pages", extra_pages)):
-        if given is not None and getattr(given, "device", q.device) != q.device:
-            raise ValueError(f"{name} is on {given.device}, q on {q.device}")
     # per cache: the pages to dequantize, in the order of their blocks of rows in the table, and (with pages=) the
     # map from a page to its block
     plans = []
