@@ -3,7 +3,14 @@
 shapes, beside the whole call with the pages found by a scan of the lists and given (``pages=``).  Session 46 timed
 four ways of marking the page mask with it, session 47 the list join's kernel against the torch passes it
 replaced (docs/tuning/d2_d6.md).
-    python scripts/probe_staged.py"""
+    python scripts/probe_staged.py [--dequant-variants 1,2,4,2s,4s] [--join-variants 1,4,8]
+
+``--dequant-variants``: the dequantization pass (every page of both caches) once per build — N slots a warp in
+flight (``prefill_staged.DEQUANT_SLOTS_IN_FLIGHT``), with ``s`` by halves (``DEQUANT_SECTOR_STORES``: each warp
+store 512 contiguous bytes) — twice in turn, each checked bit-equal to the shipped build's table, before the table
+of passes; ``--join-variants``: the list join with that many entries a thread in flight
+(``prefill_staged.JOIN_ENTRIES_IN_FLIGHT``), each checked equal to the torch join."""
+import argparse
 import statistics
 
 import torch
@@ -28,6 +35,12 @@ def timed(fn, reps=20):
 
 
 def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--dequant-variants", default="")
+    parser.add_argument("--join-variants", default="")
+    args = parser.parse_args()
+    variants = [v for v in args.dequant_variants.split(",") if v]
+    join_variants = [int(v) for v in args.join_variants.split(",") if v]
     gen = torch.Generator(device="cuda").manual_seed(0)
     window, compressed = d7.filled_cache(1 << 16, 64, gen), d7.filled_cache(1 << 17, 64, gen)
     print(f"{'shape':>14} {'pass':>28} {'us':>9}")
@@ -58,9 +71,31 @@ def main():
 
         def dequant():
             lo = 0
-            for (p, ps), n in zip(caches, sizes):
-                S.dequantize_pages(p, ps, table[lo:lo + n]); lo += n
+            for (p, ps), n, page_list in zip(caches, sizes, all_pages):      # lists made once: no torch op a call
+                S.dequantize_pages(p, ps, table[lo:lo + n], page_list); lo += n
 
+        shipped = S.DEQUANT_SLOTS_IN_FLIGHT, S.DEQUANT_SECTOR_STORES
+        if variants:
+            dequant()
+            want = table.clone()
+        for alternation in range(2 if variants else 0):
+            for v in variants:
+                S.DEQUANT_SLOTS_IN_FLIGHT, S.DEQUANT_SECTOR_STORES = int(v.rstrip("s")), v.endswith("s")
+                table.fill_(float("nan"))
+                us = timed(dequant)
+                assert torch.equal(table, want), v
+                print(f"{f'Sq{Sq} H{H}':>14} {f'dequant {v}':>28} {us:9.1f}")
+        S.DEQUANT_SLOTS_IN_FLIGHT, S.DEQUANT_SECTOR_STORES = shipped
+        shipped_join = S.JOIN_ENTRIES_IN_FLIGHT
+        want_joint = join_in_torch() if join_variants else None
+        for alternation in range(2 if join_variants else 0):
+            for n in join_variants:
+                S.JOIN_ENTRIES_IN_FLIGHT = n
+                joint.fill_(-7)
+                us = timed(join_kernel)
+                assert torch.equal(joint, want_joint), n
+                print(f"{f'Sq{Sq} H{H}':>14} {f'join, {n} entries a thread':>28} {us:9.1f}")
+        S.JOIN_ENTRIES_IN_FLIGHT = shipped_join
         rows = {
             "join in torch (before)": join_in_torch,
             "join kernel (both lists)": join_kernel,

@@ -762,16 +762,16 @@ def test_decode_shapes_parse_from_an_index_or_four_extents():
 # ------------------------------------------------------------- sparse_prefill_staged (#36 item 2, the two-pass design)
 @pytest.mark.compile
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
-def test_dequant_kernel_reads_a_slot_once_and_writes_its_row_in_one_sweep(arch):
-    """A CTA a page (if its mask byte is set), a warp two slots at a time: 28 lanes load 16 e4m3 bytes of each (one
-    16-byte load) and its tile's scale byte, convert them by pairs (e4m3x2 → f16x2 → fp32 × 2^e → bf16x2: 8 of each
-    a slot), store 32 bytes; 4 lanes copy 32 rope bytes — both slots' loads issued before the first store."""
+@pytest.mark.parametrize("slots", [2, 1, 4])
+def test_dequant_kernel_reads_a_slot_once_and_writes_its_row_in_one_sweep(arch, slots):
+    """A CTA a listed page, a warp ``slots`` slots at a time: 28 lanes load 16 e4m3 bytes of each (one 16-byte load)
+    and its tile's scale byte, convert them by pairs (e4m3x2 → f16x2 → fp32 × 2^e → bf16x2: 8 of each a slot), store
+    32 bytes; 4 lanes copy 32 rope bytes — every slot's loads issued before the first store."""
     import re
     from dsv4lib.kernels.compile import compile_for_arch
-    from dsv4lib.kernels.model1_dequant import SLOTS_IN_FLIGHT, Model1DequantKernel
+    from dsv4lib.kernels.model1_dequant import Model1DequantKernel
     from dsv4lib.ops.prefill_staged import fake_dequant_args
-    k = compile_for_arch(Model1DequantKernel(), *fake_dequant_args(), arch=arch)
-    slots = SLOTS_IN_FLIGHT
+    k = compile_for_arch(Model1DequantKernel(slots), *fake_dequant_args(), arch=arch)
     assert k.count(r"cvt\.rn\.f16x2\.e4m3x2") == 8 * slots and k.count(r"cvt\.rn\.bf16x2\.f32") == 8 * slots
     assert k.count(r"ld\.global(\.\w+)*\.v4") == (1 + 2) * slots
     assert k.count(r"st\.global(\.\w+)*\.v4") == (2 + 2) * slots
@@ -782,18 +782,44 @@ def test_dequant_kernel_reads_a_slot_once_and_writes_its_row_in_one_sweep(arch):
 
 @pytest.mark.compile
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("slots", [2, 4])
+def test_dequant_kernel_by_halves_stores_whole_lines(arch, slots):
+    """The lane map by halves (``sector_stores``): a lane loads 8 nope bytes (an 8-byte load) and the next half's 8
+    (lanes 0-23) or 16 rope bytes (lanes 24-31), two scale bytes; converts 4 + 4 pairs; stores two 16-byte pieces
+    (each warp store 512 contiguous bytes) — every slot's loads before the first store, no spills."""
+    import re
+    from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.model1_dequant import Model1DequantKernel
+    from dsv4lib.ops.prefill_staged import fake_dequant_args
+    k = compile_for_arch(Model1DequantKernel(slots, sector_stores=True), *fake_dequant_args(), arch=arch)
+    assert k.count(r"cvt\.rn\.f16x2\.e4m3x2") == 8 * slots and k.count(r"cvt\.rn\.bf16x2\.f32") == 8 * slots
+    eight_bytes = r"ld\.global(\.\w+)*\.(v2\.b32|b64)"                 # sm_100a's ptx writes some as one b64
+    assert k.count(eight_bytes) == 2 * slots and k.count(r"ld\.global(\.\w+)*\.v4") == slots
+    assert k.count(r"st\.global(\.\w+)*\.v4") == 3 * slots
+    assert k.count(r"\.local") == 0
+    memory = [m.group(1) for m in re.finditer(r"\b(ld|st)\.global(\.\w+)*\.(v2\.b32|b64|v4)", k.ptx)]
+    assert "st" not in memory[:3 * slots], memory                  # every slot's loads, then the stores
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 @pytest.mark.parametrize("has_lengths,has_page_map", [(False, False), (True, False), (False, True), (True, True)])
-def test_list_join_reads_each_entry_once_and_writes_it_once(arch, has_lengths, has_page_map):
-    """The staged prefill's join: a thread an entry at a time — one load of the entry, the token's length once
-    (only with lengths), one load of the page map (only with one: then the only division), one store; no spills."""
+@pytest.mark.parametrize("in_flight", [1, 4])
+def test_list_join_reads_each_entry_once_and_writes_it_once(arch, has_lengths, has_page_map, in_flight):
+    """The staged prefill's join: a thread ``in_flight`` entries at a time — one load of each entry, the token's
+    length once (only with lengths), one load of the page map each (only with one: then the only division), one
+    store each, every load before the first store; no spills."""
+    import re
     from dsv4lib.kernels.compile import compile_for_arch
     from dsv4lib.kernels.list_join import ListJoinKernel
     from dsv4lib.ops.prefill_staged import fake_join_args
-    k = compile_for_arch(ListJoinKernel(has_lengths, has_page_map), *fake_join_args(), arch=arch)
-    assert k.count(r"ld\.global") == 1 + has_lengths + has_page_map
-    assert k.count(r"st\.global") == 1
+    k = compile_for_arch(ListJoinKernel(has_lengths, has_page_map, in_flight), *fake_join_args(), arch=arch)
+    assert k.count(r"ld\.global") == has_lengths + in_flight * (1 + has_page_map)
+    assert k.count(r"st\.global") == in_flight
     assert (k.count(r"\b(div|rem)\.(s|u)32") > 0) == has_page_map
     assert k.count(r"\.local") == 0
+    memory = [m.group(1) for m in re.finditer(r"\b(ld|st)\.global", k.ptx)]
+    assert memory == ["ld"] * (has_lengths + in_flight * (1 + has_page_map)) + ["st"] * in_flight, memory
 
 
 @pytest.mark.compile
@@ -940,11 +966,14 @@ def test_staged_prefill_places_pages_and_lists_on_the_cpu(monkeypatch, given):
 
 
 @pytest.mark.gpu
-def test_list_join_equals_the_join_in_torch():
+@pytest.mark.parametrize("in_flight", [1, 4])
+def test_list_join_equals_the_join_in_torch(in_flight, monkeypatch):
     """Random lists with every kind of entry (negative, past the cache, past the token's length — lengths of 0,
     of the whole list and beyond it), a page map with holes: the kernel's columns equal the torch join's, the
-    columns of the other list untouched (the joint poisoned first)."""
+    columns of the other list untouched (the joint poisoned first); ``in_flight`` entries a thread at a time."""
+    from dsv4lib.ops import prefill_staged
     from dsv4lib.ops.prefill_staged import _page_slots, join_list
+    monkeypatch.setattr(prefill_staged, "JOIN_ENTRIES_IN_FLIGHT", in_flight)
     gen = torch.Generator().manual_seed(fresh_seed())
     for Sq, K, page_size, num_pages in ((300, 640, 64, 40), (7, 5, 4, 3), (1, 1030, 128, 9)):
         n = page_size * num_pages
@@ -1043,12 +1072,18 @@ def _check_page_mask(page_size, num_pages, gen, device):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("page_size", [64, 2])
-def test_dequant_kernel_is_bit_equal_to_the_reference(page_size):
+@pytest.mark.parametrize("page_size,slots,sector_stores", [(64, 2, False), (2, 2, False), (64, 1, False),
+                                                           (64, 4, False), (2, 4, False), (64, 2, True), (2, 4, True)])
+def test_dequant_kernel_is_bit_equal_to_the_reference(page_size, slots, sector_stores, monkeypatch):
     """Every slot of a cache written by the GPU writer (random keys; a fifth of the slots never written: zero rows)
     dequantized into the bf16 table (NaN-poisoned first) equals the reference reader's float64 keys rounded to bf16
-    — exactly (they are bf16 values already); and a packed table from a shuffled page list."""
+    — exactly (they are bf16 values already); and a packed table from a shuffled page list.  ``slots``: the build's
+    slots a warp in flight (2 shipped; 1 and 4 the A/B's; a page of 2 slots leaves most of a warp's slots empty);
+    ``sector_stores``: the lane map by halves."""
+    from dsv4lib.ops import prefill_staged
     from dsv4lib.ops.prefill_staged import dequantize_pages
+    monkeypatch.setattr(prefill_staged, "DEQUANT_SLOTS_IN_FLIGHT", slots)
+    monkeypatch.setattr(prefill_staged, "DEQUANT_SECTOR_STORES", sector_stores)
     gen = torch.Generator().manual_seed(fresh_seed())
     cache = dsv4lib.Model1Cache(24 if page_size == 64 else 512, page_size, device="cuda")
     written = torch.randperm(cache.num_keys, generator=gen)[: cache.num_keys * 4 // 5]

@@ -21,7 +21,7 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32, Int64, Uint8, Uint32
+from cutlass import Int32, Int64, Uint8, Uint32, const_expr
 
 from .common import gmem_view, launch_stream
 from .sm90.model1_decode import e4m3x2_to_bf16x2, ue8m0_scale
@@ -33,13 +33,20 @@ NOPE_LANES = NOPE_DIMS // 16        # 28
 PART_BYTES = 576                    # a key's [nope e4m3 | rope bf16] part
 SCALE_GROUP_BYTES = 8               # its 7 scale bytes + 1 pad
 ROW_BYTES = 2 * HEAD_DIM            # a bf16 table row
-SLOTS_IN_FLIGHT = 2                 # a warp's slots loaded before it stores any
+HALF_DIMS = HEAD_DIM // 2           # 256: the second half of a row (sector_stores)
+HIGH_NOPE_LANES = (NOPE_DIMS - HALF_DIMS) // 8      # 24 lanes' 8 nope dims past 256; the other 8 lanes: rope
+SLOTS_IN_FLIGHT = 2                 # a warp's slots loaded before it stores any (the default build's)
 
 
 class Model1DequantKernel:
     """The cache ``[num_pages, page_bytes]`` uint8 (``page_size`` slots a page) and a page list ``[n]`` int32 →
     ``out [n · page_size, 512]`` bf16: the ``b``-th block of ``page_size`` rows gets page ``list[b]``'s slots; a
-    number outside ``[0, num_pages)`` leaves its block as it was (module docstring)."""
+    number outside ``[0, num_pages)`` leaves its block as it was (module docstring).  ``slots_in_flight``: the slots
+    a warp loads before it converts and stores the first of them (``slot, slot + WARPS, ...``)."""
+
+    def __init__(self, slots_in_flight: int = SLOTS_IN_FLIGHT, sector_stores: bool = False):
+        self.slots_in_flight = slots_in_flight
+        self.sector_stores = sector_stores
 
     @cute.jit
     def __call__(self, mCache: cute.Tensor, page_size: Int32, mOut: cute.Tensor, mPageList: cute.Tensor,
@@ -55,33 +62,92 @@ class Model1DequantKernel:
         page = mPageList[block]
         if page >= 0 and page < cute.size(mCache, mode=[0]):
             page_base = mCache.iterator.toint() + Int64(page) * Int64(cute.size(mCache, mode=[1]))
-            # two slots a warp at a time (slot and slot + WARPS), both slots' loads issued before either's stores:
+            # `slots` slots a warp at a time (slot, slot + WARPS, ...), every slot's loads issued before any store:
             # a slot a warp left ~37 KB of loads in flight an SM, short of what covers the memory's latency
-            for first in cutlass.range(tidx // 32, page_size, SLOTS_IN_FLIGHT * WARPS, unroll=1):
-                rNope0 = cute.make_rmem_tensor((4,), Uint32)                # 16 e4m3 bytes of each slot
-                rNope1 = cute.make_rmem_tensor((4,), Uint32)
-                rRope0 = cute.make_rmem_tensor((8,), Uint32)                # or 16 rope bf16 of each
-                rRope1 = cute.make_rmem_tensor((8,), Uint32)
-                scale0 = Uint32(0)
-                scale1 = Uint32(0)
-                second = first + WARPS
-                if lane < NOPE_LANES:
-                    cute.autovec_copy(gmem_view(Uint32, self.nope_at(page_base, first, lane), 4, 16), rNope0)
-                    scale0 = Uint32(gmem_view(Uint8, self.scale_at(page_base, page_size, first, lane), 1, 1)[0])
-                    if second < page_size:
-                        cute.autovec_copy(gmem_view(Uint32, self.nope_at(page_base, second, lane), 4, 16), rNope1)
-                        scale1 = Uint32(gmem_view(Uint8, self.scale_at(page_base, page_size, second, lane), 1, 1)[0])
-                    self.store_nope(rNope0, scale0, self.row_at(mOut, block, page_size, first, lane))
-                    if second < page_size:
-                        self.store_nope(rNope1, scale1, self.row_at(mOut, block, page_size, second, lane))
-                else:
-                    cute.autovec_copy(gmem_view(Uint32, self.rope_at(page_base, first, lane), 8, 16), rRope0)
-                    if second < page_size:
-                        cute.autovec_copy(gmem_view(Uint32, self.rope_at(page_base, second, lane), 8, 16), rRope1)
-                    cute.autovec_copy(rRope0, gmem_view(Uint32, self.row_at(mOut, block, page_size, first, lane), 8, 16))
-                    if second < page_size:
-                        cute.autovec_copy(rRope1,
-                                          gmem_view(Uint32, self.row_at(mOut, block, page_size, second, lane), 8, 16))
+            if const_expr(self.sector_stores):
+                self.dequant_by_halves(page_size, mOut, page_base, block, tidx // 32, lane)
+            else:
+                self.dequant_by_lane_pieces(page_size, mOut, page_base, block, tidx // 32, lane)
+
+    @cute.jit
+    def dequant_by_lane_pieces(self, page_size: Int32, mOut, page_base, block, warp, lane):
+        """Lane ``l`` owns the row's bytes ``32 l … 32 l + 31``: its nope lanes load 16 e4m3 bytes (one 16-byte load)
+        and store 32, the 4 rope lanes copy 32 bytes; a warp's 16-byte store covers every other 16 bytes of the row
+        (each of its 32 sectors half-written, the other half by the next store)."""
+        slots = self.slots_in_flight
+        for first in cutlass.range(warp, page_size, slots * WARPS, unroll=1):
+            rNope = [cute.make_rmem_tensor((4,), Uint32) for _ in range(slots)]    # 16 e4m3 bytes of a slot
+            rRope = [cute.make_rmem_tensor((8,), Uint32) for _ in range(slots)]    # or 16 rope bf16 of it
+            rScale = cute.make_rmem_tensor((slots,), Uint32)                       # its tile's scale byte
+            if lane < NOPE_LANES:
+                for s in cutlass.range_constexpr(slots):
+                    slot = first + s * WARPS
+                    rScale[s] = Uint32(0)
+                    if slot < page_size:
+                        cute.autovec_copy(gmem_view(Uint32, self.nope_at(page_base, slot, lane), 4, 16), rNope[s])
+                        rScale[s] = Uint32(gmem_view(Uint8, self.scale_at(page_base, page_size, slot, lane), 1,
+                                                     1)[0])
+                for s in cutlass.range_constexpr(slots):
+                    slot = first + s * WARPS
+                    if slot < page_size:
+                        self.store_nope(rNope[s], rScale[s], self.row_at(mOut, block, page_size, slot, lane))
+            else:
+                for s in cutlass.range_constexpr(slots):
+                    slot = first + s * WARPS
+                    if slot < page_size:
+                        cute.autovec_copy(gmem_view(Uint32, self.rope_at(page_base, slot, lane), 8, 16), rRope[s])
+                for s in cutlass.range_constexpr(slots):
+                    slot = first + s * WARPS
+                    if slot < page_size:
+                        cute.autovec_copy(rRope[s],
+                                          gmem_view(Uint32, self.row_at(mOut, block, page_size, slot, lane), 8, 16))
+
+    @cute.jit
+    def dequant_by_halves(self, page_size: Int32, mOut, page_base, block, warp, lane):
+        """Lane ``l`` owns dims ``8 l … 8 l + 7`` (row bytes ``16 l …``) and ``256 + 8 l …`` (row bytes ``512 + 16 l
+        …``), so each warp store writes 512 contiguous bytes — four whole 128-byte lines, no sector written twice.
+        First half: 8 nope bytes a lane (an 8-byte load; tile ``l // 8``); second half: lanes 0-23 the nope bytes
+        ``256 + 8 l`` (tile ``4 + l // 8``), lanes 24-31 16 rope bytes (bf16, copied)."""
+        slots = self.slots_in_flight
+        for first in cutlass.range(warp, page_size, slots * WARPS, unroll=1):
+            rLow = [cute.make_rmem_tensor((2,), Uint32) for _ in range(slots)]     # 8 e4m3 bytes: dims 8 l …
+            rHigh = [cute.make_rmem_tensor((2,), Uint32) for _ in range(slots)]    # 8 e4m3 bytes: dims 256 + 8 l …
+            rRope = [cute.make_rmem_tensor((4,), Uint32) for _ in range(slots)]    # or 8 rope bf16: dims 448 + …
+            rScale = cute.make_rmem_tensor((2 * slots,), Uint32)                   # the two halves' tile scales
+            for s in cutlass.range_constexpr(slots):
+                slot = first + s * WARPS
+                rScale[2 * s] = Uint32(0)
+                rScale[2 * s + 1] = Uint32(0)
+                if slot < page_size:
+                    part = page_base + Int64(slot * PART_BYTES)
+                    scales = page_base + Int64(page_size * PART_BYTES + slot * SCALE_GROUP_BYTES)
+                    cute.autovec_copy(gmem_view(Uint32, part + Int64(lane * 8), 2, 8), rLow[s])
+                    rScale[2 * s] = Uint32(gmem_view(Uint8, scales + Int64(lane // 8), 1, 1)[0])
+                    if lane < HIGH_NOPE_LANES:
+                        cute.autovec_copy(gmem_view(Uint32, part + Int64(HALF_DIMS + lane * 8), 2, 8), rHigh[s])
+                        rScale[2 * s + 1] = Uint32(gmem_view(Uint8, scales + Int64(4 + lane // 8), 1, 1)[0])
+                    else:
+                        cute.autovec_copy(
+                            gmem_view(Uint32, part + Int64(NOPE_DIMS + (lane - HIGH_NOPE_LANES) * 16), 4, 16), rRope[s])
+            for s in cutlass.range_constexpr(slots):
+                slot = first + s * WARPS
+                if slot < page_size:
+                    row = mOut.iterator.toint() + (Int64(block) * Int64(page_size) + Int64(slot)) * Int64(ROW_BYTES)
+                    self.store_nope8(rLow[s], rScale[2 * s], row + Int64(lane * 16))
+                    if lane < HIGH_NOPE_LANES:
+                        self.store_nope8(rHigh[s], rScale[2 * s + 1], row + Int64(ROW_BYTES // 2 + lane * 16))
+                    else:
+                        cute.autovec_copy(rRope[s], gmem_view(Uint32, row + Int64(ROW_BYTES // 2 + lane * 16), 4, 16))
+
+    @cute.jit
+    def store_nope8(self, rW: cute.Tensor, scale_byte: Uint32, address: Int64):
+        """8 e4m3 bytes × 2^(scale - 127) → 8 bf16 (first element low), stored as 16 bytes."""
+        scale = ue8m0_scale(scale_byte)
+        rB = cute.make_rmem_tensor((4,), Uint32)
+        for w in cutlass.range_constexpr(2):
+            rB[2 * w] = e4m3x2_to_bf16x2(rW[w], scale, False)
+            rB[2 * w + 1] = e4m3x2_to_bf16x2(rW[w], scale, True)
+        cute.autovec_copy(rB, gmem_view(Uint32, address, 4, 16))
 
     # byte addresses of a slot's parts: its nope bytes (lane's 16), its tile's scale byte, its rope bytes (lane's 32
     # of the 128), and its bf16 row's lane's 32 bytes

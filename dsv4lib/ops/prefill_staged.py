@@ -10,13 +10,14 @@ converts every key that many times, on the producer warps that bound it, where a
 once (~0.3 GB at the benchmark's cache sizes: ~0.1 ms at 3 TB/s).  Measured on the H100 at ``c74c603``: the fused
 kernel 1266 / 3829 µs at Sq 4096 H64 / H128, our bf16 kernel on the dequantized table 960 / 2360, FlashMLA's bf16
 kernel on it 973 / 2470 — so this path should land near 0.9x / 1.0x FlashMLA's bf16 kernel *with* its staging pass
-counted, against the fused kernel's 0.77x / 0.65x.  Measured on the H200 at ``281266e`` (the pages found by a
-histogram of the lists): 0.78x / 0.95x, the fused kernel 0.63x / 0.61x (docs/tuning/d2_d6.md, session 46).
+counted, against the fused kernel's 0.77x / 0.65x.  Measured on the H200 at ``461865f`` (every page given, the
+lists joined by the kernel): 0.83x / 0.98x, the fused kernel 0.62x / 0.60x (docs/tuning/d2_d6.md, session 47).
 
 Only the pages the caller gives (``pages=``: what a block table holds; packed, a block of rows a page) or else the
-pages the lists name are dequantized (a page list from a histogram of the lists; then the table has a row for every slot of the cache, the price
-of indexing it by address): a production cache holds far more keys than one prefill reads.  The two lists become
-one list of table rows in one pass each (:class:`dsv4lib.kernels.list_join.ListJoinKernel`), not ~10 torch passes."""
+pages the lists name are dequantized (a page list from a histogram of the lists; then the table has a row for every
+slot of the cache, the price of indexing it by address): a production cache holds far more keys than one prefill
+reads.  The two lists become one list of table rows in one pass each
+(:class:`dsv4lib.kernels.list_join.ListJoinKernel`), not ~10 torch passes."""
 from __future__ import annotations
 
 import torch
@@ -25,6 +26,15 @@ from .kvcache import cache_pages, check_pages
 from .launch import check_hopper, on_device, placeholder, raw_stream, rows_dynamic, run_compiled, stream_arg
 from .prefill import check_prefill_lists
 from .sparse import HEAD_DIM, sparse_attention
+
+# the dequantization's build (Model1DequantKernel): its slots a warp in flight (2 since session 46; 1 / 4 built for
+# the A/B) and its lane map (sector_stores: a lane two 8-dim pieces, each warp store 512 contiguous bytes; else a lane
+# 16 contiguous dims, each warp store half of 32 sectors) — scripts/probe_staged.py --dequant-variants 1,2,4,2s,4s
+DEQUANT_SLOTS_IN_FLIGHT = 2
+DEQUANT_SECTOR_STORES = False
+# the list join's entries a thread in flight (ListJoinKernel): 1 shipped (session 47: 24 / 38 µs at D6's FP8 shapes,
+# ~1 TB/s); 4 / 8 built for the A/B (scripts/probe_staged.py --join-variants 1,4,8)
+JOIN_ENTRIES_IN_FLIGHT = 1
 
 _TABLES: dict = {}          # (device, stream) -> the largest bf16 table asked for there, rewritten by every call
 
@@ -79,12 +89,14 @@ def dequantize_pages(pages: torch.Tensor, page_size: int, out: torch.Tensor, pag
         raise ValueError("out must be contiguous from a 16-byte aligned start, on the cache's device")
     check_hopper(pages.device, "dequantize_pages")
 
+    slots, sector_stores = DEQUANT_SLOTS_IN_FLIGHT, DEQUANT_SECTOR_STORES
+
     def make_kernel():
         from ..kernels.model1_dequant import Model1DequantKernel
-        return Model1DequantKernel()
+        return Model1DequantKernel(slots, sector_stores)
 
     with on_device(pages.device):
-        run_compiled("model1 dequant", make_kernel,
+        run_compiled(("model1 dequant", slots, sector_stores), make_kernel,
                      lambda: dequant_args(pages, page_size, out, page_list, tvm_ffi=True),
                      (pages, page_size, out, page_list, raw_stream(pages.device)))
 
@@ -129,16 +141,17 @@ def join_list(indices, lengths, page_map, joint, n_keys: int, page_size: int, lo
     + i % page_size``, else ``lo + i``.  One pass (:class:`~dsv4lib.kernels.list_join.ListJoinKernel`), no host sync."""
     device = indices.device
     has_lengths, has_page_map = lengths is not None, page_map is not None
+    in_flight = JOIN_ENTRIES_IN_FLIGHT
     indices = indices.contiguous()
     lengths = lengths.contiguous() if has_lengths else placeholder(device, "lengths")
     page_map = page_map if has_page_map else placeholder(device, "lengths")
 
     def make_kernel():
         from ..kernels.list_join import ListJoinKernel
-        return ListJoinKernel(has_lengths, has_page_map)
+        return ListJoinKernel(has_lengths, has_page_map, in_flight)
 
     with on_device(device):
-        run_compiled(("list join", has_lengths, has_page_map), make_kernel,
+        run_compiled(("list join", has_lengths, has_page_map, in_flight), make_kernel,
                      lambda: join_args(indices, lengths, page_map, joint, n_keys, page_size, lo, col0, tvm_ffi=True),
                      (indices, lengths, page_map, joint, n_keys, page_size, lo, col0, raw_stream(device)))
 
