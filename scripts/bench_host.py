@@ -70,6 +70,16 @@ def calls() -> dict:
     decode1_unsplit = d7.ours_fn(case1, 1)
     out["sparse_decode FP8 B1 H64 128+512 (num_splits=1)"] = lambda: decode1_unsplit(*case1.sets[0])
     out["piece: sparse_decode's compiled launch"] = decode_launch(case)
+    # the FP8-cache prefills (a token a decode row of the B64 case): the fused kernel, and the staged design with
+    # the pages given (a block table) and found by a scan of the lists
+    q64, idx64, l64, idx64b, l64b = case.sets[0]
+    prefill_args = (q64[:, 0], case.window, idx64[:, 0], l64)
+    prefill_kw = dict(extra_k_cache=case.compressed, extra_indices=idx64b[:, 0], extra_topk_length=l64b, sink=case.sink)
+    all_pages = [torch.arange(c.num_pages, dtype=torch.int32, device="cuda") for c in (case.window, case.compressed)]
+    out["sparse_prefill FP8 Sq64 H64 128+512"] = lambda: dsv4lib.sparse_prefill(*prefill_args, **prefill_kw)
+    out["sparse_prefill_staged FP8 Sq64 (pages=)"] = lambda: dsv4lib.sparse_prefill_staged(
+        *prefill_args, **prefill_kw, pages=all_pages[0], extra_pages=all_pages[1])
+    out["sparse_prefill_staged FP8 Sq64 (scan)"] = lambda: dsv4lib.sparse_prefill_staged(*prefill_args, **prefill_kw)
     peers = attention_peers()
     if "FA4" in peers:
         out["peer: FA4 flash_attn_func hd128 S4096"] = lambda: peers["FA4"](q, k, v, causal=True)

@@ -72,6 +72,9 @@ for w in $what; do
     pipeline=*) run_stages "${w#pipeline=}" pipeline 560 300 ;;
     ab)       [ -d .ab/before/dsv4lib ] && timeout ${AB_TIMEOUT:-300} python scripts/ab_time.py --tree before=.ab/before \
                 --tree after=. --out "$out/logs/ab.json" 2>&1 | tail -n 14 | tee "$out/logs/ab.txt" ;;
+    # host µs of every public call (#28's bar), with launches stubbed (--split) and the cProfile of each call
+    hostbench) { timeout 200 python scripts/bench_host.py --split --profile "$out/logs"; } 2>&1 \
+                | tee "$out/logs/hostbench.txt" | tail -n 40 ;;
     probes)   { timeout 150 python scripts/bench_host.py --split; timeout 120 python scripts/bench_host.py --one-call 0;
                 timeout 120 python scripts/bench_d7.py --no-bf16 --shapes 0 --splits 5,8,10;
                 timeout 300 python scripts/probe_d6.py --variants full,token_fastest --pool-rows 32768;
@@ -106,12 +109,11 @@ for w in $what; do
                   --variants unmasked,unmasked_nopv
                 done; } 2>&1 | tee "$out/logs/d1unmaskedw.txt" | grep "^{\|refused\|Error\|error" | tail -n 12 ;;
     # the built, never-timed D1 A/B knobs (all compile spill-free, no serialized wgmma: sweep_d1.py --check, session
-    # 46): one_kv_state at every head dim, hd128's pingpong / late rescale / both, hd64's exp2 share on the FMA pipe
-    # (poly4 / poly3 / poly8: candidates/d1_exp2_poly.patch applied), FA4 in the same runs, ~4 min
+    # 46): one_kv_state at every head dim, hd128's pingpong / late rescale / both, FA4 in the same runs, ~3 min
     d1ab)     { timeout 150 python scripts/sweep_d1.py --head-dim 128 --causal both --variants onestate,pingpong,late_rescale,pp_late
-                timeout 150 python scripts/sweep_d1.py --head-dim 64 --causal both --variants onestate,poly4,poly3,poly8
+                timeout 120 python scripts/sweep_d1.py --head-dim 64 --causal both --variants onestate
                 timeout 120 python scripts/sweep_d1.py --head-dim 256 --causal both --variants onestate; } 2>&1 \
-                | tee "$out/logs/d1ab.txt" | grep "^{\|refused\|Error\|error" | tail -n 30 ;;
+                | tee "$out/logs/d1ab.txt" | grep "^{\|refused\|Error\|error" | tail -n 12 ;;
     d1)       { timeout 240 python scripts/sweep_d1.py --head-dim 64 --causal 1;
                 timeout 240 python scripts/sweep_d1.py --head-dim 256 --causal 1; } 2>&1 | tee "$out/logs/d1.txt" \
                 | grep "^{\|refused" ;;
@@ -204,7 +206,7 @@ for w in $what; do
     # applied): its GPU bit-equality tests, then probe_staged's passes with the dequantization once per build (~2 min)
     dqslots)  timeout 200 python -m pytest -q -p no:cacheprovider tests -k "dequant_kernel or list_join" > "$out/logs/pytest_k.txt" 2>&1
               tail -n 3 "$out/logs/pytest_k.txt"
-              timeout 200 python scripts/probe_staged.py --dequant-variants 1,2,4,2s,4s --join-variants 1,4,8 2>&1 | tee "$out/logs/dqslots.txt" | tail -n 30 ;;
+              timeout 200 python scripts/probe_staged.py --dequant-variants 1,2,4 --join-variants 1,4,8 2>&1 | tee "$out/logs/dqslots.txt" | tail -n 30 ;;
     # the staged FP8-cache prefill's dequantization (both caches, every page) and list joins (scripts/ncu_staged.py)
     ncustaged) run_ncu staged 4 scripts/ncu_staged.py ;;
     bench)    { timeout 120 python scripts/bench_sparse.py; timeout 60 python scripts/bench_nvfp4.py;

@@ -3,11 +3,10 @@
 shapes, beside the whole call with the pages found by a scan of the lists and given (``pages=``).  Session 46 timed
 four ways of marking the page mask with it, session 47 the list join's kernel against the torch passes it
 replaced (docs/tuning/d2_d6.md).
-    python scripts/probe_staged.py [--dequant-variants 1,2,4,2s,4s] [--join-variants 1,4,8]
+    python scripts/probe_staged.py [--dequant-variants 1,2,4] [--join-variants 1,4,8]
 
 ``--dequant-variants``: the dequantization pass (every page of both caches) once per build — N slots a warp in
-flight (``prefill_staged.DEQUANT_SLOTS_IN_FLIGHT``), with ``s`` by halves (``DEQUANT_SECTOR_STORES``: each warp
-store 512 contiguous bytes) — twice in turn, each checked bit-equal to the shipped build's table, before the table
+flight (``prefill_staged.DEQUANT_SLOTS_IN_FLIGHT``) — twice in turn, each checked bit-equal to the shipped build's table, before the table
 of passes; ``--join-variants``: the list join with that many entries a thread in flight
 (``prefill_staged.JOIN_ENTRIES_IN_FLIGHT``), each checked equal to the torch join."""
 import argparse
@@ -74,18 +73,18 @@ def main():
             for (p, ps), n, page_list in zip(caches, sizes, all_pages):      # lists made once: no torch op a call
                 S.dequantize_pages(p, ps, table[lo:lo + n], page_list); lo += n
 
-        shipped = S.DEQUANT_SLOTS_IN_FLIGHT, S.DEQUANT_SECTOR_STORES
+        shipped = S.DEQUANT_SLOTS_IN_FLIGHT
         if variants:
             dequant()
             want = table.clone()
         for alternation in range(2 if variants else 0):
             for v in variants:
-                S.DEQUANT_SLOTS_IN_FLIGHT, S.DEQUANT_SECTOR_STORES = int(v.rstrip("s")), v.endswith("s")
+                S.DEQUANT_SLOTS_IN_FLIGHT = int(v)
                 table.fill_(float("nan"))
                 us = timed(dequant)
                 assert torch.equal(table, want), v
                 print(f"{f'Sq{Sq} H{H}':>14} {f'dequant {v}':>28} {us:9.1f}")
-        S.DEQUANT_SLOTS_IN_FLIGHT, S.DEQUANT_SECTOR_STORES = shipped
+        S.DEQUANT_SLOTS_IN_FLIGHT = shipped
         shipped_join = S.JOIN_ENTRIES_IN_FLIGHT
         want_joint = join_in_torch() if join_variants else None
         for alternation in range(2 if join_variants else 0):

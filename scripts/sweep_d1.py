@@ -36,15 +36,12 @@ VARIANTS = {
     128: {"default": {}, "masked": dict(unmasked_body=False, pv_wait_block=True), "pingpong": dict(wg_pingpong=True),
           "late_rescale": dict(rescale_o_early=False), "pp_late": dict(wg_pingpong=True, rescale_o_early=False),
           "unmasked": dict(unmasked_body=True), "unmasked_nopv": dict(unmasked_body=True, pv_wait_block=False),
-          "onestate": dict(one_kv_state=True), "poly8": dict(exp2_poly_every=8)},
+          "onestate": dict(one_kv_state=True)},
     # unmasked / unmasked_nopv: with --window (the loop in three: the window's left edge masks the last tiles)
     # onestate: the V pipeline's state copied from the K state (ncu, session 45: our hd64 loop body 424 instructions
     # a warp and tile against FA4's 413; the second state's advance is 5 of the difference)
-    # poly4 / poly3 / poly8: every 4th / 3rd / 8th score's exp2 by a polynomial on the FMA pipe (exp2_poly_every:
-    # at hd64 the softmax's MUFU time a tile equals the tensor core's; ~1/4 moved balances the pipes, session 47)
     64: {"default": {}, "masked": dict(unmasked_body=False), "pvwait": dict(pv_wait_block=True),
-         "unmasked": dict(unmasked_body=True), "onestate": dict(one_kv_state=True),
-         "poly4": dict(exp2_poly_every=4), "poly3": dict(exp2_poly_every=3), "poly8": dict(exp2_poly_every=8)},
+         "unmasked": dict(unmasked_body=True), "onestate": dict(one_kv_state=True)},
     # pvwait: the PV wait below the whole softmax (lost, session 45: 756 -> 743 TFLOP/s non-causal)
     256: {"default": {}, "masked": dict(unmasked_body=False), "pingpong": dict(wg_pingpong=True),
           "pvwait": dict(pv_wait_block=True), "unmasked": dict(unmasked_body=True), "onestate": dict(one_kv_state=True)},

@@ -3,7 +3,6 @@ against float64 on the GPU (row by row, outputs poisoned first), input validatio
 (compiled, not run) at the end."""
 import re
 
-import numpy as np
 import pytest
 import torch
 
@@ -273,9 +272,6 @@ def test_schedule_knobs_build_and_are_checked():
     # with a window a third loop: its left edge crosses the last tiles visited (W 200 / 300 over 80- / 128-key tiles)
     (128, {"rescale_o_early": True, "unmasked_body": True}, False, 300),
     (256, {"tile_n": 80, "rescale_o_early": True, "unmasked_body": True}, False, 200),
-    # a share of the exp2s by the FMA-pipe polynomial (every 4th / 3rd score of a thread's row; masked scores -inf)
-    (64, {"tile_m": 192, "wg_pingpong": True, "unmasked_body": True, "exp2_poly_every": 4}, True, None),
-    (64, {"tile_m": 192, "exp2_poly_every": 3}, False, 200),
 ])
 def test_schedule_knobs_match_the_reference(D, knobs, causal, window):
     from _builds import run_config
@@ -287,57 +283,6 @@ def test_schedule_knobs_match_the_reference(D, knobs, causal, window):
     ref, ref_lse = reference.attention(q.double(), k.double(), v.double(), causal=causal, window=window,
                                        return_lse=True)
     check_matches(out, lse, ref, ref_lse)
-
-
-def _exp2_poly3_as_the_ptx_does(x: np.ndarray) -> np.ndarray:
-    """:func:`dsv4lib.kernels.common.exp2_poly3`'s instruction sequence in float32 / uint32 numpy (max, the
-    1.5·2^23 rounding add, two subtracts, Horner by fma — float32 products rounded once, as numpy's float32 multiply
-    then add rounds twice: the test's bound leaves room for that — the integer multiply-add, the final multiply)."""
-    from dsv4lib.kernels.common import EXP2_POLY3
-    c0, c1, c2, c3 = (np.float32(c) for c in EXP2_POLY3)
-    xc = np.maximum(x.astype(np.float32), np.float32(-127.0))
-    t = (xc + np.float32(12582912.0)).astype(np.float32)
-    f = (xc - (t - np.float32(12582912.0))).astype(np.float32)
-    p = ((c3 * f + c2) * f + c1) * f + c0
-    e = (t.view(np.uint32).astype(np.uint64) * 8388608 + 0x3F800000) % (1 << 32)
-    return (p * e.astype(np.uint32).view(np.float32)).astype(np.float32)
-
-
-def test_exp2_polynomial_is_accurate_and_zero_where_ex2_is():
-    """The polynomial exp2 (``exp2_poly_every``): relative error ≤ 8e-5 of 2^x over the softmax's range (a bf16 P
-    rounds by 2^-9 ≈ 2e-3 anyway), ``2^x`` exactly 0 for a masked score (-inf) and below 2^-127 — as ``ex2.approx.ftz``,
-    so a row that saw no key keeps a zero sum — and its PTX literals are the float32 values of ``EXP2_POLY3``."""
-    from dsv4lib.kernels.common import _EXP2_POLY3_HEX, EXP2_POLY3
-    assert _EXP2_POLY3_HEX == tuple(f"0f{np.float32(c).view(np.uint32):08X}" for c in EXP2_POLY3)
-    x = np.concatenate([np.linspace(-125.9, 0.0, 400_001), -np.random.default_rng(0).exponential(3.0, 100_000),
-                        np.array([0.0, -0.5, 0.5e-6, -1e-30, -126.0])])
-    got = _exp2_poly3_as_the_ptx_does(x).astype(np.float64)
-    want = np.exp2(x.astype(np.float32).astype(np.float64))
-    assert np.max(np.abs(got / want - 1)) < 8e-5
-    low = np.array([-np.inf, -1e30, -200.0, -127.6, -127.0], dtype=np.float32)
-    assert (_exp2_poly3_as_the_ptx_does(low) == 0).all()
-
-
-@pytest.mark.compile
-def test_exp2_polynomial_takes_its_share_of_the_scores():
-    """hd64 with ``exp2_poly_every=4``: a quarter of the scores' ex2 (a thread's 64 scores a tile in each of the three
-    loops) become the 9-instruction polynomial — one integer multiply-add each — the rest unchanged; spill-free."""
-    from dsv4lib.kernels.compile import compile_for_arch
-    from dsv4lib.kernels.sm90.config import Sm90FwdConfig
-    from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args
-    base = Sm90FwdConfig.for_problem(64, causal=False, has_lse=False, gpu_name="H100")
-    counts = {}
-    for every in (0, 4):
-        config = base.replace(exp2_poly_every=every)
-        k = compile_for_arch(FlashAttentionForwardSm90(config), *fake_attention_args(64, config.dynamic_schedule),
-                             arch="sm_90a")
-        counts[every] = (k.count(r"ex2\.approx"), k.count(r"mad\.lo\.u32"))
-        assert k.count(r"\.local") == 0
-    (ex2_all, mad_none), (ex2_rest, polys) = counts[0], counts[4]
-    assert mad_none == 0 and polys > 0 and ex2_all - ex2_rest == polys
-    assert polys * 4 == ex2_all - ex2_all % 32                     # the per-row corrections keep their ex2
-    with pytest.raises(ValueError, match="exp2_poly_every"):
-        base.replace(exp2_poly_every=1)
 
 
 def test_unmasked_body_wherever_no_window_is_open():

@@ -762,36 +762,16 @@ def test_decode_shapes_parse_from_an_index_or_four_extents():
 # ------------------------------------------------------------- sparse_prefill_staged (#36 item 2, the two-pass design)
 @pytest.mark.compile
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
-@pytest.mark.parametrize("slots", [2, 1, 4])
-def test_dequant_kernel_reads_a_slot_once_and_writes_its_row_in_one_sweep(arch, slots):
-    """A CTA a listed page, a warp ``slots`` slots at a time: 28 lanes load 16 e4m3 bytes of each (one 16-byte load)
-    and its tile's scale byte, convert them by pairs (e4m3x2 → f16x2 → fp32 × 2^e → bf16x2: 8 of each a slot), store
-    32 bytes; 4 lanes copy 32 rope bytes — every slot's loads issued before the first store."""
-    import re
-    from dsv4lib.kernels.compile import compile_for_arch
-    from dsv4lib.kernels.model1_dequant import Model1DequantKernel
-    from dsv4lib.ops.prefill_staged import fake_dequant_args
-    k = compile_for_arch(Model1DequantKernel(slots), *fake_dequant_args(), arch=arch)
-    assert k.count(r"cvt\.rn\.f16x2\.e4m3x2") == 8 * slots and k.count(r"cvt\.rn\.bf16x2\.f32") == 8 * slots
-    assert k.count(r"ld\.global(\.\w+)*\.v4") == (1 + 2) * slots
-    assert k.count(r"st\.global(\.\w+)*\.v4") == (2 + 2) * slots
-    assert k.count(r"\.local") == 0
-    memory = [m.group(1) for m in re.finditer(r"\b(ld|st)\.global(\.\w+)*\.v4", k.ptx)]
-    assert memory[:slots] == ["ld"] * slots, memory                 # the nope lanes: every slot's load, then stores
-
-
-@pytest.mark.compile
-@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
-@pytest.mark.parametrize("slots", [2, 4])
+@pytest.mark.parametrize("slots", [4, 1, 2])
 def test_dequant_kernel_by_halves_stores_whole_lines(arch, slots):
-    """The lane map by halves (``sector_stores``): a lane loads 8 nope bytes (an 8-byte load) and the next half's 8
+    """A CTA a listed page, a warp ``slots`` slots at a time (4 shipped), its lane map by halves: a lane loads 8 nope bytes (an 8-byte load) and the next half's 8
     (lanes 0-23) or 16 rope bytes (lanes 24-31), two scale bytes; converts 4 + 4 pairs; stores two 16-byte pieces
     (each warp store 512 contiguous bytes) — every slot's loads before the first store, no spills."""
     import re
     from dsv4lib.kernels.compile import compile_for_arch
     from dsv4lib.kernels.model1_dequant import Model1DequantKernel
     from dsv4lib.ops.prefill_staged import fake_dequant_args
-    k = compile_for_arch(Model1DequantKernel(slots, sector_stores=True), *fake_dequant_args(), arch=arch)
+    k = compile_for_arch(Model1DequantKernel(slots), *fake_dequant_args(), arch=arch)
     assert k.count(r"cvt\.rn\.f16x2\.e4m3x2") == 8 * slots and k.count(r"cvt\.rn\.bf16x2\.f32") == 8 * slots
     eight_bytes = r"ld\.global(\.\w+)*\.(v2\.b32|b64)"                 # sm_100a's ptx writes some as one b64
     assert k.count(eight_bytes) == 2 * slots and k.count(r"ld\.global(\.\w+)*\.v4") == slots
@@ -1072,18 +1052,15 @@ def _check_page_mask(page_size, num_pages, gen, device):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("page_size,slots,sector_stores", [(64, 2, False), (2, 2, False), (64, 1, False),
-                                                           (64, 4, False), (2, 4, False), (64, 2, True), (2, 4, True)])
-def test_dequant_kernel_is_bit_equal_to_the_reference(page_size, slots, sector_stores, monkeypatch):
+@pytest.mark.parametrize("page_size,slots", [(64, 4), (2, 4), (64, 1), (64, 2), (2, 1)])
+def test_dequant_kernel_is_bit_equal_to_the_reference(page_size, slots, monkeypatch):
     """Every slot of a cache written by the GPU writer (random keys; a fifth of the slots never written: zero rows)
     dequantized into the bf16 table (NaN-poisoned first) equals the reference reader's float64 keys rounded to bf16
     — exactly (they are bf16 values already); and a packed table from a shuffled page list.  ``slots``: the build's
-    slots a warp in flight (2 shipped; 1 and 4 the A/B's; a page of 2 slots leaves most of a warp's slots empty);
-    ``sector_stores``: the lane map by halves."""
+    slots a warp in flight (4 shipped; 1 and 2 the A/B's; a page of 2 slots leaves most of a warp's slots empty)."""
     from dsv4lib.ops import prefill_staged
     from dsv4lib.ops.prefill_staged import dequantize_pages
     monkeypatch.setattr(prefill_staged, "DEQUANT_SLOTS_IN_FLIGHT", slots)
-    monkeypatch.setattr(prefill_staged, "DEQUANT_SECTOR_STORES", sector_stores)
     gen = torch.Generator().manual_seed(fresh_seed())
     cache = dsv4lib.Model1Cache(24 if page_size == 64 else 512, page_size, device="cuda")
     written = torch.randperm(cache.num_keys, generator=gen)[: cache.num_keys * 4 // 5]

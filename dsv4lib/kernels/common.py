@@ -180,29 +180,6 @@ def exp2(x: Float32, *, loc=None, ip=None) -> Float32:
     return inline_ptx(T.f32(), Float32, [Float32(x)], "ex2.approx.ftz.f32 $0, $1;", "=f,f", loc, ip)
 
 
-# 2^f on f in [-0.5, 0.5] by a degree-3 polynomial (coefficients fitted for the least maximal relative error,
-# 7.5e-5 — under a bf16 P's own rounding, 2^-9): float32 values as PTX hex literals, constant term first
-EXP2_POLY3 = (0.9999281167984009, 0.6932609677314758, 0.24261054396629333, 0.05517132207751274)
-_EXP2_POLY3_HEX = ("0f3F7FFB4A", "0f3F31798D", "0f3E786EE6", "0f3D61FB53")
-
-
-@dsl_user_op
-def exp2_poly3(x: Float32, *, loc=None, ip=None) -> Float32:
-    """``2^x`` for softmax arguments (``x <= 0``, ``-inf`` allowed) on the FMA pipe instead of MUFU: ``x`` clamped to
-    -127, split as ``j + f`` by the 1.5·2^23 rounding trick (``j`` = round(x) lands in the low bits of ``t``), ``2^f``
-    by :data:`EXP2_POLY3` (Horner, three FFMA), then times ``2^j`` built from ``t``'s bits (``(t << 23) +
-    0x3F800000`` — the trick's own exponent bits shift out): ``2^-127`` builds 0.0, so ``-inf`` (a masked score)
-    gives exactly 0 as ``ex2.approx.ftz`` does.  9 instructions: FMNMX, 3 FADD, 3 FFMA, IMAD, FMUL.  Why: at hd64
-    the softmax's MUFU work per score (one ex2 at 1/8 of the FP32 rate) equals the tensor core's; moving a share of
-    the exp2s here balances the two pipes (FA4 does this on Blackwell)."""
-    c0, c1, c2, c3 = _EXP2_POLY3_HEX
-    text = ("{ .reg .b32 xc, t, r, f, p, e; "
-            "max.f32 xc, $1, 0fC2FE0000; add.rn.f32 t, xc, 0f4B400000; sub.rn.f32 r, t, 0f4B400000; "
-            f"sub.rn.f32 f, xc, r; fma.rn.f32 p, f, {c3}, {c2}; fma.rn.f32 p, p, f, {c1}; "
-            f"fma.rn.f32 p, p, f, {c0}; mad.lo.u32 e, t, 8388608, 1065353216; mul.rn.f32 $0, p, e; }}")
-    return inline_ptx(T.f32(), Float32, [Float32(x)], text, "=f,f", loc, ip)
-
-
 @dsl_user_op
 def cvt_bf16x2(lo: Float32, hi: Float32, *, loc=None, ip=None) -> Uint32:
     """Two fp32 → one 32-bit word of two bf16 (round to nearest even), ``lo`` in the low half."""

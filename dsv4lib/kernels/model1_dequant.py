@@ -4,17 +4,21 @@ page_size, 512]`` bf16 table, a block of rows a page (the staged prefill's first
 whose ``dequantize_records`` this kernel matches bit for bit).
 
 A CTA a listed page (a prefill reads a few pages of a large cache; a number outside the cache — a page not needed —
-costs a CTA that reads one int), its warps taking the page's slots two at a time; the write kernel's lane map read backwards
-(:mod:`dsv4lib.kernels.model1_cache`): lane ``l`` owns elements ``16 l … 16 l + 15`` of the row (32 contiguous bytes
-of the bf16 table — a warp writes the row's 1 KiB as one coalesced sweep):
+costs a CTA that reads one int), its warps taking the page's slots four at a time (every slot's loads issued before
+the first store: one slot a warp left ~37 KB of loads in flight an SM, short of what covers the memory's latency).
+The lane map splits the row in halves so that each warp store writes 512 contiguous bytes — four whole 128-byte lines:
+lane ``l`` owns dims ``8 l … 8 l + 7`` and ``256 + 8 l … 256 + 8 l + 7``:
 
-* lanes 0-27, the 448 "nope" dims: 16 e4m3 bytes at ``part + 16 l`` (one 16-byte load), the scale byte of tile
-  ``l // 4``; each pair of bytes → ``cvt.rn.f16x2.e4m3x2``, two fp32 multiplies by ``2^(b - 127)``,
-  ``cvt.rn.bf16x2.f32`` (exact: an e4m3 value times a power of two has 4 significant bits; a scale byte 0 — a slot
-  never written — gives zeros);
-* lanes 28-31 copy the 64 rope dims as they are (bf16, 32 bytes each).
+* the first half, every lane: 8 e4m3 nope bytes at ``part + 8 l`` (an 8-byte load), the scale byte of tile ``l // 8``;
+* the second half, lanes 0-23: the nope bytes ``256 + 8 l`` (tile ``4 + l // 8``); lanes 24-31: 16 rope bytes
+  (bf16, copied as they are);
+* each pair of e4m3 bytes → ``cvt.rn.f16x2.e4m3x2``, two fp32 multiplies by ``2^(b - 127)``, ``cvt.rn.bf16x2.f32``
+  (exact: an e4m3 value times a power of two has 4 significant bits; a scale byte 0 — a slot never written — gives
+  zeros).
 
-Memory-bound (584 bytes read, 1024 written a slot); the conversion's instruction count does not matter here, so the
+The map by halves and four slots a warp won on the H200 (session 48: ~118 µs for D6's two caches against ~155 for
+two slots with a lane owning 32 contiguous bytes, whose 16-byte warp stores each half-filled 32 sectors;
+docs/tuning/d2_d6.md).  Memory-bound (584 bytes read, 1024 written a slot); the conversion's instruction count does not matter here, so the
 plain fp32 path is used for every scale (no placed-bits range limit).  Arch-neutral: built for sm_90a and sm_100a."""
 from __future__ import annotations
 
@@ -29,13 +33,12 @@ from .sm90.model1_decode import e4m3x2_to_bf16x2, ue8m0_scale
 WARPS = 4
 HEAD_DIM = 512
 NOPE_DIMS = 448
-NOPE_LANES = NOPE_DIMS // 16        # 28
 PART_BYTES = 576                    # a key's [nope e4m3 | rope bf16] part
 SCALE_GROUP_BYTES = 8               # its 7 scale bytes + 1 pad
 ROW_BYTES = 2 * HEAD_DIM            # a bf16 table row
-HALF_DIMS = HEAD_DIM // 2           # 256: the second half of a row (sector_stores)
+HALF_DIMS = HEAD_DIM // 2           # 256: the second half of a row
 HIGH_NOPE_LANES = (NOPE_DIMS - HALF_DIMS) // 8      # 24 lanes' 8 nope dims past 256; the other 8 lanes: rope
-SLOTS_IN_FLIGHT = 2                 # a warp's slots loaded before it stores any (the default build's)
+SLOTS_IN_FLIGHT = 4                 # a warp's slots loaded before it stores any (the default build's)
 
 
 class Model1DequantKernel:
@@ -44,9 +47,8 @@ class Model1DequantKernel:
     number outside ``[0, num_pages)`` leaves its block as it was (module docstring).  ``slots_in_flight``: the slots
     a warp loads before it converts and stores the first of them (``slot, slot + WARPS, ...``)."""
 
-    def __init__(self, slots_in_flight: int = SLOTS_IN_FLIGHT, sector_stores: bool = False):
+    def __init__(self, slots_in_flight: int = SLOTS_IN_FLIGHT):
         self.slots_in_flight = slots_in_flight
-        self.sector_stores = sector_stores
 
     @cute.jit
     def __call__(self, mCache: cute.Tensor, page_size: Int32, mOut: cute.Tensor, mPageList: cute.Tensor,
@@ -62,45 +64,7 @@ class Model1DequantKernel:
         page = mPageList[block]
         if page >= 0 and page < cute.size(mCache, mode=[0]):
             page_base = mCache.iterator.toint() + Int64(page) * Int64(cute.size(mCache, mode=[1]))
-            # `slots` slots a warp at a time (slot, slot + WARPS, ...), every slot's loads issued before any store:
-            # a slot a warp left ~37 KB of loads in flight an SM, short of what covers the memory's latency
-            if const_expr(self.sector_stores):
-                self.dequant_by_halves(page_size, mOut, page_base, block, tidx // 32, lane)
-            else:
-                self.dequant_by_lane_pieces(page_size, mOut, page_base, block, tidx // 32, lane)
-
-    @cute.jit
-    def dequant_by_lane_pieces(self, page_size: Int32, mOut, page_base, block, warp, lane):
-        """Lane ``l`` owns the row's bytes ``32 l … 32 l + 31``: its nope lanes load 16 e4m3 bytes (one 16-byte load)
-        and store 32, the 4 rope lanes copy 32 bytes; a warp's 16-byte store covers every other 16 bytes of the row
-        (each of its 32 sectors half-written, the other half by the next store)."""
-        slots = self.slots_in_flight
-        for first in cutlass.range(warp, page_size, slots * WARPS, unroll=1):
-            rNope = [cute.make_rmem_tensor((4,), Uint32) for _ in range(slots)]    # 16 e4m3 bytes of a slot
-            rRope = [cute.make_rmem_tensor((8,), Uint32) for _ in range(slots)]    # or 16 rope bf16 of it
-            rScale = cute.make_rmem_tensor((slots,), Uint32)                       # its tile's scale byte
-            if lane < NOPE_LANES:
-                for s in cutlass.range_constexpr(slots):
-                    slot = first + s * WARPS
-                    rScale[s] = Uint32(0)
-                    if slot < page_size:
-                        cute.autovec_copy(gmem_view(Uint32, self.nope_at(page_base, slot, lane), 4, 16), rNope[s])
-                        rScale[s] = Uint32(gmem_view(Uint8, self.scale_at(page_base, page_size, slot, lane), 1,
-                                                     1)[0])
-                for s in cutlass.range_constexpr(slots):
-                    slot = first + s * WARPS
-                    if slot < page_size:
-                        self.store_nope(rNope[s], rScale[s], self.row_at(mOut, block, page_size, slot, lane))
-            else:
-                for s in cutlass.range_constexpr(slots):
-                    slot = first + s * WARPS
-                    if slot < page_size:
-                        cute.autovec_copy(gmem_view(Uint32, self.rope_at(page_base, slot, lane), 8, 16), rRope[s])
-                for s in cutlass.range_constexpr(slots):
-                    slot = first + s * WARPS
-                    if slot < page_size:
-                        cute.autovec_copy(rRope[s],
-                                          gmem_view(Uint32, self.row_at(mOut, block, page_size, slot, lane), 8, 16))
+            self.dequant_by_halves(page_size, mOut, page_base, block, tidx // 32, lane)
 
     @cute.jit
     def dequant_by_halves(self, page_size: Int32, mOut, page_base, block, warp, lane):
@@ -148,33 +112,3 @@ class Model1DequantKernel:
             rB[2 * w] = e4m3x2_to_bf16x2(rW[w], scale, False)
             rB[2 * w + 1] = e4m3x2_to_bf16x2(rW[w], scale, True)
         cute.autovec_copy(rB, gmem_view(Uint32, address, 4, 16))
-
-    # byte addresses of a slot's parts: its nope bytes (lane's 16), its tile's scale byte, its rope bytes (lane's 32
-    # of the 128), and its bf16 row's lane's 32 bytes
-    @staticmethod
-    def nope_at(page_base, slot, lane):
-        return page_base + Int64(slot * PART_BYTES + lane * 16)
-
-    @staticmethod
-    def scale_at(page_base, page_size, slot, lane):
-        return page_base + Int64(page_size * PART_BYTES + slot * SCALE_GROUP_BYTES + lane // 4)
-
-    @staticmethod
-    def rope_at(page_base, slot, lane):
-        return page_base + Int64(slot * PART_BYTES + NOPE_DIMS + (lane - NOPE_LANES) * 32)
-
-    @staticmethod
-    def row_at(mOut, block, page_size, slot, lane):
-        return (mOut.iterator.toint() + (Int64(block) * Int64(page_size) + Int64(slot)) * Int64(ROW_BYTES)
-                + Int64(lane * 32))
-
-    @cute.jit
-    def store_nope(self, rW: cute.Tensor, scale_byte: Uint32, row: Int64):
-        """16 e4m3 bytes × 2^(scale - 127) → 16 bf16 (first element low), stored as 32 bytes."""
-        scale = ue8m0_scale(scale_byte)
-        rB = cute.make_rmem_tensor((8,), Uint32)
-        for w in cutlass.range_constexpr(4):
-            rB[2 * w] = e4m3x2_to_bf16x2(rW[w], scale, False)
-            rB[2 * w + 1] = e4m3x2_to_bf16x2(rW[w], scale, True)
-        cute.autovec_copy(rB, gmem_view(Uint32, row, 8, 16))
-

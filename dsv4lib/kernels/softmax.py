@@ -10,7 +10,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, const_expr
 
-from .common import exp2, exp2_poly3
+from .common import exp2
 
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
@@ -18,19 +18,18 @@ LN_2 = math.log(2.0)
 
 @cute.jit
 def online_softmax(acc_S_rc, row_max, row_sum, softmax_scale_log2, acc_O_rc, corrections,
-                   rescale_now: cutlass.Constexpr, floor_max=None, poly_every: cutlass.Constexpr = 0):
+                   rescale_now: cutlass.Constexpr, floor_max=None):
     """Scores → unnormalized probabilities in place, one row at a time (a row is shared by the 4 threads
     of a quad).  The max stays in raw-score units; the scale lives inside exp2.  With ``rescale_now`` O is
     rescaled right away; otherwise the corrections are kept for after the in-flight PV wgmma.  ``floor_max``
-    (per row, optional): a max the new one may not fall below (another warpgroup's, already ahead).
-    ``poly_every`` (k > 0): every k-th score of a thread's row by :func:`exp2_poly3` on the FMA pipe."""
+    (per row, optional): a max the new one may not fall below (another warpgroup's, already ahead)."""
     # one dependent fmax / fadd chain per row: the other consumer warpgroup hides its latency (FA4's four chains
     # joined by a tree measured no faster here: docs/tuning/d1_d5.md)
     for r in cutlass.range_constexpr(cute.size(row_max)):
         mx = quad_row_max(acc_S_rc, r)
         new_max, new_sum, correction = online_softmax_row(acc_S_rc[r, None], mx, row_max[r], row_sum[r],
                                                           softmax_scale_log2,
-                                                          None if floor_max is None else floor_max[r], poly_every)
+                                                          None if floor_max is None else floor_max[r])
         row_max[r] = new_max
         row_sum[r] = new_sum
         if const_expr(rescale_now):
@@ -59,8 +58,7 @@ def rescale_rows(acc_O_rc, corrections):
 
 
 @cute.jit
-def online_softmax_row(rS: cute.Tensor, tile_max, row_max, row_sum, softmax_scale_log2, floor_max=None,
-                       poly_every: cutlass.Constexpr = 0):
+def online_softmax_row(rS: cute.Tensor, tile_max, row_max, row_sum, softmax_scale_log2, floor_max=None):
     """One online-softmax step for a row whose scores ``rS`` this thread holds (``tile_max``: the tile's row max,
     partner lanes already folded in; ``floor_max``: a max the new one may not fall below).  The max stays in raw-score
     units, the scale goes inside exp2; ``rS`` becomes the unnormalized probabilities.  Returns ``(new row max, new
@@ -74,10 +72,7 @@ def online_softmax_row(rS: cute.Tensor, tile_max, row_max, row_sum, softmax_scal
     correction = exp2(row_max * softmax_scale_log2 - base)
     tile_sum = Float32(0.0)
     for c in cutlass.range_constexpr(cute.size(rS)):
-        if const_expr(poly_every > 0 and (c + 1) % max(poly_every, 1) == 0):    # both sides safe at 0: no short cut
-            p = exp2_poly3(rS[c] * softmax_scale_log2 - base)
-        else:
-            p = exp2(rS[c] * softmax_scale_log2 - base)
+        p = exp2(rS[c] * softmax_scale_log2 - base)
         rS[c] = p
         tile_sum += p
     return new_max, row_sum * correction + tile_sum, correction

@@ -27,13 +27,13 @@ from .launch import check_hopper, on_device, placeholder, raw_stream, rows_dynam
 from .prefill import check_prefill_lists
 from .sparse import HEAD_DIM, sparse_attention
 
-# the dequantization's build (Model1DequantKernel): its slots a warp in flight (2 since session 46; 1 / 4 built for
-# the A/B) and its lane map (sector_stores: a lane two 8-dim pieces, each warp store 512 contiguous bytes; else a lane
-# 16 contiguous dims, each warp store half of 32 sectors) — scripts/probe_staged.py --dequant-variants 1,2,4,2s,4s
-DEQUANT_SLOTS_IN_FLIGHT = 2
-DEQUANT_SECTOR_STORES = False
-# the list join's entries a thread in flight (ListJoinKernel): 1 shipped (session 47: 24 / 38 µs at D6's FP8 shapes,
-# ~1 TB/s); 4 / 8 built for the A/B (scripts/probe_staged.py --join-variants 1,4,8)
+# the dequantization's slots a warp in flight (Model1DequantKernel, its lane map by halves): 4 — H200, session 48,
+# probe_staged at D6's FP8 shapes, two alternations: 118 / 116 µs (H64), 120 / 123 (H128); two slots 120-128; the
+# map before (a lane 32 contiguous bytes, each warp store half of 32 sectors) 133-165 at 1 / 2 / 4 slots
+# (scripts/probe_staged.py --dequant-variants 1,2,4)
+DEQUANT_SLOTS_IN_FLIGHT = 4
+# the list join's entries a thread in flight (ListJoinKernel): 1 — 4 and 8 tied with it (41-56 µs, noise larger than
+# the differences; H200, session 48, --join-variants 1,4,8)
 JOIN_ENTRIES_IN_FLIGHT = 1
 
 _TABLES: dict = {}          # (device, stream) -> the largest bf16 table asked for there, rewritten by every call
@@ -89,14 +89,14 @@ def dequantize_pages(pages: torch.Tensor, page_size: int, out: torch.Tensor, pag
         raise ValueError("out must be contiguous from a 16-byte aligned start, on the cache's device")
     check_hopper(pages.device, "dequantize_pages")
 
-    slots, sector_stores = DEQUANT_SLOTS_IN_FLIGHT, DEQUANT_SECTOR_STORES
+    slots = DEQUANT_SLOTS_IN_FLIGHT
 
     def make_kernel():
         from ..kernels.model1_dequant import Model1DequantKernel
-        return Model1DequantKernel(slots, sector_stores)
+        return Model1DequantKernel(slots)
 
     with on_device(pages.device):
-        run_compiled(("model1 dequant", slots, sector_stores), make_kernel,
+        run_compiled(("model1 dequant", slots), make_kernel,
                      lambda: dequant_args(pages, page_size, out, page_list, tvm_ffi=True),
                      (pages, page_size, out, page_list, raw_stream(pages.device)))
 

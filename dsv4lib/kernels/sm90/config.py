@@ -78,8 +78,6 @@ class Sm90FwdConfig(_Config):
                                     # end, the causal diagonal: the first visited), then a body without mask or edge
                                     # test (with a window, a third loop: its left edge, the last tiles visited)
     wg_pingpong: bool = False       # A/B: consumer warpgroups take turns issuing their MMAs (a named-barrier ring)
-    exp2_poly_every: int = 0        # A/B: every k-th score of a thread's row exp2'd by a polynomial on the FMA pipe,
-                                    # not MUFU ex2 (hd64: the softmax's MUFU is as busy as the tensor core); 0: none
     warpgroup_tiles: bool = False   # each consumer warpgroup visits only its own rows' K/V tiles (small windows)
     o_in_q_stage: bool = False      # O staged in its item's dead Q stage, stored by an idle producer warp
     l2_hints: bool = False          # Q / O evict-first, K / V evict-last
@@ -118,8 +116,6 @@ class Sm90FwdConfig(_Config):
         if self.wg_pingpong and (not self.overlap or self.warpgroup_tiles):
             raise ValueError("wg_pingpong orders the overlapped mainloop's MMA issue: it needs overlap=True, and every "
                              "consumer warpgroup on the same tiles (no warpgroup_tiles)")
-        if self.exp2_poly_every and not 2 <= self.exp2_poly_every <= 64:
-            raise ValueError(f"exp2_poly_every is 0 (off) or every k-th score, k in 2..64, got {self.exp2_poly_every}")
         if self.overlap and self.p_in_smem:
             raise ValueError("the intra-warpgroup overlap is built for the RS path (P in registers) only")
         if self.nvfp4_out and (self.pack_gqa > 1 or self.split_kv):

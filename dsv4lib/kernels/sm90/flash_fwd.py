@@ -670,7 +670,7 @@ class FlashAttentionForwardSm90(Sm90Epilogue):
             self.block_info.mask_scores(acc_S_rc, tScS_rc, self.slot_block(0, n_block_max, slots), m_block, seqlen_k,
                              causal_shift, window_size, wg_idx)
             online_softmax(acc_S_rc, row_max, row_sum, softmax_scale_log2, acc_O_rc, corrections,
-                                not self.rescale_o_early, poly_every=self.exp2_poly_every)
+                                not self.rescale_o_early)
             convert_to_bf16_pairs(tOrP_view, tOrP)
             kv_state.advance()
             # unmasked_body: the loop in two (unrolled here: two loops in the program) — the tiles a mask may touch
@@ -706,8 +706,7 @@ class FlashAttentionForwardSm90(Sm90Epilogue):
                     if const_expr(masked):
                         self.block_info.mask_scores(acc_S_rc, tScS_rc, n_block, m_block, seqlen_k, causal_shift,
                                                     window_size, wg_idx)
-                    online_softmax(acc_S_rc, row_max, row_sum, softmax_scale_log2, acc_O_rc, corrections, False,
-                                   poly_every=self.exp2_poly_every)
+                    online_softmax(acc_S_rc, row_max, row_sum, softmax_scale_log2, acc_O_rc, corrections, False)
                     if const_expr(self.pv_wait_block):
                         # PV(j) done.  The wait sits behind a branch (never the else: seqlen_k > 0 here) so that it
                         # starts a basic block of its own: in the softmax's block ptxas hoists it above the whole softmax
@@ -806,8 +805,7 @@ class FlashAttentionForwardSm90(Sm90Epilogue):
 
                 acc_S_rc = cute.make_tensor(acc_S.iterator, acc_layout_rows_cols(acc_S.layout))
                 self.block_info.mask_scores(acc_S_rc, tScS_rc, n_block, m_block, seqlen_k, causal_shift, window_size)
-                online_softmax(acc_S_rc, row_max, row_sum, softmax_scale_log2, acc_O_rc, None, True,
-                               poly_every=self.exp2_poly_every)
+                online_softmax(acc_S_rc, row_max, row_sum, softmax_scale_log2, acc_O_rc, None, True)
 
                 if const_expr(self.p_in_smem):
                     # SMEM-P: bf16 P to the swizzled buffer, then make the stores visible to the async proxy
