@@ -277,10 +277,12 @@ if on_gpu:
 # prefill's tokens list the same keys many times (here each cached key ~13 times), and the fused kernel converts a
 # key once per listing on the producer warps that bound it.  The staged call is given the pages it may read (`pages=`,
 # `extra_pages=`: what a serving engine's block table holds; here every page, the lists being random over the whole
-# caches); without them it finds them by a pass over the lists ("scan", timed beside: a `torch.histc` of the entries'
-# page numbers — a byte store per entry piled onto the mask's few cache lines and cost more than the dequantization).
-# Its two index lists become one list of table rows in one small kernel pass each (`ListJoinKernel`: ~24-38 µs where
-# ten torch passes took ~170-260).  The second plot puts the four ways to attend over these caches side by side.
+# caches); without them it finds them by a pass over the lists ("scan", timed beside: `PageScanKernel` sets a bit a
+# named page in shared memory, then ORs its words into the page bits the dequantization reads and clears — a byte
+# store per entry into a global mask piled onto a few cache lines, and torch's histogram cost ~150 µs).  Its two
+# index lists become one list of table rows in one small kernel pass each (`ListJoinKernel`: ~24-38 µs where ten
+# torch passes took ~170-260).  All of a call's kernels go out in one compiled call, its buffers kept per stream:
+# its host time is that of one launch.  The second plot puts the four ways to attend over these caches side by side.
 
 # %%
 from dsv4lib.bench import d6, d7

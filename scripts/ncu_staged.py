@@ -31,6 +31,6 @@ joint = torch.empty(Sq, idx.shape[1] + idx2.shape[1], dtype=torch.int32, device=
 profile_once({
     "dequant window": lambda: S.dequantize_pages(pages1, ps1, table[:sizes[0]]),
     "dequant compressed": lambda: S.dequantize_pages(pages2, ps2, table[sizes[0]:]),
-    "join window": lambda: S.join_list(idx, len1, None, joint, sizes[0], ps1, 0, 0),
-    "join compressed": lambda: S.join_list(idx2, len2, None, joint, sizes[1], ps2, sizes[0], idx.shape[1]),
+    "join window": lambda: S.join_list(idx, len1, None, None, joint, sizes[0], ps1, 0, 0),
+    "join compressed": lambda: S.join_list(idx2, len2, None, None, joint, sizes[1], ps2, sizes[0], idx.shape[1]),
 })

@@ -2,7 +2,7 @@
 (CUDA events, median of 20 after warm-up: the small torch passes carry some host time) at D6's two FP8 prefill
 shapes, beside the whole call with the pages found by a scan of the lists and given (``pages=``).  Session 46 timed
 four ways of marking the page mask with it, session 47 the list join's kernel against the torch passes it
-replaced (docs/tuning/d2_d6.md).
+replaced, session 48 the page scan kernel that replaced the histogram (docs/tuning/d2_d6.md).
     python scripts/probe_staged.py [--dequant-variants 1,2,4] [--join-variants 1,4,8]
 
 ``--dequant-variants``: the dequantization pass (every page of both caches) once per build — N slots a warp in
@@ -51,20 +51,23 @@ def main():
         caches = [cache_pages(window, "w"), cache_pages(compressed, "c")]
         sizes = [p.shape[0] * ps for p, ps in caches]
         table = torch.empty(sum(sizes), 512, dtype=torch.bfloat16, device="cuda")
-        keeps = [S._kept(i, l, n) for i, l, n in zip((idx, idx2), (len1, len2), sizes)]
         joint = torch.empty(Sq, idx.shape[1] + idx2.shape[1], dtype=torch.int32, device="cuda")
+        marks = [torch.zeros(-(-p.shape[0] // 32), dtype=torch.int32, device="cuda") for p, _ in caches]
+
+        def kept(i, lengths, n):
+            return (i >= 0) & (i < n) & (torch.arange(i.shape[1], device="cuda") < lengths.view(-1, 1))
 
         def join_in_torch():            # the staged call's join before the kernel (session 46): ~10 torch passes
-            keep = [S._kept(i, l, n) for i, l, n in zip((idx, idx2), (len1, len2), sizes)]
+            keep = [kept(i, l, n) for i, l, n in zip((idx, idx2), (len1, len2), sizes)]
             return torch.cat([torch.where(keep[0], idx, -1), torch.where(keep[1], idx2 + sizes[0], -1)], 1)
 
         def join_kernel():
-            S.join_list(idx, len1, None, joint, sizes[0], caches[0][1], 0, 0)
-            S.join_list(idx2, len2, None, joint, sizes[1], caches[1][1], sizes[0], idx.shape[1])
+            S.join_list(idx, len1, None, None, joint, sizes[0], caches[0][1], 0, 0)
+            S.join_list(idx2, len2, None, None, joint, sizes[1], caches[1][1], sizes[0], idx.shape[1])
 
-        def marked():
-            for i, k, (p, ps) in zip((idx, idx2), keeps, caches):
-                S._named_pages(i, k, ps, p.shape[0])
+        def scanned():                  # the page bits of both lists (they pile up over the repetitions: no matter)
+            for i, l, m, (p, ps) in zip((idx, idx2), (len1, len2), marks, caches):
+                S.scan_pages(i, l, m, p.shape[0] * ps, ps)
 
         all_pages = [torch.arange(c.num_pages, dtype=torch.int32, device="cuda") for c in (window, compressed)]
 
@@ -98,7 +101,7 @@ def main():
         rows = {
             "join in torch (before)": join_in_torch,
             "join kernel (both lists)": join_kernel,
-            "page list (histc of the lists)": marked,
+            "page scan (both lists)": scanned,
             "dequant (all pages)": dequant,
             "sparse_attention": lambda: dsv4lib.sparse_attention(q, table, joint, sink=sink, num_splits=1),
             "whole staged call (scan)": lambda: S.sparse_prefill_staged(

@@ -762,16 +762,21 @@ def test_decode_shapes_parse_from_an_index_or_four_extents():
 # ------------------------------------------------------------- sparse_prefill_staged (#36 item 2, the two-pass design)
 @pytest.mark.compile
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
-@pytest.mark.parametrize("slots", [4, 1, 2])
-def test_dequant_kernel_by_halves_stores_whole_lines(arch, slots):
-    """A CTA a listed page, a warp ``slots`` slots at a time (4 shipped), its lane map by halves: a lane loads 8 nope bytes (an 8-byte load) and the next half's 8
-    (lanes 0-23) or 16 rope bytes (lanes 24-31), two scale bytes; converts 4 + 4 pairs; stores two 16-byte pieces
-    (each warp store 512 contiguous bytes) — every slot's loads before the first store, no spills."""
+@pytest.mark.parametrize("slots,page_source", [(4, "list"), (1, "list"), (2, "list"), (4, "list+map"), (4, "marks")])
+def test_dequant_kernel_by_halves_stores_whole_lines(arch, slots, page_source):
+    """A CTA a page, a warp ``slots`` slots at a time (4 shipped), its lane map by halves: a lane loads 8 nope bytes
+    (an 8-byte load) and the next half's 8 (lanes 0-23) or 16 rope bytes (lanes 24-31), two scale bytes; converts 4 +
+    4 pairs; stores two 16-byte pieces (each warp store 512 contiguous bytes) — every slot's loads before the first
+    store, no spills.  The page: a list entry (one load); with ``list+map`` one store of the block into the page
+    map; with ``marks`` a load of the page's bit word and one atomic AND that clears the bit."""
     import re
     from dsv4lib.kernels.compile import compile_for_arch
     from dsv4lib.kernels.model1_dequant import Model1DequantKernel
     from dsv4lib.ops.prefill_staged import fake_dequant_args
-    k = compile_for_arch(Model1DequantKernel(slots), *fake_dequant_args(), arch=arch)
+    k = compile_for_arch(Model1DequantKernel(slots, page_source), *fake_dequant_args(), arch=arch)
+    assert k.count(r"ld\.global\.b32\s") == 1                             # the list entry or the bit word
+    assert k.count(r"st\.global\.b32\s") == (page_source == "list+map")
+    assert k.count(r"atom\.global\.and") == (page_source == "marks")
     assert k.count(r"cvt\.rn\.f16x2\.e4m3x2") == 8 * slots and k.count(r"cvt\.rn\.bf16x2\.f32") == 8 * slots
     eight_bytes = r"ld\.global(\.\w+)*\.(v2\.b32|b64)"                 # sm_100a's ptx writes some as one b64
     assert k.count(eight_bytes) == 2 * slots and k.count(r"ld\.global(\.\w+)*\.v4") == slots
@@ -787,19 +792,37 @@ def test_dequant_kernel_by_halves_stores_whole_lines(arch, slots):
 @pytest.mark.parametrize("in_flight", [1, 4])
 def test_list_join_reads_each_entry_once_and_writes_it_once(arch, has_lengths, has_page_map, in_flight):
     """The staged prefill's join: a thread ``in_flight`` entries at a time — one load of each entry, the token's
-    length once (only with lengths), one load of the page map each (only with one: then the only division), one
-    store each, every load before the first store; no spills."""
+    length once (only with lengths), with a page map one load of it and one of the page list each (the map's check;
+    then the only division), one store each, every load before the first store; no spills."""
     import re
     from dsv4lib.kernels.compile import compile_for_arch
     from dsv4lib.kernels.list_join import ListJoinKernel
     from dsv4lib.ops.prefill_staged import fake_join_args
     k = compile_for_arch(ListJoinKernel(has_lengths, has_page_map, in_flight), *fake_join_args(), arch=arch)
-    assert k.count(r"ld\.global") == has_lengths + in_flight * (1 + has_page_map)
+    assert k.count(r"ld\.global") == has_lengths + in_flight * (1 + 2 * has_page_map)
     assert k.count(r"st\.global") == in_flight
     assert (k.count(r"\b(div|rem)\.(s|u)32") > 0) == has_page_map
     assert k.count(r"\.local") == 0
     memory = [m.group(1) for m in re.finditer(r"\b(ld|st)\.global", k.ptx)]
-    assert memory == ["ld"] * (has_lengths + in_flight * (1 + has_page_map)) + ["st"] * in_flight, memory
+    assert memory == ["ld"] * (has_lengths + in_flight * (1 + 2 * has_page_map)) + ["st"] * in_flight, memory
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("has_lengths", [False, True])
+def test_page_scan_marks_pages_in_shared_memory_and_ors_words_out(arch, has_lengths):
+    """The page scan: an entry's page bit set by a shared-memory atomic OR (unrolled twice: two), the CTA's words
+    OR-ed into the global page bits by one global atomic each (one in the code), two barriers (the zeroed words,
+    the marked words), the token's length read once a token; no spills."""
+    from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.page_scan import PageScanKernel
+    from dsv4lib.ops.prefill_staged import fake_scan_args
+    k = compile_for_arch(PageScanKernel(has_lengths), *fake_scan_args(), arch=arch)
+    assert k.count(r"atom\.shared(\.\w+)*\.or\.b32") == 2
+    assert k.count(r"atom\.global(\.\w+)*\.or\.b32") == 1
+    assert k.count(r"bar\.sync") == 2
+    assert k.count(r"ld\.global\.b32\s") == 2 + has_lengths
+    assert k.count(r"\.local") == 0
 
 
 @pytest.mark.compile
@@ -819,38 +842,67 @@ def test_list_join_s_builds_take_every_list_width(monkeypatch):
         for lengths in (None, i32(3)):
             for page_map in (None, i32(10)):
                 with pytest.raises(Exception) as err:
-                    S.join_list(i32(4, K)[1:], lengths, page_map, i32(3, 775), 576, 64, 0, col0)   # a 4K-byte offset
+                    S.join_list(i32(4, K)[1:], lengths, page_map, None if page_map is None else i32(3), i32(3, 775),
+                                576, 64, 0, col0)                                      # a 4K-byte offset
                 assert not isinstance(err.value, (ValueError, TypeError)), err.value
                 assert "cuda" in str(err.value).lower(), err.value
 
 
-def _join_by_hand(idx, lengths, page_map, joint, n_keys, page_size, lo, col0):
-    """The join in torch (what the staged prefill did before the kernel), written into ``joint``'s columns."""
+def _kept(idx, lengths, n_keys):
+    """Which entries of a list count: an address of its cache, before the token's length."""
     keep = (idx >= 0) & (idx < n_keys)
     if lengths is not None:
         keep &= torch.arange(idx.shape[1], device=idx.device) < lengths.view(-1, 1)
+    return keep
+
+
+def _join_by_hand(idx, lengths, page_map, page_list, joint, n_keys, page_size, lo, col0):
+    """The join in torch, written into ``joint``'s columns: with a page map, an entry's block ``m = map[page]``
+    counts only where ``0 <= m < len(page_list)`` and ``page_list[m]`` is the page."""
+    keep = _kept(idx, lengths, n_keys)
     rows = idx + lo
     if page_map is not None:
-        block = page_map[torch.where(keep, idx // page_size, page_map.shape[0] - 1).long()]
-        keep &= block >= 0
+        page = torch.where(keep, idx // page_size, 0).long()
+        block = page_map[page]
+        inside = (block >= 0) & (block < page_list.shape[0])
+        keep &= inside & (page_list[torch.where(inside, block, 0).long()] == page)
         rows = lo + block * page_size + idx % page_size
     joint[:, col0:col0 + idx.shape[1]] = torch.where(keep, rows, -1)
 
 
+def _map_by_hand(page_list, num_pages, garbage=None):
+    """The page map the dequantization leaves: ``map[page_list[b]] = b`` over ``garbage`` (what the buffer held)."""
+    page_map = torch.full((num_pages,), -1, dtype=torch.int32) if garbage is None else garbage.clone()
+    for b, page in enumerate(page_list.tolist()):
+        if 0 <= page < num_pages:
+            page_map[page] = b
+    return page_map.to(page_list.device)
+
+
+def _marks_by_hand(idx, lengths, n_keys, page_size, num_pages):
+    """The page bits of the pages the counted entries name (int32 words, bit p % 32 of word p // 32)."""
+    named = torch.zeros(num_pages, dtype=torch.bool)
+    pages = (idx[_kept(idx, lengths, n_keys)] // page_size).long().cpu()
+    named[pages] = True
+    bits = torch.zeros(-(-num_pages // 32) * 32, dtype=torch.int64)
+    bits[:num_pages] = named.long()
+    words = (bits.view(-1, 32) << torch.arange(32)).sum(1)
+    return torch.where(words >= 2 ** 31, words - 2 ** 32, words).int()
+
+
 def test_staging_tables_are_per_stream(monkeypatch):
-    """The staged prefill's bf16 table is kept per (device, stream): another stream gets its own, the same stream
-    its own again (grown in place of the old one when a call needs more rows)."""
+    """The staged prefill's bf16 table and its other buffers are kept per (device, stream): another stream gets its
+    own, the same stream its own again (the table grown in place of the old one when a call needs more rows)."""
     from dsv4lib.ops import prefill_staged as S
-    monkeypatch.setattr(S, "_TABLES", {})
-    stream = [111]
-    monkeypatch.setattr(S, "raw_stream", lambda device: stream[0])
-    a = S._table("cpu", 10)
-    assert S._table("cpu", 7).data_ptr() == a.data_ptr()
-    stream[0] = 222
-    b = S._table("cpu", 10)
+    monkeypatch.setattr(S, "_BUFFERS", {})
+    a = S._table("cpu", 111, 10)
+    assert S._table("cpu", 111, 7).data_ptr() == a.data_ptr() and a.shape == (10, 512)
+    b = S._table("cpu", 222, 10)
     assert b.data_ptr() != a.data_ptr()
-    stream[0] = 111
-    assert S._table("cpu", 10).data_ptr() == a.data_ptr() and S._table("cpu", 20).shape == (20, 512)
+    assert S._table("cpu", 111, 10).data_ptr() == a.data_ptr() and S._table("cpu", 111, 20).shape == (20, 512)
+    make = lambda: torch.zeros(3)
+    m = S._buffer("marks", "cpu", 111, make)
+    assert S._buffer("marks", "cpu", 111, make) is m and S._buffer("marks", "cpu", 222, make) is not m
 
 
 class _LooksCuda(torch.Tensor):
@@ -862,38 +914,72 @@ class _LooksCuda(torch.Tensor):
 
 
 def _staged_on_the_cpu(monkeypatch):
-    """``sparse_prefill_staged`` on CPU tensors with its three GPU steps replaced by torch twins of what they compute
-    (the dequantization by the reference reader, the list join by :func:`_join_by_hand`, the attention by the float64
-    reference) and every table it is given NaN-poisoned first: what is left is the call's own orchestration — which
-    pages go where in the table, the page map, the rows and columns each list lands in."""
+    """``sparse_prefill_staged`` on CPU tensors with its four kernels replaced by torch twins of what they compute
+    (the page scan's bits, the dequantization by the reference reader — its page map writes and its clearing of the
+    bits too —, the list join by :func:`_join_by_hand`, the attention by the float64 reference), each kernel its own
+    step (``launch.ONE_CALL`` off) and the table NaN-poisoned: what is left is the call's own orchestration — which
+    pages go where in the table, the page map (never filled: its garbage must not count), the rows and columns each
+    list lands in."""
+    from dsv4lib.ops import launch
     from dsv4lib.ops import prefill_staged as S
     from dsv4lib.reference import sparse_attention as reference_sparse_attention
     tables = []
 
-    def dequantize_pages(pages, page_size, out, page_list):
-        assert page_list.dtype == torch.int32 and out.shape == (page_list.shape[0] * page_size, 512)
-        keys = M.read_keys(pages, page_size)
-        for b, page in enumerate(page_list.tolist()):
-            if 0 <= page < pages.shape[0]:
-                out[b * page_size:(b + 1) * page_size] = keys[page * page_size:(page + 1) * page_size].bfloat16()
+    def dequant_launch(device, page_source):
+        def go(pages, page_size, out, source, page_map, row0):
+            keys = M.read_keys(pages, page_size)
+            rows = lambda p: keys[p * page_size:(p + 1) * page_size].bfloat16()
+            if page_source == "marks":
+                for p in range(pages.shape[0]):
+                    if (int(source[p // 32]) >> (p % 32)) & 1:
+                        out[row0 + p * page_size:row0 + (p + 1) * page_size] = rows(p)
+                source.zero_()
+                return
+            for b, page in enumerate(source.tolist()):
+                if 0 <= page < pages.shape[0]:
+                    out[row0 + b * page_size:row0 + (b + 1) * page_size] = rows(page)
+                    if page_source == "list+map":
+                        page_map[page] = b
+        return go
 
-    def table(device, rows):
+    def scan_launch(device, has_lengths):
+        def go(idx, lengths, marks, n_keys, page_size):
+            marks |= _marks_by_hand(idx, lengths if has_lengths else None, n_keys, page_size, n_keys // page_size)
+        return go
+
+    def join_launch(device, has_lengths, has_page_map):
+        def go(idx, lengths, page_map, page_list, joint, n_keys, page_size, lo, col0):
+            _join_by_hand(idx, lengths if has_lengths else None, page_map if has_page_map else None, page_list, joint,
+                          n_keys, page_size, lo, col0)
+        return go
+
+    def attention_launch(device, with_sink, scale):
+        def go(q, kv, indices, out, lse, sink):
+            # the poison check: a kept entry must read a row a page was dequantized into (the reference itself
+            # gathers a row for every entry, a dropped one too, so it gets the table with the poison zeroed)
+            kept = (indices >= 0) & (indices < kv.shape[0])
+            assert torch.isfinite(kv[indices[kept].long()]).all(), "a kept entry reads a row no page was written to"
+            o, l = reference_sparse_attention(q.as_subclass(torch.Tensor).double(), kv.double().nan_to_num(0.0),
+                                              indices, scale=scale, sink=sink if with_sink else None, return_lse=True)
+            out.copy_(o)
+            lse.copy_(l.t())
+        return go
+
+    def table(device, stream, rows):
         tables.append(rows)
         return torch.full((rows, 512), float("nan"), dtype=torch.bfloat16, device=device)
 
-    def attention(q, kv, indices, *, scale=None, sink=None, return_lse=False, num_splits=None):
-        # the poison check: a kept entry must read a row a page was dequantized into (the reference itself gathers
-        # a row for every entry, a dropped one too, so it gets the table with the poison zeroed)
-        kept = (indices >= 0) & (indices < kv.shape[0])
-        assert torch.isfinite(kv[indices[kept].long()]).all(), "a kept entry reads a row no page was written to"
-        out, lse = reference_sparse_attention(q.as_subclass(torch.Tensor).double(), kv.double().nan_to_num(0.0),
-                                              indices, scale=scale, sink=sink, return_lse=True)
-        return (out, lse) if return_lse else out
-
-    monkeypatch.setattr(S, "dequantize_pages", dequantize_pages)
-    monkeypatch.setattr(S, "join_list", _join_by_hand)
-    monkeypatch.setattr(S, "sparse_attention", attention)
+    monkeypatch.setattr(S, "_dequant_launch", dequant_launch)
+    monkeypatch.setattr(S, "_scan_launch", scan_launch)
+    monkeypatch.setattr(S, "_join_launch", join_launch)
+    monkeypatch.setattr(S, "_attention_launch", attention_launch)
     monkeypatch.setattr(S, "_table", table)
+    monkeypatch.setattr(S, "_BUFFERS", {})
+    monkeypatch.setattr(S, "raw_stream", lambda device: 0)
+    monkeypatch.setattr(S, "check_hopper", lambda device, what: None)
+    monkeypatch.setattr(S, "on_device", lambda device: launch._NO_GUARD)
+    monkeypatch.setattr(launch, "ONE_CALL", False)
+    monkeypatch.setattr(launch, "_PLANS", {})
     # the cache checks but the one for a CUDA device
     monkeypatch.setattr(S, "check_pages", lambda pages, page_size, name: M._check_cache(pages, page_size))
     return S.sparse_prefill_staged, tables
@@ -914,7 +1000,7 @@ def test_staged_prefill_places_pages_and_lists_on_the_cpu(monkeypatch, given):
     for cache in (main, cmp):
         M.write_keys(cache.data, cache.page_size, torch.randperm(cache.num_keys, generator=gen).int(),
                      _random_keys(cache.num_keys, gen, "cpu"))
-    Sq, H = 5, 4
+    Sq, H = 5, 64                       # H: the attention packs 64 heads a CTA
     q = (torch.randn(Sq, H, 512, generator=gen) * 0.5).bfloat16()
     idx = torch.randint(-2, main.num_keys + 3, (Sq, 13), generator=gen, dtype=torch.int32)
     idx2 = torch.randint(-2, cmp.num_keys + 3, (Sq, 7), generator=gen, dtype=torch.int32)
@@ -930,29 +1016,37 @@ def test_staged_prefill_places_pages_and_lists_on_the_cpu(monkeypatch, given):
             pages = torch.cat([ok.nonzero().view(-1).int(), torch.tensor([-1, c.num_pages], dtype=torch.int32)])
             pages = torch.cat([pages, pages[:2]])
             kw[name] = pages[torch.randperm(len(pages), generator=gen)]
-    out, lse = staged(q.as_subclass(_LooksCuda), main, idx, lengths, extra_k_cache=cmp, extra_indices=idx2,
-                      sink=sink, return_lse=True, **kw)
+    call = lambda: staged(q.as_subclass(_LooksCuda), main, idx, lengths, extra_k_cache=cmp, extra_indices=idx2,
+                          sink=sink, return_lse=True, **kw)
+    call()
+    out, lse = call()                   # the plan again, its page maps holding the first call's blocks
+    from dsv4lib.ops import prefill_staged as S
+    for (what, *_), buffer in S._BUFFERS.items():
+        if what[0] == "marks":
+            assert not buffer.any(), "the dequantization leaves every page bit cleared"
     # by hand: the whole caches' keys, the window's rows first, each list's kept entries as rows of that table
     table = torch.cat([main.keys(), cmp.keys()])
     joint = _joint_by_hand([(main, idx, lengths), (cmp, idx2, None)], allowed)
     want, want_lse = dsv4lib.reference.sparse_attention(q.double(), table, joint, sink=sink, return_lse=True)
     assert torch.isfinite(out).all()
-    torch.testing.assert_close(out, want, rtol=0, atol=1e-12)
-    torch.testing.assert_close(lse, want_lse, rtol=0, atol=1e-12)
+    # the twin's float64 result, stored in the call's bf16 output and fp32 LSE
+    torch.testing.assert_close(out.double(), want, rtol=2 ** -8, atol=1e-9)
+    torch.testing.assert_close(lse.double(), want_lse, rtol=1e-6, atol=1e-6)
     if given == "both":
-        assert tables == [(len(kw["pages"]) * main.page_size + len(kw["extra_pages"]) * cmp.page_size)]
+        assert tables == [(len(kw["pages"]) * main.page_size + len(kw["extra_pages"]) * cmp.page_size)] * 2
     if given == "none":
-        assert tables == [main.num_keys + cmp.num_keys]
+        assert tables == [main.num_keys + cmp.num_keys] * 2
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("in_flight", [1, 4])
 def test_list_join_equals_the_join_in_torch(in_flight, monkeypatch):
     """Random lists with every kind of entry (negative, past the cache, past the token's length — lengths of 0,
-    of the whole list and beyond it), a page map with holes: the kernel's columns equal the torch join's, the
+    of the whole list and beyond it), a page map as the dequantization leaves it over garbage (random numbers, some
+    of them positions in the page list that hold another page): the kernel's columns equal the torch join's, the
     columns of the other list untouched (the joint poisoned first); ``in_flight`` entries a thread at a time."""
     from dsv4lib.ops import prefill_staged
-    from dsv4lib.ops.prefill_staged import _page_slots, join_list
+    from dsv4lib.ops.prefill_staged import join_list
     monkeypatch.setattr(prefill_staged, "JOIN_ENTRIES_IN_FLIGHT", in_flight)
     gen = torch.Generator().manual_seed(fresh_seed())
     for Sq, K, page_size, num_pages in ((300, 640, 64, 40), (7, 5, 4, 3), (1, 1030, 128, 9)):
@@ -962,13 +1056,14 @@ def test_list_join_equals_the_join_in_torch(in_flight, monkeypatch):
         lengths[0] = K
         given = torch.randperm(num_pages + 2, generator=gen)[: num_pages // 2 + 1].int() - 1    # holes, -1, past end
         idx, lengths, given = idx.cuda(), lengths.cuda(), given.cuda()
-        page_map = _page_slots(given, num_pages, "pages")
+        garbage = torch.randint(-3, len(given) + 3, (num_pages,), generator=gen, dtype=torch.int32)
+        page_map = _map_by_hand(given, num_pages, garbage)
         for lens in (None, lengths):
             for pmap in (None, page_map):
                 got = torch.full((Sq, K + 11), -7, dtype=torch.int32, device="cuda")
                 want = got.clone()
-                join_list(idx, lens, pmap, got, n, page_size, 1000, 6)
-                _join_by_hand(idx, lens, pmap, want, n, page_size, 1000, 6)
+                join_list(idx, lens, pmap, given, got, n, page_size, 1000, 6)
+                _join_by_hand(idx, lens, pmap, given, want, n, page_size, 1000, 6)
                 assert torch.equal(got, want), (Sq, K, lens is None, pmap is None)
 
 
@@ -993,62 +1088,114 @@ def test_staged_prefill_rejects_bad_input(change, exc, match):
 
 
 def test_staged_prefill_rejects_bad_pages():
-    from dsv4lib.ops.prefill_staged import _page_slots, dequantize_pages, sparse_prefill_staged
-    with pytest.raises(TypeError, match="pages must be an int32 tensor"):
-        _page_slots(torch.zeros(3, dtype=torch.int64), 5, "pages")
-    with pytest.raises(TypeError, match="extra_pages must be an int32 tensor"):
-        _page_slots(torch.zeros(3, 1, dtype=torch.int32), 5, "extra_pages")
-    with pytest.raises(TypeError, match="pages must be an int32 tensor"):
-        _page_slots(torch.zeros(0, dtype=torch.int32), 5, "pages")
-    # each page's position in the list; -1: not given (and the spare last entry, the padding's target)
-    assert _page_slots(torch.tensor([3, -1, 4, 9, 0], dtype=torch.int32), 5, "pages").tolist() == [4, -1, -1, 0, 2, -1]
+    from dsv4lib.ops.prefill_staged import dequantize_pages, sparse_prefill_staged
     from dsv4lib.reference.model1 import page_bytes
+    q, idx = torch.zeros(3, 64, 512, dtype=torch.bfloat16), torch.zeros(3, 9, dtype=torch.int32)
     cache, pages = torch.zeros(1, 64, 1, 584, dtype=torch.uint8), torch.zeros(1, page_bytes(64), dtype=torch.uint8)
+    for name, given in (("pages", torch.zeros(3, dtype=torch.int64)), ("extra_pages", torch.zeros(3, 1, dtype=torch.int32)),
+                        ("pages", torch.zeros(0, dtype=torch.int32)), ("pages", [0, 1])):
+        with pytest.raises(TypeError, match=f"{name} must be an int32 tensor"):
+            sparse_prefill_staged(q, cache, idx, extra_k_cache=cache, extra_indices=idx, **{name: given})
     for page_list, match in ((torch.zeros(2, dtype=torch.int64), "int32"), (torch.zeros(0, dtype=torch.int32), "int32"),
                              (torch.zeros(2, 2, dtype=torch.int32)[:, 0], "contiguous")):
         with pytest.raises(ValueError, match=match):
             dequantize_pages(pages, 64, torch.zeros(128, 512, dtype=torch.bfloat16), page_list)
     with pytest.raises(ValueError, match=r"out must be \[128, 512\]"):
         dequantize_pages(pages, 64, torch.zeros(64, 512, dtype=torch.bfloat16), torch.zeros(2, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"page_map must be int32 \[num_pages=1\]"):
+        dequantize_pages(pages, 64, torch.zeros(128, 512, dtype=torch.bfloat16), torch.zeros(2, dtype=torch.int32),
+                         torch.zeros(2, dtype=torch.int32))
     with pytest.raises(ValueError, match="extra_pages need extra_k_cache"):
-        sparse_prefill_staged(torch.zeros(3, 64, 512, dtype=torch.bfloat16), cache, torch.zeros(3, 9, dtype=torch.int32),
-                              extra_pages=torch.zeros(2, dtype=torch.int32))
+        sparse_prefill_staged(q, cache, idx, extra_pages=torch.zeros(2, dtype=torch.int32))
 
 
-def test_staged_prefill_marks_exactly_the_pages_its_valid_entries_name():
-    """The page mask of the staged prefill (no host sync): a page is marked iff some entry before its token's length
-    lies in ``[0, n)`` and on it."""
+def test_the_page_bits_by_hand_mark_exactly_the_pages_counted_entries_name():
+    """The rule the page scan and the CPU twin of the staged call follow (:func:`_marks_by_hand`): a page's bit is
+    set iff some entry before its token's length lies in ``[0, n)`` and on it — against a loop over the entries."""
     gen = torch.Generator().manual_seed(fresh_seed())
-    for page_size, num_pages in ((4, 50), (64, 3000)):
-        _check_page_mask(page_size, num_pages, gen, "cpu")
+    for page_size, num_pages in ((4, 50), (64, 3000), (1, 64)):
+        idx, lengths = _scan_case(page_size, num_pages, 7, 9, gen)
+        for lens in (None, lengths):
+            words = _marks_by_hand(idx, lens, page_size * num_pages, page_size, num_pages)
+            want = torch.zeros(num_pages, dtype=torch.bool)
+            for t in range(idx.shape[0]):
+                for j in range(idx.shape[1] if lens is None else min(int(lens[t]), idx.shape[1])):
+                    if 0 <= int(idx[t, j]) < page_size * num_pages:
+                        want[int(idx[t, j]) // page_size] = True
+            got = torch.tensor([(int(words[p // 32]) >> (p % 32)) & 1 for p in range(num_pages)], dtype=torch.bool)
+            assert words.dtype == torch.int32 and words.shape == (-(-num_pages // 32),) and torch.equal(got, want)
+
+
+def _scan_case(page_size, num_pages, Sq, K, gen):
+    n = page_size * num_pages
+    idx = torch.randint(-3, n + 5, (Sq, K), generator=gen, dtype=torch.int32)
+    idx[0, :3] = torch.tensor([0, n - 1, n])                 # the first and last slots, and one past them
+    lengths = torch.randint(-1, K + 2, (Sq,), generator=gen, dtype=torch.int32)
+    lengths[0] = K
+    return idx, lengths
 
 
 @pytest.mark.gpu
-def test_staged_prefill_page_mask_on_the_gpu():
-    """The same rule with CUDA's histogram kernel (its own float arithmetic for the bins)."""
+def test_page_scan_sets_the_bits_of_the_named_pages():
+    """The page scan kernel (shared bits a CTA, OR-ed into the words): its bits equal :func:`_marks_by_hand`'s over
+    bits already set (they stay), for 1 to 3 CTAs of tokens and 1 or 2 ranges of pages (200 000 pages: 6250 words,
+    a CTA's range 4096)."""
+    from dsv4lib.ops.prefill_staged import scan_pages
     gen = torch.Generator().manual_seed(fresh_seed())
-    for page_size, num_pages in ((4, 50), (64, 3000), (64, 100_000)):
-        _check_page_mask(page_size, num_pages, gen, "cuda")
+    for page_size, num_pages, Sq, K in ((4, 50, 7, 9), (64, 3000, 37, 640), (64, 200_000, 20, 1152), (2, 33, 1, 5)):
+        idx, lengths = _scan_case(page_size, num_pages, Sq, K, gen)
+        idx[1, :K // 2] = torch.randint(0, 40, (K // 2,), generator=gen, dtype=torch.int32)   # many on few pages
+        before = torch.randint(-2 ** 31, 2 ** 31 - 1, (-(-num_pages // 32),), generator=gen, dtype=torch.int32)
+        before[-1] &= (1 << (num_pages % 32 or 32)) - 1 if num_pages % 32 else -1
+        for lens in (None, lengths):
+            marks = before.cuda()
+            scan_pages(idx.cuda(), None if lens is None else lens.cuda(), marks, page_size * num_pages, page_size)
+            want = before | _marks_by_hand(idx, lens, page_size * num_pages, page_size, num_pages)
+            assert torch.equal(marks.cpu(), want), (page_size, num_pages, lens is None)
+            marks = torch.zeros_like(marks)
+            scan_pages(idx.cuda(), None if lens is None else lens.cuda(), marks, page_size * num_pages, page_size)
+            assert torch.equal(marks.cpu(), _marks_by_hand(idx, lens, page_size * num_pages, page_size, num_pages))
 
 
-def _check_page_mask(page_size, num_pages, gen, device):
-    from dsv4lib.ops.prefill_staged import _kept, _named_pages
-    n = page_size * num_pages
-    idx = torch.randint(-3, n + 5, (7, 9), generator=gen, dtype=torch.int32)
-    idx[0, :3] = torch.tensor([0, n - 1, n])                 # the first and last slots, and one past them
-    lengths = torch.randint(0, 10, (7,), generator=gen, dtype=torch.int32)
-    lengths[0] = 9
-    idx, lengths = idx.to(device), lengths.to(device)
-    for lens in (None, lengths):
-        page_list = _named_pages(idx, _kept(idx, lens, n), page_size, num_pages).cpu()
-        idx_h, lens_h = idx.cpu(), None if lens is None else lens.cpu()
-        want = torch.zeros(num_pages, dtype=torch.uint8)
-        for t in range(idx_h.shape[0]):
-            for j in range(idx_h.shape[1] if lens_h is None else int(lens_h[t])):
-                if 0 <= int(idx_h[t, j]) < n:
-                    want[int(idx_h[t, j]) // page_size] = 1
-        assert page_list.dtype == torch.int32
-        assert torch.equal(page_list, torch.where(want.bool(), torch.arange(num_pages, dtype=torch.int32), -1))
+@pytest.mark.gpu
+def test_dequant_kernel_writes_the_page_map_and_clears_the_page_bits():
+    """``list+map``: each page dequantized writes its block into the page map (the rest of it untouched); ``marks``:
+    exactly the marked pages of the cache dequantized into their own blocks after ``row0`` (the others keep the
+    poison), and every bit cleared."""
+    from dsv4lib.ops import prefill_staged as S
+    gen = torch.Generator().manual_seed(fresh_seed())
+    cache = dsv4lib.Model1Cache(70, 4, device="cuda")
+    cache.append(torch.arange(cache.num_keys, dtype=torch.int32).cuda(), _random_keys(cache.num_keys, gen, "cuda"))
+    want = cache.keys().bfloat16().cpu().view(cache.num_pages, 4, 512)
+    page_list = torch.tensor([5, -1, 69, 70, 5, 0, 33], dtype=torch.int32)
+    garbage = torch.randint(-9, 9, (cache.num_pages,), generator=gen, dtype=torch.int32)
+    page_map = garbage.cuda()
+    out = torch.full((len(page_list) * 4, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    S.dequantize_pages(cache.data, 4, out, page_list.cuda(), page_map)
+    got_map = page_map.cpu()
+    for page in range(cache.num_pages):
+        if page in (69, 0, 33):
+            assert int(got_map[page]) == page_list.tolist().index(page)
+        elif page == 5:
+            assert int(got_map[page]) in (0, 4)                    # given twice: either block
+        else:
+            assert int(got_map[page]) == int(garbage[page])
+    marked = torch.rand(cache.num_pages, generator=gen) < 0.3
+    marked[[0, 31, 32, 69]] = True
+    words = torch.zeros(3 * 32, dtype=torch.int64)
+    words[:cache.num_pages] = marked.long()
+    words = (words.view(-1, 32) << torch.arange(32)).sum(1)
+    marks = torch.where(words >= 2 ** 31, words - 2 ** 32, words).int().cuda()
+    row0 = 8
+    table = torch.full((row0 + cache.num_keys, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    S._dequant_launch(table.device, "marks")(cache.data, 4, table, marks, page_map, row0)
+    table = table[row0:].cpu().view(cache.num_pages, 4, 512)
+    assert not marks.any(), "every bit cleared"
+    for page in range(cache.num_pages):
+        if marked[page]:
+            assert torch.equal(table[page], want[page]), page
+        else:
+            assert bool(table[page].isnan().all()), page
 
 
 @pytest.mark.gpu
@@ -1128,12 +1275,12 @@ def _joint_by_hand(caches, allowed):
                         device=caches[0][1].device)
     lo = col0 = 0
     for (cache, ix, lengths), ok in zip(caches, allowed):
-        page_map = None
-        if ok is not None:      # an allowed page at its own block of the whole table; the spare last entry -1
+        page_map = page_list = None
+        if ok is not None:      # an allowed page at its own block of the whole table (the list: every page)
             ok = ok.to(ix.device)
-            page_map = torch.cat([torch.where(ok, torch.arange(cache.num_pages, device=ix.device), -1),
-                                  torch.tensor([-1], device=ix.device)]).int()
-        _join_by_hand(ix, lengths, page_map, joint, cache.num_keys, cache.page_size, lo, col0)
+            page_list = torch.arange(cache.num_pages, dtype=torch.int32, device=ix.device)
+            page_map = torch.where(ok, page_list, -1)
+        _join_by_hand(ix, lengths, page_map, page_list, joint, cache.num_keys, cache.page_size, lo, col0)
         lo, col0 = lo + cache.num_keys, col0 + ix.shape[1]
     return joint
 

@@ -112,7 +112,7 @@ def test_every_public_function_replays_in_a_cuda_graph():
         "sparse_prefill": lambda: dsv4lib.sparse_prefill(qp, main, idx_p, extra_k_cache=cmp, extra_indices=idx2_p,
                                                          extra_topk_length=len_p, sink=sink64, return_lse=True),
         # the staged design: a dequantization pass into a bf16 table (kept per stream: the capture's own), the lists
-        # joined, then the bf16 kernel — with the pages scanned for (a histogram) and given
+        # joined, then the bf16 kernel — with the pages scanned for (the page bits) and given
         "sparse_prefill_staged": lambda: dsv4lib.sparse_prefill_staged(
             qp, main, idx_p, extra_k_cache=cmp, extra_indices=idx2_p, extra_topk_length=len_p, sink=sink64,
             return_lse=True),

@@ -3,8 +3,11 @@
 
 The staged prefill attends over one bf16 table holding both caches' dequantized rows, so each list entry becomes a
 table row: kept when it is an address of its own cache (``0 <= i < n_keys``), before its token's valid length, and —
-with a page map (the caller's pages packed into the table, a block of rows a page) — on a page the map holds; then
-``lo + map[i // page_size] · page_size + i % page_size`` (or ``lo + i`` without a map), else ``-1``.  In torch that is
+with a page map (the caller's pages packed into the table, a block of rows a page) — on a page given; then
+``lo + m · page_size + i % page_size`` with ``m = map[i // page_size]`` (or ``lo + i`` without a map), else ``-1``.
+The map is never filled: the dequantization writes ``map[p] = b`` for each block ``b`` it gives page ``p``, so an
+entry ``m`` counts only where ``0 <= m < n`` and the page list's ``list[m]`` is ``p`` — whatever else the map holds
+(an earlier call's blocks, or nothing ever written) fails that test.  In torch that is
 ~10 passes over the lists (where / floor-divide / gather / and / cat: 168 / 262 µs at D6's 4096-token prefills on the
 H200, H64 / H128, session 47); here a CTA a token reads each entry once and writes its row once: 24 / 38 µs.
 
@@ -25,8 +28,8 @@ THREADS = 128
 class ListJoinKernel:
     """``mIdx [Sq, K]`` int32 → ``mJoint[:, col0 : col0 + K]`` (``mJoint [Sq, K_total]`` int32): each entry's table row
     or ``-1`` (module docstring).  ``has_lengths``: ``mLen [Sq]`` int32 bounds each token's entries (else unread);
-    ``has_page_map``: ``mPageMap [num_pages + 1]`` int32, a page's block in the table or ``-1`` (else unread; rows
-    at their own addresses)."""
+    ``has_page_map``: ``mPageMap [num_pages]`` int32 and ``mPageList [n]`` int32, a page's block in the table checked
+    against the list (module docstring; else both unread: rows at their own addresses)."""
 
     def __init__(self, has_lengths: bool, has_page_map: bool, entries_in_flight: int = 1):
         self.has_lengths = has_lengths
@@ -34,14 +37,15 @@ class ListJoinKernel:
         self.entries_in_flight = entries_in_flight
 
     @cute.jit
-    def __call__(self, mIdx: cute.Tensor, mLen: cute.Tensor, mPageMap: cute.Tensor, mJoint: cute.Tensor,
-                 n_keys: Int32, page_size: Int32, lo: Int32, col0: Int32, stream: cuda.CUstream = None):
-        self.kernel(mIdx, mLen, mPageMap, mJoint, n_keys, page_size, lo, col0).launch(
+    def __call__(self, mIdx: cute.Tensor, mLen: cute.Tensor, mPageMap: cute.Tensor, mPageList: cute.Tensor,
+                 mJoint: cute.Tensor, n_keys: Int32, page_size: Int32, lo: Int32, col0: Int32,
+                 stream: cuda.CUstream = None):
+        self.kernel(mIdx, mLen, mPageMap, mPageList, mJoint, n_keys, page_size, lo, col0).launch(
             grid=(cute.size(mIdx, mode=[0]), 1, 1), block=(THREADS, 1, 1), **launch_stream(stream))
 
     @cute.kernel
-    def kernel(self, mIdx: cute.Tensor, mLen: cute.Tensor, mPageMap: cute.Tensor, mJoint: cute.Tensor,
-               n_keys: Int32, page_size: Int32, lo: Int32, col0: Int32):
+    def kernel(self, mIdx: cute.Tensor, mLen: cute.Tensor, mPageMap: cute.Tensor, mPageList: cute.Tensor,
+               mJoint: cute.Tensor, n_keys: Int32, page_size: Int32, lo: Int32, col0: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         token, _, _ = cute.arch.block_idx()
         entries = cute.size(mIdx, mode=[1])
@@ -63,9 +67,11 @@ class ListJoinKernel:
                 row = Int32(-1)
                 if i >= 0 and i < n_keys:
                     if const_expr(self.has_page_map):
-                        block = mPageMap[i // page_size]        # the page's block of rows in the table, or -1
-                        if block >= 0:
-                            row = lo + block * page_size + i % page_size
+                        page = i // page_size
+                        block = mPageMap[page]                  # the page's block in the table, if this call's
+                        if block >= 0 and block < cute.size(mPageList, mode=[0]):
+                            if mPageList[block] == page:
+                                row = lo + block * page_size + i % page_size
                     else:
                         row = lo + i
                 rIdx[e] = row

@@ -3,8 +3,8 @@ page_size, 512]`` bf16 table, a block of rows a page (the staged prefill's first
 :func:`dsv4lib.ops.prefill_staged.sparse_prefill_staged`; the byte layout is :mod:`dsv4lib.reference.model1`'s,
 whose ``dequantize_records`` this kernel matches bit for bit).
 
-A CTA a listed page (a prefill reads a few pages of a large cache; a number outside the cache — a page not needed —
-costs a CTA that reads one int), its warps taking the page's slots four at a time (every slot's loads issued before
+A CTA a page (of a page list — a prefill reads a few pages of a large cache; a number outside the cache, a page not
+needed, costs a CTA that reads one int — or of the cache, dequantized when the scan of the lists marked it), its warps taking the page's slots four at a time (every slot's loads issued before
 the first store: one slot a warp left ~37 KB of loads in flight an SM, short of what covers the memory's latency).
 The lane map splits the row in halves so that each warp store writes 512 contiguous bytes — four whole 128-byte lines:
 lane ``l`` owns dims ``8 l … 8 l + 7`` and ``256 + 8 l … 256 + 8 l + 7``:
@@ -41,33 +41,64 @@ HIGH_NOPE_LANES = (NOPE_DIMS - HALF_DIMS) // 8      # 24 lanes' 8 nope dims past
 SLOTS_IN_FLIGHT = 4                 # a warp's slots loaded before it stores any (the default build's)
 
 
-class Model1DequantKernel:
-    """The cache ``[num_pages, page_bytes]`` uint8 (``page_size`` slots a page) and a page list ``[n]`` int32 →
-    ``out [n · page_size, 512]`` bf16: the ``b``-th block of ``page_size`` rows gets page ``list[b]``'s slots; a
-    number outside ``[0, num_pages)`` leaves its block as it was (module docstring).  ``slots_in_flight``: the slots
-    a warp loads before it converts and stores the first of them (``slot, slot + WARPS, ...``)."""
+PAGE_SOURCES = ("list", "list+map", "marks")
 
-    def __init__(self, slots_in_flight: int = SLOTS_IN_FLIGHT):
+
+class Model1DequantKernel:
+    """The cache ``[num_pages, page_bytes]`` uint8 (``page_size`` slots a page) → bf16 rows of ``out [rows, 512]``, a
+    block of ``page_size`` rows a page from row ``row0`` on (module docstring).  Which pages, by ``page_source``:
+
+    * ``"list"``: ``mPages [n]`` int32, a page list: block ``b`` gets page ``list[b]``; a number outside ``[0,
+      num_pages)`` leaves its block as it was;
+    * ``"list+map"``: the same, and CTA ``b`` writes ``b`` into ``mPageMap[list[b]]`` (int32 ``[num_pages]``, never
+      filled: the list join takes an entry ``m`` of it only where ``list[m]`` is that page — a page given twice
+      keeps either block, both hold it);
+    * ``"marks"``: ``mPages [words]`` int32, the page bits of :class:`~dsv4lib.kernels.page_scan.PageScanKernel`: a
+      CTA a page of the cache, page ``p`` dequantized into block ``p`` (rows at their key addresses) when its bit is
+      set, and the bit cleared (the words are zero again after the call).
+
+    ``slots_in_flight``: the slots a warp loads before it converts and stores the first of them."""
+
+    def __init__(self, slots_in_flight: int = SLOTS_IN_FLIGHT, page_source: str = "list"):
+        if page_source not in PAGE_SOURCES:
+            raise ValueError(f"page_source must be one of {PAGE_SOURCES}, got {page_source!r}")
         self.slots_in_flight = slots_in_flight
+        self.page_source = page_source
 
     @cute.jit
-    def __call__(self, mCache: cute.Tensor, page_size: Int32, mOut: cute.Tensor, mPageList: cute.Tensor,
-                 stream: cuda.CUstream = None):
-        self.kernel(mCache, page_size, mOut, mPageList).launch(grid=(cute.size(mPageList, mode=[0]), 1, 1),
-                                                               block=(32 * WARPS, 1, 1), **launch_stream(stream))
+    def __call__(self, mCache: cute.Tensor, page_size: Int32, mOut: cute.Tensor, mPages: cute.Tensor,
+                 mPageMap: cute.Tensor, row0: Int32, stream: cuda.CUstream = None):
+        blocks = cute.size(mCache, mode=[0]) if const_expr(self.page_source == "marks") else cute.size(mPages, mode=[0])
+        self.kernel(mCache, page_size, mOut, mPages, mPageMap, row0).launch(
+            grid=(blocks, 1, 1), block=(32 * WARPS, 1, 1), **launch_stream(stream))
 
     @cute.kernel
-    def kernel(self, mCache: cute.Tensor, page_size: Int32, mOut: cute.Tensor, mPageList: cute.Tensor):
+    def kernel(self, mCache: cute.Tensor, page_size: Int32, mOut: cute.Tensor, mPages: cute.Tensor,
+               mPageMap: cute.Tensor, row0: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         block, _, _ = cute.arch.block_idx()
         lane = tidx % 32
-        page = mPageList[block]
+        page = Int32(-1)
+        if const_expr(self.page_source == "marks"):
+            # every thread reads the page's bit (only this CTA changes it: the scan ended before this kernel), then
+            # thread 0 clears it once all have read
+            bit = Int32(1) << (block % 32)
+            if (mPages[block // 32] & bit) != 0:
+                page = block
+            cute.arch.sync_threads()
+            if tidx == 0 and page >= 0:
+                cute.arch.atomic_and(mPages.iterator + block // 32, Int32(-1) ^ bit, sem="relaxed", scope="gpu")
+        else:
+            page = mPages[block]
         if page >= 0 and page < cute.size(mCache, mode=[0]):
+            if const_expr(self.page_source == "list+map"):
+                if tidx == 0:
+                    mPageMap[page] = block
             page_base = mCache.iterator.toint() + Int64(page) * Int64(cute.size(mCache, mode=[1]))
-            self.dequant_by_halves(page_size, mOut, page_base, block, tidx // 32, lane)
+            self.dequant_by_halves(page_size, mOut, page_base, row0 + block * page_size, tidx // 32, lane)
 
     @cute.jit
-    def dequant_by_halves(self, page_size: Int32, mOut, page_base, block, warp, lane):
+    def dequant_by_halves(self, page_size: Int32, mOut, page_base, first_row, warp, lane):
         """Lane ``l`` owns dims ``8 l … 8 l + 7`` (row bytes ``16 l …``) and ``256 + 8 l …`` (row bytes ``512 + 16 l
         …``), so each warp store writes 512 contiguous bytes — four whole 128-byte lines, no sector written twice.
         First half: 8 nope bytes a lane (an 8-byte load; tile ``l // 8``); second half: lanes 0-23 the nope bytes
@@ -96,7 +127,7 @@ class Model1DequantKernel:
             for s in cutlass.range_constexpr(slots):
                 slot = first + s * WARPS
                 if slot < page_size:
-                    row = mOut.iterator.toint() + (Int64(block) * Int64(page_size) + Int64(slot)) * Int64(ROW_BYTES)
+                    row = mOut.iterator.toint() + (Int64(first_row) + Int64(slot)) * Int64(ROW_BYTES)
                     self.store_nope8(rLow[s], rScale[2 * s], row + Int64(lane * 16))
                     if lane < HIGH_NOPE_LANES:
                         self.store_nope8(rHigh[s], rScale[2 * s + 1], row + Int64(ROW_BYTES // 2 + lane * 16))

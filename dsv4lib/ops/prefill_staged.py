@@ -14,18 +14,26 @@ counted, against the fused kernel's 0.77x / 0.65x.  Measured on the H200 at ``46
 lists joined by the kernel): 0.83x / 0.98x, the fused kernel 0.62x / 0.60x (docs/tuning/d2_d6.md, session 47).
 
 Only the pages the caller gives (``pages=``: what a block table holds; packed, a block of rows a page) or else the
-pages the lists name are dequantized (a page list from a histogram of the lists; then the table has a row for every
-slot of the cache, the price of indexing it by address): a production cache holds far more keys than one prefill
-reads.  The two lists become one list of table rows in one pass each
-(:class:`dsv4lib.kernels.list_join.ListJoinKernel`), not ~10 torch passes."""
+pages the lists name are dequantized (marked by a pass over the lists, :class:`dsv4lib.kernels.page_scan.PageScanKernel`;
+then the table has a row for every slot of the cache, the price of indexing it by address): a production cache
+holds far more keys than one prefill reads.  The two lists become one list of table rows in one pass each
+(:class:`dsv4lib.kernels.list_join.ListJoinKernel`), not ~10 torch passes.
+
+Host path (#28): a call is a plan (``launch.find_plan``) — no torch op but the output's allocation, every kernel of
+the call (scans, dequantizations, joins, the attention) in one compiled :class:`~dsv4lib.ops.launch.Sequence`; the
+table, the joined list, the page maps and the page bits are buffers kept per (device, stream).  The page map is
+never filled (the dequantization writes a given page's block, the join checks it against the page list) and the
+page bits are cleared by the dequantization that reads them, so nothing needs resetting between calls."""
 from __future__ import annotations
 
 import torch
 
-from .kvcache import cache_pages, check_pages
-from .launch import check_hopper, on_device, placeholder, raw_stream, rows_dynamic, run_compiled, stream_arg
+from .attention import check_sink
+from .kvcache import Model1Cache, cache_pages, check_pages
+from .launch import (Launch, Sequence, check_hopper, find_plan, keep_plan, lse_output, on_device, options_sig,
+                     placeholder, raw_stream, rows_dynamic, sink_passer, stream_arg, tensor_sig)
 from .prefill import check_prefill_lists
-from .sparse import HEAD_DIM, sparse_attention
+from .sparse import HEAD_DIM, check_heads, unsplit_sparse_launcher
 
 # the dequantization's slots a warp in flight (Model1DequantKernel, its lane map by halves): 4 — H200, session 48,
 # probe_staged at D6's FP8 shapes, two alternations: 118 / 116 µs (H64), 120 / 123 (H128); two slots 120-128; the
@@ -36,45 +44,139 @@ DEQUANT_SLOTS_IN_FLIGHT = 4
 # the differences; H200, session 48, --join-variants 1,4,8)
 JOIN_ENTRIES_IN_FLIGHT = 1
 
-_TABLES: dict = {}          # (device, stream) -> the largest bf16 table asked for there, rewritten by every call
+_BUFFERS: dict = {}         # (what, device, stream) -> a buffer of the staged calls on that stream
 
 
-def _table(device, rows: int) -> torch.Tensor:
-    """``[rows, 512]`` bf16 rows of the staging table of this device and its current stream (grown when a call needs
-    more): two streams prefilling at once each write their own table — with one table a device, one stream's
-    dequantization could overwrite rows the other's attention was reading (as the split workspaces, session 40).
-    Reused by the next call on the same stream only, after this one's kernels in stream order."""
-    key = (device, raw_stream(device))
-    table = _TABLES.get(key)
+def _buffer(what, device, stream: int, make) -> torch.Tensor:
+    """The buffer ``what`` of this device and stream, ``make()`` the first time.  Kept per stream: two streams
+    prefilling at once each write their own (with one table a device, one stream's dequantization could overwrite
+    rows the other's attention was reading — as the split workspaces, session 40); the next call on the same stream
+    reuses it after this one's kernels, in stream order."""
+    key = (what, device, stream)
+    buffer = _BUFFERS.get(key)
+    if buffer is None:
+        buffer = _BUFFERS[key] = make()
+    return buffer
+
+
+def _table(device, stream: int, rows: int) -> torch.Tensor:
+    """The bf16 staging table ``[>= rows, 512]`` of this device and stream (grown when a call needs more rows; the
+    kernels take it whole: a call's rows are its first ``rows``, the attention reads only rows its list names)."""
+    key = ("table", device, stream)
+    table = _BUFFERS.get(key)
     if table is None or table.shape[0] < rows:
-        table = _TABLES[key] = torch.empty(max(rows, 1), HEAD_DIM, dtype=torch.bfloat16, device=device)
-    return table[:rows]
+        table = _BUFFERS[key] = torch.empty(max(rows, 1), HEAD_DIM, dtype=torch.bfloat16, device=device)
+    return table
 
 
-def dequant_args(pages, page_size: int, out, page_list, stream=None, tvm_ffi: bool = False) -> tuple:
+# ---- the three kernels' launches: (arguments) -> one launch; each also a step of the call's Sequence ----
+
+def _launch(device, key, make_kernel, build_args) -> Launch:
+    """A :class:`Launch` of a kernel whose compiled function takes the call's tensors and numbers as they are, then
+    the stream; ``build_args(*arguments, tvm_ffi=True)``: what it is compiled from."""
+    return Launch(lambda *a: (*a, raw_stream(device)),
+                  lambda *a: (key, make_kernel, lambda: build_args(*a, tvm_ffi=True)))
+
+
+def dequant_args(pages, page_size: int, out, page_source, page_map, row0: int, stream=None,
+                 tvm_ffi: bool = False) -> tuple:
     from cutlass import Int32
     return (rows_dynamic(pages, align=16, tvm_ffi=tvm_ffi), Int32(page_size), rows_dynamic(out, (1,), tvm_ffi=tvm_ffi),
-            rows_dynamic(page_list, tvm_ffi=tvm_ffi), *stream_arg(stream, tvm_ffi))
+            rows_dynamic(page_source, align=4, tvm_ffi=tvm_ffi), rows_dynamic(page_map, align=4, tvm_ffi=tvm_ffi),
+            Int32(row0), *stream_arg(stream, tvm_ffi))
 
 
 def fake_dequant_args():
     """CPU stand-ins for a compile test of the dequantization kernel."""
     from ..reference.model1 import page_bytes
+    i32 = lambda n: torch.empty(n, dtype=torch.int32)
     return dequant_args(torch.empty(3, page_bytes(64), dtype=torch.uint8), 64,
-                        torch.empty(2 * 64, HEAD_DIM, dtype=torch.bfloat16), torch.empty(2, dtype=torch.int32))
+                        torch.empty(2 * 64, HEAD_DIM, dtype=torch.bfloat16), i32(2), i32(3), 0)
 
 
-def dequantize_pages(pages: torch.Tensor, page_size: int, out: torch.Tensor, page_list=None) -> None:
+def _dequant_launch(device, page_source: str) -> Launch:
+    """(cache pages, page_size, table, page list or page bits, page map, first row) → the dequantization
+    (:class:`~dsv4lib.kernels.model1_dequant.Model1DequantKernel`)."""
+    slots = DEQUANT_SLOTS_IN_FLIGHT
+
+    def make_kernel():
+        from ..kernels.model1_dequant import Model1DequantKernel
+        return Model1DequantKernel(slots, page_source)
+    return _launch(device, ("model1 dequant", slots, page_source), make_kernel, dequant_args)
+
+
+def join_args(indices, lengths, page_map, page_list, joint, n_keys: int, page_size: int, lo: int, col0: int,
+              stream=None, tvm_ffi: bool = False) -> tuple:
+    from cutlass import Int32
+    # 4-byte alignment assumed for every list (a build serves any list width; the entries are read one by one)
+    lists = (rows_dynamic(t, align=4, tvm_ffi=tvm_ffi) for t in (indices, lengths, page_map, page_list, joint))
+    return (*lists, Int32(n_keys), Int32(page_size), Int32(lo), Int32(col0), *stream_arg(stream, tvm_ffi))
+
+
+def fake_join_args():
+    """CPU stand-ins for a compile test of the list join."""
+    i32 = lambda *s: torch.empty(*s, dtype=torch.int32)
+    return join_args(i32(3, 5), i32(3), i32(4), i32(2), i32(3, 9), 192, 64, 0, 4)
+
+
+def _join_launch(device, has_lengths: bool, has_page_map: bool) -> Launch:
+    """(indices, lengths, page map, page list, joint, n_keys, page_size, lo, col0) → the list join
+    (:class:`~dsv4lib.kernels.list_join.ListJoinKernel`)."""
+    in_flight = JOIN_ENTRIES_IN_FLIGHT
+
+    def make_kernel():
+        from ..kernels.list_join import ListJoinKernel
+        return ListJoinKernel(has_lengths, has_page_map, in_flight)
+    return _launch(device, ("list join", has_lengths, has_page_map, in_flight), make_kernel, join_args)
+
+
+def scan_args(indices, lengths, marks, n_keys: int, page_size: int, stream=None, tvm_ffi: bool = False) -> tuple:
+    from cutlass import Int32
+    lists = (rows_dynamic(t, align=4, tvm_ffi=tvm_ffi) for t in (indices, lengths, marks))
+    return (*lists, Int32(n_keys), Int32(page_size), *stream_arg(stream, tvm_ffi))
+
+
+def fake_scan_args():
+    """CPU stand-ins for a compile test of the page scan."""
+    i32 = lambda *s: torch.empty(*s, dtype=torch.int32)
+    return scan_args(i32(3, 5), i32(3), i32(2), 192, 64)
+
+
+def _scan_launch(device, has_lengths: bool) -> Launch:
+    """(indices, lengths, page bits, n_keys, page_size) → the page scan
+    (:class:`~dsv4lib.kernels.page_scan.PageScanKernel`)."""
+    def make_kernel():
+        from ..kernels.page_scan import PageScanKernel
+        return PageScanKernel(has_lengths)
+    return _launch(device, ("page scan", has_lengths), make_kernel, scan_args)
+
+
+def _attention_launch(device, with_sink: bool, scale: float) -> Launch:
+    """(q, table, joint, out, lse, sink) → ``sparse_attention``'s unsplit build over the table."""
+    return unsplit_sparse_launcher(device, with_sink=with_sink, scale=scale)
+
+
+# ---- the kernels one at a time (probes, tests) ----
+
+def _check_int32_list(t, name: str) -> None:
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != 1 or t.numel() == 0:
+        raise TypeError(f"{name} must be an int32 tensor [n >= 1] of page numbers, got "
+                        f"{getattr(t, 'dtype', type(t))} {tuple(getattr(t, 'shape', ()))}")
+
+
+def dequantize_pages(pages: torch.Tensor, page_size: int, out: torch.Tensor, page_list=None, page_map=None) -> None:
     """Pages of ``pages`` (uint8 ``[num_pages, page_bytes]``) dequantized into ``out [len(page_list) · page_size,
     512]`` bf16 on the GPU, bit-equal to the reference's dequantization: the ``b``-th block of ``page_size`` rows
     gets the slots of page ``page_list[b]`` (int32; default every page in order, so that row = key address); a
     number outside ``[0, num_pages)`` leaves its block as it was; a slot never written (scale bytes 0) gives a row
-    of zeros.  No host sync."""
+    of zeros.  ``page_map`` (int32 ``[num_pages]``): also ``page_map[page_list[b]] = b`` for each page dequantized.
+    No host sync."""
     if page_list is None:
         page_list = torch.arange(pages.shape[0], dtype=torch.int32, device=pages.device)
-    if (not isinstance(page_list, torch.Tensor) or page_list.dtype != torch.int32 or page_list.dim() != 1
-            or page_list.numel() == 0):
-        raise ValueError("page_list must be an int32 tensor [n >= 1] of page numbers")
+    try:
+        _check_int32_list(page_list, "page_list")
+    except TypeError as err:
+        raise ValueError(str(err)) from None
     if not page_list.is_contiguous():
         raise ValueError("page_list must be contiguous")
     rows = page_list.shape[0] * page_size
@@ -82,93 +184,55 @@ def dequantize_pages(pages: torch.Tensor, page_size: int, out: torch.Tensor, pag
         raise TypeError(f"out must be a bf16 tensor, got {getattr(out, 'dtype', type(out))}")
     if tuple(out.shape) != (rows, HEAD_DIM):
         raise ValueError(f"out must be [{rows}, {HEAD_DIM}], got {tuple(out.shape)}")
+    if page_map is not None and (page_map.dtype != torch.int32 or page_map.shape != (pages.shape[0],)
+                                 or page_map.device != pages.device):
+        raise ValueError(f"page_map must be int32 [num_pages={pages.shape[0]}] on the cache's device")
     check_pages(pages, page_size, "cache")
     if page_list.device != pages.device:
         raise ValueError(f"page_list is on {page_list.device}, the cache on {pages.device}")
     if out.device != pages.device or not out.is_contiguous() or out.data_ptr() % 16:
         raise ValueError("out must be contiguous from a 16-byte aligned start, on the cache's device")
     check_hopper(pages.device, "dequantize_pages")
-
-    slots = DEQUANT_SLOTS_IN_FLIGHT
-
-    def make_kernel():
-        from ..kernels.model1_dequant import Model1DequantKernel
-        return Model1DequantKernel(slots)
-
+    source = "list" if page_map is None else "list+map"
+    page_map = placeholder(pages.device, "lengths") if page_map is None else page_map
     with on_device(pages.device):
-        run_compiled(("model1 dequant", slots), make_kernel,
-                     lambda: dequant_args(pages, page_size, out, page_list, tvm_ffi=True),
-                     (pages, page_size, out, page_list, raw_stream(pages.device)))
+        _dequant_launch(pages.device, source)(pages, page_size, out, page_list, page_map, 0)
 
 
-def _kept(indices, lengths, n: int) -> torch.Tensor:
-    """Which entries of a list count: in ``[0, n)`` (its own cache's slots) and before the token's length."""
-    keep = (indices >= 0) & (indices < n)
-    if lengths is not None:
-        keep &= torch.arange(indices.shape[1], device=indices.device) < lengths.view(-1, 1)
-    return keep
-
-
-def _named_pages(indices, keep, page_size: int, num_pages: int) -> torch.Tensor:
-    """The page list of the pages a kept entry of ``indices`` names, each at its own place (int32 ``[num_pages]``:
-    ``p`` where page ``p`` is named, ``-1`` elsewhere), no host sync: a ``torch.histc`` of the entries' page numbers
-    (a CTA counts in shared memory and writes its bins once).  A byte store per entry instead piled ~1000 stores a
-    page onto a mask's few cache lines: 3x slower (H200, session 46: docs/tuning/d2_d6.md, with the other ways
-    measured)."""
-    pages = torch.where(keep, indices // page_size, -1).view(-1).float()
-    named = torch.histc(pages, bins=num_pages, min=-0.5, max=num_pages - 0.5) > 0       # page p: the bin around p
-    return torch.where(named, torch.arange(num_pages, dtype=torch.int32, device=indices.device), -1)
-
-
-def join_args(indices, lengths, page_map, joint, n_keys: int, page_size: int, lo: int, col0: int, stream=None,
-              tvm_ffi: bool = False) -> tuple:
-    from cutlass import Int32
-    # 4-byte alignment assumed for every list (a build serves any list width; the entries are read one by one)
-    lists = (rows_dynamic(t, align=4, tvm_ffi=tvm_ffi) for t in (indices, lengths, page_map, joint))
-    return (*lists, Int32(n_keys), Int32(page_size), Int32(lo), Int32(col0), *stream_arg(stream, tvm_ffi))
-
-
-def fake_join_args():
-    """CPU stand-ins for a compile test of the list join."""
-    i32 = lambda *s: torch.empty(*s, dtype=torch.int32)
-    return join_args(i32(3, 5), i32(3), i32(4), i32(3, 9), 192, 64, 0, 4)
-
-
-def join_list(indices, lengths, page_map, joint, n_keys: int, page_size: int, lo: int, col0: int) -> None:
+def join_list(indices, lengths, page_map, page_list, joint, n_keys: int, page_size: int, lo: int, col0: int) -> None:
     """``joint[:, col0 : col0 + K]`` ← the table row of each entry of ``indices [Sq, K]`` (int32, on the GPU) or -1:
     kept when ``0 <= i < n_keys``, before ``lengths[t]`` (int32 ``[Sq]`` or None) and, with ``page_map`` (int32
-    ``[num_pages + 1]``, :func:`_page_slots`), on a page the map holds — then ``lo + map[i // page_size] · page_size
-    + i % page_size``, else ``lo + i``.  One pass (:class:`~dsv4lib.kernels.list_join.ListJoinKernel`), no host sync."""
+    ``[num_pages]``, written by the dequantization) and ``page_list`` (its pages), on a page given — then ``lo + m ·
+    page_size + i % page_size`` for ``m = page_map[i // page_size]`` with ``page_list[m]`` that page, else ``lo +
+    i``.  One pass (:class:`~dsv4lib.kernels.list_join.ListJoinKernel`), no host sync."""
     device = indices.device
-    has_lengths, has_page_map = lengths is not None, page_map is not None
-    in_flight = JOIN_ENTRIES_IN_FLIGHT
-    indices = indices.contiguous()
-    lengths = lengths.contiguous() if has_lengths else placeholder(device, "lengths")
-    page_map = page_map if has_page_map else placeholder(device, "lengths")
-
-    def make_kernel():
-        from ..kernels.list_join import ListJoinKernel
-        return ListJoinKernel(has_lengths, has_page_map, in_flight)
-
+    none = placeholder(device, "lengths")
     with on_device(device):
-        run_compiled(("list join", has_lengths, has_page_map, in_flight), make_kernel,
-                     lambda: join_args(indices, lengths, page_map, joint, n_keys, page_size, lo, col0, tvm_ffi=True),
-                     (indices, lengths, page_map, joint, n_keys, page_size, lo, col0, raw_stream(device)))
+        _join_launch(device, lengths is not None, page_map is not None)(
+            indices.contiguous(), none if lengths is None else lengths.contiguous(),
+            none if page_map is None else page_map, none if page_list is None else page_list, joint, n_keys,
+            page_size, lo, col0)
 
 
-def _page_slots(pages, num_pages: int, name: str) -> torch.Tensor:
-    """``page_map [num_pages + 1]`` int32: the position in ``pages`` (int32 ``[n]``, the caller's page numbers — a
-    block table's rows flattened; numbers outside ``[0, num_pages)``, a table's padding, ignored) of each page,
-    ``-1`` for a page not in it (and for the spare last entry).  A page given twice keeps one of its positions."""
-    if not isinstance(pages, torch.Tensor) or pages.dtype != torch.int32 or pages.dim() != 1 or pages.numel() == 0:
-        raise TypeError(f"{name} must be an int32 tensor [n >= 1] of page numbers, got "
-                        f"{getattr(pages, 'dtype', type(pages))} {tuple(getattr(pages, 'shape', ()))}")
-    page_map = torch.full((num_pages + 1,), -1, dtype=torch.int32, device=pages.device)
-    inside = (pages >= 0) & (pages < num_pages)
-    positions = torch.arange(pages.shape[0], dtype=torch.int32, device=pages.device)
-    page_map.scatter_(0, torch.where(inside, pages, num_pages).long(), positions)
-    page_map[num_pages:] = -1
-    return page_map
+def scan_pages(indices, lengths, marks, n_keys: int, page_size: int) -> None:
+    """OR into ``marks`` (int32 ``[ceil(num_pages / 32)]``) the bit of every page a counted entry of ``indices [Sq,
+    K]`` names (:class:`~dsv4lib.kernels.page_scan.PageScanKernel`), no host sync."""
+    device = indices.device
+    with on_device(device):
+        _scan_launch(device, lengths is not None)(indices.contiguous(), placeholder(device, "lengths")
+                                                  if lengths is None else lengths.contiguous(), marks, n_keys,
+                                                  page_size)
+
+
+# ---- the public call ----
+
+def _cache_sig(cache):
+    """What a plan depends on of a cache argument (AttributeError for anything else: no plan key)."""
+    if cache is None:
+        return None
+    if isinstance(cache, Model1Cache):
+        return "model1", tensor_sig(cache.data), cache.page_size
+    return tensor_sig(cache)
 
 
 def sparse_prefill_staged(q, k_cache, indices, topk_length=None, *, extra_k_cache=None, extra_indices=None,
@@ -176,20 +240,41 @@ def sparse_prefill_staged(q, k_cache, indices, topk_length=None, *, extra_k_cach
                           extra_pages=None):
     """:func:`dsv4lib.sparse_prefill`'s call and semantics (q ``[Sq, H, 512]`` bf16, FP8 MODEL1 caches, index lists
     with optional valid lengths, the extra cache, the per-head sink once), computed in two passes (module docstring):
-    both caches dequantized into one bf16 table, then ``sparse_attention`` over it.  Returns ``out [Sq, H, 512]``
-    bf16 and with ``return_lse`` ``lse [Sq, H]`` fp32.
+    both caches dequantized into one bf16 table, then the bf16 sparse attention over it.  Returns ``out [Sq, H,
+    512]`` bf16 and with ``return_lse`` ``lse [Sq, H]`` fp32.
 
     ``pages`` / ``extra_pages`` (optional, int32 ``[n]``): the pages of each cache this prefill may read — what a
     serving engine's block table holds for the batch.  Given, only they are dequantized, packed into a table of
-    ``n · page_size`` rows (without them the table has a row per slot of the cache), and the lists are not scanned
-    for pages (the scan costs ~150-180 µs at D6's FP8 shapes, H200); a list entry on any other page is dropped like
-    an out-of-range one."""
+    ``n · page_size`` rows (without them the table has a row per slot of the cache and the lists are scanned for the
+    pages they name); a list entry on any other page is dropped like an out-of-range one."""
+    args = (q, k_cache, indices, topk_length, extra_k_cache, extra_indices, extra_topk_length, sink, pages,
+            extra_pages)
+    try:
+        key = ("sparse_prefill_staged", tensor_sig(q), _cache_sig(k_cache), tensor_sig(indices),
+               tensor_sig(topk_length), _cache_sig(extra_k_cache), tensor_sig(extra_indices),
+               tensor_sig(extra_topk_length), tensor_sig(sink), tensor_sig(pages), tensor_sig(extra_pages),
+               options_sig(scale, return_lse), raw_stream(q.device) if q.is_cuda else None)
+    except AttributeError:
+        key = None
+    plan = find_plan(key)
+    if plan is None:
+        plan = keep_plan(key, _staged_plan(*args, scale=scale, return_lse=return_lse))
+    return plan(*args)
+
+
+def _staged_plan(q, k_cache, indices, topk_length, extra_k_cache, extra_indices, extra_topk_length, sink, pages,
+                 extra_pages, *, scale, return_lse):
+    """Validate a call and make its plan: a function of the call's arguments that allocates the output and launches
+    the call's kernels in one :class:`Sequence`."""
     check_prefill_lists(q, indices, topk_length, extra_indices, extra_topk_length)
     extra = extra_k_cache is not None
     if not extra and (extra_indices is not None or extra_topk_length is not None or extra_pages is not None):
         raise ValueError("extra_indices / extra_topk_length / extra_pages need extra_k_cache")
     if extra and extra_indices is None:
         raise ValueError("extra_k_cache needs extra_indices")
+    for given, name in ((pages, "pages"), (extra_pages, "extra_pages")):
+        if given is not None:
+            _check_int32_list(given, name)
     if not q.is_cuda or not q.is_contiguous() or q.data_ptr() % 16:
         raise ValueError("q must be a contiguous CUDA tensor from a 16-byte aligned start")
     caches = [cache_pages(k_cache, "k_cache")] + ([cache_pages(extra_k_cache, "extra_k_cache")] if extra else [])
@@ -198,32 +283,72 @@ def sparse_prefill_staged(q, k_cache, indices, topk_length=None, *, extra_k_cach
     placed = (("k_cache", caches[0][0]), ("extra_k_cache", caches[-1][0] if extra else None), ("indices", indices),
               ("topk_length", topk_length), ("extra_indices", extra_indices), ("extra_topk_length", extra_topk_length),
               ("pages", pages), ("extra_pages", extra_pages))
-    for name, t in placed:                  # a non-tensor `pages` is refused by _page_slots with its dtype
-        if t is not None and getattr(t, "device", q.device) != q.device:
+    for name, t in placed:
+        if t is not None and t.device != q.device:
             raise ValueError(f"{name} is on {t.device}, q on {q.device}")
-    # per cache: the pages to dequantize, in the order of their blocks of rows in the table, and (with pages=) the
-    # map from a page to its block
-    plans = []
-    for (data, page_size), idx, lengths, given, name in zip(
-            caches, (indices, extra_indices), (topk_length, extra_topk_length), (pages, extra_pages),
-            ("pages", "extra_pages")):
-        num_pages = data.shape[0]
-        if given is None:
-            # only the pages the lists name (a production cache holds far more keys than one prefill lists), each
-            # at its own address: the table as large as the cache
-            page_list = _named_pages(idx, _kept(idx, lengths, num_pages * page_size), page_size, num_pages)
-            page_map = None
-        else:
-            # the caller's pages, packed: a block of rows each, the table as large as the pages given; an entry on
-            # another page is dropped by the join
-            page_list, page_map = given, _page_slots(given, num_pages, name)
-        plans.append((data, page_size, page_list, page_map, idx, lengths))
-    table = _table(q.device, sum(p[2].shape[0] * p[1] for p in plans))
-    joint = torch.empty(q.shape[0], sum(p[4].shape[1] for p in plans), dtype=torch.int32, device=q.device)
+    Sq, H, _ = q.shape
+    check_heads(H)
+    check_sink(sink, H, q.device)
+    check_hopper(q.device, "sparse_prefill_staged")
+    scale = HEAD_DIM ** -0.5 if scale is None else float(scale)
+    device, stream = q.device, raw_stream(q.device)
+    # per call, what a list or a cache needs to become a kernel's argument (decided once: the key holds strides)
+    as_is, copied = (lambda t: t), (lambda t: t.contiguous())
+    fix = [as_is if t is None or t.is_contiguous() else copied for t in (indices, topk_length, extra_indices,
+                                                                         extra_topk_length, pages, extra_pages)]
+    bytes_of = [(lambda c: c.data) if isinstance(c, Model1Cache) else (lambda c: cache_pages(c)[0])
+                for c in (k_cache, extra_k_cache)[:len(caches)]]
+    none = placeholder(device, "lengths")
+    lists = ((indices, topk_length, pages), (extra_indices, extra_topk_length, extra_pages))[:len(caches)]
+    scans, dequants, joins = [], [], []
+    steps = []                 # per cache: (scan?, source, page map, marks) and its rows in the table
     lo = col0 = 0
-    for data, page_size, page_list, page_map, idx, lengths in plans:
-        n = page_list.shape[0] * page_size
-        dequantize_pages(data, page_size, table[lo:lo + n], page_list.contiguous())
-        join_list(idx, lengths, page_map, joint, data.shape[0] * page_size, page_size, lo, col0)
-        lo, col0 = lo + n, col0 + idx.shape[1]
-    return sparse_attention(q, table, joint, scale=scale, sink=sink, return_lse=return_lse, num_splits=1)
+    for k, ((data, page_size), (idx, lengths, given)) in enumerate(zip(caches, lists)):
+        num_pages, n_keys = data.shape[0], data.shape[0] * page_size
+        if given is None:
+            # the pages the lists name, each at its own address: the table as large as the cache
+            marks = _buffer(("marks", k, num_pages), device, stream,
+                            lambda n=num_pages: torch.zeros(-(-n // 32), dtype=torch.int32, device=device))
+            scans.append(_scan_launch(device, lengths is not None))
+            dequants.append(_dequant_launch(device, "marks"))
+            joins.append(_join_launch(device, lengths is not None, False))
+            steps.append((True, marks, none, n_keys, lo, col0))
+            rows = n_keys
+        else:
+            # the caller's pages, packed: a block of rows each, the table as large as the pages given
+            page_map = _buffer(("page map", k, num_pages), device, stream,
+                               lambda n=num_pages: torch.empty(n, dtype=torch.int32, device=device))
+            dequants.append(_dequant_launch(device, "list+map"))
+            joins.append(_join_launch(device, lengths is not None, True))
+            steps.append((False, None, page_map, n_keys, lo, col0))
+            rows = given.shape[0] * page_size
+        lo, col0 = lo + rows, col0 + idx.shape[1]
+    table_rows, K = lo, col0
+    run_all = Sequence(*scans, *dequants, *joins, _attention_launch(device, sink is not None, scale))
+    joint = _buffer(("joint", Sq, K), device, stream, lambda: torch.empty(Sq, K, dtype=torch.int32, device=device))
+    pass_sink = sink_passer(sink, device)
+    new_lse = lse_output(device, (H, Sq), bool(return_lse))
+    page_sizes = [page_size for _, page_size in caches]
+
+    def run(q, k_cache, indices, topk_length, extra_k_cache, extra_indices, extra_topk_length, sink, pages,
+            extra_pages):
+        idx1, len1, idx2, len2, given1, given2 = (f(t) for f, t in zip(fix, (
+            indices, topk_length, extra_indices, extra_topk_length, pages, extra_pages)))
+        table = _table(device, stream, table_rows)
+        out = torch.empty(Sq, H, HEAD_DIM, dtype=torch.bfloat16, device=device)
+        lse = new_lse()
+        scan_args_, dequant_args_, join_args_ = [], [], []
+        for (scanned, marks, page_map, n_keys, lo, col0), data_of, cache, idx, lengths, given, page_size in zip(
+                steps, bytes_of, (k_cache, extra_k_cache), (idx1, idx2), (len1, len2), (given1, given2), page_sizes):
+            lengths = none if lengths is None else lengths
+            if scanned:
+                scan_args_.append((idx, lengths, marks, n_keys, page_size))
+                dequant_args_.append((data_of(cache), page_size, table, marks, none, lo))
+                join_args_.append((idx, lengths, none, none, joint, n_keys, page_size, lo, col0))
+            else:
+                dequant_args_.append((data_of(cache), page_size, table, given, page_map, lo))
+                join_args_.append((idx, lengths, page_map, given, joint, n_keys, page_size, lo, col0))
+        with on_device(device):
+            run_all(*scan_args_, *dequant_args_, *join_args_, (q, table, joint, out, lse, pass_sink(sink)))
+        return (out, lse.t()) if return_lse else out
+    return run

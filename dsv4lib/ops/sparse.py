@@ -187,6 +187,18 @@ def choose_splits(num_splits, batch_ctas: int, n_keys: int, device, gather: bool
     return min(num_splits, n_tiles)                      # documented clamp: at least one key tile per split
 
 
+def _unsplit_config(gather: bool, causal: bool, window_on: bool, with_sink: bool) -> SparseFwdConfig:
+    return cached_config(lambda: SparseFwdConfig.for_problem(gather=gather, causal=causal, window=window_on,
+                                                             sink=with_sink),
+                         "sparse", gather, causal, window_on, with_sink)
+
+
+def unsplit_sparse_launcher(device, *, with_sink: bool, scale: float) -> Launch:
+    """``sparse_attention``'s unsplit public build as a launch of ``(q [Sq, H, 512], kv [Skv, 512], idx [Sq, K], out
+    [Sq, H, 512], lse [H, Sq], sink)``: for a call that puts it in its own :class:`Sequence` (the staged prefill)."""
+    return launcher(_unsplit_config(True, False, False, with_sink), device, scale=scale, window=None, public="sparse")
+
+
 def _runner(B: int, Sq: int, H: int, device, *, gather, causal, window, sink, scale, num_splits, public: str,
             return_lse: bool):
     """The launches of one kind of call as a function of ``(q, kv, idx, sink)``, through a public build (no torch
@@ -200,10 +212,8 @@ def _runner(B: int, Sq: int, H: int, device, *, gather, causal, window, sink, sc
     with_sink, pass_sink = sink is not None, sink_passer(sink, device)
     window_on = window is not None
     if num_splits == 1:
-        config = cached_config(lambda: SparseFwdConfig.for_problem(gather=gather, causal=causal, window=window_on,
-                                                                   sink=with_sink),
-                               "sparse", gather, causal, window_on, with_sink)
-        go = launcher(config, device, scale=scale, window=window, public=public)
+        go = launcher(_unsplit_config(gather, causal, window_on, with_sink), device, scale=scale, window=window,
+                      public=public)
     else:
         cluster = cluster_for(num_splits, gather)
         bf16 = gather and PAIRED_BF16_PARTIALS
@@ -249,7 +259,7 @@ def _check_placement(name, t):
         raise ValueError(f"{name} must be contiguous with a 16-byte aligned start (strides {t.stride()})")
 
 
-def _check_heads(H):
+def check_heads(H):
     if H % HEADS_PER_CTA:
         raise ValueError(f"the hd512 MQA kernel packs {HEADS_PER_CTA} query heads per CTA: H must be a multiple of "
                          f"{HEADS_PER_CTA} (DSV4: 64 or 128), got {H}")
@@ -286,7 +296,7 @@ def _sparse_plan(q, kv, indices, *, scale, sink, return_lse, num_splits):
         raise ValueError(f"indices must be [Sq={Sq}, K >= 1], got {tuple(indices.shape)}")
     if kv.shape[0] < 1 or Sq < 1:
         raise ValueError(f"need Sq >= 1 and Skv >= 1, got q {tuple(q.shape)}, kv {tuple(kv.shape)}")
-    _check_heads(H)
+    check_heads(H)
     check_sink(sink, H, q.device)
     for name, t in (("q", q), ("kv", kv), ("indices", indices)):
         _check_placement(name, t)
@@ -309,7 +319,7 @@ def mqa512_plan(q, k, *, scale=None, causal=False, window=None, sink=None, num_s
     q ``[B, Sq, H, 512]``, k ``[B, Skv, 1, 512]`` (as the caller passes it) as a function of ``(q, k, sink)`` →
     ``(out [B, Sq, H, 512], lse [B, H, Sq])``."""
     B, Sq, H, D = q.shape
-    _check_heads(H)
+    check_heads(H)
     check_sink(sink, H, q.device)
     if not q.is_contiguous() or not k.is_contiguous():
         raise ValueError("the hd512 MQA path needs contiguous q and k (= v)")
