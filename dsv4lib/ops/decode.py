@@ -133,7 +133,7 @@ def _config(device, B: int, s_q: int, H: int, n_keys: int, num_splits, extra: bo
                          "model1 split", bf16, *flags.values()), splits
 
 
-def _cache_sig(cache):
+def cache_sig(cache):
     """A cache argument in a plan's key: a Model1Cache by its pages and page size, a view as a tensor."""
     if isinstance(cache, Model1Cache):
         return Model1Cache, tensor_sig(cache.data), cache.page_size
@@ -152,8 +152,8 @@ def sparse_decode(q, k_cache, indices, topk_length=None, *, extra_k_cache=None, 
     (natural log, sink excluded; -inf for a query without keys).  ``num_splits``: split each query's keys over that
     many CTAs (merged by LSE); ``None`` = heuristic."""
     try:
-        key = ("sparse_decode", tensor_sig(q), _cache_sig(k_cache), tensor_sig(indices), tensor_sig(topk_length),
-               _cache_sig(extra_k_cache), tensor_sig(extra_indices), tensor_sig(extra_topk_length), tensor_sig(sink),
+        key = ("sparse_decode", tensor_sig(q), cache_sig(k_cache), tensor_sig(indices), tensor_sig(topk_length),
+               cache_sig(extra_k_cache), tensor_sig(extra_indices), tensor_sig(extra_topk_length), tensor_sig(sink),
                options_sig(scale, return_lse, num_splits), raw_stream(q.device))
     except AttributeError:
         key = None

@@ -26,9 +26,12 @@ never filled (the dequantization writes a given page's block, the join checks it
 page bits are cleared by the dequantization that reads them, so nothing needs resetting between calls."""
 from __future__ import annotations
 
+from typing import Callable, NamedTuple
+
 import torch
 
 from .attention import check_sink
+from .decode import cache_sig
 from .kvcache import Model1Cache, cache_pages, check_pages
 from .launch import (Launch, Sequence, check_hopper, find_plan, keep_plan, lse_output, on_device, options_sig,
                      placeholder, raw_stream, rows_dynamic, sink_passer, stream_arg, tensor_sig)
@@ -226,13 +229,18 @@ def scan_pages(indices, lengths, marks, n_keys: int, page_size: int) -> None:
 
 # ---- the public call ----
 
-def _cache_sig(cache):
-    """What a plan depends on of a cache argument (AttributeError for anything else: no plan key)."""
-    if cache is None:
-        return None
-    if isinstance(cache, Model1Cache):
-        return "model1", tensor_sig(cache.data), cache.page_size
-    return tensor_sig(cache)
+class _CachePlan(NamedTuple):
+    """What a staged call's plan keeps of one cache: scanned (the lists name its pages) or given pages; its page size
+    and key count; its first row in the table and first column in the joined list; how to get its bytes from the
+    argument (a Model1Cache or a view); its page bits (scanned) or its page map (given) — the placeholder else."""
+    scanned: bool
+    page_size: int
+    n_keys: int
+    row0: int
+    col0: int
+    cache_bytes: Callable
+    marks: torch.Tensor
+    page_map: torch.Tensor
 
 
 def sparse_prefill_staged(q, k_cache, indices, topk_length=None, *, extra_k_cache=None, extra_indices=None,
@@ -250,8 +258,8 @@ def sparse_prefill_staged(q, k_cache, indices, topk_length=None, *, extra_k_cach
     args = (q, k_cache, indices, topk_length, extra_k_cache, extra_indices, extra_topk_length, sink, pages,
             extra_pages)
     try:
-        key = ("sparse_prefill_staged", tensor_sig(q), _cache_sig(k_cache), tensor_sig(indices),
-               tensor_sig(topk_length), _cache_sig(extra_k_cache), tensor_sig(extra_indices),
+        key = ("sparse_prefill_staged", tensor_sig(q), cache_sig(k_cache), tensor_sig(indices),
+               tensor_sig(topk_length), cache_sig(extra_k_cache), tensor_sig(extra_indices),
                tensor_sig(extra_topk_length), tensor_sig(sink), tensor_sig(pages), tensor_sig(extra_pages),
                options_sig(scale, return_lse), raw_stream(q.device) if q.is_cuda else None)
     except AttributeError:
@@ -292,63 +300,67 @@ def _staged_plan(q, k_cache, indices, topk_length, extra_k_cache, extra_indices,
     check_hopper(q.device, "sparse_prefill_staged")
     scale = HEAD_DIM ** -0.5 if scale is None else float(scale)
     device, stream = q.device, raw_stream(q.device)
-    # per call, what a list or a cache needs to become a kernel's argument (decided once: the key holds strides)
-    as_is, copied = (lambda t: t), (lambda t: t.contiguous())
-    fix = [as_is if t is None or t.is_contiguous() else copied for t in (indices, topk_length, extra_indices,
-                                                                         extra_topk_length, pages, extra_pages)]
-    bytes_of = [(lambda c: c.data) if isinstance(c, Model1Cache) else (lambda c: cache_pages(c)[0])
-                for c in (k_cache, extra_k_cache)[:len(caches)]]
-    none = placeholder(device, "lengths")
-    lists = ((indices, topk_length, pages), (extra_indices, extra_topk_length, extra_pages))[:len(caches)]
-    scans, dequants, joins = [], [], []
-    steps = []                 # per cache: (scan?, source, page map, marks) and its rows in the table
-    lo = col0 = 0
-    for k, ((data, page_size), (idx, lengths, given)) in enumerate(zip(caches, lists)):
-        num_pages, n_keys = data.shape[0], data.shape[0] * page_size
-        if given is None:
-            # the pages the lists name, each at its own address: the table as large as the cache
-            marks = _buffer(("marks", k, num_pages), device, stream,
-                            lambda n=num_pages: torch.zeros(-(-n // 32), dtype=torch.int32, device=device))
-            scans.append(_scan_launch(device, lengths is not None))
-            dequants.append(_dequant_launch(device, "marks"))
-            joins.append(_join_launch(device, lengths is not None, False))
-            steps.append((True, marks, none, n_keys, lo, col0))
-            rows = n_keys
-        else:
-            # the caller's pages, packed: a block of rows each, the table as large as the pages given
-            page_map = _buffer(("page map", k, num_pages), device, stream,
-                               lambda n=num_pages: torch.empty(n, dtype=torch.int32, device=device))
-            dequants.append(_dequant_launch(device, "list+map"))
-            joins.append(_join_launch(device, lengths is not None, True))
-            steps.append((False, None, page_map, n_keys, lo, col0))
-            rows = given.shape[0] * page_size
-        lo, col0 = lo + rows, col0 + idx.shape[1]
+    none = placeholder(device, "lengths")           # an argument a build does not read
+    # per cache, what its launches need besides the call's tensors; its rows of the table start at `row0`, its
+    # columns of the joined list at `col0`
+    plans, lo, col0 = [], 0, 0
+    for k, ((data, page_size), cache, idx, lengths, given) in enumerate(zip(
+            caches, (k_cache, extra_k_cache), (indices, extra_indices), (topk_length, extra_topk_length),
+            (pages, extra_pages))):
+        num_pages = data.shape[0]
+        plan = _CachePlan(
+            scanned=given is None, page_size=page_size, n_keys=num_pages * page_size, row0=lo, col0=col0,
+            cache_bytes=(lambda c: c.data) if isinstance(cache, Model1Cache) else (lambda c: cache_pages(c)[0]),
+            # the pages the lists name, a bit each (cleared again by the dequantization that reads them) — or the
+            # caller's pages' blocks (written by the dequantization, checked by the join: never filled)
+            marks=_buffer(("marks", k, num_pages), device, stream,
+                          lambda n=num_pages: torch.zeros(-(-n // 32), dtype=torch.int32, device=device))
+            if given is None else none,
+            page_map=none if given is None else _buffer(
+                ("page map", k, num_pages), device, stream,
+                lambda n=num_pages: torch.empty(n, dtype=torch.int32, device=device)))
+        plans.append(plan)
+        # scanned: a row a slot of the cache, at its address; given: a block of rows a page given, packed
+        lo += plan.n_keys if plan.scanned else given.shape[0] * page_size
+        col0 += idx.shape[1]
     table_rows, K = lo, col0
-    run_all = Sequence(*scans, *dequants, *joins, _attention_launch(device, sink is not None, scale))
+    has_lengths = (topk_length is not None, extra_topk_length is not None)
+    run_all = Sequence(
+        *(_scan_launch(device, has_lengths[k]) for k, plan in enumerate(plans) if plan.scanned),
+        *(_dequant_launch(device, "marks" if plan.scanned else "list+map") for plan in plans),
+        *(_join_launch(device, has_lengths[k], not plan.scanned) for k, plan in enumerate(plans)),
+        _attention_launch(device, sink is not None, scale))
     joint = _buffer(("joint", Sq, K), device, stream, lambda: torch.empty(Sq, K, dtype=torch.int32, device=device))
     pass_sink = sink_passer(sink, device)
     new_lse = lse_output(device, (H, Sq), bool(return_lse))
-    page_sizes = [page_size for _, page_size in caches]
+    # a list the kernels read must be contiguous: a copy per call where the caller's is not (the key holds strides)
+    as_is, copied = (lambda t: t), (lambda t: t.contiguous())
+    flat = [as_is if t is None or t.is_contiguous() else copied
+            for t in (indices, topk_length, pages, extra_indices, extra_topk_length, extra_pages)]
 
     def run(q, k_cache, indices, topk_length, extra_k_cache, extra_indices, extra_topk_length, sink, pages,
             extra_pages):
-        idx1, len1, idx2, len2, given1, given2 = (f(t) for f, t in zip(fix, (
-            indices, topk_length, extra_indices, extra_topk_length, pages, extra_pages)))
         table = _table(device, stream, table_rows)
         out = torch.empty(Sq, H, HEAD_DIM, dtype=torch.bfloat16, device=device)
         lse = new_lse()
-        scan_args_, dequant_args_, join_args_ = [], [], []
-        for (scanned, marks, page_map, n_keys, lo, col0), data_of, cache, idx, lengths, given, page_size in zip(
-                steps, bytes_of, (k_cache, extra_k_cache), (idx1, idx2), (len1, len2), (given1, given2), page_sizes):
+        per_cache = ((k_cache, indices, topk_length, pages), (extra_k_cache, extra_indices, extra_topk_length,
+                                                              extra_pages))
+        scan_steps, dequant_steps, join_steps = [], [], []
+        for k, plan in enumerate(plans):
+            cache, idx, lengths, given = per_cache[k]
+            idx, lengths, given = flat[3 * k](idx), flat[3 * k + 1](lengths), flat[3 * k + 2](given)
             lengths = none if lengths is None else lengths
-            if scanned:
-                scan_args_.append((idx, lengths, marks, n_keys, page_size))
-                dequant_args_.append((data_of(cache), page_size, table, marks, none, lo))
-                join_args_.append((idx, lengths, none, none, joint, n_keys, page_size, lo, col0))
+            data = plan.cache_bytes(cache)
+            if plan.scanned:
+                scan_steps.append((idx, lengths, plan.marks, plan.n_keys, plan.page_size))
+                dequant_steps.append((data, plan.page_size, table, plan.marks, none, plan.row0))
+                join_steps.append((idx, lengths, none, none, joint, plan.n_keys, plan.page_size, plan.row0,
+                                   plan.col0))
             else:
-                dequant_args_.append((data_of(cache), page_size, table, given, page_map, lo))
-                join_args_.append((idx, lengths, page_map, given, joint, n_keys, page_size, lo, col0))
+                dequant_steps.append((data, plan.page_size, table, given, plan.page_map, plan.row0))
+                join_steps.append((idx, lengths, plan.page_map, given, joint, plan.n_keys, plan.page_size,
+                                   plan.row0, plan.col0))
         with on_device(device):
-            run_all(*scan_args_, *dequant_args_, *join_args_, (q, table, joint, out, lse, pass_sink(sink)))
+            run_all(*scan_steps, *dequant_steps, *join_steps, (q, table, joint, out, lse, pass_sink(sink)))
         return (out, lse.t()) if return_lse else out
     return run
