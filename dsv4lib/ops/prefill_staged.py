@@ -10,8 +10,11 @@ converts every key that many times, on the producer warps that bound it, where a
 once (~0.3 GB at the benchmark's cache sizes: ~0.1 ms at 3 TB/s).  Measured on the H100 at ``c74c603``: the fused
 kernel 1266 / 3829 µs at Sq 4096 H64 / H128, our bf16 kernel on the dequantized table 960 / 2360, FlashMLA's bf16
 kernel on it 973 / 2470 — so this path should land near 0.9x / 1.0x FlashMLA's bf16 kernel *with* its staging pass
-counted, against the fused kernel's 0.77x / 0.65x.  Measured on the H200 at ``461865f`` (every page given, the
-lists joined by the kernel): 0.83x / 0.98x, the fused kernel 0.62x / 0.60x (docs/tuning/d2_d6.md, session 47).
+counted, against the fused kernel's 0.77x / 0.65x.  Measured on the H200 at ``fcee4f8`` (every page given):
+**0.90x / 1.05x** FlashMLA's bf16 kernel, 1.53x / 1.76x its FP8 decode; scanning the lists instead 907 / 2410 µs
+against 879 / 2373; the fused kernel 0.61x / 0.61x (docs/tuning/d2_d6.md, session 48).  At H64 the bf16 kernel on
+the table is itself only ~1.02x FlashMLA's (random 1 KiB row gathers, memory-bound), so the staging's ~105 µs keeps
+this design under 1.0x there.
 
 Only the pages the caller gives (``pages=``: what a block table holds; packed, a block of rows a page) or else the
 pages the lists name are dequantized (marked by a pass over the lists, :class:`dsv4lib.kernels.page_scan.PageScanKernel`;
