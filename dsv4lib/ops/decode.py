@@ -159,13 +159,13 @@ def sparse_decode(q, k_cache, indices, topk_length=None, *, extra_k_cache=None, 
         key = None
     plan = find_plan(key)
     if plan is None:
-        plan = keep_plan(key, _decode_plan(q, k_cache, indices, topk_length, extra_k_cache=extra_k_cache,
+        plan = keep_plan(key, decode_plan(q, k_cache, indices, topk_length, extra_k_cache=extra_k_cache,
                                            extra_indices=extra_indices, extra_topk_length=extra_topk_length,
                                            sink=sink, scale=scale, return_lse=return_lse, num_splits=num_splits))
     return plan(q, k_cache, indices, topk_length, extra_k_cache, extra_indices, extra_topk_length, sink)
 
 
-def _decode_plan(q, k_cache, indices, topk_length, *, extra_k_cache, extra_indices, extra_topk_length, sink, scale,
+def decode_plan(q, k_cache, indices, topk_length, *, extra_k_cache, extra_indices, extra_topk_length, sink, scale,
                  return_lse, num_splits):
     """Validate one kind of :func:`sparse_decode` call and return its plan: a function of the call's tensors that
     allocates the outputs and launches."""

@@ -8,12 +8,15 @@ warpgroup dequantizes the token's listed keys (584 B each) into shared memory an
 the same paired QK / softmax / PV as ``sparse_attention``.  A prefill token and a decode token differ only in where
 their index lists come from, so the two share one kernel and one set of semantics; the new tokens' own keys are
 written into the cache first (:meth:`dsv4lib.Model1Cache.append`, the decode step's write side), as FlashMLA's
-callers do.  Validate in prefill terms, then launch through :func:`dsv4lib.ops.decode.sparse_decode`."""
+callers do.  Validate in prefill terms, then launch through the decode's plan (:func:`dsv4lib.ops.decode.sparse_decode`'s)
+on views that make each token a decode row — kept as this call's own plan, so a repeated call skips both validations
+(issue #28: 36.8 µs of host time a call through ``sparse_decode``'s public path, H200, session 48)."""
 from __future__ import annotations
 
 import torch
 
-from .decode import sparse_decode
+from .decode import cache_sig, decode_plan
+from .launch import find_plan, keep_plan, options_sig, raw_stream, tensor_sig
 from .sparse import HEAD_DIM
 
 
@@ -52,13 +55,35 @@ def sparse_prefill(q, k_cache, indices, topk_length=None, *, extra_k_cache=None,
     softmax per (token, head) over both lists, the per-head ``sink [H]`` fp32 once; keys dequantized inside the
     kernel, bf16 math, fp32 softmax.  Returns ``out [Sq, H, 512]`` bf16 and with ``return_lse`` ``lse [Sq, H]`` fp32
     (natural log, sink excluded; -inf for a token without keys), as :func:`dsv4lib.sparse_attention` does."""
+    try:
+        key = ("sparse_prefill", tensor_sig(q), cache_sig(k_cache), tensor_sig(indices), tensor_sig(topk_length),
+               cache_sig(extra_k_cache), tensor_sig(extra_indices), tensor_sig(extra_topk_length), tensor_sig(sink),
+               options_sig(scale, return_lse), raw_stream(q.device) if q.is_cuda else None)
+    except AttributeError:
+        key = None
+    plan = find_plan(key)
+    if plan is None:
+        plan = keep_plan(key, _prefill_plan(q, k_cache, indices, topk_length, extra_k_cache, extra_indices,
+                                            extra_topk_length, sink, scale=scale, return_lse=return_lse))
+    return plan(q, k_cache, indices, topk_length, extra_k_cache, extra_indices, extra_topk_length, sink)
+
+
+def _prefill_plan(q, k_cache, indices, topk_length, extra_k_cache, extra_indices, extra_topk_length, sink, *, scale,
+                  return_lse):
+    """Validate one kind of :func:`sparse_prefill` call and return its plan: the decode's plan called on views that
+    make each token one decode row (s_q = 1; the views share the caller's memory, the decode checks the rest:
+    contiguity, devices, cache layout, H, the sink)."""
     check_prefill_lists(q, indices, topk_length, extra_indices, extra_topk_length)
-    # each token one decode row (s_q = 1): the views share the caller's memory, the decode checks the rest
-    # (contiguity, devices, cache layout, H, the sink)
-    res = sparse_decode(q.unsqueeze(1), k_cache, indices.unsqueeze(1), topk_length, extra_k_cache=extra_k_cache,
-                        extra_indices=None if extra_indices is None else extra_indices.unsqueeze(1),
-                        extra_topk_length=extra_topk_length, sink=sink, scale=scale, return_lse=return_lse)
-    if not return_lse:
-        return res[:, 0]
-    out, lse = res
-    return out[:, 0], lse[:, :, 0]
+    as_rows = lambda t: None if t is None else t.unsqueeze(1)
+    decode = decode_plan(as_rows(q), k_cache, as_rows(indices), topk_length, extra_k_cache=extra_k_cache,
+                          extra_indices=as_rows(extra_indices), extra_topk_length=extra_topk_length, sink=sink,
+                          scale=scale, return_lse=return_lse, num_splits=None)
+
+    def run(q, k_cache, indices, topk_length, extra_k_cache, extra_indices, extra_topk_length, sink):
+        res = decode(q.unsqueeze(1), k_cache, indices.unsqueeze(1), topk_length, extra_k_cache,
+                     as_rows(extra_indices), extra_topk_length, sink)
+        if not return_lse:
+            return res[:, 0]
+        out, lse = res
+        return out[:, 0], lse[:, :, 0]
+    return run
