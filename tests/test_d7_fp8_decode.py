@@ -975,7 +975,9 @@ def _staged_on_the_cpu(monkeypatch):
     monkeypatch.setattr(S, "_attention_launch", attention_launch)
     monkeypatch.setattr(S, "_table", table)
     monkeypatch.setattr(S, "_BUFFERS", {})
+    from dsv4lib.ops import prefill
     monkeypatch.setattr(S, "raw_stream", lambda device: 0)
+    monkeypatch.setattr(prefill, "raw_stream", lambda device: 0)          # the plan key's stream
     monkeypatch.setattr(S, "check_hopper", lambda device, what: None)
     monkeypatch.setattr(S, "on_device", lambda device: launch._NO_GUARD)
     monkeypatch.setattr(launch, "ONE_CALL", False)
@@ -1020,6 +1022,8 @@ def test_staged_prefill_places_pages_and_lists_on_the_cpu(monkeypatch, given):
                           sink=sink, return_lse=True, **kw)
     call()
     out, lse = call()                   # the plan again, its page maps holding the first call's blocks
+    from dsv4lib.ops import launch
+    assert len(launch._PLANS) == 1, "the second call took the first one's plan"
     from dsv4lib.ops import prefill_staged as S
     for (what, *_), buffer in S._BUFFERS.items():
         if isinstance(what, tuple) and what[0] == "marks":

@@ -55,17 +55,29 @@ def sparse_prefill(q, k_cache, indices, topk_length=None, *, extra_k_cache=None,
     softmax per (token, head) over both lists, the per-head ``sink [H]`` fp32 once; keys dequantized inside the
     kernel, bf16 math, fp32 softmax.  Returns ``out [Sq, H, 512]`` bf16 and with ``return_lse`` ``lse [Sq, H]`` fp32
     (natural log, sink excluded; -inf for a token without keys), as :func:`dsv4lib.sparse_attention` does."""
+    args = (q, k_cache, indices, topk_length, extra_k_cache, extra_indices, extra_topk_length, sink)
+    plan = planned(prefill_key("sparse_prefill", args, (scale, return_lse)),
+                   lambda: _prefill_plan(*args, scale=scale, return_lse=return_lse))
+    return plan(*args)
+
+
+def prefill_key(name: str, args: tuple, options: tuple):
+    """The plan key of an FP8-cache prefill call: ``args`` its tensors in signature order — q, the cache, the lists,
+    the extra cache, its lists, the sink, then any more tensors (``sparse_prefill_staged``'s pages) — and its plain
+    options; ``None`` where an argument cannot be keyed (the full path then explains it)."""
+    q, k_cache, indices, topk_length, extra_k_cache, extra_indices, extra_topk_length, sink, *more = args
     try:
-        key = ("sparse_prefill", tensor_sig(q), cache_sig(k_cache), tensor_sig(indices), tensor_sig(topk_length),
-               cache_sig(extra_k_cache), tensor_sig(extra_indices), tensor_sig(extra_topk_length), tensor_sig(sink),
-               options_sig(scale, return_lse), raw_stream(q.device) if q.is_cuda else None)
+        return (name, tensor_sig(q), cache_sig(k_cache), tensor_sig(indices), tensor_sig(topk_length),
+                cache_sig(extra_k_cache), tensor_sig(extra_indices), tensor_sig(extra_topk_length), tensor_sig(sink),
+                *map(tensor_sig, more), options_sig(*options), raw_stream(q.device) if q.is_cuda else None)
     except AttributeError:
-        key = None
+        return None
+
+
+def planned(key, make_plan):
+    """The plan kept for ``key``, or ``make_plan()`` (which validates the call) kept under it."""
     plan = find_plan(key)
-    if plan is None:
-        plan = keep_plan(key, _prefill_plan(q, k_cache, indices, topk_length, extra_k_cache, extra_indices,
-                                            extra_topk_length, sink, scale=scale, return_lse=return_lse))
-    return plan(q, k_cache, indices, topk_length, extra_k_cache, extra_indices, extra_topk_length, sink)
+    return plan if plan is not None else keep_plan(key, make_plan())
 
 
 def _prefill_plan(q, k_cache, indices, topk_length, extra_k_cache, extra_indices, extra_topk_length, sink, *, scale,

@@ -34,11 +34,10 @@ from typing import Callable, NamedTuple
 import torch
 
 from .attention import check_sink
-from .decode import cache_sig
 from .kvcache import Model1Cache, cache_pages, check_pages
-from .launch import (Launch, Sequence, check_hopper, find_plan, keep_plan, lse_output, on_device, options_sig,
-                     placeholder, raw_stream, rows_dynamic, sink_passer, stream_arg, tensor_sig)
-from .prefill import check_prefill_lists
+from .launch import (Launch, Sequence, check_hopper, lse_output, on_device, placeholder, raw_stream, rows_dynamic,
+                     sink_passer, stream_arg)
+from .prefill import check_prefill_lists, planned, prefill_key
 from .sparse import HEAD_DIM, check_heads, unsplit_sparse_launcher
 
 # the dequantization's slots a warp in flight (Model1DequantKernel, its lane map by halves): 4 — H200, session 48,
@@ -260,16 +259,8 @@ def sparse_prefill_staged(q, k_cache, indices, topk_length=None, *, extra_k_cach
     pages they name); a list entry on any other page is dropped like an out-of-range one."""
     args = (q, k_cache, indices, topk_length, extra_k_cache, extra_indices, extra_topk_length, sink, pages,
             extra_pages)
-    try:
-        key = ("sparse_prefill_staged", tensor_sig(q), cache_sig(k_cache), tensor_sig(indices),
-               tensor_sig(topk_length), cache_sig(extra_k_cache), tensor_sig(extra_indices),
-               tensor_sig(extra_topk_length), tensor_sig(sink), tensor_sig(pages), tensor_sig(extra_pages),
-               options_sig(scale, return_lse), raw_stream(q.device) if q.is_cuda else None)
-    except AttributeError:
-        key = None
-    plan = find_plan(key)
-    if plan is None:
-        plan = keep_plan(key, _staged_plan(*args, scale=scale, return_lse=return_lse))
+    plan = planned(prefill_key("sparse_prefill_staged", args, (scale, return_lse)),
+                   lambda: _staged_plan(*args, scale=scale, return_lse=return_lse))
     return plan(*args)
 
 
