@@ -880,12 +880,16 @@ def _map_by_hand(page_list, num_pages, garbage=None):
 
 
 def _marks_by_hand(idx, lengths, n_keys, page_size, num_pages):
-    """The page bits of the pages the counted entries name (int32 words, bit p % 32 of word p // 32)."""
+    """The page bits of the pages the counted entries name (:func:`_page_words`)."""
     named = torch.zeros(num_pages, dtype=torch.bool)
-    pages = (idx[_kept(idx, lengths, n_keys)] // page_size).long().cpu()
-    named[pages] = True
-    bits = torch.zeros(-(-num_pages // 32) * 32, dtype=torch.int64)
-    bits[:num_pages] = named.long()
+    named[(idx[_kept(idx, lengths, n_keys)] // page_size).long().cpu()] = True
+    return _page_words(named)
+
+
+def _page_words(named):
+    """A bool per page → the page bits as the kernels keep them: int32 words, bit p % 32 of word p // 32."""
+    bits = torch.zeros(-(-len(named) // 32) * 32, dtype=torch.int64)
+    bits[:len(named)] = named.long()
     words = (bits.view(-1, 32) << torch.arange(32)).sum(1)
     return torch.where(words >= 2 ** 31, words - 2 ** 32, words).int()
 
@@ -953,7 +957,7 @@ def _staged_on_the_cpu(monkeypatch):
                           n_keys, page_size, lo, col0)
         return go
 
-    def attention_launch(device, with_sink, scale):
+    def attention_launch(device, *, with_sink, scale):
         def go(q, kv, indices, out, lse, sink):
             # the poison check: a kept entry must read a row a page was dequantized into (the reference itself
             # gathers a row for every entry, a dropped one too, so it gets the table with the poison zeroed)
@@ -972,7 +976,7 @@ def _staged_on_the_cpu(monkeypatch):
     monkeypatch.setattr(S, "_dequant_launch", dequant_launch)
     monkeypatch.setattr(S, "_scan_launch", scan_launch)
     monkeypatch.setattr(S, "_join_launch", join_launch)
-    monkeypatch.setattr(S, "_attention_launch", attention_launch)
+    monkeypatch.setattr(S, "unsplit_sparse_launcher", attention_launch)
     monkeypatch.setattr(S, "_table", table)
     monkeypatch.setattr(S, "_BUFFERS", {})
     from dsv4lib.ops import prefill
@@ -1150,7 +1154,8 @@ def test_page_scan_sets_the_bits_of_the_named_pages():
         idx, lengths = _scan_case(page_size, num_pages, Sq, K, gen)
         idx[-1, :K // 2] = torch.randint(0, 40, (K // 2,), generator=gen, dtype=torch.int32)  # many on few pages
         before = torch.randint(-2 ** 31, 2 ** 31 - 1, (-(-num_pages // 32),), generator=gen, dtype=torch.int32)
-        before[-1] &= (1 << (num_pages % 32 or 32)) - 1 if num_pages % 32 else -1
+        if num_pages % 32:
+            before[-1] &= (1 << (num_pages % 32)) - 1                 # no bit past the last page
         for lens in (None, lengths):
             marks = before.cuda()
             scan_pages(idx.cuda(), None if lens is None else lens.cuda(), marks, page_size * num_pages, page_size)
@@ -1186,10 +1191,7 @@ def test_dequant_kernel_writes_the_page_map_and_clears_the_page_bits():
             assert int(got_map[page]) == int(garbage[page])
     marked = torch.rand(cache.num_pages, generator=gen) < 0.3
     marked[[0, 31, 32, 69]] = True
-    words = torch.zeros(3 * 32, dtype=torch.int64)
-    words[:cache.num_pages] = marked.long()
-    words = (words.view(-1, 32) << torch.arange(32)).sum(1)
-    marks = torch.where(words >= 2 ** 31, words - 2 ** 32, words).int().cuda()
+    marks = _page_words(marked).cuda()
     row0 = 8
     table = torch.full((row0 + cache.num_keys, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
     S._dequant_launch(table.device, "marks")(cache.data, 4, table, marks, page_map, row0)

@@ -74,7 +74,7 @@ def _table(device, stream: int, rows: int) -> torch.Tensor:
     return table
 
 
-# ---- the three kernels' launches: (arguments) -> one launch; each also a step of the call's Sequence ----
+# ---- the three staging kernels' launches: (arguments) -> one launch; each also a step of the call's Sequence ----
 
 def _launch(device, key, make_kernel, build_args) -> Launch:
     """A :class:`Launch` of a kernel whose compiled function takes the call's tensors and numbers as they are, then
@@ -154,11 +154,6 @@ def _scan_launch(device, has_lengths: bool) -> Launch:
         from ..kernels.page_scan import PageScanKernel
         return PageScanKernel(has_lengths)
     return _launch(device, ("page scan", has_lengths), make_kernel, scan_args)
-
-
-def _attention_launch(device, with_sink: bool, scale: float) -> Launch:
-    """(q, table, joint, out, lse, sink) → ``sparse_attention``'s unsplit build over the table."""
-    return unsplit_sparse_launcher(device, with_sink=with_sink, scale=scale)
 
 
 # ---- the kernels one at a time (probes, tests) ----
@@ -323,7 +318,7 @@ def _staged_plan(q, k_cache, indices, topk_length, extra_k_cache, extra_indices,
         *(_scan_launch(device, has_lengths[k]) for k, plan in enumerate(plans) if plan.scanned),
         *(_dequant_launch(device, "marks" if plan.scanned else "list+map") for plan in plans),
         *(_join_launch(device, has_lengths[k], not plan.scanned) for k, plan in enumerate(plans)),
-        _attention_launch(device, sink is not None, scale))
+        unsplit_sparse_launcher(device, with_sink=sink is not None, scale=scale))   # over the table
     joint = _buffer(("joint", Sq, K), device, stream, lambda: torch.empty(Sq, K, dtype=torch.int32, device=device))
     pass_sink = sink_passer(sink, device)
     new_lse = lse_output(device, (H, Sq), bool(return_lse))
