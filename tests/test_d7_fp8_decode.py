@@ -2,6 +2,7 @@
 (builds on the CPU with the instructions it is about, rejects bad input, and on a Hopper GPU matches the float64
 reference over the same FP8 cache), and where FlashMLA's Hopper kernels are present (``.device-c``) the cross-check
 that FlashMLA decodes our writer's bytes to what our decode computes."""
+import collections
 import math
 import re
 
@@ -191,6 +192,53 @@ def test_unsplit_decode_build_takes_the_outputs_as_returned(heads):
 
 
 @pytest.mark.compile
+@pytest.mark.parametrize("heads,extra", [(64, True), (128, True), (64, False)])
+def test_prefill_build_takes_the_token_rows_as_passed(heads, extra):
+    """``sparse_prefill``'s unsplit launch takes q / o ``[Sq, H, 512]``, the lists ``[Sq, K]`` and lse ``[Sq, H]`` as
+    the caller passes and gets them (the s_q and split modes inserted at trace time: three ``unsqueeze`` and an index
+    fewer per call, issue #28).  Its device code is the batched build's on the unsqueezed views, byte for byte — with
+    and without the extra cache (whose absent list stays the 3-D placeholder)."""
+    from _builds import device_code
+    from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.sm90.sparse_config import Model1DecodeConfig
+    from dsv4lib.kernels.sm90.model1_decode import Model1DecodeSm90, Model1PrefillPublicSm90
+    from dsv4lib.ops.decode import decode_args
+    config = Model1DecodeConfig.for_decode(sink=True, split_kv=False, extra_cache=extra, topk_length=True,
+                                           extra_topk_length=extra, head_pair_cluster=heads == 128)
+    q = torch.empty(3, heads, 512, dtype=torch.bfloat16)
+    pages, idx, lengths = torch.empty(5, M.page_bytes(64), dtype=torch.uint8), torch.empty(3, 128, dtype=torch.int32), \
+        torch.empty(3, dtype=torch.int32)
+    pages2 = torch.empty(7, M.page_bytes(2), dtype=torch.uint8)
+    idx2 = torch.empty(3, 512, dtype=torch.int32) if extra else torch.empty(1, 1, 1, dtype=torch.int32)
+    o, lse = torch.empty(3, heads, 512, dtype=torch.bfloat16), torch.empty(3, heads)
+    as_row = lambda t: t.unsqueeze(1) if t.dim() == 2 else t
+    rows = compile_for_arch(Model1PrefillPublicSm90(config), *decode_args(q, pages, idx, lengths, pages2, idx2,
+                            lengths, 64, 2, o, lse, 0.05, torch.empty(heads)), arch="sm_90a")
+    batched = compile_for_arch(Model1DecodeSm90(config), *decode_args(
+        q.unsqueeze(1), pages, idx.unsqueeze(1), lengths, pages2, as_row(idx2), lengths, 64, 2,
+        o.unsqueeze(1).unsqueeze(0), lse.unsqueeze(2).unsqueeze(0), 0.05, torch.empty(heads)), arch="sm_90a")
+    # the same kernel: every instruction but a few of the index arithmetic (the unit modes' strides differ: the
+    # inserted one shares its outer mode's, a host view's is a value of its own) — the same wgmmas, copies, barriers,
+    # loads, stores and math, in the same numbers
+    index_math = ("add.s", "add.u", "mul.wide", "mul.lo", "mad.lo", "shl.", "ld.param")
+    ops_rows, ops_batched = instruction_counts(device_code(rows.ptx)), instruction_counts(device_code(batched.ptx))
+    assert {op: n for op, n in ops_rows.items() if not op.startswith(index_math)} == \
+        {op: n for op, n in ops_batched.items() if not op.startswith(index_math)}
+    assert sum(abs(ops_rows[op] - ops_batched[op]) for op in set(ops_rows) | set(ops_batched)) <= 16
+    assert ops_rows["wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16"] > 0
+
+
+def instruction_counts(code: str) -> collections.Counter:
+    """PTX instructions of ``code`` by opcode (declarations, labels and braces left out)."""
+    counts = collections.Counter()
+    for line in code.splitlines():
+        line = line.strip()
+        if line and not line.startswith((".", "//", "{", "}")) and not line.endswith(":"):
+            counts[line.split()[0].rstrip(";")] += 1
+    return counts
+
+
+@pytest.mark.compile
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 def test_cache_writer_builds(arch):
     from dsv4lib.kernels.compile import compile_for_arch
@@ -244,6 +292,27 @@ def test_flashmla_view_round_trips_to_the_pages():
     assert view.shape == (5, 64, 1, 584) and view.stride(0) == M.page_bytes(64)
     pages, page_size = cache_pages(view)
     assert page_size == 64 and pages.data_ptr() == cache.data.data_ptr() and torch.equal(pages, cache.data)
+
+
+def test_a_plan_reads_a_view_s_pages_as_cache_pages_does():
+    """A call plan reads a FlashMLA view's pages with one strided view (``pages_reader``, issue #28) — the same bytes
+    at the same address as :func:`cache_pages`, for float8 and uint8 views and a cache that starts inside its
+    storage; a Model1Cache by its own tensor."""
+    from dsv4lib.ops.kvcache import Model1Cache, cache_pages, pages_reader
+    cache = Model1Cache(5, 64, device="cpu")
+    cache.data.random_(0, 256)
+    fp8_view = cache.flashmla_view()
+    pb = M.page_bytes(64)
+    storage = torch.randint(0, 256, (7 * pb,), dtype=torch.uint8)         # pages from page 2 of a larger buffer
+    inner = torch.as_strided(storage, (5, 64, 1, 584), (pb, 584, 584, 1), 2 * pb)
+    for view in (fp8_view, fp8_view.view(torch.uint8), inner):
+        read = pages_reader(view)
+        for again in (view, view[:]):                      # the plan's view, and another object of its kind
+            pages = read(again)
+            want = cache_pages(again)[0]
+            assert pages.dtype == torch.uint8 and pages.shape == want.shape and pages.stride() == want.stride()
+            assert pages.data_ptr() == want.data_ptr() and torch.equal(pages, want)
+    assert pages_reader(cache)(cache) is cache.data
 
 
 # ------------------------------------------------------------------------------------------------ GPU
@@ -443,8 +512,9 @@ def test_decode_splits_agree_and_views_work():
     ref_out, _ = _reference(q, main, idx, kw)
     for splits in (1, 2, 5, 10):
         check_output(dsv4lib.sparse_decode(q, main, idx, **kw, num_splits=splits), ref_out)
-    kw_views = dict(kw, extra_k_cache=kw["extra_k_cache"].flashmla_view())
-    check_output(dsv4lib.sparse_decode(q, main.flashmla_view(), idx, **kw_views), ref_out)
+    for _ in range(2):            # the second call takes the plan the first made, on new view objects
+        kw_views = dict(kw, extra_k_cache=kw["extra_k_cache"].flashmla_view())
+        check_output(dsv4lib.sparse_decode(q, main.flashmla_view(), idx, **kw_views), ref_out)
 
 
 @pytest.mark.gpu
@@ -712,6 +782,8 @@ def test_prefill_matches_the_reference_over_the_same_fp8_cache(Sq, H, extra, len
     seen = torch.isfinite(ref_lse)
     assert torch.equal(torch.isfinite(lse), seen)
     torch.testing.assert_close(lse[seen], ref_lse[seen].float(), atol=2e-3, rtol=0)
+    # without the LSE (the build writes a kept buffer nobody reads): the same kernel, the same bits
+    assert torch.equal(dsv4lib.sparse_prefill(q[:, 0], main, idx[:, 0], **prefill_kw), out)
 
 
 @pytest.mark.gpu

@@ -53,6 +53,20 @@ def with_unit_modes(t: cute.Tensor, rank: int) -> cute.Tensor:
     return cute.make_tensor(t.iterator, cute.prepend(t.layout, unit, up_to_rank=rank))
 
 
+def with_unit_mode_at(t: cute.Tensor, at: int) -> cute.Tensor:
+    """``t`` with a unit mode inserted before its mode ``at`` (``at`` = its rank: after the last) — torch's
+    ``unsqueeze(at)`` done at trace time, so a host path passes the tensor as it is instead of a view.  Dynamic extent
+    1, as :func:`with_unit_modes`' (the device code of a build is the same whether the mode came from a host view or
+    from here); stride that of the mode outside it (a compact layout's), 1 after the last.  In front: use
+    :func:`with_unit_modes`."""
+    shape, stride = tuple(t.shape), tuple(t.stride)
+    if not 0 < at <= len(shape):
+        raise ValueError(f"with_unit_mode_at: at must be in [1, {len(shape)}], got {at}")
+    unit_stride = 1 if at == len(shape) else stride[at - 1]
+    layout = cute.make_layout((*shape[:at], Int32(1), *shape[at:]), stride=(*stride[:at], unit_stride, *stride[at:]))
+    return cute.make_tensor(t.iterator, layout)
+
+
 # L2 eviction-priority policies of a TMA copy (the 64-bit ``createpolicy`` words CUTLASS's CacheHintSm90 names):
 # a tile read or written once goes first, a tile other CTAs read again stays last
 L2_EVICT_FIRST = 0x12F0000000000000

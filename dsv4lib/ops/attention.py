@@ -11,7 +11,7 @@ from ..kernels.sm90.config import SUPPORTED_HEAD_DIMS, Sm90FwdConfig
 from ..reference.attention import check_attention_shapes, check_window
 from .combine import combine_launcher
 from .launch import (Launch, Sequence, aligned16, amax_tensor, cached_config, check_hopper, check_num_splits,
-                     compile_stream, device_facts, find_plan, keep_plan, on_device, options_sig, placeholder,
+                     compile_stream, device_facts, on_device, options_sig, placeholder, planned,
                      lse_output, raw_stream, sink_passer, tensor_sig, to_cute, unread_lse, workspace)
 
 SUPPORTED_DTYPES = (torch.bfloat16,)
@@ -178,11 +178,9 @@ def attention(q, k, v, *, scale=None, causal=False, window=None, sink=None, retu
                options_sig(scale, causal, window, return_lse, num_splits), raw_stream(q.device))
     except AttributeError:
         key = None                                   # a non-tensor argument: the full path says which
-    plan = find_plan(key)
-    if plan is None:
-        plan = keep_plan(key, _plan(q, k, v, scale=scale, causal=causal, window=window, sink=sink,
-                                    return_lse=return_lse, p_path="auto", num_splits=num_splits, overlap=None,
-                                    pack_gqa=None))
+    plan = planned(key, lambda: _plan(q, k, v, scale=scale, causal=causal, window=window, sink=sink,
+                                      return_lse=return_lse, p_path="auto", num_splits=num_splits, overlap=None,
+                                      pack_gqa=None))
     return plan(q, k, v, sink)
 
 
@@ -197,11 +195,9 @@ def attention_with_p_path(q, k, v, *, scale=None, causal=False, window=None, sin
                raw_stream(q.device))
     except AttributeError:
         key = None
-    plan = find_plan(key)
-    if plan is None:
-        plan = keep_plan(key, _plan(q, k, v, scale=scale, causal=causal, window=window, sink=sink,
-                                    return_lse=return_lse, p_path=p_path, num_splits=num_splits, overlap=overlap,
-                                    pack_gqa=pack_gqa))
+    plan = planned(key, lambda: _plan(q, k, v, scale=scale, causal=causal, window=window, sink=sink,
+                                      return_lse=return_lse, p_path=p_path, num_splits=num_splits, overlap=overlap,
+                                      pack_gqa=pack_gqa))
     return plan(q, k, v, sink)
 
 
@@ -283,9 +279,7 @@ def attention_branches(q, branches, *, sink=None, scale=None, return_lse=False):
                  for br in branches])
     except (AttributeError, TypeError, KeyError):
         key = None
-    plan = find_plan(key)
-    if plan is None:
-        plan = keep_plan(key, _branches_plan(q, branches, sink=sink, scale=scale, return_lse=return_lse))
+    plan = planned(key, lambda: _branches_plan(q, branches, sink=sink, scale=scale, return_lse=return_lse))
     return plan(q, branches, sink)
 
 
@@ -364,10 +358,8 @@ def attention_nvfp4(q, k, v, out_global_amax, *, scale=None, causal=False, windo
                options_sig(scale, causal, window))
     except AttributeError:
         key = None
-    plan = find_plan(key)
-    if plan is None:
-        plan = keep_plan(key, _nvfp4_plan(q, k, v, out_global_amax, scale=scale, causal=causal, window=window,
-                                          sink=sink))
+    plan = planned(key, lambda: _nvfp4_plan(q, k, v, out_global_amax, scale=scale, causal=causal, window=window,
+                                            sink=sink))
     return plan(q, k, v, out_global_amax, sink)
 
 
@@ -405,9 +397,7 @@ def attention_fp32(q, k, v, *, scale=None, causal=False, window=None):
         key = ("attention_fp32", tensor_sig(q), tensor_sig(k), tensor_sig(v), options_sig(scale, causal, window))
     except AttributeError:
         key = None
-    plan = find_plan(key)
-    if plan is None:
-        plan = keep_plan(key, _fp32_plan(q, k, v, scale=scale, causal=causal, window=window))
+    plan = planned(key, lambda: _fp32_plan(q, k, v, scale=scale, causal=causal, window=window))
     return plan(q, k, v)
 
 

@@ -11,9 +11,9 @@ import torch
 from ..kernels.sm90.sparse_config import Model1DecodeConfig
 from .attention import check_sink
 from .combine import combine_launcher
-from .kvcache import Model1Cache, cache_pages, check_pages
-from .launch import (Launch, Sequence, cached_config, check_hopper, check_num_splits, device_facts, find_plan,
-                     keep_plan, lse_output, on_device, options_sig, placeholder, raw_stream, rows_dynamic, sink_passer,
+from .kvcache import Model1Cache, cache_pages, check_pages, pages_reader
+from .launch import (Launch, Sequence, cached_config, check_hopper, check_num_splits, device_facts, planned,
+                     lse_output, on_device, options_sig, placeholder, raw_stream, rows_dynamic, sink_passer,
                      stream_arg, tensor_sig, workspace)
 from . import sparse
 from .sparse import HEAD_DIM, HEADS_PER_CTA, decode_splits, partial_dtype
@@ -55,8 +55,8 @@ def decode_args(q, pages, idx, lengths, pages2, idx2, lengths2, page_size: int, 
     """The kernel's arguments (CPU tensors too: the compile tests build exactly these)."""
     from cutlass import Float32, Int32
     rows = lambda t, static=(), align=None: rows_dynamic(t, static, align=align, tvm_ffi=tvm_ffi)
-    return (rows(q, (3,)), rows(pages, align=16), rows(idx), rows(lengths), rows(pages2, align=16), rows(idx2),
-            rows(lengths2), Int32(page_size), Int32(page_size2), rows(o, (o.dim() - 1,)), rows(lse),
+    return (rows(q, (q.dim() - 1,)), rows(pages, align=16), rows(idx), rows(lengths), rows(pages2, align=16),
+            rows(idx2), rows(lengths2), Int32(page_size), Int32(page_size2), rows(o, (o.dim() - 1,)), rows(lse),
             Float32(scale * math.log2(math.e)), rows(sink), *stream_arg(stream, tvm_ffi))
 
 
@@ -74,11 +74,12 @@ def fake_args(extra: bool = True, split_kv: bool = False, heads: int = 64) -> tu
 
 
 def launcher(config: Model1DecodeConfig, device, *, page_size: int, page_size2: int, scale: float,
-             public: bool = False):
+             public: bool | str = False):
     """The launch of the build for ``config`` as a function of :func:`decode_args`' tensors ``(q, pages, idx, lengths,
     pages2, idx2, lengths2, o, lse, sink)``; ``public``: the unsplit build that takes o ``[B, s_q, H, 512]`` / lse
-    ``[B, H, s_q]`` as ``sparse_decode`` returns them (no view on the host path).  The build is looked up (compiled
-    the first time) on the first launch."""
+    ``[B, H, s_q]`` as ``sparse_decode`` returns them (no view on the host path) — ``"rows"``: the one that takes
+    ``sparse_prefill``'s token rows (q / o ``[Sq, H, 512]``, lists ``[Sq, K]``, lse ``[Sq, H]``).  The build is looked
+    up (compiled the first time) on the first launch."""
     scale_log2 = scale * math.log2(math.e)
 
     def args(q, pages, idx, lengths, pages2, idx2, lengths2, o, lse, sink_t):
@@ -87,12 +88,12 @@ def launcher(config: Model1DecodeConfig, device, *, page_size: int, page_size2: 
 
     def spec(q, pages, idx, lengths, pages2, idx2, lengths2, o, lse, sink_t):
         def make_kernel():
-            if public:
-                from ..kernels.sm90.model1_decode import Model1DecodePublicSm90
-                return Model1DecodePublicSm90(config)
-            from ..kernels.sm90.model1_decode import Model1DecodeSm90
-            return Model1DecodeSm90(config)
-        return ((config, "public") if public else config, make_kernel,
+            from ..kernels.sm90 import model1_decode as kernels
+            if public == "rows":
+                return kernels.Model1PrefillPublicSm90(config)
+            return (kernels.Model1DecodePublicSm90 if public else kernels.Model1DecodeSm90)(config)
+        build_key = (config, "rows" if public == "rows" else "public") if public else config
+        return (build_key, make_kernel,
                 lambda: decode_args(q, pages, idx, lengths, pages2, idx2, lengths2, page_size, page_size2, o, lse,
                                     scale, sink_t, tvm_ffi=True))
     return Launch(args, spec)
@@ -157,18 +158,19 @@ def sparse_decode(q, k_cache, indices, topk_length=None, *, extra_k_cache=None, 
                options_sig(scale, return_lse, num_splits), raw_stream(q.device))
     except AttributeError:
         key = None
-    plan = find_plan(key)
-    if plan is None:
-        plan = keep_plan(key, decode_plan(q, k_cache, indices, topk_length, extra_k_cache=extra_k_cache,
-                                           extra_indices=extra_indices, extra_topk_length=extra_topk_length,
-                                           sink=sink, scale=scale, return_lse=return_lse, num_splits=num_splits))
+    plan = planned(key, lambda: decode_plan(q, k_cache, indices, topk_length, extra_k_cache=extra_k_cache,
+                                             extra_indices=extra_indices, extra_topk_length=extra_topk_length,
+                                             sink=sink, scale=scale, return_lse=return_lse, num_splits=num_splits))
     return plan(q, k_cache, indices, topk_length, extra_k_cache, extra_indices, extra_topk_length, sink)
 
 
 def decode_plan(q, k_cache, indices, topk_length, *, extra_k_cache, extra_indices, extra_topk_length, sink, scale,
-                 return_lse, num_splits):
+                 return_lse, num_splits, token_rows: bool = False):
     """Validate one kind of :func:`sparse_decode` call and return its plan: a function of the call's tensors that
-    allocates the outputs and launches."""
+    allocates the outputs and launches.  ``token_rows``: the plan of :func:`dsv4lib.sparse_prefill` — validated here
+    on views that make each prefill token a decode row (``q.unsqueeze(1)``, the lists too), it takes the token-major
+    tensors themselves (q ``[Sq, H, 512]``, lists ``[Sq, K]``) and returns out ``[Sq, H, 512]`` / lse ``[Sq, H]``; the
+    unsplit launch takes them as they are (``Model1PrefillPublicSm90``), the split one through views."""
     if not isinstance(q, torch.Tensor) or q.dtype != torch.bfloat16:
         raise TypeError(f"q must be a bf16 tensor, got {getattr(q, 'dtype', type(q))}")
     if q.dim() != 4 or q.shape[3] != HEAD_DIM:
@@ -210,15 +212,16 @@ def decode_plan(q, k_cache, indices, topk_length, *, extra_k_cache, extra_indice
     config, splits = _config(device, B, s_q, H, n_keys, num_splits, extra, topk_length is not None,
                              extra_topk_length is not None, sink is not None)
     no_lengths, no_indices, no_cache = (placeholder(device, name) for name in ("lengths", "indices", "cache"))
-    cache_object = isinstance(k_cache, Model1Cache)
-    extra_object = isinstance(extra_k_cache, Model1Cache)
+    read_pages = pages_reader(k_cache)
+    read_pages2 = pages_reader(extra_k_cache) if extra else None
     if not extra:
         page_size2 = 1
-    out_shape, lse_shape = (B, s_q, H, HEAD_DIM), (B, H, s_q)
+    out_shape, lse_shape = ((B, H, HEAD_DIM), (B, H)) if token_rows else ((B, s_q, H, HEAD_DIM), (B, H, s_q))
     new_lse = lse_output(device, lse_shape, bool(return_lse))          # the builds write an LSE either way
     pass_sink = sink_passer(sink, device)
     # the outputs as returned: the unsplit build takes them as they are (its split mode is added at trace time)
-    go = launcher(config, device, page_size=page_size, page_size2=page_size2, scale=scale, public=splits == 1)
+    go = launcher(config, device, page_size=page_size, page_size2=page_size2, scale=scale,
+                  public=splits == 1 and ("rows" if token_rows else True))
     if splits > 1:
         o_part, lse_part = workspace(splits, B, s_q, H, HEAD_DIM, device, raw_stream(device), partial_dtype(config))
         # PDL: the combine's launch hides behind the split kernel, which lets it go once past its main loop; both go
@@ -228,9 +231,9 @@ def decode_plan(q, k_cache, indices, topk_length, *, extra_k_cache, extra_indice
         split_then_combine = Sequence(go, combine_launcher(HEAD_DIM, device, has_sink=sink is not None, pdl=True))
 
     def run(q, k_cache, indices, topk_length, extra_k_cache, extra_indices, extra_topk_length, sink):
-        pages = k_cache.data if cache_object else cache_pages(k_cache)[0]
+        pages = read_pages(k_cache)
         if extra:
-            pages2 = extra_k_cache.data if extra_object else cache_pages(extra_k_cache)[0]
+            pages2 = read_pages2(extra_k_cache)
         else:
             pages2, extra_indices = no_cache, no_indices
         lengths = no_lengths if topk_length is None else topk_length
@@ -241,6 +244,10 @@ def decode_plan(q, k_cache, indices, topk_length, *, extra_k_cache, extra_indice
         with on_device(device):
             if splits == 1:
                 go(q, pages, indices, lengths, pages2, extra_indices, lengths2, out, lse, sink_t)
+            elif token_rows:       # a prefill short enough to split: its tokens as decode rows, by views
+                split_then_combine((q.unsqueeze(1), pages, indices.unsqueeze(1), lengths, pages2,
+                                    extra_indices.unsqueeze(1) if extra else extra_indices, lengths2, o_part, lse_part,
+                                    sink_t), (o_part, lse_part, out.unsqueeze(1), lse.unsqueeze(2), sink_t))
             else:
                 split_then_combine((q, pages, indices, lengths, pages2, extra_indices, lengths2, o_part, lse_part,
                                     sink_t), (o_part, lse_part, out, lse, sink_t))

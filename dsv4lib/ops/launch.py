@@ -242,6 +242,13 @@ def keep_plan(key, plan):
     return plan
 
 
+def planned(key, make_plan: Callable):
+    """The plan kept for ``key``, or ``make_plan()`` (the full path: it validates the call, raising on a bad argument)
+    kept under it — every public function's first line of work."""
+    plan = find_plan(key)
+    return plan if plan is not None else keep_plan(key, make_plan())
+
+
 def forget_plans() -> None:
     _PLANS.clear()
 

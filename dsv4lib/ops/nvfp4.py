@@ -7,7 +7,7 @@ from typing import Callable
 
 import torch
 
-from .launch import (Launch, Sequence, amax_tensor, capability, compiled, device_facts, find_plan, keep_plan,
+from .launch import (Launch, Sequence, amax_tensor, capability, compiled, device_facts, planned,
                      on_device, options_sig, raw_stream, rows_dynamic, stream_arg, tensor_sig)
 from ..reference import quant as ref
 
@@ -110,10 +110,8 @@ def quantize_nvfp4(x, global_amax=None, *, swizzle: bool = False, _depth=None, _
                options_sig(swizzle, _depth, _ctas_per_sm, _encode, _encoder, _pdl))
     except AttributeError:
         key = None
-    plan = find_plan(key)
-    if plan is None:
-        plan = keep_plan(key, _quantize_plan(x, global_amax, swizzle=swizzle, depth=_depth, ctas_per_sm=_ctas_per_sm,
-                                             encode=_encode, encoder=_encoder, pdl=_pdl))
+    plan = planned(key, lambda: _quantize_plan(x, global_amax, swizzle=swizzle, depth=_depth, ctas_per_sm=_ctas_per_sm,
+                                               encode=_encode, encoder=_encoder, pdl=_pdl))
     return plan(x, global_amax)
 
 
@@ -225,9 +223,7 @@ def dequantize_nvfp4(data, scales, global_scale, out_dtype=torch.bfloat16):
         key = ("dequantize_nvfp4", tensor_sig(data), tensor_sig(scales), gs_key, options_sig(out_dtype))
     except AttributeError:
         key = None
-    plan = find_plan(key)
-    if plan is None:
-        plan = keep_plan(key, _dequantize_plan(data, scales, global_scale, out_dtype))
+    plan = planned(key, lambda: _dequantize_plan(data, scales, global_scale, out_dtype))
     return plan(data, scales, global_scale)
 
 

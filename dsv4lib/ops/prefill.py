@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from .decode import cache_sig, decode_plan
-from .launch import find_plan, keep_plan, options_sig, raw_stream, tensor_sig
+from .launch import options_sig, planned, raw_stream, tensor_sig
 from .sparse import HEAD_DIM
 
 
@@ -74,28 +74,13 @@ def prefill_key(name: str, args: tuple, options: tuple):
         return None
 
 
-def planned(key, make_plan):
-    """The plan kept for ``key``, or ``make_plan()`` (which validates the call) kept under it."""
-    plan = find_plan(key)
-    return plan if plan is not None else keep_plan(key, make_plan())
-
-
 def _prefill_plan(q, k_cache, indices, topk_length, extra_k_cache, extra_indices, extra_topk_length, sink, *, scale,
                   return_lse):
-    """Validate one kind of :func:`sparse_prefill` call and return its plan: the decode's plan called on views that
+    """Validate one kind of :func:`sparse_prefill` call and return its plan: the decode's plan, validated on views that
     make each token one decode row (s_q = 1; the views share the caller's memory, the decode checks the rest:
-    contiguity, devices, cache layout, H, the sink)."""
+    contiguity, devices, cache layout, H, the sink), taking the token-major tensors themselves (``token_rows``)."""
     check_prefill_lists(q, indices, topk_length, extra_indices, extra_topk_length)
     as_rows = lambda t: None if t is None else t.unsqueeze(1)
-    decode = decode_plan(as_rows(q), k_cache, as_rows(indices), topk_length, extra_k_cache=extra_k_cache,
-                          extra_indices=as_rows(extra_indices), extra_topk_length=extra_topk_length, sink=sink,
-                          scale=scale, return_lse=return_lse, num_splits=None)
-
-    def run(q, k_cache, indices, topk_length, extra_k_cache, extra_indices, extra_topk_length, sink):
-        res = decode(q.unsqueeze(1), k_cache, indices.unsqueeze(1), topk_length, extra_k_cache,
-                     as_rows(extra_indices), extra_topk_length, sink)
-        if not return_lse:
-            return res[:, 0]
-        out, lse = res
-        return out[:, 0], lse[:, :, 0]
-    return run
+    return decode_plan(as_rows(q), k_cache, as_rows(indices), topk_length, extra_k_cache=extra_k_cache,
+                       extra_indices=as_rows(extra_indices), extra_topk_length=extra_topk_length, sink=sink,
+                       scale=scale, return_lse=return_lse, num_splits=None, token_rows=True)

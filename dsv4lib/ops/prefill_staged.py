@@ -34,10 +34,10 @@ from typing import Callable, NamedTuple
 import torch
 
 from .attention import check_sink
-from .kvcache import Model1Cache, cache_pages, check_pages
-from .launch import (Launch, Sequence, check_hopper, lse_output, on_device, placeholder, raw_stream, rows_dynamic,
-                     sink_passer, stream_arg)
-from .prefill import check_prefill_lists, planned, prefill_key
+from .kvcache import cache_pages, check_pages, pages_reader
+from .launch import (Launch, Sequence, check_hopper, lse_output, on_device, placeholder, planned, raw_stream,
+                     rows_dynamic, sink_passer, stream_arg)
+from .prefill import check_prefill_lists, prefill_key
 from .sparse import HEAD_DIM, check_heads, unsplit_sparse_launcher
 
 # the dequantization's slots a warp in flight (Model1DequantKernel, its lane map by halves): 4 — H200, session 48,
@@ -299,7 +299,7 @@ def _staged_plan(q, k_cache, indices, topk_length, extra_k_cache, extra_indices,
         num_pages = data.shape[0]
         plan = _CachePlan(
             scanned=given is None, page_size=page_size, n_keys=num_pages * page_size, row0=lo, col0=col0,
-            cache_bytes=(lambda c: c.data) if isinstance(cache, Model1Cache) else (lambda c: cache_pages(c)[0]),
+            cache_bytes=pages_reader(cache),
             # the pages the lists name, a bit each (cleared again by the dequantization that reads them) — or the
             # caller's pages' blocks (written by the dequantization, checked by the join: never filled)
             marks=_buffer(("marks", k, num_pages), device, stream,

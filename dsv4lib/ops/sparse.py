@@ -13,8 +13,8 @@ from ..kernels.sm90.sparse_config import SparseFwdConfig
 from ..kernels.splitkv import nonempty_splits
 from .attention import check_sink
 from .combine import combine_launcher
-from .launch import (Launch, Sequence, cached_config, check_hopper, check_num_splits, device_facts, find_plan,
-                     keep_plan, lse_output, on_device, options_sig, placeholder, raw_stream, rows_dynamic, sink_passer,
+from .launch import (Launch, Sequence, cached_config, check_hopper, check_num_splits, device_facts, planned,
+                     lse_output, on_device, options_sig, placeholder, raw_stream, rows_dynamic, sink_passer,
                      stream_arg, tensor_sig, workspace)
 
 HEAD_DIM = 512
@@ -276,10 +276,8 @@ def sparse_attention(q, kv, indices, *, scale=None, sink=None, return_lse=False,
                options_sig(scale, return_lse, num_splits), raw_stream(q.device))
     except AttributeError:
         key = None
-    plan = find_plan(key)
-    if plan is None:
-        plan = keep_plan(key, _sparse_plan(q, kv, indices, scale=scale, sink=sink, return_lse=return_lse,
-                                           num_splits=num_splits))
+    plan = planned(key, lambda: _sparse_plan(q, kv, indices, scale=scale, sink=sink, return_lse=return_lse,
+                                             num_splits=num_splits))
     return plan(q, kv, indices, sink)
 
 

@@ -46,7 +46,7 @@ from cutlass.cute.nvgpu import cpasync
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op, if_generate
 
-from ..common import gmem_view, inline_ptx, launch_stream, with_unit_modes
+from ..common import gmem_view, inline_ptx, launch_stream, with_unit_mode_at, with_unit_modes
 from ..sparse_base import HALF, HEAD_DIM, TILE_N, as_global, kv_chunk_offset, shared_address
 from .sparse_config import Model1DecodeConfig
 from .sparse_fwd import HALF_TILE_ORDER, SparseAttentionForwardSm90, half_tile_pipelines
@@ -756,3 +756,23 @@ class Model1DecodePublicSm90(Model1DecodeSm90):
                  stream: cuda.CUstream = None):
         Model1DecodeSm90.__call__(self, mQ, mCache, mIdx, mLen, mCache2, mIdx2, mLen2, page_size, page_size2,
                                   with_unit_modes(mO, 5), with_unit_modes(mLSE, 4), softmax_scale_log2, mSink, stream)
+
+
+class Model1PrefillPublicSm90(Model1DecodeSm90):
+    """``sparse_prefill``'s unsplit build: each prefill token one decode row (B = Sq, s_q = 1) on the token-major
+    tensors as the caller passes and ``sparse_prefill`` returns them — q ``[Sq, H, 512]``, the lists ``[Sq, K]``, o
+    ``[Sq, H, 512]``, lse ``[Sq, H]``; the s_q and split modes added at trace time (:func:`with_unit_mode_at`), not
+    by host views (~8 µs of host time a call, issue #28).  The device code is the batched build's."""
+
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mCache: cute.Tensor, mIdx: cute.Tensor, mLen: cute.Tensor,
+                 mCache2: cute.Tensor, mIdx2: cute.Tensor, mLen2: cute.Tensor, page_size: Int32, page_size2: Int32,
+                 mO: cute.Tensor, mLSE: cute.Tensor, softmax_scale_log2: Float32, mSink: cute.Tensor,
+                 stream: cuda.CUstream = None):
+        # mQ (Sq, H, 512) → (Sq, 1, H, 512); mIdx (Sq, K) → (Sq, 1, K) (the extra list's placeholder is 3-D already);
+        # mO (Sq, H, 512) → (1, Sq, 1, H, 512); mLSE (Sq, H) → (1, Sq, H, 1)
+        if const_expr(cute.rank(mIdx2.layout) == 2):
+            mIdx2 = with_unit_mode_at(mIdx2, 1)
+        Model1DecodeSm90.__call__(self, with_unit_mode_at(mQ, 1), mCache, with_unit_mode_at(mIdx, 1), mLen, mCache2,
+                                  mIdx2, mLen2, page_size, page_size2, with_unit_modes(with_unit_mode_at(mO, 1), 5),
+                                  with_unit_modes(with_unit_mode_at(mLSE, 2), 4), softmax_scale_log2, mSink, stream)
