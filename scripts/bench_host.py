@@ -69,6 +69,13 @@ def calls() -> dict:
     # the same B1 call as one unsplit kernel: B1's host µs minus this is what the split + combine costs the host
     decode1_unsplit = d7.ours_fn(case1, 1)
     out["sparse_decode FP8 B1 H64 128+512 (num_splits=1)"] = lambda: decode1_unsplit(*case1.sets[0])
+    # FlashMLA's call form, as vLLM / SGLang make it: the caches as [pages, page_size, 1, 584] float8 views (made
+    # once here; a plan reads a view's pages by one strided view)
+    q_b64, idx_b64, len_b64, idx2_b64, len2_b64 = case.sets[0]
+    views = case.window.flashmla_view(), case.compressed.flashmla_view()
+    out["sparse_decode FP8 B64 H64 128+512 (FlashMLA views)"] = lambda: dsv4lib.sparse_decode(
+        q_b64, views[0], idx_b64, len_b64, extra_k_cache=views[1], extra_indices=idx2_b64, extra_topk_length=len2_b64,
+        sink=case.sink)
     out["piece: sparse_decode's compiled launch"] = decode_launch(case)
     # the FP8-cache prefills (a token a decode row of the B64 case): the fused kernel, and the staged design with
     # the pages given (a block table) and found by a scan of the lists
