@@ -1,6 +1,8 @@
 """The staged FP8-cache prefill's own passes for Nsight Compute: the dequantization of every page of the D6
-benchmark's two caches (``Model1DequantKernel``, ~155 µs on the H200 at ~48 % of the copy rate — session 47, not yet
-profiled) and the two list joins (``ListJoinKernel``), warmed up outside the profiled range, then one of each inside.
+benchmark's two caches (``Model1DequantKernel``; profiled in session 49: 29 + 58 µs at 2.7 / 3.2 TB/s, latency-bound,
+docs/tuning/d2_d6.md) and the two list joins (``ListJoinKernel``), warmed up outside the profiled range, then one of
+each inside (the page lists made before it: a list left to ``dequantize_pages`` is a torch ``arange`` a call, which
+took two of the four profiled launches in session 49).
 
     ncu --profile-from-start off --launch-count 4 --set full -f -o OUT/staged python scripts/ncu_staged.py
 
@@ -28,9 +30,10 @@ sizes = [p.shape[0] * ps for p, ps in caches]
 table = torch.empty(sum(sizes), 512, dtype=torch.bfloat16, device="cuda")
 joint = torch.empty(Sq, idx.shape[1] + idx2.shape[1], dtype=torch.int32, device="cuda")
 (pages1, ps1), (pages2, ps2) = caches
+every_page = [torch.arange(p.shape[0], dtype=torch.int32, device="cuda") for p, _ in caches]
 profile_once({
-    "dequant window": lambda: S.dequantize_pages(pages1, ps1, table[:sizes[0]]),
-    "dequant compressed": lambda: S.dequantize_pages(pages2, ps2, table[sizes[0]:]),
+    "dequant window": lambda: S.dequantize_pages(pages1, ps1, table[:sizes[0]], every_page[0]),
+    "dequant compressed": lambda: S.dequantize_pages(pages2, ps2, table[sizes[0]:], every_page[1]),
     "join window": lambda: S.join_list(idx, len1, None, None, joint, sizes[0], ps1, 0, 0),
     "join compressed": lambda: S.join_list(idx2, len2, None, None, joint, sizes[1], ps2, sizes[0], idx.shape[1]),
 })
