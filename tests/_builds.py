@@ -1,6 +1,7 @@
 """Test helpers for the Hopper attention builds: the tuned schedule as a dict of kernel-config fields, a run of
 one explicit config through the public launch path (what a variant test times or checks), and the device code of a
-build for comparing two builds of one kernel."""
+build for comparing two builds of one kernel (its text, or its instructions counted by opcode)."""
+import collections
 import dataclasses
 import re
 
@@ -45,3 +46,15 @@ def device_code(ptx: str) -> str:
     cut at a fixed length) normalized: two builds whose device code is the same compare equal."""
     lines = [line for line in ptx.splitlines() if not line.strip().startswith((".loc", ".file", "//"))]
     return re.sub(r"kernel_cutlass_kernel_\w+?(_param_\d+)?\b", lambda m: "KERNEL" + (m.group(1) or ""), "\n".join(lines))
+
+
+def instruction_counts(code: str) -> collections.Counter:
+    """PTX instructions of ``code`` (e.g. :func:`device_code`'s) by opcode — declarations, labels and braces left
+    out: two builds that differ only in register numbering or instruction order count the same."""
+    counts = collections.Counter()
+    for line in code.splitlines():
+        line = line.strip()
+        if line and not line.startswith((".", "//", "{", "}")) and not line.endswith(":"):
+            counts[line.split()[0].rstrip(";")] += 1
+    return counts
+

@@ -2,7 +2,6 @@
 (builds on the CPU with the instructions it is about, rejects bad input, and on a Hopper GPU matches the float64
 reference over the same FP8 cache), and where FlashMLA's Hopper kernels are present (``.device-c``) the cross-check
 that FlashMLA decodes our writer's bytes to what our decode computes."""
-import collections
 import math
 import re
 
@@ -198,7 +197,7 @@ def test_prefill_build_takes_the_token_rows_as_passed(heads, extra):
     the caller passes and gets them (the s_q and split modes inserted at trace time: three ``unsqueeze`` and an index
     fewer per call, issue #28).  Its device code is the batched build's on the unsqueezed views, byte for byte — with
     and without the extra cache (whose absent list stays the 3-D placeholder)."""
-    from _builds import device_code
+    from _builds import device_code, instruction_counts
     from dsv4lib.kernels.compile import compile_for_arch
     from dsv4lib.kernels.sm90.sparse_config import Model1DecodeConfig
     from dsv4lib.kernels.sm90.model1_decode import Model1DecodeSm90, Model1PrefillPublicSm90
@@ -227,15 +226,6 @@ def test_prefill_build_takes_the_token_rows_as_passed(heads, extra):
     assert sum(abs(ops_rows[op] - ops_batched[op]) for op in set(ops_rows) | set(ops_batched)) <= 16
     assert ops_rows["wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16"] > 0
 
-
-def instruction_counts(code: str) -> collections.Counter:
-    """PTX instructions of ``code`` by opcode (declarations, labels and braces left out)."""
-    counts = collections.Counter()
-    for line in code.splitlines():
-        line = line.strip()
-        if line and not line.startswith((".", "//", "{", "}")) and not line.endswith(":"):
-            counts[line.split()[0].rstrip(";")] += 1
-    return counts
 
 
 @pytest.mark.compile
