@@ -152,7 +152,7 @@ for ax, w in zip(axes[0], work):
     ax.set_yticks(range(w["splits"]))
     ax.tick_params(labelsize=7)
     ax.set_title(f"B{w['B']} H{w['H']}: {w['splits']} split(s), {w['ctas']} CTAs\n{w['waves']:.2f} waves"
-                 f"{', + combine' if w['combine'] else ''}{', head-pair clusters' if w['head_pair_cluster'] else ''}",
+                 f"{', one split cluster' if w['split_cluster'] else ''}{', + combine' if w['combine'] else ''}{', head-pair clusters' if w['head_pair_cluster'] else ''}",
                  fontsize=8)
     ax.set_xlabel("64-key tile of the token's list", fontsize=8)
     ax.set_ylabel("split (CTA)", fontsize=8)

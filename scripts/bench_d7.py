@@ -1,8 +1,12 @@
 """D7 benchmark table: ours vs FlashMLA's MODEL1 decode (where .device-c is installed) vs our bf16 sparse_attention on
 the dequantized rows, every shape of issue #35, by CUDA-graph replay.  Usage: python scripts/bench_d7.py [--shapes 0,1]
 [--no-bf16] [--splits 1,2,4] [--window-slots N] [--compressed-slots N] [--custom B,H,WINDOW_KEYS,COMPRESSED_KEYS]
-(``--custom``: one more shape outside the issue's table, e.g. 1,128,128,1024 — the Pro model's B1 decode)"""
+[--cluster-splits 2,4,8]
+(``--custom``: one more shape outside the issue's table, e.g. 1,128,128,1024 — the Pro model's B1 decode;
+``--cluster-splits``: the split sweep twice, every split count through the combine and then those counts merged in
+one cluster instead — ``ops.sparse.PAIRED_CLUSTER_SPLITS``, H = 64)"""
 import argparse
+import contextlib
 
 import torch
 
@@ -19,6 +23,8 @@ def main():
     ap.add_argument("--window-slots", type=int, default=256 << 10)
     ap.add_argument("--compressed-slots", type=int, default=512 << 10)
     ap.add_argument("--custom", default="", help="B,H,window keys,compressed keys: a shape outside d7.SHAPES")
+    ap.add_argument("--cluster-splits", default=None,
+                    help="split counts merged in one cluster for a second sweep (the first: all through the combine)")
     args = ap.parse_args()
     target = detect_target().name
     copy_gbps = recorded_copy_gbps(target)
@@ -36,8 +42,33 @@ def main():
         case = d7.make_case(*shape, window, compressed)
         print(d7.fmt_row(d7.bench_case(case, copy_gbps, matmul, fm, bf16_peer=not args.no_bf16)), flush=True)
         if args.splits:
-            sweep = d7.split_sweep(case, [int(s) for s in args.splits.split(",")])
-            print("    splits: " + "  ".join(f"{s}: {us:.1f} us" for s, us in sweep.items()), flush=True)
+            splits = [int(s) for s in args.splits.split(",")]
+            if args.cluster_splits is None:
+                sweeps = {"": None}
+            else:
+                sweeps = {" (combine)": (), " (cluster)": tuple(int(c) for c in args.cluster_splits.split(",") if c)}
+            for label, clustered in sweeps.items():
+                with paired_cluster_splits(clustered):
+                    sweep = d7.split_sweep(case, splits)
+                print(f"    splits{label}: " + "  ".join(f"{s}: {us:.1f} us" for s, us in sweep.items()), flush=True)
+
+
+@contextlib.contextmanager
+def paired_cluster_splits(counts):
+    """``ops.sparse.PAIRED_CLUSTER_SPLITS`` set to ``counts`` for the block (None: left as it is); call plans made
+    under another value forgotten on the way in and out (a plan holds its builds)."""
+    from dsv4lib.ops import launch, sparse
+    if counts is None:
+        yield
+        return
+    before = sparse.PAIRED_CLUSTER_SPLITS
+    sparse.PAIRED_CLUSTER_SPLITS = counts
+    launch.forget_plans()
+    try:
+        yield
+    finally:
+        sparse.PAIRED_CLUSTER_SPLITS = before
+        launch.forget_plans()
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@
 # candidate against the combine launch at B1 / B2 / B4); splitsparse (scripts/split_sweep_sparse.py: D6 / D2 split
 # counts at 4-32 tokens); combinerows (scripts/probe_combine_rows.py: D7's small merges by either combine); d7store (B1's partial
 # store: none / half / all); d7alt (the ALTERNATE_HALF_TILES candidate's tests and timing; d7alttrace its event traces); d7peer (H128 without / with half the crossover's DSMEM stores); d7peerfp8 (PEER_FP8 against peer_bf16, then the d7 + sparse GPU tests); d7peerparts (PEER_FP8's peer rows left unconverted); splitphases (probe_split_phases.py at 32-64 tokens);
-# clustertests / clustersweep: the paired_cluster_merge candidate applied, then its GPU tests / its timings;
+# clustersweep: gathered splits as one cluster vs split + combine (bf16 probe, D7 sweep);
 # ncu7 / ncu7p / ncu1 / ncu6: Nsight Compute on one D7 call (B128 H64; ncu7p: the FP8-cache prefill's B4096 H64) / D1's hd64 causal (ours and FA4) / D6's bf16
 # prefill (ours and FlashMLA), per-SASS samples summarized by scripts/ncu_sass.py;
 # pipeline=D7 (stages named, comma-separated); pipeline1 / pipeline2: the stages in two calls (the whole pipeline took > 560 s on the H100, session 31).
@@ -196,23 +196,13 @@ for w in $what; do
     d7peerparts) { timeout 200 python scripts/probe_d7.py --shapes 3,4,4096x128x128x1024 \
                      --variants full,peer_no_convert,full,peer_no_convert; } 2>&1 \
                      | tee "$out/logs/d7peerparts.txt" | tail -n 8 ;;
-    # the candidate docs/tuning/candidates/paired_cluster_merge.patch (the split's CTAs as one cluster that writes the
-    # output: no combine), applied to this copy first: clustertests = its GPU test groups (~5 min), clustersweep =
-    # the bf16 probe at 2 / 4 / 8 clustered splits and the D7 split sweep with and without clusters, FlashMLA beside
-    # (~3 min).  Say "+cluster" after the commit literal: the records of such a run are not main's
-    clustertests|clustersweep)
-              cand=docs/tuning/candidates/paired_cluster_merge.patch
-              git apply -R --check "$cand" 2>/dev/null || git apply "$cand" || { echo "candidate does not apply"; continue; }
-              if [ "$w" = clustertests ]; then
-                OUT="$out/logs" GROUP_TIMEOUT=${GROUP_TIMEOUT:-300} PARALLEL=${PARALLEL:-3} \
-                  bash scripts/gpu_check.sh d7 sparse streams > "$out/logs/gpu_check.txt" 2>&1
-                tail -n 6 "$out/logs/gpu_check.txt"
-              else
-                { timeout 200 python scripts/probe_split_phases.py --tokens 64,48,32 --keys 640,1152 --splits 2,4 \
+    # clustersweep: the gathered split at 2 / 4 / 8 splits as one cluster (no combine) beside split + combine and
+    # unsplit, and the D7 split sweep with and without clusters, FlashMLA beside (~3 min)
+    clustersweep)
+              { timeout 200 python scripts/probe_split_phases.py --tokens 64,48,32 --keys 640,1152 --splits 2,4 \
                     --no-twice --cluster 2,4,8
-                  timeout 250 python scripts/bench_d7.py --shapes 0,1,5 --splits 2,4,8,10 --cluster-splits 2,4,8 \
-                    --no-bf16; } 2>&1 | tee "$out/logs/clustersweep.txt" | grep -v "^\s*$" | tail -n 30
-              fi ;;
+                timeout 250 python scripts/bench_d7.py --shapes 0,1,5 --splits 2,4,8,10 --cluster-splits 2,4,8 \
+                    --no-bf16; } 2>&1 | tee "$out/logs/clustersweep.txt" | grep -v "^\s*$" | tail -n 30 ;;
     splitphases) { timeout 200 python scripts/probe_split_phases.py --tokens 64,48,32 --keys 640,1152 --splits 2 \
                   --no-twice; } 2>&1 | tee "$out/logs/splitphases.txt" | tail -n 7 ;;
     combinerows) { timeout 250 python scripts/probe_combine_rows.py; } 2>&1 | tee "$out/logs/combinerows.txt" | tail -n 12 ;;

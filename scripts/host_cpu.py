@@ -82,7 +82,9 @@ def public_calls() -> dict:
         "attention_nvfp4": lambda: dsv4lib.attention_nvfp4(q, k, v, 8.0),
         "attention_fp32": lambda: dsv4lib.attention_fp32(q, k, v),
         "sparse_attention": lambda: dsv4lib.sparse_attention(qs, kv, idx, num_splits=1),
-        "sparse_attention split + combine": lambda: dsv4lib.sparse_attention(qs, kv, idx, num_splits=2),
+        "sparse_attention split + combine": lambda: dsv4lib.sparse_attention(qs, kv, idx, num_splits=4),
+        # two splits: one cluster that writes the output (ops.sparse.PAIRED_CLUSTER_SPLITS), no combine
+        "sparse_attention split 2 (one cluster)": lambda: dsv4lib.sparse_attention(qs, kv, idx, num_splits=2),
         "quantize_nvfp4 static amax": lambda: dsv4lib.quantize_nvfp4(x, 4.0),
         "quantize_nvfp4 amax of x": lambda: dsv4lib.quantize_nvfp4(x),
         "quantize_nvfp4 tensor amax": lambda: dsv4lib.quantize_nvfp4(x, amax),

@@ -24,6 +24,9 @@ def main():
     ap.add_argument("--keys", default="640,1152")
     ap.add_argument("--splits", default="2,4")
     ap.add_argument("--no-twice", action="store_true", help="leave out the unsplit call at twice the tokens")
+    ap.add_argument("--cluster", default="", help="also the paired clusters of these split counts (e.g. 2,4,8) that "
+                    "write the output themselves (cluster<C>: no combine; each output checked against the unsplit "
+                    "call's, with a sink)")
     args = ap.parse_args()
     from dsv4lib.kernels.sm90.sparse_config import SparseFwdConfig
     from dsv4lib.ops import combine, launch, sparse
@@ -60,6 +63,25 @@ def main():
                 fns[f"split{s}_both"] = (lambda q, i, o=o_part, l=lse_part, out=out, lse=lse:
                                          (go(q, kv, i, o, l, sink_t), merge(o, l, out, lse, sink_t)))
                 inputs.update({f"split{s}_combine": sets, f"split{s}_both": sets})
+            sink = torch.randn(64, device="cuda", generator=gen)
+            for c in (int(x) for x in args.cluster.split(",") if x):
+                cl_config = SparseFwdConfig.for_problem(gather=True, split_kv=True, cluster_splits=c, sink=True)
+                cl_go = sparse.launcher(cl_config, dev, scale=512 ** -0.5, window=None, public="sparse")
+                cl_out = torch.empty(n, 64, 512, device="cuda", dtype=torch.bfloat16)
+                cl_lse = torch.empty(64, n, device="cuda", dtype=torch.float32)
+                fns[f"cluster{c}"] = lambda q, i, go=cl_go, o=cl_out, l=cl_lse: go(q, kv, i, o, l, sink)
+                inputs[f"cluster{c}"] = sets
+                q0, i0 = sets[0]
+                want, want_lse = dsv4lib.sparse_attention(q0, kv, i0, sink=sink, num_splits=1, return_lse=True)
+                cl_out.fill_(float("nan"))
+                cl_lse.fill_(float("nan"))
+                cl_go(q0, kv, i0, cl_out, cl_lse, sink)
+                torch.cuda.synchronize()
+                a, b = cl_out.double().flatten(), want.double().flatten()
+                cos = float(a @ b / (a.norm() * b.norm()))
+                print(f"cluster{c} vs unsplit ({n} x {keys}, sink): cosine {cos:.7f}, max |diff| "
+                      f"{float((cl_out.float() - want.float()).abs().max()):.3g}, lse max |diff| "
+                      f"{float((cl_lse.t() - want_lse).abs().max()):.3g}", flush=True)
             if not args.no_twice:
                 fns["unsplit_2x_tokens"] = lambda q, i: dsv4lib.sparse_attention(q, kv, i, num_splits=1)
                 inputs["unsplit_2x_tokens"] = sets2

@@ -245,12 +245,16 @@ def test_the_plans_of_the_hd512_paths_pass_each_launch_its_builds_checks(monkeyp
     calls = {
         "hd512 unsplit": (lambda: dsv4lib.attention(q, k, k, sink=sink, num_splits=1), 1),
         "hd512 split + combine": (lambda: dsv4lib.attention(q, k, k, causal=True, num_splits=4, return_lse=True), 2),
-        "sparse split + combine": (lambda: dsv4lib.sparse_attention(qs, kv, idx, sink=sink, num_splits=2), 2),
+        "sparse split + combine": (lambda: dsv4lib.sparse_attention(qs, kv, idx, sink=sink, num_splits=4), 2),
+        # two splits: one cluster merges them into the output (ops.sparse.PAIRED_CLUSTER_SPLITS), no combine
+        "sparse split 2, one cluster": (lambda: dsv4lib.sparse_attention(qs, kv, idx, sink=sink, num_splits=2), 1),
         # the same builds at other extents (another plan each): nothing the builds leave dynamic may be baked in
         "hd512 split + combine, other lengths": (lambda: dsv4lib.attention(q2, k2, k2, causal=True, num_splits=4,
                                                                            return_lse=True), 2),
         "sparse split + combine, other lengths": (lambda: dsv4lib.sparse_attention(qs[:1], kv[:300], idx2, sink=sink,
-                                                                                   num_splits=2), 2),
+                                                                                   num_splits=4), 2),
+        "sparse split 2, one cluster, other lengths": (lambda: dsv4lib.sparse_attention(qs[:1], kv[:300], idx2,
+                                                                                        sink=sink, num_splits=2), 1),
     }
     _plans_reach_their_launches(calls, launched, monkeypatch)
 

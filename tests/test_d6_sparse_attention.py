@@ -8,7 +8,7 @@ import torch
 
 import dsv4lib
 from dsv4lib import reference
-from gpu_checks import check_output, fresh_seed
+from gpu_checks import check_lse, check_output, fresh_seed
 
 
 
@@ -305,6 +305,8 @@ def schedule(request, monkeypatch):
     (9, 128, 5000, 1024 + 128, 1, False),  # Pro-like: 128 heads = two head groups
     (20, 64, 700, 100, 1, True),         # K not a multiple of 64
     (3, 64, 20000, 2048, 4, True),       # decode: split over 4 CTAs, combined with the sink once
+    (3, 64, 20000, 1152, 2, True),       # two splits: one cluster merges them into the output, the sink once
+    (20, 128, 5000, 1152, None, True),   # 40 CTAs of two head groups: the rule's two splits, as one cluster
     (5, 64, 300, 64, None, False),       # heuristic splits
 ])
 def test_sparse_attention_matches_the_reference(Sq, H, Skv, K, splits, with_sink, schedule):
@@ -442,11 +444,82 @@ def test_cluster_reduced_build_merges_through_dsmem():
             SparseAttentionForwardSm90(SparseFwdConfig(gather=False, **bad))
 
 
+@pytest.mark.compile
+def test_paired_cluster_build_writes_the_output_itself():
+    """The gathered split's cluster of every split (candidate): the O halves through sRed and the peers' bf16 slices
+    and LSEs by ``ld.shared::cluster`` as in the columns cluster, then the merged rows written as the bf16 output by
+    16 B stores (one a slice step: 8 steps × 2 warpgroups) — no TMA store of a partial, no local memory, spill-free;
+    refused with bf16 partials and for dense keys."""
+    from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.sm90.sparse_config import SparseFwdConfig
+    from dsv4lib.kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
+    from dsv4lib.ops.sparse import kernel_args
+    config = SparseFwdConfig.for_problem(gather=True, split_kv=True, cluster_splits=2, sink=True)
+    assert config.sink and config.schedule == "paired"                # the cluster applies the sink itself
+    args = kernel_args(torch.empty(1, 3, 64, 512, dtype=torch.bfloat16), torch.empty(1, 100, 512, dtype=torch.bfloat16),
+                       torch.empty(1, 3, 128, dtype=torch.int32), torch.empty(1, 1, 3, 64, 512, dtype=torch.bfloat16),
+                       torch.empty(1, 1, 64, 3), torch.empty(64), 1.0, 0)
+    k = compile_for_arch(SparseAttentionForwardSm90(config), *args, arch="sm_90a")
+    assert k.count(r"barrier\.cluster\.arrive") == 6 and k.count(r"barrier\.cluster\.wait") == 6
+    assert k.count(r"ld\.shared::cluster\.v4\.b32") == 2 * 8 * 2         # 2 warpgroups × 8 steps × 2 peers
+    assert k.count(r"st\.global\.v4\.b32") == 2 * 8                      # the merged bf16 slice, 8 values a store
+    assert k.count(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared") == 0  # no partial by TMA
+    assert k.count(r"\.local") == 0
+    info = k.ptxas_report()
+    if info is not None:
+        assert "0 bytes spill stores" in info, info[-400:]
+    for bad in (dict(gather=True, split_kv=True, cluster_splits=2, bf16_partials=True, schedule="paired"),
+                dict(gather=False, split_kv=True, cluster_splits=2, schedule="paired")):
+        with pytest.raises(ValueError, match="cluster_splits"):
+            SparseFwdConfig(has_lse=True, **bad)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("Sq,H,Skv,K,with_sink,C", [
+    (64, 64, 30000, 1152, True, 2),      # D2's 64 gathered tokens: 18 tiles, 9 a split
+    (7, 128, 5000, 640 + 100, True, 4),  # two head groups; 12 tiles over 4, K not a multiple of 64
+    (5, 64, 3000, 192, False, 2),        # 3 tiles: a lone pair in the second split, no sink
+    (5, 64, 3000, 192, True, 8),         # 3 tiles over 8 splits: five of the cluster's CTAs see no key
+])
+def test_paired_cluster_matches_the_reference(Sq, H, Skv, K, with_sink, C):
+    """The gathered split's cluster of C splits (candidate) against float64: the merged output, the sink applied
+    once, the final LSE — invalid entries, a query without keys, duplicates, splits without a tile."""
+    from dsv4lib.kernels.sm90.sparse_config import SparseFwdConfig
+    from dsv4lib.ops import sparse
+    from dsv4lib.ops.launch import sink_arg
+    gen = torch.Generator().manual_seed(fresh_seed())
+    q = torch.randn(Sq, H, 512, generator=gen).to("cuda", torch.bfloat16)
+    kv = torch.randn(Skv, 512, generator=gen).to("cuda", torch.bfloat16)
+    idx = torch.randint(0, Skv, (Sq, K), generator=gen, dtype=torch.int32)
+    idx[torch.rand(Sq, K, generator=gen) < 0.1] = -1
+    idx[0, :] = -1
+    idx[1, : K // 2] = idx[1, K // 2: 2 * (K // 2)]
+    idx = idx.cuda()
+    sink = (torch.randn(H, generator=gen) * 2).cuda() if with_sink else None
+    config = SparseFwdConfig.for_problem(gather=True, split_kv=True, cluster_splits=C, sink=with_sink)
+    go = sparse.launcher(config, q.device, scale=512 ** -0.5, window=None, public="sparse")
+    out = torch.full((Sq, H, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    lse = torch.full((H, Sq), float("nan"), device="cuda")
+    go(q, kv, idx, out, lse, sink_arg(sink, q.device))
+    torch.cuda.synchronize()
+    ref, ref_lse = reference.sparse_attention(q.double(), kv.double(), idx, sink=None if sink is None else sink.double(),
+                                              return_lse=True)
+    assert torch.isfinite(out).all()
+    check_output(out, ref)
+    assert out[0].abs().max().item() == 0
+    check_lse(lse.t(), ref_lse)                     # -inf exactly for the query without keys
+
+
 def test_cluster_size_follows_the_split_count(monkeypatch):
     from dsv4lib.ops import sparse
     monkeypatch.setattr(sparse, "CLUSTER_SPLITS", 8)
     assert [sparse.cluster_for(n, gather=False) for n in (1, 2, 3, 6, 12, 16, 128, 132)] == [1, 2, 1, 2, 4, 8, 8, 4]
     assert sparse.cluster_for(16, gather=True) == 1                    # gathered keys: the paired schedule
+    # ... whose cluster is every split of the query, where the split count is one of PAIRED_CLUSTER_SPLITS
+    monkeypatch.setattr(sparse, "PAIRED_CLUSTER_SPLITS", (2, 4))
+    assert [sparse.cluster_for(n, gather=True) for n in (1, 2, 3, 4, 8)] == [1, 2, 1, 4, 1]
+    monkeypatch.setattr(sparse, "PAIRED_CLUSTER_SPLITS", ())
+    assert [sparse.cluster_for(n, gather=True) for n in (1, 2, 4)] == [1, 1, 1]
 
 
 @pytest.mark.parametrize("bad", [0, -1, True, 2.0, "4"])
@@ -530,15 +603,26 @@ def test_gathered_decode_splits_by_the_decode_rule_without_the_fp8_waves():
     rule's one split)."""
     from dsv4lib.ops.sparse import decode_splits
     gathered = lambda tokens, tiles: decode_splits(tokens, tiles, 132, dequantizing=False)
-    assert [gathered(t, 10) for t in (1, 2, 4, 8, 16, 32, 64, 128)] == [10, 10, 10, 5, 5, 4, 1, 1]
-    assert [gathered(t, 18) for t in (1, 2, 4, 8, 16, 32, 64, 128)] == [18, 18, 9, 9, 6, 4, 1, 1]
+    assert [gathered(t, 10) for t in (1, 2, 4, 8, 16, 32, 64, 128)] == [10, 10, 10, 5, 5, 4, 2, 1]
+    assert [gathered(t, 18) for t in (1, 2, 4, 8, 16, 32, 64, 128)] == [18, 18, 9, 9, 6, 4, 2, 1]
     assert decode_splits(64, 18, 132) == 2                # the FP8 decode's long-list wave (B32 H128: 50.4 vs 63.4)
     assert decode_splits(64, 10, 132) == 2                # ... and half-SMs wave (B64 H64: 37.4 vs 41.1 µs)
     assert gathered(1, 1) == 1 and gathered(1, 3) == 3
     # long lists up to ~3/4 of the SMs split in two (H100, session 43: 48 tokens × 1152 keys 35.2 vs 38.1 µs), short
     # ones and 64 tokens not (48 × 640: 25.0 vs 23.9; 64 × 1152: 42.9 vs 40.5)
-    assert [gathered(t, 18) for t in (40, 48, 49, 50, 64)] == [2, 2, 2, 1, 1]
-    assert gathered(48, 10) == 1
+    assert [gathered(t, 18) for t in (40, 48, 49, 50, 64)] == [2, 2, 2, 2, 2]
+    assert gathered(48, 10) == 2 and gathered(64, 10) == 2
+    # ... now as two splits merged in one cluster (no combine: H200, session 50, 64 × 1152 37.3 → 30.3 µs, 48 × 640
+    # 22.5 → 20.3), within one wave only, at least two tiles a split
+    assert [gathered(t, 18) for t in (66, 67, 128)] == [2, 1, 1]
+    assert gathered(64, 3) == 1 and gathered(64, 4) == 2
+    from dsv4lib.ops import sparse
+    saved, sparse.PAIRED_CLUSTER_SPLITS = sparse.PAIRED_CLUSTER_SPLITS, ()
+    try:                                                  # without the cluster build: the split + combine rule
+        assert [gathered(t, 18) for t in (40, 48, 49, 50, 64)] == [2, 2, 2, 1, 1]
+        assert gathered(48, 10) == 1
+    finally:
+        sparse.PAIRED_CLUSTER_SPLITS = saved
 
 
 def test_no_split_is_left_without_a_tile():

@@ -191,6 +191,39 @@ def test_unsplit_decode_build_takes_the_outputs_as_returned(heads):
 
 
 @pytest.mark.compile
+def test_split_cluster_decode_build_writes_the_output_itself():
+    """H = 64 at two splits (candidate): one (1, 1, 2) cluster merges the splits on chip and writes the output as
+    returned ([B, s_q, H, 512] / [B, H, s_q]) with the sink — the cluster barriers, the peers' slices by
+    ``ld.shared::cluster``, 16 B bf16 stores, no TMA store, spill-free; the decode's plan launches it alone (no
+    combine); refused with H = 128's head-pair cluster."""
+    from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.sm90.sparse_config import Model1DecodeConfig
+    from dsv4lib.kernels.sm90.model1_decode import Model1DecodePublicSm90
+    from dsv4lib.ops.decode import decode_args, decode_work
+    config = Model1DecodeConfig.for_decode(sink=True, split_kv=True, cluster_splits=2, extra_cache=True,
+                                           topk_length=True, extra_topk_length=True)
+    assert config.sink and not config.bf16_partials
+    q = torch.empty(3, 1, 64, 512, dtype=torch.bfloat16)
+    pages, idx, lengths = torch.empty(5, M.page_bytes(64), dtype=torch.uint8), torch.empty(3, 1, 128, dtype=torch.int32), \
+        torch.empty(3, dtype=torch.int32)
+    pages2, idx2 = torch.empty(7, M.page_bytes(2), dtype=torch.uint8), torch.empty(3, 1, 512, dtype=torch.int32)
+    o, lse = torch.empty(3, 1, 64, 512, dtype=torch.bfloat16), torch.empty(3, 64, 1)
+    k = compile_for_arch(Model1DecodePublicSm90(config), *decode_args(q, pages, idx, lengths, pages2, idx2, lengths, 64,
+                                                                     2, o, lse, 0.05, torch.empty(64)), arch="sm_90a")
+    assert k.count(r"barrier\.cluster\.arrive") == 6 and k.count(r"barrier\.cluster\.wait") == 6
+    assert k.count(r"ld\.shared::cluster\.v4\.b32") == 2 * 8 * 2 and k.count(r"st\.global\.v4\.b32") == 2 * 8
+    assert k.count(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared") == 0 and k.count(r"\.local") == 0
+    info = k.ptxas_report()
+    if info is not None:
+        assert "0 bytes spill stores" in info, info[-400:]
+    with pytest.raises(ValueError, match="H = 64 only"):
+        Model1DecodeConfig.for_decode(sink=False, split_kv=True, cluster_splits=2, extra_cache=False,
+                                      topk_length=False, extra_topk_length=False, head_pair_cluster=True)
+    w = decode_work(64, 1, 64, 640, 132)                  # B64 H64: two splits by the rule — one cluster, no combine
+    assert (w["splits"], w["split_cluster"], w["combine"]) == (2, True, False)
+
+
+@pytest.mark.compile
 @pytest.mark.parametrize("heads,extra", [(64, True), (128, True), (64, False)])
 def test_prefill_build_takes_the_token_rows_as_passed(heads, extra):
     """``sparse_prefill``'s unsplit launch takes q / o ``[Sq, H, 512]``, the lists ``[Sq, K]`` and lse ``[Sq, H]`` as
@@ -505,6 +538,27 @@ def test_decode_splits_agree_and_views_work():
     for _ in range(2):            # the second call takes the plan the first made, on new view objects
         kw_views = dict(kw, extra_k_cache=kw["extra_k_cache"].flashmla_view())
         check_output(dsv4lib.sparse_decode(q, main.flashmla_view(), idx, **kw_views), ref_out)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads,s_q", [(64, 1), (64, 2), (128, 1)])
+def test_split_clusters_match_the_reference(monkeypatch, heads, s_q):
+    """Split counts merged in one cluster (candidate: ``PAIRED_CLUSTER_SPLITS`` set to 2, 4, 8 here) give the
+    reference's answer with the sink once and the final LSE — H = 64 through the cluster, H = 128 (the head-pair
+    cluster) through the combine as before; 8 splits of 10 tiles leave some splits a tile, none empty."""
+    from dsv4lib.ops import launch, sparse
+    monkeypatch.setattr(sparse, "PAIRED_CLUSTER_SPLITS", (2, 4, 8))
+    launch.forget_plans()
+    gen = torch.Generator().manual_seed(fresh_seed())
+    q, main, idx, kw = _decode_inputs(3, s_q, heads, True, True, True, gen)
+    ref_out, ref_lse = _reference(q, main, idx, kw)
+    for splits in (2, 4, 8):
+        out, lse = dsv4lib.sparse_decode(q, main, idx, **kw, num_splits=splits, return_lse=True)
+        check_output(out, ref_out)
+        seen = torch.isfinite(ref_lse)
+        assert torch.equal(torch.isfinite(lse), seen)
+        torch.testing.assert_close(lse[seen], ref_lse[seen].float(), atol=2e-3, rtol=0)
+    launch.forget_plans()
 
 
 @pytest.mark.gpu
@@ -1041,9 +1095,9 @@ def _staged_on_the_cpu(monkeypatch):
     monkeypatch.setattr(S, "unsplit_sparse_launcher", attention_launch)
     monkeypatch.setattr(S, "_table", table)
     monkeypatch.setattr(S, "_BUFFERS", {})
-    from dsv4lib.ops import prefill
+    from dsv4lib.ops import decode
     monkeypatch.setattr(S, "raw_stream", lambda device: 0)
-    monkeypatch.setattr(prefill, "raw_stream", lambda device: 0)          # the plan key's stream
+    monkeypatch.setattr(decode, "raw_stream", lambda device: 0)           # the plan key's stream (cache_call_key)
     monkeypatch.setattr(S, "check_hopper", lambda device, what: None)
     monkeypatch.setattr(S, "on_device", lambda device: launch._NO_GUARD)
     monkeypatch.setattr(launch, "ONE_CALL", False)

@@ -35,19 +35,28 @@ def launch_shape(B: int, s_q: int, H: int, n_keys: int, sms: int, num_splits=Non
     return n_tiles, splits, HEAD_PAIR_CLUSTER and H == 2 * HEADS_PER_CTA
 
 
+def in_split_cluster(splits: int, head_pair_cluster: bool) -> bool:
+    """Whether a split launch's splits merge in one cluster that writes the output (no combine): the gathered
+    split's rule (:func:`dsv4lib.ops.sparse.cluster_for`), at H = 64 only (H = 128's head-pair cluster is taken)."""
+    return not head_pair_cluster and sparse.cluster_for(splits, gather=True) > 1
+
+
 def decode_work(B: int, s_q: int, H: int, n_keys: int, sms: int, num_splits=None) -> dict:
     """What a decode call of this shape launches (the D7 notebook's work-split plot; the same rules as the call):
     CTAs (one per query token x 64-head group x split), splits, the 64-key tiles of a query and of each split
     (``ceil(tiles / splits)``, the last split the rest), each CTA's pairs of tiles (the consumers take tiles in
     turn) and whether its last pair is lone (an odd count: one tile, no pad filled), waves over ``sms``, the
-    head-pair clusters (H = 128), and whether a combine launch follows."""
+    head-pair clusters (H = 128), whether the splits merge in one cluster (``split_cluster``: H = 64 at a split count
+    of :data:`dsv4lib.ops.sparse.PAIRED_CLUSTER_SPLITS`) and whether a combine launch follows."""
     from ..kernels.splitkv import split_block_ranges
     n_tiles, splits, cluster = launch_shape(B, s_q, H, n_keys, sms, num_splits)
     per_split = [max(hi - lo, 0) for lo, hi in split_block_ranges(0, n_tiles, splits)]
     ctas = B * s_q * H // HEADS_PER_CTA * splits
+    split_cluster = in_split_cluster(splits, cluster)
     return dict(B=B, s_q=s_q, H=H, n_keys=n_keys, tiles=n_tiles, splits=splits, tiles_per_split=per_split,
                 pairs_per_split=[(t + 1) // 2 for t in per_split], lone=[t % 2 == 1 for t in per_split],
-                ctas=ctas, waves=ctas / sms, head_pair_cluster=cluster, combine=splits > 1)
+                ctas=ctas, waves=ctas / sms, head_pair_cluster=cluster, split_cluster=split_cluster,
+                combine=splits > 1 and not split_cluster)
 
 
 def decode_args(q, pages, idx, lengths, pages2, idx2, lengths2, page_size: int, page_size2: int, o, lse, scale: float,
@@ -129,6 +138,11 @@ def _config(device, B: int, s_q: int, H: int, n_keys: int, num_splits, extra: bo
     if splits == 1:
         return cached_config(lambda: Model1DecodeConfig.for_decode(sink=sink, split_kv=False, **flags),
                              "model1", sink, *flags.values()), 1
+    if in_split_cluster(splits, cluster):
+        # every split of a query in one cluster that merges them on chip into the output (the sink too): no combine
+        return cached_config(lambda: Model1DecodeConfig.for_decode(sink=sink, split_kv=True, cluster_splits=splits,
+                                                                   **flags),
+                             "model1 split cluster", splits, sink, *flags.values()), splits
     bf16 = sparse.PAIRED_BF16_PARTIALS          # the split partials' dtype (ops.sparse: one choice for both)
     return cached_config(lambda: Model1DecodeConfig.for_decode(sink=False, split_kv=True, bf16_partials=bf16, **flags),
                          "model1 split", bf16, *flags.values()), splits
@@ -139,6 +153,20 @@ def cache_sig(cache):
     if isinstance(cache, Model1Cache):
         return Model1Cache, tensor_sig(cache.data), cache.page_size
     return tensor_sig(cache)
+
+
+def cache_call_key(name: str, args: tuple, options: tuple):
+    """The plan key of an FP8-cache call (``sparse_decode``, ``sparse_prefill``, ``sparse_prefill_staged``):
+    ``args`` its tensors in signature order — q, the cache, the lists, the extra cache, its lists, the sink, then any
+    more tensors (the staged prefill's pages) — and its plain options; ``None`` where an argument cannot be keyed (the
+    full path then explains it)."""
+    q, k_cache, indices, topk_length, extra_k_cache, extra_indices, extra_topk_length, sink, *more = args
+    try:
+        return (name, tensor_sig(q), cache_sig(k_cache), tensor_sig(indices), tensor_sig(topk_length),
+                cache_sig(extra_k_cache), tensor_sig(extra_indices), tensor_sig(extra_topk_length), tensor_sig(sink),
+                *map(tensor_sig, more), options_sig(*options), raw_stream(q.device) if q.is_cuda else None)
+    except AttributeError:
+        return None
 
 
 def sparse_decode(q, k_cache, indices, topk_length=None, *, extra_k_cache=None, extra_indices=None,
@@ -152,16 +180,12 @@ def sparse_decode(q, k_cache, indices, topk_length=None, *, extra_k_cache=None, 
     ``sink [H]`` fp32 once.  Returns ``out [B, s_q, H, 512]`` bf16 and with ``return_lse`` ``lse [B, H, s_q]`` fp32
     (natural log, sink excluded; -inf for a query without keys).  ``num_splits``: split each query's keys over that
     many CTAs (merged by LSE); ``None`` = heuristic."""
-    try:
-        key = ("sparse_decode", tensor_sig(q), cache_sig(k_cache), tensor_sig(indices), tensor_sig(topk_length),
-               cache_sig(extra_k_cache), tensor_sig(extra_indices), tensor_sig(extra_topk_length), tensor_sig(sink),
-               options_sig(scale, return_lse, num_splits), raw_stream(q.device))
-    except AttributeError:
-        key = None
-    plan = planned(key, lambda: decode_plan(q, k_cache, indices, topk_length, extra_k_cache=extra_k_cache,
-                                             extra_indices=extra_indices, extra_topk_length=extra_topk_length,
-                                             sink=sink, scale=scale, return_lse=return_lse, num_splits=num_splits))
-    return plan(q, k_cache, indices, topk_length, extra_k_cache, extra_indices, extra_topk_length, sink)
+    args = (q, k_cache, indices, topk_length, extra_k_cache, extra_indices, extra_topk_length, sink)
+    plan = planned(cache_call_key("sparse_decode", args, (scale, return_lse, num_splits)),
+                   lambda: decode_plan(q, k_cache, indices, topk_length, extra_k_cache=extra_k_cache,
+                                       extra_indices=extra_indices, extra_topk_length=extra_topk_length, sink=sink,
+                                       scale=scale, return_lse=return_lse, num_splits=num_splits))
+    return plan(*args)
 
 
 def decode_plan(q, k_cache, indices, topk_length, *, extra_k_cache, extra_indices, extra_topk_length, sink, scale,
@@ -220,9 +244,11 @@ def decode_plan(q, k_cache, indices, topk_length, *, extra_k_cache, extra_indice
     new_lse = lse_output(device, lse_shape, bool(return_lse))          # the builds write an LSE either way
     pass_sink = sink_passer(sink, device)
     # the outputs as returned: the unsplit build takes them as they are (its split mode is added at trace time)
+    # the outputs as returned: the unsplit build, and the split cluster's, which writes them itself
+    in_one_launch = splits == 1 or config.cluster_splits > 1
     go = launcher(config, device, page_size=page_size, page_size2=page_size2, scale=scale,
-                  public=splits == 1 and ("rows" if token_rows else True))
-    if splits > 1:
+                  public=in_one_launch and ("rows" if token_rows else True))
+    if not in_one_launch:
         o_part, lse_part = workspace(splits, B, s_q, H, HEAD_DIM, device, raw_stream(device), partial_dtype(config))
         # PDL: the combine's launch hides behind the split kernel, which lets it go once past its main loop; both go
         # out through one compiled function (launch.Sequence)
@@ -242,7 +268,7 @@ def decode_plan(q, k_cache, indices, topk_length, *, extra_k_cache, extra_indice
         out = torch.empty(out_shape, dtype=torch.bfloat16, device=device)
         lse = new_lse()
         with on_device(device):
-            if splits == 1:
+            if in_one_launch:
                 go(q, pages, indices, lengths, pages2, extra_indices, lengths2, out, lse, sink_t)
             elif token_rows:       # a prefill short enough to split: its tokens as decode rows, by views
                 split_then_combine((q.unsqueeze(1), pages, indices.unsqueeze(1), lengths, pages2,

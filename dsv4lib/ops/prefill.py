@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from .decode import cache_sig, decode_plan
-from .launch import options_sig, planned, raw_stream, tensor_sig
+from .decode import cache_call_key, decode_plan
+from .launch import planned
 from .sparse import HEAD_DIM
 
 
@@ -56,22 +56,9 @@ def sparse_prefill(q, k_cache, indices, topk_length=None, *, extra_k_cache=None,
     kernel, bf16 math, fp32 softmax.  Returns ``out [Sq, H, 512]`` bf16 and with ``return_lse`` ``lse [Sq, H]`` fp32
     (natural log, sink excluded; -inf for a token without keys), as :func:`dsv4lib.sparse_attention` does."""
     args = (q, k_cache, indices, topk_length, extra_k_cache, extra_indices, extra_topk_length, sink)
-    plan = planned(prefill_key("sparse_prefill", args, (scale, return_lse)),
+    plan = planned(cache_call_key("sparse_prefill", args, (scale, return_lse)),
                    lambda: _prefill_plan(*args, scale=scale, return_lse=return_lse))
     return plan(*args)
-
-
-def prefill_key(name: str, args: tuple, options: tuple):
-    """The plan key of an FP8-cache prefill call: ``args`` its tensors in signature order — q, the cache, the lists,
-    the extra cache, its lists, the sink, then any more tensors (``sparse_prefill_staged``'s pages) — and its plain
-    options; ``None`` where an argument cannot be keyed (the full path then explains it)."""
-    q, k_cache, indices, topk_length, extra_k_cache, extra_indices, extra_topk_length, sink, *more = args
-    try:
-        return (name, tensor_sig(q), cache_sig(k_cache), tensor_sig(indices), tensor_sig(topk_length),
-                cache_sig(extra_k_cache), tensor_sig(extra_indices), tensor_sig(extra_topk_length), tensor_sig(sink),
-                *map(tensor_sig, more), options_sig(*options), raw_stream(q.device) if q.is_cuda else None)
-    except AttributeError:
-        return None
 
 
 def _prefill_plan(q, k_cache, indices, topk_length, extra_k_cache, extra_indices, extra_topk_length, sink, *, scale,

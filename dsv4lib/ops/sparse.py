@@ -24,6 +24,14 @@ MAX_SPLITS = 64
 # read back by the combine; C = 4 measured best of 2 / 4 / 8 at H64 / H128 KV16k-64k (docs/tuning/d2.md)
 CLUSTER_SPLITS = 4
 MIN_TILES_PER_CLUSTERED_SPLIT = 2
+# The gathered split counts whose splits form one cluster that merges them on chip and writes the output itself
+# (bf16, the sink once: SparseFwdConfig cluster_splits on the paired schedule) — no partial in global memory, no
+# combine launch.  H200, session 50 (probe_split_phases, device µs): at 64 tokens x 1152 keys the combine was 6.1 of
+# the 35.2 µs two-split call, the cluster took 30.3 (unsplit 37.3); clusters of 4 / 8 lost (51.6 / 70.5 against 41.9
+# split + combine at 4: a cluster of 4 or 8 CTAs waits for SMs free together), so 2 only.  D7's H64 decode at 2
+# splits: 33.6 clustered, 33.0 split + combine (B64 H64, bench_d7) — a tie, one launch fewer.  () = every split
+# count through the combine.
+PAIRED_CLUSTER_SPLITS = (2,)
 # The split rule of the hd512 gathered decodes (D7's FP8 decode and D6's sparse_attention: the paired kernel, bf16
 # partials, the same combines): split while the split launch stays within half a wave of SMs — or within one wave
 # when the unsplit grid fills at most a quarter of the SMs, or (the FP8 decode, whose dequantizing producer makes a
@@ -133,9 +141,12 @@ def active_clusters(cluster: int, device) -> int:
 
 
 def cluster_for(num_splits: int, gather: bool) -> int:
-    """The cluster size of a split launch: the largest of CLUSTER_SIZE, ..., 2 that divides the split count, for
-    dense keys only (gathered keys take the paired schedule, which has no cluster build); 1 = no cluster."""
-    if num_splits < 2 or gather:
+    """The cluster size of a split launch: for dense keys the largest of CLUSTER_SIZE, ..., 2 that divides the split
+    count; for gathered keys (the paired schedule) the split count itself where it is one of
+    :data:`PAIRED_CLUSTER_SPLITS` (the cluster then writes the output: no combine); 1 = no cluster."""
+    if gather:
+        return num_splits if num_splits in PAIRED_CLUSTER_SPLITS else 1
+    if num_splits < 2:
         return 1
     c = CLUSTER_SPLITS
     while c > 1 and num_splits % c:
@@ -163,6 +174,12 @@ def decode_splits(batch_ctas: int, n_tiles: int, sms: int, dequantizing: bool = 
         splits *= 2
     if splits > 1 and batch_ctas * n_tiles <= sms // 2:
         splits = min(n_tiles, DECODE_MAX_SPLITS)
+    if (splits == 1 and not dequantizing and 2 in PAIRED_CLUSTER_SPLITS and 2 * batch_ctas <= sms
+            and n_tiles >= 2 * MIN_TILES_PER_CLUSTERED_SPLIT):
+        # bf16 rows: two splits merged in one cluster (no partials, no combine) win within one wave where split +
+        # combine lost (H200, session 50, probe_split_phases, µs unsplit → 2 clustered splits: 64 tokens x 1152 keys
+        # 37.3 → 30.3, 48 x 1152 35.9 → 27.8, 48 x 640 22.5 → 20.3; the split + combine took 35.2 / 30.6 / 22.1)
+        splits = 2
     return nonempty_splits(n_tiles, splits)
 
 
@@ -211,11 +228,18 @@ def _runner(B: int, Sq: int, H: int, device, *, gather, causal, window, sink, sc
     new_lse = lse_output(device, (*lead, H, Sq), return_lse)
     with_sink, pass_sink = sink is not None, sink_passer(sink, device)
     window_on = window is not None
+    go = None
+    cluster = cluster_for(num_splits, gather)
     if num_splits == 1:
         go = launcher(_unsplit_config(gather, causal, window_on, with_sink), device, scale=scale, window=window,
                       public=public)
+    elif gather and cluster > 1:
+        # every split of a query in one cluster: merged on chip into the output (the sink too), no combine
+        go = launcher(cached_config(lambda: SparseFwdConfig.for_problem(gather=True, split_kv=True,
+                                                                        cluster_splits=num_splits, sink=with_sink),
+                                    "sparse paired cluster", num_splits, with_sink),
+                      device, scale=scale, window=window, public=public)
     else:
-        cluster = cluster_for(num_splits, gather)
         bf16 = gather and PAIRED_BF16_PARTIALS
         config = cached_config(lambda: SparseFwdConfig.for_problem(gather=gather, causal=causal, window=window_on,
                                                                    split_kv=True, cluster_splits=cluster,
@@ -235,7 +259,7 @@ def _runner(B: int, Sq: int, H: int, device, *, gather, causal, window, sink, sc
         out = torch.empty(*lead, Sq, H, HEAD_DIM, dtype=torch.bfloat16, device=device)
         lse = new_lse()
         with on_device(device):
-            if num_splits == 1:
+            if num_splits == 1 or go is not None:
                 go(q, kv, idx, out, lse, sink_t)
             else:
                 split_then_combine((q, kv, idx, o_part, lse_part, sink_t), (o_part, lse_part, out, lse, sink_t))

@@ -280,8 +280,15 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
         self.kernel(mQ, mCache, mIdx, mLen, mCache2, mIdx2, mLen2, page_size, page_size2, mO, mLSE,
                     softmax_scale_log2, mSink, *common).launch(
             grid=self.grid(mQ, mO), block=[self.NUM_THREADS, 1, 1], min_blocks_per_mp=1,
-            cluster=(1, HEAD_PAIR, 1) if const_expr(self.crossover) else None, use_pdl=self.PDL_CHAIN,
+            cluster=self.launch_cluster(), use_pdl=self.PDL_CHAIN,
             **launch_stream(stream))
+
+    def launch_cluster(self):
+        """The launch's cluster: H = 128's head pair (crossover), or a split cluster of every split (H = 64,
+        ``cluster_splits``: merged on chip into the output, no combine), or none."""
+        if self.crossover:
+            return (1, HEAD_PAIR, 1)
+        return (1, 1, self.cluster_splits) if self.cluster_splits > 1 else None
 
     # ---------------------------------------------------------------------------- device side
     @cute.kernel

@@ -63,6 +63,12 @@ tile pulled by every CTA took ~7 µs); a second barrier keeps every CTA alive un
 read its buffer.  So one partial in C reaches global memory:
 the fp32 round trip (128 KB a split, written and read back by the combine) was most of what the decode lost to
 the producer-only roof (H200, H64 KV64k, 128 splits: split kernel 27.4 µs vs 19.9 producer only, combine 9.5 µs).  The combine then merges ``splits / C`` partials.
+
+**The paired schedule's cluster** (``cluster_splits=C > 1`` with gathered keys; candidate, session 49): the cluster is
+*all* C splits of the query, so its merge is the final one — the same on-chip merge, then CTA r writes column slice r
+of the bf16 output itself with the sink applied once (``1 / (1 + e^{σ - lse})`` on the merged row) and the final LSE:
+no partial leaves the SMs and no combine is launched.  At 64 tokens x 1152 keys on the H200 the combine of two bf16
+partials took 6.1 µs of a 35.3 µs split call (docs/tuning/d2_d6.md, session 49).
 """
 from __future__ import annotations
 
@@ -186,7 +192,9 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
         # into its split's slice (from the accumulators as 4-byte bf16 pairs instead — half-filled 32-byte sectors —
         # B1 H64 took 15.7 µs against 12.0, session 41); fp32 split partials and the columns schedule keep their
         # register stores
-        self.tma_store_o = self.paired and (not self.split_kv or config.bf16_partials)
+        # paired, split-KV in a cluster of every split: the cluster's merge writes the output (module docstring)
+        self.cluster_final = self.paired and self.cluster_splits > 1
+        self.tma_store_o = self.paired and not self.cluster_final and (not self.split_kv or config.bf16_partials)
         self.key_flags = self.paired and self.gather and self.PRODUCER_KEY_FLAGS
         self.key_mask_after_wait = self.KEY_MASK_AFTER_WAIT or self.key_flags
         # the cluster whose CTAs use each other's pipeline barriers (none here: the split clusters merge through their
@@ -398,12 +406,12 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
                 self.paired_half(0, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sKV, sVt, sP, sMax, sSum,
                                  keys_seen, mO, mLSE, mSink, pipeline_kv, softmax_scale_log2, tidx - 128, token,
                                  head_group, batch, split, n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O,
-                                 mQ, mKV, window_size, tma_atom_Q, tma_Q, pipeline_q)
+                                 mQ, mKV, window_size, tma_atom_Q, tma_Q, pipeline_q, sLSE, sRed)
             else:
                 self.paired_half(1, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sKV, sVt, sP, sMax, sSum,
                                  keys_seen, mO, mLSE, mSink, pipeline_kv, softmax_scale_log2, tidx - 256, token,
                                  head_group, batch, split, n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O,
-                                 mQ, mKV, window_size, tma_atom_Q, tma_Q, pipeline_q)
+                                 mQ, mKV, window_size, tma_atom_Q, tma_Q, pipeline_q, sLSE, sRed)
         elif warp_idx < 8:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.wait_q(pipeline_q, tile_lo, tile_hi)
@@ -749,9 +757,11 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
     @cute.jit
     def finish_shared_max(self, w, thr_pv, acc_O, acc_O_rc, tScS_rc, row_max, row_sum, sSum, mO,
                           mLSE, mSink, softmax_scale_log2, wtid, token, head_group, batch, split,
-                          sum_barrier: cutlass.Constexpr, tiled_mma_pv, sQ, tma_atom_O, tma_O, tiled_mma_qk):
+                          sum_barrier: cutlass.Constexpr, tiled_mma_pv, sQ, tma_atom_O, tma_O, tiled_mma_qk,
+                          sLSE=None, sRed=None):
         """Epilogue of the schedules whose two warpgroups end with the same row max (balanced, paired): my row
-        sums + the other warpgroup's, sink, LSE, my half of O."""
+        sums + the other warpgroup's, sink, LSE, my half of O — or, :attr:`cluster_final`, my half normalized over
+        this split's keys and its LSE into the cluster's merge (which applies the sink)."""
         n_rows = cute.size(tScS_rc, mode=[0])
         for r in cutlass.range_constexpr(n_rows):
             s = row_sum[r]
@@ -764,13 +774,20 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
         for r in cutlass.range_constexpr(n_rows):
             m = tScS_rc[r, 0][0]
             s = row_sum[r] + sSum[(1 - w) * TILE_H + m]
-            inv, lse = finish_row(s, row_max[r], softmax_scale_log2, self.sink_logit(mSink, head_group, m))
-            if const_expr(self.has_lse or self.split_kv):
+            sink = None if const_expr(self.cluster_final) else self.sink_logit(mSink, head_group, m)
+            inv, lse = finish_row(s, row_max[r], softmax_scale_log2, sink)
+            if const_expr(self.cluster_final):
+                if w == 0 and wtid % 4 == 0:
+                    sLSE[m] = lse                     # merged with the cluster's peers in cluster_reduce_half
+            elif const_expr(self.has_lse or self.split_kv):
                 if w == 0 and wtid % 4 == 0:
                     mLSE[split, batch, head_group * TILE_H + m, token] = lse
             for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
                 acc_O_rc[r, c] = acc_O_rc[r, c] * inv
-        if const_expr(self.tma_store_o):
+        if const_expr(self.cluster_final):
+            self.cluster_reduce_half(w, thr_pv, acc_O, mO, mLSE, sLSE, sRed, wtid, token, head_group, batch, split,
+                                     mSink)
+        elif const_expr(self.tma_store_o):
             self.store_o_chunks(w, tiled_mma_qk, acc_O, sQ, tma_atom_O, tma_O, wtid, token, head_group, batch, split)
         else:
             self.store_half(thr_pv, acc_O, mO, split, batch, token, head_group, w)
@@ -810,7 +827,7 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
     def paired_half(self, w: cutlass.Constexpr, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sKV, sVt, sP,
                     sMax, sSum, mIdx, mO, mLSE, mSink, kv_pipes, softmax_scale_log2, wtid, token, head_group, batch,
                     split, n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O, mQ, mKV, window_size, tma_atom_Q,
-                    tma_Q, pipeline_q):
+                    tma_Q, pipeline_q, sLSE=None, sRed=None):
         """Warpgroup ``w`` of the paired schedule: the scores of tiles ``tile_lo + 2p + w`` and O columns
         ``256w … 256w+255`` of every tile (module docstring).  Half-buffer ``2b + h`` = tile buffer b, columns h.
         Persistent: the same for each of this CTA's items; warp 0 of warpgroup 0 loads every item's Q (the first
@@ -829,12 +846,12 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
                     rP)
         self.paired_item(w, operands, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sP, sMax, sSum, mIdx, mO,
                          mLSE, mSink, kv_pipes, softmax_scale_log2, wtid, token, head_group, batch, split, n_keys,
-                         seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O, state)
+                         seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O, state, sLSE, sRed)
 
     @cute.jit
     def paired_item(self, w: cutlass.Constexpr, operands, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sP, sMax,
                     sSum, mIdx, mO, mLSE, mSink, kv_pipes, softmax_scale_log2, wtid, token, head_group, batch, split,
-                    n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O, state):
+                    n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O, state, sLSE=None, sRed=None):
         """One query item of :meth:`paired_half` (O, row max and sum come in reset): its pairs, the epilogue and the
         O store.  Returns the half-buffer pipelines' state past this item's pairs.  ``item``: the CTA's item count
         (debug_times stamps)."""
@@ -869,7 +886,7 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
                 cute.arch.griddepcontrol_launch_dependents()
         self.finish_shared_max(w, thr_pv, acc_O, acc_O_rc, tScS_rc, row_max, row_sum, sSum, mO, mLSE, mSink,
                                softmax_scale_log2, wtid, token, head_group, batch, split, PAIR_SUM,
-                               tiled_mma_pv_rs, sQ, tma_atom_O, tma_O, tiled_mma_qk)
+                               tiled_mma_pv_rs, sQ, tma_atom_O, tma_O, tiled_mma_qk, sLSE, sRed)
         return state
 
     @cute.jit
@@ -986,7 +1003,7 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
 
     @cute.jit
     def cluster_reduce_half(self, half: cutlass.Constexpr, thr_pv, acc_O, mO, mLSE, sLSE, sRed, wtid, token,
-                            head_group, batch, split):
+                            head_group, batch, split, mSink=None):
         """Consumer warpgroup ``half``'s share of writing the split partial through shared memory (``acc_O``: its O
         half normalized over this split's keys).  ``cluster_splits`` C > 1: merge the cluster's C partials on chip
         first (module docstring) — two cluster barriers, in which the producer warps take part too.  C = 1
@@ -998,11 +1015,22 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
         first barrier, and the LSE weights are applied while summing: the thread that sums a row's slice reads that
         row's C LSEs with its C vectors.  (Weighing first needed a barrier between the LSE exchange and the sRed
         writes: ~1.5 µs of the decode's merge, the sRed writes now overlapping the wait for the
-        cluster's slowest split.)"""
+        cluster's slowest split.)  :attr:`cluster_final` (paired): the merged row is the output — the sink joins its
+        denominator once (``mSink``) and the slice is written in the output's dtype (bf16)."""
         C = self.cluster_splits
         ctid = half * 128 + wtid
         rank = split % C                    # = the CTA's rank in its (1, 1, C) cluster
         part = split // C                   # this cluster's partial in mO / mLSE
+        vec = 128 // sRed.element_type.width
+        vecs_per_row = HEAD_DIM // C // vec
+        steps = TILE_H * vecs_per_row // 256
+        sink_rows = None
+        if const_expr(self.cluster_final and self.has_sink):
+            # each step's row sink, loaded now: the loads land while the cluster meets (a global load inside the
+            # merge loop would wait there)
+            sink_rows = cute.make_rmem_tensor((steps,), Float32)
+            for step in cutlass.range_constexpr(steps):
+                sink_rows[step] = mSink[head_group * TILE_H + (step * 256 + ctid) // vecs_per_row]
         # WG1 may not overwrite the KV stages before WG2's last PV wgmma has read them
         cute.arch.barrier(barrier_id=STAGED, number_of_threads=256)
         tOsR = thr_pv.partition_C(cute.local_tile(sRed, (TILE_H, HALF), (0, half)))
@@ -1019,9 +1047,6 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
             cute.arch.barrier(barrier_id=STAGED, number_of_threads=256)
         # column slice `rank` (512 / C columns × 64 heads) summed in fp32 over the C peers, one 16 B vector (4 fp32
         # or 8 bf16) per peer, thread and step, each weighed by e^{lse_peer - lse_cluster} of its row
-        vec = 128 // sRed.element_type.width
-        width = HEAD_DIM // C
-        vecs_per_row = width // vec
         sRed_peer = [sRed]
         sLSE_peer = [sLSE]
         if const_expr(C > 1):
@@ -1034,7 +1059,7 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
         lse_p = cute.make_rmem_tensor(cute.make_layout((C, 1), stride=(1, 1)), Float32)
         weight = cute.make_rmem_tensor((C,), Float32)
         total = cute.make_rmem_tensor((vec,), Float32)
-        for step in cutlass.range_constexpr(TILE_H * vecs_per_row // 256):
+        for step in cutlass.range_constexpr(steps):
             v = step * 256 + ctid
             row = v // vecs_per_row
             colv = rank * vecs_per_row + v % vecs_per_row                             # in vector units
@@ -1044,6 +1069,12 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
                 for p in cutlass.range_constexpr(C):  # (a DSMEM tensor is read by copies, not by indexing)
                     cute.autovec_copy(cute.local_tile(sLSE_peer[p], (1,), (row,)), lse_p[p, None])
                 lse_cluster = self.lse_weights(lse_p, weight, C)
+                if const_expr(self.cluster_final and self.has_sink):
+                    # the value-less sink once, on the merged row: S / (S + e^σ) with S = e^lse_cluster (a row
+                    # without keys has weights 0 and stays 0)
+                    keep = 1.0 / (1.0 + exp2((sink_rows[step] - lse_cluster) * LOG2_E))
+                    for p in cutlass.range_constexpr(C):
+                        weight[p] = weight[p] * keep
                 for j in cutlass.range_constexpr(vec):
                     total[j] = weight[0] * Float32(parts[0, j])
                     for p in cutlass.range_constexpr(1, C):
@@ -1053,7 +1084,13 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
             else:
                 for j in cutlass.range_constexpr(vec):
                     total[j] = Float32(parts[0, j])
-            cute.autovec_copy(total, cute.local_tile(gO[head_group * TILE_H + row, None], (vec,), (colv,)))
+            gO_v = cute.local_tile(gO[head_group * TILE_H + row, None], (vec,), (colv,))
+            if const_expr(mO.element_type == Float32):
+                cute.autovec_copy(total, gO_v)
+            else:                                           # the output itself (cluster_final): bf16, 16 B a vector
+                out_v = cute.make_rmem_tensor((vec,), mO.element_type)
+                out_v.store(total.load().to(mO.element_type))
+                cute.autovec_copy(out_v, gO_v)
         if const_expr(C > 1):
             cute.arch.cluster_arrive()                 # [2] no CTA exits while a peer still reads its sRed
             cute.arch.cluster_wait()
