@@ -33,6 +33,7 @@ from dsv4lib.workbook.nb import setup
 from dsv4lib.workbook.record import record
 from dsv4lib.workbook.results import recorded_copy_gbps, recorded_env_metric, recorded_launch_floor_ms
 from dsv4lib.kernels.splitkv import num_splits_heuristic, split_block_ranges
+from dsv4lib.ops import sparse as sparse_ops
 
 tgt = setup(target, seed)
 on_gpu = tgt.is_gpu and tgt.arch == "sm_90a"
@@ -174,9 +175,15 @@ if on_gpu:
 # In the model a decode token does not read its whole context: it attends to its window (128 keys) plus the
 # compressed entries the indexer picked (CSA top-k) and the HCA entries — ~1.2k rows of the shared hd512 KV, a
 # different set per token.  `dsv4lib.sparse_attention` runs that: `B` tokens of `B` sequences as `Sq = B` queries over
-# one KV pool (each token's indices point into its own sequence's rows, as with a paged cache), split-KV by the same
-# heuristic, merged by the same combine.  Bytes = the gathered rows (1 KiB each); no bar is set on these rows — they
-# show how far the gathered decode is from the copy bandwidth as the batch grows (B = 1 is latency: ~1 MB in ~20 µs).
+# one KV pool (each token's indices point into its own sequence's rows, as with a paged cache).  Its split rule
+# (`ops.sparse.decode_splits`) is the FP8 decode's (D7): a latency-bound batch gives every 64-key tile a CTA of its
+# own (B = 1: 18 splits), a small grid doubles its splits within one wave of SMs and merges them by the combine above,
+# and a grid between a quarter of the SMs and a full wave (B = 64: 64 CTAs) splits in **two CTAs of one thread-block
+# cluster**: each reads half the keys, then the pair merges through distributed shared memory (`ld.shared::cluster`)
+# and writes the bf16 output and the final LSE itself — no partial in global memory, no combine launch (H200: 64
+# tokens x 1152 keys 37.3 µs unsplit, 35.2 split + combine, 30.3 as the cluster; docs/tuning/d2_d6.md).  Each row
+# below says how it ran.  Bytes = the gathered rows (1 KiB each); the bar (#28) reads the roof fraction at B = 64 and
+# 128 (B = 1 is latency: ~1 MB in ~10 µs).
 
 # %%
 gather_rows = []
@@ -198,7 +205,11 @@ if on_gpu:
         sets = [(torch.randn_like(q), kv_pool, make_idx()) for _ in range(4)]
         tg = bench.time_graph(lambda q, kv, i: dsv4lib.sparse_attention(q, kv, i), sets)
         del sets
-        row = {"B": B, "keys": keys_per_token, "cosine": cos, "ms": t.median_ms,
+        splits = sparse_ops.choose_splits(None, B, keys_per_token, q.device, gather=True)   # 64 heads: a CTA a token
+        row = {"B": B, "keys": keys_per_token, "splits": splits,
+               "merge": ("none" if splits == 1 else "one cluster" if sparse_ops.cluster_for(splits, gather=True) > 1
+                         else "combine"),
+               "cosine": cos, "ms": t.median_ms,
                "graph_ms": tg.per_call_ms, "host_us": tg.host_us,
                "roof_fraction": bench.roof_fraction(tg.per_call_ms, nbytes=nbytes + 2 * B * 64 * 1024, flops=flops,
                                                     copy_gbps=copy_gbps, matmul_tflops=matmul_tflops),

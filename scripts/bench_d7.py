@@ -4,7 +4,7 @@ the dequantized rows, every shape of issue #35, by CUDA-graph replay.  Usage: py
 [--cluster-splits 2,4,8]
 (``--custom``: one more shape outside the issue's table, e.g. 1,128,128,1024 — the Pro model's B1 decode;
 ``--cluster-splits``: the split sweep twice, every split count through the combine and then those counts merged in
-one cluster instead — ``ops.sparse.PAIRED_CLUSTER_SPLITS``, H = 64)"""
+one cluster instead — ``ops.decode.DECODE_CLUSTER_SPLITS``, H = 64)"""
 import argparse
 import contextlib
 
@@ -48,26 +48,26 @@ def main():
             else:
                 sweeps = {" (combine)": (), " (cluster)": tuple(int(c) for c in args.cluster_splits.split(",") if c)}
             for label, clustered in sweeps.items():
-                with paired_cluster_splits(clustered):
+                with decode_cluster_splits(clustered):
                     sweep = d7.split_sweep(case, splits)
                 print(f"    splits{label}: " + "  ".join(f"{s}: {us:.1f} us" for s, us in sweep.items()), flush=True)
 
 
 @contextlib.contextmanager
-def paired_cluster_splits(counts):
-    """``ops.sparse.PAIRED_CLUSTER_SPLITS`` set to ``counts`` for the block (None: left as it is); call plans made
+def decode_cluster_splits(counts):
+    """``ops.decode.DECODE_CLUSTER_SPLITS`` set to ``counts`` for the block (None: left as it is); call plans made
     under another value forgotten on the way in and out (a plan holds its builds)."""
-    from dsv4lib.ops import launch, sparse
+    from dsv4lib.ops import decode, launch
     if counts is None:
         yield
         return
-    before = sparse.PAIRED_CLUSTER_SPLITS
-    sparse.PAIRED_CLUSTER_SPLITS = counts
+    before = decode.DECODE_CLUSTER_SPLITS
+    decode.DECODE_CLUSTER_SPLITS = counts
     launch.forget_plans()
     try:
         yield
     finally:
-        sparse.PAIRED_CLUSTER_SPLITS = before
+        decode.DECODE_CLUSTER_SPLITS = before
         launch.forget_plans()
 
 

@@ -191,8 +191,8 @@ def test_unsplit_decode_build_takes_the_outputs_as_returned(heads):
 
 
 @pytest.mark.compile
-def test_split_cluster_decode_build_writes_the_output_itself():
-    """H = 64 at two splits (candidate): one (1, 1, 2) cluster merges the splits on chip and writes the output as
+def test_split_cluster_decode_build_writes_the_output_itself(monkeypatch):
+    """H = 64 at two splits (a probe's build: ``ops.decode.DECODE_CLUSTER_SPLITS`` is empty): one (1, 1, 2) cluster merges the splits on chip and writes the output as
     returned ([B, s_q, H, 512] / [B, H, s_q]) with the sink — the cluster barriers, the peers' slices by
     ``ld.shared::cluster``, 16 B bf16 stores, no TMA store, spill-free; the decode's plan launches it alone (no
     combine); refused with H = 128's head-pair cluster."""
@@ -219,7 +219,11 @@ def test_split_cluster_decode_build_writes_the_output_itself():
     with pytest.raises(ValueError, match="H = 64 only"):
         Model1DecodeConfig.for_decode(sink=False, split_kv=True, cluster_splits=2, extra_cache=False,
                                       topk_length=False, extra_topk_length=False, head_pair_cluster=True)
-    w = decode_work(64, 1, 64, 640, 132)                  # B64 H64: two splits by the rule — one cluster, no combine
+    w = decode_work(64, 1, 64, 640, 132)                  # B64 H64: two splits by the rule, through the combine
+    assert (w["splits"], w["split_cluster"], w["combine"]) == (2, False, True)
+    from dsv4lib.ops import decode
+    monkeypatch.setattr(decode, "DECODE_CLUSTER_SPLITS", (2,))
+    w = decode_work(64, 1, 64, 640, 132)                  # ... or one cluster, no combine, where 2 is listed
     assert (w["splits"], w["split_cluster"], w["combine"]) == (2, True, False)
 
 
@@ -543,11 +547,11 @@ def test_decode_splits_agree_and_views_work():
 @pytest.mark.gpu
 @pytest.mark.parametrize("heads,s_q", [(64, 1), (64, 2), (128, 1)])
 def test_split_clusters_match_the_reference(monkeypatch, heads, s_q):
-    """Split counts merged in one cluster (candidate: ``PAIRED_CLUSTER_SPLITS`` set to 2, 4, 8 here) give the
+    """Split counts merged in one cluster (``DECODE_CLUSTER_SPLITS`` set to 2, 4, 8 here) give the
     reference's answer with the sink once and the final LSE — H = 64 through the cluster, H = 128 (the head-pair
     cluster) through the combine as before; 8 splits of 10 tiles leave some splits a tile, none empty."""
-    from dsv4lib.ops import launch, sparse
-    monkeypatch.setattr(sparse, "PAIRED_CLUSTER_SPLITS", (2, 4, 8))
+    from dsv4lib.ops import decode, launch
+    monkeypatch.setattr(decode, "DECODE_CLUSTER_SPLITS", (2, 4, 8))
     launch.forget_plans()
     gen = torch.Generator().manual_seed(fresh_seed())
     q, main, idx, kw = _decode_inputs(3, s_q, heads, True, True, True, gen)

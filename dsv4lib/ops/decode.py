@@ -22,6 +22,12 @@ DECODE_HEADS = (64, 128)
 DECODE_SQ = (1, 2)             # one token, or two with MTP
 # H = 128: the two head-group CTAs of a token as one cluster that dequantizes each key once (the crossover)
 HEAD_PAIR_CLUSTER = True
+# H = 64 split counts whose splits merge in one cluster that writes the output (the gathered bf16 split's
+# ``ops.sparse.PAIRED_CLUSTER_SPLITS``), instead of bf16 partials + the row combine.  None: at B64 H64 (the rule's 2
+# splits) the cluster took 35.4 µs in the D7 stage against 33.4 through the combine (H200, session 50; bench_d7's
+# sweep 33.6 / 33.0), B32 at 4 splits 39.4 / 23.3, B1 at 10 11.9 / 11.8 — the FP8 decode's combine hides behind its
+# dequantizing main loop under PDL, and a cluster's CTAs wait for each other.  The build stays for probes.
+DECODE_CLUSTER_SPLITS: tuple = ()
 
 
 def launch_shape(B: int, s_q: int, H: int, n_keys: int, sms: int, num_splits=None) -> tuple[int, int, bool]:
@@ -36,9 +42,9 @@ def launch_shape(B: int, s_q: int, H: int, n_keys: int, sms: int, num_splits=Non
 
 
 def in_split_cluster(splits: int, head_pair_cluster: bool) -> bool:
-    """Whether a split launch's splits merge in one cluster that writes the output (no combine): the gathered
-    split's rule (:func:`dsv4lib.ops.sparse.cluster_for`), at H = 64 only (H = 128's head-pair cluster is taken)."""
-    return not head_pair_cluster and sparse.cluster_for(splits, gather=True) > 1
+    """Whether a split launch's splits merge in one cluster that writes the output (no combine): a split count of
+    :data:`DECODE_CLUSTER_SPLITS`, at H = 64 only (H = 128's head-pair cluster is taken)."""
+    return not head_pair_cluster and splits in DECODE_CLUSTER_SPLITS
 
 
 def decode_work(B: int, s_q: int, H: int, n_keys: int, sms: int, num_splits=None) -> dict:
@@ -47,7 +53,7 @@ def decode_work(B: int, s_q: int, H: int, n_keys: int, sms: int, num_splits=None
     (``ceil(tiles / splits)``, the last split the rest), each CTA's pairs of tiles (the consumers take tiles in
     turn) and whether its last pair is lone (an odd count: one tile, no pad filled), waves over ``sms``, the
     head-pair clusters (H = 128), whether the splits merge in one cluster (``split_cluster``: H = 64 at a split count
-    of :data:`dsv4lib.ops.sparse.PAIRED_CLUSTER_SPLITS`) and whether a combine launch follows."""
+    of :data:`DECODE_CLUSTER_SPLITS`) and whether a combine launch follows."""
     from ..kernels.splitkv import split_block_ranges
     n_tiles, splits, cluster = launch_shape(B, s_q, H, n_keys, sms, num_splits)
     per_split = [max(hi - lo, 0) for lo, hi in split_block_ranges(0, n_tiles, splits)]
@@ -243,8 +249,8 @@ def decode_plan(q, k_cache, indices, topk_length, *, extra_k_cache, extra_indice
     out_shape, lse_shape = ((B, H, HEAD_DIM), (B, H)) if token_rows else ((B, s_q, H, HEAD_DIM), (B, H, s_q))
     new_lse = lse_output(device, lse_shape, bool(return_lse))          # the builds write an LSE either way
     pass_sink = sink_passer(sink, device)
-    # the outputs as returned: the unsplit build takes them as they are (its split mode is added at trace time)
-    # the outputs as returned: the unsplit build, and the split cluster's, which writes them itself
+    # the outputs as returned: the unsplit build (its split mode is added at trace time) and the split cluster's,
+    # which writes them itself
     in_one_launch = splits == 1 or config.cluster_splits > 1
     go = launcher(config, device, page_size=page_size, page_size2=page_size2, scale=scale,
                   public=in_one_launch and ("rows" if token_rows else True))
