@@ -148,11 +148,16 @@ def main():
     ap.add_argument("--rounds", type=int, default=3, help="rounds over all calls; a row is the median of its rounds")
     ap.add_argument("--one-call", type=int, default=1, help="launch.ONE_CALL: 1 (default) a multi-kernel call is one "
                     "compiled call, 0 one per kernel")
+    ap.add_argument("--only", default="", help="comma-separated substrings: time only the calls whose name has one "
+                    "(and the torch floor)")
     args = ap.parse_args()
     launch.ONE_CALL = bool(args.one_call)
     print(json.dumps({"one_call": launch.ONE_CALL}), flush=True)
     rows, report = {}, io.StringIO()
     functions = calls()
+    if args.only:
+        wanted = [w for w in args.only.split(",") if w]
+        functions = {n: f for n, f in functions.items() if n.startswith("floor") or any(w in n for w in wanted)}
     rounds = {name: [] for name in functions}
     for _ in range(max(args.rounds - 1, 0)):       # the last round is the loop below
         for name, fn in functions.items():

@@ -196,6 +196,14 @@ for w in $what; do
     d7peerparts) { timeout 200 python scripts/probe_d7.py --shapes 3,4,4096x128x128x1024 \
                      --variants full,peer_no_convert,full,peer_no_convert; } 2>&1 \
                      | tee "$out/logs/d7peerparts.txt" | tail -n 8 ;;
+    # rowsplit: the candidate token_row_split.patch applied to this copy (sparse_prefill's split launch and combine
+    # on the token rows as passed, no views), then its GPU tests and the FP8-cache calls' host times (~3 min)
+    rowsplit) cand=docs/tuning/candidates/token_row_split.patch
+              git apply -R --check "$cand" 2>/dev/null || git apply "$cand" || { echo "candidate does not apply"; continue; }
+              { timeout 170 python -m pytest -q -p no:cacheprovider -m gpu tests/test_d7_fp8_decode.py \
+                    -k "prefill_matches_the_reference_over or one_compiled_call"
+                timeout 100 python scripts/bench_host.py --split --rounds 3 --only sparse_prefill,sparse_decode; } 2>&1 \
+                | tee "$out/logs/rowsplit.txt" | grep -v "^\s*$" | tail -n 16 ;;
     # clustersweep: the gathered split at 2 / 4 / 8 splits as one cluster (no combine) beside split + combine and
     # unsplit, and the D7 split sweep with and without clusters, FlashMLA beside (~3 min)
     clustersweep)

@@ -73,6 +73,14 @@ def public_calls() -> dict:
         len1, len2 = torch.full((B,), 128, dtype=torch.int32), torch.full((B,), 500, dtype=torch.int32)
         return lambda: dsv4lib.sparse_decode(qd, window, idx, len1, extra_k_cache=compressed, extra_indices=idx2,
                                              extra_topk_length=len2, sink=sink64)
+
+    def prefill(Sq):
+        qp = bf(Sq, 64, 512)
+        idx = torch.randint(0, window.num_keys, (Sq, 128), generator=gen, dtype=torch.int32)
+        idx2 = torch.randint(0, compressed.num_keys, (Sq, 512), generator=gen, dtype=torch.int32)
+        len1, len2 = torch.full((Sq,), 128, dtype=torch.int32), torch.full((Sq,), 500, dtype=torch.int32)
+        return lambda: dsv4lib.sparse_prefill(qp, window, idx, len1, extra_k_cache=compressed, extra_indices=idx2,
+                                              extra_topk_length=len2, sink=sink64)
     return {
         "attention causal": lambda: dsv4lib.attention(q, k, v, causal=True),
         "attention split + combine": lambda: dsv4lib.attention(qd, kd, kd, num_splits=4),
@@ -90,6 +98,8 @@ def public_calls() -> dict:
         "quantize_nvfp4 tensor amax": lambda: dsv4lib.quantize_nvfp4(x, amax),
         "sparse_decode B1 (split + combine)": decode(1),
         "sparse_decode B64": decode(64),
+        "sparse_prefill Sq64 (split + combine)": prefill(64),
+        "sparse_prefill Sq256 (token rows)": prefill(256),
     }
 
 

@@ -814,7 +814,9 @@ def test_prefill_checks_the_extra_lists_against_the_queries():
 @pytest.mark.parametrize("Sq,H,extra,lengths,sink", [
     (300, 64, True, True, True),        # many tokens: one CTA per (token, head group), no split
     (130, 128, False, True, False),     # 128 heads (the head-pair cluster), the window cache alone
-    (5, 64, True, False, True),         # a short prefill: split over CTAs, merged by LSE
+    (5, 64, True, False, True),         # a short prefill: split over CTAs, merged by LSE (the row combine)
+    (1, 64, False, False, False),       # ... one token: 64 rows, the chunk combine
+    (20, 128, True, True, True),        # ... 128 heads: the head-pair cluster, split in two
 ])
 def test_prefill_matches_the_reference_over_the_same_fp8_cache(Sq, H, extra, lengths, sink):
     gen = torch.Generator().manual_seed(fresh_seed())
