@@ -204,6 +204,14 @@ for w in $what; do
                     -k "prefill_matches_the_reference_over or one_compiled_call"
                 timeout 100 python scripts/bench_host.py --split --rounds 3 --only sparse_prefill,sparse_decode; } 2>&1 \
                 | tee "$out/logs/rowsplit.txt" | grep -v "^\s*$" | tail -n 16 ;;
+    # viewsdirect: the candidate flashmla_views_direct.patch applied (FlashMLA cache views handed to the decode's
+    # builds as they are), then the GPU tests that run on views and the decode calls' host times (~3 min)
+    viewsdirect) cand=docs/tuning/candidates/flashmla_views_direct.patch
+              git apply -R --check "$cand" 2>/dev/null || git apply "$cand" || { echo "candidate does not apply"; continue; }
+              { timeout 200 python -m pytest -q -p no:cacheprovider -m gpu tests/test_d7_fp8_decode.py \
+                    -k "views or flashmla or prefill_matches_the_reference_over"
+                timeout 100 python scripts/bench_host.py --split --rounds 3 --only sparse_decode,sparse_prefill; } 2>&1 \
+                | tee "$out/logs/viewsdirect.txt" | grep -v "^\s*$" | tail -n 16 ;;
     # clustersweep: the gathered split at 2 / 4 / 8 splits as one cluster (no combine) beside split + combine and
     # unsplit, and the D7 split sweep with and without clusters, FlashMLA beside (~3 min)
     clustersweep)

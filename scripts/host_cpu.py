@@ -66,12 +66,13 @@ def public_calls() -> dict:
     window, compressed = Model1Cache(64, 64, device="cpu"), Model1Cache(128, 64, device="cpu")
     sink64 = torch.randn(64, generator=gen)
 
-    def decode(B):
+    def decode(B, views=False):
         qd = bf(B, 1, 64, 512)
+        main, extra = (window.flashmla_view(), compressed.flashmla_view()) if views else (window, compressed)
         idx = torch.randint(0, window.num_keys, (B, 1, 128), generator=gen, dtype=torch.int32)
         idx2 = torch.randint(0, compressed.num_keys, (B, 1, 512), generator=gen, dtype=torch.int32)
         len1, len2 = torch.full((B,), 128, dtype=torch.int32), torch.full((B,), 500, dtype=torch.int32)
-        return lambda: dsv4lib.sparse_decode(qd, window, idx, len1, extra_k_cache=compressed, extra_indices=idx2,
+        return lambda: dsv4lib.sparse_decode(qd, main, idx, len1, extra_k_cache=extra, extra_indices=idx2,
                                              extra_topk_length=len2, sink=sink64)
 
     def prefill(Sq):
@@ -98,6 +99,7 @@ def public_calls() -> dict:
         "quantize_nvfp4 tensor amax": lambda: dsv4lib.quantize_nvfp4(x, amax),
         "sparse_decode B1 (split + combine)": decode(1),
         "sparse_decode B64": decode(64),
+        "sparse_decode B64 (FlashMLA's float8 views)": decode(64, views=True),
         "sparse_prefill Sq64 (split + combine)": prefill(64),
         "sparse_prefill Sq256 (token rows)": prefill(256),
     }
