@@ -47,6 +47,19 @@ run_stages() {  # STAGES LOG LIMIT_S STAGE_TIMEOUT_S
   tr '\r' '\n' < "$out/logs/$2.txt" | grep -E "^\s+\S+\s+(PASS|FAIL|COMPILED-ONLY|NOT RUN)"
 }
 
+# candidates of docs/tuning/candidates/ applied to this copy, then the D7 GPU tests matching PYTEST_K and the FP8-cache
+# calls' host times
+run_candidate() {  # LOG PYTEST_K PATCH_NAME...
+  local log=$1 k=$2; shift 2
+  for name in "$@"; do
+    local cand=docs/tuning/candidates/$name.patch
+    git apply -R --check "$cand" 2>/dev/null || git apply "$cand" || { echo "candidate $name does not apply"; return; }
+  done
+  { timeout 200 python -m pytest -q -p no:cacheprovider -m gpu tests/test_d7_fp8_decode.py -k "$k"
+    timeout 100 python scripts/bench_host.py --split --rounds 3 --only sparse_decode,sparse_prefill; } 2>&1 \
+    | tee "$out/logs/$log.txt" | grep -v "^\s*$" | tail -n 16
+}
+
 # Nsight Compute (--set full) on the kernels a script launches inside its profiled range (scripts/ncu_profile.py),
 # then the per-SASS-instruction table summarized (scripts/ncu_sass.py)
 run_ncu() {  # NAME LAUNCHES SCRIPT [ARGS...]
@@ -196,22 +209,14 @@ for w in $what; do
     d7peerparts) { timeout 200 python scripts/probe_d7.py --shapes 3,4,4096x128x128x1024 \
                      --variants full,peer_no_convert,full,peer_no_convert; } 2>&1 \
                      | tee "$out/logs/d7peerparts.txt" | tail -n 8 ;;
-    # rowsplit: the candidate token_row_split.patch applied to this copy (sparse_prefill's split launch and combine
-    # on the token rows as passed, no views), then its GPU tests and the FP8-cache calls' host times (~3 min)
-    rowsplit) cand=docs/tuning/candidates/token_row_split.patch
-              git apply -R --check "$cand" 2>/dev/null || git apply "$cand" || { echo "candidate does not apply"; continue; }
-              { timeout 170 python -m pytest -q -p no:cacheprovider -m gpu tests/test_d7_fp8_decode.py \
-                    -k "prefill_matches_the_reference_over or one_compiled_call"
-                timeout 100 python scripts/bench_host.py --split --rounds 3 --only sparse_prefill,sparse_decode; } 2>&1 \
-                | tee "$out/logs/rowsplit.txt" | grep -v "^\s*$" | tail -n 16 ;;
-    # viewsdirect: the candidate flashmla_views_direct.patch applied (FlashMLA cache views handed to the decode's
-    # builds as they are), then the GPU tests that run on views and the decode calls' host times (~3 min)
-    viewsdirect) cand=docs/tuning/candidates/flashmla_views_direct.patch
-              git apply -R --check "$cand" 2>/dev/null || git apply "$cand" || { echo "candidate does not apply"; continue; }
-              { timeout 200 python -m pytest -q -p no:cacheprovider -m gpu tests/test_d7_fp8_decode.py \
-                    -k "views or flashmla or prefill_matches_the_reference_over"
-                timeout 100 python scripts/bench_host.py --split --rounds 3 --only sparse_decode,sparse_prefill; } 2>&1 \
-                | tee "$out/logs/viewsdirect.txt" | grep -v "^\s*$" | tail -n 16 ;;
+    # a host-path candidate of docs/tuning/candidates/ applied to this copy, then the GPU tests it touches and the
+    # FP8-cache calls' host times (~3 min each).  rowsplit: token_row_split.patch (sparse_prefill's split launch and
+    # combine on the token rows as passed); viewsdirect: flashmla_views_direct.patch (FlashMLA cache views handed to
+    # the decode's builds as they are); both: the two (they apply in either order)
+    rowsplit)    run_candidate "$w" "prefill_matches_the_reference_over or one_compiled_call" token_row_split ;;
+    viewsdirect) run_candidate "$w" "views or flashmla or prefill_matches_the_reference_over" flashmla_views_direct ;;
+    hostcands)   run_candidate "$w" "views or flashmla or prefill_matches_the_reference_over or one_compiled_call" \
+                   token_row_split flashmla_views_direct ;;
     # clustersweep: the gathered split at 2 / 4 / 8 splits as one cluster (no combine) beside split + combine and
     # unsplit, and the D7 split sweep with and without clusters, FlashMLA beside (~3 min)
     clustersweep)
