@@ -18,7 +18,8 @@
 # candidate against the combine launch at B1 / B2 / B4); splitsparse (scripts/split_sweep_sparse.py: D6 / D2 split
 # counts at 4-32 tokens); combinerows (scripts/probe_combine_rows.py: D7's small merges by either combine); d7store (B1's partial
 # store: none / half / all); d7alt (the ALTERNATE_HALF_TILES candidate's tests and timing; d7alttrace its event traces); d7peer (H128 without / with half the crossover's DSMEM stores); d7peerfp8 (PEER_FP8 against peer_bf16, then the d7 + sparse GPU tests); d7peerparts (PEER_FP8's peer rows left unconverted); splitphases (probe_split_phases.py at 32-64 tokens);
-# clustersweep: gathered splits as one cluster vs split + combine (bf16 probe, D7 sweep);
+# clustersweep: gathered splits as one cluster vs split + combine (bf16 probe, D7 sweep); rowsplit / viewsdirect /
+# hostcands: host-path candidates applied, their GPU tests, the host bench;
 # ncu7 / ncu7p / ncu1 / ncu6: Nsight Compute on one D7 call (B128 H64; ncu7p: the FP8-cache prefill's B4096 H64) / D1's hd64 causal (ours and FA4) / D6's bf16
 # prefill (ours and FlashMLA), per-SASS samples summarized by scripts/ncu_sass.py;
 # pipeline=D7 (stages named, comma-separated); pipeline1 / pipeline2: the stages in two calls (the whole pipeline took > 560 s on the H100, session 31).
