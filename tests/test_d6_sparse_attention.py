@@ -595,7 +595,7 @@ def k_bars(k):
     return k.count(r"bar\.(arrive|sync)")
 
 
-def test_gathered_decode_splits_by_the_decode_rule_without_the_fp8_waves():
+def test_gathered_decode_splits_by_the_decode_rule_without_the_fp8_waves(monkeypatch):
     """Gathered bf16 keys split by D7's rule (``ops.sparse.decode_splits``) — a tile a split while every tile can have
     a CTA within half a wave, doubling within one wave while the grid fills at most a quarter of the SMs — but not the
     FP8 decode's wider waves (half the SMs, long lists): H100, session 41, 64 tokens at 2 splits 32.7 µs against 26.1
@@ -617,12 +617,9 @@ def test_gathered_decode_splits_by_the_decode_rule_without_the_fp8_waves():
     assert [gathered(t, 18) for t in (66, 67, 128)] == [2, 1, 1]
     assert gathered(64, 3) == 1 and gathered(64, 4) == 2
     from dsv4lib.ops import sparse
-    saved, sparse.PAIRED_CLUSTER_SPLITS = sparse.PAIRED_CLUSTER_SPLITS, ()
-    try:                                                  # without the cluster build: the split + combine rule
-        assert [gathered(t, 18) for t in (40, 48, 49, 50, 64)] == [2, 2, 2, 1, 1]
-        assert gathered(48, 10) == 1
-    finally:
-        sparse.PAIRED_CLUSTER_SPLITS = saved
+    monkeypatch.setattr(sparse, "PAIRED_CLUSTER_SPLITS", ())     # without the cluster build: the split + combine rule
+    assert [gathered(t, 18) for t in (40, 48, 49, 50, 64)] == [2, 2, 2, 1, 1]
+    assert gathered(48, 10) == 1
 
 
 def test_no_split_is_left_without_a_tile():
