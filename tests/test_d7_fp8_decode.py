@@ -228,31 +228,38 @@ def test_split_cluster_decode_build_writes_the_output_itself(monkeypatch):
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("heads,extra", [(64, True), (128, True), (64, False)])
-def test_prefill_build_takes_the_token_rows_as_passed(heads, extra):
-    """``sparse_prefill``'s unsplit launch takes q / o ``[Sq, H, 512]``, the lists ``[Sq, K]`` and lse ``[Sq, H]`` as
-    the caller passes and gets them (the s_q and split modes inserted at trace time: three ``unsqueeze`` and an index
-    fewer per call, issue #28).  Its device code is the batched build's on the unsqueezed views, byte for byte — with
-    and without the extra cache (whose absent list stays the 3-D placeholder)."""
+@pytest.mark.parametrize("heads,extra,split", [(64, True, False), (128, True, False), (64, False, False),
+                                              (64, True, True), (128, True, True)])
+def test_prefill_build_takes_the_token_rows_as_passed(heads, extra, split):
+    """``sparse_prefill``'s launch takes q ``[Sq, H, 512]`` and the lists ``[Sq, K]`` as the caller passes them and,
+    unsplit, writes o ``[Sq, H, 512]`` / lse ``[Sq, H]`` as returned (the s_q and split modes inserted at trace time:
+    three ``unsqueeze`` and an index fewer per call, issue #28) — split, the workspace ``(splits, Sq, 1, H, 512)`` /
+    ``(splits, Sq, H, 1)`` as allocated.  Its device code is the batched build's on the unsqueezed views — with and
+    without the extra cache (whose absent list stays the 3-D placeholder)."""
     from _builds import device_code, instruction_counts
     from dsv4lib.kernels.compile import compile_for_arch
     from dsv4lib.kernels.sm90.sparse_config import Model1DecodeConfig
     from dsv4lib.kernels.sm90.model1_decode import Model1DecodeSm90, Model1PrefillPublicSm90
     from dsv4lib.ops.decode import decode_args
-    config = Model1DecodeConfig.for_decode(sink=True, split_kv=False, extra_cache=extra, topk_length=True,
-                                           extra_topk_length=extra, head_pair_cluster=heads == 128)
+    config = Model1DecodeConfig.for_decode(sink=not split, split_kv=split, bf16_partials=split, extra_cache=extra,
+                                           topk_length=True, extra_topk_length=extra, head_pair_cluster=heads == 128)
     q = torch.empty(3, heads, 512, dtype=torch.bfloat16)
     pages, idx, lengths = torch.empty(5, M.page_bytes(64), dtype=torch.uint8), torch.empty(3, 128, dtype=torch.int32), \
         torch.empty(3, dtype=torch.int32)
     pages2 = torch.empty(7, M.page_bytes(2), dtype=torch.uint8)
     idx2 = torch.empty(3, 512, dtype=torch.int32) if extra else torch.empty(1, 1, 1, dtype=torch.int32)
-    o, lse = torch.empty(3, heads, 512, dtype=torch.bfloat16), torch.empty(3, heads)
+    if split:               # the workspace: (splits, B = Sq, s_q = 1, H, 512) / (splits, B, H, s_q), taken as it is
+        o, lse = torch.empty(2, 3, 1, heads, 512, dtype=torch.bfloat16), torch.empty(2, 3, heads, 1)
+        o_batched, lse_batched = o, lse
+    else:
+        o, lse = torch.empty(3, heads, 512, dtype=torch.bfloat16), torch.empty(3, heads)
+        o_batched, lse_batched = o.unsqueeze(1).unsqueeze(0), lse.unsqueeze(2).unsqueeze(0)
     as_row = lambda t: t.unsqueeze(1) if t.dim() == 2 else t
     rows = compile_for_arch(Model1PrefillPublicSm90(config), *decode_args(q, pages, idx, lengths, pages2, idx2,
                             lengths, 64, 2, o, lse, 0.05, torch.empty(heads)), arch="sm_90a")
     batched = compile_for_arch(Model1DecodeSm90(config), *decode_args(
         q.unsqueeze(1), pages, idx.unsqueeze(1), lengths, pages2, as_row(idx2), lengths, 64, 2,
-        o.unsqueeze(1).unsqueeze(0), lse.unsqueeze(2).unsqueeze(0), 0.05, torch.empty(heads)), arch="sm_90a")
+        o_batched, lse_batched, 0.05, torch.empty(heads)), arch="sm_90a")
     # the same kernel: every instruction but a few of the index arithmetic (the unit modes' strides differ: the
     # inserted one shares its outer mode's, a host view's is a value of its own) — the same wgmmas, copies, barriers,
     # loads, stores and math, in the same numbers
@@ -262,6 +269,35 @@ def test_prefill_build_takes_the_token_rows_as_passed(heads, extra):
         {op: n for op, n in ops_batched.items() if not op.startswith(index_math)}
     assert sum(abs(ops_rows[op] - ops_batched[op]) for op in set(ops_rows) | set(ops_batched)) <= 16
     assert ops_rows["wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16"] > 0
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("rows", [64, 4096])
+def test_token_row_combine_takes_the_outputs_as_returned(rows):
+    """A split ``sparse_prefill`` merges into out ``[Sq, H, 512]`` / lse ``[Sq, H]`` as returned (``token_rows``: the
+    s_q mode inserted at trace time, not ``out.unsqueeze(1)`` / ``lse.unsqueeze(2)`` per call) — the same device code
+    as the combine on those views, for both merge kernels (the chunk combine of few rows, the row combine of many)."""
+    from _builds import device_code, instruction_counts
+    from dsv4lib.kernels.combine import LSECombineKernel
+    from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.row_combine import RowCombineKernel
+    from dsv4lib.ops.combine import combine_args
+    Sq = rows // 64
+    kernel = RowCombineKernel if rows >= 132 else LSECombineKernel
+    o_part, lse_part = torch.empty(2, Sq, 1, 64, 512, dtype=torch.bfloat16), torch.empty(2, Sq, 64, 1)
+    out, lse, sink = torch.empty(Sq, 64, 512, dtype=torch.bfloat16), torch.empty(Sq, 64), torch.empty(64)
+    as_returned = compile_for_arch(kernel(512, has_sink=True, pdl=True, token_rows=True),
+                                   *combine_args(o_part, lse_part, out, lse, sink), arch="sm_90a")
+    on_views = compile_for_arch(kernel(512, has_sink=True, pdl=True),
+                                *combine_args(o_part, lse_part, out.unsqueeze(1), lse.unsqueeze(2), sink),
+                                arch="sm_90a")
+    index_math = ("add.s", "add.u", "mul.wide", "mul.lo", "mad.lo", "shl.", "ld.param", "div.", "rem.", "mul.hi",
+                  "shr.", "sub.", "neg.", "selp.", "setp.", "and.", "or.", "xor.", "mov.")
+    ops_a, ops_b = instruction_counts(device_code(as_returned.ptx)), instruction_counts(device_code(on_views.ptx))
+    assert {op: n for op, n in ops_a.items() if not op.startswith(index_math)} == \
+        {op: n for op, n in ops_b.items() if not op.startswith(index_math)}
+    assert sum(abs(ops_a[op] - ops_b[op]) for op in set(ops_a) | set(ops_b)) <= 24
+    assert ops_a["griddepcontrol.wait"] == 1
 
 
 
@@ -340,6 +376,49 @@ def test_a_plan_reads_a_view_s_pages_as_cache_pages_does():
             assert pages.dtype == torch.uint8 and pages.shape == want.shape and pages.stride() == want.stride()
             assert pages.data_ptr() == want.data_ptr() and torch.equal(pages, want)
     assert pages_reader(cache)(cache) is cache.data
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("view_dtype,heads", [(torch.float8_e4m3fn, 64), (torch.uint8, 128)])
+def test_decode_build_reads_flashmla_views_as_pages(view_dtype, heads):
+    """``sparse_decode`` on FlashMLA's cache views (what vLLM / SGLang pass) hands the views to the build as they are
+    (``[num_pages, page_size, 1, 584]``, float8 or uint8, page stride ``page_bytes``), which reads them as pages at
+    trace time (``model1_decode.as_pages``) — no ``view(uint8)`` + ``as_strided`` per call (issue #28).  Its device
+    code is the build's on the uint8 pages, up to the index arithmetic (the page stride comes from the view)."""
+    from _builds import device_code, instruction_counts
+    from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.sm90.sparse_config import Model1DecodeConfig
+    from dsv4lib.kernels.sm90.model1_decode import Model1DecodePublicSm90
+    from dsv4lib.ops.decode import decode_args
+    from dsv4lib.ops.kvcache import Model1Cache
+    config = Model1DecodeConfig.for_decode(sink=True, split_kv=False, extra_cache=True, topk_length=True,
+                                           extra_topk_length=True, head_pair_cluster=heads == 128)
+    window, compressed = Model1Cache(5, 64, device="cpu"), Model1Cache(7, 2, device="cpu")
+    view = lambda c: c.flashmla_view().view(view_dtype)
+    q, o = torch.empty(3, 1, heads, 512, dtype=torch.bfloat16), torch.empty(3, 1, heads, 512, dtype=torch.bfloat16)
+    idx, idx2 = torch.empty(3, 1, 128, dtype=torch.int32), torch.empty(3, 1, 512, dtype=torch.int32)
+    lengths, lse, sink = torch.empty(3, dtype=torch.int32), torch.empty(3, heads, 1), torch.empty(heads)
+    build = lambda p, p2: compile_for_arch(Model1DecodePublicSm90(config), *decode_args(
+        q, p, idx, lengths, p2, idx2, lengths, 64, 2, o, lse, 0.05, sink), arch="sm_90a")
+    on_views, on_pages = build(view(window), view(compressed)), build(window.data, compressed.data)
+    index_math = ("add.s", "add.u", "mul.wide", "mul.lo", "mad.lo", "shl.", "ld.param", "cvt.s64", "cvt.u64", "mov.",
+                  "selp.")
+    ops_v, ops_p = instruction_counts(device_code(on_views.ptx)), instruction_counts(device_code(on_pages.ptx))
+    assert {op: n for op, n in ops_v.items() if not op.startswith(index_math)} == \
+        {op: n for op, n in ops_p.items() if not op.startswith(index_math)}
+    assert sum(abs(ops_v[op] - ops_p[op]) for op in set(ops_v) | set(ops_p)) <= 24
+
+
+def test_decode_plan_hands_flashmla_views_to_the_build_as_they_are():
+    """The decode's plan reads a view's pages as the view itself (the build reads it as pages); the staged prefill's
+    kernels still take uint8 pages (one strided view, as :func:`cache_pages` makes them)."""
+    from dsv4lib.ops.kvcache import Model1Cache, cache_pages, pages_reader
+    cache = Model1Cache(5, 64, device="cpu")
+    view = cache.flashmla_view()
+    assert pages_reader(view, views_as_they_are=True)(view) is view
+    assert pages_reader(cache, views_as_they_are=True)(cache) is cache.data
+    as_bytes = pages_reader(view)(view)
+    assert as_bytes.dtype == torch.uint8 and torch.equal(as_bytes, cache_pages(view)[0])
 
 
 # ------------------------------------------------------------------------------------------------ GPU

@@ -32,10 +32,20 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, const_expr
 
-from .common import exp2, launch_stream, with_unit_modes
+from .common import exp2, launch_stream, with_unit_mode_at, with_unit_modes
 from .softmax import LN_2, LOG2_E
 
 WARPS_PER_CTA = 4
+
+
+def merged_outputs(mO: cute.Tensor, mLSE: cute.Tensor, token_rows: bool) -> tuple:
+    """A combine's outputs as its kernel indexes them, ``(B, Sq, H, D)`` and ``(B, H, Sq)``, from the tensors a call
+    passes: batched ones as they are; an unbatched ``sparse_attention`` output (o ``[Sq, H, D]`` / lse ``[H, Sq]``)
+    with a unit batch mode; with ``token_rows`` (``sparse_prefill``: each token a decode row, B = Sq, s_q = 1) o
+    ``[Sq, H, D]`` / lse ``[Sq, H]`` with a unit s_q mode — at trace time, instead of a torch view per call (#28)."""
+    if token_rows:
+        return with_unit_mode_at(mO, 1), with_unit_mode_at(mLSE, 2)
+    return with_unit_modes(mO, 4), with_unit_modes(mLSE, 3)
 # split loads a warp keeps in flight (16 instead of 4 changed nothing on the hd512 decode, H200: 9.4 vs 9.6 µs)
 SPLIT_UNROLL = 4
 PDL_SMEM = 96 << 10      # pdl: shared memory a CTA reserves, so at most two wait on any SM the split kernel left idle
@@ -47,7 +57,8 @@ class LSECombineKernel:
     ``O (B, Sq, H, D)`` (bf16) and ``LSE (B, H, Sq)`` fp32; optional ``sink [H]`` fp32 applied once.
     ``cols_per_cta``: columns of one row merged by one CTA (default ``min(D, 128)``: 4 fp32 per lane)."""
 
-    def __init__(self, head_dim: int, *, has_sink: bool, cols_per_cta: int | None = None, pdl: bool = False):
+    def __init__(self, head_dim: int, *, has_sink: bool, cols_per_cta: int | None = None, pdl: bool = False,
+                 token_rows: bool = False):
         if head_dim % 32:
             raise ValueError(f"head_dim must be a multiple of 32, got {head_dim}")
         cols = min(head_dim, 128) if cols_per_cta is None else cols_per_cta
@@ -56,6 +67,7 @@ class LSECombineKernel:
                              f"got {cols}")
         self.head_dim = head_dim
         self.pdl = pdl                            # programmatic dependent launch (module docstring)
+        self.token_rows = token_rows              # outputs as sparse_prefill returns them (merged_outputs)
         self.has_sink = has_sink
         self.cols = cols                          # columns per CTA
         self.vec = cols // 32                     # contiguous fp32 columns per lane (one ≤ 32 B vector)
@@ -64,9 +76,7 @@ class LSECombineKernel:
     @cute.jit
     def __call__(self, mOp: cute.Tensor, mLSEp: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor, mSink: cute.Tensor,
                  stream: cuda.CUstream = None):
-        # an unbatched output (``sparse_attention``'s o [Sq, H, D] / lse [H, Sq]) gets its unit batch mode here, at
-        # trace time, instead of a torch view per call (issue #28); a batched one is taken as it is
-        mO, mLSE = with_unit_modes(mO, 4), with_unit_modes(mLSE, 3)
+        mO, mLSE = merged_outputs(mO, mLSE, self.token_rows)
         rows = cute.size(mO.shape[0]) * cute.size(mO.shape[1]) * cute.size(mO.shape[2])      # B * Sq * H
         self.kernel(mOp, mLSEp, mO, mLSE, mSink).launch(grid=(rows * self.chunks, 1, 1),
                                                         block=(32 * WARPS_PER_CTA, 1, 1), use_pdl=self.pdl,

@@ -23,7 +23,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, const_expr
 
-from .common import exp2, launch_stream, with_unit_modes
+from .combine import merged_outputs
+from .common import exp2, launch_stream
 from .softmax import LN_2, LOG2_E
 COLS_PER_THREAD = 4         # the fewest columns a thread owns: one 16-byte vector of fp32 partials
 VECTOR_BYTES = 16           # a thread's columns of a split: one 16-byte vector (4 fp32 or 8 bf16 columns)
@@ -35,12 +36,13 @@ class RowCombineKernel:
     ``LSE (B, H, Sq)``; optional ``sink [H]`` applied once; ``pdl``: launched with programmatic dependent launch behind
     the split kernel (its reads wait for that grid's end)."""
 
-    def __init__(self, head_dim: int, *, has_sink: bool, pdl: bool = False):
+    def __init__(self, head_dim: int, *, has_sink: bool, pdl: bool = False, token_rows: bool = False):
         if head_dim % (32 * COLS_PER_THREAD):
             raise ValueError(f"head_dim must be a multiple of {32 * COLS_PER_THREAD}, got {head_dim}")
         self.head_dim = head_dim
         self.has_sink = has_sink
         self.pdl = pdl
+        self.token_rows = token_rows          # outputs as sparse_prefill returns them (combine.merged_outputs)
 
     @staticmethod
     def cols_per_thread(dtype) -> int:
@@ -50,7 +52,7 @@ class RowCombineKernel:
     @cute.jit
     def __call__(self, mOp: cute.Tensor, mLSEp: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor, mSink: cute.Tensor,
                  stream: cuda.CUstream = None):
-        mO, mLSE = with_unit_modes(mO, 4), with_unit_modes(mLSE, 3)
+        mO, mLSE = merged_outputs(mO, mLSE, self.token_rows)
         rows = cute.size(mO.shape[0]) * cute.size(mO.shape[1]) * cute.size(mO.shape[2])      # B * Sq * H
         threads = self.head_dim // self.cols_per_thread(mOp.element_type)
         self.kernel(mOp, mLSEp, mO, mLSE, mSink).launch(grid=(rows, 1, 1), block=(threads, 1, 1),

@@ -21,11 +21,13 @@ def combine_args(o_part, lse_part, out, lse, sink_t, stream=None, tvm_ffi: bool 
             cute_t(sink_t, 0), *stream_arg(stream, tvm_ffi))
 
 
-def combine_launcher(D: int, device, *, has_sink: bool, pdl: bool = False) -> Launch:
+def combine_launcher(D: int, device, *, has_sink: bool, pdl: bool = False, token_rows: bool = False) -> Launch:
     """The combine as a :class:`~dsv4lib.ops.launch.Launch` of ``(o_part (splits, B, Sq, H, D) fp32 or bf16, lse_part (splits,
     B, H, Sq), out (B, Sq, H, D) bf16, lse (B, H, Sq), sink_t)`` — or, at B = 1, out (Sq, H, D) / lse (H, Sq) without
-    the batch mode (the build adds it at trace time).  ``pdl``: launched with programmatic dependent launch behind a
-    split kernel that lets it go early."""
+    the batch mode (the build adds it at trace time); ``token_rows``: a prefill's tokens as decode rows (workspace
+    ``(splits, Sq, 1, H, D)`` / ``(splits, Sq, H, 1)``) merged into out ``[Sq, H, D]`` / lse ``[Sq, H]`` as
+    ``sparse_prefill`` returns them (the s_q mode added at trace time).  ``pdl``: launched with programmatic
+    dependent launch behind a split kernel that lets it go early."""
     def args(o_part, lse_part, out, lse, sink_t):
         return o_part, lse_part, out, lse, sink_t, raw_stream(device)
 
@@ -35,8 +37,9 @@ def combine_launcher(D: int, device, *, has_sink: bool, pdl: bool = False) -> La
         tensors = (o_part, lse_part, out, lse, sink_t)
         rows = by_rows(D, math.prod(out.shape[:-1]), device)
         kernel = RowCombineKernel if rows else LSECombineKernel
-        return (("combine", D, has_sink, pdl, rows, out.dim(), o_part.dtype, *map(aligned16, tensors[1:])),
-                lambda: kernel(D, has_sink=has_sink, pdl=pdl), lambda: combine_args(*tensors, tvm_ffi=True))
+        return (("combine", D, has_sink, pdl, token_rows, rows, out.dim(), o_part.dtype, *map(aligned16, tensors[1:])),
+                lambda: kernel(D, has_sink=has_sink, pdl=pdl, token_rows=token_rows),
+                lambda: combine_args(*tensors, tvm_ffi=True))
     return Launch(args, spec)
 
 

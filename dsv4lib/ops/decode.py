@@ -70,9 +70,18 @@ def decode_args(q, pages, idx, lengths, pages2, idx2, lengths2, page_size: int, 
     """The kernel's arguments (CPU tensors too: the compile tests build exactly these)."""
     from cutlass import Float32, Int32
     rows = lambda t, static=(), align=None: rows_dynamic(t, static, align=align, tvm_ffi=tvm_ffi)
-    return (rows(q, (q.dim() - 1,)), rows(pages, align=16), rows(idx), rows(lengths), rows(pages2, align=16),
+    pages_arg = lambda t: rows(t, align=16) if t.dim() == 2 else view_arg(t, tvm_ffi)
+    return (rows(q, (q.dim() - 1,)), pages_arg(pages), rows(idx), rows(lengths), pages_arg(pages2),
             rows(idx2), rows(lengths2), Int32(page_size), Int32(page_size2), rows(o, (o.dim() - 1,)), rows(lse),
             Float32(scale * math.log2(math.e)), rows(sink), *stream_arg(stream, tvm_ffi))
+
+
+def view_arg(view, tvm_ffi: bool = False):
+    """A FlashMLA cache view ``[num_pages, page_size, 1, 584]`` (not compact: its page stride is ``page_bytes``) as a
+    kernel argument, every extent and stride dynamic but the bytes' unit stride; the build reads it as pages
+    (:func:`dsv4lib.kernels.sm90.model1_decode.as_pages`)."""
+    from cutlass.cute.runtime import from_dlpack
+    return from_dlpack(view, assumed_align=16, enable_tvm_ffi=tvm_ffi).mark_layout_dynamic(leading_dim=3)
 
 
 def fake_args(extra: bool = True, split_kv: bool = False, heads: int = 64) -> tuple:
@@ -108,6 +117,8 @@ def launcher(config: Model1DecodeConfig, device, *, page_size: int, page_size2: 
                 return kernels.Model1PrefillPublicSm90(config)
             return (kernels.Model1DecodePublicSm90 if public else kernels.Model1DecodeSm90)(config)
         build_key = (config, "rows" if public == "rows" else "public") if public else config
+        if pages.dim() == 4 or pages2.dim() == 4:       # a FlashMLA view taken as it is: its own build
+            build_key = (build_key, "views", pages.dtype, pages.dim(), pages2.dtype, pages2.dim())
         return (build_key, make_kernel,
                 lambda: decode_args(q, pages, idx, lengths, pages2, idx2, lengths2, page_size, page_size2, o, lse,
                                     scale, sink_t, tvm_ffi=True))
@@ -199,8 +210,8 @@ def decode_plan(q, k_cache, indices, topk_length, *, extra_k_cache, extra_indice
     """Validate one kind of :func:`sparse_decode` call and return its plan: a function of the call's tensors that
     allocates the outputs and launches.  ``token_rows``: the plan of :func:`dsv4lib.sparse_prefill` — validated here
     on views that make each prefill token a decode row (``q.unsqueeze(1)``, the lists too), it takes the token-major
-    tensors themselves (q ``[Sq, H, 512]``, lists ``[Sq, K]``) and returns out ``[Sq, H, 512]`` / lse ``[Sq, H]``; the
-    unsplit launch takes them as they are (``Model1PrefillPublicSm90``), the split one through views."""
+    tensors themselves (q ``[Sq, H, 512]``, lists ``[Sq, K]``) and returns out ``[Sq, H, 512]`` / lse ``[Sq, H]``,
+    every launch taking them as they are (``Model1PrefillPublicSm90``, split or not, and a ``token_rows`` combine)."""
     if not isinstance(q, torch.Tensor) or q.dtype != torch.bfloat16:
         raise TypeError(f"q must be a bf16 tensor, got {getattr(q, 'dtype', type(q))}")
     if q.dim() != 4 or q.shape[3] != HEAD_DIM:
@@ -242,8 +253,8 @@ def decode_plan(q, k_cache, indices, topk_length, *, extra_k_cache, extra_indice
     config, splits = _config(device, B, s_q, H, n_keys, num_splits, extra, topk_length is not None,
                              extra_topk_length is not None, sink is not None)
     no_lengths, no_indices, no_cache = (placeholder(device, name) for name in ("lengths", "indices", "cache"))
-    read_pages = pages_reader(k_cache)
-    read_pages2 = pages_reader(extra_k_cache) if extra else None
+    read_pages = pages_reader(k_cache, views_as_they_are=True)
+    read_pages2 = pages_reader(extra_k_cache, views_as_they_are=True) if extra else None
     if not extra:
         page_size2 = 1
     out_shape, lse_shape = ((B, H, HEAD_DIM), (B, H)) if token_rows else ((B, s_q, H, HEAD_DIM), (B, H, s_q))
@@ -252,15 +263,17 @@ def decode_plan(q, k_cache, indices, topk_length, *, extra_k_cache, extra_indice
     # the outputs as returned: the unsplit build (its split mode is added at trace time) and the split cluster's,
     # which writes them itself
     in_one_launch = splits == 1 or config.cluster_splits > 1
+    # a prefill's token rows are taken as passed, split or not (the rows build writes the workspace when split)
     go = launcher(config, device, page_size=page_size, page_size2=page_size2, scale=scale,
-                  public=in_one_launch and ("rows" if token_rows else True))
+                  public="rows" if token_rows else in_one_launch)
     if not in_one_launch:
         o_part, lse_part = workspace(splits, B, s_q, H, HEAD_DIM, device, raw_stream(device), partial_dtype(config))
         # PDL: the combine's launch hides behind the split kernel, which lets it go once past its main loop; both go
         # out through one compiled function (launch.Sequence)
         # the merge: one CTA a row where there are rows for every SM (B ≥ 3 at H64), else the 4-warp chunks that share
         # many splits (B1: 64 rows over 10 splits) — ops.combine picks
-        split_then_combine = Sequence(go, combine_launcher(HEAD_DIM, device, has_sink=sink is not None, pdl=True))
+        split_then_combine = Sequence(go, combine_launcher(HEAD_DIM, device, has_sink=sink is not None, pdl=True,
+                                                           token_rows=token_rows))
 
     def run(q, k_cache, indices, topk_length, extra_k_cache, extra_indices, extra_topk_length, sink):
         pages = read_pages(k_cache)
@@ -276,10 +289,6 @@ def decode_plan(q, k_cache, indices, topk_length, *, extra_k_cache, extra_indice
         with on_device(device):
             if in_one_launch:
                 go(q, pages, indices, lengths, pages2, extra_indices, lengths2, out, lse, sink_t)
-            elif token_rows:       # a prefill short enough to split: its tokens as decode rows, by views
-                split_then_combine((q.unsqueeze(1), pages, indices.unsqueeze(1), lengths, pages2,
-                                    extra_indices.unsqueeze(1) if extra else extra_indices, lengths2, o_part, lse_part,
-                                    sink_t), (o_part, lse_part, out.unsqueeze(1), lse.unsqueeze(2), sink_t))
             else:
                 split_then_combine((q, pages, indices, lengths, pages2, extra_indices, lengths2, o_part, lse_part,
                                     sink_t), (o_part, lse_part, out, lse, sink_t))

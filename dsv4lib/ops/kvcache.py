@@ -75,13 +75,18 @@ def cache_pages(cache, name: str = "k_cache") -> tuple[torch.Tensor, int]:
     return pages, page_size
 
 
-def pages_reader(cache):
+def pages_reader(cache, views_as_they_are: bool = False):
     """How a call plan gets the pages of a cache argument of the kind of ``cache`` (already read by
     :func:`cache_pages`): a :class:`Model1Cache`'s own tensor, or a FlashMLA view's pages as one strided uint8 view
     (~1.5 µs where :func:`cache_pages`' checks and storage re-wrap take ~4.7, issue #28).  Only for the plan's own
-    kind of view: its key holds the view's shape, strides and dtype, and torch refuses pages beyond the storage."""
+    kind of view: its key holds the view's shape, strides and dtype, and torch refuses pages beyond the storage.
+    ``views_as_they_are``: a view goes to the kernel as it is (the decode's builds read it as pages at trace time);
+    the plan's key holds its shape and strides, and a view torch made covers its last page's records (page_size ·
+    584 bytes from the page's start: all the kernel reads of it)."""
     if isinstance(cache, Model1Cache):
         return lambda c: c.data
+    if views_as_they_are:
+        return lambda c: c
     pages, _ = cache_pages(cache)
     shape, stride = tuple(pages.shape), pages.stride()
     return lambda c: c.view(torch.uint8).as_strided(shape, stride)

@@ -28,9 +28,8 @@ MIN_TILES_PER_CLUSTERED_SPLIT = 2
 # (bf16, the sink once: SparseFwdConfig cluster_splits on the paired schedule) — no partial in global memory, no
 # combine launch.  H200, session 50 (probe_split_phases, device µs): at 64 tokens x 1152 keys the combine was 6.1 of
 # the 35.2 µs two-split call, the cluster took 30.3 (unsplit 37.3); clusters of 4 / 8 lost (51.6 / 70.5 against 41.9
-# split + combine at 4: a cluster of 4 or 8 CTAs waits for SMs free together), so 2 only.  D7's H64 decode at 2
-# splits: 33.6 clustered, 33.0 split + combine (B64 H64, bench_d7) — a tie, one launch fewer.  () = every split
-# count through the combine.
+# split + combine at 4: a cluster of 4 or 8 CTAs waits for SMs free together), so 2 only.  (D7's FP8 decode keeps
+# its combine: ``ops.decode.DECODE_CLUSTER_SPLITS``.)  () = every split count through the combine.
 PAIRED_CLUSTER_SPLITS = (2,)
 # The split rule of the hd512 gathered decodes (D7's FP8 decode and D6's sparse_attention: the paired kernel, bf16
 # partials, the same combines): split while the split launch stays within half a wave of SMs — or within one wave
@@ -259,7 +258,7 @@ def _runner(B: int, Sq: int, H: int, device, *, gather, causal, window, sink, sc
         out = torch.empty(*lead, Sq, H, HEAD_DIM, dtype=torch.bfloat16, device=device)
         lse = new_lse()
         with on_device(device):
-            if num_splits == 1 or go is not None:
+            if go is not None:                 # one launch: unsplit, or a cluster of every split
                 go(q, kv, idx, out, lse, sink_t)
             else:
                 split_then_combine((q, kv, idx, o_part, lse_part, sink_t), (o_part, lse_part, out, lse, sink_t))

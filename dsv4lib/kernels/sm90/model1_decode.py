@@ -187,6 +187,19 @@ def cp_async_4(shared: Int32, address: Int64, *, loc=None, ip=None) -> None:
                     asm_dialect=llvm.AsmDialect.AD_ATT)
 
 
+def as_pages(mCache: cute.Tensor) -> cute.Tensor:
+    """The pages a kernel reads, uint8 ``(num_pages, page_bytes)`` (a :class:`dsv4lib.Model1Cache`'s tensor, taken as
+    it is), or the same read from a FlashMLA view ``(num_pages, page_size, 1, 584)`` of them (uint8 or float8_e4m3fn,
+    page stride ``page_bytes``: what vLLM / SGLang pass) at trace time — only its address, page count and page stride
+    matter (the kernel reads a page by the MODEL1 layout, not by the view's inner modes), so the host passes the
+    view as it is instead of re-viewing it as bytes per call (issue #28)."""
+    if const_expr(cute.rank(mCache.layout) == 2):
+        return mCache
+    page_stride = mCache.stride[0]
+    ptr = cute.make_ptr(Uint8, mCache.iterator.toint(), cute.AddressSpace.gmem, assumed_align=16)
+    return cute.make_tensor(ptr, cute.make_layout((mCache.shape[0], page_stride), stride=(page_stride, 1)))
+
+
 class PageList:
     """One MODEL1 cache and its index list as the kernel reads them, for one batch entry: the cache's address and
     page geometry, its index space, the list and its valid length."""
@@ -270,9 +283,11 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
                  mCache2: cute.Tensor, mIdx2: cute.Tensor, mLen2: cute.Tensor, page_size: Int32, page_size2: Int32,
                  mO: cute.Tensor, mLSE: cute.Tensor, softmax_scale_log2: Float32, mSink: cute.Tensor,
                  stream: cuda.CUstream = None):
-        # mQ (B, s_q, H, 512) bf16  mCache (pages, page_bytes) uint8  mIdx (B, s_q, K) int32  mLen (B,) int32
+        # mQ (B, s_q, H, 512) bf16  mCache (pages, page_bytes) uint8 or a FlashMLA view (pages, page_size, 1, 584)
+        # mIdx (B, s_q, K) int32  mLen (B,) int32
         # mCache2 / mIdx2 (B, s_q, K2) / mLen2: the extra cache (placeholders without)  mO (splits, B, s_q, H, 512)
         # mLSE (splits, B, H, s_q)  mSink (H,)
+        mCache, mCache2 = as_pages(mCache), as_pages(mCache2)      # FlashMLA views as pages (trace time)
         mQ, mO, mCache, mCache2 = as_global(mQ, 16), as_global(mO, 16), as_global(mCache, 16), as_global(mCache2, 16)
         mIdx, mLen, mIdx2, mLen2 = as_global(mIdx, 4), as_global(mLen, 4), as_global(mIdx2, 4), as_global(mLen2, 4)
         mLSE, mSink = as_global(mLSE, 4), as_global(mSink, 4)
@@ -766,10 +781,12 @@ class Model1DecodePublicSm90(Model1DecodeSm90):
 
 
 class Model1PrefillPublicSm90(Model1DecodeSm90):
-    """``sparse_prefill``'s unsplit build: each prefill token one decode row (B = Sq, s_q = 1) on the token-major
-    tensors as the caller passes and ``sparse_prefill`` returns them — q ``[Sq, H, 512]``, the lists ``[Sq, K]``, o
-    ``[Sq, H, 512]``, lse ``[Sq, H]``; the s_q and split modes added at trace time (:func:`with_unit_mode_at`), not
-    by host views (~8 µs of host time a call, issue #28).  The device code is the batched build's."""
+    """``sparse_prefill``'s builds: each prefill token one decode row (B = Sq, s_q = 1) on the token-major tensors as
+    the caller passes them — q ``[Sq, H, 512]``, the lists ``[Sq, K]`` — writing, unsplit, o ``[Sq, H, 512]`` and lse
+    ``[Sq, H]`` as ``sparse_prefill`` returns them, or, split, the workspace ``(splits, Sq, 1, H, 512)`` / ``(splits,
+    Sq, H, 1)`` as allocated (the row combine then takes the outputs as returned: ``token_rows``).  The s_q and split
+    modes are added at trace time (:func:`with_unit_mode_at`), not by host views (~8 µs of host time a call, issue
+    #28).  The device code is the batched build's."""
 
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mCache: cute.Tensor, mIdx: cute.Tensor, mLen: cute.Tensor,
@@ -777,9 +794,10 @@ class Model1PrefillPublicSm90(Model1DecodeSm90):
                  mO: cute.Tensor, mLSE: cute.Tensor, softmax_scale_log2: Float32, mSink: cute.Tensor,
                  stream: cuda.CUstream = None):
         # mQ (Sq, H, 512) → (Sq, 1, H, 512); mIdx (Sq, K) → (Sq, 1, K) (the extra list's placeholder is 3-D already);
-        # mO (Sq, H, 512) → (1, Sq, 1, H, 512); mLSE (Sq, H) → (1, Sq, H, 1)
+        # unsplit: mO (Sq, H, 512) → (1, Sq, 1, H, 512), mLSE (Sq, H) → (1, Sq, H, 1); split: the workspace as it is
         if const_expr(cute.rank(mIdx2.layout) == 2):
             mIdx2 = with_unit_mode_at(mIdx2, 1)
+        if const_expr(cute.rank(mO.layout) == 3):
+            mO, mLSE = with_unit_modes(with_unit_mode_at(mO, 1), 5), with_unit_modes(with_unit_mode_at(mLSE, 2), 4)
         Model1DecodeSm90.__call__(self, with_unit_mode_at(mQ, 1), mCache, with_unit_mode_at(mIdx, 1), mLen, mCache2,
-                                  mIdx2, mLen2, page_size, page_size2, with_unit_modes(with_unit_mode_at(mO, 1), 5),
-                                  with_unit_modes(with_unit_mode_at(mLSE, 2), 4), softmax_scale_log2, mSink, stream)
+                                  mIdx2, mLen2, page_size, page_size2, mO, mLSE, softmax_scale_log2, mSink, stream)

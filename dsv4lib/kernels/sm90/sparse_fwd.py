@@ -64,11 +64,11 @@ read its buffer.  So one partial in C reaches global memory:
 the fp32 round trip (128 KB a split, written and read back by the combine) was most of what the decode lost to
 the producer-only roof (H200, H64 KV64k, 128 splits: split kernel 27.4 µs vs 19.9 producer only, combine 9.5 µs).  The combine then merges ``splits / C`` partials.
 
-**The paired schedule's cluster** (``cluster_splits=C > 1`` with gathered keys; candidate, session 49): the cluster is
-*all* C splits of the query, so its merge is the final one — the same on-chip merge, then CTA r writes column slice r
-of the bf16 output itself with the sink applied once (``1 / (1 + e^{σ - lse})`` on the merged row) and the final LSE:
-no partial leaves the SMs and no combine is launched.  At 64 tokens x 1152 keys on the H200 the combine of two bf16
-partials took 6.1 µs of a 35.3 µs split call (docs/tuning/d2_d6.md, session 49).
+**The paired schedule's cluster** (``cluster_splits=C > 1`` with gathered keys; ``sparse_attention`` at 2 splits): the
+cluster is *all* C splits of the query, so its merge is the final one — the same on-chip merge, then CTA r writes
+column slice r of the bf16 output itself with the sink applied once (``1 / (1 + e^{σ - lse})`` on the merged row) and
+the final LSE: no partial leaves the SMs and no combine is launched. At 64 tokens x 1152 keys on the H200 the combine
+of two bf16 partials took 6.1 µs of a 35.2 µs split call, the cluster 30.3 (docs/tuning/d2_d6.md, session 50).
 """
 from __future__ import annotations
 
