@@ -1516,3 +1516,27 @@ def test_staged_prefill_with_given_pages_reads_only_those():
     out, lse = call()
     want, want_lse = _staged_by_hand(q, main, idx, kw, [ok.cuda() for ok in allowed])
     assert torch.isfinite(out).all() and torch.equal(out, want) and torch.equal(lse, want_lse)
+
+
+def test_the_steady_host_pass_rewrites_every_row_and_keeps_the_first_pass(monkeypatch):
+    """D7's host µs per shape are read again after the last shape was timed; the first pass stays in the row."""
+    from dsv4lib.bench import d7
+    cases = [d7.DecodeCase(B, 64, 128, 512, sets=[(B,)], window=None, compressed=None, sink=None) for B in (1, 64)]
+    rows = [dict(B=1, H=64, host_us=42.8, flashmla_host_us=58.6), dict(B=64, H=64, host_us=24.9, flashmla_host_us=32.5)]
+    asked = {}
+
+    def fake_interleaved(fns, sets_of):
+        asked.update(sets_of)
+        return {key: 20.0 + key[1] + (0.5 if key[0] == "flashmla" else 0.0) for key in fns}
+    monkeypatch.setattr(d7, "host_us_interleaved", fake_interleaved)
+    monkeypatch.setattr(d7, "flashmla_fn", lambda case, fm: (lambda *a: None))
+    d7.steady_host_us(cases, rows, fm=object())
+    assert sorted(asked) == [("flashmla", 0), ("flashmla", 1), ("ours", 0), ("ours", 1)]
+    assert asked[("ours", 1)] is cases[1].sets
+    assert [r["host_us"] for r in rows] == [20.0, 21.0]
+    assert [r["flashmla_host_us"] for r in rows] == [20.5, 21.5]
+    assert [r["host_us_first_pass"] for r in rows] == [42.8, 24.9]
+    assert [r["flashmla_host_us_first_pass"] for r in rows] == [58.6, 32.5]
+    rows = [dict(B=1, H=64, host_us=30.0)]                    # no FlashMLA: its column is not invented
+    d7.steady_host_us(cases[:1], rows)
+    assert rows == [dict(B=1, H=64, host_us=20.0, host_us_first_pass=30.0)]
