@@ -1540,3 +1540,25 @@ def test_the_steady_host_pass_rewrites_every_row_and_keeps_the_first_pass(monkey
     rows = [dict(B=1, H=64, host_us=30.0)]                    # no FlashMLA: its column is not invented
     d7.steady_host_us(cases[:1], rows)
     assert rows == [dict(B=1, H=64, host_us=20.0, host_us_first_pass=30.0)]
+
+
+def test_the_cache_call_key_tells_apart_what_the_plan_depends_on():
+    """The flat plan key: a Model1Cache's page size and pages, a view, an argument left out, an option's type, a
+    tensor's alignment — each makes another key; a non-tensor gives none (the full path explains it)."""
+    from dsv4lib.ops.decode import cache_call_key
+    from dsv4lib.ops.kvcache import Model1Cache
+    q = torch.randn(2, 1, 64, 512).bfloat16()
+    idx, lens, sink = torch.zeros(2, 1, 8, dtype=torch.int32), torch.ones(2, dtype=torch.int32), torch.randn(64)
+    c64, c32 = Model1Cache(4, 64, device="cpu"), Model1Cache(8, 32, device="cpu")
+
+    def key(cache=c64, q=q, lens=lens, extra=None, options=(None, False, None)):
+        return cache_call_key("sparse_decode", (q, cache, idx, lens, extra, None if extra is None else idx, None,
+                                                sink), options)
+    base = key()
+    assert base == key() and hash(base) == hash(key())
+    variants = [key(cache=c32), key(cache=c64.flashmla_view()), key(lens=None), key(extra=c64),
+                key(options=(None, 1, None)), key(q=torch.randn(3, 1, 64, 512).bfloat16()),
+                key(q=q.view(torch.uint8)[..., 2:].view(torch.bfloat16)[..., :511])]
+    assert all(v is not None and v != base for v in variants)
+    assert len(set(variants)) == len(variants)
+    assert key(cache="not a cache") is None and key(options=(torch.ones(1), False, None)) is None
