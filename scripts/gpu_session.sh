@@ -18,8 +18,8 @@
 # candidate against the combine launch at B1 / B2 / B4); splitsparse (scripts/split_sweep_sparse.py: D6 / D2 split
 # counts at 4-32 tokens); combinerows (scripts/probe_combine_rows.py: D7's small merges by either combine); d7store (B1's partial
 # store: none / half / all); d7alt (the ALTERNATE_HALF_TILES candidate's tests and timing; d7alttrace its event traces); d7peer (H128 without / with half the crossover's DSMEM stores); d7peerfp8 (PEER_FP8 against peer_bf16, then the d7 + sparse GPU tests); d7peerparts (PEER_FP8's peer rows left unconverted); splitphases (probe_split_phases.py at 32-64 tokens);
-# clustersweep: gathered splits as one cluster vs split + combine (bf16 probe, D7 sweep); rowsplit / viewsdirect /
-# hostcands: host-path candidates applied, their GPU tests, the host bench;
+# clustersweep: gathered splits as one cluster vs split + combine (bf16 probe, D7 sweep); candidate=a+b: host-path
+# candidates applied, the D7 GPU tests they touch ($CAND_K), the FP8-cache host bench;
 # ncu7 / ncu7p / ncu1 / ncu6: Nsight Compute on one D7 call (B128 H64; ncu7p: the FP8-cache prefill's B4096 H64) / D1's hd64 causal (ours and FA4) / D6's bf16
 # prefill (ours and FlashMLA), per-SASS samples summarized by scripts/ncu_sass.py;
 # pipeline=D7 (stages named, comma-separated); pipeline1 / pipeline2: the stages in two calls (the whole pipeline took > 560 s on the H100, session 31).
@@ -210,14 +210,10 @@ for w in $what; do
     d7peerparts) { timeout 200 python scripts/probe_d7.py --shapes 3,4,4096x128x128x1024 \
                      --variants full,peer_no_convert,full,peer_no_convert; } 2>&1 \
                      | tee "$out/logs/d7peerparts.txt" | tail -n 8 ;;
-    # a host-path candidate of docs/tuning/candidates/ applied to this copy, then the GPU tests it touches and the
-    # FP8-cache calls' host times (~3 min each).  rowsplit: token_row_split.patch (sparse_prefill's split launch and
-    # combine on the token rows as passed); viewsdirect: flashmla_views_direct.patch (FlashMLA cache views handed to
-    # the decode's builds as they are); both: the two (they apply in either order)
-    rowsplit)    run_candidate "$w" "prefill_matches_the_reference_over or one_compiled_call" token_row_split ;;
-    viewsdirect) run_candidate "$w" "views or flashmla or prefill_matches_the_reference_over" flashmla_views_direct ;;
-    hostcands)   run_candidate "$w" "views or flashmla or prefill_matches_the_reference_over or one_compiled_call" \
-                   token_row_split flashmla_views_direct ;;
+    # candidate=a+b: host-path candidates of docs/tuning/candidates/ (a.patch, b.patch) applied to this copy, then the
+    # D7 GPU tests matching $CAND_K (default: the decode / prefill reference tests) and the FP8-cache host times
+    candidate=*) run_candidate candidate "${CAND_K:-matches_the_reference or views or one_compiled_call}" \
+                   $(echo "${w#candidate=}" | tr + ' ') ;;
     # clustersweep: the gathered split at 2 / 4 / 8 splits as one cluster (no combine) beside split + combine and
     # unsplit, and the D7 split sweep with and without clusters, FlashMLA beside (~3 min)
     clustersweep)
