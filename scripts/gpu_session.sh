@@ -19,7 +19,8 @@
 # counts at 4-32 tokens); combinerows (scripts/probe_combine_rows.py: D7's small merges by either combine); d7store (B1's partial
 # store: none / half / all); d7alt (the ALTERNATE_HALF_TILES candidate's tests and timing; d7alttrace its event traces); d7peer (H128 without / with half the crossover's DSMEM stores); d7peerfp8 (PEER_FP8 against peer_bf16, then the d7 + sparse GPU tests); d7peerparts (PEER_FP8's peer rows left unconverted); splitphases (probe_split_phases.py at 32-64 tokens);
 # clustersweep: gathered splits as one cluster vs split + combine (bf16 probe, D7 sweep); candidate=a+b: host-path
-# candidates applied, the D7 GPU tests they touch ($CAND_K), the FP8-cache host bench; hostargs (probe_host_args.py);
+# candidates applied, the D7 GPU tests they touch ($CAND_K), the FP8-cache host bench; hostargs (probe_host_args.py); ffiargs
+# (probe_ffi_args.py);
 # ncu7 / ncu7p / ncu1 / ncu6: Nsight Compute on one D7 call (B128 H64; ncu7p: the FP8-cache prefill's B4096 H64) / D1's hd64 causal (ours and FA4) / D6's bf16
 # prefill (ours and FlashMLA), per-SASS samples summarized by scripts/ncu_sass.py;
 # pipeline=D7 (stages named, comma-separated); pipeline1 / pipeline2: the stages in two calls (the whole pipeline took > 560 s on the H100, session 31).
@@ -98,6 +99,8 @@ for w in $what; do
                 | tee "$out/logs/hostbench.txt" | tail -n 40 ;;
     # hostargs: where sparse_decode's in-situ launch spends its ~5.6 µs over the bare compiled call (~1 min)
     hostargs) { timeout 150 python scripts/probe_host_args.py; } 2>&1 | tee "$out/logs/hostargs.txt" | tail -n 10 ;;
+    # ffiargs: one TVM-FFI argument as a torch tensor against its data pointer (the pointer-ABI question, ~1 min)
+    ffiargs)  { timeout 150 python scripts/probe_ffi_args.py; } 2>&1 | tee "$out/logs/ffiargs.txt" | tail -n 10 ;;
     probes)   { timeout 150 python scripts/bench_host.py --split; timeout 120 python scripts/bench_host.py --one-call 0;
                 timeout 120 python scripts/bench_d7.py --no-bf16 --shapes 0 --splits 5,8,10;
                 timeout 300 python scripts/probe_d6.py --variants full,token_fastest --pool-rows 32768;

@@ -439,3 +439,20 @@ def test_the_cpu_host_probe_runs_every_public_call_as_one_compiled_call():
     assert all(r["compiled_calls"] == 1 and r["cpu_host_us"] > 0 for r in one.values()), one
     multi = [name for name in one if "combine" in name or "branches" in name]
     assert multi and all(each[name]["compiled_calls"] >= 2 for name in multi), each
+
+
+@pytest.mark.compile
+def test_the_ffi_argument_probe_builds_the_tensor_and_the_pointer_abi():
+    """scripts/probe_ffi_args.py (#28: what a tensor argument of a TVM-FFI launch costs against its data pointer)
+    builds both of its kernels for sm_90a on the CPU: ten ``cute.Tensor`` parameters, and ten ``cute.Pointer``
+    parameters with the length — the pointer ABI a plan's launches could take — so the GPU probe does not fail on a
+    build the next session has no time to mend."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = Path(__file__).resolve().parents[1] / "scripts" / "probe_ffi_args.py"
+    proc = subprocess.run([sys.executable, str(script), "--compile-only"], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"compiled": True, "args": 10}

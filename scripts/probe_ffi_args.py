@@ -1,0 +1,115 @@
+"""What one argument of a TVM-FFI launch costs the host: a torch tensor against its data pointer (#28; ~1 min on a GPU).
+
+    python scripts/probe_ffi_args.py [--rounds R] [--compile-only]
+
+The plans pass every tensor of a launch to the compiled function as a ``torch.Tensor``: TVM-FFI takes each through
+torch's DLPack exchange and checks its dtype, rank, extents, strides, device and alignment in C.  A plan's key
+already holds all of that (``launch.tensor_sig``), so a build could take the addresses instead (``cute.Pointer``
+parameters: CuTeDSL's TVM-FFI ABI takes a Python int for them, ``tensor.data_ptr()``) and rebuild its layouts from
+the plan's extents.  This measures whether that pays: the same trivial kernel (one thread copies one element between
+the first and last argument) built twice — ten ``cute.Tensor`` parameters, or ten ``cute.Pointer`` parameters and
+the length — called with the same tensors, with a fresh output (``torch.empty`` each call, as a public call's output
+is), and with ``data_ptr()`` ints, each the lowest of R round medians (``bench.host_us``), alternating.  Expected
+from the host log (session 29: ~30 tensors ~27 µs of checks): ~0.9 µs a tensor against ~0.1 an int.
+``--compile-only``: build both for sm_90a on the CPU and stop (tests/test_foundation.py runs it)."""
+import argparse
+import json
+
+import cutlass
+import cutlass.cute as cute
+import torch
+
+ELEMENTS = 1024
+N_ARGS = 10
+
+
+@cute.kernel
+def copy_one(src: cute.Tensor, dst: cute.Tensor):
+    tidx, _, _ = cute.arch.thread_idx()
+    if tidx == 0:
+        dst[0] = src[0]
+
+
+# ten arguments written out (sparse_decode's launch takes ten tensors): flat positional parameters, as the plans
+# call their builds — a tuple parameter would go through an ffi.Array of its own
+@cute.jit
+def launch_tensors(t0: cute.Tensor, t1: cute.Tensor, t2: cute.Tensor, t3: cute.Tensor, t4: cute.Tensor,
+                   t5: cute.Tensor, t6: cute.Tensor, t7: cute.Tensor, t8: cute.Tensor, t9: cute.Tensor, stream):
+    copy_one(t0, t9).launch(grid=(1, 1, 1), block=(32, 1, 1), stream=stream)
+
+
+@cute.jit
+def launch_pointers(p0: cute.Pointer, p1: cute.Pointer, p2: cute.Pointer, p3: cute.Pointer, p4: cute.Pointer,
+                    p5: cute.Pointer, p6: cute.Pointer, p7: cute.Pointer, p8: cute.Pointer, p9: cute.Pointer,
+                    n: cutlass.Int32, stream):
+    # the plan's extents rebuild the layouts (here: contiguous vectors of n floats)
+    layout = cute.make_layout((n,))
+    copy_one(cute.make_tensor(p0, layout), cute.make_tensor(p9, layout)).launch(grid=(1, 1, 1), block=(32, 1, 1),
+                                                                                stream=stream)
+
+
+def compile_both(arch: str = "sm_90a"):
+    """The two builds, TVM-FFI functions (compiled for ``arch``; on a CPU inside ``compile.cute_arch``)."""
+    from cutlass.cute.runtime import make_fake_stream, make_fake_tensor, make_ptr
+    n = cute.sym_int()
+    fakes = tuple(make_fake_tensor(cutlass.Float32, (n,), stride=(1,), assumed_align=16) for _ in range(N_ARGS))
+    ptrs = tuple(make_ptr(cutlass.Float32, 0, cute.AddressSpace.gmem, assumed_align=16) for _ in range(N_ARGS))
+    options = f"--gpu-arch {arch} --enable-tvm-ffi"
+    stream = make_fake_stream()
+    as_tensors = cute.compile(launch_tensors, *fakes, stream, options=options)
+    as_pointers = cute.compile(launch_pointers, *ptrs, cutlass.Int32(ELEMENTS), stream, options=options)
+    unwrap = lambda f: getattr(f, "_tvm_ffi_function", None) or f
+    return unwrap(as_tensors), unwrap(as_pointers)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--compile-only", action="store_true")
+    args = ap.parse_args()
+    if args.compile_only:
+        from dsv4lib.kernels.compile import cute_arch
+        with cute_arch("sm_90a"):
+            compile_both()
+        print(json.dumps({"compiled": True, "args": N_ARGS}))
+        return
+    from dsv4lib import bench
+    from dsv4lib.ops.launch import raw_stream
+    as_tensors, as_pointers = compile_both()
+    device = torch.device("cuda")
+    ts = [torch.randn(ELEMENTS, device=device) for _ in range(N_ARGS)]
+    stream = raw_stream(device)
+    as_tensors(*ts, stream)
+    as_pointers(*(t.data_ptr() for t in ts), ELEMENTS, stream)
+    torch.cuda.synchronize()
+    assert ts[-1][0].item() == ts[0][0].item(), "the tensor build did not copy"
+
+    def fresh_tensors():
+        out = torch.empty(ELEMENTS, device=device)
+        as_tensors(*ts[:-1], out, stream)
+
+    def fresh_pointers():
+        out = torch.empty(ELEMENTS, device=device)
+        as_pointers(*(t.data_ptr() for t in ts[:-1]), out.data_ptr(), ELEMENTS, stream)
+    ready = tuple(ts)
+    addresses = tuple(t.data_ptr() for t in ts)
+    calls = {
+        "tensors, the same every call": lambda: as_tensors(*ready, stream),
+        "pointers, the same ints every call": lambda: as_pointers(*addresses, ELEMENTS, stream),
+        "pointers, data_ptr() read every call": lambda: as_pointers(*(t.data_ptr() for t in ts), ELEMENTS, stream),
+        "tensors, a fresh output every call": fresh_tensors,
+        "pointers, a fresh output every call": fresh_pointers,
+        "torch.empty alone": lambda: torch.empty(ELEMENTS, device=device),
+    }
+    best = bench.host_us_interleaved(calls, {name: [()] for name in calls}, rounds=args.rounds)
+    for name, us in best.items():
+        print(json.dumps({"call": name, "args": N_ARGS, "host_us": round(us, 2)}), flush=True)
+    per_arg = (best["tensors, the same every call"] - best["pointers, the same ints every call"]) / N_ARGS
+    print(json.dumps({"tensor_over_pointer_us_per_arg": round(per_arg, 3),
+                      "fresh_output_extra_us": round(best["tensors, a fresh output every call"]
+                                                     - best["torch.empty alone"]
+                                                     - best["tensors, the same every call"], 2)}))
+
+
+if __name__ == "__main__":
+    main()
