@@ -7,11 +7,12 @@ torch's DLPack exchange and checks its dtype, rank, extents, strides, device and
 already holds all of that (``launch.tensor_sig``), so a build could take the addresses instead (``cute.Pointer``
 parameters: CuTeDSL's TVM-FFI ABI takes a Python int for them, ``tensor.data_ptr()``) and rebuild its layouts from
 the plan's extents.  This measures whether that pays: the same trivial kernel (one thread copies one element between
-the first and last argument) built twice — ten ``cute.Tensor`` parameters, or ten ``cute.Pointer`` parameters and
-the length — called with the same tensors, with a fresh output (``torch.empty`` each call, as a public call's output
-is), and with ``data_ptr()`` ints, each the lowest of R round medians (``bench.host_us``), alternating.  Expected
-from the host log (session 29: ~30 tensors ~27 µs of checks): ~0.9 µs a tensor against ~0.1 an int.
-``--compile-only``: build both for sm_90a on the CPU and stop (tests/test_foundation.py runs it)."""
+the first and last argument) built three times — ten ``cute.Tensor`` parameters; ten ``cute.Pointer`` parameters and
+the length; the same with 36 more ints (what a plan's pointer build also takes: extents and strides) — called with
+the same tensors, with a fresh output (``torch.empty`` each call, as a public call's output is), and with
+``data_ptr()`` ints, each the lowest of R round medians (``bench.host_us``), alternating.  Expected from the host
+log (session 29: ~30 tensors ~27 µs of checks): ~0.9 µs a tensor against ~0.1 an int.
+``--compile-only``: build the three for sm_90a on the CPU and stop (tests/test_foundation.py runs it)."""
 import argparse
 import json
 
@@ -48,6 +49,23 @@ def launch_pointers(p0: cute.Pointer, p1: cute.Pointer, p2: cute.Pointer, p3: cu
                                                                                 stream=stream)
 
 
+EXTRA_INTS = 36      # a plan's pointer build also takes the tensors' extents and strides: ~36 ints at sparse_decode
+
+
+def launch_pointers_and_ints():
+    """``launch_pointers`` with :data:`EXTRA_INTS` more Int32 parameters (unused: their cost is the argument
+    passing), written out as source — a jit function's parameters are its signature — and traced without the AST
+    pass (no control flow)."""
+    names = ", ".join(f"x{i}" for i in range(EXTRA_INTS))
+    source = (f"def launch(p0, p1, p2, p3, p4, p5, p6, p7, p8, p9, n, {names}, stream):\n"
+              "    layout = cute.make_layout((n,))\n"
+              "    copy_one(cute.make_tensor(p0, layout), cute.make_tensor(p9, layout)).launch(\n"
+              "        grid=(1, 1, 1), block=(32, 1, 1), stream=stream)\n")
+    scope = {"cute": cute, "copy_one": copy_one}
+    exec(compile(source, "<probe: pointers and ints>", "exec"), scope)
+    return cute.jit(preprocess=False)(scope["launch"])
+
+
 def compile_both(arch: str = "sm_90a"):
     """The two builds, TVM-FFI functions (compiled for ``arch``; on a CPU inside ``compile.cute_arch``)."""
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor, make_ptr
@@ -58,8 +76,10 @@ def compile_both(arch: str = "sm_90a"):
     stream = make_fake_stream()
     as_tensors = cute.compile(launch_tensors, *fakes, stream, options=options)
     as_pointers = cute.compile(launch_pointers, *ptrs, cutlass.Int32(ELEMENTS), stream, options=options)
+    with_ints = cute.compile(launch_pointers_and_ints(), *ptrs, cutlass.Int32(ELEMENTS),
+                             *(cutlass.Int32(i) for i in range(EXTRA_INTS)), stream, options=options)
     unwrap = lambda f: getattr(f, "_tvm_ffi_function", None) or f
-    return unwrap(as_tensors), unwrap(as_pointers)
+    return unwrap(as_tensors), unwrap(as_pointers), unwrap(with_ints)
 
 
 def main() -> None:
@@ -75,7 +95,7 @@ def main() -> None:
         return
     from dsv4lib import bench
     from dsv4lib.ops.launch import raw_stream
-    as_tensors, as_pointers = compile_both()
+    as_tensors, as_pointers, with_ints = compile_both()
     device = torch.device("cuda")
     ts = [torch.randn(ELEMENTS, device=device) for _ in range(N_ARGS)]
     stream = raw_stream(device)
@@ -100,6 +120,8 @@ def main() -> None:
         "tensors, a fresh output every call": fresh_tensors,
         "pointers, a fresh output every call": fresh_pointers,
         "torch.empty alone": lambda: torch.empty(ELEMENTS, device=device),
+        f"pointers + {EXTRA_INTS} ints, data_ptr() read every call": lambda: with_ints(
+            *(t.data_ptr() for t in ts), ELEMENTS, *range(EXTRA_INTS), stream),
     }
     best = bench.host_us_interleaved(calls, {name: [()] for name in calls}, rounds=args.rounds)
     for name, us in best.items():
