@@ -57,7 +57,7 @@ run_candidate() {  # LOG PYTEST_K PATCH_NAME...
     local cand=docs/tuning/candidates/$name.patch
     git apply -R --check "$cand" 2>/dev/null || git apply "$cand" || { echo "candidate $name does not apply"; return; }
   done
-  { timeout 200 python -m pytest -q -p no:cacheprovider -m gpu tests/test_d7_fp8_decode.py -k "$k"
+  { timeout 300 python -m pytest -q -p no:cacheprovider -m gpu ${CAND_TESTS:-tests/test_d7_fp8_decode.py} -k "$k"
     timeout 100 python scripts/bench_host.py --split --rounds 3 --only sparse_decode,sparse_prefill; } 2>&1 \
     | tee "$out/logs/$log.txt" | grep -v "^\s*$" | tail -n 16
 }
@@ -216,7 +216,8 @@ for w in $what; do
                      --variants full,peer_no_convert,full,peer_no_convert; } 2>&1 \
                      | tee "$out/logs/d7peerparts.txt" | tail -n 8 ;;
     # candidate=a+b: host-path candidates of docs/tuning/candidates/ (a.patch, b.patch) applied to this copy, then the
-    # D7 GPU tests matching $CAND_K (default: the decode / prefill reference tests) and the FP8-cache host times
+    # GPU tests of $CAND_TESTS (default the D7 file) matching $CAND_K (default: the decode / prefill reference tests)
+    # and the FP8-cache host times
     candidate=*) run_candidate candidate "${CAND_K:-matches_the_reference or views or one_compiled_call}" \
                    $(echo "${w#candidate=}" | tr + ' ') ;;
     # clustersweep: the gathered split at 2 / 4 / 8 splits as one cluster (no combine) beside split + combine and
