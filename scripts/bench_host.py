@@ -112,9 +112,10 @@ def calls() -> dict:
     return out
 
 
-def decode_launch(case) -> callable:
-    """The TVM-FFI function of ``case``'s unsplit decode build called with ready arguments: what a D7 call costs
-    below the Python of ``sparse_decode`` (validation, plan, output allocation)."""
+def unsplit_decode_build(case) -> tuple:
+    """``(fn, args)``: the TVM-FFI function of ``case``'s unsplit decode build (compiled here through
+    ``sparse_decode``) and its arguments on ``case``'s first set, outputs allocated once — ``args[9]`` / ``args[10]``
+    are ``out`` / ``lse`` (scripts/probe_host_args.py swaps in fresh ones)."""
     q, idx, len1, idx2, len2 = case.sets[0]
     dsv4lib.sparse_decode(q, case.window, idx, len1, extra_k_cache=case.compressed, extra_indices=idx2,
                           extra_topk_length=len2, sink=case.sink, num_splits=1)          # compiles the build
@@ -122,8 +123,15 @@ def decode_launch(case) -> callable:
               and type(k[0]).__name__ == "Model1DecodeConfig")              # the unsplit build sparse_decode launches
     o = torch.empty(*q.shape, dtype=torch.bfloat16, device="cuda")
     lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32, device="cuda")
-    args = (q, case.window.data, idx, len1, case.compressed.data, idx2, len2, case.window.page_size,
-            case.compressed.page_size, o, lse, 512 ** -0.5 * 1.4426950408889634, case.sink, launch.raw_stream(q.device))
+    return fn, (q, case.window.data, idx, len1, case.compressed.data, idx2, len2, case.window.page_size,
+                case.compressed.page_size, o, lse, 512 ** -0.5 * 1.4426950408889634, case.sink,
+                launch.raw_stream(q.device))
+
+
+def decode_launch(case) -> callable:
+    """The TVM-FFI function of ``case``'s unsplit decode build called with ready arguments: what a D7 call costs
+    below the Python of ``sparse_decode`` (validation, plan, output allocation)."""
+    fn, args = unsplit_decode_build(case)
     return lambda: fn(*args)
 
 

@@ -39,30 +39,21 @@ def launch_tensors(t0: cute.Tensor, t1: cute.Tensor, t2: cute.Tensor, t3: cute.T
     copy_one(t0, t9).launch(grid=(1, 1, 1), block=(32, 1, 1), stream=stream)
 
 
-@cute.jit
-def launch_pointers(p0: cute.Pointer, p1: cute.Pointer, p2: cute.Pointer, p3: cute.Pointer, p4: cute.Pointer,
-                    p5: cute.Pointer, p6: cute.Pointer, p7: cute.Pointer, p8: cute.Pointer, p9: cute.Pointer,
-                    n: cutlass.Int32, stream):
-    # the plan's extents rebuild the layouts (here: contiguous vectors of n floats)
-    layout = cute.make_layout((n,))
-    copy_one(cute.make_tensor(p0, layout), cute.make_tensor(p9, layout)).launch(grid=(1, 1, 1), block=(32, 1, 1),
-                                                                                stream=stream)
-
-
 EXTRA_INTS = 36      # a plan's pointer build also takes the tensors' extents and strides: ~36 ints at sparse_decode
 
 
-def launch_pointers_and_ints():
-    """``launch_pointers`` with :data:`EXTRA_INTS` more Int32 parameters (unused: their cost is the argument
-    passing), written out as source — a jit function's parameters are its signature — and traced without the AST
-    pass (no control flow)."""
-    names = ", ".join(f"x{i}" for i in range(EXTRA_INTS))
-    source = (f"def launch(p0, p1, p2, p3, p4, p5, p6, p7, p8, p9, n, {names}, stream):\n"
+def launch_pointers(extra_ints: int = 0):
+    """The pointer build's jit function: ten ``cute.Pointer`` parameters, the length, ``extra_ints`` more Int32
+    parameters (unused: their cost is the argument passing), the stream — written out as source (a jit function's
+    parameters are its signature) and traced without the AST pass (no control flow); the length rebuilds the
+    layouts, as a plan's extents would."""
+    extra = "".join(f"x{i}, " for i in range(extra_ints))
+    source = (f"def launch(p0, p1, p2, p3, p4, p5, p6, p7, p8, p9, n, {extra}stream):\n"
               "    layout = cute.make_layout((n,))\n"
               "    copy_one(cute.make_tensor(p0, layout), cute.make_tensor(p9, layout)).launch(\n"
               "        grid=(1, 1, 1), block=(32, 1, 1), stream=stream)\n")
     scope = {"cute": cute, "copy_one": copy_one}
-    exec(compile(source, "<probe: pointers and ints>", "exec"), scope)
+    exec(compile(source, f"<probe: pointers and {extra_ints} ints>", "exec"), scope)
     return cute.jit(preprocess=False)(scope["launch"])
 
 
@@ -75,8 +66,8 @@ def compile_both(arch: str = "sm_90a"):
     options = f"--gpu-arch {arch} --enable-tvm-ffi"
     stream = make_fake_stream()
     as_tensors = cute.compile(launch_tensors, *fakes, stream, options=options)
-    as_pointers = cute.compile(launch_pointers, *ptrs, cutlass.Int32(ELEMENTS), stream, options=options)
-    with_ints = cute.compile(launch_pointers_and_ints(), *ptrs, cutlass.Int32(ELEMENTS),
+    as_pointers = cute.compile(launch_pointers(), *ptrs, cutlass.Int32(ELEMENTS), stream, options=options)
+    with_ints = cute.compile(launch_pointers(EXTRA_INTS), *ptrs, cutlass.Int32(ELEMENTS),
                              *(cutlass.Int32(i) for i in range(EXTRA_INTS)), stream, options=options)
     unwrap = lambda f: getattr(f, "_tvm_ffi_function", None) or f
     return unwrap(as_tensors), unwrap(as_pointers), unwrap(with_ints)

@@ -25,8 +25,9 @@ import torch
 
 from dsv4lib import bench
 from dsv4lib.bench import d7
-from dsv4lib.ops import launch
 from dsv4lib.ops.decode import cache_call_key
+
+from bench_host import unsplit_decode_build       # scripts/ is on the path of a script run from it
 
 
 def main() -> None:
@@ -38,22 +39,12 @@ def main() -> None:
     case = d7.make_case(64, 64, 128, 512, window, compressed, sets=1)
     q, idx, len1, idx2, len2 = case.sets[0]
     decode = d7.ours_fn(case, 1)                  # unsplit: one kernel, the build below
-    decode(q, idx, len1, idx2, len2)              # compiles it
-    fn = next(f for k, f in launch._COMPILED.items() if isinstance(k, tuple) and k[1:] == ("public",)
-              and type(k[0]).__name__ == "Model1DecodeConfig")
-    out_shape, lse_shape = tuple(q.shape), (q.shape[0], q.shape[2], q.shape[1])
-    o = torch.empty(out_shape, dtype=torch.bfloat16, device="cuda")
-    lse = torch.empty(lse_shape, dtype=torch.float32, device="cuda")
-    stream = launch.raw_stream(q.device)
-    scale = 512 ** -0.5 * 1.4426950408889634
-    ready = (q, window.data, idx, len1, compressed.data, idx2, len2, window.page_size, compressed.page_size, o, lse,
-             scale, case.sink, stream)
+    fn, ready = unsplit_decode_build(case)        # compiles it; ready: its arguments, out / lse at 9 / 10
+    out_shape, lse_shape = tuple(ready[9].shape), tuple(ready[10].shape)
 
     def fresh():
-        o2 = torch.empty(out_shape, dtype=torch.bfloat16, device="cuda")
-        l2 = torch.empty(lse_shape, dtype=torch.float32, device="cuda")
-        fn(q, window.data, idx, len1, compressed.data, idx2, len2, window.page_size, compressed.page_size, o2, l2,
-           scale, case.sink, stream)
+        fn(*ready[:9], torch.empty(out_shape, dtype=torch.bfloat16, device="cuda"),
+           torch.empty(lse_shape, dtype=torch.float32, device="cuda"), *ready[11:])
 
     def two_empty():
         torch.empty(out_shape, dtype=torch.bfloat16, device="cuda")
