@@ -87,7 +87,7 @@ def main() -> None:
     from dsv4lib import bench
     from dsv4lib.ops.launch import raw_stream
     as_tensors, as_pointers, with_ints = compile_both()
-    device = torch.device("cuda")
+    device = torch.device("cuda", torch.cuda.current_device())   # raw_stream needs the index
     ts = [torch.randn(ELEMENTS, device=device) for _ in range(N_ARGS)]
     stream = raw_stream(device)
     as_tensors(*ts, stream)

@@ -1535,11 +1535,15 @@ def test_the_steady_host_pass_rewrites_every_row_and_keeps_the_first_pass(monkey
     assert asked[("ours", 1)] is cases[1].sets
     assert [r["host_us"] for r in rows] == [20.0, 21.0]
     assert [r["flashmla_host_us"] for r in rows] == [20.5, 21.5]
+    assert [r["host_us_steady_pass"] for r in rows] == [20.0, 21.0]
     assert [r["host_us_first_pass"] for r in rows] == [42.8, 24.9]
     assert [r["flashmla_host_us_first_pass"] for r in rows] == [58.6, 32.5]
     rows = [dict(B=1, H=64, host_us=30.0)]                    # no FlashMLA: its column is not invented
     d7.steady_host_us(cases[:1], rows)
-    assert rows == [dict(B=1, H=64, host_us=20.0, host_us_first_pass=30.0)]
+    assert rows == [dict(B=1, H=64, host_us=20.0, host_us_first_pass=30.0, host_us_steady_pass=20.0)]
+    rows = [dict(B=1, H=64, host_us=15.0)]                    # a faster first pass stays the row's host µs
+    d7.steady_host_us(cases[:1], rows)
+    assert rows[0]["host_us"] == 15.0 and rows[0]["host_us_steady_pass"] == 20.0
 
 
 def test_the_cache_call_key_tells_apart_what_the_plan_depends_on():
