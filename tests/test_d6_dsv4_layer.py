@@ -65,3 +65,53 @@ def test_layer_decode_with_the_kernel_core_matches_prefill(ratio):
     want = ref.layer_forward(x, P, cfg).y
     got = dsv4.decode_sequence(x, P, cfg)
     check_output(got, want)
+
+
+def test_a_sequence_chunks_lists_are_what_dsv4_forms_and_its_pages_hold_them():
+    """The FP8-cache prefill's "sequence" lists (``bench.d6.sequence_lists``): each token's window is the ``n_win``
+    positions ending at itself, its compressed rows are distinct and complete by it (``c < (p + 1) // ratio``, a
+    shorter valid length where fewer are), and ``sequence_pages`` names exactly the pages those entries fall on."""
+    from dsv4lib.bench import d6
+    Sq, n_win, n_cmp, prefix, ratio, page = 300, 128, 64, 160, 4, 64
+    place = dict(prefix=prefix, ratio=ratio, window_base=5 * page, compressed_base=3 * page)
+    gen = torch.Generator().manual_seed(0)
+    idx, len1, idx2, len2 = d6.sequence_lists(Sq, n_win, n_cmp, gen=gen, device="cpu", **place)
+    assert idx.shape == (Sq, 1, n_win) and idx2.shape == (Sq, 1, n_cmp)
+    assert all(t.dtype == torch.int32 for t in (idx, len1, idx2, len2))
+    pos = prefix + torch.arange(Sq)
+    assert torch.equal(idx[:, 0, -1], (5 * page + pos).int()) and torch.equal(idx[:, 0].diff(dim=1),
+                                                                              torch.ones(Sq, n_win - 1).int())
+    assert torch.equal(len1, torch.full((Sq,), n_win).int())
+    visible = (pos + 1) // ratio
+    assert torch.equal(len2, visible.clamp(max=n_cmp).int()) and int(len2.min()) < n_cmp   # some tokens see fewer rows
+    for t in range(Sq):
+        rows = idx2[t, 0, :int(len2[t])].long() - 3 * page
+        assert rows.unique().numel() == rows.numel() and 0 <= int(rows.min()) and int(rows.max()) < int(visible[t])
+    other = d6.sequence_lists(Sq, n_win, n_cmp, gen=gen, device="cpu", **place)[2]
+    assert not torch.equal(other, idx2)                                    # the choice is random, set to set
+    pages, pages2 = d6.sequence_pages(Sq, n_win, page_size=page, device="cpu", **place)
+    named = lambda lists, lengths: {int(x) // page for t in range(Sq) for x in lists[t, 0, :int(lengths[t])]}
+    assert set(pages.tolist()) == named(idx, len1) and set(pages2.tolist()) >= named(idx2, len2)
+    assert max(pages2.tolist()) == (3 * page + (prefix + Sq) // ratio - 1) // page
+    with pytest.raises(ValueError, match="full window"):
+        d6.sequence_lists(Sq, n_win, n_cmp, gen=gen, device="cpu", **{**place, "prefix": 100})
+
+
+def test_a_sequence_case_places_one_chunk_in_both_caches_for_every_set():
+    """``bench.d6.make_sequence_case`` (the D6 notebook's "sequence" rows), on CPU tensors with stand-in caches: one
+    page-aligned place for all sets (its pages given with the case), the sets' lists inside those pages, the sets
+    differing in queries and compressed rows."""
+    import types
+    from dsv4lib.bench import d6
+    window, compressed = types.SimpleNamespace(num_keys=1 << 14, page_size=64), types.SimpleNamespace(num_keys=1 << 13,
+                                                                                                      page_size=64)
+    case, (pages, pages2) = d6.make_sequence_case(256, 8, 128, 96, window, compressed, sets=3, prefix=512,
+                                                 device="cpu")
+    assert (case.B, case.H, case.n_win, case.n_cmp, len(case.sets)) == (256, 8, 128, 96, 3)
+    for q, idx, len1, idx2, len2 in case.sets:
+        assert q.shape == (256, 1, 8, 512) and q.dtype == torch.bfloat16
+        assert set((idx // 64).unique().tolist()) == set(pages.tolist())
+        assert set((idx2 // 64).unique().tolist()) <= set(pages2.tolist())
+        assert int(idx.max()) < window.num_keys and int(idx2.max()) < compressed.num_keys
+    assert not torch.equal(case.sets[0][0], case.sets[1][0]) and not torch.equal(case.sets[0][3], case.sets[1][3])
+    assert torch.equal(case.sets[0][1], case.sets[2][1])                   # one sequence: the same window lists

@@ -76,12 +76,75 @@ def _bf16_row(fm, gen, kv, Sq, H, K) -> dict:
     return row
 
 
+def sequence_lists(Sq: int, n_win: int, n_cmp: int, *, prefix: int, ratio: int, window_base: int,
+                   compressed_base: int, gen: torch.Generator, device) -> tuple:
+    """The index lists of a prefill chunk of one sequence, as DSV4 forms them: ``Sq`` new tokens at positions
+    ``prefix`` … ``prefix + Sq - 1`` (their keys already written), the window cache holding position ``p`` at slot
+    ``window_base + p`` and the compressed cache its compressed row ``c`` (positions ``c·ratio`` … ``c·ratio + ratio -
+    1``) at slot ``compressed_base + c``.  Token ``p`` lists the ``n_win`` positions ending at itself, and ``n_cmp``
+    distinct compressed rows of those complete by ``p`` (``c < (p + 1) // ratio``) chosen at random (a stand-in for the
+    indexer's top-k; entries past a shorter valid length name masked rows).  Returns ``(idx [Sq, 1, n_win], len1 [Sq],
+    idx2 [Sq, 1, n_cmp], len2 [Sq])`` int32, where :func:`dsv4lib.bench.d7.make_case` makes them at random over the
+    whole caches."""
+    if prefix + 1 < n_win:
+        raise ValueError(f"a full window needs {n_win} positions before the chunk's first token, got {prefix + 1}")
+    pos = prefix + torch.arange(Sq, device=device, dtype=torch.int32)
+    idx = window_base + pos[:, None] - (n_win - 1) + torch.arange(n_win, device=device, dtype=torch.int32)
+    visible = (pos + 1) // ratio                                      # compressed rows complete by each token
+    rows = max(int(visible[-1]), n_cmp)                              # topk needs n_cmp columns; the rest masked
+    scores = torch.rand(Sq, rows, device=device, generator=gen)
+    scores.masked_fill_(torch.arange(rows, device=device)[None, :] >= visible[:, None], -1.0)
+    idx2 = (compressed_base + scores.topk(n_cmp, dim=1).indices).to(torch.int32)
+    len1 = torch.full((Sq,), n_win, dtype=torch.int32, device=device)
+    len2 = visible.clamp(max=n_cmp).to(torch.int32)
+    return idx[:, None], len1, idx2[:, None], len2
+
+
+def sequence_pages(Sq: int, n_win: int, *, prefix: int, ratio: int, window_base: int, compressed_base: int,
+                   page_size: int, device) -> tuple:
+    """The pages of both caches a :func:`sequence_lists` chunk may read, as a serving engine's block table names them
+    (int32): the window pages of positions ``prefix - n_win + 1`` … ``prefix + Sq - 1``, the compressed pages of rows
+    ``0`` … ``(prefix + Sq) // ratio - 1``."""
+    def span(first_slot, last_slot):
+        return torch.arange(first_slot // page_size, last_slot // page_size + 1, dtype=torch.int32, device=device)
+    return (span(window_base + prefix - n_win + 1, window_base + prefix + Sq - 1),
+            span(compressed_base, compressed_base + (prefix + Sq) // ratio - 1))
+
+
+def make_sequence_case(Sq, H, n_win, n_cmp, window, compressed, *, sets: int = 8, seed: int = 0, prefix: int = 4096,
+                       ratio: int = 4, device="cuda") -> tuple:
+    """A prefill chunk of one sequence as decode rows (token ``t`` = row ``t``): :func:`sequence_lists` at one random
+    page-aligned place in each cache, the same for every set (one sequence; the sets differ in queries and in the
+    compressed rows chosen), returned beside the case: ``(case, (window pages, compressed pages))`` (:func:`sequence_pages`).  The keys such a
+    chunk reads are few — ``Sq + n_win`` window rows and ``(prefix + Sq) / ratio`` compressed rows (~6 MB at Sq 4096),
+    where :func:`dsv4lib.bench.d7.make_case`'s lists range over the whole caches."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    page = window.page_size
+    place = dict(prefix=prefix, ratio=ratio,
+                 window_base=page * int(torch.randint(0, (window.num_keys - prefix - Sq) // page, (1,), generator=gen,
+                                                      device=device)),
+                 compressed_base=page * int(torch.randint(0, (compressed.num_keys - (prefix + Sq) // ratio) // page,
+                                                          (1,), generator=gen, device=device)))
+    rows = []
+    for _ in range(sets):
+        q = (torch.randn(Sq, 1, H, 512, device=device, generator=gen) * 0.5).bfloat16()
+        rows.append((q, *sequence_lists(Sq, n_win, n_cmp, gen=gen, device=device, **place)))
+    sink = torch.randn(H, device=device, generator=gen)
+    pages = sequence_pages(Sq, n_win, page_size=page, device=device, **place)
+    return d7.DecodeCase(Sq, H, n_win, n_cmp, rows, window, compressed, sink), pages
+
+
 def fp8_prefill_vs_flashmla(fm, gen: torch.Generator, shapes=FP8_SHAPES, *, window_keys: int = 1 << 16,
-                            compressed_keys: int = 1 << 17, check_tokens: int = 64) -> list[dict]:
+                            compressed_keys: int = 1 << 17, check_tokens: int = 64, lists: str = "random") -> list[dict]:
     """Per shape: ``sparse_prefill`` over a window cache and a compressed cache of 64-key MODEL1 pages (random keys
-    written by our writer, random index lists, valid lengths near the full lists, per-head sink), its cosine
-    against the float64 reference over the same FP8 cache on the first ``check_tokens`` tokens, the two-pass
-    ``sparse_prefill_staged`` (cosine and time, its dequantization pass included), and the peers."""
+    written by our writer, per-head sink), its cosine against the float64 reference over the same FP8 cache on the
+    first ``check_tokens`` tokens, the two-pass ``sparse_prefill_staged`` (cosine and time, its dequantization pass
+    included), and the peers.  ``lists``: ``"random"`` — every token's lists at random over the whole caches (valid
+    lengths near the full lists; the staged design dequantizes every page), or ``"sequence"`` — the chunk of one
+    sequence (:func:`sequence_lists`: each token's window the positions ending at it, its compressed
+    rows among those complete by it; the staged design given that sequence's pages, as a block table names them)."""
+    if lists not in ("random", "sequence"):
+        raise ValueError(f"lists is 'random' or 'sequence', got {lists!r}")
     import dsv4lib
     from ..ops.prefill_staged import sparse_prefill_staged
     from ..reference import model1 as M
@@ -89,7 +152,10 @@ def fp8_prefill_vs_flashmla(fm, gen: torch.Generator, shapes=FP8_SHAPES, *, wind
     compressed = d7.filled_cache(compressed_keys, 64, gen)
     rows = []
     for Sq, H, n_win, n_cmp in shapes:
-        case = d7.make_case(Sq, H, n_win, n_cmp, window, compressed, sets=SETS)
+        if lists == "random":
+            case, pages = d7.make_case(Sq, H, n_win, n_cmp, window, compressed, sets=SETS), None
+        else:
+            case, pages = make_sequence_case(Sq, H, n_win, n_cmp, window, compressed, sets=SETS)
         sink = case.sink
         # the prefill's arguments: token t is decode row (t, 0)
         sets = [(q[:, 0], idx[:, 0], len1, idx2[:, 0], len2) for q, idx, len1, idx2, len2 in case.sets]
@@ -102,15 +168,16 @@ def fp8_prefill_vs_flashmla(fm, gen: torch.Generator, shapes=FP8_SHAPES, *, wind
                                sink=sink)[:, 0]
         got = ours(*sets[0])
         # the two-pass design: both caches dequantized into one bf16 table, then sparse_attention over it — given
-        # the pages it may read, as a serving engine's block table would (here every page: the lists are random
-        # over the whole caches); "scan": the pages found by a pass over the lists instead
-        all_pages = [torch.arange(c.num_pages, dtype=torch.int32, device="cuda") for c in (window, compressed)]
+        # the pages it may read, as a serving engine's block table would (random lists: every page, they range over
+        # the whole caches; a sequence: its own pages); "scan": the pages found by a pass over the lists instead
+        all_pages = pages or [torch.arange(c.num_pages, dtype=torch.int32, device="cuda")
+                              for c in (window, compressed)]
         staged = lambda q, idx, len1, idx2, len2: sparse_prefill_staged(
             q, window, idx, len1, extra_k_cache=compressed, extra_indices=idx2, extra_topk_length=len2, sink=sink,
             pages=all_pages[0], extra_pages=all_pages[1])
         staged_scan = lambda q, idx, len1, idx2, len2: sparse_prefill_staged(
             q, window, idx, len1, extra_k_cache=compressed, extra_indices=idx2, extra_topk_length=len2, sink=sink)
-        row = dict(Sq=Sq, H=H, keys=f"{n_win}+{n_cmp}", cosine=cosine(got[:n], want),
+        row = dict(Sq=Sq, H=H, keys=f"{n_win}+{n_cmp}", lists=lists, cosine=cosine(got[:n], want),
                    staged_cosine=cosine(staged(*sets[0])[:n], want))
         table = d7.bf16_rows(case)                                      # both caches dequantized, one bf16 table
         joint = [(s[0][:, 0].contiguous(), d7.joint_indices(case, *s[1:])) for s in case.sets]
