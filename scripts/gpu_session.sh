@@ -19,7 +19,8 @@
 # counts at 4-32 tokens); combinerows (scripts/probe_combine_rows.py: D7's small merges by either combine); d7store (B1's partial
 # store: none / half / all); d7alt (the ALTERNATE_HALF_TILES candidate's tests and timing; d7alttrace its event traces); d7peer (H128 without / with half the crossover's DSMEM stores); d7peerfp8 (PEER_FP8 against peer_bf16, then the d7 + sparse GPU tests); d7peerparts (PEER_FP8's peer rows left unconverted); splitphases (probe_split_phases.py at 32-64 tokens);
 # clustersweep: gathered splits as one cluster vs split + combine (bf16 probe, D7 sweep); candidate=a+b: host-path
-# candidates applied, the D7 GPU tests they touch ($CAND_K), the FP8-cache host bench; hostargs (probe_host_args.py); ffiargs
+# candidates applied, the D7 GPU tests they touch ($CAND_K), the FP8-cache host bench; hostab=a+b (host µs, main and
+# the patched tree alternately); hostargs (probe_host_args.py); ffiargs
 # (probe_ffi_args.py);
 # ncu7 / ncu7p / ncu1 / ncu6: Nsight Compute on one D7 call (B128 H64; ncu7p: the FP8-cache prefill's B4096 H64) / D1's hd64 causal (ours and FA4) / D6's bf16
 # prefill (ours and FlashMLA), per-SASS samples summarized by scripts/ncu_sass.py;
@@ -60,6 +61,22 @@ run_candidate() {  # LOG PYTEST_K PATCH_NAME...
   { timeout 300 python -m pytest -q -p no:cacheprovider -m gpu ${CAND_TESTS:-tests/test_d7_fp8_decode.py} -k "$k"
     timeout 100 python scripts/bench_host.py --split --rounds 3 --only sparse_decode,sparse_prefill; } 2>&1 \
     | tee "$out/logs/$log.txt" | grep -v "^\s*$" | tail -n 16
+}
+
+# host µs, main against the candidate patches, alternating (a patched tree reads its builds anew: each bench
+# process compiles what it calls); HOSTAB_ONLY picks the calls
+run_host_ab() {  # PATCH_NAME...
+  local only=${HOSTAB_ONLY:-attention,sparse_decode,sparse_prefill,sparse_attention}
+  for round in 1 2; do
+    for side in main patched; do
+      if [ $side = patched ]; then for name in "$@"; do git apply "docs/tuning/candidates/$name.patch" \
+          || { echo "candidate $name does not apply"; return; }; done; fi
+      timeout 150 python scripts/bench_host.py --rounds 3 --only "$only" > "$out/logs/hostab_${side}_$round.txt" 2>&1
+      if [ $side = patched ]; then for name in "$@"; do git apply -R "docs/tuning/candidates/$name.patch"; done; fi
+    done
+  done
+  for name in "$@"; do git apply "docs/tuning/candidates/$name.patch"; done
+  python scripts/host_ab.py "$out"/logs/hostab_main_*.txt -- "$out"/logs/hostab_patched_*.txt | tee "$out/logs/hostab.txt"
 }
 
 # Nsight Compute (--set full) on the kernels a script launches inside its profiled range (scripts/ncu_profile.py),
@@ -218,6 +235,9 @@ for w in $what; do
     # candidate=a+b: host-path candidates of docs/tuning/candidates/ (a.patch, b.patch) applied to this copy, then the
     # GPU tests of $CAND_TESTS (default the D7 file) matching $CAND_K (default: the decode / prefill reference tests)
     # and the FP8-cache host times
+    # hostab=a+b: host µs of the calls the patches touch, main and patched alternately (twice each, one machine),
+    # then the rows side by side (scripts/host_ab.py); the patches stay applied after it (~4-5 min)
+    hostab=*) run_host_ab $(echo "${w#hostab=}" | tr + ' ') ;;
     candidate=*) run_candidate candidate "${CAND_K:-matches_the_reference or views or one_compiled_call}" \
                    $(echo "${w#candidate=}" | tr + ' ') ;;
     # clustersweep: the gathered split at 2 / 4 / 8 splits as one cluster (no combine) beside split + combine and

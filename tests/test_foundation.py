@@ -456,3 +456,27 @@ def test_the_ffi_argument_probe_builds_the_tensor_and_the_pointer_abi():
                           timeout=600, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"compiled": True, "args": 10}
+
+
+def test_the_host_ab_table_takes_each_sides_lowest_run(tmp_path):
+    """scripts/host_ab.py (gpu_session.sh ``hostab=``: main and a candidate's host µs alternating on one machine): a
+    call's value on a side is the lowest of that side's runs, the difference B − A beside every run; a call one side
+    did not time is left out; non-JSON lines of a log are skipped."""
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location("host_ab", Path(__file__).resolve().parents[1] / "scripts" / "host_ab.py")
+    host_ab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(host_ab)
+    logs = {}
+    for name, rows in {"a1": [("branches", 25.6), ("floor", 7.0), ("only A", 3.0)], "a2": [("branches", 26.0),
+                                                                                           ("floor", 7.4)],
+                       "b1": [("branches", 24.0), ("floor", 7.1)], "b2": [("branches", 23.1), ("floor", 7.6)]}.items():
+        logs[name] = tmp_path / f"{name}.txt"
+        logs[name].write_text("warning: not json\n" + "".join(json.dumps({"call": c, "host_us": us}) + "\n"
+                                                                for c, us in rows))
+    lines = host_ab.table(host_ab.read([str(logs["a1"]), str(logs["a2"])]),
+                          host_ab.read([str(logs["b1"]), str(logs["b2"])]))
+    rows = {line.split()[0]: line.split() for line in lines[1:]}
+    assert set(rows) == {"branches", "floor"}
+    assert rows["branches"][1:4] == ["25.6", "23.1", "-2.5"] and rows["floor"][1:4] == ["7.0", "7.1", "+0.1"]
+    assert " ".join(rows["branches"][4:]) == "25.6 26.0 / 24.0 23.1"
