@@ -5,7 +5,8 @@
 * **prefill straight from the FP8 MODEL1 caches**: ``dsv4lib.sparse_prefill`` against FlashMLA's FP8 decode kernel run
   over the prefill's queries (each token one decode row: the only FlashMLA kernel that reads the MODEL1 caches) and
   against FlashMLA's bf16 kernel on rows already dequantized and gathered into one bf16 table (the staging pass that
-  production prefill pays is not even counted), with our bf16 kernel on the same table beside it.
+  production prefill pays is not even counted), with our bf16 kernel on the same table beside it — on index lists at
+  random over the whole caches, and on the lists of one sequence's prefill chunk (:func:`sequence_lists`).
 
 FlashMLA comes from ``.device-c`` (:func:`dsv4lib.bench.d7.flashmla`); without it the peer columns are ``None``.
 TFLOP/s are counted over listed keys, ``2 · (512 + 512)`` per (query, head, key), as the issue counts them."""
