@@ -1,5 +1,5 @@
 """Where the staged FP8-cache prefill's time goes (#36 item 2): each pass of ``sparse_prefill_staged`` timed alone
-(CUDA events, median of 20 after warm-up: the small torch passes carry some host time) at D6's two FP8 prefill
+(CUDA-graph replay; events where a pass cannot be captured) at D6's two FP8 prefill
 shapes, beside the whole call with the pages found by a scan of the lists and given (``pages=``).  Session 46 timed
 four ways of marking the page mask with it, session 47 the list join's kernel against the torch passes it
 replaced, session 48 the page scan kernel that replaced the histogram (docs/tuning/d2_d6.md).
@@ -15,6 +15,7 @@ import statistics
 import torch
 
 import dsv4lib
+from dsv4lib import bench
 from dsv4lib.bench import d7
 from dsv4lib.bench.d6 import FP8_SHAPES
 from dsv4lib.ops import prefill_staged as S
@@ -22,6 +23,13 @@ from dsv4lib.ops.kvcache import cache_pages
 
 
 def timed(fn, reps=20):
+    """Device µs a call of ``fn``: CUDA-graph replay (:func:`dsv4lib.bench.time_graph`, calls back to back).  Events
+    around single calls only where a capture fails — those read the host's launch time too (the GPU idles while the
+    host enqueues; session 48's join variants read 41-56 µs that way, all alike: the host, not the kernel)."""
+    try:
+        return bench.time_graph(lambda: fn(), [()] * 4, calls=8, replays=7, flush_l2=False).per_call_ms * 1e3
+    except Exception as err:  # noqa: BLE001 - any capture failure: fall back to events, say so
+        print(f"  (no graph capture: {type(err).__name__}; events around single calls, host time included)")
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
