@@ -12,6 +12,8 @@ FlashMLA comes from ``.device-c`` (:func:`dsv4lib.bench.d7.flashmla`); without i
 TFLOP/s are counted over listed keys, ``2 · (512 + 512)`` per (query, head, key), as the issue counts them."""
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from ..workbook.metrics import cosine
@@ -116,8 +118,8 @@ def make_sequence_case(Sq, H, n_win, n_cmp, window, compressed, *, sets: int = 8
                        ratio: int = 4, device="cuda") -> tuple:
     """A prefill chunk of one sequence as decode rows (token ``t`` = row ``t``): :func:`sequence_lists` at one random
     page-aligned place in each cache, the same for every set (one sequence; the sets differ in queries and in the
-    compressed rows chosen), returned beside the case: ``(case, (window pages, compressed pages))`` (:func:`sequence_pages`).  The keys such a
-    chunk reads are few — ``Sq + n_win`` window rows and ``(prefix + Sq) / ratio`` compressed rows (~6 MB at Sq 4096),
+    compressed rows chosen), returned beside the case: ``(case, (window pages, compressed pages))``
+    (:func:`sequence_pages`).  The keys such a chunk reads are few — ``Sq + n_win`` window rows and ``(prefix + Sq) / ratio`` compressed rows (~6 MB at Sq 4096),
     where :func:`dsv4lib.bench.d7.make_case`'s lists range over the whole caches."""
     gen = torch.Generator(device=device).manual_seed(seed)
     page = window.page_size
@@ -136,24 +138,26 @@ def make_sequence_case(Sq, H, n_win, n_cmp, window, compressed, *, sets: int = 8
 
 
 def fp8_prefill_vs_flashmla(fm, gen: torch.Generator, shapes=FP8_SHAPES, *, window_keys: int = 1 << 16,
-                            compressed_keys: int = 1 << 17, check_tokens: int = 64, lists: str = "random") -> list[dict]:
+                            compressed_keys: int = 1 << 17, check_tokens: int = 64,
+                            lists: tuple = ("random",)) -> list[dict]:
     """Per shape: ``sparse_prefill`` over a window cache and a compressed cache of 64-key MODEL1 pages (random keys
     written by our writer, per-head sink), its cosine against the float64 reference over the same FP8 cache on the
     first ``check_tokens`` tokens, the two-pass ``sparse_prefill_staged`` (cosine and time, its dequantization pass
-    included), and the peers.  ``lists``: ``"random"`` — every token's lists at random over the whole caches (valid
+    included), and the peers — a row per kind of ``lists`` and shape, over the same two caches: ``"random"`` — every
+    token's lists at random over the whole caches (valid
     lengths near the full lists; the staged design dequantizes every page), or ``"sequence"`` — the chunk of one
     sequence (:func:`sequence_lists`: each token's window the positions ending at it, its compressed
     rows among those complete by it; the staged design given that sequence's pages, as a block table names them)."""
-    if lists not in ("random", "sequence"):
-        raise ValueError(f"lists is 'random' or 'sequence', got {lists!r}")
+    if not lists or any(kind not in ("random", "sequence") for kind in lists):
+        raise ValueError(f"lists holds 'random' and / or 'sequence', got {lists!r}")
     import dsv4lib
     from ..ops.prefill_staged import sparse_prefill_staged
     from ..reference import model1 as M
     window = d7.filled_cache(window_keys, 64, gen)
     compressed = d7.filled_cache(compressed_keys, 64, gen)
-    rows = []
-    for Sq, H, n_win, n_cmp in shapes:
-        if lists == "random":
+    rows, table = [], None
+    for kind, (Sq, H, n_win, n_cmp) in itertools.product(lists, shapes):
+        if kind == "random":
             case, pages = d7.make_case(Sq, H, n_win, n_cmp, window, compressed, sets=SETS), None
         else:
             case, pages = make_sequence_case(Sq, H, n_win, n_cmp, window, compressed, sets=SETS)
@@ -178,9 +182,10 @@ def fp8_prefill_vs_flashmla(fm, gen: torch.Generator, shapes=FP8_SHAPES, *, wind
             pages=all_pages[0], extra_pages=all_pages[1])
         staged_scan = lambda q, idx, len1, idx2, len2: sparse_prefill_staged(
             q, window, idx, len1, extra_k_cache=compressed, extra_indices=idx2, extra_topk_length=len2, sink=sink)
-        row = dict(Sq=Sq, H=H, keys=f"{n_win}+{n_cmp}", lists=lists, cosine=cosine(got[:n], want),
+        row = dict(Sq=Sq, H=H, keys=f"{n_win}+{n_cmp}", lists=kind, cosine=cosine(got[:n], want),
                    staged_cosine=cosine(staged(*sets[0])[:n], want))
-        table = d7.bf16_rows(case)                                      # both caches dequantized, one bf16 table
+        if table is None:                      # both caches dequantized, one bf16 table: every case reads the same
+            table = d7.bf16_rows(case)
         joint = [(s[0][:, 0].contiguous(), d7.joint_indices(case, *s[1:])) for s in case.sets]
         fns = {"ours": ours, "ours_staged": staged, "ours_staged_scan": staged_scan,
                "ours_bf16_table": lambda q, j: dsv4lib.sparse_attention(q, table, j, sink=sink, num_splits=1)}
