@@ -443,3 +443,27 @@ def test_the_plans_of_sparse_decode_pass_each_launch_its_builds_checks(monkeypat
     calls = {"B1 split + combine": (call(1, 128, 512), 2), "B2 split + combine, other lengths": (call(2, 64, 300), 2),
              "B80 unsplit": (call(80, 128, 512), 1)}
     _plans_reach_their_launches(calls, launched, monkeypatch)
+
+
+@pytest.mark.compile
+@pytest.mark.no_gpu
+@pytest.mark.parametrize("problem", [dict(causal=True), dict(causal=True, window=128, sink=True), dict(split_kv=True),
+                                     dict(causal=False, overlap=False)])
+def test_operands_a_dense_build_does_not_read_go_as_none_with_the_same_device_code(problem):
+    """``ops.attention.launcher`` passes None for what a build does not read (no sink, a split's sink, the NVFP4
+    scales and S_enc of a bf16 build): a tensor argument costs host time, None nothing.  The kernel takes the LSE
+    tensor in their place, so the build with None has the device code of the build with stand-in tensors, instruction
+    for instruction; a build that reads one of them refuses None."""
+    from _builds import device_code, instruction_counts
+    from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.sm90.config import Sm90FwdConfig
+    from dsv4lib.kernels.sm90.flash_fwd import FlashAttentionForwardSm90, fake_attention_args, fake_split_args
+    config = Sm90FwdConfig.for_problem(128, gpu_name="H200", **problem)
+    args = fake_split_args(128) if config.split_kv else fake_attention_args(128, config.dynamic_schedule)
+    unread = (None if not config.sink else args[7], None, None)
+    stand_ins = compile_for_arch(FlashAttentionForwardSm90(config), *args, arch="sm_90a")
+    with_none = compile_for_arch(FlashAttentionForwardSm90(config), *args[:7], *unread, *args[10:], arch="sm_90a")
+    assert instruction_counts(device_code(stand_ins.ptx)) == instruction_counts(device_code(with_none.ptx))
+    if config.sink:
+        with pytest.raises(Exception, match="a sink build reads mSink"):
+            compile_for_arch(FlashAttentionForwardSm90(config), *args[:7], None, *args[8:], arch="sm_90a")

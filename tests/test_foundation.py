@@ -480,3 +480,31 @@ def test_the_host_ab_table_takes_each_sides_lowest_run(tmp_path):
     assert set(rows) == {"branches", "floor"}
     assert rows["branches"][1:4] == ["25.6", "23.1", "-2.5"] and rows["floor"][1:4] == ["7.0", "7.1", "+0.1"]
     assert " ".join(rows["branches"][4:]) == "25.6 26.0 / 24.0 23.1"
+
+
+def test_the_branches_plan_key_tells_apart_what_its_validation_reads(monkeypatch):
+    """``attention_branches``' flat plan key (``ops.attention._branches_key``): each branch's k and v signatures and
+    its two options with their types — a ``v`` that is its ``k`` (K = V) stands as ``True``, so it keys apart from a
+    separate ``v`` of the same kind; the number of branches, their order and every option change the key; an option
+    that is not a plain value gives no key (AttributeError: the full path decides)."""
+    import importlib
+    attention = importlib.import_module("dsv4lib.ops.attention")          # the module (dsv4lib.ops re-exports the function)
+    _branches_key = attention._branches_key
+    monkeypatch.setattr(attention, "raw_stream", lambda device: 0)          # no CUDA here
+    bf = lambda *s: torch.zeros(*s, dtype=torch.bfloat16)
+    q, k, v, kc = bf(1, 8, 2, 64), bf(1, 8, 2, 64), bf(1, 8, 2, 64), bf(1, 4, 2, 64)
+    window, compressed = dict(k=k, v=v, window=4, causal=True), dict(k=kc, v=kc)
+    key = lambda branches, **kw: _branches_key(q, branches, kw.get("sink"), kw.get("scale"), kw.get("lse", False))
+    base = key([window, compressed])
+    separate_v = key([window, dict(k=kc, v=bf(1, 4, 2, 64))])
+    assert separate_v != base                                            # v is k / a separate v of the same kind
+    assert key([dict(window), dict(k=bf(1, 4, 2, 64), v=bf(1, 4, 2, 64))]) == separate_v     # other tensors, same kinds
+    assert key([dict(k=bf(1, 8, 2, 64), v=bf(1, 8, 2, 64), window=4, causal=True), dict(k=kc, v=kc)]) == base
+    variants = [[window], [compressed, window], [dict(window, window=5), compressed],
+                [dict(window, causal=False), compressed], [dict(window, causal=1), compressed],
+                [dict(window, window=None), compressed], [window, dict(compressed, causal=True)]]
+    keys = [key(b) for b in variants] + [key([window, compressed], scale=0.1), key([window, compressed], lse=True),
+                                         key([window, compressed], sink=torch.zeros(2))]
+    assert base not in keys and len(set(keys)) == len(keys)
+    with pytest.raises(AttributeError):
+        key([dict(window, window=torch.tensor(4)), compressed])

@@ -11,7 +11,7 @@ from ..kernels.sm90.config import SUPPORTED_HEAD_DIMS, Sm90FwdConfig
 from ..reference.attention import check_attention_shapes, check_window
 from .combine import combine_launcher
 from .launch import (Launch, Sequence, aligned16, amax_tensor, cached_config, check_hopper, check_num_splits,
-                     compile_stream, device_facts, on_device, options_sig, placeholder, planned,
+                     compile_stream, device_facts, on_device, options_sig, placeholder, planned, PLAIN_OPTIONS,
                      lse_output, raw_stream, sink_passer, tensor_sig, to_cute, unread_lse, workspace)
 
 SUPPORTED_DTYPES = (torch.bfloat16,)
@@ -134,23 +134,26 @@ def launcher(config: Sm90FwdConfig, device, *, scale: float, window, prev=None):
     leading = (3, 3, 3, 4 if split else 3, 3 if split else 2, 0, 3, 0)
     scale_log2 = scale * math.log2(math.e)
     win = window or 0
-    dynamic = config.dynamic_schedule
-    no_scales, no_s_enc = placeholder(device, "scales"), placeholder(device, "s_enc")
+    dynamic, reads_sink = config.dynamic_schedule, config.sink
 
+    # An operand the build does not read (the sink of a build without one, a split's sink — the combine applies it —,
+    # the NVFP4 scales and S_enc of a bf16 build) goes as None, not as a placeholder tensor: a tensor argument costs
+    # 0.14-0.5 µs of host time a call (docs/tuning/host.md, session 52: probe_ffi_args), a None next to nothing.
     def args(q, k, v, o, lse, sink_t, out_scales=None, s_enc=None):
         stream = raw_stream(device)
         counters = work_counters(device, stream) if dynamic else None     # every argument positional
-        return (q, k, v, o, lse, scale_log2, win, sink_t, no_scales if out_scales is None else out_scales,
-                no_s_enc if s_enc is None else s_enc, stream, counters, *merged)
+        return (q, k, v, o, lse, scale_log2, win, sink_t if reads_sink else None, out_scales, s_enc, stream,
+                counters, *merged)
 
     def spec(q, k, v, o, lse, sink_t, out_scales=None, s_enc=None):
+        if (out_scales is not None, s_enc is not None) != (config.nvfp4_out, config.nvfp4_out):
+            raise ValueError("an NVFP4 build takes out_scales and s_enc, any other build neither")
         tensors = args(q, k, v, o, lse, sink_t, out_scales, s_enc)
         tensors, counters = tensors[:5] + tensors[7:10], tensors[11]
 
         def compile_args():
             from cutlass import Float32, Int32
-            lead = leading if out_scales is not None else leading[:6] + (0, 0)
-            t = [to_cute(x, d, tvm_ffi=True) for x, d in zip(tensors, lead)]
+            t = [None if x is None else to_cute(x, d, tvm_ffi=True) for x, d in zip(tensors, leading)]
             return (*t[:5], Float32(scale_log2), Int32(win), *t[5:], compile_stream(),
                     None if counters is None else to_cute(counters, 0, tvm_ffi=True),
                     *[None if x is None else to_cute(x, d, tvm_ffi=True) for x, d in zip(merged, (4, 3))])
@@ -158,7 +161,7 @@ def launcher(config: Sm90FwdConfig, device, *, scale: float, window, prev=None):
         def make_kernel():
             from ..kernels.sm90.flash_fwd import FlashAttentionForwardSm90
             return FlashAttentionForwardSm90(config)
-        return (config, *map(aligned16, tensors)), make_kernel, compile_args
+        return (config, *[x is not None and aligned16(x) for x in tensors]), make_kernel, compile_args
     return Launch(args, spec)
 
 
@@ -274,13 +277,25 @@ def attention_branches(q, branches, *, sink=None, scale=None, return_lse=False):
     ``2^(lse - max)``, the sink once — and writes the bf16 output and the LSE: n launches for n branches.  Equals
     :func:`dsv4lib.reference.attention` over the concatenated keys."""
     try:
-        key = ("branches", tensor_sig(q), tensor_sig(sink), options_sig(scale, return_lse), raw_stream(q.device),
-               *[(tensor_sig(br["k"]), tensor_sig(br["v"]), options_sig(br.get("causal", False), br.get("window")))
-                 for br in branches])
+        key = _branches_key(q, branches, sink, scale, return_lse)
     except (AttributeError, TypeError, KeyError):
         key = None
     plan = planned(key, lambda: _branches_plan(q, branches, sink=sink, scale=scale, return_lse=return_lse))
     return plan(q, branches, sink)
+
+
+def _branches_key(q, branches, sink, scale, return_lse) -> tuple:
+    """The plan key of an ``attention_branches`` call: what ``options_sig`` and ``tensor_sig`` hold of each argument,
+    written out flat (a branch's two options inline, not through ``options_sig``; a ``v`` that *is* its ``k`` — K = V,
+    DSV4's case — as ``True`` instead of its signature again): ~1 µs less Python than the tuple of tuples it replaces
+    (session 52, this CPU).  AttributeError for an option that is not a plain value (``options_sig``'s rule)."""
+    key = ["branches", tensor_sig(q), tensor_sig(sink), options_sig(scale, return_lse), raw_stream(q.device)]
+    for br in branches:
+        k, v, causal, window = br["k"], br["v"], br.get("causal", False), br.get("window")
+        if type(causal) not in PLAIN_OPTIONS or type(window) not in PLAIN_OPTIONS:
+            raise AttributeError("no plan key for a branch option that is not a plain value")
+        key += (tensor_sig(k), True if v is k else tensor_sig(v), type(causal), type(window), causal, window)
+    return tuple(key)
 
 
 def _branches_plan(q, branches, *, sink, scale, return_lse):
@@ -410,12 +425,11 @@ def _fp32_plan(q, k, v, *, scale, causal, window):
     B, Sq, H, D = q.shape
     scale = D ** -0.5 if scale is None else float(scale)
     go = launcher(plain_split_config(q, causal=bool(causal), window=window), device, scale=scale, window=window)
-    no_sink = placeholder(device, "sink")
     lse_part = unread_lse(device, (1, B, H, Sq))           # the split build writes it; this function returns O only
 
     def run(q, k, v):
         o_part = torch.empty(1, B, Sq, H, D, dtype=torch.float32, device=device)
         with on_device(device):
-            go(q, k, v, o_part, lse_part, no_sink)
+            go(q, k, v, o_part, lse_part, None)          # a split reads no sink
         return o_part[0]
     return run

@@ -261,7 +261,7 @@ def decode_plan(q, k_cache, indices, topk_length, *, extra_k_cache, extra_indice
     read_pages2 = pages_reader(extra_k_cache, views_as_they_are=True) if extra else None
     if not extra:
         page_size2 = 1
-    out_shape, lse_shape = ((B, H, HEAD_DIM), (B, H)) if token_rows else ((B, s_q, H, HEAD_DIM), (B, H, s_q))
+    lse_shape = (B, H) if token_rows else (B, H, s_q)                  # out: q's shape (the run's empty_like)
     new_lse = lse_output(device, lse_shape, bool(return_lse))          # the builds write an LSE either way
     pass_sink = sink_passer(sink, device)
     # the outputs as returned: the unsplit build (its split mode is added at trace time) and the split cluster's,
@@ -288,7 +288,8 @@ def decode_plan(q, k_cache, indices, topk_length, *, extra_k_cache, extra_indice
         lengths = no_lengths if topk_length is None else topk_length
         lengths2 = no_lengths if extra_topk_length is None else extra_topk_length
         sink_t = pass_sink(sink)
-        out = torch.empty(out_shape, dtype=torch.bfloat16, device=device)
+        # q's shape and dtype; ~0.5 µs less Python than torch.empty(shape, dtype=, device=)
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
         lse = new_lse()
         with on_device(device):
             if in_one_launch:

@@ -209,7 +209,7 @@ def tensor_sig(t):
     return t.shape, t.stride(), t.dtype, t.get_device(), t.data_ptr() & 15
 
 
-_PLAIN_OPTIONS = (type(None), bool, int, float, str, torch.dtype)
+PLAIN_OPTIONS = (type(None), bool, int, float, str, torch.dtype)
 
 
 def options_sig(*options) -> tuple:
@@ -217,7 +217,7 @@ def options_sig(*options) -> tuple:
     only; anything else — a tensor given as the scale, whose value could change in place — gives no key
     (AttributeError, like a non-tensor given for a tensor)."""
     for x in options:
-        if type(x) not in _PLAIN_OPTIONS:
+        if type(x) not in PLAIN_OPTIONS:
             raise AttributeError(f"no plan key for an option of type {type(x).__name__}")
     return (*map(type, options), *options)
 
@@ -269,7 +269,7 @@ def check_num_splits(num_splits) -> None:
 
 _PLACEHOLDERS: dict[torch.device, dict[str, torch.Tensor]] = {}
 _PLACEHOLDER_SPECS = {  # name: (dtype, value, shape)
-    "sink": (torch.float32, 0.0, (1,)), "scales": (torch.uint8, 0, (1,)), "s_enc": (torch.float32, 1.0, (1,)),
+    "sink": (torch.float32, 0.0, (1,)),
     "indices": (torch.int32, -1, (1, 1, 1)), "lse": (torch.float32, float("nan"), (1, 1, 1)),
     "lengths": (torch.int32, 0, (1,)), "cache": (torch.uint8, 0, (1, 16)),
 }

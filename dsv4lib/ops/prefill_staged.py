@@ -331,7 +331,8 @@ def _staged_plan(q, k_cache, indices, topk_length, extra_k_cache, extra_indices,
     def run(q, k_cache, indices, topk_length, extra_k_cache, extra_indices, extra_topk_length, sink, pages,
             extra_pages):
         table = _table(device, stream, table_rows)
-        out = torch.empty(Sq, H, HEAD_DIM, dtype=torch.bfloat16, device=device)
+        # q's shape and dtype; ~0.5 µs less Python than torch.empty(shape, dtype=, device=)
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
         lse = new_lse()
         per_cache = ((k_cache, indices, topk_length, pages), (extra_k_cache, extra_indices, extra_topk_length,
                                                               extra_pages))

@@ -255,7 +255,8 @@ def _runner(B: int, Sq: int, H: int, device, *, gather, causal, window, sink, sc
     def run(q, kv, idx, sink):
         sink_t = pass_sink(sink)
         idx = idx if gather else no_idx
-        out = torch.empty(*lead, Sq, H, HEAD_DIM, dtype=torch.bfloat16, device=device)
+        # q's shape and dtype; ~0.5 µs less Python than torch.empty(shape, dtype=, device=)
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
         lse = new_lse()
         with on_device(device):
             if go is not None:                 # one launch: unsplit, or a cluster of every split

@@ -228,6 +228,14 @@ class FlashAttentionForwardSm90(Sm90Epilogue):
             grid = (persistent_grid(self.scheduler.work_items(mQ), self.num_sms), 1, 1)
             if const_expr(self.dynamic_schedule):            # every slot: the faster ones take more items
                 grid = (cutlass.min(self.scheduler.work_items(mQ), self.num_sms), 1, 1)
+        # what the build does not read may come as None (dsv4lib.ops.attention.launcher: a tensor argument costs host
+        # time); the kernel's parameter list takes the LSE tensor in its place
+        if const_expr(mSink is None):
+            assert not self.has_sink, "a sink build reads mSink"
+            mSink = mLSE
+        if const_expr(mOutScales is None or mSenc is None):
+            assert not self.nvfp4_out, "an NVFP4 build reads mOutScales and mSenc"
+            mOutScales, mSenc = mLSE, mLSE
         if const_expr(not self.dynamic_schedule):
             mWork = mSenc                                    # unused
         if const_expr(not self.merge_slots):
