@@ -87,7 +87,10 @@ run_ncu() {  # NAME LAUNCHES SCRIPT [ARGS...]
     python "$@" > "$out/logs/ncu_$name.txt" 2>&1
   ncu -i "$out/$name.ncu-rep" --page source --print-source sass --csv > "$out/${name}_sass.csv" 2>> "$out/logs/ncu_$name.txt"
   ncu -i "$out/$name.ncu-rep" --page details --csv > "$out/${name}_details.csv" 2>> "$out/logs/ncu_$name.txt"
+  # the raw page: every metric, a column each — which pipe the busiest-pipe share of the details page was (ncu_pipes.py)
+  ncu -i "$out/$name.ncu-rep" --page raw --csv > "$out/${name}_raw.csv" 2>> "$out/logs/ncu_$name.txt"
   tail -n 3 "$out/logs/ncu_$name.txt"; python scripts/ncu_sass.py "$out/${name}_sass.csv" --top 12
+  python scripts/ncu_pipes.py "$out/${name}_raw.csv" | tee "$out/logs/pipes_$name.txt"
 }
 
 for w in $what; do
@@ -260,6 +263,8 @@ for w in $what; do
     # ncu1=256,0: another D1 head dim and mask (D,CAUSAL), ours then FA4
     ncu1=*)   run_ncu "d1_$(echo "${w#ncu1=}" | tr , _)" 2 scripts/ncu_d1.py $(echo "${w#ncu1=}" | tr , ' ') ;;
     ncu6)     run_ncu d6 2 scripts/ncu_d6.py 15 ;;
+    # ncu6=18: the same on a pool of 2^18 rows (256 MiB: DRAM-bound, L2 86 % busy in session 53)
+    ncu6=*)   run_ncu "d6_pool${w#ncu6=}" 2 scripts/ncu_d6.py "${w#ncu6=}" ;;
     # the dequantization's builds, 1 / 2 / 4 slots a warp in flight and by halves (candidates/d6_dequant_slots.patch
     # applied): its GPU bit-equality tests, then probe_staged's passes with the dequantization once per build (~2 min)
     dqslots)  timeout 200 python -m pytest -q -p no:cacheprovider tests -k "dequant_kernel or list_join" > "$out/logs/pytest_k.txt" 2>&1

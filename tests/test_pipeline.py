@@ -541,3 +541,30 @@ def test_ncu_sass_reader_splits_kernels_and_sums_samples_by_reason_region_and_op
     assert ncu_sass.opcode_mix(first, first.rows) == {"LDG": 10, "BRA": 10, "HMUL2": 0, "STS": 10}
     assert ncu_sass.op_map(first, 0, 4) == "Gbs"                                     # HMUL2 never executed
     assert ncu_sass.opcode("@!P0  BRA 0x40") == "BRA"
+
+
+def test_ncu_pipes_reader_puts_the_matching_raw_metrics_of_each_kernel_side_by_side(tmp_path, monkeypatch):
+    """scripts/ncu_pipes.py (session 53: which SM pipe a kernel at 55 % "SM throughput" is waiting on): a raw page is
+    a header of metric names, a units row, then a row per kernel; the table keeps the metrics matching its patterns,
+    in the page's order, one column per kernel, and drops those that read zero for every kernel (unless asked)."""
+    from dsv4lib.workbook.provenance import REPO_ROOT
+    monkeypatch.syspath_prepend(str(REPO_ROOT / "scripts"))
+    import ncu_pipes
+    names = ["ID", "Kernel Name", "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active",
+             "sm__pipe_fp16_cycles_active.avg.pct_of_peak_sustained_active",
+             "l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed", "launch__grid_size"]
+    text = "\n".join(",".join(f'"{c}"' for c in r) for r in (
+        names, ["", "", "%", "%", "%", ""], ["0", "ours", "55.1", "0", "61.0", "4096"],
+        ["1", "FlashMLA", "54.9", "0", "58.2", "4096"]))
+    path = tmp_path / "raw.csv"
+    path.write_text(text + "\n")
+    got = ncu_pipes.table(str(path))
+    lines = got.splitlines()
+    assert "0:ours" in lines[0] and "1:FlashMLA" in lines[0]
+    assert [ln.split()[0] for ln in lines[1:]] == [names[2][:66], names[4][:66]]    # fp16 (all zero) and grid dropped
+    assert lines[1].split()[-2:] == ["55.1", "54.9"]
+    assert len(ncu_pipes.table(str(path), skip_zero=False).splitlines()) == 4
+    assert ncu_pipes.pick(names, [r"^launch__"]) == ["launch__grid_size"]
+    path.write_text(",".join(names) + "\n")
+    with pytest.raises(ValueError, match="no kernel rows"):
+        ncu_pipes.read_raw(str(path))
