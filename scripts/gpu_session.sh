@@ -270,6 +270,9 @@ for w in $what; do
     dqslots)  timeout 200 python -m pytest -q -p no:cacheprovider tests -k "dequant_kernel or list_join" > "$out/logs/pytest_k.txt" 2>&1
               tail -n 3 "$out/logs/pytest_k.txt"
               timeout 200 python scripts/probe_staged.py --dequant-variants 1,2,4 --join-variants 1,4,8 2>&1 | tee "$out/logs/dqslots.txt" | tail -n 30 ;;
+    # the list join's entries a thread in flight by graph replay (session 48's 1 / 4 / 8 were timed with the host in
+    # them), then each pass of the staged call and the whole call (probe_staged.py, ~2 min)
+    joins)    timeout 240 python scripts/probe_staged.py --join-variants 1,2,4,8 2>&1 | tee "$out/logs/joins.txt" | tail -n 30 ;;
     # the staged FP8-cache prefill's dequantization (both caches, every page) and list joins (scripts/ncu_staged.py)
     ncustaged) run_ncu staged 4 scripts/ncu_staged.py ;;
     bench)    { timeout 120 python scripts/bench_sparse.py; timeout 60 python scripts/bench_nvfp4.py;
