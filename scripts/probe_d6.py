@@ -33,9 +33,17 @@ copies — were a copy of ``gather_pairs`` that drifted from the shipped one and
 measurements of session 25); the D6 notebook's FlashMLA section draws from 2^18 rows (256 MiB), where H = 128 read
 427 TFLOP/s against FlashMLA's 496 while H = 64 tied (session 27, token-fastest grid) — the order was the suspect.
 
+``--trace 0,2``: the shipped kernel at those shapes (indices into the four below) with a clock64 stamp at each
+half-tile pipeline event — the producer's acquire and commit, the consumers' wait and release (probe_d7's
+``traced_pipe``; the first thread of the warpgroup that calls it, the first 512 CTAs) — then per pair of tiles the
+median over CTAs of each event's time from the pair's first event: whether the consumers wait for the gather (a
+commit → wait gap far above the copies' latency, a wait right after the previous release) or the gather waits for
+the consumers (the acquire right after the release that frees the buffer).  #36 item 1 asks for this timeline;
+session 53's ncu saw the L2-pool case bound by neither bandwidth nor the tensor pipe (55 % busy).
+
 Usage: python scripts/probe_d6.py [--variants full,no_key_mask,token_fastest,regs216,no_l2_hints,
                                                     no_gather_hint,o_value_pairs,no_pdl_chain,early_release]
-                                  [--pool-rows N]"""
+                                  [--pool-rows N] [--trace 0,2]"""
 import argparse
 
 import cutlass.cute as cute
@@ -45,7 +53,8 @@ import dsv4lib
 from dsv4lib import bench
 from dsv4lib.kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
 from dsv4lib.ops import launch
-from probe_d7 import early_release          # scripts/ is the script's directory, so on sys.path
+from probe_d7 import (TRACE_CTAS, TRACE_PAIRS, early_release, print_pairs, stamped_ctas,  # scripts/ is the
+                      traced)                                        # script's directory, so on sys.path
 
 
 @cute.jit
@@ -84,6 +93,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--variants", default="full,no_key_mask,token_fastest")
     ap.add_argument("--pool-rows", type=int, default=0, help="rows of the bf16 key pool (0: max(Sq, 8192))")
+    ap.add_argument("--trace", default="", help="shape indices to trace (comma-separated), no variants timed")
     args = ap.parse_args()
     cls = SparseAttentionForwardSm90                   # its is_real_key reads the producer's flags or the index list
     original = {name: cls.__dict__[name] for name in ("is_real_key", "HEAD_GROUP_FASTEST", "PAIRED_PRODUCER_REGS",
@@ -94,12 +104,19 @@ def main():
     gen = torch.Generator(device="cuda").manual_seed(0)
     shapes = ((4096, 64, 640), (16384, 64, 640), (4096, 128, 1152), (1024, 64, 640))
     print(f"{torch.cuda.get_device_name()}: TFLOP/s by graph replay (sink, num_splits=1)")
-    for Sq, H, K in shapes:
+    traced_shapes = [int(x) for x in args.trace.split(",") if x]
+    for n, (Sq, H, K) in enumerate(shapes):
+        if traced_shapes and n not in traced_shapes:
+            continue
         kv = torch.randn(args.pool_rows or max(Sq, 8192), 512, device="cuda", dtype=torch.bfloat16, generator=gen)
         sink = torch.randn(H, device="cuda", generator=gen)
         sets = [(torch.randn(Sq, H, 512, device="cuda", dtype=torch.bfloat16, generator=gen),
                  torch.randint(0, kv.shape[0], (Sq, K), device="cuda", dtype=torch.int32, generator=gen))
                 for _ in range(4)]
+        if traced_shapes:
+            trace(cls, lambda q, i: dsv4lib.sparse_attention(q, kv, i, sink=sink, num_splits=1), sets,
+                  f"trace Sq {Sq} H {H} K {K}, pool {kv.shape[0]} rows")
+            continue
         flops = 2.0 * Sq * H * K * 1024
         row = []
         want = None
@@ -115,6 +132,25 @@ def main():
             row.append(f"{v} {bench.tflops(flops, t.per_call_ms):6.1f}")
         patch(cls, "full", original)
         print(f"  Sq {Sq:5d} H {H:3d} K {K:4d}: " + "   ".join(row), flush=True)
+
+
+def trace(cls, fn, sets, title: str) -> None:
+    """``fn`` (the public call) through a build of ``cls`` whose half-tile pipelines stamp the clock, on a second input
+    set after a first that compiles it; the pairs' timeline printed."""
+    buf = torch.zeros(TRACE_CTAS, TRACE_PAIRS, 16, dtype=torch.int64, device="cuda")
+    plain = cls.__dict__["half_tile_pipelines"]
+    cls.half_tile_pipelines = traced(plain, buf)
+    launch._COMPILED.clear()
+    try:
+        fn(*sets[0])
+        torch.cuda.synchronize()
+        buf.zero_()
+        fn(*sets[1])
+        torch.cuda.synchronize()
+    finally:
+        cls.half_tile_pipelines = plain
+        launch._COMPILED.clear()
+    print_pairs(stamped_ctas(buf)[0], title)
 
 
 if __name__ == "__main__":

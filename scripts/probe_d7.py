@@ -339,13 +339,18 @@ def load_row_stamped(self, records, scale_of, buf, b, h: cutlass.Constexpr, slot
     ROW_TRACE["load_row"](self, records, scale_of, buf, b, h, slot, k, raw, scale_bytes)
 
 
+def traced(plain, buf: torch.Tensor):
+    """``half_tile_pipelines`` (a kernel class's method ``plain``) with :func:`traced_pipe` for each, stamping into
+    ``buf`` (int64 ``[TRACE_CTAS, TRACE_PAIRS, 16]``; D6's probe uses it too)."""
+    return lambda self, barriers: tuple(traced_pipe(p, i, buf.data_ptr()) for i, p in enumerate(plain(self, barriers)))
+
+
 def trace(case) -> None:
     buf = torch.zeros(TRACE_CTAS, TRACE_PAIRS, 16, dtype=torch.int64, device="cuda")
     rows = torch.zeros(TRACE_CTAS, ROW_SLOTS, dtype=torch.int64, device="cuda")
     plain, plain_load_row = md.Model1DecodeSm90.half_tile_pipelines, md.Model1DecodeSm90.load_row
     ROW_TRACE.update(address=rows.data_ptr(), load_row=plain_load_row)
-    md.Model1DecodeSm90.half_tile_pipelines = lambda self, barriers: tuple(
-        traced_pipe(p, i, buf.data_ptr()) for i, p in enumerate(plain(self, barriers)))
+    md.Model1DecodeSm90.half_tile_pipelines = traced(plain, buf)
     md.Model1DecodeSm90.load_row = load_row_stamped
     launch._COMPILED.clear()
     try:
@@ -359,18 +364,30 @@ def trace(case) -> None:
         md.Model1DecodeSm90.half_tile_pipelines = plain
         md.Model1DecodeSm90.load_row = plain_load_row
         launch._COMPILED.clear()
+    t, used = stamped_ctas(buf)
+    row_times(t, rows[used].double(), case)
+    print_pairs(t, f"trace B{case.B} H{case.H}")
+
+
+def stamped_ctas(buf: torch.Tensor):
+    """The stamps of the CTAs that stamped, as (cta, pair, event, pipe) float64, and which CTAs those were."""
     t = buf.view(TRACE_CTAS, TRACE_PAIRS, 4, 4).double()        # (cta, pair, event, pipe)
     used = t[:, 0].amax(dim=(1, 2)) > 0
-    t = t[used]
-    row_times(t, rows[used].double(), case)
-    print(f"trace B{case.B} H{case.H}: {int(used.sum())} CTAs, SM clocks from the pair's first event (median)")
+    return t[used], used
+
+
+def print_pairs(t: torch.Tensor, title: str) -> None:
+    """Each pair's four half-tiles' events (median over CTAs, SM clocks from the pair's first event) and when the
+    pair began (from the CTA's first event); the CTAs' spans.  A pair only the pipelines' tail acquired (no commit
+    stamped) ends the table."""
+    print(f"{title}: {t.shape[0]} CTAs, SM clocks from the pair's first event (median)")
     stamped = t.where(t > 0, float("nan")).flatten(1)
     span = stamped.nan_to_num(-float("inf")).amax(1) - stamped.nan_to_num(float("inf")).amin(1)
     q = torch.quantile(span, torch.tensor([0.0, 0.5, 0.9, 1.0], dtype=span.dtype, device=span.device)).tolist()
     print("  CTA span first → last event, clocks: min %.0f  median %.0f  p90 %.0f  max %.0f" % tuple(q))
     kernel0 = t[:, 0].where(t[:, 0] > 0, float("inf")).amin(dim=(1, 2))
     for p in range(TRACE_PAIRS):
-        if not bool((t[:, p, 0, 0] > 0).all()):
+        if not bool((t[:, p, 0, 0] > 0).all() and (t[:, p, 1, 0] > 0).all()):
             break
         first = t[:, p].where(t[:, p] > 0, float("inf")).amin(dim=(1, 2))
         rel = (t[:, p] - first.view(-1, 1, 1)).median(dim=0).values
