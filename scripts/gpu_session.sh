@@ -264,9 +264,13 @@ for w in $what; do
     ncu1=*)   run_ncu "d1_$(echo "${w#ncu1=}" | tr , _)" 2 scripts/ncu_d1.py $(echo "${w#ncu1=}" | tr , ' ') ;;
     ncu6)     run_ncu d6 2 scripts/ncu_d6.py 15 ;;
     # trace6: D6's bf16 prefill with a clock stamp at every half-tile pipeline event (probe_d6.py --trace): Sq 4096
-    # H64 and H128 on the L2-resident pool, then Sq 4096 H64 on 256 MiB — where #36's time goes, pair by pair (~2 min)
-    trace6)   { timeout 200 python scripts/probe_d6.py --trace 0,2
-                timeout 150 python scripts/probe_d6.py --trace 0 --pool-rows 262144; } 2>&1 | tee "$out/logs/trace6.txt" | tail -n 40 ;;
+    # H64 and H128 on the 32 MiB pool (D6's L2 pool), then Sq 4096 H64 on 256 MiB — where #36's time goes, pair by pair,
+    # and the bound of a deeper pipeline there (early_release: buffers refilled while still read), never measured on
+    # the 32 MiB pool where the worst ratio is read (session 33: +2-3 % on 256 MiB) (~4 min in all)
+    trace6)   { timeout 200 python scripts/probe_d6.py --trace 0,2 --pool-rows 32768
+                timeout 150 python scripts/probe_d6.py --trace 0 --pool-rows 262144
+                timeout 200 python scripts/probe_d6.py --variants full,early_release --pool-rows 32768; } 2>&1 \
+                | tee "$out/logs/trace6.txt" | tail -n 50 ;;
     # ncu6=18: the same on a pool of 2^18 rows (256 MiB: DRAM-bound, L2 86 % busy in session 53)
     ncu6=*)   run_ncu "d6_pool${w#ncu6=}" 2 scripts/ncu_d6.py "${w#ncu6=}" ;;
     # the dequantization's builds, 1 / 2 / 4 slots a warp in flight and by halves (candidates/d6_dequant_slots.patch
