@@ -24,12 +24,12 @@ ops = lambda name: importlib.import_module(f"dsv4lib.ops.{name}")
 
 def stub_the_gpu(calls: list):
     """Switch off what only a GPU has, and count compiled calls instead of making them."""
-    attention, sparse, combine, launch, decode, nvfp4 = map(ops, ("attention", "sparse", "combine", "launch",
-                                                                   "decode", "nvfp4"))
-    for module in (attention, sparse, combine, decode, nvfp4, launch):
+    attention, sparse, combine, launch, decode, nvfp4, staged = map(ops, ("attention", "sparse", "combine", "launch",
+                                                                           "decode", "nvfp4", "prefill_staged"))
+    for module in (attention, sparse, combine, decode, nvfp4, launch, staged):
         if hasattr(module, "raw_stream"):
             module.raw_stream = lambda device: 0
-    for module in (attention, sparse, decode):
+    for module in (attention, sparse, decode, staged):
         module.check_hopper = lambda device, what: None
         module.on_device = lambda device: launch._NO_GUARD
     nvfp4.on_device = lambda device: launch._NO_GUARD
@@ -37,7 +37,7 @@ def stub_the_gpu(calls: list):
     attention._validate = lambda *a: None
     nvfp4._validate = lambda x: None
     sparse._check_placement = lambda name, t: None
-    decode.check_pages = lambda pages, page_size, name: None
+    decode.check_pages = staged.check_pages = lambda pages, page_size, name: None
     torch.Tensor.is_cuda = property(lambda t: True)          # the decode's first-call check (plans skip it after)
     for module in (attention, sparse, nvfp4, decode, combine):     # combine: which merge kernel (rows vs SMs)
         module.device_facts = lambda device: ("NVIDIA H200", 132)
@@ -82,6 +82,16 @@ def public_calls() -> dict:
         len1, len2 = torch.full((Sq,), 128, dtype=torch.int32), torch.full((Sq,), 500, dtype=torch.int32)
         return lambda: dsv4lib.sparse_prefill(qp, window, idx, len1, extra_k_cache=compressed, extra_indices=idx2,
                                               extra_topk_length=len2, sink=sink64)
+
+    def staged(Sq, given: bool):
+        qp = bf(Sq, 64, 512)
+        idx = torch.randint(0, window.num_keys, (Sq, 128), generator=gen, dtype=torch.int32)
+        idx2 = torch.randint(0, compressed.num_keys, (Sq, 512), generator=gen, dtype=torch.int32)
+        len1, len2 = torch.full((Sq,), 128, dtype=torch.int32), torch.full((Sq,), 500, dtype=torch.int32)
+        pages = dict(pages=torch.arange(window.num_pages, dtype=torch.int32),
+                     extra_pages=torch.arange(compressed.num_pages, dtype=torch.int32)) if given else {}
+        return lambda: dsv4lib.sparse_prefill_staged(qp, window, idx, len1, extra_k_cache=compressed,
+                                                     extra_indices=idx2, extra_topk_length=len2, sink=sink64, **pages)
     return {
         "attention causal": lambda: dsv4lib.attention(q, k, v, causal=True),
         "attention split + combine": lambda: dsv4lib.attention(qd, kd, kd, num_splits=4),
@@ -102,6 +112,8 @@ def public_calls() -> dict:
         "sparse_decode B64 (FlashMLA's float8 views)": decode(64, views=True),
         "sparse_prefill Sq64 (split + combine)": prefill(64),
         "sparse_prefill Sq256 (token rows)": prefill(256),
+        "sparse_prefill_staged Sq64 (pages=)": staged(64, True),
+        "sparse_prefill_staged Sq64 (scan)": staged(64, False),
     }
 
 
