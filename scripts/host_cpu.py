@@ -75,23 +75,16 @@ def public_calls() -> dict:
         return lambda: dsv4lib.sparse_decode(qd, main, idx, len1, extra_k_cache=extra, extra_indices=idx2,
                                              extra_topk_length=len2, sink=sink64)
 
-    def prefill(Sq):
+    def prefill(Sq, call=dsv4lib.sparse_prefill, **more):
+        """``call`` (the fused or the staged prefill) on Sq tokens' lists over both caches."""
         qp = bf(Sq, 64, 512)
         idx = torch.randint(0, window.num_keys, (Sq, 128), generator=gen, dtype=torch.int32)
         idx2 = torch.randint(0, compressed.num_keys, (Sq, 512), generator=gen, dtype=torch.int32)
         len1, len2 = torch.full((Sq,), 128, dtype=torch.int32), torch.full((Sq,), 500, dtype=torch.int32)
-        return lambda: dsv4lib.sparse_prefill(qp, window, idx, len1, extra_k_cache=compressed, extra_indices=idx2,
-                                              extra_topk_length=len2, sink=sink64)
-
-    def staged(Sq, given: bool):
-        qp = bf(Sq, 64, 512)
-        idx = torch.randint(0, window.num_keys, (Sq, 128), generator=gen, dtype=torch.int32)
-        idx2 = torch.randint(0, compressed.num_keys, (Sq, 512), generator=gen, dtype=torch.int32)
-        len1, len2 = torch.full((Sq,), 128, dtype=torch.int32), torch.full((Sq,), 500, dtype=torch.int32)
-        pages = dict(pages=torch.arange(window.num_pages, dtype=torch.int32),
-                     extra_pages=torch.arange(compressed.num_pages, dtype=torch.int32)) if given else {}
-        return lambda: dsv4lib.sparse_prefill_staged(qp, window, idx, len1, extra_k_cache=compressed,
-                                                     extra_indices=idx2, extra_topk_length=len2, sink=sink64, **pages)
+        return lambda: call(qp, window, idx, len1, extra_k_cache=compressed, extra_indices=idx2,
+                            extra_topk_length=len2, sink=sink64, **more)
+    every_page = dict(pages=torch.arange(window.num_pages, dtype=torch.int32),
+                      extra_pages=torch.arange(compressed.num_pages, dtype=torch.int32))
     return {
         "attention causal": lambda: dsv4lib.attention(q, k, v, causal=True),
         "attention split + combine": lambda: dsv4lib.attention(qd, kd, kd, num_splits=4),
@@ -112,8 +105,8 @@ def public_calls() -> dict:
         "sparse_decode B64 (FlashMLA's float8 views)": decode(64, views=True),
         "sparse_prefill Sq64 (split + combine)": prefill(64),
         "sparse_prefill Sq256 (token rows)": prefill(256),
-        "sparse_prefill_staged Sq64 (pages=)": staged(64, True),
-        "sparse_prefill_staged Sq64 (scan)": staged(64, False),
+        "sparse_prefill_staged Sq64 (pages=)": prefill(64, dsv4lib.sparse_prefill_staged, **every_page),
+        "sparse_prefill_staged Sq64 (scan)": prefill(64, dsv4lib.sparse_prefill_staged),
     }
 
 
