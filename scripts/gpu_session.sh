@@ -273,8 +273,8 @@ for w in $what; do
                 | tee "$out/logs/trace6.txt" | tail -n 50 ;;
     # ncu6=18: the same on a pool of 2^18 rows (256 MiB: DRAM-bound, L2 86 % busy in session 53)
     ncu6=*)   run_ncu "d6_pool${w#ncu6=}" 2 scripts/ncu_d6.py "${w#ncu6=}" ;;
-    # the dequantization's builds, 1 / 2 / 4 slots a warp in flight and by halves (candidates/d6_dequant_slots.patch
-    # applied): its GPU bit-equality tests, then probe_staged's passes with the dequantization once per build (~2 min)
+    # the dequantization's builds, 1 / 2 / 4 slots a warp in flight (d6_dequant_slots landed in session 48): its GPU
+    # bit-equality tests, then probe_staged's passes with the dequantization once per build (~2 min; joins: the joins only)
     dqslots)  timeout 200 python -m pytest -q -p no:cacheprovider tests -k "dequant_kernel or list_join" > "$out/logs/pytest_k.txt" 2>&1
               tail -n 3 "$out/logs/pytest_k.txt"
               timeout 200 python scripts/probe_staged.py --dequant-variants 1,2,4 --join-variants 1,4,8 2>&1 | tee "$out/logs/dqslots.txt" | tail -n 30 ;;
