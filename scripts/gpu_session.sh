@@ -271,6 +271,10 @@ for w in $what; do
                 timeout 150 python scripts/probe_d6.py --trace 0 --pool-rows 262144
                 timeout 200 python scripts/probe_d6.py --variants full,early_release --pool-rows 32768; } 2>&1 \
                 | tee "$out/logs/trace6.txt" | tail -n 50 ;;
+    # trace6er: the same traces of early_release (session 54: +0.7 % on the 32 MiB pool): with no wait for a refill,
+    # the stamps show the consumers' own chain a pair — softmax and the P exchange between the PVs (~1 min)
+    trace6er) { timeout 200 python scripts/probe_d6.py --trace 0,2 --variants early_release,full --pool-rows 32768; } 2>&1 \
+                | tee "$out/logs/trace6er.txt" | tail -n 40 ;;
     # ncu6=18: the same on a pool of 2^18 rows (256 MiB: DRAM-bound, L2 86 % busy in session 53)
     ncu6=*)   run_ncu "d6_pool${w#ncu6=}" 2 scripts/ncu_d6.py "${w#ncu6=}" ;;
     # the dequantization's builds, 1 / 2 / 4 slots a warp in flight (d6_dequant_slots landed in session 48): its GPU

@@ -43,7 +43,10 @@ session 53's ncu saw the L2-pool case bound by neither bandwidth nor the tensor 
 
 Usage: python scripts/probe_d6.py [--variants full,no_key_mask,token_fastest,regs216,no_l2_hints,
                                                     no_gather_hint,o_value_pairs,no_pdl_chain,early_release]
-                                  [--pool-rows N] [--trace 0,2]"""
+                                  [--pool-rows N] [--trace 0,2]
+
+With ``--trace``, ``--variants`` names the builds traced (default ``full``): ``early_release`` traced shows the
+consumers' own chain a pair, no wait for a refill in it (its release stamps are then when a consumer is done)."""
 import argparse
 
 import cutlass.cute as cute
@@ -91,7 +94,7 @@ def patch(cls, variant: str, original: dict) -> None:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--variants", default="full,no_key_mask,token_fastest")
+    ap.add_argument("--variants", default=None, help="default full,no_key_mask,token_fastest (with --trace: full)")
     ap.add_argument("--pool-rows", type=int, default=0, help="rows of the bf16 key pool (0: max(Sq, 8192))")
     ap.add_argument("--trace", default="", help="shape indices to trace (comma-separated), no variants timed")
     args = ap.parse_args()
@@ -105,6 +108,7 @@ def main():
     shapes = ((4096, 64, 640), (16384, 64, 640), (4096, 128, 1152), (1024, 64, 640))
     print(f"{torch.cuda.get_device_name()}: TFLOP/s by graph replay (sink, num_splits=1)")
     traced_shapes = [int(x) for x in args.trace.split(",") if x]
+    variants = (args.variants or ("full" if traced_shapes else "full,no_key_mask,token_fastest")).split(",")
     for n, (Sq, H, K) in enumerate(shapes):
         if traced_shapes and n not in traced_shapes:
             continue
@@ -114,13 +118,16 @@ def main():
                  torch.randint(0, kv.shape[0], (Sq, K), device="cuda", dtype=torch.int32, generator=gen))
                 for _ in range(4)]
         if traced_shapes:
-            trace(cls, lambda q, i: dsv4lib.sparse_attention(q, kv, i, sink=sink, num_splits=1), sets,
-                  f"trace Sq {Sq} H {H} K {K}, pool {kv.shape[0]} rows")
+            for v in variants:          # a variant's own pipelines traced (early_release: the consumers' own chain)
+                patch(cls, v, original)
+                trace(cls, lambda q, i: dsv4lib.sparse_attention(q, kv, i, sink=sink, num_splits=1), sets,
+                      f"trace {v} Sq {Sq} H {H} K {K}, pool {kv.shape[0]} rows")
+            patch(cls, "full", original)
             continue
         flops = 2.0 * Sq * H * K * 1024
         row = []
         want = None
-        for v in args.variants.split(","):
+        for v in variants:
             patch(cls, v, original)
             fn = lambda q, i: dsv4lib.sparse_attention(q, kv, i, sink=sink, num_splits=1)
             if v in ("full", "token_fastest", "regs216", "no_l2_hints",
