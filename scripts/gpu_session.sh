@@ -275,6 +275,11 @@ for w in $what; do
     # the stamps show the consumers' own chain a pair — softmax and the P exchange between the PVs (~1 min)
     trace6er) { timeout 200 python scripts/probe_d6.py --trace 0,2 --variants early_release,full --pool-rows 32768; } 2>&1 \
                 | tee "$out/logs/trace6er.txt" | tail -n 40 ;;
+    # items6: D6's fixed cost a CTA (Q load, first gather, epilogue, O store, launch) from a key-count sweep, ours and
+    # FlashMLA's (probe_d6_items.py; session 54) — whether a persistent CTA overlapping them is worth building (~2 min)
+    items6)   { timeout 200 python scripts/probe_d6_items.py --pool-rows 32768
+                timeout 150 python scripts/probe_d6_items.py --pool-rows 32768 --heads 128 --keys 256,640,1152,2304; } 2>&1 \
+                | tee "$out/logs/items6.txt" | tail -n 20 ;;
     # ncu6=18: the same on a pool of 2^18 rows (256 MiB: DRAM-bound, L2 86 % busy in session 53)
     ncu6=*)   run_ncu "d6_pool${w#ncu6=}" 2 scripts/ncu_d6.py "${w#ncu6=}" ;;
     # the dequantization's builds, 1 / 2 / 4 slots a warp in flight (d6_dequant_slots landed in session 48): its GPU

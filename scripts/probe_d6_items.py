@@ -1,0 +1,71 @@
+"""D6's fixed cost per CTA: the bf16 sparse prefill (Sq 4096, H 64, one split, sink) timed at several key counts by
+CUDA-graph replay, ours beside FlashMLA's ``flash_mla_sparse_fwd`` (when ``.device-c`` is there), and per kernel a
+least-squares line ``µs a CTA = fixed + per_tile · tiles`` (a CTA = a token's 64 heads; µs a CTA = time · SMs /
+CTAs, one CTA an SM).  The pre-redesign note (d2_d6.md, "Before the redesign") read 5.6 µs fixed + 1.76 µs a
+64-key tile on the H200 — a quarter of a 640-key CTA spent outside its pairs (Q's load, the first gather, the
+epilogue and O store, the next CTA's launch); whether that still holds decides whether a persistent CTA that
+overlaps one item's epilogue with the next item's loads is worth building.  A measurement, never a result.
+
+    python scripts/probe_d6_items.py [--pool-rows 32768] [--keys 128,256,384,640,1280,2560] [--heads 64]"""
+import argparse
+
+import torch
+
+import dsv4lib
+from dsv4lib import bench
+from dsv4lib.bench import d6, d7
+
+
+def fit(xs, ys):
+    """Least-squares ``y = a + b x``: (a, b)."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return my - b * mx, b
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pool-rows", type=int, default=32768)
+    ap.add_argument("--keys", default="128,256,384,640,1280,2560")
+    ap.add_argument("--heads", type=int, default=64)
+    ap.add_argument("--sq", type=int, default=4096)
+    args = ap.parse_args()
+    Sq, H = args.sq, args.heads
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    ctas = Sq * H // 64
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    kv = torch.randn(args.pool_rows, 512, device="cuda", dtype=torch.bfloat16, generator=gen)
+    sink = torch.randn(H, device="cuda", generator=gen)
+    fm = d7.flashmla()
+    peer = d6.flashmla_sparse_fn(fm, sink) if fm is not None else None
+    print(f"{torch.cuda.get_device_name()}: Sq {Sq} H {H}, pool {args.pool_rows} rows; µs a CTA = time · {sms} SMs / "
+          f"{ctas} CTAs")
+    per = {"ours": [], "FlashMLA": []}
+    tiles = []
+    for K in (int(k) for k in args.keys.split(",")):
+        sets = [(torch.randn(Sq, H, 512, device="cuda", dtype=torch.bfloat16, generator=gen),
+                 torch.randint(0, kv.shape[0], (Sq, K), device="cuda", dtype=torch.int32, generator=gen))
+                for _ in range(4)]
+        fns = {"ours": lambda q, i: dsv4lib.sparse_attention(q, kv, i, sink=sink, num_splits=1)}
+        if peer is not None:
+            fns["FlashMLA"] = lambda q, i: peer(q, kv, i)
+        times = bench.time_graph_interleaved(fns, sets)
+        tiles.append(K / 64)
+        cells = []
+        for name, t in times.items():
+            us = t.per_call_ms * 1e3 * sms / ctas
+            per[name].append(us)
+            flops = 2.0 * Sq * H * K * 1024
+            cells.append(f"{name} {t.per_call_ms * 1e3:8.1f} µs ({bench.tflops(flops, t.per_call_ms):5.1f} TFLOP/s, "
+                         f"{us:6.2f} µs a CTA)")
+        print(f"  K {K:5d}: " + "   ".join(cells), flush=True)
+    for name, ys in per.items():
+        if len(ys) >= 2:
+            a, b = fit(tiles, ys)
+            print(f"  {name}: µs a CTA = {a:.2f} fixed + {b:.3f} a 64-key tile  (640 keys: {a / (a + 10 * b):.0%} "
+                  f"fixed)")
+
+
+if __name__ == "__main__":
+    main()
