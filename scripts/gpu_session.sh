@@ -280,6 +280,10 @@ for w in $what; do
     items6)   { timeout 200 python scripts/probe_d6_items.py --pool-rows 32768
                 timeout 150 python scripts/probe_d6_items.py --pool-rows 32768 --heads 128 --keys 256,640,1152,2304; } 2>&1 \
                 | tee "$out/logs/items6.txt" | tail -n 20 ;;
+    # lives6: every CTA's life stamped by %globaltimer (probe_d6.py --items: Q landed, first QK, loops done, O stored,
+    # exits) and the SM's idle gap between CTAs, Sq 4096 H64 and H128 on the 32 MiB pool (~1 min)
+    lives6)   { timeout 200 python scripts/probe_d6.py --items 0,2 --pool-rows 32768; } 2>&1 \
+                | tee "$out/logs/lives6.txt" | tail -n 40 ;;
     # ncu6=18: the same on a pool of 2^18 rows (256 MiB: DRAM-bound, L2 86 % busy in session 53)
     ncu6=*)   run_ncu "d6_pool${w#ncu6=}" 2 scripts/ncu_d6.py "${w#ncu6=}" ;;
     # the dequantization's builds, 1 / 2 / 4 slots a warp in flight (d6_dequant_slots landed in session 48): its GPU

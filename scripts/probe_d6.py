@@ -49,6 +49,7 @@ With ``--trace``, ``--variants`` names the builds traced (default ``full``): ``e
 consumers' own chain a pair, no wait for a refill in it (its release stamps are then when a consumer is done)."""
 import argparse
 
+import cutlass
 import cutlass.cute as cute
 import torch
 
@@ -92,11 +93,120 @@ def patch(cls, variant: str, original: dict) -> None:
     launch._COMPILED.clear()
 
 
+ITEM_CTAS = 8192              # CTAs stamped by --items (every CTA of Sq 4096 at H64 / H128)
+ITEM_EVENTS = ("start", "Q landed", "1st QK done", "WG0 loop done", "WG1 loop done", "WG0 O stored", "WG1 O stored",
+               "producer exit", "WG0 exit", "WG1 exit")
+SMID_SLOT = 15
+
+
+@cute.jit
+def item_event(address: cutlass.Constexpr, k: cutlass.Constexpr, who: cutlass.Constexpr):
+    """``%globaltimer`` (ns) into slot ``k`` of this CTA's 16 (and the SM's id into slot 15 with the start), by
+    thread ``who`` only, for the first :data:`ITEM_CTAS` CTAs."""
+    tidx, _, _ = cute.arch.thread_idx()
+    bx, by, bz = cute.arch.block_idx()
+    gx, gy, _ = cute.arch.grid_dim()
+    cta = (bz * gy + by) * gx + bx
+    if tidx == who and cta < ITEM_CTAS:
+        buf = cute.make_tensor(cute.make_ptr(cutlass.Int64, cutlass.Int64(address), cute.AddressSpace.gmem,
+                                             assumed_align=8), cute.make_layout((16, ITEM_CTAS)))
+        buf[k, cta] = cute.arch.globaltimer()
+        if cutlass.const_expr(k == 0):
+            buf[SMID_SLOT, cta] = cutlass.Int64(cute.arch.smid())
+
+
+def stamped_items(cls, address: int) -> dict:
+    """Replacements of ``cls``'s methods that stamp a CTA's life (:data:`ITEM_EVENTS`) around the shipped ones."""
+    shipped = {name: cls.__dict__[name] for name in ("cta", "wait_q", "issue_scores", "finish_shared_max",
+                                                      "store_o_chunks")}
+
+    @cute.jit
+    def cta(self, *args):
+        item_event(address, 0, 0)
+        shipped["cta"](self, *args)
+        item_event(address, 7, 0)
+        item_event(address, 8, 128)
+        item_event(address, 9, 256)
+
+    @cute.jit
+    def wait_q(self, *args):
+        shipped["wait_q"](self, *args)
+        item_event(address, 1, 128)
+
+    @cute.jit
+    def issue_scores(self, w: cutlass.Constexpr, p, *args):
+        key_bits = shipped["issue_scores"](self, w, p, *args)
+        if p == 0:
+            item_event(address, 2, 128)
+        return key_bits
+
+    @cute.jit
+    def finish_shared_max(self, w, *args):
+        item_event(address, 3, 128)
+        item_event(address, 4, 256)
+        shipped["finish_shared_max"](self, w, *args)
+
+    @cute.jit
+    def store_o_chunks(self, w, *args):
+        shipped["store_o_chunks"](self, w, *args)
+        item_event(address, 5, 128)
+        item_event(address, 6, 256)
+
+    return dict(cta=cta, wait_q=wait_q, issue_scores=issue_scores, finish_shared_max=finish_shared_max,
+                store_o_chunks=store_o_chunks)
+
+
+def items(cls, fn, sets, title: str) -> None:
+    """``fn`` through a build that stamps each CTA's life (:func:`stamped_items`), on a second input set after a
+    first that compiles it (both inside one CUDA graph replay would be the same: the CTAs run back to back); per
+    event the median µs from the CTA's start, then the gap an SM sits between one CTA's last exit and the next CTA's
+    start on it (the launch of the next CTA: one CTA an SM)."""
+    buf = torch.zeros(ITEM_CTAS, 16, dtype=torch.int64, device="cuda")                       # [cta, k]: k fastest
+    shipped = {name: cls.__dict__[name] for name in ("cta", "wait_q", "issue_scores", "finish_shared_max",
+                                                      "store_o_chunks")}
+    for name, f in stamped_items(cls, buf.data_ptr()).items():
+        setattr(cls, name, f)
+    launch._COMPILED.clear()
+    try:
+        fn(*sets[0])
+        torch.cuda.synchronize()
+        buf.zero_()
+        fn(*sets[1])
+        torch.cuda.synchronize()
+    finally:
+        for name, f in shipped.items():
+            setattr(cls, name, f)
+        launch._COMPILED.clear()
+    t = buf[(buf[:, 0] > 0)].double()
+    start = t[:, 0:1]
+    end = t[:, 7:10].amax(1)
+    print(f"{title}: {t.shape[0]} CTAs stamped; µs from the CTA's start (median / p90)")
+    for k, name in enumerate(ITEM_EVENTS):
+        if k == 0:
+            continue
+        d = (t[:, k] - start[:, 0]) / 1e3
+        q = torch.quantile(d, torch.tensor([0.5, 0.9], dtype=d.dtype, device=d.device)).tolist()
+        print(f"  {name:14s} {q[0]:7.2f} / {q[1]:7.2f}")
+    life = (end - start[:, 0]) / 1e3
+    gaps = []
+    for sm in t[:, SMID_SLOT].unique():
+        on = t[:, SMID_SLOT] == sm
+        s_, e_ = start[on, 0], end[on]
+        order = s_.argsort()
+        s_, e_ = s_[order], e_[order]
+        gaps.append((s_[1:] - e_[:-1]) / 1e3)
+    gaps = torch.cat(gaps)
+    q = lambda x: torch.quantile(x, torch.tensor([0.1, 0.5, 0.9], dtype=x.dtype, device=x.device)).tolist()
+    print("  CTA life start → last exit µs (p10 / median / p90): %.2f / %.2f / %.2f" % tuple(q(life)))
+    print("  SM idle between CTAs µs (p10 / median / p90): %.2f / %.2f / %.2f  (%d gaps)" % (*q(gaps), gaps.numel()))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--variants", default=None, help="default full,no_key_mask,token_fastest (with --trace: full)")
     ap.add_argument("--pool-rows", type=int, default=0, help="rows of the bf16 key pool (0: max(Sq, 8192))")
     ap.add_argument("--trace", default="", help="shape indices to trace (comma-separated), no variants timed")
+    ap.add_argument("--items", default="", help="shape indices whose CTAs' lives are stamped (%%globaltimer)")
     args = ap.parse_args()
     cls = SparseAttentionForwardSm90                   # its is_real_key reads the producer's flags or the index list
     original = {name: cls.__dict__[name] for name in ("is_real_key", "HEAD_GROUP_FASTEST", "PAIRED_PRODUCER_REGS",
@@ -108,21 +218,26 @@ def main():
     shapes = ((4096, 64, 640), (16384, 64, 640), (4096, 128, 1152), (1024, 64, 640))
     print(f"{torch.cuda.get_device_name()}: TFLOP/s by graph replay (sink, num_splits=1)")
     traced_shapes = [int(x) for x in args.trace.split(",") if x]
+    item_shapes = [int(x) for x in args.items.split(",") if x]
     variants = (args.variants or ("full" if traced_shapes else "full,no_key_mask,token_fastest")).split(",")
     for n, (Sq, H, K) in enumerate(shapes):
-        if traced_shapes and n not in traced_shapes:
+        if (traced_shapes or item_shapes) and n not in traced_shapes + item_shapes:
             continue
         kv = torch.randn(args.pool_rows or max(Sq, 8192), 512, device="cuda", dtype=torch.bfloat16, generator=gen)
         sink = torch.randn(H, device="cuda", generator=gen)
         sets = [(torch.randn(Sq, H, 512, device="cuda", dtype=torch.bfloat16, generator=gen),
                  torch.randint(0, kv.shape[0], (Sq, K), device="cuda", dtype=torch.int32, generator=gen))
                 for _ in range(4)]
-        if traced_shapes:
+        if n in item_shapes:
+            items(cls, lambda q, i: dsv4lib.sparse_attention(q, kv, i, sink=sink, num_splits=1), sets,
+                  f"items Sq {Sq} H {H} K {K}, pool {kv.shape[0]} rows")
+        if n in traced_shapes:
             for v in variants:          # a variant's own pipelines traced (early_release: the consumers' own chain)
                 patch(cls, v, original)
                 trace(cls, lambda q, i: dsv4lib.sparse_attention(q, kv, i, sink=sink, num_splits=1), sets,
                       f"trace {v} Sq {Sq} H {H} K {K}, pool {kv.shape[0]} rows")
             patch(cls, "full", original)
+        if traced_shapes or item_shapes:
             continue
         flops = 2.0 * Sq * H * K * 1024
         row = []
