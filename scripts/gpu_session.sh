@@ -284,6 +284,13 @@ for w in $what; do
     # exits) and the SM's idle gap between CTAs, Sq 4096 H64 and H128 on the 32 MiB pool (~1 min)
     lives6)   { timeout 200 python scripts/probe_d6.py --items 0,2 --pool-rows 32768; } 2>&1 \
                 | tee "$out/logs/lives6.txt" | tail -n 40 ;;
+    # prefetch6: the next CTA's Q + index list prefetched into L2 (PREFETCH_NEXT_CTA, session 54) against without,
+    # twice each, on the 32 MiB and 256 MiB pools; then the CTA lives and the fixed-cost fit beside FlashMLA (~5 min)
+    prefetch6) { timeout 200 python scripts/probe_d6.py --variants full,no_prefetch_next,full,no_prefetch_next --pool-rows 32768
+                timeout 200 python scripts/probe_d6.py --variants full,no_prefetch_next --pool-rows 262144
+                timeout 100 python scripts/probe_d6.py --items 0 --pool-rows 32768
+                timeout 200 python scripts/probe_d6_items.py --pool-rows 32768; } 2>&1 \
+                | tee "$out/logs/prefetch6.txt" | tail -n 40 ;;
     # ncu6=18: the same on a pool of 2^18 rows (256 MiB: DRAM-bound, L2 86 % busy in session 53)
     ncu6=*)   run_ncu "d6_pool${w#ncu6=}" 2 scripts/ncu_d6.py "${w#ncu6=}" ;;
     # the dequantization's builds, 1 / 2 / 4 slots a warp in flight (d6_dequant_slots landed in session 48): its GPU

@@ -18,6 +18,8 @@ prefill shapes (every index valid, so ``no_key_mask`` computes the same result).
   no_gather_hint      only the gather's hints removed (Q and O keep theirs).  Same output.
   o_value_pairs       the O chunks written as value pairs (16 st.shared.b32 a chunk and thread) instead of by stmatrix
                       (shipped: ``O_CHUNK_STMATRIX``).  Same output.
+  no_prefetch_next    the producer does not bring the next CTA's Q and index list into L2 (shipped:
+                      ``PREFETCH_NEXT_CTA``, session 54).  Same output.
   no_pdl_chain        launched without programmatic dependent launch (``PDL_CHAIN`` off): each call's grid starts
                       only after the last one ended (shipped: the next call's CTAs resident and waiting).  Same output.
 
@@ -86,6 +88,8 @@ def patch(cls, variant: str, original: dict) -> None:
         cls.O_CHUNK_STMATRIX = False
     elif variant == "no_pdl_chain":
         cls.PDL_CHAIN = False
+    elif variant == "no_prefetch_next":
+        cls.PREFETCH_NEXT_CTA = False
     elif variant == "regs216":
         cls.PAIRED_PRODUCER_REGS, cls.PAIRED_CONSUMER_REGS = 72, 216
     elif variant != "full":
@@ -213,7 +217,7 @@ def main():
                                                       "PAIRED_CONSUMER_REGS", "half_tile_pipelines",
                                                       "Q_L2_POLICY", "O_L2_POLICY",
                                                       "GATHER_L2_POLICY", "GATHER_PREFETCH_256", "O_CHUNK_STMATRIX",
-                                                      "PDL_CHAIN")}
+                                                      "PDL_CHAIN", "PREFETCH_NEXT_CTA")}
     gen = torch.Generator(device="cuda").manual_seed(0)
     shapes = ((4096, 64, 640), (16384, 64, 640), (4096, 128, 1152), (1024, 64, 640))
     print(f"{torch.cuda.get_device_name()}: TFLOP/s by graph replay (sink, num_splits=1)")
@@ -246,7 +250,7 @@ def main():
             patch(cls, v, original)
             fn = lambda q, i: dsv4lib.sparse_attention(q, kv, i, sink=sink, num_splits=1)
             if v in ("full", "token_fastest", "regs216", "no_l2_hints",
-                     "no_gather_hint", "o_value_pairs", "no_pdl_chain"):    # the variants that must compute the shipped result
+                     "no_gather_hint", "o_value_pairs", "no_pdl_chain", "no_prefetch_next"):    # the variants that must compute the shipped result
                 got = fn(*sets[0])
                 want = got if want is None else want
                 assert torch.equal(got, want), f"{v} differs from the shipped kernel"

@@ -59,6 +59,29 @@ def cp_async_16(shared: Int32, shared_offset: int, address: Int64, global_offset
                     has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
 
 
+@dsl_user_op
+def prefetch_l2_bulk(address: Int64, size: int, *, loc=None, ip=None) -> None:
+    """``cp.async.bulk.prefetch.L2`` of ``size`` bytes (a multiple of 16, fixed at build time) of global memory from
+    ``address`` (16-byte aligned): the bytes brought into L2, nothing waited for, no register written."""
+    llvm.inline_asm(None, [Int64(address).ir_value(loc=loc, ip=ip)],
+                    f"cp.async.bulk.prefetch.L2.global [$0], {size};", "l",
+                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+@dsl_user_op
+def prefetch_l2_line(address: Int64, *, loc=None, ip=None) -> None:
+    """``prefetch.global.L2`` of the line holding ``address`` (any alignment)."""
+    llvm.inline_asm(None, [Int64(address).ir_value(loc=loc, ip=ip)], "prefetch.global.L2 [$0];", "l",
+                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+@dsl_user_op
+def sm_count(*, loc=None, ip=None) -> Int32:
+    """``%nsmid``: the SMs' id range (their count on the Hoppers here) — how many one-CTA-an-SM CTAs run at once."""
+    return Int32(llvm.inline_asm(T.i32(), [], "mov.u32 $0, %nsmid;", "=r", has_side_effects=False,
+                                 is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
 @cute.jit
 def as_global(t: cute.Tensor, align: cutlass.Constexpr) -> cute.Tensor:
     """The same tensor with its pointer in the global address space and a known alignment (a CPU build

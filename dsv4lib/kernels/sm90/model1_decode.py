@@ -256,6 +256,7 @@ class Model1DecodeSm90(SparseAttentionForwardSm90):
     KEY_MASK_AFTER_WAIT = True               # the consumers' key mask comes from the records (is_real_key)
     PRODUCER_KEY_FLAGS = False               # (the records carry key validity: no separate flags)
     HEAD_GROUP_FASTEST = False               # the crossover's head pair is a cluster along y (grid y = head group)
+    PREFETCH_NEXT_CTA = False                # (its keys come from page lists, not an index tensor)
     # the crossover ships a CTA's rows to the peer as their e4m3 bytes, not as bf16: 16 bytes a row and lane by
     # st.async into the second 16-byte chunk the row's bf16 takes there, completing on the peer's "landed" barrier of
     # the half-tile; the peer converts them in place once its own rows are done.  Half the bytes over the cluster

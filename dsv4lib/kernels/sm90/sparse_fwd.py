@@ -87,7 +87,7 @@ from ..common import (L2_EVICT_FIRST, L2_EVICT_LAST, convert_to_bf16_pairs, exp2
 from ..layouts import acc_layout_as_operand_a, acc_layout_rows_cols, row_major_smem_layout, transposed_view
 from ..softmax import LN_2, LOG2_E, finish_row, online_softmax, rescale_rows
 from ..sparse_base import (HALF, HEAD_DIM, TILE_H, TILE_N, SparseAttentionBase, as_global, cp_async_16,
-                           kv_chunk_offset, shared_address)
+                           kv_chunk_offset, prefetch_l2_bulk, prefetch_l2_line, shared_address, sm_count)
 from .sparse_config import SparseFwdConfig
 from .wgmma import gemm
 
@@ -166,6 +166,12 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
     # past its main loop — so the next call's CTAs are resident when this one ends.  No effect beside kernels
     # launched without PDL.  (The MODEL1 decode first, session 36: B1 13.4 → 13.0 µs.)
     PDL_CHAIN = True
+    # the gathered unsplit producer, done with its fills (the last pair in flight), brings into L2 the Q tile and the
+    # index list of the CTA that will start next on the GPU (this one's linear id + the SM count: one CTA an SM, CTAs
+    # dispatched in order), so that CTA's Q load and first gather start from L2, not DRAM.  A CTA's life (probe_d6.py
+    # --items, H200, Sq 4096 H64 K640, session 54): Q landed 2.05 µs after its start, the first QK done at 4.35, of
+    # 21.5 — the fixed part of a CTA (5.7 µs by a key-count sweep; FlashMLA's 4.3).
+    PREFETCH_NEXT_CTA = True
 
     def __init__(self, config: SparseFwdConfig):
         super().__init__(config)
@@ -509,10 +515,42 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
             self.load_q_tma(tma_atom_Q, tma_Q, sQ, pipeline_q, token, head_group, batch, tile_lo, tile_hi)
         state = self.gather_pairs(mKV, mIdx, sKV, kv_pipes, tidx, token, batch, key_lo, n_keys, seqlen_k,
                                   tile_lo, tile_hi, state, sKeyAddr)
+        if const_expr(self.prefetches_next_cta()):
+            if warp_idx == 1:
+                self.prefetch_next_cta(mQ, mIdx, mO, tidx % 32)
         # the tail of a one-stage pipeline: wait until the last fill is freed (no mbarrier arrive after exit);
         # producer_tail itself loops over a stage count that is a runtime value once the tuple crossed an if
         for pipe in kv_pipes:
             pipe.producer_acquire(state)
+
+    def prefetches_next_cta(self) -> bool:
+        """:attr:`PREFETCH_NEXT_CTA` for the builds it is made for: gathered keys (head groups fastest, grid y = 1),
+        one split, bf16 Q and an index tensor (a subclass with other key sources turns it off)."""
+        return self.PREFETCH_NEXT_CTA and self.paired and self.head_group_fastest() and not self.split_kv
+
+    @cute.jit
+    def prefetch_next_cta(self, mQ, mIdx, mO, lane):
+        """One warp: the next CTA's Q rows (64 heads × 1 KB, two a lane, bulk prefetches) and its index list (a
+        128 B line a lane and step) into L2 — the CTA ``nsmid`` past this one in launch order, if there is one."""
+        bx, _, bz = cute.arch.block_idx()
+        gx, _, gz = cute.arch.grid_dim()
+        nxt = bz * gx + bx + sm_count()
+        if nxt < gx * gz:
+            head_groups = mO.shape[3] // TILE_H
+            flat = nxt % gx
+            token = flat // head_groups
+            head_group = flat - token * head_groups
+            batch = nxt // gx                                 # no split: blockIdx.z is the batch
+            q_at = mQ.iterator.toint() + Int64(2) * (Int64(batch) * Int64(mQ.stride[0])
+                                                     + Int64(token) * Int64(mQ.stride[1])
+                                                     + Int64(head_group * TILE_H) * Int64(mQ.stride[2]))
+            for r in cutlass.range_constexpr(TILE_H // 32):
+                prefetch_l2_bulk(q_at + Int64(2) * Int64(lane + 32 * r) * Int64(mQ.stride[2]), HEAD_DIM * 2)
+            idx_at = mIdx.iterator.toint() + Int64(4) * (Int64(batch) * Int64(mIdx.stride[0])
+                                                         + Int64(token) * Int64(mIdx.stride[1]))
+            n_lines = (mIdx.shape[2] * 4 + 127) // 128
+            for line in cutlass.range(lane, n_lines, 32, unroll=1):
+                prefetch_l2_line(idx_at + Int64(128) * Int64(line))
 
     @cute.jit
     def gather_pairs(self, mKV, mIdx, sKV, kv_pipes, tidx, token, batch, key_lo, n_keys, seqlen_k, tile_lo, tile_hi,
