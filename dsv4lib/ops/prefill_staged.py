@@ -46,9 +46,10 @@ from .sparse import HEAD_DIM, check_heads, unsplit_sparse_launcher
 # map before (a lane 32 contiguous bytes, each warp store half of 32 sectors) 133-165 at 1 / 2 / 4 slots
 # (scripts/probe_staged.py --dequant-variants 1,2,4)
 DEQUANT_SLOTS_IN_FLIGHT = 4
-# the list join's entries a thread in flight (ListJoinKernel): 1 — 4 and 8 tied with it (41-56 µs, noise larger than
-# the differences; H200, session 48, --join-variants 1,4,8)
-JOIN_ENTRIES_IN_FLIGHT = 1
+# the list join's entries a thread in flight (ListJoinKernel): 2 — by graph replay (H200, session 54, --join-variants
+# 1,2,4,8, two rounds), µs for both lists: H64 8.5 / 8.0 / 8.3 / 9.6 and 8.5 / 8.1 / 8.2 / 9.6; H128 13.5 / 11.8 / 12.8 /
+# 12.2 and 12.9 / 11.8 / 12.7 / 12.3 (session 48's 41-56 µs had the host in them)
+JOIN_ENTRIES_IN_FLIGHT = 2
 
 _BUFFERS: dict = {}         # (what, device, stream) -> a buffer of the staged calls on that stream
 
