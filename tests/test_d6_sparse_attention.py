@@ -122,6 +122,12 @@ def test_hd512_kernel_builds_from_the_public_functions_arguments(gather, split_k
     schedule = flags.get("schedule", "columns")
     o_stores = k.count(r"cp\.async\.bulk\.tensor\.5d\.global\.shared::cta")      # (H, 512, Sq, B, split)
     bf16_o = not split_kv or flags.get("bf16_partials", False)
+    # the gathered unsplit paired producer brings the next CTA's Q (two 1 KB bulk prefetches a lane) and index list
+    # (a line a lane and step) into L2 (PREFETCH_NEXT_CTA); no other build prefetches
+    next_cta = schedule == "paired" and gather and not split_kv
+    assert k.count(r"cp\.async\.bulk\.prefetch\.L2\.global \[%rd\d+\], 1024;") == (2 if next_cta else 0)
+    assert k.count(r"prefetch\.global\.L2 \[") == (1 if next_cta else 0)
+    assert k.count(r"%nsmid") == (1 if next_cta else 0)
     if schedule != "columns" and bf16_o:
         # bf16 O (the output, or bf16 split partials): each warpgroup puts its 64 × 256 half in the dead Q buffer by
         # stmatrix (4 a chunk and thread) in four 64-column chunks, each its own TMA store (a bulk group) issued once
