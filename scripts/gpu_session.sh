@@ -291,6 +291,15 @@ for w in $what; do
                 timeout 100 python scripts/probe_d6.py --items 0 --pool-rows 32768
                 timeout 200 python scripts/probe_d6_items.py --pool-rows 32768; } 2>&1 \
                 | tee "$out/logs/prefetch6.txt" | tail -n 40 ;;
+    # persist6: docs/tuning/candidates/d6_persistent.patch applied — its GPU tests (bit-equal to the shipped build),
+    # then persistent CTAs against one CTA an item on both pools, twice; reverted after (~4 min)
+    persist6) if git apply docs/tuning/candidates/d6_persistent.patch; then
+                { timeout 200 python -m pytest -q -p no:cacheprovider -m gpu tests/test_d6_sparse_attention.py -k persistent_items
+                  timeout 240 python scripts/probe_d6.py --variants full,persistent,full,persistent --pool-rows 32768
+                  timeout 150 python scripts/probe_d6.py --variants full,persistent --pool-rows 262144; } 2>&1 \
+                  | tee "$out/logs/persist6.txt" | tail -n 20
+                git apply -R docs/tuning/candidates/d6_persistent.patch
+              else echo "d6_persistent.patch does not apply"; fi ;;
     # ncu6=18: the same on a pool of 2^18 rows (256 MiB: DRAM-bound, L2 86 % busy in session 53)
     ncu6=*)   run_ncu "d6_pool${w#ncu6=}" 2 scripts/ncu_d6.py "${w#ncu6=}" ;;
     # the dequantization's builds, 1 / 2 / 4 slots a warp in flight (d6_dequant_slots landed in session 48): its GPU
