@@ -300,6 +300,10 @@ for w in $what; do
                   | tee "$out/logs/persist6.txt" | tail -n 20
                 git apply -R docs/tuning/candidates/d6_persistent.patch
               else echo "d6_persistent.patch does not apply"; fi ;;
+    # clocks6: the SM clock and board power (nvidia-smi, 20 ms) while D6 and FlashMLA replay alone at 640 keys, and
+    # the fixed-cost fit at three key counts: is the sustained prefill power-bound? (~1.5 min)
+    clocks6)  { timeout 200 python scripts/probe_d6_items.py --pool-rows 32768 --keys 128,640,2560 --clocks 640; } 2>&1 \
+                | tee "$out/logs/clocks6.txt" | tail -n 12 ;;
     # ncu6=18: the same on a pool of 2^18 rows (256 MiB: DRAM-bound, L2 86 % busy in session 53)
     ncu6=*)   run_ncu "d6_pool${w#ncu6=}" 2 scripts/ncu_d6.py "${w#ncu6=}" ;;
     # the dequantization's builds, 1 / 2 / 4 slots a warp in flight (d6_dequant_slots landed in session 48): its GPU

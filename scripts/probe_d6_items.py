@@ -6,8 +6,15 @@ CTAs, one CTA an SM).  The pre-redesign note (d2_d6.md, "Before the redesign") r
 epilogue and O store, the next CTA's launch); whether that still holds decides whether a persistent CTA that
 overlaps one item's epilogue with the next item's loads is worth building.  A measurement, never a result.
 
-    python scripts/probe_d6_items.py [--pool-rows 32768] [--keys 128,256,384,640,1280,2560] [--heads 64]"""
+    python scripts/probe_d6_items.py [--pool-rows 32768] [--keys 128,256,384,640,1280,2560] [--heads 64] [--clocks 640]
+
+``--clocks K``: at K keys, each kernel's graph replay timed alone while ``nvidia-smi`` samples the SM clock and the
+board power every 20 ms — whether the sustained prefill runs below the boost clock (power-bound), which would explain
+why a CTA's life shortened 6 % by a change reads ~1.5 % by replay (session 54).
+"""
 import argparse
+import statistics
+import subprocess
 
 import torch
 
@@ -24,12 +31,47 @@ def fit(xs, ys):
     return my - b * mx, b
 
 
+class SmiSampler:
+    """``nvidia-smi`` sampling the SM clock (MHz) and power (W) of GPU 0 every ``ms`` ms while in a ``with`` block."""
+
+    def __init__(self, ms: int = 20):
+        self.ms, self.proc, self.rows = ms, None, []
+
+    def __enter__(self):
+        try:
+            self.proc = subprocess.Popen(["nvidia-smi", "-i", "0", "--query-gpu=clocks.sm,power.draw",
+                                          "--format=csv,noheader,nounits", f"-lms={self.ms}"],
+                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        except OSError:
+            self.proc = None
+        return self
+
+    def __exit__(self, *exc):
+        if self.proc is not None:
+            self.proc.terminate()
+            out, _ = self.proc.communicate(timeout=10)
+            for line in out.splitlines():
+                parts = [x.strip() for x in line.split(",")]
+                try:
+                    self.rows.append((float(parts[0]), float(parts[1])))
+                except (ValueError, IndexError):
+                    pass
+
+    def summary(self) -> str:
+        if not self.rows:
+            return "no nvidia-smi samples"
+        clocks, watts = [r[0] for r in self.rows], [r[1] for r in self.rows]
+        return (f"SM clock median {statistics.median(clocks):.0f} MHz (min {min(clocks):.0f}, max {max(clocks):.0f}), "
+                f"power median {statistics.median(watts):.0f} W (max {max(watts):.0f}), {len(self.rows)} samples")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--pool-rows", type=int, default=32768)
     ap.add_argument("--keys", default="128,256,384,640,1280,2560")
     ap.add_argument("--heads", type=int, default=64)
     ap.add_argument("--sq", type=int, default=4096)
+    ap.add_argument("--clocks", type=int, default=0, help="keys at which to sample clock and power per kernel (0: off)")
     args = ap.parse_args()
     Sq, H = args.sq, args.heads
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -51,6 +93,11 @@ def main():
         if peer is not None:
             fns["FlashMLA"] = lambda q, i: peer(q, kv, i)
         times = bench.time_graph_interleaved(fns, sets)
+        if K == args.clocks:
+            for name, fn in fns.items():              # each alone, long enough for the samples to settle
+                with SmiSampler() as smi:
+                    t = bench.time_graph(fn, sets, replays=60)
+                print(f"  K {K:5d} {name:8s} alone {t.per_call_ms * 1e3:8.1f} µs: {smi.summary()}", flush=True)
         tiles.append(K / 64)
         cells = []
         for name, t in times.items():
