@@ -166,21 +166,7 @@ def items(cls, fn, sets, title: str) -> None:
     event the median µs from the CTA's start, then the gap an SM sits between one CTA's last exit and the next CTA's
     start on it (the launch of the next CTA: one CTA an SM)."""
     buf = torch.zeros(ITEM_CTAS, 16, dtype=torch.int64, device="cuda")                       # [cta, k]: k fastest
-    shipped = {name: cls.__dict__[name] for name in ("cta", "wait_q", "issue_scores", "finish_shared_max",
-                                                      "store_o_chunks")}
-    for name, f in stamped_items(cls, buf.data_ptr()).items():
-        setattr(cls, name, f)
-    launch._COMPILED.clear()
-    try:
-        fn(*sets[0])
-        torch.cuda.synchronize()
-        buf.zero_()
-        fn(*sets[1])
-        torch.cuda.synchronize()
-    finally:
-        for name, f in shipped.items():
-            setattr(cls, name, f)
-        launch._COMPILED.clear()
+    stamped_run(cls, stamped_items(cls, buf.data_ptr()), fn, sets, buf)
     t = buf[(buf[:, 0] > 0)].double()
     start = t[:, 0:1]
     end = t[:, 7:10].amax(1)
@@ -264,8 +250,16 @@ def trace(cls, fn, sets, title: str) -> None:
     """``fn`` (the public call) through a build of ``cls`` whose half-tile pipelines stamp the clock, on a second input
     set after a first that compiles it; the pairs' timeline printed."""
     buf = torch.zeros(TRACE_CTAS, TRACE_PAIRS, 16, dtype=torch.int64, device="cuda")
-    plain = cls.__dict__["half_tile_pipelines"]
-    cls.half_tile_pipelines = traced(plain, buf)
+    stamped_run(cls, {"half_tile_pipelines": traced(cls.__dict__["half_tile_pipelines"], buf)}, fn, sets, buf)
+    print_pairs(stamped_ctas(buf)[0], title)
+
+
+def stamped_run(cls, replaced: dict, fn, sets, buf) -> None:
+    """``fn`` on a first input set (compiling ``cls`` with its methods ``replaced``), then, the stamp buffer ``buf``
+    cleared, on a second; the shipped methods back after."""
+    shipped = {name: cls.__dict__[name] for name in replaced}
+    for name, f in replaced.items():
+        setattr(cls, name, f)
     launch._COMPILED.clear()
     try:
         fn(*sets[0])
@@ -274,9 +268,9 @@ def trace(cls, fn, sets, title: str) -> None:
         fn(*sets[1])
         torch.cuda.synchronize()
     finally:
-        cls.half_tile_pipelines = plain
+        for name, f in shipped.items():
+            setattr(cls, name, f)
         launch._COMPILED.clear()
-    print_pairs(stamped_ctas(buf)[0], title)
 
 
 if __name__ == "__main__":
