@@ -292,11 +292,12 @@ for w in $what; do
                 timeout 200 python scripts/probe_d6_items.py --pool-rows 32768; } 2>&1 \
                 | tee "$out/logs/prefetch6.txt" | tail -n 40 ;;
     # persist6: docs/tuning/candidates/d6_persistent.patch applied — its GPU tests (bit-equal to the shipped build),
-    # then persistent CTAs (1 / 2 / 4 an SM in the grid) against one CTA an item on both pools; reverted after (~5 min)
+    # then persistent CTAs (1 / 2 / 4 an SM in the grid) and the first-rows prefetch against the shipped build on both
+    # pools; reverted after (~6 min)
     persist6) if git apply docs/tuning/candidates/d6_persistent.patch; then
                 { timeout 200 python -m pytest -q -p no:cacheprovider -m gpu tests/test_d6_sparse_attention.py -k persistent_items
-                  timeout 300 python scripts/probe_d6.py --variants full,persistent,persistent_x2,persistent_x4,full,persistent,persistent_x2,persistent_x4 --pool-rows 32768
-                  timeout 150 python scripts/probe_d6.py --variants full,persistent,persistent_x4 --pool-rows 262144; } 2>&1 \
+                  timeout 330 python scripts/probe_d6.py --variants full,persistent,persistent_x2,persistent_x4,prefetch_rows,full,persistent,persistent_x2,persistent_x4,prefetch_rows --pool-rows 32768
+                  timeout 200 python scripts/probe_d6.py --variants full,persistent,persistent_x4,prefetch_rows --pool-rows 262144; } 2>&1 \
                   | tee "$out/logs/persist6.txt" | tail -n 20
                 git apply -R docs/tuning/candidates/d6_persistent.patch
               else echo "d6_persistent.patch does not apply"; fi ;;
