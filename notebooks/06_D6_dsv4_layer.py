@@ -265,6 +265,20 @@ if on_gpu:
 # a 128k-token context's compressed cache) and 2^18 rows (256 MiB, from DRAM — a 1M-token context).  TFLOP/s over
 # listed keys.
 #
+# **Where a CTA's time goes** (H200, Sq 4096 H64, 640 keys, 32 MiB pool; `scripts/probe_d6.py --trace / --items`,
+# `scripts/probe_d6_items.py`).  Both kernels are the same design — a CTA per (token, 64 heads), one an SM (218 KB of
+# shared memory), two consumer warpgroups taking turns through pairs of 64-key tiles in four half-tile buffers — and
+# their main loops run at the same rates: per pair ~6100 SM clocks for 4096 clocks of tensor work (QK, then the two
+# softmaxes chained through the row max, then PV), the gather always waiting for the consumers to free a buffer.  A
+# key-count sweep splits a CTA's time into a part per tile and a fixed part: ours 1.90 µs a 64-key tile + 5.7 µs,
+# FlashMLA's 2.01 + 4.3 — a faster loop and a slower start and end.  A CTA's life by `%globaltimer`: its Q (64 KB) landed
+# 2.05 µs after it started, its first QK was done at 4.35, its O stored at 21.5.  So the producer, once it has issued its
+# last fill, brings into L2 the Q rows and index list of the CTA that will start next on the GPU (its own index + the SM
+# count): Q then lands at 1.28 µs, the first QK is done at 3.33, the fixed part is 4.4 µs, and the table below read
+# 1.03-1.05x FlashMLA in every row when it was recorded (session 54).  What is left of the fixed part — the O store's
+# drain, the first gather — only a persistent CTA that starts the next item while this one's O drains can hide
+# (docs/tuning/d2_d6.md).
+#
 # **FP8 MODEL1 caches** (`dsv4lib.sparse_prefill`).  Production DSV4 keeps its keys in FlashMLA's MODEL1 pages
 # (584 B a key: 448 e4m3 + 64 bf16 rope dims + scales); a Hopper prefill today first dequantizes and gathers them into
 # a bf16 workspace, then runs the bf16 kernel.  `sparse_prefill` reads the pages itself: each prefill token is one
