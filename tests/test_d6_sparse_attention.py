@@ -772,3 +772,22 @@ def test_fp8_math_queries_quantize_only_the_nope_dims():
     exact = reference.sparse_attention(qb, keys, idx)
     approx = reference.sparse_attention(quant.fp8_math_queries(qb), keys, idx)
     assert 0.999 < metrics.cosine(approx, exact) < 1.0 - 1e-7
+
+
+def test_register_split_past_the_launch_allocation_is_refused():
+    """A producer / consumer register split whose sum passes the 384 × 168 registers a CTA is launched with would make
+    the consumers' ``setmaxnreg.inc`` wait forever (a GPU hang, session 55): the build refuses it; the shipped splits
+    fit."""
+    from dsv4lib.kernels.sm90.sparse_config import SparseFwdConfig
+    from dsv4lib.kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
+
+    for gather in (True, False):
+        kernel = SparseAttentionForwardSm90(SparseFwdConfig.for_problem(gather=gather, sink=True))
+        assert 128 * (kernel.producer_regs + 2 * kernel.consumer_regs) <= 384 * 168
+
+    class OverBudget(SparseAttentionForwardSm90):
+        PAIRED_PRODUCER_REGS, PAIRED_CONSUMER_REGS = 64, 224          # 65 536 registers
+        PRODUCER_REGS, CONSUMER_REGS = 64, 224
+
+    with pytest.raises(ValueError, match="launched with"):
+        OverBudget(SparseFwdConfig.for_problem(gather=True, sink=True))

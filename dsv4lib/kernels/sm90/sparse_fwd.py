@@ -207,6 +207,17 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
         # own cluster barriers at the end); a subclass that does sets it, and every barrier is initialized cluster-wide
         # before any CTA of it goes on
         self.pipeline_cluster = (1, 1)
+        self.check_register_split()
+
+    def check_register_split(self) -> None:
+        """``setmaxnreg`` moves registers only inside the CTA's launch allocation — NUM_THREADS × 168 (65 536 / 384,
+        rounded down to 8) — so a split that sums past it makes the consumers' increase wait forever: session 54's
+        persistent candidate at 64 / 224 (128 · 512 = 65 536 > 64 512) hung the H200 (session 55)."""
+        launched = self.NUM_THREADS * (65536 // self.NUM_THREADS // 8 * 8)
+        wanted = 128 * (self.producer_regs + 2 * self.consumer_regs)
+        if wanted > launched:
+            raise ValueError(f"{type(self).__name__}: registers {self.producer_regs} / {self.consumer_regs} a thread "
+                             f"(producer / consumers) need {wanted} of the {launched} a CTA is launched with")
 
     # ------------------------------------------------------------------------------ host side
     @cute.jit
