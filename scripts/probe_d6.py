@@ -20,6 +20,12 @@ prefill shapes (every index valid, so ``no_key_mask`` computes the same result).
                       (shipped: ``O_CHUNK_STMATRIX``).  Same output.
   no_prefetch_next    the producer does not bring the next CTA's Q and index list into L2 (shipped:
                       ``PREFETCH_NEXT_CTA``, session 54).  Same output.
+  persistent          one CTA an SM walking the items, O staged in the last pair's buffers so the next item's Q
+                      and first gathers overlap the epilogue (``PERSISTENT_ITEMS``, candidate d6_persistent.patch,
+                      session 54).  Same output.  ``persistent_xN``: N CTAs an SM in the grid (a CTA walks ~1/N of
+                      what one an SM would; the hardware deals the CTAs as SMs free up: a dynamic deal by N-th parts).
+  prefetch_rows       the next CTA's first pair's key rows prefetched into L2 as well (``PREFETCH_FIRST_ROWS``,
+                      candidate d6_persistent.patch).  Same output.
   no_pdl_chain        launched without programmatic dependent launch (``PDL_CHAIN`` off): each call's grid starts
                       only after the last one ended (shipped: the next call's CTAs resident and waiting).  Same output.
 
@@ -88,6 +94,12 @@ def patch(cls, variant: str, original: dict) -> None:
         cls.O_CHUNK_STMATRIX = False
     elif variant == "no_pdl_chain":
         cls.PDL_CHAIN = False
+    elif variant.startswith("persistent"):          # persistent, persistent_x2, ...: that many CTAs an SM in the grid
+        cls.PERSISTENT_ITEMS = True
+        per_sm = int(variant.partition("_x")[2] or 1)
+        cls.PERSISTENT_CTAS = per_sm * torch.cuda.get_device_properties(0).multi_processor_count
+    elif variant == "prefetch_rows":
+        cls.PREFETCH_FIRST_ROWS = True
     elif variant == "no_prefetch_next":
         cls.PREFETCH_NEXT_CTA = False
     elif variant == "regs216":
@@ -203,7 +215,8 @@ def main():
                                                       "PAIRED_CONSUMER_REGS", "half_tile_pipelines",
                                                       "Q_L2_POLICY", "O_L2_POLICY",
                                                       "GATHER_L2_POLICY", "GATHER_PREFETCH_256", "O_CHUNK_STMATRIX",
-                                                      "PDL_CHAIN", "PREFETCH_NEXT_CTA")}
+                                                      "PDL_CHAIN", "PREFETCH_NEXT_CTA", "PERSISTENT_ITEMS",
+                                                      "PERSISTENT_CTAS", "PREFETCH_FIRST_ROWS")}
     gen = torch.Generator(device="cuda").manual_seed(0)
     shapes = ((4096, 64, 640), (16384, 64, 640), (4096, 128, 1152), (1024, 64, 640))
     print(f"{torch.cuda.get_device_name()}: TFLOP/s by graph replay (sink, num_splits=1)")
@@ -236,7 +249,8 @@ def main():
             patch(cls, v, original)
             fn = lambda q, i: dsv4lib.sparse_attention(q, kv, i, sink=sink, num_splits=1)
             if v in ("full", "token_fastest", "regs216", "no_l2_hints",
-                     "no_gather_hint", "o_value_pairs", "no_pdl_chain", "no_prefetch_next"):    # the variants that must compute the shipped result
+                     "no_gather_hint", "o_value_pairs", "no_pdl_chain", "no_prefetch_next",
+                     "prefetch_rows") or v.startswith("persistent"):    # the variants that must compute the shipped result
                 got = fn(*sets[0])
                 want = got if want is None else want
                 assert torch.equal(got, want), f"{v} differs from the shipped kernel"

@@ -791,3 +791,62 @@ def test_register_split_past_the_launch_allocation_is_refused():
 
     with pytest.raises(ValueError, match="launched with"):
         OverBudget(SparseFwdConfig.for_problem(gather=True, sink=True))
+
+
+@pytest.mark.compile
+def test_persistent_items_build_is_spill_free_and_stages_o_in_the_key_buffers():
+    """The persistent build (``PERSISTENT_ITEMS``, candidate): the same MMAs as the one-CTA-an-item build, every item's
+    Q by one TMA load and O by eight 64-column TMA stores, its registers (56 / 224) spill-free and no wgmma
+    serialized (C7514)."""
+    from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.sm90.sparse_config import SparseFwdConfig
+    from dsv4lib.kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
+    from dsv4lib.ops.sparse import fake_args
+
+    class Persistent(SparseAttentionForwardSm90):
+        PERSISTENT_ITEMS = True
+
+    kernel = Persistent(SparseFwdConfig.for_problem(gather=True, sink=True))
+    assert kernel.persistent_items() and (kernel.producer_regs, kernel.consumer_regs) == (56, 224)
+    k = compile_for_arch(kernel, *fake_args(True), arch="sm_90a")
+    assert k.count(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16") == 2 * 512 // 16
+    assert k.count(r"cp\.async\.bulk\.tensor\.5d\.global\.shared::cta") == 8
+    assert k.count(r"cp\.async\.bulk\.tensor\.4d\.shared::cta\.global") == 8     # Q: eight 64 × 64 boxes
+    report = k.ptxas_report()
+    if report is not None and "Unsupported .version" not in report:
+        assert "C7514" not in report, report[-800:]
+        assert "0 bytes spill stores" in report, report[-800:]
+    # the split and decode builds never walk items
+    split = SparseFwdConfig.for_problem(gather=True, sink=True, split_kv=True, bf16_partials=True)
+    assert not Persistent(split).persistent_items()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("Sq,H,K,ctas", [(300, 64, 640, 37), (257, 128, 448, 37), (133, 64, 192, 37),
+                                         (700, 64, 640, 200)])
+def test_persistent_items_build_equals_the_one_cta_an_item_build(Sq, H, K, ctas):
+    """``PERSISTENT_ITEMS`` (candidate): the same output, bit for bit, as the shipped build — every item computes the
+    same sums in the same order — on more items than CTAs (so each CTA walks several, tile counts odd and even; 200
+    CTAs: more than the SMs, dealt as they free up) with invalid entries in the lists; the LSE too."""
+    from dsv4lib.kernels.sm90.sparse_fwd import SparseAttentionForwardSm90 as cls
+    from dsv4lib.ops import launch
+    torch.manual_seed(fresh_seed())
+    kv = torch.randn(5000, 512, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(Sq, H, 512, device="cuda", dtype=torch.bfloat16)
+    idx = torch.randint(0, kv.shape[0], (Sq, K), device="cuda", dtype=torch.int32)
+    idx[::7, ::5] = -1
+    sink = torch.randn(H, device="cuda")
+    want, want_lse = dsv4lib.sparse_attention(q, kv, idx, sink=sink, num_splits=1, return_lse=True)
+    saved = cls.PERSISTENT_ITEMS, cls.PERSISTENT_CTAS
+    try:
+        cls.PERSISTENT_ITEMS, cls.PERSISTENT_CTAS = True, ctas
+        launch.forget_plans()
+        launch._COMPILED.clear()
+        got, got_lse = dsv4lib.sparse_attention(q, kv, idx, sink=sink, num_splits=1, return_lse=True)
+        torch.cuda.synchronize()
+    finally:
+        cls.PERSISTENT_ITEMS, cls.PERSISTENT_CTAS = saved
+        launch.forget_plans()
+        launch._COMPILED.clear()
+    assert torch.equal(got, want)
+    assert torch.equal(got_lse, want_lse)

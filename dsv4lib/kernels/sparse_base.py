@@ -75,13 +75,6 @@ def prefetch_l2_line(address: Int64, *, loc=None, ip=None) -> None:
                     has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
 
 
-@dsl_user_op
-def sm_count(*, loc=None, ip=None) -> Int32:
-    """``%nsmid``: the SMs' id range (their count on the Hoppers here) — how many one-CTA-an-SM CTAs run at once."""
-    return Int32(llvm.inline_asm(T.i32(), [], "mov.u32 $0, %nsmid;", "=r", has_side_effects=False,
-                                 is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
-
-
 @cute.jit
 def as_global(t: cute.Tensor, align: cutlass.Constexpr) -> cute.Tensor:
     """The same tensor with its pointer in the global address space and a known alignment (a CPU build

@@ -87,7 +87,7 @@ from ..common import (L2_EVICT_FIRST, L2_EVICT_LAST, convert_to_bf16_pairs, exp2
 from ..layouts import acc_layout_as_operand_a, acc_layout_rows_cols, row_major_smem_layout, transposed_view
 from ..softmax import LN_2, LOG2_E, finish_row, online_softmax, rescale_rows
 from ..sparse_base import (HALF, HEAD_DIM, TILE_H, TILE_N, SparseAttentionBase, as_global, cp_async_16,
-                           kv_chunk_offset, prefetch_l2_bulk, prefetch_l2_line, shared_address, sm_count)
+                           kv_chunk_offset, prefetch_l2_bulk, prefetch_l2_line, shared_address)
 from .sparse_config import SparseFwdConfig
 from .wgmma import gemm
 
@@ -172,6 +172,20 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
     # --items, H200, Sq 4096 H64 K640, session 54): Q landed 2.05 µs after its start, the first QK done at 4.35, of
     # 21.5 — the fixed part of a CTA (5.7 µs by a key-count sweep; FlashMLA's 4.3).
     PREFETCH_NEXT_CTA = True
+    # (landed session 55: H200, probe_d6 32 MiB pool, 466 → 486 TFLOP/s at Sq 4096 H64, 471 → 488 at Sq 16k, 518 → 529
+    # at H128 K1152; bit-equal to the one-CTA-an-item build.  Its first GPU run hung: 64 / 224 registers passed the
+    # launch's 64 512 — check_register_split.)  The gathered unsplit build as persistent
+    # CTAs, PERSISTENT_CTAS of them (the SMs), each walking the (token, head group) items blockIdx.x, + gridDim.x, …
+    # (a static deal).  Each item's O is staged in its last pair's (1, L) / (0, R) buffers — one warpgroup's 32 KB
+    # each — instead of Q's, so the next item's Q loads as soon as both warpgroups' last QK is done, and its first
+    # half-tiles fill (0, L) / (1, R) while O drains: the epilogue overlaps the next item's start.  Those two buffers'
+    # last releases wait for O's TMA store to have read them.  (A CTA's fixed part was 4.4 µs of 24.6 at 640 keys.)
+    PERSISTENT_ITEMS = True
+    PERSISTENT_CTAS = 132
+    PERSISTENT_REGS = (56, 224)                     # 128·(56 + 2·224) = 64 512: the 384 threads × 168 launched
+    # candidate (same patch): the next item's first pair's key rows prefetched into L2 too — on a DRAM-resident pool
+    # its first gather then starts from L2
+    PREFETCH_FIRST_ROWS = False
 
     def __init__(self, config: SparseFwdConfig):
         super().__init__(config)
@@ -207,6 +221,10 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
         # own cluster barriers at the end); a subclass that does sets it, and every barrier is initialized cluster-wide
         # before any CTA of it goes on
         self.pipeline_cluster = (1, 1)
+        if self.persistent_items():
+            # the item loop's coordinates and states: at 88 / 208 ptxas spills 116 B (72 / 216: 48 B); spill-free here
+            # (56 / 224: the launch's 64 512 registers whole)
+            self.producer_regs, self.consumer_regs = self.PERSISTENT_REGS
         self.check_register_split()
 
     def check_register_split(self) -> None:
@@ -245,6 +263,9 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
         :meth:`head_group_fastest` (x has room for any Sq; y would stop at 65 535); mO holds one partial per cluster:
         splits = its count × cluster_splits."""
         batch_splits = cute.size(mQ.shape[0]) * cute.size(mO.shape[0]) * self.cluster_splits
+        if const_expr(self.persistent_items()):
+            items = cute.size(mQ.shape[1]) * (cute.size(mQ.shape[2]) // TILE_H) * batch_splits
+            return (cutlass.min(items, self.PERSISTENT_CTAS), 1, 1)
         if const_expr(self.head_group_fastest()):
             return (cute.size(mQ.shape[1]) * (cute.size(mQ.shape[2]) // TILE_H), 1, batch_splits)
         return (cute.size(mQ.shape[1]), cute.size(mQ.shape[2]) // TILE_H, batch_splits)
@@ -308,6 +329,11 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
         if const_expr(self.PDL_CHAIN):
             # launched with PDL: the grid before may still run — nothing global is read or written before it ended
             cute.arch.griddepcontrol_wait()
+        if const_expr(self.persistent_items()):
+            self.cta_persistent(mQ, mKV, mIdx, mKV.shape[1], mO, mLSE, softmax_scale_log2, window_size, mSink,
+                                tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ_layout, sKV_layout, sP_layout,
+                                SharedStorage, tma_atom_Q, tma_Q, tma_atom_O, tma_O)
+            return
         self.cta(mQ, mKV, mIdx, mKV.shape[1], mO, mLSE, softmax_scale_log2, window_size, mSink, tiled_mma_qk,
                  tiled_mma_pv_rs, tiled_mma_pv_ss, sQ_layout, sKV_layout, sP_layout, SharedStorage, tma_atom_Q, tma_Q,
                  tma_atom_O, tma_O, tma_atom_KV, tma_KV)
@@ -441,6 +467,117 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
             self.right_half(tiled_mma_pv_ss, sVt, sP, sRowScale, sRowInv, mO, pipeline_kv, tidx - 256, token,
                             head_group, batch, split, tile_lo, tile_hi, mLSE, sLSE, sRed)
 
+    @cute.jit
+    def cta_persistent(self, mQ: cute.Tensor, mKV, mIdx, seqlen_k: Int32, mO: cute.Tensor, mLSE: cute.Tensor,
+                       softmax_scale_log2: Float32, window_size: Int32, mSink: cute.Tensor,
+                       tiled_mma_qk: cute.TiledMma, tiled_mma_pv_rs: cute.TiledMma, tiled_mma_pv_ss: cute.TiledMma,
+                       sQ_layout: cute.ComposedLayout, sKV_layout: cute.ComposedLayout,
+                       sP_layout: cute.ComposedLayout, SharedStorage: cutlass.Constexpr, tma_atom_Q, tma_Q,
+                       tma_atom_O, tma_O):
+        """A persistent CTA of the gathered unsplit build (:attr:`PERSISTENT_ITEMS`): items blockIdx.x, +
+        gridDim.x, … — the producer loads each item's Q once both warpgroups freed the last one's and gathers its
+        pairs right behind the last item's; the consumers run :meth:`paired_item` per item with ``persist``."""
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        tidx, _, _ = cute.arch.thread_idx()
+        first, _, _ = cute.arch.block_idx()
+        step, _, _ = cute.arch.grid_dim()
+        n_items = mQ.shape[0] * mQ.shape[1] * (mQ.shape[2] // TILE_H)
+        storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
+        one_thread = pipeline.CooperativeGroup(pipeline.Agent.Thread)
+        consumer_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, 8)     # both consumer warpgroups
+        pipeline_q = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_Q.data_ptr(), num_stages=1, producer_group=one_thread,
+            consumer_group=consumer_warps, tx_count=TILE_H * HEAD_DIM * self.dtype.width // 8, defer_sync=True)
+        if warp_idx == 0:
+            cpasync.prefetch_descriptor(tma_atom_Q)
+            cpasync.prefetch_descriptor(tma_atom_O)
+        kv_pipes = self.half_tile_pipelines(storage.mbar_KV.data_ptr())
+        pipeline_init_arrive(cluster_shape_mn=self.pipeline_cluster, is_relaxed=True)
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)       # (64 heads, 512)
+        sKV = storage.sKV.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)   # (64 keys, 512, stages)
+        sP = storage.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner)       # (64 heads, 64 keys, 2)
+        sVt = cute.composition(sKV, transposed_view(HEAD_DIM, TILE_N, self.num_stages))
+        sMax = storage.sMax.get_tensor(cute.make_layout(4 * TILE_H))
+        sSum = storage.sSum.get_tensor(cute.make_layout(2 * TILE_H))
+        sKeyAddr = storage.sKeyAddr.get_tensor(cute.make_layout(self.KEY_ADDR_SLOTS))
+        pipeline_init_wait(cluster_shape_mn=self.pipeline_cluster)
+
+        if warp_idx < 4:
+            cute.arch.setmaxregister_decrease(self.producer_regs)
+            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+            pair_base = Int32(0)
+            for item in cutlass.range(first, n_items, step, unroll=1):
+                token, head_group, batch = self.item_coords(item, mQ)
+                key_lo, n_keys, tile_lo, tile_hi = self.key_range(mQ, mKV, mIdx, token, window_size, 1, 0)
+                if warp_idx == 0:
+                    # every item's Q is loaded (and waited for), keys or none: the pipeline's phases stay in step
+                    tQsQ, tQgQ = self.q_tile(tma_atom_Q, tma_Q, sQ, token, head_group, batch)
+                    pipeline_q.producer_acquire(q_state)
+                    tma_copy(tma_atom_Q, tQgQ, tQsQ, self.Q_L2_POLICY,
+                             tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
+                q_state.advance()
+                state = self.gather_pairs(mKV, mIdx, sKV, kv_pipes, tidx, token, batch, key_lo, n_keys, seqlen_k,
+                                          tile_lo, tile_hi, state, sKeyAddr, pair_base)
+                pair_base += (tile_hi - tile_lo + 1) // 2
+                if const_expr(self.PREFETCH_NEXT_CTA):
+                    if warp_idx == 1:                 # this CTA's next item: its Q and list into L2
+                        nxt = item + step
+                        if nxt >= n_items:            # my last: the first item of the CTA dispatched after me
+                            nxt = first + cute.arch.nsmid()
+                            if nxt >= step:           # (none: a grid of at most one CTA an SM)
+                                nxt = n_items
+                        self.prefetch_item(mQ, mKV, mIdx, nxt, n_items, tidx % 32)
+            for pipe in kv_pipes:
+                pipe.producer_acquire(state)
+        else:
+            cute.arch.setmaxregister_increase(self.consumer_regs)
+            flags = self.key_flag_view(sKeyAddr)
+            if warp_idx < 8:
+                self.paired_items(0, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sKV, sVt, sP, sMax, sSum,
+                                  flags, mQ, mKV, mIdx, mO, mLSE, mSink, kv_pipes, pipeline_q, softmax_scale_log2,
+                                  window_size, tidx - 128, first, step, n_items, seqlen_k, tma_atom_O, tma_O)
+            else:
+                self.paired_items(1, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sKV, sVt, sP, sMax, sSum,
+                                  flags, mQ, mKV, mIdx, mO, mLSE, mSink, kv_pipes, pipeline_q, softmax_scale_log2,
+                                  window_size, tidx - 256, first, step, n_items, seqlen_k, tma_atom_O, tma_O)
+
+    @cute.jit
+    def paired_items(self, w: cutlass.Constexpr, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sKV, sVt, sP,
+                     sMax, sSum, flags, mQ, mKV, mIdx, mO, mLSE, mSink, kv_pipes, pipeline_q, softmax_scale_log2,
+                     window_size, wtid, first, step, n_items, seqlen_k, tma_atom_O, tma_O):
+        """Warpgroup ``w`` of a persistent CTA: :meth:`paired_half`'s operands once, then per item Q's wait and
+        :meth:`paired_item` (``persist``), O / row max / row sum reset after each."""
+        thr_qk, thr_pv, tSrQ, tSrK, tOrV = self.consumer_operands(tiled_mma_qk, tiled_mma_pv_rs, sQ, sKV, sVt, w,
+                                                                  wtid)
+        thr_pv_ss = tiled_mma_pv_ss.get_slice(wtid)
+        tOsP = thr_pv_ss.make_fragment_A(thr_pv_ss.partition_A(sP))                        # (MMA, 1, 4, 2 bufs)
+        sVt_mine = cute.local_tile(sVt, (HALF, TILE_N, self.num_stages), (w, 0, 0))          # (256, 64, 2 bufs)
+        tOsV = thr_pv_ss.make_fragment_B(thr_pv_ss.partition_B(sVt_mine))                   # (MMA, 1, 4, 2 bufs)
+        acc_O, acc_O_rc, tScS_rc, row_max, row_sum, _ = self.consumer_registers(thr_qk, thr_pv, TILE_N)
+        acc_S = cute.make_rmem_tensor(thr_qk.partition_shape_C((TILE_H, TILE_N)), Float32)
+        rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        operands = (thr_qk, thr_pv, tSrQ, tSrK, tOrV, tOsP, tOsV, acc_O, acc_O_rc, tScS_rc, row_max, row_sum, acc_S,
+                    rP)
+        pair_base = Int32(0)
+        for item in cutlass.range(first, n_items, step, unroll=1):
+            token, head_group, batch = self.item_coords(item, mQ)
+            key_lo, n_keys, tile_lo, tile_hi = self.key_range(mQ, mKV, mIdx, token, window_size, 1, 0)
+            # the flags count pairs over the CTA's items (gather_pairs' pair_base): shift this item's first tile
+            keys_seen = KeyFlags(flags, tile_lo - 2 * pair_base)
+            pipeline_q.consumer_wait(q_state)
+            state = self.paired_item(w, operands, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sP, sMax, sSum,
+                                     keys_seen, mO, mLSE, mSink, kv_pipes, softmax_scale_log2, wtid, token,
+                                     head_group, batch, Int32(0), n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O,
+                                     tma_O, state, persist=(pipeline_q, q_state, sKV))
+            q_state.advance()
+            pair_base += (tile_hi - tile_lo + 1) // 2
+            acc_O.fill(0.0)
+            row_max.fill(-Float32.inf)
+            row_sum.fill(0.0)
+
     def half_tile_pipelines(self, barriers) -> tuple:
         """The paired schedule's four half-tile pipelines (filled by ``cp.async`` here)."""
         return half_tile_pipelines(barriers)
@@ -528,30 +665,50 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
                                   tile_lo, tile_hi, state, sKeyAddr)
         if const_expr(self.prefetches_next_cta()):
             if warp_idx == 1:
-                self.prefetch_next_cta(mQ, mIdx, mO, tidx % 32)
+                self.prefetch_next_cta(mQ, mKV, mIdx, tidx % 32)
         # the tail of a one-stage pipeline: wait until the last fill is freed (no mbarrier arrive after exit);
         # producer_tail itself loops over a stage count that is a runtime value once the tuple crossed an if
         for pipe in kv_pipes:
             pipe.producer_acquire(state)
 
+    def gathered_unsplit(self) -> bool:
+        """Gathered keys (head groups fastest, grid y = 1), one split, bf16 Q and an index tensor (a subclass with
+        other key sources turns head_group_fastest off): the builds the next-CTA prefetch and the persistent items
+        are made for."""
+        return self.paired and self.head_group_fastest() and not self.split_kv
+
     def prefetches_next_cta(self) -> bool:
-        """:attr:`PREFETCH_NEXT_CTA` for the builds it is made for: gathered keys (head groups fastest, grid y = 1),
-        one split, bf16 Q and an index tensor (a subclass with other key sources turns it off)."""
-        return self.PREFETCH_NEXT_CTA and self.paired and self.head_group_fastest() and not self.split_kv
+        return self.PREFETCH_NEXT_CTA and self.gathered_unsplit()
+
+    def persistent_items(self) -> bool:
+        return self.PERSISTENT_ITEMS and self.gathered_unsplit() and self.key_flags and self.tma_store_o
 
     @cute.jit
-    def prefetch_next_cta(self, mQ, mIdx, mO, lane):
+    def item_coords(self, item, mQ):
+        """A persistent CTA's item → (token, head group, batch), in the one-CTA-an-item grid's order (x = token ·
+        head groups + head group, z = batch)."""
+        head_groups = mQ.shape[2] // TILE_H
+        per_batch = mQ.shape[1] * head_groups
+        batch = item // per_batch
+        flat = item - batch * per_batch
+        token = flat // head_groups
+        return token, flat - token * head_groups, batch
+
+    @cute.jit
+    def prefetch_next_cta(self, mQ, mKV, mIdx, lane):
         """One warp: the next CTA's Q rows (64 heads × 1 KB, two a lane, bulk prefetches) and its index list (a
         128 B line a lane and step) into L2 — the CTA ``nsmid`` past this one in launch order, if there is one."""
         bx, _, bz = cute.arch.block_idx()
         gx, _, gz = cute.arch.grid_dim()
-        nxt = bz * gx + bx + sm_count()
-        if nxt < gx * gz:
-            head_groups = mO.shape[3] // TILE_H
-            flat = nxt % gx
-            token = flat // head_groups
-            head_group = flat - token * head_groups
-            batch = nxt // gx                                 # no split: blockIdx.z is the batch
+        self.prefetch_item(mQ, mKV, mIdx, bz * gx + bx + cute.arch.nsmid(), gx * gz, lane)
+
+    @cute.jit
+    def prefetch_item(self, mQ, mKV, mIdx, nxt, n_items, lane):
+        """:meth:`prefetch_next_cta` of item ``nxt`` (in the one-CTA-an-item grid's order), if ``nxt < n_items``;
+        with :attr:`PREFETCH_FIRST_ROWS` also the key rows of its first pair (its first 128 list entries loaded, then
+        a 1 KB bulk prefetch a valid row)."""
+        if nxt < n_items:
+            token, head_group, batch = self.item_coords(nxt, mQ)
             q_at = mQ.iterator.toint() + Int64(2) * (Int64(batch) * Int64(mQ.stride[0])
                                                      + Int64(token) * Int64(mQ.stride[1])
                                                      + Int64(head_group * TILE_H) * Int64(mQ.stride[2]))
@@ -562,10 +719,18 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
             n_lines = (mIdx.shape[2] * 4 + 127) // 128
             for line in cutlass.range(lane, n_lines, 32, unroll=1):
                 prefetch_l2_line(idx_at + Int64(128) * Int64(line))
+            if const_expr(self.PREFETCH_FIRST_ROWS):
+                kv_at = mKV.iterator.toint() + Int64(2) * Int64(batch) * Int64(mKV.stride[0])
+                for r in cutlass.range_constexpr(2 * TILE_N // 32):     # the first pair's 128 keys, 4 a lane
+                    key = lane + 32 * r
+                    if key < mIdx.shape[2]:
+                        row = mIdx[batch, token, key]
+                        if row >= 0 and row < mKV.shape[1]:
+                            prefetch_l2_bulk(kv_at + Int64(2) * Int64(row) * Int64(mKV.stride[1]), HEAD_DIM * 2)
 
     @cute.jit
     def gather_pairs(self, mKV, mIdx, sKV, kv_pipes, tidx, token, batch, key_lo, n_keys, seqlen_k, tile_lo, tile_hi,
-                     state, sKeyAddr):
+                     state, sKeyAddr, pair_base=None):
         """The paired producer's gather of one item's tiles ``[tile_lo, tile_hi)``, a pair at a time.  Thread t copies
         16 B chunk ``t % 8`` of each 128 B segment of rows ``t // 8 + 16 k`` (k < 4): a group of 8 threads reads
         128 contiguous bytes of one row, and each thread needs only 4 row indices per tile.  Returns the pipelines'
@@ -600,7 +765,7 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
                 if chunk == 0:
                     for b in cutlass.range_constexpr(2):
                         for k in cutlass.range_constexpr(rows_per_group):
-                            flags[b * TILE_N + group + ROW_GROUPS * k, p % 2] = Int32(
+                            flags[b * TILE_N + group + ROW_GROUPS * k, self.flag_buffer(p, pair_base)] = Int32(
                                 rows[b * rows_per_group + k] >= 0)
             for j in cutlass.range_constexpr(4):
                 b, h = HALF_TILE_ORDER[j]
@@ -625,6 +790,14 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
                     kv_pipes[2 * b + h].producer_commit(state)       # arrives when this thread's copies land
             state.advance()
         return state
+
+    @cute.jit
+    def flag_buffer(self, p, pair_base):
+        """The key-flag buffer of pair ``p`` of an item: ``p % 2``, or counted over a persistent CTA's items
+        (``pair_base``: the pairs of its items before this one), so that a buffer is still last read two pairs back."""
+        if const_expr(pair_base is None):
+            return p % 2
+        return (pair_base + p) % 2
 
     @cute.jit
     def load(self, mQ, mKV, mIdx, sQ, sKV, pipeline_kv, tidx, token, head_group, batch, key_lo, n_keys,
@@ -900,10 +1073,12 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
     @cute.jit
     def paired_item(self, w: cutlass.Constexpr, operands, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sP, sMax,
                     sSum, mIdx, mO, mLSE, mSink, kv_pipes, softmax_scale_log2, wtid, token, head_group, batch, split,
-                    n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O, state, sLSE=None, sRed=None):
+                    n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O, state, sLSE=None, sRed=None,
+                    persist=None):
         """One query item of :meth:`paired_half` (O, row max and sum come in reset): its pairs, the epilogue and the
-        O store.  Returns the half-buffer pipelines' state past this item's pairs.  ``item``: the CTA's item count
-        (debug_times stamps)."""
+        O store.  Returns the half-buffer pipelines' state past this item's pairs.  ``persist``: a persistent CTA's
+        ``(pipeline_q, q_state, sKV)`` — Q freed after the last QK, O staged in the last pair's (1, L) / (0, R)
+        buffers (this warpgroup's: ``sKV`` stage ``1 - w``), whose releases wait for O's store to have read them."""
         thr_qk, thr_pv, tSrQ, tSrK, tOrV, tOsP, tOsV, acc_O, acc_O_rc, tScS_rc, row_max, row_sum, acc_S, rP = operands
         n_rows = cute.size(tScS_rc, mode=[0])                                 # 2 rows, 16 key columns
         n_cols = cute.size(tScS_rc, mode=[1])
@@ -920,28 +1095,42 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
             lone = tile_lo + 2 * p + 1 >= tile_hi
             key_bits = self.issue_scores(w, p, state, tiled_mma_qk, acc_S, tSrQ, tSrK, k_half, tScS_rc, kv_pipes,
                                          mIdx, batch, token, key_end, seqlen_k, tile_lo, lone)
+            if const_expr(persist is not None):
+                if p == n_pairs - 1:             # the item's last QK has read Q: the next item's may load
+                    persist[0].consumer_release(persist[1])
             for c in cutlass.range_constexpr(n_cols):
                 if (key_bits & (1 << c)) == 0:
                     for r in cutlass.range_constexpr(n_rows):
                         acc_S_rc[r, c] = -Float32.inf
             self.pair_with_chained_max(w, lone, state, tiled_mma_pv_rs, tiled_mma_pv_ss, thr_qk, acc_S, acc_S_rc, rP,
                                        tOrP, tOrV, tOsP, tOsV, acc_O, acc_O_rc, row_max, row_sum, other_max,
-                                       corrections, tScS_rc, sMax, sP, kv_pipes, softmax_scale_log2, wtid)
+                                       corrections, tScS_rc, sMax, sP, kv_pipes, softmax_scale_log2, wtid,
+                                       p == n_pairs - 1 if const_expr(persist is not None) else None)
             state.advance()
+        if const_expr(persist is not None):
+            if n_pairs == 0:                     # no QK read Q
+                persist[0].consumer_release(persist[1])
         if const_expr((self.split_kv or self.PDL_CHAIN) and w == 0):
             # past the main loop: a combine (or, PDL_CHAIN, the next call) launched with PDL may be scheduled now, its
             # launch hidden behind this kernel's epilogue (its griddepcontrol.wait still waits for every partial)
             if wtid == 0:
                 cute.arch.griddepcontrol_launch_dependents()
+        sO = sQ if const_expr(persist is None) else persist[2][None, None, 1 - w]     # (64, 512): O's staging
         self.finish_shared_max(w, thr_pv, acc_O, acc_O_rc, tScS_rc, row_max, row_sum, sSum, mO, mLSE, mSink,
                                softmax_scale_log2, wtid, token, head_group, batch, split, PAIR_SUM,
-                               tiled_mma_pv_rs, sQ, tma_atom_O, tma_O, tiled_mma_qk, sLSE, sRed)
+                               tiled_mma_pv_rs, sO, tma_atom_O, tma_O, tiled_mma_qk, sLSE, sRed)
+        if const_expr(persist is not None):
+            # O's store has read my buffer (my storer waited): my warpgroup frees it — (1, L) WG0, (0, R) WG1
+            cute.arch.barrier(barrier_id=O_CHUNK_READY + w, number_of_threads=128)
+            if n_pairs > 0:
+                kv_pipes[2 - w].consumer_release(state)
         return state
 
     @cute.jit
     def pair_with_chained_max(self, w: cutlass.Constexpr, lone, state, tiled_mma_pv_rs, tiled_mma_pv_ss, thr_qk,
                               acc_S, acc_S_rc, rP, tOrP, tOrV, tOsP, tOsV, acc_O, acc_O_rc, row_max, row_sum,
-                              other_max, corrections, tScS_rc, sMax, sP, kv_pipes, softmax_scale_log2, wtid):
+                              other_max, corrections, tScS_rc, sMax, sP, kv_pipes, softmax_scale_log2, wtid,
+                              last=None):
         """The paired schedule's softmax and PV of one pair, warpgroup ``w`` with its tile's masked scores in
         ``acc_S``: warpgroup 0's softmax, then warpgroup 1's over both tiles' max, then warpgroup 0's P and O rescaled
         to that max; each P times its warpgroup's column half, and through ``sP`` the other warpgroup's.
@@ -949,7 +1138,8 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
         Why a chain and not a swap (both publish their own tile's max, meet once, both softmaxes at once, P never
         rescaled): the swap was built and measured in session 33 (H100, probe_d7 / probe_d6) — D7 B64 / B128 H128
         81.1 / 154.6 µs against the chain's 70.5 / 136.9, D6 H128 449 against 469 TFLOP/s.  The chain lets warpgroup
-        0's PV wgmma start before warpgroup 1's softmax; the swap holds both at the meeting (docs/tuning/d7.md)."""
+        0's PV wgmma start before warpgroup 1's softmax; the swap holds both at the meeting (docs/tuning/d7.md).
+        ``last`` (a persistent CTA's item's last pair): (1, L) and (0, R) stay held — O is staged in them."""
         n_rows = cute.size(tScS_rc, mode=[0])
         n_cols = cute.size(tScS_rc, mode=[1])
         if const_expr(w == 0):
@@ -988,7 +1178,7 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
             cute.arch.barrier(barrier_id=PAIR_P + 1, number_of_threads=256)
             if not lone:       # (a wgmma only inside a branch that also waits for it: ptxas C7514 otherwise)
                 gemm(tiled_mma_pv_ss, acc_O, tOsP[None, None, None, 1], tOsV[None, None, None, 1], False)
-            kv_pipes[2].consumer_release(state)                       # (odd, left)
+            self.release_unless_last(kv_pipes[2], state, last)        # (odd, left)
         else:
             cute.arch.barrier_arrive(barrier_id=PAIR_MAX + 1, number_of_threads=256)
             # a wgmma pipeline stage never crosses the lone branch (ptxas serializes every wgmma otherwise)
@@ -997,7 +1187,7 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
                 cute.arch.barrier(barrier_id=PAIR_P, number_of_threads=256)
                 gemm(tiled_mma_pv_ss, acc_O, tOsP[None, None, None, 0], tOsV[None, None, None, 0], False)
                 kv_pipes[3].consumer_release(state)
-                kv_pipes[1].consumer_release(state)
+                self.release_unless_last(kv_pipes[1], state, last)
             else:
                 gemm(tiled_mma_pv_rs, acc_O, tOrP, tOrV[None, None, None, 1], False, wait=False)
                 cute.autovec_copy(rP, thr_qk.partition_C(sP[None, None, 1]))   # the RS wgmma only reads rP
@@ -1009,7 +1199,16 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
                 warpgroup.wait_group(1)                               # my own tile's PV: (odd, right) free,
                 kv_pipes[3].consumer_release(state)                   # the producer's next fill after (even, left)
                 warpgroup.wait_group(0)
-                kv_pipes[1].consumer_release(state)                   # (even, right)
+                self.release_unless_last(kv_pipes[1], state, last)    # (even, right)
+
+    @cute.jit
+    def release_unless_last(self, pipe, state, last):
+        """``pipe``'s release, held back on a persistent item's last pair (``last`` None: always released)."""
+        if const_expr(last is None):
+            pipe.consumer_release(state)
+        else:
+            if not last:
+                pipe.consumer_release(state)
 
     @cute.jit
     def issue_scores(self, w: cutlass.Constexpr, p, state, tiled_mma_qk, acc_S, tSrQ, tSrK, k_half, tScS_rc, kv_pipes,
