@@ -291,16 +291,11 @@ for w in $what; do
                 timeout 100 python scripts/probe_d6.py --items 0 --pool-rows 32768
                 timeout 200 python scripts/probe_d6_items.py --pool-rows 32768; } 2>&1 \
                 | tee "$out/logs/prefetch6.txt" | tail -n 40 ;;
-    # persist6: docs/tuning/candidates/d6_persistent.patch applied — its GPU tests (bit-equal to the shipped build),
-    # then persistent CTAs (1 / 2 / 4 an SM in the grid) and the first-rows prefetch against the shipped build on both
-    # pools; reverted after (~6 min)
-    persist6) if git apply docs/tuning/candidates/d6_persistent.patch; then
-                { timeout 200 python -m pytest -q -p no:cacheprovider -m gpu tests/test_d6_sparse_attention.py -k persistent_items
-                  timeout 330 python scripts/probe_d6.py --variants full,persistent,persistent_x2,persistent_x4,prefetch_rows,full,persistent,persistent_x2,persistent_x4,prefetch_rows --pool-rows 32768
-                  timeout 200 python scripts/probe_d6.py --variants full,persistent,persistent_x4,prefetch_rows --pool-rows 262144; } 2>&1 \
-                  | tee "$out/logs/persist6.txt" | tail -n 20
-                git apply -R docs/tuning/candidates/d6_persistent.patch
-              else echo "d6_persistent.patch does not apply"; fi ;;
+    # persist6: the persistent D6 build (landed, session 55: full) against one CTA an item (per_item), 2 / 4 an SM, and the
+    # first-rows prefetch, on both pools (~5 min cold: five builds an H; `python -u` so a killed run still shows rows)
+    persist6) { timeout 270 python -u scripts/probe_d6.py --variants full,per_item,persistent_x2,persistent_x4,prefetch_rows --pool-rows 32768
+                timeout 200 python -u scripts/probe_d6.py --variants full,per_item,prefetch_rows --pool-rows 262144; } 2>&1 \
+                | tee "$out/logs/persist6.txt" | tail -n 12 ;;
     # clocks6: the SM clock and board power (nvidia-smi, 20 ms) while D6 and FlashMLA replay alone at 640 keys, and
     # the fixed-cost fit at three key counts: is the sustained prefill power-bound? (~1.5 min)
     clocks6)  { timeout 200 python scripts/probe_d6_items.py --pool-rows 32768 --keys 128,640,2560 --clocks 640; } 2>&1 \
@@ -320,6 +315,8 @@ for w in $what; do
     bench)    { timeout 120 python scripts/bench_sparse.py; timeout 60 python scripts/bench_nvfp4.py;
                 timeout 120 python scripts/quick_bench.py 64 128 256; } 2>&1 | grep "{" > "$out/logs/bench.txt"
               cat "$out/logs/bench.txt" ;;
+    # a target list is space-separated: "persist6,clocks6" matched nothing and the call did nothing (session 55)
+    *)        echo "gpu_session.sh: unknown target '$w' (targets are space-separated; commas only inside pipeline=...)" ;;
   esac
 done
 # the stage reports and figures come back too (a few MB): what a person looks at

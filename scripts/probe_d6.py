@@ -21,11 +21,12 @@ prefill shapes (every index valid, so ``no_key_mask`` computes the same result).
   no_prefetch_next    the producer does not bring the next CTA's Q and index list into L2 (shipped:
                       ``PREFETCH_NEXT_CTA``, session 54).  Same output.
   persistent          one CTA an SM walking the items, O staged in the last pair's buffers so the next item's Q
-                      and first gathers overlap the epilogue (``PERSISTENT_ITEMS``, candidate d6_persistent.patch,
-                      session 54).  Same output.  ``persistent_xN``: N CTAs an SM in the grid (a CTA walks ~1/N of
+                      and first gathers overlap the epilogue (``PERSISTENT_ITEMS``, shipped since session 55: =
+                      ``full``).  Same output.  ``persistent_xN``: N CTAs an SM in the grid (a CTA walks ~1/N of
                       what one an SM would; the hardware deals the CTAs as SMs free up: a dynamic deal by N-th parts).
-  prefetch_rows       the next CTA's first pair's key rows prefetched into L2 as well (``PREFETCH_FIRST_ROWS``,
-                      candidate d6_persistent.patch).  Same output.
+  per_item            one CTA an item (``PERSISTENT_ITEMS`` off: the build before session 55).  Same output.
+  prefetch_rows       the next item's first pair's key rows prefetched into L2 as well (``PREFETCH_FIRST_ROWS``,
+                      off).  Same output.
   no_pdl_chain        launched without programmatic dependent launch (``PDL_CHAIN`` off): each call's grid starts
                       only after the last one ended (shipped: the next call's CTAs resident and waiting).  Same output.
 
@@ -98,6 +99,8 @@ def patch(cls, variant: str, original: dict) -> None:
         cls.PERSISTENT_ITEMS = True
         per_sm = int(variant.partition("_x")[2] or 1)
         cls.PERSISTENT_CTAS = per_sm * torch.cuda.get_device_properties(0).multi_processor_count
+    elif variant == "per_item":
+        cls.PERSISTENT_ITEMS = False
     elif variant == "prefetch_rows":
         cls.PREFETCH_FIRST_ROWS = True
     elif variant == "no_prefetch_next":
@@ -250,7 +253,7 @@ def main():
             fn = lambda q, i: dsv4lib.sparse_attention(q, kv, i, sink=sink, num_splits=1)
             if v in ("full", "token_fastest", "regs216", "no_l2_hints",
                      "no_gather_hint", "o_value_pairs", "no_pdl_chain", "no_prefetch_next",
-                     "prefetch_rows") or v.startswith("persistent"):    # the variants that must compute the shipped result
+                     "prefetch_rows", "per_item") or v.startswith("persistent"):    # the variants that must compute the shipped result
                 got = fn(*sets[0])
                 want = got if want is None else want
                 assert torch.equal(got, want), f"{v} differs from the shipped kernel"
