@@ -125,19 +125,21 @@ def test_hd512_kernel_builds_from_the_public_functions_arguments(gather, split_k
     # the gathered unsplit paired producer brings the next CTA's Q (two 1 KB bulk prefetches a lane) and index list
     # (a line a lane and step) into L2 (PREFETCH_NEXT_CTA); no other build prefetches
     next_cta = schedule == "paired" and gather and not split_kv
+    persistent = next_cta                                     # PERSISTENT_ITEMS: the same builds as the prefetch
     assert k.count(r"cp\.async\.bulk\.prefetch\.L2\.global \[%rd\d+\], 1024;") == (2 if next_cta else 0)
     assert k.count(r"prefetch\.global\.L2 \[") == (1 if next_cta else 0)
     assert k.count(r"%nsmid") == (1 if next_cta else 0)
     if schedule != "columns" and bf16_o:
-        # bf16 O (the output, or bf16 split partials): each warpgroup puts its 64 × 256 half in the dead Q buffer by
-        # stmatrix (4 a chunk and thread) in four 64-column chunks, each its own TMA store (a bulk group) issued once
-        # the warpgroup met on its own barrier; each warpgroup's storer waits for its reads once, before exit; O never
-        # leaves from registers
+        # bf16 O (the output, or bf16 split partials): each warpgroup puts its 64 × 256 half in a dead buffer (Q's;
+        # the persistent gathered unsplit build: its last pair's (1, L) / (0, R) half-tiles) by stmatrix (4 a chunk
+        # and thread) in four 64-column chunks, each its own TMA store (a bulk group) issued once the warpgroup met on
+        # its own barrier; each warpgroup's storer waits for its reads once an item; O never leaves from registers.
+        # Persistent: the warpgroup meets once more after that wait, before it frees its half-tile to the producer
         assert k.count(r"stmatrix\.sync\.aligned\.m8n8\.x4") == 2 * 4 * 4
         assert o_stores == 8 and k.count(r"cp\.async\.bulk\.commit_group") == 8
         assert k.count(r"cp\.async\.bulk\.wait_group\.read\s+0") == 2
         for w in range(2):
-            assert k.count(rf"bar\.sync\s+{8 + w},\s*128") == 4
+            assert k.count(rf"bar\.sync\s+{8 + w},\s*128") == (5 if persistent else 4)
         assert k.count(r"st\.global\.b32") == (2 if flags.get("has_lse") or split_kv else 0)  # its 2 rows' LSE
         assert k.count(r"st\.global\.v2\.f32") == 0
     else:
@@ -179,13 +181,16 @@ def test_hd512_kernel_builds_from_the_public_functions_arguments(gather, split_k
             # memory (44 ld.global before: 2 × 16 index loads of theirs)
             assert k.count(r"cp\.async\.mbarrier\.arrive\.noinc") == 0
             assert k.count(r"cp\.async\.mbarrier\.arrive\.shared") == 4
-            assert k.count(r"\tmbarrier\.arrive\.shared") == 8 + 2      # warpgroup 1's 2 also in the lone pair
+            # warpgroup 1's 2 also in the lone pair; persistent: + Q freed (after the item's last QK, or with no
+            # pair) in each warpgroup's code, + each warpgroup's O half-tile freed after the store's read
+            assert k.count(r"\tmbarrier\.arrive\.shared") == 8 + 2 + (2 * 2 + 2 if persistent else 0)
             assert k.count(r"ld\.global") <= 12
         else:
             assert k.count(r"cp\.async\.mbarrier\.arrive\.noinc") == 4   # arrives when the thread's copies land
         assert k.count(r"cp\.async\.bulk\.tensor\.4d\.shared::cta\.global\.tile\.mbarrier") == 8     # Q
-        assert k.count(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+88") == 1
-        assert k.count(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+208") == 1
+        producer_regs, consumer_regs = (56, 224) if persistent else (88, 208)
+        assert k.count(rf"setmaxnreg\.dec\.sync\.aligned\.u32\s+{producer_regs}") == 1
+        assert k.count(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{consumer_regs}") == 1
         assert k.count("fence.proxy.async") >= 1
         assert k.count(r"\.local") == 0
         return
@@ -788,6 +793,7 @@ def test_register_split_past_the_launch_allocation_is_refused():
     class OverBudget(SparseAttentionForwardSm90):
         PAIRED_PRODUCER_REGS, PAIRED_CONSUMER_REGS = 64, 224          # 65 536 registers
         PRODUCER_REGS, CONSUMER_REGS = 64, 224
+        PERSISTENT_REGS = (64, 224)                                   # (the gathered unsplit build's)
 
     with pytest.raises(ValueError, match="launched with"):
         OverBudget(SparseFwdConfig.for_problem(gather=True, sink=True))
@@ -850,3 +856,15 @@ def test_persistent_items_build_equals_the_one_cta_an_item_build(Sq, H, K, ctas)
         launch._COMPILED.clear()
     assert torch.equal(got, want)
     assert torch.equal(got_lse, want_lse)
+
+
+def test_persistent_grid_follows_the_configs_sm_count():
+    """The persistent gathered build's grid is one CTA an SM of the GPU it runs on (the config's ``num_sms``, from the
+    device in ``ops.sparse``): 132 CTAs on a 78-SM H20 would be a second, nearly empty wave."""
+    from dsv4lib.kernels.sm90.sparse_config import SparseFwdConfig
+    from dsv4lib.kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
+
+    for sms in (78, 114, 132):
+        kernel = SparseAttentionForwardSm90(SparseFwdConfig.for_problem(gather=True, sink=True, num_sms=sms))
+        assert kernel.persistent_items() and kernel.num_sms == sms
+    assert SparseFwdConfig.for_problem(gather=True, num_sms=78) != SparseFwdConfig.for_problem(gather=True)

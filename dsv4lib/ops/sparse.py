@@ -203,16 +203,18 @@ def choose_splits(num_splits, batch_ctas: int, n_keys: int, device, gather: bool
     return min(num_splits, n_tiles)                      # documented clamp: at least one key tile per split
 
 
-def _unsplit_config(gather: bool, causal: bool, window_on: bool, with_sink: bool) -> SparseFwdConfig:
+def _unsplit_config(gather: bool, causal: bool, window_on: bool, with_sink: bool, device) -> SparseFwdConfig:
+    sms = device_facts(device)[1]              # the persistent gathered build's grid: one CTA an SM
     return cached_config(lambda: SparseFwdConfig.for_problem(gather=gather, causal=causal, window=window_on,
-                                                             sink=with_sink),
-                         "sparse", gather, causal, window_on, with_sink)
+                                                             sink=with_sink, num_sms=sms),
+                         "sparse", gather, causal, window_on, with_sink, sms)
 
 
 def unsplit_sparse_launcher(device, *, with_sink: bool, scale: float) -> Launch:
     """``sparse_attention``'s unsplit public build as a launch of ``(q [Sq, H, 512], kv [Skv, 512], idx [Sq, K], out
     [Sq, H, 512], lse [H, Sq], sink)``: for a call that puts it in its own :class:`Sequence` (the staged prefill)."""
-    return launcher(_unsplit_config(True, False, False, with_sink), device, scale=scale, window=None, public="sparse")
+    return launcher(_unsplit_config(True, False, False, with_sink, device), device, scale=scale, window=None,
+                    public="sparse")
 
 
 def _runner(B: int, Sq: int, H: int, device, *, gather, causal, window, sink, scale, num_splits, public: str,
@@ -230,7 +232,7 @@ def _runner(B: int, Sq: int, H: int, device, *, gather, causal, window, sink, sc
     go = None
     cluster = cluster_for(num_splits, gather)
     if num_splits == 1:
-        go = launcher(_unsplit_config(gather, causal, window_on, with_sink), device, scale=scale, window=window,
+        go = launcher(_unsplit_config(gather, causal, window_on, with_sink, device), device, scale=scale, window=window,
                       public=public)
     elif gather and cluster > 1:
         # every split of a query in one cluster: merged on chip into the output (the sink too), no combine

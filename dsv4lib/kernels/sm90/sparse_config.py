@@ -31,6 +31,9 @@ class SparseFwdConfig(_Config):
     bf16_partials: bool = False
     gather_only: bool = False       # benchmark only: the producer alone, no math, output unwritten
     skip_mma: str | None = None     # benchmark only: "qk" or "pv" left out (wrong output), columns schedule
+    # the GPU's SMs: the persistent gathered unsplit build's grid (one CTA an SM; 132 on the H100 SXM / H200, 114
+    # on the H100 PCIe, 78 on the H20 — a grid of 132 there would run a second, nearly empty wave)
+    num_sms: int = 132
 
     def check(self) -> None:
         if self.gather and (self.causal or self.window):
@@ -57,14 +60,15 @@ class SparseFwdConfig(_Config):
 
     @classmethod
     def for_problem(cls, *, gather: bool, causal: bool = False, window: bool = False, sink: bool = False,
-                    split_kv: bool = False, cluster_splits: int = 1, bf16_partials: bool = False) -> "SparseFwdConfig":
+                    split_kv: bool = False, cluster_splits: int = 1, bf16_partials: bool = False,
+                    num_sms: int = 132) -> "SparseFwdConfig":
         # gathered keys: paired schedule (whole tiles in turn, half-tile pipelines): 423 vs 369 TFLOP/s at h64 K640;
         # dense keys: columns (the long-KV split decode: 44.2 vs 47.8 us at H64 KV64k)
         # a split build leaves the sink to the combine — but a paired cluster of every split applies it itself
         in_kernel_sink = sink and (not split_kv or (gather and cluster_splits > 1))
         return cls(gather=gather, causal=causal, window=window, sink=in_kernel_sink, has_lse=True, split_kv=split_kv,
                    schedule="paired" if gather else "columns", cluster_splits=cluster_splits,
-                   bf16_partials=bf16_partials)
+                   bf16_partials=bf16_partials, num_sms=num_sms)
 
 
 @dataclass(frozen=True)

@@ -181,7 +181,7 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
     # half-tiles fill (0, L) / (1, R) while O drains: the epilogue overlaps the next item's start.  Those two buffers'
     # last releases wait for O's TMA store to have read them.  (A CTA's fixed part was 4.4 µs of 24.6 at 640 keys.)
     PERSISTENT_ITEMS = True
-    PERSISTENT_CTAS = 132
+    PERSISTENT_CTAS = None                          # None: the config's num_sms (a probe sets 2 or 4 an SM)
     PERSISTENT_REGS = (56, 224)                     # 128·(56 + 2·224) = 64 512: the 384 threads × 168 launched
     # candidate (same patch): the next item's first pair's key rows prefetched into L2 too — on a DRAM-resident pool
     # its first gather then starts from L2
@@ -190,6 +190,7 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
     def __init__(self, config: SparseFwdConfig):
         super().__init__(config)
         self.schedule = config.schedule
+        self.num_sms = config.num_sms
         self.paired = config.schedule == "paired"
         # columns, split-KV, no cluster: the fp32 partial leaves through sRed as row-contiguous 16 B stores (a tie
         # with the accumulator's 8 B stores, kept as the C = 1 case of the cluster code)
@@ -265,7 +266,7 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
         batch_splits = cute.size(mQ.shape[0]) * cute.size(mO.shape[0]) * self.cluster_splits
         if const_expr(self.persistent_items()):
             items = cute.size(mQ.shape[1]) * (cute.size(mQ.shape[2]) // TILE_H) * batch_splits
-            return (cutlass.min(items, self.PERSISTENT_CTAS), 1, 1)
+            return (cutlass.min(items, self.PERSISTENT_CTAS or self.num_sms), 1, 1)
         if const_expr(self.head_group_fastest()):
             return (cute.size(mQ.shape[1]) * (cute.size(mQ.shape[2]) // TILE_H), 1, batch_splits)
         return (cute.size(mQ.shape[1]), cute.size(mQ.shape[2]) // TILE_H, batch_splits)
@@ -681,7 +682,10 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
         return self.PREFETCH_NEXT_CTA and self.gathered_unsplit()
 
     def persistent_items(self) -> bool:
-        return self.PERSISTENT_ITEMS and self.gathered_unsplit() and self.key_flags and self.tma_store_o
+        """:attr:`PERSISTENT_ITEMS` for the builds it is made for — not the benchmark's producer alone
+        (``gather_only``: its stand-in consumers only release; the persistent item loop would do the math)."""
+        return (self.PERSISTENT_ITEMS and self.gathered_unsplit() and self.key_flags and self.tma_store_o
+                and not self.gather_only)
 
     @cute.jit
     def item_coords(self, item, mQ):
