@@ -383,11 +383,7 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
                 consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 256), defer_sync=True)
         pipeline_init_arrive(cluster_shape_mn=self.pipeline_cluster, is_relaxed=True)
 
-        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)       # (64 heads, 512)
-        sKV = storage.sKV.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)   # (64 keys, 512, stages)
-        sP = storage.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner)       # (64 heads, 64 keys, 2)
-        # V = K read MN-major: (512, 64 keys, stages) over the same bytes, one half per consumer warpgroup
-        sVt = cute.composition(sKV, transposed_view(HEAD_DIM, TILE_N, self.num_stages))
+        sQ, sKV, sP, sVt = self.shared_tiles(storage, sQ_layout, sKV_layout, sP_layout)
         sRowScale = storage.sRowScale.get_tensor(cute.make_layout(2 * TILE_H))
         sRowInv = storage.sRowInv.get_tensor(cute.make_layout(TILE_H))
         sMax = storage.sMax.get_tensor(cute.make_layout(4 * TILE_H))
@@ -469,6 +465,16 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
                             head_group, batch, split, tile_lo, tile_hi, mLSE, sLSE, sRed)
 
     @cute.jit
+    def shared_tiles(self, storage, sQ_layout, sKV_layout, sP_layout):
+        """The CTA's Q tile, key tiles, P buffers and the key tiles read as V (MN-major: (512, 64 keys, stages) over
+        the same bytes, one half per consumer warpgroup)."""
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)       # (64 heads, 512)
+        sKV = storage.sKV.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)   # (64 keys, 512, stages)
+        sP = storage.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner)       # (64 heads, 64 keys, 2)
+        sVt = cute.composition(sKV, transposed_view(HEAD_DIM, TILE_N, self.num_stages))
+        return sQ, sKV, sP, sVt
+
+    @cute.jit
     def cta_persistent(self, mQ: cute.Tensor, mKV, mIdx, seqlen_k: Int32, mO: cute.Tensor, mLSE: cute.Tensor,
                        softmax_scale_log2: Float32, window_size: Int32, mSink: cute.Tensor,
                        tiled_mma_qk: cute.TiledMma, tiled_mma_pv_rs: cute.TiledMma, tiled_mma_pv_ss: cute.TiledMma,
@@ -494,10 +500,7 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
             cpasync.prefetch_descriptor(tma_atom_O)
         kv_pipes = self.half_tile_pipelines(storage.mbar_KV.data_ptr())
         pipeline_init_arrive(cluster_shape_mn=self.pipeline_cluster, is_relaxed=True)
-        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)       # (64 heads, 512)
-        sKV = storage.sKV.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)   # (64 keys, 512, stages)
-        sP = storage.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner)       # (64 heads, 64 keys, 2)
-        sVt = cute.composition(sKV, transposed_view(HEAD_DIM, TILE_N, self.num_stages))
+        sQ, sKV, sP, sVt = self.shared_tiles(storage, sQ_layout, sKV_layout, sP_layout)
         sMax = storage.sMax.get_tensor(cute.make_layout(4 * TILE_H))
         sSum = storage.sSum.get_tensor(cute.make_layout(2 * TILE_H))
         sKeyAddr = storage.sKeyAddr.get_tensor(cute.make_layout(self.KEY_ADDR_SLOTS))
@@ -509,8 +512,8 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
             pair_base = Int32(0)
             for item in cutlass.range(first, n_items, step, unroll=1):
-                token, head_group, batch = self.item_coords(item, mQ)
-                key_lo, n_keys, tile_lo, tile_hi = self.key_range(mQ, mKV, mIdx, token, window_size, 1, 0)
+                token, head_group, batch, key_lo, n_keys, tile_lo, tile_hi = self.item_keys(item, mQ, mKV, mIdx,
+                                                                                            window_size)
                 if warp_idx == 0:
                     # every item's Q is loaded (and waited for), keys or none: the pipeline's phases stay in step
                     tQsQ, tQgQ = self.q_tile(tma_atom_Q, tma_Q, sQ, token, head_group, batch)
@@ -549,23 +552,14 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
                      window_size, wtid, first, step, n_items, seqlen_k, tma_atom_O, tma_O):
         """Warpgroup ``w`` of a persistent CTA: :meth:`paired_half`'s operands once, then per item Q's wait and
         :meth:`paired_item` (``persist``), O / row max / row sum reset after each."""
-        thr_qk, thr_pv, tSrQ, tSrK, tOrV = self.consumer_operands(tiled_mma_qk, tiled_mma_pv_rs, sQ, sKV, sVt, w,
-                                                                  wtid)
-        thr_pv_ss = tiled_mma_pv_ss.get_slice(wtid)
-        tOsP = thr_pv_ss.make_fragment_A(thr_pv_ss.partition_A(sP))                        # (MMA, 1, 4, 2 bufs)
-        sVt_mine = cute.local_tile(sVt, (HALF, TILE_N, self.num_stages), (w, 0, 0))          # (256, 64, 2 bufs)
-        tOsV = thr_pv_ss.make_fragment_B(thr_pv_ss.partition_B(sVt_mine))                   # (MMA, 1, 4, 2 bufs)
-        acc_O, acc_O_rc, tScS_rc, row_max, row_sum, _ = self.consumer_registers(thr_qk, thr_pv, TILE_N)
-        acc_S = cute.make_rmem_tensor(thr_qk.partition_shape_C((TILE_H, TILE_N)), Float32)
-        rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
+        operands = self.paired_operands(w, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sKV, sVt, sP, wtid)
+        acc_O, row_max, row_sum = operands[7], operands[10], operands[11]
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-        operands = (thr_qk, thr_pv, tSrQ, tSrK, tOrV, tOsP, tOsV, acc_O, acc_O_rc, tScS_rc, row_max, row_sum, acc_S,
-                    rP)
         pair_base = Int32(0)
         for item in cutlass.range(first, n_items, step, unroll=1):
-            token, head_group, batch = self.item_coords(item, mQ)
-            key_lo, n_keys, tile_lo, tile_hi = self.key_range(mQ, mKV, mIdx, token, window_size, 1, 0)
+            token, head_group, batch, key_lo, n_keys, tile_lo, tile_hi = self.item_keys(item, mQ, mKV, mIdx,
+                                                                                        window_size)
             # the flags count pairs over the CTA's items (gather_pairs' pair_base): shift this item's first tile
             keys_seen = KeyFlags(flags, tile_lo - 2 * pair_base)
             pipeline_q.consumer_wait(q_state)
@@ -697,6 +691,14 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
         flat = item - batch * per_batch
         token = flat // head_groups
         return token, flat - token * head_groups, batch
+
+    @cute.jit
+    def item_keys(self, item, mQ, mKV, mIdx, window_size):
+        """A persistent CTA's item: its coordinates (:meth:`item_coords`) and key range (one split):
+        ``(token, head_group, batch, key_lo, n_keys, tile_lo, tile_hi)`` — the producer and both warpgroups alike."""
+        token, head_group, batch = self.item_coords(item, mQ)
+        key_lo, n_keys, tile_lo, tile_hi = self.key_range(mQ, mKV, mIdx, token, window_size, 1, 0)
+        return token, head_group, batch, key_lo, n_keys, tile_lo, tile_hi
 
     @cute.jit
     def prefetch_next_cta(self, mQ, mKV, mIdx, lane):
@@ -1050,14 +1052,10 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
             cute.arch.cp_async_bulk_wait_group(0, read=True)       # the CTA may not exit before its buffer is read
 
     @cute.jit
-    def paired_half(self, w: cutlass.Constexpr, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sKV, sVt, sP,
-                    sMax, sSum, mIdx, mO, mLSE, mSink, kv_pipes, softmax_scale_log2, wtid, token, head_group, batch,
-                    split, n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O, mQ, mKV, window_size, tma_atom_Q,
-                    tma_Q, pipeline_q, sLSE=None, sRed=None):
-        """Warpgroup ``w`` of the paired schedule: the scores of tiles ``tile_lo + 2p + w`` and O columns
-        ``256w … 256w+255`` of every tile (module docstring).  Half-buffer ``2b + h`` = tile buffer b, columns h.
-        Persistent: the same for each of this CTA's items; warp 0 of warpgroup 0 loads every item's Q (the first
-        at once, each next one right after the O store before it has read the Q buffer)."""
+    def paired_operands(self, w: cutlass.Constexpr, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sKV, sVt, sP,
+                        wtid):
+        """Warpgroup ``w``'s operands and registers of the paired schedule, as :meth:`paired_item` takes them:
+        ``(thr_qk, thr_pv, tSrQ, tSrK, tOrV, tOsP, tOsV, acc_O, acc_O_rc, tScS_rc, row_max, row_sum, acc_S, rP)``."""
         thr_qk, thr_pv, tSrQ, tSrK, tOrV = self.consumer_operands(tiled_mma_qk, tiled_mma_pv_rs, sQ, sKV, sVt, w,
                                                                   wtid)
         thr_pv_ss = tiled_mma_pv_ss.get_slice(wtid)
@@ -1065,11 +1063,20 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
         sVt_mine = cute.local_tile(sVt, (HALF, TILE_N, self.num_stages), (w, 0, 0))          # (256, 64, 2 bufs)
         tOsV = thr_pv_ss.make_fragment_B(thr_pv_ss.partition_B(sVt_mine))                   # (MMA, 1, 4, 2 bufs)
         acc_O, acc_O_rc, tScS_rc, row_max, row_sum, _ = self.consumer_registers(thr_qk, thr_pv, TILE_N)
-        acc_S = cute.make_rmem_tensor(thr_qk.partition_shape_C((TILE_H, TILE_N)), Float32)
+        acc_S = cute.make_rmem_tensor(thr_qk.partition_shape_C((TILE_H, TILE_N)), Float32)   # (MMA, 1, 1) scores
         rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
+        return (thr_qk, thr_pv, tSrQ, tSrK, tOrV, tOsP, tOsV, acc_O, acc_O_rc, tScS_rc, row_max, row_sum, acc_S, rP)
+
+    @cute.jit
+    def paired_half(self, w: cutlass.Constexpr, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sKV, sVt, sP,
+                    sMax, sSum, mIdx, mO, mLSE, mSink, kv_pipes, softmax_scale_log2, wtid, token, head_group, batch,
+                    split, n_keys, seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O, mQ, mKV, window_size, tma_atom_Q,
+                    tma_Q, pipeline_q, sLSE=None, sRed=None):
+        """Warpgroup ``w`` of the paired schedule: the scores of tiles ``tile_lo + 2p + w`` and O columns
+        ``256w … 256w+255`` of every tile (module docstring).  Half-buffer ``2b + h`` = tile buffer b, columns h.
+        (A persistent CTA's warpgroups run :meth:`paired_items` instead.)"""
+        operands = self.paired_operands(w, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sKV, sVt, sP, wtid)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-        operands = (thr_qk, thr_pv, tSrQ, tSrK, tOrV, tOsP, tOsV, acc_O, acc_O_rc, tScS_rc, row_max, row_sum, acc_S,
-                    rP)
         self.paired_item(w, operands, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sP, sMax, sSum, mIdx, mO,
                          mLSE, mSink, kv_pipes, softmax_scale_log2, wtid, token, head_group, batch, split, n_keys,
                          seqlen_k, tile_lo, tile_hi, tma_atom_O, tma_O, state, sLSE, sRed)
