@@ -275,9 +275,13 @@ if on_gpu:
 # 2.05 µs after it started, its first QK was done at 4.35, its O stored at 21.5.  So the producer, once it has issued its
 # last fill, brings into L2 the Q rows and index list of the CTA that will start next on the GPU (its own index + the SM
 # count): Q then lands at 1.28 µs, the first QK is done at 3.33, the fixed part is 4.4 µs, and the table below read
-# 1.03-1.05x FlashMLA in every row when it was recorded (session 54).  What is left of the fixed part — the O store's
-# drain, the first gather — only a persistent CTA that starts the next item while this one's O drains can hide
-# (docs/tuning/d2_d6.md).
+# 1.03-1.05x FlashMLA in every row when it was recorded (session 54).  What was left of the fixed part — the O store's
+# drain, the next Q, the first gather — is what the shipped build hides with **persistent CTAs** (session 55): one CTA
+# an SM walks its (token, head group) items; each item's O is staged in its last pair's (1, L) / (0, R) half-tiles
+# instead of the Q buffer, so the next item's Q loads as soon as both warpgroups' last QK has read Q, and its first
+# half-tiles fill (0, L) / (1, R) while O drains.  The register split has to fit the launch: 384 threads × 168 =
+# 64 512 registers for 56 (producer) + 2 × 224 (consumers) — a first try at 64 + 2 × 224 made the consumers'
+# `setmaxnreg.inc` wait forever.  +2-4 % over one CTA an item (docs/tuning/d2_d6.md).
 #
 # **FP8 MODEL1 caches** (`dsv4lib.sparse_prefill`).  Production DSV4 keeps its keys in FlashMLA's MODEL1 pages
 # (584 B a key: 448 e4m3 + 64 bf16 rope dims + scales); a Hopper prefill today first dequantizes and gathers them into
