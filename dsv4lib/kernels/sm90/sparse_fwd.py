@@ -4,7 +4,9 @@ M dimension, keys gathered by index (FlashMLA's sparse form) or taken as a dense
 One CTA computes one query token × 64 heads (``blockIdx = (token, head group, batch·splits + split)``; gathered
 keys: ``(token · head groups + head group, 1, batch·splits + split)``, so the head groups of a token — at H = 128 two
 CTAs gathering the same rows — run side by side and share them through L2): every KV row it loads serves all 64
-heads, which is the whole point of MQA packing.
+heads, which is the whole point of MQA packing.  The gathered unsplit build (D6's prefill) is persistent instead: one
+CTA an SM walks the items ``blockIdx.x, + gridDim.x, …`` in that same order, the next item's Q and first half-tiles
+loading while the last item's O drains (:attr:`SparseAttentionForwardSm90.PERSISTENT_ITEMS`).
 
 * **warpgroup 0 — producer.**  Gathers 64 KV rows per tile with ``cp.async`` (16 B per copy, each warp
   owns 16 rows, a row's 1 KiB read by one warp in two coalesced sweeps) into a 128 B-swizzled
