@@ -868,3 +868,22 @@ def test_persistent_grid_follows_the_configs_sm_count():
         kernel = SparseAttentionForwardSm90(SparseFwdConfig.for_problem(gather=True, sink=True, num_sms=sms))
         assert kernel.persistent_items() and kernel.num_sms == sms
     assert SparseFwdConfig.for_problem(gather=True, num_sms=78) != SparseFwdConfig.for_problem(gather=True)
+
+
+def test_only_the_gathered_unsplit_build_walks_items():
+    """Persistent CTAs are D6's gathered unsplit prefill only: not its split or dense builds, not the gather-only
+    benchmark build (its stand-in consumers do no math), not D7's MODEL1 builds (keys from pages)."""
+    from dsv4lib.kernels.sm90.model1_decode import Model1DecodeSm90
+    from dsv4lib.kernels.sm90.sparse_config import Model1DecodeConfig, SparseFwdConfig
+    from dsv4lib.kernels.sm90.sparse_fwd import SparseAttentionForwardSm90
+
+    walks = lambda config: SparseAttentionForwardSm90(config).persistent_items()
+    assert walks(SparseFwdConfig.for_problem(gather=True, sink=True))
+    assert not walks(SparseFwdConfig.for_problem(gather=True, split_kv=True, bf16_partials=True))
+    assert not walks(SparseFwdConfig.for_problem(gather=False, causal=True, sink=True))
+    assert not walks(SparseFwdConfig.for_problem(gather=True).replace(gather_only=True, schedule="paired"))
+    for extra in (False, True):
+        for head_pair in (False, True):
+            config = Model1DecodeConfig.for_decode(extra_cache=extra, topk_length=False, extra_topk_length=False,
+                                                   sink=True, split_kv=False, head_pair_cluster=head_pair)
+            assert not Model1DecodeSm90(config).persistent_items()
