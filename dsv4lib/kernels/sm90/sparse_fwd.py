@@ -177,7 +177,7 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
     # (landed session 55: H200, probe_d6 32 MiB pool, 466 → 486 TFLOP/s at Sq 4096 H64, 471 → 488 at Sq 16k, 518 → 529
     # at H128 K1152; bit-equal to the one-CTA-an-item build.  Its first GPU run hung: 64 / 224 registers passed the
     # launch's 64 512 — check_register_split.)  The gathered unsplit build as persistent
-    # CTAs, PERSISTENT_CTAS of them (the SMs), each walking the (token, head group) items blockIdx.x, + gridDim.x, …
+    # CTAs, one an SM (the config's num_sms), each walking the (token, head group) items blockIdx.x, + gridDim.x, …
     # (a static deal).  Each item's O is staged in its last pair's (1, L) / (0, R) buffers — one warpgroup's 32 KB
     # each — instead of Q's, so the next item's Q loads as soon as both warpgroups' last QK is done, and its first
     # half-tiles fill (0, L) / (1, R) while O drains: the epilogue overlaps the next item's start.  Those two buffers'
@@ -185,8 +185,8 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
     PERSISTENT_ITEMS = True
     PERSISTENT_CTAS = None                          # None: the config's num_sms (a probe sets 2 or 4 an SM)
     PERSISTENT_REGS = (56, 224)                     # 128·(56 + 2·224) = 64 512: the 384 threads × 168 launched
-    # candidate (same patch): the next item's first pair's key rows prefetched into L2 too — on a DRAM-resident pool
-    # its first gather then starts from L2
+    # off, not yet measured (scripts/probe_d6.py prefetch_rows): the next item's first pair's key rows prefetched into
+    # L2 too — on a DRAM-resident pool its first gather would then start from L2
     PREFETCH_FIRST_ROWS = False
 
     def __init__(self, config: SparseFwdConfig):
@@ -553,9 +553,8 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
                      sMax, sSum, flags, mQ, mKV, mIdx, mO, mLSE, mSink, kv_pipes, pipeline_q, softmax_scale_log2,
                      window_size, wtid, first, step, n_items, seqlen_k, tma_atom_O, tma_O):
         """Warpgroup ``w`` of a persistent CTA: :meth:`paired_half`'s operands once, then per item Q's wait and
-        :meth:`paired_item` (``persist``), O / row max / row sum reset after each."""
+        :meth:`paired_item` (``persist``: it leaves O / row max / row sum reset for the next)."""
         operands = self.paired_operands(w, tiled_mma_qk, tiled_mma_pv_rs, tiled_mma_pv_ss, sQ, sKV, sVt, sP, wtid)
-        acc_O, row_max, row_sum = operands[7], operands[10], operands[11]
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         pair_base = Int32(0)
@@ -571,9 +570,6 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
                                      tma_O, state, persist=(pipeline_q, q_state, sKV))
             q_state.advance()
             pair_base += (tile_hi - tile_lo + 1) // 2
-            acc_O.fill(0.0)
-            row_max.fill(-Float32.inf)
-            row_sum.fill(0.0)
 
     def half_tile_pipelines(self, barriers) -> tuple:
         """The paired schedule's four half-tile pipelines (filled by ``cp.async`` here)."""
@@ -1137,6 +1133,9 @@ class SparseAttentionForwardSm90(SparseAttentionBase):
             cute.arch.barrier(barrier_id=O_CHUNK_READY + w, number_of_threads=128)
             if n_pairs > 0:
                 kv_pipes[2 - w].consumer_release(state)
+            acc_O.fill(0.0)                          # the next item's O, row max and sum start anew
+            row_max.fill(-Float32.inf)
+            row_sum.fill(0.0)
         return state
 
     @cute.jit
