@@ -151,6 +151,30 @@ def launches_stubbed():
         launch._COMPILED.update(saved)
 
 
+def ab_last_plans(args) -> None:
+    """Each call's host µs with ``launch.LAST_PLANS`` off (every call takes its keyed plan) and on (the last call's
+    plan behind its C guard), in one process — the builds compiled once — alternating off / on in every round (the
+    plans forgotten at each switch, then warmed); per call the median of its rounds on each side."""
+    functions = calls()
+    if args.only:
+        wanted = [w for w in args.only.split(",") if w]
+        functions = {n: f for n, f in functions.items() if n.startswith("floor") or any(w in n for w in wanted)}
+    functions = {n: f for n, f in functions.items() if not n.startswith("piece")}
+    times = {(name, side): [] for name in functions for side in ("off", "on")}
+    for _ in range(args.rounds):
+        for side in ("off", "on"):
+            launch.LAST_PLANS = side == "on"
+            launch.forget_plans()
+            for name, fn in functions.items():
+                times[name, side].append(bench.host_us(fn, calls=100, rounds=1))
+    for name in functions:
+        off, on = (statistics.median(times[name, side]) for side in ("off", "on"))
+        print(json.dumps({"call": name, "off_us": round(off, 1), "on_us": round(on, 1), "on_minus_off": round(on - off, 1),
+                          "spread_off": [round(min(times[name, "off"]), 1), round(max(times[name, "off"]), 1)],
+                          "spread_on": [round(min(times[name, "on"]), 1), round(max(times[name, "on"]), 1)]}),
+              flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--profile", metavar="DIR", help="write the cProfile breakdown of each call to DIR/host_profile.txt")
@@ -160,7 +184,11 @@ def main():
                     "compiled call, 0 one per kernel")
     ap.add_argument("--only", default="", help="comma-separated substrings: time only the calls whose name has one "
                     "(and the torch floor)")
+    ap.add_argument("--ab-last-plans", action="store_true", help="time every call with the last-call plans off and on "
+                    "(launch.LAST_PLANS), alternating in each round, and print both")
     args = ap.parse_args()
+    if args.ab_last_plans:
+        return ab_last_plans(args)
     launch.ONE_CALL = bool(args.one_call)
     print(json.dumps({"one_call": launch.ONE_CALL}), flush=True)
     rows, report = {}, io.StringIO()

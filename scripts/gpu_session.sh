@@ -117,6 +117,10 @@ for w in $what; do
     # host µs of every public call (#28's bar), with launches stubbed (--split) and the cProfile of each call
     hostbench) { timeout 200 python scripts/bench_host.py --split --profile "$out/logs"; } 2>&1 \
                 | tee "$out/logs/hostbench.txt" | tail -n 40 ;;
+    # lastplans: every public call's host µs with the last-call plans (launch.LAST_PLANS) off and on, alternating in one
+    # process (~2 min)
+    lastplans) { timeout 240 python scripts/bench_host.py --ab-last-plans --rounds ${ROUNDS:-3}; } 2>&1 \
+                | tee "$out/logs/lastplans.txt" | tail -n 30 ;;
     # hostargs: where sparse_decode's in-situ launch spends its ~5.6 µs over the bare compiled call (~1 min)
     hostargs) { timeout 150 python scripts/probe_host_args.py; } 2>&1 | tee "$out/logs/hostargs.txt" | tail -n 10 ;;
     # ffiargs: one TVM-FFI argument as a torch tensor against its data pointer (the pointer-ABI question, ~1 min)

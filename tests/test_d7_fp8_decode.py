@@ -571,6 +571,33 @@ def test_back_to_back_calls_each_read_what_the_call_before_wrote(B, H):
 
 
 @pytest.mark.gpu
+def test_calls_of_alternating_kinds_each_take_their_own_plan():
+    """The host path's last-call plan (``launch.last_plan``): calls of kinds that look alike to a guard — the same
+    tensors' shapes with the window's lengths given or the compressed list's instead, the cache object or FlashMLA's
+    view of it, one batch or another — alternate with repeats of themselves, each on fresh inputs; every output
+    against float64.  A kind that took another's plan would read a list as the wrong cache's or miss its lengths."""
+    from dsv4lib.ops import launch
+    gen = torch.Generator().manual_seed(fresh_seed())
+    q, main, idx, kw = _decode_inputs(4, 1, 64, True, True, True, gen)
+    lengths = kw.pop("topk_length")
+    extra_lengths = kw.pop("extra_topk_length")
+    kinds = [dict(topk_length=lengths), dict(extra_topk_length=extra_lengths), dict(topk_length=lengths, view=True),
+             dict(topk_length=lengths, rows=1)]
+    for kind in kinds + kinds[::-1] + kinds:
+        kind = dict(kind)
+        rows = kind.pop("rows", 4)
+        cache = main.flashmla_view() if kind.pop("view", False) else main
+        fresh_q = (torch.randn(rows, 1, 64, 512, generator=gen) * 0.5).bfloat16().cuda()
+        call_kw = {**kw, **kind, "extra_indices": kw["extra_indices"][:rows]}
+        for name in ("topk_length", "extra_topk_length"):
+            if name in call_kw:
+                call_kw[name] = call_kw[name][:rows]
+        out = dsv4lib.sparse_decode(fresh_q, cache, idx[:rows], **call_kw)
+        check_output(out, _reference(fresh_q, main, idx[:rows], call_kw)[0])
+    assert ("last", "sparse_decode") in launch._PLANS, "the calls never kept a last plan"
+
+
+@pytest.mark.gpu
 def test_decode_dequantizes_every_byte_and_scale_exactly():
     """The producer's e4m3 → bf16 conversion, bit for bit: each query has exactly one key (its softmax weight is 1,
     so every head's output row *is* that key as the kernel dequantized it).  The keys' nope bytes run through every
@@ -1228,7 +1255,7 @@ def test_staged_prefill_places_pages_and_lists_on_the_cpu(monkeypatch, given):
     call()
     out, lse = call()                   # the plan again, its page maps holding the first call's blocks
     from dsv4lib.ops import launch
-    assert len(launch._PLANS) == 1, "the second call took the first one's plan"
+    assert launch.plan_count() == 1, "the second call took the first one's plan"
     from dsv4lib.ops import prefill_staged as S
     for (what, *_), buffer in S._BUFFERS.items():
         if isinstance(what, tuple) and what[0] == "marks":

@@ -384,6 +384,116 @@ def test_call_plan_keys_hold_what_validation_reads():
     assert ("x", (1,)) not in launch._PLANS
 
 
+def test_the_last_call_plan_is_taken_only_by_the_same_kind_of_call(monkeypatch):
+    """``launch.last_plan``: a public function's last plan, guarded by torch's C ``TensorGuards``, is taken by a call
+    whose tensors match it in type, dtype, shape and strides, whose plain parts are equal (options with their types)
+    whose tensors start 16-byte aligned on the same stream, with the same arguments given as one tensor twice —
+    fresh tensors of that kind take it; a change in any of those gives None (the keyed path decides).  Forgetting the plans or swapping a build forgets it too, and
+    it is not counted as a plan."""
+    from dsv4lib.ops import launch
+    monkeypatch.setattr(launch, "raw_stream", lambda device: 0)
+    monkeypatch.setattr(launch, "_PLANS", {})
+    assert launch.LAST_PLANS, "torch's dynamo guards are missing: every call would take the keyed path"
+    kinds = lambda: (torch.zeros(2, 3, 8, dtype=torch.bfloat16), torch.zeros(2, 5, dtype=torch.int32), torch.zeros(8))
+    rest = (launch.options_sig(None, True), "cache", 64)
+    launch.keep_last_plan("probe", ("probe key",), kinds(), rest, print)
+    assert launch.last_plan("probe", kinds(), rest) is print
+    assert launch.plan_count() == 0
+    q, idx, sink = kinds()
+    misaligned = torch.zeros(2 * 3 * 8 + 1, dtype=torch.bfloat16)[1:].view(2, 3, 8)
+    for other in [(q.float(), idx, sink), (torch.zeros(2, 3, 16, dtype=torch.bfloat16)[..., ::2], idx, sink),
+                  (q.transpose(0, 1).contiguous().transpose(0, 1), idx, sink), (q[:1], idx, sink),
+                  (q, idx.long(), sink), (q, idx, sink[:4]), (misaligned, idx, sink), (q.as_subclass(_Sub), idx, sink),
+                  (q, idx, sink.requires_grad_())]:
+        assert launch.last_plan("probe", other, rest) is None
+    for other_rest in [(launch.options_sig(None, 1), "cache", 64), (launch.options_sig(None, True), "cache", 32)]:
+        assert launch.last_plan("probe", kinds(), other_rest) is None
+    assert launch.last_plan("another call", kinds(), rest) is None
+    monkeypatch.setattr(launch, "raw_stream", lambda device: 1)         # another current stream
+    assert launch.last_plan("probe", kinds(), rest) is None
+    monkeypatch.setattr(launch, "raw_stream", lambda device: 0)
+    launch.keep_last_plan("misaligned", ("misaligned key",), (misaligned, idx, sink), rest, len)
+    assert launch.last_plan("misaligned", (misaligned, idx, sink), rest) is None     # never kept
+    # one tensor given twice (K = V): a guard takes each object once; the pattern of repeats must match too
+    launch.keep_last_plan("repeats", ("repeats key",), (q, idx, idx), rest, repr)
+    q2, idx2, _ = kinds()
+    assert launch.last_plan("repeats", (q2, idx2, idx2), rest) is repr
+    assert launch.last_plan("repeats", (q2, idx2, idx2.clone()), rest) is None
+    assert launch.last_plan("repeats", (q2, q2, idx2), rest) is None
+    launch.keep_last_plan("no key", None, kinds(), rest, len)                 # a call without a key keeps nothing
+    assert launch.last_plan("no key", kinds(), rest) is None
+    launch.forget_plans()
+    assert launch.last_plan("probe", kinds(), rest) is None
+    launch.keep_last_plan("probe", ("probe key",), kinds(), rest, print)
+    monkeypatch.setattr(launch, "_COMPILED", launch._Builds({("probe build",): print}))
+    launch._COMPILED[("probe build",)] = len                              # a build swapped
+    assert launch.last_plan("probe", kinds(), rest) is None
+
+
+class _Sub(torch.Tensor):
+    pass
+
+
+def test_an_fp8_cache_call_takes_the_plan_of_its_own_kind(monkeypatch):
+    """``ops.decode.cache_call_plan`` (sparse_decode, sparse_prefill, the staged prefill): calls whose tensors look
+    alike but whose arguments differ in what the plan reads — which of two lengths is given, a cache object or a view,
+    an option's type (``0`` is not ``False``) — each get their own plan, right after one another; a repeated call
+    gets its own again."""
+    from dsv4lib.ops import decode, launch
+    from dsv4lib.ops.kvcache import Model1Cache
+    monkeypatch.setattr(launch, "raw_stream", lambda device: 0)
+    monkeypatch.setattr(launch, "_PLANS", {})
+    q, sink = torch.zeros(2, 1, 64, 512, dtype=torch.bfloat16), torch.zeros(64)
+    idx, lens = torch.zeros(2, 1, 8, dtype=torch.int32), torch.ones(2, dtype=torch.int32)
+    window, compressed = Model1Cache(4, 64, device="cpu"), Model1Cache(8, 64, device="cpu")
+    calls = {
+        "window lengths": ((q, window, idx, lens, compressed, idx, None, sink), (None, False, None)),
+        "extra lengths": ((q, window, idx, None, compressed, idx, lens, sink), (None, False, None)),
+        "a view": ((q, window.flashmla_view(), idx, lens, compressed, idx, None, sink), (None, False, None)),
+        "return_lse 0": ((q, window, idx, lens, compressed, idx, None, sink), (None, 0, None)),
+        "no sink": ((q, window, idx, lens, compressed, idx, None, None), (None, False, None)),
+    }
+    for first in calls:                         # every call right after every other one, and after itself
+        for name in (first, *calls):
+            args, options = calls[name]
+            fresh = tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in args)
+            assert decode.cache_call_plan("probe", fresh, options, lambda: name) == name, (first, name)
+    assert launch.plan_count() == len(calls)
+
+
+def test_a_branches_call_takes_the_plan_of_its_own_kind(monkeypatch):
+    """``attention_branches`` through its last-call plan: calls with tensors of the same kinds but another option (a
+    window, ``causal=1`` for ``True``, a separate ``v`` for K = V, a sink, the scale) each get the plan made for their
+    own kind, right after one another."""
+    import importlib
+    attention = importlib.import_module("dsv4lib.ops.attention")
+    from dsv4lib.ops import launch
+    monkeypatch.setattr(launch, "raw_stream", lambda device: 0)
+    monkeypatch.setattr(attention, "raw_stream", lambda device: 0)
+    monkeypatch.setattr(launch, "_PLANS", {})
+
+    def kind(branches, sink, scale, return_lse):
+        return (tuple((br.get("window"), type(br.get("causal")), br.get("causal"), br["v"] is br["k"])
+                      for br in branches), sink is None, scale, return_lse)
+    monkeypatch.setattr(attention, "_branches_plan", lambda q, branches, *, sink, scale, return_lse:
+                        (lambda q, b, s, made=kind(branches, sink, scale, return_lse): made))
+    bf = lambda *s: torch.zeros(*s, dtype=torch.bfloat16)
+    calls = {
+        "base": lambda k, kc: ([dict(k=k, v=k, window=4, causal=True), dict(k=kc, v=kc)], None, None),
+        "window 5": lambda k, kc: ([dict(k=k, v=k, window=5, causal=True), dict(k=kc, v=kc)], None, None),
+        "causal 1": lambda k, kc: ([dict(k=k, v=k, window=4, causal=1), dict(k=kc, v=kc)], None, None),
+        "separate v": lambda k, kc: ([dict(k=k, v=k.clone(), window=4, causal=True), dict(k=kc, v=kc)], None, None),
+        "sink": lambda k, kc: ([dict(k=k, v=k, window=4, causal=True), dict(k=kc, v=kc)], torch.zeros(2), None),
+        "scale": lambda k, kc: ([dict(k=k, v=k, window=4, causal=True), dict(k=kc, v=kc)], None, 0.5),
+    }
+    for first in calls:
+        for name in (first, *calls):
+            branches, sink, scale = calls[name](bf(1, 8, 2, 64), bf(1, 4, 2, 64))
+            got = attention.attention_branches(bf(1, 8, 2, 64), branches, sink=sink, scale=scale)
+            assert got == kind(branches, sink, scale, False), (first, name)
+    assert launch.plan_count() == len(calls)
+
+
 def test_a_swapped_build_forgets_every_plan():
     """Plans hold the compiled functions they launch: replacing or removing a build (a script stubbing, swapping or
     clearing them) drops every plan, so none launches a function that is no longer the build of its key; a new
@@ -408,13 +518,13 @@ def test_refused_calls_make_no_plan():
     import dsv4lib
     from dsv4lib.ops import launch
     q = torch.zeros(1, 8, 2, 64, dtype=torch.bfloat16)
-    before = len(launch._PLANS)
+    before = launch.plan_count()
     for _ in range(2):
         with pytest.raises(ValueError):
             dsv4lib.attention(q, q, q)
         with pytest.raises(ValueError):
             dsv4lib.sparse_attention(q[0], q[0, :, 0], torch.zeros(8, 4, dtype=torch.int32))
-    assert len(launch._PLANS) == before
+    assert launch.plan_count() == before
 
 
 def test_the_cpu_host_probe_runs_every_public_call_as_one_compiled_call():

@@ -11,7 +11,7 @@ from ..kernels.sm90.config import SUPPORTED_HEAD_DIMS, Sm90FwdConfig
 from ..reference.attention import check_attention_shapes, check_window
 from .combine import combine_launcher
 from .launch import (Launch, Sequence, aligned16, amax_tensor, cached_config, check_hopper, check_num_splits,
-                     compile_stream, device_facts, on_device, options_sig, placeholder, planned, PLAIN_OPTIONS,
+                     compile_stream, device_facts, keep_last_plan, last_plan, on_device, options_sig, placeholder, planned,
                      lse_output, raw_stream, sink_passer, tensor_sig, to_cute, unread_lse, workspace)
 
 SUPPORTED_DTYPES = (torch.bfloat16,)
@@ -277,25 +277,37 @@ def attention_branches(q, branches, *, sink=None, scale=None, return_lse=False):
     ``2^(lse - max)``, the sink once — and writes the bf16 output and the LSE: n launches for n branches.  Equals
     :func:`dsv4lib.reference.attention` over the concatenated keys."""
     try:
-        key = _branches_key(q, branches, sink, scale, return_lse)
-    except (AttributeError, TypeError, KeyError):
-        key = None
-    plan = planned(key, lambda: _branches_plan(q, branches, sink=sink, scale=scale, return_lse=return_lse))
+        rest, tensors = _branches_parts(q, branches, sink, scale, return_lse)
+        plan = last_plan("attention_branches", tensors, rest)
+        key = None if plan is not None else _branches_key(q, branches, sink, scale, return_lse)
+    except (AttributeError, TypeError, KeyError):      # no key: the full path explains the argument
+        plan = key = rest = tensors = None
+    if plan is None:
+        plan = planned(key, lambda: _branches_plan(q, branches, sink=sink, scale=scale, return_lse=return_lse))
+        keep_last_plan("attention_branches", key, tensors, rest, plan)      # keeps nothing without a key
     return plan(q, branches, sink)
 
 
 def _branches_key(q, branches, sink, scale, return_lse) -> tuple:
-    """The plan key of an ``attention_branches`` call: what ``options_sig`` and ``tensor_sig`` hold of each argument,
-    written out flat (a branch's two options inline, not through ``options_sig``; a ``v`` that *is* its ``k`` — K = V,
-    DSV4's case — as ``True`` instead of its signature again): ~1 µs less Python than the tuple of tuples it replaces
-    (session 52, this CPU).  AttributeError for an option that is not a plain value (``options_sig``'s rule)."""
-    key = ["branches", tensor_sig(q), tensor_sig(sink), options_sig(scale, return_lse), raw_stream(q.device)]
+    """The plan key of an ``attention_branches`` call: :func:`_branches_parts`' plain parts, each tensor's
+    :func:`tensor_sig` and the stream, in one flat tuple."""
+    rest, tensors = _branches_parts(q, branches, sink, scale, return_lse)
+    return (*rest, *map(tensor_sig, tensors), raw_stream(q.device))
+
+
+def _branches_parts(q, branches, sink, scale, return_lse) -> tuple[tuple, tuple]:
+    """An ``attention_branches`` call as ``(rest, tensors)``: its plain parts (the options with their types — a
+    branch's ``causal`` and ``window`` too —, whether there is a sink, and for each branch whether its ``v`` *is* its
+    ``k`` — K = V, DSV4's case, passed once) and its tensors (q, the sink, each branch's k and v).  The plan key is
+    ``rest``, each tensor's :func:`tensor_sig` and the stream; :func:`last_plan` takes ``rest`` and the tensors as
+    they are.  AttributeError / TypeError / KeyError for an argument that makes no key (the full path explains it)."""
+    rest = ["branches", sink is None, *options_sig(scale, return_lse)]
+    tensors = [q] if sink is None else [q, sink]
     for br in branches:
-        k, v, causal, window = br["k"], br["v"], br.get("causal", False), br.get("window")
-        if type(causal) not in PLAIN_OPTIONS or type(window) not in PLAIN_OPTIONS:
-            raise AttributeError("no plan key for a branch option that is not a plain value")
-        key += (tensor_sig(k), True if v is k else tensor_sig(v), type(causal), type(window), causal, window)
-    return tuple(key)
+        k, v = br["k"], br["v"]
+        rest += (v is k, *options_sig(br.get("causal", False), br.get("window")))
+        tensors += (k,) if v is k else (k, v)
+    return tuple(rest), tuple(tensors)
 
 
 def _branches_plan(q, branches, *, sink, scale, return_lse):

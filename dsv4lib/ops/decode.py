@@ -12,9 +12,9 @@ from ..kernels.sm90.sparse_config import Model1DecodeConfig
 from .attention import check_sink
 from .combine import combine_launcher
 from .kvcache import Model1Cache, cache_pages, check_pages, pages_reader
-from .launch import (Launch, Sequence, cached_config, check_hopper, check_num_splits, device_facts, planned,
-                     lse_output, on_device, options_sig, placeholder, raw_stream, rows_dynamic, sink_passer,
-                     stream_arg, tensor_sig, workspace)
+from .launch import (Launch, Sequence, cached_config, check_hopper, check_num_splits, device_facts, keep_last_plan,
+                     last_plan, lse_output, on_device, options_sig, placeholder, planned, raw_stream, rows_dynamic,
+                     sink_passer, stream_arg, workspace)
 from . import sparse
 from .sparse import HEAD_DIM, HEADS_PER_CTA, decode_splits, partial_dtype
 
@@ -190,6 +190,26 @@ def cache_call_key(name: str, args: tuple, options: tuple):
     return tuple(key)
 
 
+def cache_call_plan(name: str, args: tuple, options: tuple, make_plan):
+    """The plan of an FP8-cache call (:func:`cache_call_key`'s ``args`` and ``options``): its last call's plan when
+    this call is the same kind (:func:`~dsv4lib.ops.launch.last_plan`: one C guard over the tensors instead of the
+    key's five Python reads a tensor), else the keyed plan (made by ``make_plan``, which validates the call)."""
+    k_cache, extra_k_cache = args[1], args[4]
+    try:
+        # what the key holds besides the tensors' own properties: the options with their types, which arguments are
+        # None or a cache object (their types), the cache objects' page sizes
+        rest = (options_sig(*options), *map(type, args), getattr(k_cache, "page_size", None),
+                getattr(extra_k_cache, "page_size", None))
+        tensors = tuple(t.data if type(t) is Model1Cache else t for t in args if t is not None)
+        plan = last_plan(name, tensors, rest)
+    except (AttributeError, TypeError):         # an option that makes no key, a non-tensor: the full path explains it
+        return planned(cache_call_key(name, args, options), make_plan)
+    if plan is None:
+        key = cache_call_key(name, args, options)
+        plan = keep_last_plan(name, key, tensors, rest, planned(key, make_plan))
+    return plan
+
+
 def sparse_decode(q, k_cache, indices, topk_length=None, *, extra_k_cache=None, extra_indices=None,
                   extra_topk_length=None, sink=None, scale=None, return_lse=False, num_splits=None):
     """DSV4 decode over FP8 MODEL1 caches (FlashMLA's semantics): q ``[B, s_q, H, 512]`` bf16 (s_q 1 or 2, H 64 or
@@ -202,10 +222,10 @@ def sparse_decode(q, k_cache, indices, topk_length=None, *, extra_k_cache=None, 
     (natural log, sink excluded; -inf for a query without keys).  ``num_splits``: split each query's keys over that
     many CTAs (merged by LSE); ``None`` = heuristic."""
     args = (q, k_cache, indices, topk_length, extra_k_cache, extra_indices, extra_topk_length, sink)
-    plan = planned(cache_call_key("sparse_decode", args, (scale, return_lse, num_splits)),
-                   lambda: decode_plan(q, k_cache, indices, topk_length, extra_k_cache=extra_k_cache,
-                                       extra_indices=extra_indices, extra_topk_length=extra_topk_length, sink=sink,
-                                       scale=scale, return_lse=return_lse, num_splits=num_splits))
+    plan = cache_call_plan("sparse_decode", args, (scale, return_lse, num_splits),
+                           lambda: decode_plan(q, k_cache, indices, topk_length, extra_k_cache=extra_k_cache,
+                                               extra_indices=extra_indices, extra_topk_length=extra_topk_length,
+                                               sink=sink, scale=scale, return_lse=return_lse, num_splits=num_splits))
     return plan(*args)
 
 

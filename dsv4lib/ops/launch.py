@@ -253,6 +253,113 @@ def forget_plans() -> None:
     _PLANS.clear()
 
 
+def plan_count() -> int:
+    """How many kinds of call have a keyed plan (the last-call entries of :func:`keep_last_plan` not counted)."""
+    return sum(type(key) is not tuple or key[0] not in ("last", "guard") for key in _PLANS)
+
+
+# ---- the last call's plan, guarded in C (issue #28) ----
+# A repeated call's plan key reads five attributes of each tensor in Python — half of an FP8-cache decode's host time
+# (8 tensors: ~8 µs of ~17 on the H200's host).  torch.compile checks the same properties of its inputs with one C++
+# object, ``TensorGuards``: the exact tensor type, dispatch keys (device type), device index, dtype, every size and
+# stride, requires_grad — of many tensors in one call (~2 µs for 8 here).  A public function keeps its last call's
+# plan under ``("last", name)`` in ``_PLANS`` (so whatever forgets the plans forgets it too) with such a guard over
+# that call's tensors and ``rest``: everything else its key holds (option values with their types, which arguments
+# are None, a cache object's page size).  A call that passes the guard, has the same ``rest``, the same arguments
+# given as one tensor twice (K = V), 16-byte aligned tensors (a last plan is kept only for all-aligned calls) and
+# the same current stream is the same kind of call as that one — what its full key would say — and takes the plan;
+# any other call takes the keyed path, which makes it the last plan (its guard built once per key, ~10 µs, and kept
+# under ``("guard", ...)``: calls alternating between kinds pay the guard's check, not its build).  Without the guard
+# class (a torch without dynamo's C guards) every call takes the keyed path.
+try:
+    from torch._C._dynamo.guards import TensorGuards
+except ImportError:                         # pragma: no cover — every torch this project runs has it
+    TensorGuards = None
+LAST_PLANS = TensorGuards is not None       # False: every call takes its keyed path (a switch to A/B the host time)
+
+
+def _once_each(tensors: tuple) -> tuple[tuple, tuple | None]:
+    """``tensors`` with each tensor object once (a guard refuses one object twice) and the pattern of repeats: None,
+    or each argument's first position."""
+    ids = tuple(map(id, tensors))
+    if len(set(ids)) == len(ids):
+        return tensors, None
+    first = tuple(ids.index(i) for i in ids)
+    return tuple(t for j, t in enumerate(tensors) if first[j] == j), first
+
+
+def last_plan(name: str, tensors: tuple, rest: tuple):
+    """The plan of ``name``'s last call if this call is the same kind (block comment above), else None.  ``tensors``:
+    the call's tensor arguments in a fixed order (not None; a cache object's pages tensor), ``rest`` a tuple of plain
+    values, both made the same way for every call of ``name``."""
+    entry = _PLANS.get(("last", name))
+    if entry is None or entry[1] != rest:
+        return None
+    guard, _, repeats, stream, plan = entry
+    if repeats is not None:                 # without repeats kept, a tensor given twice fails the guard's own check
+        tensors, this_repeats = _once_each(tensors)
+        if this_repeats != repeats:
+            return None
+    if not guard.check(*tensors):
+        return None
+    address_bits = 0
+    for t in tensors:
+        address_bits |= t.data_ptr()
+    if address_bits & 15 or raw_stream(tensors[0].device) != stream:
+        return None
+    return plan
+
+
+def keep_last_plan(name: str, key, tensors: tuple, rest: tuple, plan):
+    """Keep ``plan`` — the plan of ``key`` — as ``name``'s last plan, guarded by this call's ``tensors`` and ``rest``
+    (:func:`last_plan`); returns ``plan``.  Not kept without a key, when a tensor starts off 16 bytes (the key holds
+    each tensor's alignment; such calls stay on the keyed path) or when the guard cannot be made."""
+    if not LAST_PLANS or key is None:
+        return plan
+    tensors, repeats = _once_each(tensors)
+    address_bits = 0
+    for t in tensors:
+        address_bits |= t.data_ptr()
+    if address_bits & 15:
+        return plan
+    made = ("guard", key, rest, repeats)
+    try:
+        guard = _PLANS.get(made)
+        if guard is None:
+            guard = TensorGuards(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
+                                 dynamic_dims_strides=[list(t.stride()) for t in tensors])
+            _PLANS[made] = guard
+        stream = raw_stream(tensors[0].device)
+    except Exception:                       # noqa: BLE001 — no guard, no last plan: the keyed path stays correct
+        return plan
+    _PLANS[("last", name)] = (guard, rest, repeats, stream, plan)
+    return plan
+
+
+def call_plan(name: str, tensors: tuple, options: tuple, make_plan: Callable, *, stream: bool = True):
+    """A public call's plan: its last call's plan when this call is the same kind (:func:`last_plan`), else the plan
+    kept under its key — ``name``, each of ``tensors``' :func:`tensor_sig` (None where an optional tensor is left
+    out), ``options``' :func:`options_sig` and (``stream``) the current stream — made by ``make_plan`` (which
+    validates the call) the first time.  A non-tensor where a tensor goes, or an option that is not a plain value,
+    makes no key: the full path then explains the argument."""
+    try:
+        rest = (options_sig(*options), *map(type, tensors))
+        present = tuple(t for t in tensors if t is not None)
+        plan = last_plan(name, present, rest)
+    except (AttributeError, TypeError):
+        present = plan = None
+    if plan is None:
+        try:
+            key = (name, *map(tensor_sig, tensors), options_sig(*options),
+                   *((raw_stream(tensors[0].device),) if stream else ()))
+        except AttributeError:
+            key = None
+        plan = planned(key, make_plan)
+        if present is not None:
+            keep_last_plan(name, key, present, rest, plan)
+    return plan
+
+
 _NO_GUARD = contextlib.nullcontext()
 
 

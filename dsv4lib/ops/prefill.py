@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .decode import cache_call_key, decode_plan
-from .launch import planned
+from .decode import cache_call_plan, decode_plan
 from .sparse import HEAD_DIM
 
 
@@ -56,8 +55,8 @@ def sparse_prefill(q, k_cache, indices, topk_length=None, *, extra_k_cache=None,
     kernel, bf16 math, fp32 softmax.  Returns ``out [Sq, H, 512]`` bf16 and with ``return_lse`` ``lse [Sq, H]`` fp32
     (natural log, sink excluded; -inf for a token without keys), as :func:`dsv4lib.sparse_attention` does."""
     args = (q, k_cache, indices, topk_length, extra_k_cache, extra_indices, extra_topk_length, sink)
-    plan = planned(cache_call_key("sparse_prefill", args, (scale, return_lse)),
-                   lambda: _prefill_plan(*args, scale=scale, return_lse=return_lse))
+    plan = cache_call_plan("sparse_prefill", args, (scale, return_lse),
+                           lambda: _prefill_plan(*args, scale=scale, return_lse=return_lse))
     return plan(*args)
 
 

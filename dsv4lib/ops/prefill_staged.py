@@ -34,9 +34,9 @@ from typing import Callable, NamedTuple
 import torch
 
 from .attention import check_sink
-from .decode import cache_call_key
+from .decode import cache_call_plan
 from .kvcache import cache_pages, check_pages, pages_reader
-from .launch import (Launch, Sequence, check_hopper, lse_output, on_device, placeholder, planned, raw_stream,
+from .launch import (Launch, Sequence, check_hopper, lse_output, on_device, placeholder, raw_stream,
                      rows_dynamic, sink_passer, stream_arg)
 from .prefill import check_prefill_lists
 from .sparse import HEAD_DIM, check_heads, unsplit_sparse_launcher
@@ -256,8 +256,8 @@ def sparse_prefill_staged(q, k_cache, indices, topk_length=None, *, extra_k_cach
     pages they name); a list entry on any other page is dropped like an out-of-range one."""
     args = (q, k_cache, indices, topk_length, extra_k_cache, extra_indices, extra_topk_length, sink, pages,
             extra_pages)
-    plan = planned(cache_call_key("sparse_prefill_staged", args, (scale, return_lse)),
-                   lambda: _staged_plan(*args, scale=scale, return_lse=return_lse))
+    plan = cache_call_plan("sparse_prefill_staged", args, (scale, return_lse),
+                           lambda: _staged_plan(*args, scale=scale, return_lse=return_lse))
     return plan(*args)
 
 
