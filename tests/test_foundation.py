@@ -420,6 +420,9 @@ def test_the_last_call_plan_is_taken_only_by_the_same_kind_of_call(monkeypatch):
     assert launch.last_plan("repeats", (q2, idx2, idx2), rest) is repr
     assert launch.last_plan("repeats", (q2, idx2, idx2.clone()), rest) is None
     assert launch.last_plan("repeats", (q2, q2, idx2), rest) is None
+    monkeypatch.setattr(launch, "LAST_PLANS", False)                     # switched off: every call keyed
+    assert launch.last_plan("probe", kinds(), rest) is None
+    monkeypatch.setattr(launch, "LAST_PLANS", True)
     launch.keep_last_plan("no key", None, kinds(), rest, len)                 # a call without a key keeps nothing
     assert launch.last_plan("no key", kinds(), rest) is None
     launch.forget_plans()

@@ -200,7 +200,7 @@ def cache_call_plan(name: str, args: tuple, options: tuple, make_plan):
         # None or a cache object (their types), the cache objects' page sizes
         rest = (options_sig(*options), *map(type, args), getattr(k_cache, "page_size", None),
                 getattr(extra_k_cache, "page_size", None))
-        tensors = tuple(t.data if type(t) is Model1Cache else t for t in args if t is not None)
+        tensors = [t.data if type(t) is Model1Cache else t for t in args if t is not None]     # (a list: ~0.5 µs)
         plan = last_plan(name, tensors, rest)
     except (AttributeError, TypeError):         # an option that makes no key, a non-tensor: the full path explains it
         return planned(cache_call_key(name, args, options), make_plan)

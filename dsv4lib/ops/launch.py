@@ -260,7 +260,7 @@ def plan_count() -> int:
 
 # ---- the last call's plan, guarded in C (issue #28) ----
 # A repeated call's plan key reads five attributes of each tensor in Python — half of an FP8-cache decode's host time
-# (8 tensors: ~8 µs of ~17 on the H200's host).  torch.compile checks the same properties of its inputs with one C++
+# (8 tensors: ~16 µs of ~33 on the 2-core CI machine, launches stubbed; docs/tuning/host.md, session 56).  torch.compile checks the same properties of its inputs with one C++
 # object, ``TensorGuards``: the exact tensor type, dispatch keys (device type), device index, dtype, every size and
 # stride, requires_grad — of many tensors in one call (~2 µs for 8 here).  A public function keeps its last call's
 # plan under ``("last", name)`` in ``_PLANS`` (so whatever forgets the plans forgets it too) with such a guard over
@@ -278,7 +278,7 @@ except ImportError:                         # pragma: no cover — every torch t
 LAST_PLANS = TensorGuards is not None       # False: every call takes its keyed path (a switch to A/B the host time)
 
 
-def _once_each(tensors: tuple) -> tuple[tuple, tuple | None]:
+def _once_each(tensors) -> tuple[tuple, tuple | None]:
     """``tensors`` with each tensor object once (a guard refuses one object twice) and the pattern of repeats: None,
     or each argument's first position."""
     ids = tuple(map(id, tensors))
@@ -288,11 +288,11 @@ def _once_each(tensors: tuple) -> tuple[tuple, tuple | None]:
     return tuple(t for j, t in enumerate(tensors) if first[j] == j), first
 
 
-def last_plan(name: str, tensors: tuple, rest: tuple):
+def last_plan(name: str, tensors, rest: tuple):
     """The plan of ``name``'s last call if this call is the same kind (block comment above), else None.  ``tensors``:
     the call's tensor arguments in a fixed order (not None; a cache object's pages tensor), ``rest`` a tuple of plain
     values, both made the same way for every call of ``name``."""
-    entry = _PLANS.get(("last", name))
+    entry = _PLANS.get(("last", name)) if LAST_PLANS else None
     if entry is None or entry[1] != rest:
         return None
     guard, _, repeats, stream, plan = entry
@@ -313,7 +313,7 @@ def last_plan(name: str, tensors: tuple, rest: tuple):
     return plan
 
 
-def keep_last_plan(name: str, key, tensors: tuple, rest: tuple, plan):
+def keep_last_plan(name: str, key, tensors, rest: tuple, plan):
     """Keep ``plan`` — the plan of ``key`` — as ``name``'s last plan, guarded by this call's ``tensors`` and ``rest``
     (:func:`last_plan`); returns ``plan``.  Not kept without a key, when a tensor starts off 16 bytes (the key holds
     each tensor's alignment; such calls stay on the keyed path) or when the guard cannot be made."""
@@ -336,30 +336,6 @@ def keep_last_plan(name: str, key, tensors: tuple, rest: tuple, plan):
     except Exception:                       # noqa: BLE001 — no guard, no last plan: the keyed path stays correct
         return plan
     _PLANS[("last", name)] = (guard, rest, repeats, stream, plan)
-    return plan
-
-
-def call_plan(name: str, tensors: tuple, options: tuple, make_plan: Callable, *, stream: bool = True):
-    """A public call's plan: its last call's plan when this call is the same kind (:func:`last_plan`), else the plan
-    kept under its key — ``name``, each of ``tensors``' :func:`tensor_sig` (None where an optional tensor is left
-    out), ``options``' :func:`options_sig` and (``stream``) the current stream — made by ``make_plan`` (which
-    validates the call) the first time.  A non-tensor where a tensor goes, or an option that is not a plain value,
-    makes no key: the full path then explains the argument."""
-    try:
-        rest = (options_sig(*options), *map(type, tensors))
-        present = tuple(t for t in tensors if t is not None)
-        plan = last_plan(name, present, rest)
-    except (AttributeError, TypeError):
-        present = plan = None
-    if plan is None:
-        try:
-            key = (name, *map(tensor_sig, tensors), options_sig(*options),
-                   *((raw_stream(tensors[0].device),) if stream else ()))
-        except AttributeError:
-            key = None
-        plan = planned(key, make_plan)
-        if present is not None:
-            keep_last_plan(name, key, present, rest, plan)
     return plan
 
 
