@@ -11,8 +11,8 @@ from ..kernels.sm90.config import SUPPORTED_HEAD_DIMS, Sm90FwdConfig
 from ..reference.attention import check_attention_shapes, check_window
 from .combine import combine_launcher
 from .launch import (Launch, Sequence, aligned16, amax_tensor, cached_config, check_hopper, check_num_splits,
-                     compile_stream, device_facts, keep_last_plan, last_plan, on_device, options_sig, placeholder, planned,
-                     lse_output, raw_stream, sink_passer, tensor_sig, to_cute, unread_lse, workspace)
+                     compile_stream, device_facts, keep_last_plan, last_plan, lse_output, on_device, options_sig,
+                     placeholder, planned, raw_stream, sink_passer, tensor_sig, to_cute, unread_lse, workspace)
 
 SUPPORTED_DTYPES = (torch.bfloat16,)
 MQA_HEAD_DIM = 512          # DSV4: one shared KV head, K = V, through dsv4lib.ops.sparse's MQA kernel

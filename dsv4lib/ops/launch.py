@@ -259,18 +259,20 @@ def plan_count() -> int:
 
 
 # ---- the last call's plan, guarded in C (issue #28) ----
-# A repeated call's plan key reads five attributes of each tensor in Python — half of an FP8-cache decode's host time
-# (8 tensors: ~16 µs of ~33 on the 2-core CI machine, launches stubbed; docs/tuning/host.md, session 56).  torch.compile checks the same properties of its inputs with one C++
-# object, ``TensorGuards``: the exact tensor type, dispatch keys (device type), device index, dtype, every size and
-# stride, requires_grad — of many tensors in one call (~2 µs for 8 here).  A public function keeps its last call's
-# plan under ``("last", name)`` in ``_PLANS`` (so whatever forgets the plans forgets it too) with such a guard over
-# that call's tensors and ``rest``: everything else its key holds (option values with their types, which arguments
-# are None, a cache object's page size).  A call that passes the guard, has the same ``rest``, the same arguments
-# given as one tensor twice (K = V), 16-byte aligned tensors (a last plan is kept only for all-aligned calls) and
-# the same current stream is the same kind of call as that one — what its full key would say — and takes the plan;
-# any other call takes the keyed path, which makes it the last plan (its guard built once per key, ~10 µs, and kept
-# under ``("guard", ...)``: calls alternating between kinds pay the guard's check, not its build).  Without the guard
-# class (a torch without dynamo's C guards) every call takes the keyed path.
+# A repeated call's plan key reads five attributes of each tensor in Python — half of an FP8-cache decode's host
+# time (8 tensors: ~16 µs of ~33 on the 2-core CI machine, launches stubbed; docs/tuning/host.md, session 56).
+# torch.compile checks the same properties of its inputs with one C++ object, ``TensorGuards``: the exact tensor
+# type, dispatch keys (device type), device index, dtype, every size and stride, requires_grad — of many tensors in
+# one call (~2 µs for 8 here).  A public function keeps its last call's plan under ``("last", name)`` in ``_PLANS``
+# (so whatever forgets the plans forgets it too) with such a guard over that call's tensors and ``rest``: everything
+# else its key holds (option values with their types, which arguments are None, a cache object's page size).  A
+# call that passes the guard, has the same ``rest``, the same arguments given as one tensor twice (K = V), 16-byte
+# aligned tensors (a last plan is kept only for all-aligned calls) and the same current stream is the same kind of
+# call as that one — what its full key would say — and takes the plan; any other call takes the keyed path, which
+# makes it the last plan (its guard built once per key, ~10 µs, and kept under ``("guard", ...)``: calls alternating
+# between kinds pay the guard's check, not its build).  Without the guard class (a torch without dynamo's C guards)
+# every call takes the keyed path.  Only calls of many tensors use it: at 3-4 tensors the guard's setup costs what
+# the key does (host.md).
 try:
     from torch._C._dynamo.guards import TensorGuards
 except ImportError:                         # pragma: no cover — every torch this project runs has it
@@ -314,9 +316,9 @@ def last_plan(name: str, tensors, rest: tuple):
 
 
 def keep_last_plan(name: str, key, tensors, rest: tuple, plan):
-    """Keep ``plan`` — the plan of ``key`` — as ``name``'s last plan, guarded by this call's ``tensors`` and ``rest``
-    (:func:`last_plan`); returns ``plan``.  Not kept without a key, when a tensor starts off 16 bytes (the key holds
-    each tensor's alignment; such calls stay on the keyed path) or when the guard cannot be made."""
+    """Keep ``plan`` — the plan of ``key`` — as ``name``'s last plan, guarded by this call's ``tensors`` and
+    ``rest`` (:func:`last_plan`); returns ``plan``.  Not kept without a key, when a tensor starts off 16 bytes (the
+    key holds each tensor's alignment; such calls stay on the keyed path) or when the guard cannot be made."""
     if not LAST_PLANS or key is None:
         return plan
     tensors, repeats = _once_each(tensors)
