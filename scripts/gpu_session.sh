@@ -117,6 +117,9 @@ for w in $what; do
     # host µs of every public call (#28's bar), with launches stubbed (--split) and the cProfile of each call
     hostbench) { timeout 200 python scripts/bench_host.py --split --profile "$out/logs"; } 2>&1 \
                 | tee "$out/logs/hostbench.txt" | tail -n 40 ;;
+    # cvtrate: e4m3 pairs converted a ns by the placed bits (shipped) vs cvt.rn.f16x2.e4m3x2 (+ mul.f16x2): is the
+    # f16-MMA plan's premise right (docs/tuning/d7.md, session 56; ~1 min)
+    cvtrate) { timeout 120 python scripts/probe_cvt_rate.py; } 2>&1 | tee "$out/logs/cvtrate.txt" | tail -n 4 ;;
     # lastplans: every public call's host µs with the last-call plans (launch.LAST_PLANS) off and on, alternating in one
     # process (~2 min)
     lastplans) { timeout 240 python scripts/bench_host.py --ab-last-plans --rounds ${ROUNDS:-3}; } 2>&1 \

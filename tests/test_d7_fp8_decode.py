@@ -78,6 +78,35 @@ def test_every_converted_row_is_stored_at_a_constant_offset_from_two_chunk_addre
     assert all(offset for _, offset in stores[1:]), stores      # (row 0 of (0, L) may print without one)
 
 
+@pytest.mark.compile
+def test_the_conversion_rate_probe_builds_the_three_chains():
+    """scripts/probe_cvt_rate.py (is ``cvt.rn.f16x2.e4m3x2`` as fast a pair as the placed bits? — the f16-MMA plan's
+    premise, docs/tuning/d7.md session 56) builds for sm_90a on the CPU, each variant with only its own instructions
+    and the same number of conversion steps (eight chains, the unrolled loop and its remainder)."""
+    import importlib.util
+    from pathlib import Path
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
+    from dsv4lib.kernels.compile import compile_for_arch
+    path = Path(__file__).resolve().parents[1] / "scripts" / "probe_cvt_rate.py"
+    spec = importlib.util.spec_from_file_location("probe_cvt_rate", path)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    counts = {}
+    for variant in probe.STEPS:
+        out = make_fake_tensor(cutlass.Int32, (cute.sym_int(),), stride=(1,), assumed_align=16)
+        k = compile_for_arch(probe.make_launch(variant), out, cutlass.Int32(1), make_fake_stream(), arch="sm_90a")
+        counts[variant] = {name: k.count(pattern) for name, pattern in (
+            ("cvt", r"cvt\.rn\.f16x2\.e4m3x2"), ("prmt", r"prmt\.b32"), ("mul_bf16", r"mul\.rn\.bf16x2"),
+            ("mul_f16", r"mul\.rn\.f16x2"))}
+    steps = counts["placed"]["prmt"]
+    assert steps >= probe.CHAINS and steps % probe.CHAINS == 0, counts
+    assert counts["placed"] == {"cvt": 0, "prmt": steps, "mul_bf16": steps, "mul_f16": 0}, counts
+    assert counts["cvt_mul"] == {"cvt": steps, "prmt": 0, "mul_bf16": 0, "mul_f16": steps}, counts
+    assert counts["cvt"] == {"cvt": steps, "prmt": 0, "mul_bf16": 0, "mul_f16": 0}, counts
+
+
 def test_the_producer_s_shared_records_and_staged_entries_fit_their_room():
     """The key records and the staged list entries share ``sKeyAddr`` (KEY_ADDR_SLOTS 64-bit words): every staged
     entry lands in its own int32 past the records and inside the room (session 38's first build reserved half of it:
