@@ -1,6 +1,6 @@
 """How fast an SM turns e4m3 pairs into 16-bit pairs, three ways (D7's f16-MMA question; ~1 min on a GPU).
 
-    python scripts/probe_cvt_rate.py [--iters N] [--compile-only]
+    python scripts/probe_cvt_rate.py [--iters N] [--launches L]
 
 The FP8-cache decode converts every key byte in its producer warpgroup.  Today that is the placed-bits conversion,
 four integer / bf16 instructions a pair (``model1_decode.e4m3x2_placed_bf16x2``).  Session 45's f16-MMA plan would
@@ -17,7 +17,7 @@ bits.  Variants:
 * ``cvt_mul``: ``cvt.rn.f16x2.e4m3x2`` + ``mul.rn.f16x2`` (the f16 plan)
 * ``cvt``: ``cvt.rn.f16x2.e4m3x2`` alone (the conversion's own rate)
 
-``--compile-only``: build the three for sm_90a on the CPU and stop."""
+tests/test_d7_fp8_decode.py builds the three for sm_90a on the CPU and checks each holds only its own instructions."""
 import argparse
 import json
 
@@ -95,14 +95,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=4096)
     ap.add_argument("--launches", type=int, default=20)
-    ap.add_argument("--compile-only", action="store_true")
     args = ap.parse_args()
-    if args.compile_only:
-        from dsv4lib.kernels.compile import cute_arch
-        with cute_arch("sm_90a"):
-            compile_all()
-        print(json.dumps({"compiled": sorted(STEPS)}))
-        return
     from dsv4lib.ops.launch import raw_stream
     builds = compile_all()
     device = torch.device("cuda", torch.cuda.current_device())
