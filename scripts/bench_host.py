@@ -151,15 +151,19 @@ def launches_stubbed():
         launch._COMPILED.update(saved)
 
 
+def selected(functions: dict, only: str) -> dict:
+    """``--only``: the calls whose name has one of the comma-separated words (and the torch floor)."""
+    if not only:
+        return functions
+    wanted = [w for w in only.split(",") if w]
+    return {n: f for n, f in functions.items() if n.startswith("floor") or any(w in n for w in wanted)}
+
+
 def ab_last_plans(args) -> None:
     """Each call's host µs with ``launch.LAST_PLANS`` off (every call takes its keyed plan) and on (the last call's
     plan behind its C guard), in one process — the builds compiled once — alternating off / on in every round (the
     plans forgotten at each switch, then warmed); per call the median of its rounds on each side."""
-    functions = calls()
-    if args.only:
-        wanted = [w for w in args.only.split(",") if w]
-        functions = {n: f for n, f in functions.items() if n.startswith("floor") or any(w in n for w in wanted)}
-    functions = {n: f for n, f in functions.items() if not n.startswith("piece")}
+    functions = {n: f for n, f in selected(calls(), args.only).items() if not n.startswith("piece")}
     times = {(name, side): [] for name in functions for side in ("off", "on")}
     for _ in range(args.rounds):
         for side in ("off", "on"):
@@ -192,10 +196,7 @@ def main():
     launch.ONE_CALL = bool(args.one_call)
     print(json.dumps({"one_call": launch.ONE_CALL}), flush=True)
     rows, report = {}, io.StringIO()
-    functions = calls()
-    if args.only:
-        wanted = [w for w in args.only.split(",") if w]
-        functions = {n: f for n, f in functions.items() if n.startswith("floor") or any(w in n for w in wanted)}
+    functions = selected(calls(), args.only)
     rounds = {name: [] for name in functions}
     for _ in range(max(args.rounds - 1, 0)):       # the last round is the loop below
         for name, fn in functions.items():

@@ -279,7 +279,7 @@ def attention_branches(q, branches, *, sink=None, scale=None, return_lse=False):
     try:
         rest, tensors = _branches_parts(q, branches, sink, scale, return_lse)
         plan = last_plan("attention_branches", tensors, rest)
-        key = None if plan is not None else _branches_key(q, branches, sink, scale, return_lse)
+        key = None if plan is not None else _key_of_parts(rest, tensors, q.device)
     except (AttributeError, TypeError, KeyError):      # no key: the full path explains the argument
         plan = key = rest = tensors = None
     if plan is None:
@@ -291,8 +291,11 @@ def attention_branches(q, branches, *, sink=None, scale=None, return_lse=False):
 def _branches_key(q, branches, sink, scale, return_lse) -> tuple:
     """The plan key of an ``attention_branches`` call: :func:`_branches_parts`' plain parts, each tensor's
     :func:`tensor_sig` and the stream, in one flat tuple."""
-    rest, tensors = _branches_parts(q, branches, sink, scale, return_lse)
-    return (*rest, *map(tensor_sig, tensors), raw_stream(q.device))
+    return _key_of_parts(*_branches_parts(q, branches, sink, scale, return_lse), q.device)
+
+
+def _key_of_parts(rest: tuple, tensors: tuple, device) -> tuple:
+    return (*rest, *map(tensor_sig, tensors), raw_stream(device))
 
 
 def _branches_parts(q, branches, sink, scale, return_lse) -> tuple[tuple, tuple]:

@@ -290,6 +290,14 @@ def _once_each(tensors) -> tuple[tuple, tuple | None]:
     return tuple(t for j, t in enumerate(tensors) if first[j] == j), first
 
 
+def _aligned16(tensors) -> bool:
+    """Every tensor starts on a 16-byte boundary."""
+    address_bits = 0
+    for t in tensors:
+        address_bits |= t.data_ptr()
+    return not address_bits & 15
+
+
 def last_plan(name: str, tensors, rest: tuple):
     """The plan of ``name``'s last call if this call is the same kind (block comment above), else None.  ``tensors``:
     the call's tensor arguments in a fixed order (not None; a cache object's pages tensor), ``rest`` a tuple of plain
@@ -307,10 +315,7 @@ def last_plan(name: str, tensors, rest: tuple):
             return None
     except Exception:                       # noqa: BLE001 — a guard that cannot tell: the keyed path decides
         return None
-    address_bits = 0
-    for t in tensors:
-        address_bits |= t.data_ptr()
-    if address_bits & 15 or raw_stream(tensors[0].device) != stream:
+    if not _aligned16(tensors) or raw_stream(tensors[0].device) != stream:
         return None
     return plan
 
@@ -322,10 +327,7 @@ def keep_last_plan(name: str, key, tensors, rest: tuple, plan):
     if not LAST_PLANS or key is None:
         return plan
     tensors, repeats = _once_each(tensors)
-    address_bits = 0
-    for t in tensors:
-        address_bits |= t.data_ptr()
-    if address_bits & 15:
+    if not _aligned16(tensors):
         return plan
     made = ("guard", key, rest, repeats)
     try:
