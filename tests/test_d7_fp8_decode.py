@@ -438,6 +438,29 @@ def test_decode_build_reads_flashmla_views_as_pages(view_dtype, heads):
     assert sum(abs(ops_v[op] - ops_p[op]) for op in set(ops_v) | set(ops_p)) <= 24
 
 
+@pytest.mark.compile
+def test_decode_build_takes_a_view_beside_a_cache_object():
+    """One cache as FlashMLA's view, the other as a :class:`Model1Cache` (either way round) builds: a view's page
+    stride is a 64-bit value, the pages' byte extent a 32-bit one, and the key's address picks one or the other at
+    run time — both read as 64-bit (the H200 run of session 57 failed to build this mix: ``page_bytes`` Int64 on one
+    path, Int32 on the other)."""
+    from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.sm90.sparse_config import Model1DecodeConfig
+    from dsv4lib.kernels.sm90.model1_decode import Model1DecodePublicSm90
+    from dsv4lib.ops.decode import decode_args
+    from dsv4lib.ops.kvcache import Model1Cache
+    config = Model1DecodeConfig.for_decode(sink=False, split_kv=False, extra_cache=True, topk_length=True,
+                                           extra_topk_length=False)
+    window, compressed = Model1Cache(5, 64, device="cpu"), Model1Cache(7, 2, device="cpu")
+    q, o = torch.empty(3, 1, 64, 512, dtype=torch.bfloat16), torch.empty(3, 1, 64, 512, dtype=torch.bfloat16)
+    idx, idx2 = torch.empty(3, 1, 128, dtype=torch.int32), torch.empty(3, 1, 512, dtype=torch.int32)
+    lengths, lse, sink = torch.empty(3, dtype=torch.int32), torch.empty(3, 64, 1), torch.empty(64)
+    for p, p2 in ((window.flashmla_view(), compressed.data), (window.data, compressed.flashmla_view())):
+        k = compile_for_arch(Model1DecodePublicSm90(config), *decode_args(
+            q, p, idx, lengths, p2, idx2, lengths, 64, 2, o, lse, 0.05, sink), arch="sm_90a")
+        assert k.count(r"wgmma\.mma_async") > 0
+
+
 def test_decode_plan_hands_flashmla_views_to_the_build_as_they_are():
     """The decode's plan reads a view's pages as the view itself (the build reads it as pages); the staged prefill's
     kernels still take uint8 pages (one strided view, as :func:`cache_pages` makes them)."""

@@ -207,7 +207,9 @@ class PageList:
     def __init__(self, mCache: cute.Tensor, mIdx: cute.Tensor, mLen: cute.Tensor, page_size: Int32,
                  has_length: bool, batch):
         self.base = mCache.iterator.toint()                           # Int64 address of page 0
-        self.page_bytes = cute.size(mCache, mode=[1])
+        # 64-bit either way: a FlashMLA view's page stride is an Int64, a page tensor's byte extent an Int32, and
+        # key_bytes picks the main or the extra cache's at run time (a view beside a cache object: both must agree)
+        self.page_bytes = Int64(cute.size(mCache, mode=[1]))
         self.page_size = page_size
         self.n_keys = cute.size(mCache, mode=[0]) * page_size         # its index space
         self.idx = mIdx                                               # (B, Sq, K)
