@@ -3,14 +3,12 @@
 shapes, beside the whole call with the pages found by a scan of the lists and given (``pages=``).  Session 46 timed
 four ways of marking the page mask with it, session 47 the list join's kernel against the torch passes it
 replaced, session 48 the page scan kernel that replaced the histogram (docs/tuning/d2_d6.md).
-    python scripts/probe_staged.py [--dequant-variants 1,2,4] [--join-variants 1,4,8] [--touch]
+    python scripts/probe_staged.py [--dequant-variants 1,2,4] [--join-variants 1,4,8]
 
 ``--dequant-variants``: the dequantization pass (every page of both caches) once per build — N slots a warp in
 flight (``prefill_staged.DEQUANT_SLOTS_IN_FLIGHT``) — twice in turn, each checked bit-equal to the shipped build's table, before the table
 of passes; ``--join-variants``: the list join with that many entries a thread in flight
-(``prefill_staged.JOIN_ENTRIES_IN_FLIGHT``), each checked equal to the torch join; ``--touch``: the whole scanned call
-by the scan / dequant / join passes and by the one-pass staging (``prefill_staged.STAGED_TOUCH``), twice in turn,
-their outputs checked equal first (session 57)."""
+(``prefill_staged.JOIN_ENTRIES_IN_FLIGHT``), each checked equal to the torch join."""
 import argparse
 import statistics
 
@@ -20,7 +18,6 @@ import dsv4lib
 from dsv4lib import bench
 from dsv4lib.bench import d7
 from dsv4lib.bench.d6 import FP8_SHAPES
-from dsv4lib.ops import launch
 from dsv4lib.ops import prefill_staged as S
 from dsv4lib.ops.kvcache import cache_pages
 
@@ -48,7 +45,6 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--dequant-variants", default="")
     parser.add_argument("--join-variants", default="")
-    parser.add_argument("--touch", action="store_true", help="the scanned call with and without the one-pass staging")
     args = parser.parse_args()
     variants = [v for v in args.dequant_variants.split(",") if v]
     join_variants = [int(v) for v in args.join_variants.split(",") if v]
@@ -122,23 +118,6 @@ def main():
                 q, window, idx, len1, extra_k_cache=compressed, extra_indices=idx2, extra_topk_length=len2, sink=sink,
                 pages=all_pages[0], extra_pages=all_pages[1]),
         }
-        if args.touch:
-            shipped_touch = S.STAGED_TOUCH
-
-            def scanned_call(touch):
-                S.STAGED_TOUCH = touch
-                launch.forget_plans()           # the plan's key does not hold the switch
-                return lambda: S.sparse_prefill_staged(q, window, idx, len1, extra_k_cache=compressed,
-                                                       extra_indices=idx2, extra_topk_length=len2, sink=sink)
-            outs = [scanned_call(touch)() for touch in (False, True)]
-            assert torch.equal(outs[0], outs[1]), "the one-pass staging's output differs"
-            for alternation in range(2):
-                for touch in (False, True):
-                    us = timed(scanned_call(touch))
-                    print(f"{f'Sq{Sq} H{H}':>14} {'scanned call, ' + ('one pass' if touch else 'three passes'):>28} "
-                          f"{us:9.1f}")
-            S.STAGED_TOUCH = shipped_touch
-            launch.forget_plans()
         join_kernel()
         assert torch.equal(joint, join_in_torch())
         for name, fn in rows.items():

@@ -1120,28 +1120,6 @@ def test_page_scan_marks_pages_in_shared_memory_and_ors_words_out(arch, has_leng
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
-@pytest.mark.parametrize("has_lengths", [(True, False), (False,)])
-def test_one_pass_staging_swaps_an_epoch_an_entry_and_converts_a_row_a_winner(arch, has_lengths):
-    """The one-pass staging (``STAGED_TOUCH``): per list an entry's epoch swapped by one global ``atom.exch``, the
-    warp's winners found by one ballot and each winner's key broadcast by one shuffle, the row converted by the
-    dequantization's lane map (8 e4m3 pairs a lane into 16 bytes, then 8 or 16 more bytes: 2 or 3 16-byte stores a
-    lane in the code), the joint column stored; both lists' code in a two-list build; the epoch state's done count
-    by one ``atom.add`` a CTA behind one barrier (the last CTA done stores the epoch); no spills."""
-    from dsv4lib.kernels.compile import compile_for_arch
-    from dsv4lib.kernels.staged_touch import StagedTouchKernel
-    from dsv4lib.ops.prefill_staged import fake_touch_args
-    k = compile_for_arch(StagedTouchKernel(has_lengths), *fake_touch_args(), arch=arch)
-    lists = len(has_lengths)
-    assert k.count(r"atom(\.\w+)*\.exch\.b32") == lists
-    assert k.count(r"vote\.sync\.ballot\.b32") == lists and k.count(r"shfl\.sync\.idx\.b32") == lists
-    assert k.count(r"cvt\.rn\.f16x2\.e4m3x2") == 8 * lists and k.count(r"st\.global\.v4\.b32") == 3 * lists
-    assert k.count(r"atom(\.\w+)*\.add\.\w32") == 1 and k.count(r"bar\.sync") == 1 and k.count(r"\.local") == 0
-    with pytest.raises(ValueError, match="one or two lists"):
-        StagedTouchKernel((True, True, False))
-
-
-@pytest.mark.compile
 @pytest.mark.no_gpu
 def test_list_join_s_builds_take_every_list_width(monkeypatch):
     """One build a (lengths?, page map?) case serves lists of any width and any column offset: on CPU tensors each
@@ -1285,23 +1263,6 @@ def _staged_on_the_cpu(monkeypatch):
             lse.copy_(l.t())
         return go
 
-    def touch_launch(device, has_lengths):
-        def go(*args):
-            table, joint, state = args[14:]
-            epoch = int(state[0]) + 1                           # the device-side epoch (kernels.staged_touch)
-            for n, (idx, lengths, pages, epochs, page_size, lo, col0) in enumerate((args[:7], args[7:14])[:len(has_lengths)]):
-                n_keys = epochs.shape[0]
-                assert n_keys == pages.shape[0] * page_size
-                lengths = lengths if has_lengths[n] else None
-                _join_by_hand(idx, lengths, None, None, joint, n_keys, page_size, lo, col0)
-                keys = M.read_keys(pages, page_size)
-                for i in sorted(set(idx[_kept(idx, lengths, n_keys)].tolist())):
-                    if int(epochs[i]) != epoch:                 # the first touch this call converts it
-                        table[lo + i] = keys[i].bfloat16()
-                        epochs[i] = epoch
-            state[0] = epoch
-        return go
-
     def table(device, stream, rows):
         tables.append(rows)
         return torch.full((rows, 512), float("nan"), dtype=torch.bfloat16, device=device)
@@ -1309,7 +1270,6 @@ def _staged_on_the_cpu(monkeypatch):
     monkeypatch.setattr(S, "_dequant_launch", dequant_launch)
     monkeypatch.setattr(S, "_scan_launch", scan_launch)
     monkeypatch.setattr(S, "_join_launch", join_launch)
-    monkeypatch.setattr(S, "_touch_launch", touch_launch)
     monkeypatch.setattr(S, "unsplit_sparse_launcher", attention_launch)
     monkeypatch.setattr(S, "_table", table)
     monkeypatch.setattr(S, "_BUFFERS", {})
@@ -1325,24 +1285,16 @@ def _staged_on_the_cpu(monkeypatch):
     return S.sparse_prefill_staged, tables
 
 
-@pytest.mark.parametrize("touch", [False, True])
 @pytest.mark.parametrize("given", ["none", "both", "window only"])
-def test_staged_prefill_places_pages_and_lists_on_the_cpu(monkeypatch, given, touch):
+def test_staged_prefill_places_pages_and_lists_on_the_cpu(monkeypatch, given):
     """The staged call's bookkeeping without a GPU (its kernels are GPU-tested on their own): with the lists scanned
     for pages (``pages`` not given), with both caches' pages given (shuffled, padding -1 and past-the-end numbers,
     two pages twice) and with the window's alone — the output equals the float64 attention over the whole caches'
     keys with the lists joined by hand (entries on pages not given dropped), so no list entry reads a row of
     another page, of the other cache or a row never written; with pages given the table is packed (a block of
     rows a page given).  Session 47's GPU run found the loop over the caches reusing the name ``pages`` (every call
-    took the last cache's bytes for its page list): this test fails on that.  ``touch``: the scanned caches staged by
-    the one-pass kernel (``STAGED_TOUCH``; its twin converts a key only where its epoch word is not the call's) — the
-    second call gets a fresh poisoned table, so a call that reused the first one's epoch would read poison."""
+    took the last cache's bytes for its page list): this test fails on that."""
     staged, tables = _staged_on_the_cpu(monkeypatch)
-    from dsv4lib.ops import launch
-    from dsv4lib.ops import prefill_staged as S
-    monkeypatch.setattr(S, "STAGED_TOUCH", touch)
-    launched = []
-    monkeypatch.setattr(S, "Sequence", lambda *steps: launched.append(len(steps)) or launch.Sequence(*steps))
     gen = torch.Generator().manual_seed(fresh_seed())
     main, cmp = dsv4lib.Model1Cache(6, 8, device="cpu"), dsv4lib.Model1Cache(9, 2, device="cpu")
     for cache in (main, cmp):
@@ -1368,13 +1320,9 @@ def test_staged_prefill_places_pages_and_lists_on_the_cpu(monkeypatch, given, to
                           sink=sink, return_lse=True, **kw)
     call()
     out, lse = call()                   # the plan again, its page maps holding the first call's blocks
+    from dsv4lib.ops import launch
     assert launch.plan_count() == 1, "the second call took the first one's plan"
-    # the launches: with both scanned, scan + dequant + join a cache (7 with the attention) or one pass (2); with the
-    # window's pages given, its dequant + join and the compressed cache's scan, dequant, join or one pass
-    assert launched == [{("none", False): 7, ("none", True): 2, ("both", False): 5, ("both", True): 5,
-                         ("window only", False): 6, ("window only", True): 4}[given, touch]]
-    if touch and given != "both":
-        assert S._BUFFERS[(("touch state",), torch.device("cpu"), 0)].tolist() == [2, 0], "one epoch a call"
+    from dsv4lib.ops import prefill_staged as S
     for (what, *_), buffer in S._BUFFERS.items():
         if isinstance(what, tuple) and what[0] == "marks":
             assert not buffer.any(), "the dequantization leaves every page bit cleared"
@@ -1586,18 +1534,11 @@ def test_dequant_kernel_is_bit_equal_to_the_reference(page_size, slots, monkeypa
 @pytest.mark.gpu
 @pytest.mark.parametrize("Sq,H,extra,lengths,sink", [(300, 64, True, True, True), (130, 128, False, True, False),
                                                       (5, 64, True, False, True)])
-@pytest.mark.parametrize("touch", [False, True])
-def test_staged_prefill_matches_the_reference_and_the_bf16_kernel_on_the_table(Sq, H, extra, lengths, sink, touch,
-                                                                               monkeypatch):
+def test_staged_prefill_matches_the_reference_and_the_bf16_kernel_on_the_table(Sq, H, extra, lengths, sink):
     """The two-pass prefill against the float64 reference over the same FP8 cache, and bit for bit against
     ``sparse_attention`` over the reference's bf16 table with the lists joined by hand (out-of-range and
-    past-the-length entries dropped, the extra cache's rows after the window's); ``touch``: the scanned caches by
-    the one-pass staging (``STAGED_TOUCH``: one list's build without the extra cache, two lists' with it)."""
-    from dsv4lib.ops import launch
-    from dsv4lib.ops import prefill_staged
+    past-the-length entries dropped, the extra cache's rows after the window's)."""
     from dsv4lib.ops.prefill_staged import sparse_prefill_staged
-    monkeypatch.setattr(prefill_staged, "STAGED_TOUCH", touch)
-    launch.forget_plans()
     gen = torch.Generator().manual_seed(fresh_seed())
     q, main, idx, kw = _decode_inputs(Sq, 1, H, extra, lengths, sink, gen)
     ref_out, ref_lse = _reference(q, main, idx, kw)
@@ -1642,63 +1583,6 @@ def _joint_by_hand(caches, allowed):
         _join_by_hand(ix, lengths, page_map, page_list, joint, cache.num_keys, cache.page_size, lo, col0)
         lo, col0 = lo + cache.num_keys, col0 + ix.shape[1]
     return joint
-
-
-@pytest.mark.gpu
-def test_one_pass_staging_converts_the_listed_keys_anew_each_call(monkeypatch):
-    """``STAGED_TOUCH`` (both caches scanned: one pass + the attention): bit for bit the by-hand attention over the
-    reference's table and the scan / dequant / join path's output; the table NaN-poisoned and some listed keys
-    rewritten in both caches, the call again: the new keys are read (a call converts its listed keys anew: its epoch
-    is new) and no row outside the lists is written (their poison stays); then the same in a CUDA graph, replayed
-    twice with keys rewritten between the replays (the epoch lives on the device: a captured one would be frozen)."""
-    from dsv4lib.ops import launch
-    from dsv4lib.ops import prefill_staged as S
-    gen = torch.Generator().manual_seed(fresh_seed())
-    q, main, idx, kw = _decode_inputs(300, 1, 64, True, True, True, gen)
-    prefill_kw = dict(kw, extra_indices=kw["extra_indices"][:, 0])
-    cmp = kw["extra_k_cache"]
-    call = lambda: S.sparse_prefill_staged(q[:, 0], main, idx[:, 0], **prefill_kw, return_lse=True)
-    monkeypatch.setattr(S, "STAGED_TOUCH", False)
-    launch.forget_plans()
-    old_out, old_lse = call()
-    monkeypatch.setattr(S, "STAGED_TOUCH", True)
-    launch.forget_plans()
-    out, lse = call()
-    want, want_lse = _staged_by_hand(q, main, idx, kw)
-    assert torch.equal(out, want) and torch.equal(lse, want_lse)
-    assert torch.equal(out, old_out) and torch.equal(lse, old_lse)
-    lists = [(main, idx[:, 0], kw.get("topk_length")), (cmp, kw["extra_indices"][:, 0], kw.get("extra_topk_length"))]
-    listed = []
-    for cache, ix, lengths in lists:          # a third of each cache's listed keys rewritten
-        keys = ix[_kept(ix, lengths, cache.num_keys)].unique()
-        listed.append(keys)
-        new = keys[torch.randperm(len(keys), generator=gen)[: max(1, len(keys) // 3)].cuda()]
-        cache.append(new, _random_keys(len(new), gen, "cuda"))
-    table = next(b for (what, *_), b in S._BUFFERS.items() if what == "table")
-    table.fill_(float("nan"))
-    out, lse = call()
-    want, want_lse = _staged_by_hand(q, main, idx, kw)
-    assert torch.isfinite(out).all() and torch.equal(out, want) and torch.equal(lse, want_lse)
-    written = torch.zeros(table.shape[0], dtype=torch.bool, device="cuda")
-    written[listed[0].long()] = True
-    written[main.num_keys + listed[1].long()] = True
-    assert bool(torch.isfinite(table[written]).all()) and bool(table[~written].isnan().all())
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        call()                                                  # this stream's buffers and plan, outside the capture
-        with torch.cuda.graph(graph, stream=stream):
-            captured_out, captured_lse = call()
-    torch.cuda.current_stream().wait_stream(stream)
-    for _ in range(2):
-        for (cache, _, _), keys in zip(lists, listed):
-            new = keys[torch.randperm(len(keys), generator=gen)[: max(1, len(keys) // 3)].cuda()]
-            cache.append(new, _random_keys(len(new), gen, "cuda"))
-        graph.replay()
-        torch.cuda.synchronize()
-        want, want_lse = _staged_by_hand(q, main, idx, kw)
-        assert torch.equal(captured_out, want) and torch.equal(captured_lse, want_lse)
 
 
 @pytest.mark.gpu

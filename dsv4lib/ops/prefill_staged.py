@@ -50,12 +50,6 @@ DEQUANT_SLOTS_IN_FLIGHT = 4
 # 1,2,4,8, two rounds), µs for both lists: H64 8.5 / 8.0 / 8.3 / 9.6 and 8.5 / 8.1 / 8.2 / 9.6; H128 13.5 / 11.8 / 12.8 /
 # 12.2 and 12.9 / 11.8 / 12.7 / 12.3 (session 48's 41-56 µs had the host in them)
 JOIN_ENTRIES_IN_FLIGHT = 2
-# the scanned caches staged by ONE pass over the lists (kernels.staged_touch: the join, and each listed key dequantized
-# on its first touch this call) instead of a scan, a page-wide dequantization and a join per cache — 2 launches with
-# the attention where both caches are scanned, 7 before (issue #28: ~4.8 µs of host time a launch on the H200,
-# docs/tuning/host.md session 57).  Built session 57, bit-equal on the CPU-built reference only; False until its GPU
-# tests and the device-time A/B (scripts/probe_staged.py --touch) have run.
-STAGED_TOUCH = False
 
 _BUFFERS: dict = {}         # (what, device, stream) -> a buffer of the staged calls on that stream
 
@@ -164,40 +158,6 @@ def _scan_launch(device, has_lengths: bool) -> Launch:
     return _launch(device, ("page scan", has_lengths), make_kernel, scan_args)
 
 
-def touch_args(idx, lengths, pages, epochs, page_size: int, lo: int, col0: int, idx2, lengths2, pages2, epochs2,
-               page_size2: int, lo2: int, col02: int, table, joint, state, stream=None, tvm_ffi: bool = False):
-    """The one-pass staging's arguments: per list (a build of one list reads only the first; pass the first's again)
-    its indices, lengths, cache pages, epoch words, page size, first table row and first joined column; then the
-    table, the joined list and the epoch state (int32 ``[2]``, :mod:`dsv4lib.kernels.staged_touch`)."""
-    from cutlass import Int32
-    per_list = ()
-    for i, n, p, e, ps, r, c in ((idx, lengths, pages, epochs, page_size, lo, col0),
-                                 (idx2, lengths2, pages2, epochs2, page_size2, lo2, col02)):
-        per_list += (rows_dynamic(i, align=4, tvm_ffi=tvm_ffi), rows_dynamic(n, align=4, tvm_ffi=tvm_ffi),
-                     rows_dynamic(p, align=16, tvm_ffi=tvm_ffi), rows_dynamic(e, align=4, tvm_ffi=tvm_ffi),
-                     Int32(ps), Int32(r), Int32(c))
-    return (*per_list, rows_dynamic(table, (1,), tvm_ffi=tvm_ffi), rows_dynamic(joint, align=4, tvm_ffi=tvm_ffi),
-            rows_dynamic(state, align=4, tvm_ffi=tvm_ffi), *stream_arg(stream, tvm_ffi))
-
-
-def fake_touch_args():
-    """CPU stand-ins for a compile test of the one-pass staging (:class:`~dsv4lib.kernels.staged_touch.StagedTouchKernel`)."""
-    from ..reference.model1 import page_bytes
-    i32 = lambda *s: torch.empty(*s, dtype=torch.int32)
-    return touch_args(i32(3, 5), i32(3), torch.empty(3, page_bytes(64), dtype=torch.uint8), i32(192), 64, 0, 0,
-                      i32(3, 9), i32(3), torch.empty(7, page_bytes(2), dtype=torch.uint8), i32(14), 2, 192, 5,
-                      torch.empty(206, HEAD_DIM, dtype=torch.bfloat16), i32(3, 14), i32(2))
-
-
-def _touch_launch(device, has_lengths: tuple) -> Launch:
-    """(one or two lists' arguments, table, joint, state: :func:`touch_args`' order) → the one-pass staging of the
-    scanned caches (:class:`~dsv4lib.kernels.staged_touch.StagedTouchKernel`)."""
-    def make_kernel():
-        from ..kernels.staged_touch import StagedTouchKernel
-        return StagedTouchKernel(has_lengths)
-    return _launch(device, ("staged touch", has_lengths), make_kernel, touch_args)
-
-
 # ---- the kernels one at a time (probes, tests) ----
 
 def _check_int32_list(t, name: str) -> None:
@@ -280,8 +240,6 @@ class _CachePlan(NamedTuple):
     cache_bytes: Callable
     marks: torch.Tensor
     page_map: torch.Tensor
-    epochs: torch.Tensor
-
 
 
 def sparse_prefill_staged(q, k_cache, indices, topk_length=None, *, extra_k_cache=None, extra_indices=None,
@@ -337,7 +295,6 @@ def _staged_plan(q, k_cache, indices, topk_length, extra_k_cache, extra_indices,
     # per cache, what its launches need besides the call's tensors; its rows of the table start at `row0`, its
     # columns of the joined list at `col0`
     plans, lo, col0 = [], 0, 0
-    touch = STAGED_TOUCH
     for k, ((data, page_size), cache, idx, lengths, given) in enumerate(zip(
             caches, (k_cache, extra_k_cache), (indices, extra_indices), (topk_length, extra_topk_length),
             (pages, extra_pages))):
@@ -349,30 +306,20 @@ def _staged_plan(q, k_cache, indices, topk_length, extra_k_cache, extra_indices,
             # caller's pages' blocks (written by the dequantization, checked by the join: never filled)
             marks=_buffer(("marks", k, num_pages), device, stream,
                           lambda n=num_pages: torch.zeros(-(-n // 32), dtype=torch.int32, device=device))
-            if given is None and not touch else none,
+            if given is None else none,
             page_map=none if given is None else _buffer(
                 ("page map", k, num_pages), device, stream,
-                lambda n=num_pages: torch.empty(n, dtype=torch.int32, device=device)),
-            # the one-pass staging's epoch word a slot (zeros when made: every first call converts what it lists)
-            epochs=_buffer(("epochs", k, num_pages * page_size), device, stream,
-                           lambda n=num_pages * page_size: torch.zeros(n, dtype=torch.int32, device=device))
-            if given is None and touch else none)
+                lambda n=num_pages: torch.empty(n, dtype=torch.int32, device=device)))
         plans.append(plan)
         # scanned: a row a slot of the cache, at its address; given: a block of rows a page given, packed
         lo += plan.n_keys if plan.scanned else given.shape[0] * page_size
         col0 += idx.shape[1]
     table_rows, K = lo, col0
     has_lengths = (topk_length is not None, extra_topk_length is not None)
-    touched = [k for k, plan in enumerate(plans) if plan.scanned and touch]
-    rest = [k for k in range(len(plans)) if k not in touched]       # staged by their own scan / dequant / join
-    # the epoch state of the one-pass staging (the last call's epoch, the CTAs done), kept with the stream's buffers
-    touch_state = _buffer(("touch state",), device, stream,
-                          lambda: torch.zeros(2, dtype=torch.int32, device=device)) if touched else none
     run_all = Sequence(
-        *([_touch_launch(device, tuple(has_lengths[k] for k in touched))] if touched else []),
-        *(_scan_launch(device, has_lengths[k]) for k in rest if plans[k].scanned),
-        *(_dequant_launch(device, "marks" if plans[k].scanned else "list+map") for k in rest),
-        *(_join_launch(device, has_lengths[k], not plans[k].scanned) for k in rest),
+        *(_scan_launch(device, has_lengths[k]) for k, plan in enumerate(plans) if plan.scanned),
+        *(_dequant_launch(device, "marks" if plan.scanned else "list+map") for plan in plans),
+        *(_join_launch(device, has_lengths[k], not plan.scanned) for k, plan in enumerate(plans)),
         unsplit_sparse_launcher(device, with_sink=sink is not None, scale=scale))   # over the table
     joint = _buffer(("joint", Sq, K), device, stream, lambda: torch.empty(Sq, K, dtype=torch.int32, device=device))
     pass_sink = sink_passer(sink, device)
@@ -390,15 +337,13 @@ def _staged_plan(q, k_cache, indices, topk_length, extra_k_cache, extra_indices,
         lse = new_lse()
         per_cache = ((k_cache, indices, topk_length, pages), (extra_k_cache, extra_indices, extra_topk_length,
                                                               extra_pages))
-        touch_step, scan_steps, dequant_steps, join_steps = (), [], [], []
+        scan_steps, dequant_steps, join_steps = [], [], []
         for k, plan in enumerate(plans):
             cache, idx, lengths, given = per_cache[k]
             idx, lengths, given = flat[3 * k](idx), flat[3 * k + 1](lengths), flat[3 * k + 2](given)
             lengths = none if lengths is None else lengths
             data = plan.cache_bytes(cache)
-            if k in touched:
-                touch_step += (idx, lengths, data, plan.epochs, plan.page_size, plan.row0, plan.col0)
-            elif plan.scanned:
+            if plan.scanned:
                 scan_steps.append((idx, lengths, plan.marks, plan.n_keys, plan.page_size))
                 dequant_steps.append((data, plan.page_size, table, plan.marks, none, plan.row0))
                 join_steps.append((idx, lengths, none, none, joint, plan.n_keys, plan.page_size, plan.row0,
@@ -407,12 +352,7 @@ def _staged_plan(q, k_cache, indices, topk_length, extra_k_cache, extra_indices,
                 dequant_steps.append((data, plan.page_size, table, given, plan.page_map, plan.row0))
                 join_steps.append((idx, lengths, plan.page_map, given, joint, plan.n_keys, plan.page_size,
                                    plan.row0, plan.col0))
-        if touched:                 # one list: the build reads only the first list's arguments (given twice)
-            touch_steps = [(touch_step * 2)[:14] + (table, joint, touch_state)]
-        else:
-            touch_steps = []
         with on_device(device):
-            run_all(*touch_steps, *scan_steps, *dequant_steps, *join_steps,
-                    (q, table, joint, out, lse, pass_sink(sink)))
+            run_all(*scan_steps, *dequant_steps, *join_steps, (q, table, joint, out, lse, pass_sink(sink)))
         return (out, lse.t()) if return_lse else out
     return run
