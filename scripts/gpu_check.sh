@@ -18,7 +18,10 @@ declare -A groups=(
   [streams]="test_streams"
   [persistent]="persistent"
   [timing]="interleaved_timing or graph_timing"
-  [d7]="test_d7_fp8_decode and not candidate"
+  # the FP8-cache file in two halves (session 57: 72 tests in 279 s as one group, the run's long pole): the decode's,
+  # and the prefill's + the staged passes' + the row combine's
+  [d7]="test_d7_fp8_decode and not candidate and not (staged or dequant_kernel or list_join or page_scan or row_combine or prefill_matches)"
+  [d7pre]="test_d7_fp8_decode and not candidate and (staged or dequant_kernel or list_join or page_scan or row_combine or prefill_matches)"
   # an A/B candidate's tests (off-by-default builds) are named test_candidate_*: the d7ab group runs them alone, so
   # a hang or a failure of a candidate never costs the shipped kernels' records (none now: session 33 removed the
   # measured losers).  Name it on the command line when there are some.
@@ -26,7 +29,7 @@ declare -A groups=(
 )
 # longest first (the session-31/32 H100 group times), so the last groups to start are short ones and the run ends
 # sooner with PARALLEL groups at once
-order=(${@:-d7 sparse streams nvfp4 d1 persistent split branch window overlap layer timing})
+order=(${@:-d7 d7pre sparse streams nvfp4 d1 persistent split branch window overlap layer timing})
 limit=${GROUP_TIMEOUT:-150}
 # the groups that compile the most builds ran 128-156 s on the H100 with 4 groups at once (session 30: d7 hit 150 s
 # with 25 of 26 tests passed): they get at least 240 s, so a slow compile is not read as a hang (d7ab: about 12 A/B
@@ -34,7 +37,7 @@ limit=${GROUP_TIMEOUT:-150}
 # interpreter's exit took it past 240 (rc 124 recorded for a group that had passed)
 # streams 240 since session 47: 120 s at 0c09932 (H200, 3 groups at once), then the staged prefill joined its graph
 # test and a two-stream race (the staged builds: dequantization, joins, the bf16 kernel at H64 — their own compiles)
-declare -A heavy=([d1]=240 [sparse]=240 [d7]=300 [d7ab]=420 [nvfp4]=240 [streams]=240)
+declare -A heavy=([d1]=240 [sparse]=240 [d7]=300 [d7pre]=300 [d7ab]=420 [nvfp4]=240 [streams]=240)
 parallel=${PARALLEL:-1}       # groups at once: their JIT compiles are CPU-bound and independent (the timing group
                              # always runs alone, last)
 run_group() {

@@ -95,9 +95,10 @@ run_ncu() {  # NAME LAUNCHES SCRIPT [ARGS...]
 
 for w in $what; do
   case $w in
-    tests)    OUT="$out/logs" GROUP_TIMEOUT=${GROUP_TIMEOUT:-150} PARALLEL=${PARALLEL:-3} bash scripts/gpu_check.sh > "$out/logs/gpu_check.txt" 2>&1
+    # 4 groups at once since session 57 (the H200 machine has 16 cores; 3 at once took 384 s for ~1080 s of groups)
+    tests)    OUT="$out/logs" GROUP_TIMEOUT=${GROUP_TIMEOUT:-150} PARALLEL=${PARALLEL:-4} bash scripts/gpu_check.sh > "$out/logs/gpu_check.txt" 2>&1
               python -m dsv4lib.workbook.gpu_tests "$out/logs/summary.json" >/dev/null   # stages/gpu_tests/<gpu>.json
-              tail -n 12 "$out/logs/gpu_check.txt" ;;
+              tail -n 14 "$out/logs/gpu_check.txt" ;;
     pipeline) run_stages "" pipeline "${PIPELINE_TIMEOUT:-330}" 200 ;;
     # groups=persistent,d1: only those gpu_check.sh groups (no stages/gpu_tests record: that is a whole run's)
     groups=*) OUT="$out/logs" GROUP_TIMEOUT=${GROUP_TIMEOUT:-300} PARALLEL=${PARALLEL:-2} \
