@@ -1119,6 +1119,60 @@ def test_page_scan_marks_pages_in_shared_memory_and_ors_words_out(arch, has_leng
     assert k.count(r"\.local") == 0
 
 
+_PAIR_COUNTED = (r"ld\.global", r"st\.global", r"atom\.global", r"atom\.shared", r"cvt\.rn\.f16x2\.e4m3x2",
+                 r"bar\.sync", r"\.local")
+
+
+def _pair_cases():
+    """(kind, the two single builds with their fake arguments, the pair build with its own) of the staged prefill's
+    three passes, the caches' flags differing."""
+    from dsv4lib.kernels.list_join import ListJoinKernel, ListJoinPairKernel
+    from dsv4lib.kernels.model1_dequant import Model1DequantKernel, Model1DequantPairKernel
+    from dsv4lib.kernels.page_scan import PageScanKernel, PageScanPairKernel
+    from dsv4lib.ops import prefill_staged as S
+    return {
+        "dequant": ([(Model1DequantKernel(4, "marks"), S.fake_dequant_args()),
+                     (Model1DequantKernel(4, "list+map"), S.fake_dequant_args())],
+                    (Model1DequantPairKernel(4, ("marks", "list+map")), S.fake_dequant_pair_args())),
+        "join": ([(ListJoinKernel(True, False, 2), S.fake_join_args()),
+                  (ListJoinKernel(False, True, 2), S.fake_join_args())],
+                 (ListJoinPairKernel((True, False), (False, True), 2), S.fake_join_pair_args())),
+        "scan": ([(PageScanKernel(True), S.fake_scan_args()), (PageScanKernel(False), S.fake_scan_args())],
+                 (PageScanPairKernel((True, False)), S.fake_scan_pair_args())),
+    }
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("kind", ["dequant", "join", "scan"])
+def test_a_pair_build_is_its_two_single_builds_in_one_kernel(arch, kind):
+    """Both caches' scan / dequantization / join in one launch (issue #28: 3 launches a staged call with pages given,
+    4 scanning, instead of 5 / 7): the pair build's one kernel holds each single build's memory operations,
+    conversions and barriers once — the counts of the two singles (the caches' flags differ) added up — and no
+    spills."""
+    from dsv4lib.kernels.compile import compile_for_arch
+    singles, (pair, pair_args) = _pair_cases()[kind]
+    built = [compile_for_arch(kernel, *args, arch=arch) for kernel, args in singles]
+    both = compile_for_arch(pair, *pair_args, arch=arch)
+    assert both.ptx.count(".entry") == 1
+    for pattern in _PAIR_COUNTED:
+        assert both.count(pattern) == sum(k.count(pattern) for k in built), pattern
+    assert both.count(r"\.local") == 0
+
+
+@pytest.mark.no_gpu
+def test_pair_args_put_one_stream_after_both_caches():
+    """A pair build's arguments (:func:`prefill_staged.pair_args`): the first cache's single arguments without their
+    stream, then the second's with it — a TVM-FFI build takes exactly one stream, last."""
+    from dsv4lib.ops import prefill_staged as S
+    single = lambda a, b, stream=None, tvm_ffi=False: (a, b) + (("stream",) if tvm_ffi else
+                                                                 (() if stream is None else (stream,)))
+    pair = S.pair_args(single, 2)
+    assert pair(1, 2, 3, 4, tvm_ffi=True) == (1, 2, 3, 4, "stream")
+    assert pair(1, 2, 3, 4) == (1, 2, 3, 4)
+    assert pair(1, 2, 3, 4, stream=9) == (1, 2, 3, 4, 9)
+
+
 @pytest.mark.compile
 @pytest.mark.no_gpu
 def test_list_join_s_builds_take_every_list_width(monkeypatch):
@@ -1267,10 +1321,30 @@ def _staged_on_the_cpu(monkeypatch):
         tables.append(rows)
         return torch.full((rows, 512), float("nan"), dtype=torch.bfloat16, device=device)
 
-    monkeypatch.setattr(S, "_dequant_launch", dequant_launch)
-    monkeypatch.setattr(S, "_scan_launch", scan_launch)
-    monkeypatch.setattr(S, "_join_launch", join_launch)
-    monkeypatch.setattr(S, "unsplit_sparse_launcher", attention_launch)
+    def recorded(name, go):             # each launch the call makes, by name, in `launches`
+        def run(*args):
+            launches.append(name)
+            go(*args)
+        return run
+
+    def pair_of(name, first, second, n):    # a pair build's twin: the two singles' twins on their halves
+        return recorded(name, lambda *args: (first(*args[:n]), second(*args[n:])))
+
+    launches = []
+    monkeypatch.setattr(S, "_dequant_launch", lambda device, source: recorded("dequant",
+                                                                              dequant_launch(device, source)))
+    monkeypatch.setattr(S, "_scan_launch", lambda device, has_lengths: recorded("scan", scan_launch(device, has_lengths)))
+    monkeypatch.setattr(S, "_join_launch", lambda device, has_lengths, has_map: recorded(
+        "join", join_launch(device, has_lengths, has_map)))
+    monkeypatch.setattr(S, "_dequant_pair_launch", lambda device, sources: pair_of(
+        "dequant pair", dequant_launch(device, sources[0]), dequant_launch(device, sources[1]), S.DEQUANT_ARGS))
+    monkeypatch.setattr(S, "_scan_pair_launch", lambda device, has_lengths: pair_of(
+        "scan pair", scan_launch(device, has_lengths[0]), scan_launch(device, has_lengths[1]), S.SCAN_ARGS))
+    monkeypatch.setattr(S, "_join_pair_launch", lambda device, has_lengths, has_map: pair_of(
+        "join pair", join_launch(device, has_lengths[0], has_map[0]), join_launch(device, has_lengths[1], has_map[1]),
+        S.JOIN_ARGS))
+    monkeypatch.setattr(S, "unsplit_sparse_launcher", lambda device, **kw: recorded("attention",
+                                                                                 attention_launch(device, **kw)))
     monkeypatch.setattr(S, "_table", table)
     monkeypatch.setattr(S, "_BUFFERS", {})
     from dsv4lib.ops import decode
@@ -1282,7 +1356,7 @@ def _staged_on_the_cpu(monkeypatch):
     monkeypatch.setattr(launch, "_PLANS", {})
     # the cache checks but the one for a CUDA device
     monkeypatch.setattr(S, "check_pages", lambda pages, page_size, name: M._check_cache(pages, page_size))
-    return S.sparse_prefill_staged, tables
+    return S.sparse_prefill_staged, tables, launches
 
 
 @pytest.mark.parametrize("given", ["none", "both", "window only"])
@@ -1293,8 +1367,9 @@ def test_staged_prefill_places_pages_and_lists_on_the_cpu(monkeypatch, given):
     keys with the lists joined by hand (entries on pages not given dropped), so no list entry reads a row of
     another page, of the other cache or a row never written; with pages given the table is packed (a block of
     rows a page given).  Session 47's GPU run found the loop over the caches reusing the name ``pages`` (every call
-    took the last cache's bytes for its page list): this test fails on that."""
-    staged, tables = _staged_on_the_cpu(monkeypatch)
+    took the last cache's bytes for its page list): this test fails on that.  Each call makes one launch a pass,
+    both caches in it (the pair builds): scan (caches without pages), dequantization, join, attention."""
+    staged, tables, launches = _staged_on_the_cpu(monkeypatch)
     gen = torch.Generator().manual_seed(fresh_seed())
     main, cmp = dsv4lib.Model1Cache(6, 8, device="cpu"), dsv4lib.Model1Cache(9, 2, device="cpu")
     for cache in (main, cmp):
@@ -1338,6 +1413,9 @@ def test_staged_prefill_places_pages_and_lists_on_the_cpu(monkeypatch, given):
         assert tables == [(len(kw["pages"]) * main.page_size + len(kw["extra_pages"]) * cmp.page_size)] * 2
     if given == "none":
         assert tables == [main.num_keys + cmp.num_keys] * 2
+    # a launch a pass, both caches in it (#28's host time): the scan only for the caches without pages given
+    scans = {"none": ["scan pair"], "both": [], "window only": ["scan"]}[given]
+    assert launches == (scans + ["dequant pair", "join pair", "attention"]) * 2, launches
 
 
 @pytest.mark.gpu

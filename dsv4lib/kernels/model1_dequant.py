@@ -68,18 +68,29 @@ class Model1DequantKernel:
     @cute.jit
     def __call__(self, mCache: cute.Tensor, page_size: Int32, mOut: cute.Tensor, mPages: cute.Tensor,
                  mPageMap: cute.Tensor, row0: Int32, stream: cuda.CUstream = None):
-        blocks = cute.size(mCache, mode=[0]) if const_expr(self.page_source == "marks") else cute.size(mPages, mode=[0])
         self.kernel(mCache, page_size, mOut, mPages, mPageMap, row0).launch(
-            grid=(blocks, 1, 1), block=(32 * WARPS, 1, 1), **launch_stream(stream))
+            grid=(self.blocks(self.page_source, mCache, mPages), 1, 1), block=(32 * WARPS, 1, 1),
+            **launch_stream(stream))
+
+    @staticmethod
+    def blocks(page_source: str, mCache: cute.Tensor, mPages: cute.Tensor):
+        """The CTAs of one cache's dequantization: a page of the cache (``marks``) or an entry of the page list."""
+        return cute.size(mCache, mode=[0]) if page_source == "marks" else cute.size(mPages, mode=[0])
 
     @cute.kernel
     def kernel(self, mCache: cute.Tensor, page_size: Int32, mOut: cute.Tensor, mPages: cute.Tensor,
                mPageMap: cute.Tensor, row0: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         block, _, _ = cute.arch.block_idx()
+        self.dequant_block(self.page_source, mCache, page_size, mOut, mPages, mPageMap, row0, block, tidx)
+
+    @cute.jit
+    def dequant_block(self, page_source: cutlass.Constexpr, mCache: cute.Tensor, page_size: Int32, mOut: cute.Tensor,
+                      mPages: cute.Tensor, mPageMap: cute.Tensor, row0: Int32, block: Int32, tidx: Int32):
+        """CTA ``block`` of one cache's dequantization (the class docstring's ``page_source``)."""
         lane = tidx % 32
         page = Int32(-1)
-        if const_expr(self.page_source == "marks"):
+        if const_expr(page_source == "marks"):
             # every thread reads the page's bit (only this CTA changes it: the scan ended before this kernel), then
             # thread 0 clears it once all have read
             bit = Int32(1) << (block % 32)
@@ -91,7 +102,7 @@ class Model1DequantKernel:
         else:
             page = mPages[block]
         if page >= 0 and page < cute.size(mCache, mode=[0]):
-            if const_expr(self.page_source == "list+map"):
+            if const_expr(page_source == "list+map"):
                 if tidx == 0:
                     mPageMap[page] = block
             page_base = mCache.iterator.toint() + Int64(page) * Int64(cute.size(mCache, mode=[1]))
@@ -143,3 +154,40 @@ class Model1DequantKernel:
             rB[2 * w] = e4m3x2_to_bf16x2(rW[w], scale, False)
             rB[2 * w + 1] = e4m3x2_to_bf16x2(rW[w], scale, True)
         cute.autovec_copy(rB, gmem_view(Uint32, address, 4, 16))
+
+
+class Model1DequantPairKernel(Model1DequantKernel):
+    """Both caches of a staged prefill dequantized by ONE launch (issue #28: a launch costs ~4.8 µs of host time on
+    the H200, docs/tuning/host.md session 57): the first cache's CTAs, then the second's, each running
+    :meth:`Model1DequantKernel.dequant_block` with its own cache's arguments and ``page_source`` (``page_sources``: the
+    two).  The arguments are the two single builds' one after the other (a tensor both read, the table, passed
+    twice), then the stream; each CTA's device code is the single build's."""
+
+    def __init__(self, slots_in_flight: int = SLOTS_IN_FLIGHT, page_sources: tuple = ("list", "list")):
+        for source in page_sources:
+            super().__init__(slots_in_flight, source)           # checks each source
+        if len(page_sources) != 2:
+            raise ValueError(f"a pair takes two page sources, got {page_sources!r}")
+        self.page_sources = tuple(page_sources)
+
+    @cute.jit
+    def __call__(self, mCache: cute.Tensor, page_size: Int32, mOut: cute.Tensor, mPages: cute.Tensor,
+                 mPageMap: cute.Tensor, row0: Int32, mCache2: cute.Tensor, page_size2: Int32, mOut2: cute.Tensor,
+                 mPages2: cute.Tensor, mPageMap2: cute.Tensor, row02: Int32, stream: cuda.CUstream = None):
+        first_blocks = self.blocks(self.page_sources[0], mCache, mPages)
+        blocks = first_blocks + self.blocks(self.page_sources[1], mCache2, mPages2)
+        self.pair_kernel(mCache, page_size, mOut, mPages, mPageMap, row0, mCache2, page_size2, mOut2, mPages2,
+                         mPageMap2, row02, first_blocks).launch(grid=(blocks, 1, 1), block=(32 * WARPS, 1, 1),
+                                                                **launch_stream(stream))
+
+    @cute.kernel
+    def pair_kernel(self, mCache: cute.Tensor, page_size: Int32, mOut: cute.Tensor, mPages: cute.Tensor,
+                    mPageMap: cute.Tensor, row0: Int32, mCache2: cute.Tensor, page_size2: Int32, mOut2: cute.Tensor,
+                    mPages2: cute.Tensor, mPageMap2: cute.Tensor, row02: Int32, first_blocks: Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        block, _, _ = cute.arch.block_idx()
+        if block < first_blocks:                                # CTA-uniform: the marks' barrier stays legal
+            self.dequant_block(self.page_sources[0], mCache, page_size, mOut, mPages, mPageMap, row0, block, tidx)
+        else:
+            self.dequant_block(self.page_sources[1], mCache2, page_size2, mOut2, mPages2, mPageMap2, row02,
+                               block - first_blocks, tidx)

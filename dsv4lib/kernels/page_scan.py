@@ -28,6 +28,16 @@ TOKENS_PER_CTA = 16
 WORDS_PER_CTA = 4096            # 16 KB of shared bits: 131072 pages a CTA's range
 
 
+def token_tiles(mIdx: cute.Tensor):
+    """The CTAs along a list's tokens (:data:`TOKENS_PER_CTA` tokens each)."""
+    return (cute.size(mIdx, mode=[0]) + TOKENS_PER_CTA - 1) // TOKENS_PER_CTA
+
+
+def word_ranges(mMarks: cute.Tensor):
+    """The CTAs along a cache's page words (:data:`WORDS_PER_CTA` words each)."""
+    return (cute.size(mMarks, mode=[0]) + WORDS_PER_CTA - 1) // WORDS_PER_CTA
+
+
 class PageScanKernel:
     """``mIdx [Sq, K]`` int32 (and ``mLen [Sq]`` int32 with ``has_lengths``, else unread) → the bits of the pages its
     counted entries name OR-ed into ``mMarks [words]`` int32 (module docstring)."""
@@ -38,10 +48,8 @@ class PageScanKernel:
     @cute.jit
     def __call__(self, mIdx: cute.Tensor, mLen: cute.Tensor, mMarks: cute.Tensor, n_keys: Int32, page_size: Int32,
                  stream: cuda.CUstream = None):
-        tiles = (cute.size(mIdx, mode=[0]) + TOKENS_PER_CTA - 1) // TOKENS_PER_CTA
-        ranges = (cute.size(mMarks, mode=[0]) + WORDS_PER_CTA - 1) // WORDS_PER_CTA
-        self.kernel(mIdx, mLen, mMarks, n_keys, page_size).launch(grid=(tiles, ranges, 1), block=(THREADS, 1, 1),
-                                                                   **launch_stream(stream))
+        self.kernel(mIdx, mLen, mMarks, n_keys, page_size).launch(
+            grid=(token_tiles(mIdx), word_ranges(mMarks), 1), block=(THREADS, 1, 1), **launch_stream(stream))
 
     @cute.kernel
     def kernel(self, mIdx: cute.Tensor, mLen: cute.Tensor, mMarks: cute.Tensor, n_keys: Int32, page_size: Int32):
@@ -50,6 +58,12 @@ class PageScanKernel:
         # sWords (WORDS_PER_CTA,) int32: this CTA's bits of its range of pages
         sWords = cutlass.memory.SmemAllocator().allocate_tensor(Int32, cute.make_layout(WORDS_PER_CTA),
                                                                 byte_alignment=16)
+        self.scan_block(self.has_lengths, mIdx, mLen, mMarks, n_keys, page_size, sWords, tile, page_range, tidx)
+
+    @cute.jit
+    def scan_block(self, has_lengths: cutlass.Constexpr, mIdx: cute.Tensor, mLen: cute.Tensor, mMarks: cute.Tensor,
+                   n_keys: Int32, page_size: Int32, sWords: cute.Tensor, tile: Int32, page_range: Int32, tidx: Int32):
+        """The CTA of (``tile`` of tokens, ``page_range`` of page words) of one list (the class docstring)."""
         word0 = page_range * WORDS_PER_CTA
         n_words = cute.size(mMarks, mode=[0]) - word0
         if n_words > WORDS_PER_CTA:
@@ -65,7 +79,7 @@ class PageScanKernel:
         page0, n_pages = word0 * 32, n_words * 32
         for token in cutlass.range(first_token, last_token, unroll=1):
             valid = entries                                     # the token's entries that count
-            if const_expr(self.has_lengths):
+            if const_expr(has_lengths):
                 if mLen[token] < entries:
                     valid = mLen[token]
             for j in cutlass.range(tidx, valid, THREADS, unroll=2):
@@ -80,3 +94,44 @@ class PageScanKernel:
             bits = sWords[w]
             if bits != 0:
                 cute.arch.atomic_or(mMarks.iterator + (word0 + w), bits, sem="relaxed", scope="gpu")
+
+
+class PageScanPairKernel(PageScanKernel):
+    """Both scanned lists of a staged prefill (each of its own cache) scanned by ONE launch (issue #28: a launch costs
+    ~4.8 µs of host time on the H200): the first list's CTAs, then the second's, a CTA's (tile, range) taken from its
+    place in its own list's part of the grid, each running :meth:`PageScanKernel.scan_block` with its own list's
+    arguments and ``has_lengths`` (a pair).  The arguments are the two single builds' one after the other, then the
+    stream; each CTA's device code is the single build's."""
+
+    def __init__(self, has_lengths: tuple):
+        if len(has_lengths) != 2:
+            raise ValueError(f"a pair takes two flags, got {has_lengths!r}")
+        super().__init__(False)
+        self.has_lengths = tuple(map(bool, has_lengths))
+
+    @cute.jit
+    def __call__(self, mIdx: cute.Tensor, mLen: cute.Tensor, mMarks: cute.Tensor, n_keys: Int32, page_size: Int32,
+                 mIdx2: cute.Tensor, mLen2: cute.Tensor, mMarks2: cute.Tensor, n_keys2: Int32, page_size2: Int32,
+                 stream: cuda.CUstream = None):
+        first_blocks = token_tiles(mIdx) * word_ranges(mMarks)
+        blocks = first_blocks + token_tiles(mIdx2) * word_ranges(mMarks2)
+        self.pair_kernel(mIdx, mLen, mMarks, n_keys, page_size, mIdx2, mLen2, mMarks2, n_keys2, page_size2,
+                         first_blocks).launch(grid=(blocks, 1, 1), block=(THREADS, 1, 1), **launch_stream(stream))
+
+    @cute.kernel
+    def pair_kernel(self, mIdx: cute.Tensor, mLen: cute.Tensor, mMarks: cute.Tensor, n_keys: Int32, page_size: Int32,
+                    mIdx2: cute.Tensor, mLen2: cute.Tensor, mMarks2: cute.Tensor, n_keys2: Int32, page_size2: Int32,
+                    first_blocks: Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        block, _, _ = cute.arch.block_idx()
+        # sWords (WORDS_PER_CTA,) int32: this CTA's bits of its range of pages (of its own list's cache)
+        sWords = cutlass.memory.SmemAllocator().allocate_tensor(Int32, cute.make_layout(WORDS_PER_CTA),
+                                                                byte_alignment=16)
+        if block < first_blocks:                                # CTA-uniform: the barriers stay legal
+            tiles = token_tiles(mIdx)
+            self.scan_block(self.has_lengths[0], mIdx, mLen, mMarks, n_keys, page_size, sWords, block % tiles,
+                            block // tiles, tidx)
+        else:
+            tiles, own = token_tiles(mIdx2), block - first_blocks          # own: the CTA in the second list's part
+            self.scan_block(self.has_lengths[1], mIdx2, mLen2, mMarks2, n_keys2, page_size2, sWords, own % tiles,
+                            own // tiles, tidx)

@@ -23,7 +23,8 @@ holds far more keys than one prefill reads.  The two lists become one list of ta
 (:class:`dsv4lib.kernels.list_join.ListJoinKernel`), not ~10 torch passes.
 
 Host path (#28): a call is a plan (``launch.find_plan``) — no torch op but the output's allocation, every kernel of
-the call (scans, dequantizations, joins, the attention) in one compiled :class:`~dsv4lib.ops.launch.Sequence`; the
+the call (the scan, the dequantization, the join — each one launch for both caches, the kernels' pair builds — and the
+attention: 3 launches with pages given, 4 scanning) in one compiled :class:`~dsv4lib.ops.launch.Sequence`; the
 table, the joined list, the page maps and the page bits are buffers kept per (device, stream).  The page map is
 never filled (the dequantization writes a given page's block, the join checks it against the page list) and the
 page bits are cleared by the dequantization that reads them, so nothing needs resetting between calls."""
@@ -156,6 +157,88 @@ def _scan_launch(device, has_lengths: bool) -> Launch:
         from ..kernels.page_scan import PageScanKernel
         return PageScanKernel(has_lengths)
     return _launch(device, ("page scan", has_lengths), make_kernel, scan_args)
+
+
+# ---- both caches' scan / dequantization / join in one launch each (issue #28) ----
+# A staged call over two caches made a launch per cache and pass — 5 with pages given, 7 scanning — and a launch costs
+# ~4.8 µs of host time on the H200 (docs/tuning/host.md, session 57); the pair builds make it 3 / 4.  A pair build's
+# arguments are its two single builds' one after the other (:func:`pair_args`), so a step of the call is the two
+# caches' steps joined, and each CTA runs the single build's device code (the kernels' ``*PairKernel`` classes).
+
+def pair_args(single_args: Callable, n: int) -> Callable:
+    """A pair build's argument function from the single build's (``n`` arguments a cache): the first cache's
+    arguments, the second's, then the one stream."""
+    def build(*a, stream=None, tvm_ffi: bool = False) -> tuple:
+        first = single_args(*a[:n], tvm_ffi=tvm_ffi)
+        return (first[:-1] if tvm_ffi else first) + single_args(*a[n:], stream=stream, tvm_ffi=tvm_ffi)
+    return build
+
+
+DEQUANT_ARGS, JOIN_ARGS, SCAN_ARGS = 6, 9, 5        # a cache's arguments of each single build (stream aside)
+
+
+def fake_dequant_pair_args():
+    """CPU stand-ins for a compile test of the paired dequantization: a 64-slot-page cache, then a 2-slot-page one."""
+    from ..reference.model1 import page_bytes
+    i32 = lambda n: torch.empty(n, dtype=torch.int32)
+    table = torch.empty(2 * 64 + 3 * 2, HEAD_DIM, dtype=torch.bfloat16)
+    return (dequant_args(torch.empty(3, page_bytes(64), dtype=torch.uint8), 64, table, i32(2), i32(3), 0)
+            + dequant_args(torch.empty(5, page_bytes(2), dtype=torch.uint8), 2, table, i32(3), i32(5), 128))
+
+
+def _dequant_pair_launch(device, page_sources: tuple) -> Launch:
+    """Both caches' dequantizations (:func:`_dequant_launch`'s arguments, a cache's after the other's) in one launch
+    (:class:`~dsv4lib.kernels.model1_dequant.Model1DequantPairKernel`)."""
+    slots = DEQUANT_SLOTS_IN_FLIGHT
+
+    def make_kernel():
+        from ..kernels.model1_dequant import Model1DequantPairKernel
+        return Model1DequantPairKernel(slots, page_sources)
+    return _launch(device, ("model1 dequant pair", slots, page_sources), make_kernel,
+                   pair_args(dequant_args, DEQUANT_ARGS))
+
+
+def fake_join_pair_args():
+    """CPU stand-ins for a compile test of the paired join: two lists of one token count into one joined list."""
+    i32 = lambda *s: torch.empty(*s, dtype=torch.int32)
+    joint = i32(3, 14)
+    return (join_args(i32(3, 5), i32(3), i32(4), i32(2), joint, 192, 64, 0, 0)
+            + join_args(i32(3, 9), i32(3), i32(7), i32(3), joint, 14, 2, 192, 5))
+
+
+def _join_pair_launch(device, has_lengths: tuple, has_page_map: tuple) -> Launch:
+    """Both lists' joins (:func:`_join_launch`'s arguments, a list's after the other's) in one launch
+    (:class:`~dsv4lib.kernels.list_join.ListJoinPairKernel`)."""
+    in_flight = JOIN_ENTRIES_IN_FLIGHT
+
+    def make_kernel():
+        from ..kernels.list_join import ListJoinPairKernel
+        return ListJoinPairKernel(has_lengths, has_page_map, in_flight)
+    return _launch(device, ("list join pair", has_lengths, has_page_map, in_flight), make_kernel,
+                   pair_args(join_args, JOIN_ARGS))
+
+
+def fake_scan_pair_args():
+    """CPU stand-ins for a compile test of the paired page scan."""
+    i32 = lambda *s: torch.empty(*s, dtype=torch.int32)
+    return scan_args(i32(3, 5), i32(3), i32(2), 192, 64) + scan_args(i32(3, 9), i32(3), i32(1), 14, 2)
+
+
+def _scan_pair_launch(device, has_lengths: tuple) -> Launch:
+    """Both lists' page scans (:func:`_scan_launch`'s arguments, a list's after the other's) in one launch
+    (:class:`~dsv4lib.kernels.page_scan.PageScanPairKernel`)."""
+    def make_kernel():
+        from ..kernels.page_scan import PageScanPairKernel
+        return PageScanPairKernel(has_lengths)
+    return _launch(device, ("page scan pair", has_lengths), make_kernel, pair_args(scan_args, SCAN_ARGS))
+
+
+def _one_or_pair(single: Callable, pair: Callable, device, flags: list) -> Launch:
+    """One pass's launch over the caches ``flags`` lists (a tuple of its build flags a cache): ``single(device,
+    *flags[0])`` for one cache, ``pair(device, *each flag as a pair)`` for two."""
+    if len(flags) == 1:
+        return single(device, *flags[0])
+    return pair(device, *zip(*flags))
 
 
 # ---- the kernels one at a time (probes, tests) ----
@@ -316,10 +399,15 @@ def _staged_plan(q, k_cache, indices, topk_length, extra_k_cache, extra_indices,
         col0 += idx.shape[1]
     table_rows, K = lo, col0
     has_lengths = (topk_length is not None, extra_topk_length is not None)
+    scanned = [k for k, plan in enumerate(plans) if plan.scanned]
+    # a launch a pass, both caches in it (the pair builds): 3 launches with pages given, 4 scanning
     run_all = Sequence(
-        *(_scan_launch(device, has_lengths[k]) for k, plan in enumerate(plans) if plan.scanned),
-        *(_dequant_launch(device, "marks" if plan.scanned else "list+map") for plan in plans),
-        *(_join_launch(device, has_lengths[k], not plan.scanned) for k, plan in enumerate(plans)),
+        *([_one_or_pair(_scan_launch, _scan_pair_launch, device, [(has_lengths[k],) for k in scanned])]
+          if scanned else []),
+        _one_or_pair(_dequant_launch, _dequant_pair_launch, device,
+                     [("marks" if plan.scanned else "list+map",) for plan in plans]),
+        _one_or_pair(_join_launch, _join_pair_launch, device,
+                     [(has_lengths[k], not plan.scanned) for k, plan in enumerate(plans)]),
         unsplit_sparse_launcher(device, with_sink=sink is not None, scale=scale))   # over the table
     joint = _buffer(("joint", Sq, K), device, stream, lambda: torch.empty(Sq, K, dtype=torch.int32, device=device))
     pass_sink = sink_passer(sink, device)
@@ -337,22 +425,22 @@ def _staged_plan(q, k_cache, indices, topk_length, extra_k_cache, extra_indices,
         lse = new_lse()
         per_cache = ((k_cache, indices, topk_length, pages), (extra_k_cache, extra_indices, extra_topk_length,
                                                               extra_pages))
-        scan_steps, dequant_steps, join_steps = [], [], []
+        scan_step, dequant_step, join_step = (), (), ()    # the caches' arguments of a pass, one after the other
         for k, plan in enumerate(plans):
             cache, idx, lengths, given = per_cache[k]
             idx, lengths, given = flat[3 * k](idx), flat[3 * k + 1](lengths), flat[3 * k + 2](given)
             lengths = none if lengths is None else lengths
             data = plan.cache_bytes(cache)
             if plan.scanned:
-                scan_steps.append((idx, lengths, plan.marks, plan.n_keys, plan.page_size))
-                dequant_steps.append((data, plan.page_size, table, plan.marks, none, plan.row0))
-                join_steps.append((idx, lengths, none, none, joint, plan.n_keys, plan.page_size, plan.row0,
-                                   plan.col0))
+                scan_step += (idx, lengths, plan.marks, plan.n_keys, plan.page_size)
+                dequant_step += (data, plan.page_size, table, plan.marks, none, plan.row0)
+                join_step += (idx, lengths, none, none, joint, plan.n_keys, plan.page_size, plan.row0, plan.col0)
             else:
-                dequant_steps.append((data, plan.page_size, table, given, plan.page_map, plan.row0))
-                join_steps.append((idx, lengths, plan.page_map, given, joint, plan.n_keys, plan.page_size,
-                                   plan.row0, plan.col0))
+                dequant_step += (data, plan.page_size, table, given, plan.page_map, plan.row0)
+                join_step += (idx, lengths, plan.page_map, given, joint, plan.n_keys, plan.page_size, plan.row0,
+                              plan.col0)
         with on_device(device):
-            run_all(*scan_steps, *dequant_steps, *join_steps, (q, table, joint, out, lse, pass_sink(sink)))
+            run_all(*((scan_step,) if scanned else ()), dequant_step, join_step,
+                    (q, table, joint, out, lse, pass_sink(sink)))
         return (out, lse.t()) if return_lse else out
     return run
