@@ -20,8 +20,8 @@ declare -A groups=(
   [timing]="interleaved_timing or graph_timing"
   # the FP8-cache file in two halves (session 57: 72 tests in 279 s as one group, the run's long pole): the decode's,
   # and the prefill's + the staged passes' + the row combine's
-  [d7]="test_d7_fp8_decode and not candidate and not (staged or dequant_kernel or list_join or page_scan or row_combine or prefill_matches)"
-  [d7pre]="test_d7_fp8_decode and not candidate and (staged or dequant_kernel or list_join or page_scan or row_combine or prefill_matches)"
+  [d7]="test_d7_fp8_decode and not candidate and not (staged or staging or dequant_kernel or list_join or page_scan or row_combine or prefill_matches)"
+  [d7pre]="test_d7_fp8_decode and not candidate and (staged or staging or dequant_kernel or list_join or page_scan or row_combine or prefill_matches)"
   # an A/B candidate's tests (off-by-default builds) are named test_candidate_*: the d7ab group runs them alone, so
   # a hang or a failure of a candidate never costs the shipped kernels' records (none now: session 33 removed the
   # measured losers).  Name it on the command line when there are some.

@@ -8,7 +8,9 @@ replaced, session 48 the page scan kernel that replaced the histogram (docs/tuni
 ``--dequant-variants``: the dequantization pass (every page of both caches) once per build — N slots a warp in
 flight (``prefill_staged.DEQUANT_SLOTS_IN_FLIGHT``) — twice in turn, each checked bit-equal to the shipped build's table, before the table
 of passes; ``--join-variants``: the list join with that many entries a thread in flight
-(``prefill_staged.JOIN_ENTRIES_IN_FLIGHT``), each checked equal to the torch join."""
+(``prefill_staged.JOIN_ENTRIES_IN_FLIGHT``), each checked equal to the torch join.  After the table: both whole
+calls with the staging in one launch (``prefill_staged.ONE_STAGING_LAUNCH``) and by the pair builds, twice in turn,
+then the staging kernels' own device µs of each way (torch.profiler; session 58)."""
 import argparse
 import statistics
 
@@ -18,6 +20,7 @@ import dsv4lib
 from dsv4lib import bench
 from dsv4lib.bench import d7
 from dsv4lib.bench.d6 import FP8_SHAPES
+from dsv4lib.ops import launch
 from dsv4lib.ops import prefill_staged as S
 from dsv4lib.ops.kvcache import cache_pages
 
@@ -39,6 +42,21 @@ def timed(fn, reps=20):
         a.record(); fn(); b.record(); torch.cuda.synchronize()
         ts.append(a.elapsed_time(b) * 1e3)
     return statistics.median(ts)
+
+
+def kernel_us(fn, calls=10):
+    """Device µs a call of each kernel ``fn`` launches (torch.profiler's CUDA kernel events over ``calls`` eager
+    calls), by kernel name: a staging kernel's few-percent share of a milliseconds-long call, which the whole call's
+    timing drowns in its run-to-run drift (session 58: the same call 2362 then 2478 µs at H128)."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    return {evt.key[:48]: evt.self_device_time_total / calls for evt in prof.key_averages()
+            if evt.device_type == torch.autograd.DeviceType.CUDA and evt.self_device_time_total > 0}
 
 
 def main():
@@ -122,6 +140,27 @@ def main():
         assert torch.equal(joint, join_in_torch())
         for name, fn in rows.items():
             print(f"{f'Sq{Sq} H{H}':>14} {name:>28} {timed(fn):9.1f}")
+        # the staging in one launch (tickets) against the pair builds' 3 / 4 launches: whole calls twice in turn,
+        # then each kernel's device µs
+        whole = {mode: rows[f"whole staged call ({mode})"] for mode in ("scan", "pages=")}
+        for alternation in range(2):
+            for one_launch in (False, True):
+                S.ONE_STAGING_LAUNCH = one_launch
+                launch.forget_plans()                   # a plan holds the switch it was made with
+                for mode, fn in whole.items():
+                    way = "one launch" if one_launch else "pair builds"
+                    print(f"{f'Sq{Sq} H{H}':>14} {f'{mode}, {way}':>28} {timed(fn):9.1f}")
+        for one_launch in (False, True):
+            S.ONE_STAGING_LAUNCH = one_launch
+            launch.forget_plans()
+            for mode, fn in whole.items():
+                per_kernel = kernel_us(fn)
+                staging = sum(per_kernel.values()) - max(per_kernel.values())
+                way = "one launch" if one_launch else "pair builds"
+                print(f"{f'Sq{Sq} H{H}':>14} {f'{mode}, {way}':>28} {staging:9.1f}  the staging's kernels "
+                      + ", ".join(f"{us:.1f}" for us in sorted(per_kernel.values())[:-1]))
+        S.ONE_STAGING_LAUNCH = True
+        launch.forget_plans()
 
 
 if __name__ == "__main__":
