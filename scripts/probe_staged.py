@@ -3,14 +3,14 @@
 shapes, beside the whole call with the pages found by a scan of the lists and given (``pages=``).  Session 46 timed
 four ways of marking the page mask with it, session 47 the list join's kernel against the torch passes it
 replaced, session 48 the page scan kernel that replaced the histogram (docs/tuning/d2_d6.md).
-    python scripts/probe_staged.py [--dequant-variants 1,2,4] [--join-variants 1,4,8]
+    python scripts/probe_staged.py [--dequant-variants 1,2,4] [--join-variants 1,4,8] [--pairs]
 
 ``--dequant-variants``: the dequantization pass (every page of both caches) once per build — N slots a warp in
 flight (``prefill_staged.DEQUANT_SLOTS_IN_FLIGHT``) — twice in turn, each checked bit-equal to the shipped build's table, before the table
 of passes; ``--join-variants``: the list join with that many entries a thread in flight
-(``prefill_staged.JOIN_ENTRIES_IN_FLIGHT``), each checked equal to the torch join.  After the table: both whole
-calls with the staging in one launch (``prefill_staged.ONE_STAGING_LAUNCH``) and by the pair builds, twice in turn,
-then the staging kernels' own device µs of each way (torch.profiler; session 58)."""
+(``prefill_staged.JOIN_ENTRIES_IN_FLIGHT``), each checked equal to the torch join; ``--pairs`` (alone): the scanned
+call's three passes as single builds (a launch a cache) and as the pair builds (both caches in one launch), each
+kernel's device µs by torch.profiler, twice in turn (session 58)."""
 import argparse
 import statistics
 
@@ -20,9 +20,9 @@ import dsv4lib
 from dsv4lib import bench
 from dsv4lib.bench import d7
 from dsv4lib.bench.d6 import FP8_SHAPES
-from dsv4lib.ops import launch
 from dsv4lib.ops import prefill_staged as S
 from dsv4lib.ops.kvcache import cache_pages
+from dsv4lib.ops.launch import placeholder
 
 
 def timed(fn, reps=20):
@@ -63,6 +63,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--dequant-variants", default="")
     parser.add_argument("--join-variants", default="")
+    parser.add_argument("--pairs", action="store_true",
+                        help="only: each pass's kernels' device µs as single builds (a launch a cache) and as pair builds")
     args = parser.parse_args()
     variants = [v for v in args.dequant_variants.split(",") if v]
     join_variants = [int(v) for v in args.join_variants.split(",") if v]
@@ -102,6 +104,29 @@ def main():
             for (p, ps), n, page_list in zip(caches, sizes, all_pages):      # lists made once: no torch op a call
                 S.dequantize_pages(p, ps, table[lo:lo + n], page_list); lo += n
 
+        if args.pairs:                  # the scanned call's three passes: singles (two launches each) vs pairs
+            none = placeholder(torch.device("cuda"), "lengths")
+            (p0, ps0), (p1, ps1) = caches
+
+            def singles():
+                scanned()
+                for (p, ps), m, row0 in zip(caches, marks, (0, sizes[0])):
+                    S._dequant_launch(p.device, "marks")(p, ps, table, m, none, row0)
+                join_kernel()
+
+            def pairs():
+                S._scan_pair_launch(p0.device, (True, True))(idx, len1, marks[0], sizes[0], ps0, idx2, len2, marks[1],
+                                                             sizes[1], ps1)
+                S._dequant_pair_launch(p0.device, ("marks", "marks"))(p0, ps0, table, marks[0], none, 0, p1, ps1,
+                                                                      table, marks[1], none, sizes[0])
+                S._join_pair_launch(p0.device, (True, True), (False, False))(
+                    idx, len1, none, none, joint, sizes[0], ps0, 0, 0, idx2, len2, none, none, joint, sizes[1], ps1,
+                    sizes[0], idx.shape[1])
+            for alternation in range(2):
+                for way, fn in (("singles", singles), ("pairs", pairs)):
+                    for name, us in sorted(kernel_us(fn).items()):
+                        print(f"{f'Sq{Sq} H{H}':>14} {way:>8} {us:9.1f}  {name}")
+            continue
         shipped = S.DEQUANT_SLOTS_IN_FLIGHT
         if variants:
             dequant()
@@ -140,27 +165,6 @@ def main():
         assert torch.equal(joint, join_in_torch())
         for name, fn in rows.items():
             print(f"{f'Sq{Sq} H{H}':>14} {name:>28} {timed(fn):9.1f}")
-        # the staging in one launch (tickets) against the pair builds' 3 / 4 launches: whole calls twice in turn,
-        # then each kernel's device µs
-        whole = {mode: rows[f"whole staged call ({mode})"] for mode in ("scan", "pages=")}
-        for alternation in range(2):
-            for one_launch in (False, True):
-                S.ONE_STAGING_LAUNCH = one_launch
-                launch.forget_plans()                   # a plan holds the switch it was made with
-                for mode, fn in whole.items():
-                    way = "one launch" if one_launch else "pair builds"
-                    print(f"{f'Sq{Sq} H{H}':>14} {f'{mode}, {way}':>28} {timed(fn):9.1f}")
-        for one_launch in (False, True):
-            S.ONE_STAGING_LAUNCH = one_launch
-            launch.forget_plans()
-            for mode, fn in whole.items():
-                per_kernel = kernel_us(fn)
-                staging = sum(per_kernel.values()) - max(per_kernel.values())
-                way = "one launch" if one_launch else "pair builds"
-                print(f"{f'Sq{Sq} H{H}':>14} {f'{mode}, {way}':>28} {staging:9.1f}  the staging's kernels "
-                      + ", ".join(f"{us:.1f}" for us in sorted(per_kernel.values())[:-1]))
-        S.ONE_STAGING_LAUNCH = True
-        launch.forget_plans()
 
 
 if __name__ == "__main__":

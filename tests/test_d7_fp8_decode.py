@@ -1160,36 +1160,6 @@ def test_a_pair_build_is_its_two_single_builds_in_one_kernel(arch, kind):
     assert both.count(r"\.local") == 0
 
 
-@pytest.mark.compile
-@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
-@pytest.mark.parametrize("caches", [((True, True), (True, False)), ((False, True), (False, False)),
-                                    ((False, True), (True, False)), ((True, True),), ((False, False),)],
-                         ids=["both scanned", "both given", "given + scanned", "one scanned", "one given"])
-def test_staging_orders_its_passes_by_tickets(arch, caches):
-    """The staged call's three passes in one launch (:class:`~dsv4lib.kernels.staging.StagingKernel`): one ticket a
-    CTA (a relaxed ``atom.add``), one release increment where a scan CTA ends and one where a dequantization CTA ends,
-    one acquire spin with ``nanosleep`` where a dequantization waits for the scans (scanned caches) and where a join
-    waits for the page maps (given caches) — none where nothing is waited for; each cache's dequantization converts
-    once (the single build's ``cvt`` count a cache), the page scan only for scanned caches, the last CTA done zeroing
-    the four state words; no spills."""
-    from dsv4lib.kernels.compile import compile_for_arch
-    from dsv4lib.kernels.staging import StagingKernel
-    from dsv4lib.ops import prefill_staged as S
-    k = compile_for_arch(StagingKernel(caches, 4, 2), *S.fake_staging_args(), arch=arch)
-    scanned = sum(c[0] for c in caches)
-    given = len(caches) - scanned
-    assert k.ptx.count(".entry") == 1
-    assert k.count(r"atom\.global\.add\.u32") == 1                          # the ticket
-    assert k.count(r"atom\.global\.release\.add") == scanned + 1   # scans done (a site a scanned cache), dequants done
-    assert k.count(r"atom\.global\.acq_rel\.add") == 1                       # CTAs done
-    assert k.count(r"nanosleep") == scanned + given                          # the waits
-    assert k.count(r"atom\.shared(\.\w+)*\.or") == 2 * scanned               # the scan's marks
-    assert k.count(r"atom\.global\.and") == scanned                          # the dequantization clears the marks
-    assert k.count(r"cvt\.rn\.f16x2\.e4m3x2") == 32 * len(caches)            # 8 a slot, 4 slots in flight
-    assert k.count(r"st\.global\.b32\s+\[%rd\d+(\+\d+)?\], 0;") == 4           # the state zeroed
-    assert k.count(r"\.local") == 0
-
-
 @pytest.mark.no_gpu
 def test_pair_args_put_one_stream_after_both_caches():
     """A pair build's arguments (:func:`prefill_staged.pair_args`): the first cache's single arguments without their
@@ -1373,24 +1343,6 @@ def _staged_on_the_cpu(monkeypatch):
     monkeypatch.setattr(S, "_join_pair_launch", lambda device, has_lengths, has_map: pair_of(
         "join pair", join_launch(device, has_lengths[0], has_map[0]), join_launch(device, has_lengths[1], has_map[1]),
         S.JOIN_ARGS))
-
-    def staging_launch(device, caches):     # the one-launch staging's twin: the passes' twins in pass order
-        def go(*args):
-            n = S.STAGING_ARGS
-            per_cache = list(zip(caches, (args[:n], args[n:2 * n])))
-            table, joint, state = args[2 * n:]
-            assert not state.any(), "the staging's ticket state is zero between calls"
-            for (scanned, has_lengths), (idx, lengths, _, source, _, page_size, n_keys, _, _) in per_cache:
-                if scanned:
-                    scan_launch(device, has_lengths)(idx, lengths, source, n_keys, page_size)
-            for (scanned, _), (_, _, data, source, page_map, page_size, _, row0, _) in per_cache:
-                dequant_launch(device, "marks" if scanned else "list+map")(data, page_size, table, source, page_map,
-                                                                         row0)
-            for (scanned, has_lengths), (idx, lengths, _, source, page_map, page_size, n_keys, row0, col0) in per_cache:
-                join_launch(device, has_lengths, not scanned)(idx, lengths, page_map, source, joint, n_keys, page_size,
-                                                             row0, col0)
-        return recorded("staging", go)
-    monkeypatch.setattr(S, "_staging_launch", staging_launch)
     monkeypatch.setattr(S, "unsplit_sparse_launcher", lambda device, **kw: recorded("attention",
                                                                                  attention_launch(device, **kw)))
     monkeypatch.setattr(S, "_table", table)
@@ -1407,9 +1359,8 @@ def _staged_on_the_cpu(monkeypatch):
     return S.sparse_prefill_staged, tables, launches
 
 
-@pytest.mark.parametrize("one_staging", [True, False])
 @pytest.mark.parametrize("given", ["none", "both", "window only"])
-def test_staged_prefill_places_pages_and_lists_on_the_cpu(monkeypatch, given, one_staging):
+def test_staged_prefill_places_pages_and_lists_on_the_cpu(monkeypatch, given):
     """The staged call's bookkeeping without a GPU (its kernels are GPU-tested on their own): with the lists scanned
     for pages (``pages`` not given), with both caches' pages given (shuffled, padding -1 and past-the-end numbers,
     two pages twice) and with the window's alone — the output equals the float64 attention over the whole caches'
@@ -1417,11 +1368,8 @@ def test_staged_prefill_places_pages_and_lists_on_the_cpu(monkeypatch, given, on
     another page, of the other cache or a row never written; with pages given the table is packed (a block of
     rows a page given).  Session 47's GPU run found the loop over the caches reusing the name ``pages`` (every call
     took the last cache's bytes for its page list): this test fails on that.  Each call makes one launch a pass,
-    both caches in it (the pair builds): scan (caches without pages), dequantization, join, attention — or with
-    ``ONE_STAGING_LAUNCH`` two, the staging and the attention."""
+    both caches in it (the pair builds): scan (caches without pages), dequantization, join, attention."""
     staged, tables, launches = _staged_on_the_cpu(monkeypatch)
-    from dsv4lib.ops import prefill_staged as S
-    monkeypatch.setattr(S, "ONE_STAGING_LAUNCH", one_staging)
     gen = torch.Generator().manual_seed(fresh_seed())
     main, cmp = dsv4lib.Model1Cache(6, 8, device="cpu"), dsv4lib.Model1Cache(9, 2, device="cpu")
     for cache in (main, cmp):
@@ -1467,8 +1415,7 @@ def test_staged_prefill_places_pages_and_lists_on_the_cpu(monkeypatch, given, on
         assert tables == [main.num_keys + cmp.num_keys] * 2
     # a launch a pass, both caches in it (#28's host time): the scan only for the caches without pages given
     scans = {"none": ["scan pair"], "both": [], "window only": ["scan"]}[given]
-    passes = ["staging"] if one_staging else scans + ["dequant pair", "join pair"]
-    assert launches == (passes + ["attention"]) * 2, launches
+    assert launches == (scans + ["dequant pair", "join pair", "attention"]) * 2, launches
 
 
 @pytest.mark.gpu
@@ -1740,48 +1687,6 @@ def test_staged_prefill_with_given_pages_reads_only_those():
     out, lse = call()
     want, want_lse = _staged_by_hand(q, main, idx, kw, [ok.cuda() for ok in allowed])
     assert torch.isfinite(out).all() and torch.equal(out, want) and torch.equal(lse, want_lse)
-
-
-@pytest.mark.gpu
-def test_staging_in_one_launch_equals_the_pair_builds_call_after_call(monkeypatch):
-    """The one-launch staging (``ONE_STAGING_LAUNCH``, tickets ordering the passes inside the grid) against the pair
-    builds' three or four launches, bit for bit, over calls in a row that change the mode every call — both caches
-    scanned, both given (shuffled, padding), the window given beside the compressed scanned, one cache alone — at a
-    size whose grid is more than twice what the GPU holds at once (1024 tokens: ~2.7k CTAs), so waiting CTAs fill
-    the GPU while the ones they wait for still have to start; after every call the ticket state is zero again (the
-    next call's tickets start at 0)."""
-    from dsv4lib.ops import launch
-    from dsv4lib.ops import prefill_staged as S
-    gen = torch.Generator().manual_seed(fresh_seed())
-    q, main, idx, kw = _decode_inputs(1024, 1, 64, True, True, True, gen)
-    prefill_kw = dict(kw, extra_indices=kw["extra_indices"][:, 0])
-    cmp = kw["extra_k_cache"]
-    given = [torch.randperm(c.num_pages, generator=gen)[:max(1, c.num_pages * 2 // 3)].int() for c in (main, cmp)]
-    given = [torch.cat([g, torch.tensor([-1, 1 << 20], dtype=torch.int32)]).cuda() for g in given]
-    one_cache = {k: v for k, v in kw.items() if not k.startswith("extra")}
-    calls = [lambda: S.sparse_prefill_staged(q[:, 0], main, idx[:, 0], **prefill_kw, return_lse=True),
-             lambda: S.sparse_prefill_staged(q[:, 0], main, idx[:, 0], **prefill_kw, return_lse=True,
-                                             pages=given[0], extra_pages=given[1]),
-             lambda: S.sparse_prefill_staged(q[:, 0], main, idx[:, 0], **prefill_kw, return_lse=True,
-                                             pages=given[0]),
-             lambda: S.sparse_prefill_staged(q[:, 0], main, idx[:, 0], **one_cache, return_lse=True)]
-    results = {}
-    for one_launch in (False, True):
-        monkeypatch.setattr(S, "ONE_STAGING_LAUNCH", one_launch)
-        launch.forget_plans()                       # a plan holds the switch it was made with
-        results[one_launch] = []
-        for round_ in range(2):
-            for call in calls:
-                out, lse = call()
-                results[one_launch].append((out.clone(), lse.clone()))
-                torch.cuda.synchronize()
-                for (what, *_), buffer in S._BUFFERS.items():
-                    if what == "staging state":
-                        assert not buffer.any(), f"ticket state left {buffer.tolist()}"
-    launch.forget_plans()
-    for i, ((out, lse), (want, want_lse)) in enumerate(zip(results[True], results[False])):
-        assert torch.isfinite(out).all(), i
-        assert torch.equal(out, want) and torch.equal(lse, want_lse), i
 
 
 def test_the_steady_host_pass_rewrites_every_row_and_keeps_the_first_pass(monkeypatch):

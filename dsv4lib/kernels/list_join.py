@@ -54,10 +54,8 @@ class ListJoinKernel:
     @cute.jit
     def join_token(self, has_lengths: cutlass.Constexpr, has_page_map: cutlass.Constexpr, mIdx: cute.Tensor,
                    mLen: cute.Tensor, mPageMap: cute.Tensor, mPageList: cute.Tensor, mJoint: cute.Tensor,
-                   n_keys: Int32, page_size: Int32, lo: Int32, col0: Int32, token: Int32, tidx: Int32,
-                   threads: cutlass.Constexpr = THREADS):
-        """Token ``token``'s entries of one list → its columns of ``mJoint`` (the class docstring's flags), by
-        ``threads`` threads."""
+                   n_keys: Int32, page_size: Int32, lo: Int32, col0: Int32, token: Int32, tidx: Int32):
+        """Token ``token``'s entries of one list → its columns of ``mJoint`` (the class docstring's flags)."""
         entries = cute.size(mIdx, mode=[1])
         valid = entries                                         # the token's entries that count
         if const_expr(has_lengths):
@@ -65,10 +63,10 @@ class ListJoinKernel:
         # a thread's `entries_in_flight` entries (j, j + THREADS, ...) loaded before any is stored — and their page
         # map entries before any store too: with one a thread, 8 KB of loads in flight an SM read ~1 TB/s (session 47)
         n = self.entries_in_flight
-        for first in cutlass.range(tidx, entries, threads * n, unroll=1):
+        for first in cutlass.range(tidx, entries, THREADS * n, unroll=1):
             rIdx = cute.make_rmem_tensor((n,), Int32)           # the entries, then their table rows
             for e in cutlass.range_constexpr(n):
-                j = first + e * threads
+                j = first + e * THREADS
                 rIdx[e] = Int32(-1)
                 if j < entries and j < valid:
                     rIdx[e] = mIdx[token, j]
@@ -86,7 +84,7 @@ class ListJoinKernel:
                         row = lo + i
                 rIdx[e] = row
             for e in cutlass.range_constexpr(n):
-                j = first + e * threads
+                j = first + e * THREADS
                 if j < entries:
                     mJoint[token, col0 + j] = rIdx[e]
 

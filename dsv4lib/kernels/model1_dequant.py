@@ -86,9 +86,8 @@ class Model1DequantKernel:
 
     @cute.jit
     def dequant_block(self, page_source: cutlass.Constexpr, mCache: cute.Tensor, page_size: Int32, mOut: cute.Tensor,
-                      mPages: cute.Tensor, mPageMap: cute.Tensor, row0: Int32, block: Int32, tidx: Int32,
-                      warps: cutlass.Constexpr = WARPS):
-        """CTA ``block`` of one cache's dequantization (the class docstring's ``page_source``), by ``warps`` warps."""
+                      mPages: cute.Tensor, mPageMap: cute.Tensor, row0: Int32, block: Int32, tidx: Int32):
+        """CTA ``block`` of one cache's dequantization (the class docstring's ``page_source``)."""
         lane = tidx % 32
         page = Int32(-1)
         if const_expr(page_source == "marks"):
@@ -107,23 +106,22 @@ class Model1DequantKernel:
                 if tidx == 0:
                     mPageMap[page] = block
             page_base = mCache.iterator.toint() + Int64(page) * Int64(cute.size(mCache, mode=[1]))
-            self.dequant_by_halves(page_size, mOut, page_base, row0 + block * page_size, tidx // 32, lane, warps)
+            self.dequant_by_halves(page_size, mOut, page_base, row0 + block * page_size, tidx // 32, lane)
 
     @cute.jit
-    def dequant_by_halves(self, page_size: Int32, mOut, page_base, first_row, warp, lane,
-                          warps: cutlass.Constexpr = WARPS):
+    def dequant_by_halves(self, page_size: Int32, mOut, page_base, first_row, warp, lane):
         """Lane ``l`` owns dims ``8 l … 8 l + 7`` (row bytes ``16 l …``) and ``256 + 8 l …`` (row bytes ``512 + 16 l
         …``), so each warp store writes 512 contiguous bytes — four whole 128-byte lines, no sector written twice.
         First half: 8 nope bytes a lane (an 8-byte load; tile ``l // 8``); second half: lanes 0-23 the nope bytes
         ``256 + 8 l`` (tile ``4 + l // 8``), lanes 24-31 16 rope bytes (bf16, copied)."""
         slots = self.slots_in_flight
-        for first in cutlass.range(warp, page_size, slots * warps, unroll=1):
+        for first in cutlass.range(warp, page_size, slots * WARPS, unroll=1):
             rLow = [cute.make_rmem_tensor((2,), Uint32) for _ in range(slots)]     # 8 e4m3 bytes: dims 8 l …
             rHigh = [cute.make_rmem_tensor((2,), Uint32) for _ in range(slots)]    # 8 e4m3 bytes: dims 256 + 8 l …
             rRope = [cute.make_rmem_tensor((4,), Uint32) for _ in range(slots)]    # or 8 rope bf16: dims 448 + …
             rScale = cute.make_rmem_tensor((2 * slots,), Uint32)                   # the two halves' tile scales
             for s in cutlass.range_constexpr(slots):
-                slot = first + s * warps
+                slot = first + s * WARPS
                 rScale[2 * s] = Uint32(0)
                 rScale[2 * s + 1] = Uint32(0)
                 if slot < page_size:
@@ -138,7 +136,7 @@ class Model1DequantKernel:
                         cute.autovec_copy(
                             gmem_view(Uint32, part + Int64(NOPE_DIMS + (lane - HIGH_NOPE_LANES) * 16), 4, 16), rRope[s])
             for s in cutlass.range_constexpr(slots):
-                slot = first + s * warps
+                slot = first + s * WARPS
                 if slot < page_size:
                     row = mOut.iterator.toint() + (Int64(first_row) + Int64(slot)) * Int64(ROW_BYTES)
                     self.store_nope8(rLow[s], rScale[2 * s], row + Int64(lane * 16))

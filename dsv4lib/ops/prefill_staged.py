@@ -233,53 +233,6 @@ def _scan_pair_launch(device, has_lengths: tuple) -> Launch:
     return _launch(device, ("page scan pair", has_lengths), make_kernel, pair_args(scan_args, SCAN_ARGS))
 
 
-# ---- the three passes in ONE launch (kernels.staging: tickets order the passes inside the grid) ----
-# True: a staged call is two launches, the staging and the attention (issue #28: ~4.5 µs of host time a launch on
-# the H200); False: the pair builds' three (pages given) or four (scanning) — kept for the A/B
-# (scripts/probe_staged.py) and as the plain way to read the passes.
-ONE_STAGING_LAUNCH = True
-STAGING_ARGS = 9                    # a cache's arguments of the staging build
-
-
-def staging_args(idx, lengths, cache, source, page_map, page_size: int, n_keys: int, row0: int, col0: int, idx2,
-                 lengths2, cache2, source2, page_map2, page_size2: int, n_keys2: int, row02: int, col02: int, table,
-                 joint, state, stream=None, tvm_ffi: bool = False) -> tuple:
-    """The staging build's arguments (:class:`~dsv4lib.kernels.staging.StagingKernel`): per cache its list, lengths,
-    cache bytes, page bits or page list, page map, page size, key count, first table row and first joined column
-    (one cache: its arguments twice); then the table, the joined list and the ticket state (int32 ``[4]``)."""
-    from cutlass import Int32
-    per_cache = ()
-    for i, n, c, src, m, ps, nk, r, col in ((idx, lengths, cache, source, page_map, page_size, n_keys, row0, col0),
-                                             (idx2, lengths2, cache2, source2, page_map2, page_size2, n_keys2, row02,
-                                              col02)):
-        per_cache += (rows_dynamic(i, align=4, tvm_ffi=tvm_ffi), rows_dynamic(n, align=4, tvm_ffi=tvm_ffi),
-                      rows_dynamic(c, align=16, tvm_ffi=tvm_ffi), rows_dynamic(src, align=4, tvm_ffi=tvm_ffi),
-                      rows_dynamic(m, align=4, tvm_ffi=tvm_ffi), Int32(ps), Int32(nk), Int32(r), Int32(col))
-    return (*per_cache, rows_dynamic(table, (1,), tvm_ffi=tvm_ffi), rows_dynamic(joint, align=4, tvm_ffi=tvm_ffi),
-            rows_dynamic(state, align=4, tvm_ffi=tvm_ffi), *stream_arg(stream, tvm_ffi))
-
-
-def fake_staging_args():
-    """CPU stand-ins for a compile test of the staging build: a 64-slot-page cache, then a 2-slot-page one."""
-    from ..reference.model1 import page_bytes
-    i32 = lambda *s: torch.empty(*s, dtype=torch.int32)
-    return staging_args(i32(3, 5), i32(3), torch.empty(4, page_bytes(64), dtype=torch.uint8), i32(1), i32(4), 64, 256,
-                        0, 0, i32(3, 9), i32(3), torch.empty(7, page_bytes(2), dtype=torch.uint8), i32(3), i32(7), 2,
-                        14, 256, 5, torch.empty(262, HEAD_DIM, dtype=torch.bfloat16), i32(3, 14), i32(4))
-
-
-def _staging_launch(device, caches: tuple) -> Launch:
-    """(a cache's :func:`staging_args` after the other's, table, joint, state) → the scan, dequantization and join
-    of one or two caches (``caches``: per cache ``(scanned, has_lengths)``) in one launch
-    (:class:`~dsv4lib.kernels.staging.StagingKernel`)."""
-    slots, in_flight = DEQUANT_SLOTS_IN_FLIGHT, JOIN_ENTRIES_IN_FLIGHT
-
-    def make_kernel():
-        from ..kernels.staging import StagingKernel
-        return StagingKernel(caches, slots, in_flight)
-    return _launch(device, ("staging", caches, slots, in_flight), make_kernel, staging_args)
-
-
 def _one_or_pair(single: Callable, pair: Callable, device, flags: list) -> Launch:
     """One pass's launch over the caches ``flags`` lists (a tuple of its build flags a cache): ``single(device,
     *flags[0])`` for one cache, ``pair(device, *each flag as a pair)`` for two."""
@@ -447,20 +400,15 @@ def _staged_plan(q, k_cache, indices, topk_length, extra_k_cache, extra_indices,
     table_rows, K = lo, col0
     has_lengths = (topk_length is not None, extra_topk_length is not None)
     scanned = [k for k, plan in enumerate(plans) if plan.scanned]
-    one_staging = ONE_STAGING_LAUNCH
-    if one_staging:             # the three passes in one launch, then the attention
-        staging = [_staging_launch(device, tuple((plan.scanned, has_lengths[k]) for k, plan in enumerate(plans)))]
-        # the staging's tickets and pass counters (kernels.staging), kept with the stream's other buffers
-        state = _buffer(("staging state",), device, stream, lambda: torch.zeros(4, dtype=torch.int32, device=device))
-    else:                       # a launch a pass, both caches in it (the pair builds): 3 with pages given, 4 scanning
-        staging = [
-            *([_one_or_pair(_scan_launch, _scan_pair_launch, device, [(has_lengths[k],) for k in scanned])]
-              if scanned else []),
-            _one_or_pair(_dequant_launch, _dequant_pair_launch, device,
-                         [("marks" if plan.scanned else "list+map",) for plan in plans]),
-            _one_or_pair(_join_launch, _join_pair_launch, device,
-                         [(has_lengths[k], not plan.scanned) for k, plan in enumerate(plans)])]
-    run_all = Sequence(*staging, unsplit_sparse_launcher(device, with_sink=sink is not None, scale=scale))
+    # a launch a pass, both caches in it (the pair builds): 3 launches with pages given, 4 scanning
+    run_all = Sequence(
+        *([_one_or_pair(_scan_launch, _scan_pair_launch, device, [(has_lengths[k],) for k in scanned])]
+          if scanned else []),
+        _one_or_pair(_dequant_launch, _dequant_pair_launch, device,
+                     [("marks" if plan.scanned else "list+map",) for plan in plans]),
+        _one_or_pair(_join_launch, _join_pair_launch, device,
+                     [(has_lengths[k], not plan.scanned) for k, plan in enumerate(plans)]),
+        unsplit_sparse_launcher(device, with_sink=sink is not None, scale=scale))   # over the table
     joint = _buffer(("joint", Sq, K), device, stream, lambda: torch.empty(Sq, K, dtype=torch.int32, device=device))
     pass_sink = sink_passer(sink, device)
     new_lse = lse_output(device, (H, Sq), bool(return_lse))
@@ -478,16 +426,12 @@ def _staged_plan(q, k_cache, indices, topk_length, extra_k_cache, extra_indices,
         per_cache = ((k_cache, indices, topk_length, pages), (extra_k_cache, extra_indices, extra_topk_length,
                                                               extra_pages))
         scan_step, dequant_step, join_step = (), (), ()    # the caches' arguments of a pass, one after the other
-        staging_step = ()
         for k, plan in enumerate(plans):
             cache, idx, lengths, given = per_cache[k]
             idx, lengths, given = flat[3 * k](idx), flat[3 * k + 1](lengths), flat[3 * k + 2](given)
             lengths = none if lengths is None else lengths
             data = plan.cache_bytes(cache)
-            if one_staging:
-                staging_step += (idx, lengths, data, plan.marks if plan.scanned else given, plan.page_map,
-                                 plan.page_size, plan.n_keys, plan.row0, plan.col0)
-            elif plan.scanned:
+            if plan.scanned:
                 scan_step += (idx, lengths, plan.marks, plan.n_keys, plan.page_size)
                 dequant_step += (data, plan.page_size, table, plan.marks, none, plan.row0)
                 join_step += (idx, lengths, none, none, joint, plan.n_keys, plan.page_size, plan.row0, plan.col0)
@@ -495,11 +439,8 @@ def _staged_plan(q, k_cache, indices, topk_length, extra_k_cache, extra_indices,
                 dequant_step += (data, plan.page_size, table, given, plan.page_map, plan.row0)
                 join_step += (idx, lengths, plan.page_map, given, joint, plan.n_keys, plan.page_size, plan.row0,
                               plan.col0)
-        if one_staging:             # one cache: its arguments twice (the build reads the first's only)
-            steps = ((staging_step * 2)[:2 * STAGING_ARGS] + (table, joint, state),)
-        else:
-            steps = (*((scan_step,) if scanned else ()), dequant_step, join_step)
         with on_device(device):
-            run_all(*steps, (q, table, joint, out, lse, pass_sink(sink)))
+            run_all(*((scan_step,) if scanned else ()), dequant_step, join_step,
+                    (q, table, joint, out, lse, pass_sink(sink)))
         return (out, lse.t()) if return_lse else out
     return run
