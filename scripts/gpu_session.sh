@@ -136,6 +136,16 @@ for w in $what; do
                 timeout 100 python scripts/bench_host.py --rounds 3 --only staged;
                 STAGED_TOUCH=1 timeout 100 python scripts/bench_host.py --rounds 3 --only staged; } 2>&1 \
                 | tee "$out/logs/touch.txt" | grep -v "^\s*$" | tail -n 30 ;;
+    # onelaunch: candidates/staging_one_launch.patch applied (the staged call's three passes in one launch, tickets;
+    # 128 threads at 7 CTAs an SM), its GPU tests and the staged / stream tests through it, the device A/B against the
+    # pair builds (probe_staged --one-launch: whole calls twice, then each way's staging kernels) and the host µs
+    # (~4 min); the tree is left patched
+    onelaunch) git apply -R --check docs/tuning/candidates/staging_one_launch.patch 2>/dev/null \
+                || git apply docs/tuning/candidates/staging_one_launch.patch || { echo "staging_one_launch.patch does not apply"; continue; }
+              { timeout 200 python -m pytest -q -p no:cacheprovider tests/test_d7_fp8_decode.py tests/test_streams.py -m gpu -k "staging or staged";
+                timeout 200 python scripts/probe_staged.py --one-launch;
+                timeout 100 python scripts/bench_host.py --rounds 3 --only staged,sparse_prefill; } 2>&1 \
+                | tee "$out/logs/onelaunch.txt" | grep -v "^\s*$" | grep -v -i warn | tail -n 30 ;;
     # hostargs: where sparse_decode's in-situ launch spends its ~5.6 µs over the bare compiled call (~1 min)
     hostargs) { timeout 150 python scripts/probe_host_args.py; } 2>&1 | tee "$out/logs/hostargs.txt" | tail -n 10 ;;
     # ffiargs: one TVM-FFI argument as a torch tensor against its data pointer (the pointer-ABI question, ~1 min)
