@@ -126,9 +126,10 @@ for w in $what; do
     lastplans) { timeout 240 python scripts/bench_host.py --ab-last-plans --rounds ${ROUNDS:-3}; } 2>&1 \
                 | tee "$out/logs/lastplans.txt" | tail -n 30 ;;
     # touch: the one-pass staging of the scanned FP8-cache prefill (docs/tuning/candidates/staged_touch.patch, applied
-    # here, STAGED_TOUCH; session 57): its GPU tests (bit-equal to the three passes and the by-hand table, keys
-    # rewritten between calls and between graph replays), the device µs of both ways (probe_staged --touch) and the
-    # host µs of both (~4 min); the tree is left patched (the archive's results are this call's)
+    # here, STAGED_TOUCH; session 57, rebased onto the pair builds in session 58): its GPU tests (bit-equal to the
+    # passes and the by-hand table, keys rewritten between calls and between graph replays), the device µs of both
+    # ways (probe_staged --touch: whole calls, then each way's staging kernels) and the host µs of both (~4 min); the
+    # tree is left patched (the archive's results are this call's)
     touch)    git apply -R --check docs/tuning/candidates/staged_touch.patch 2>/dev/null \
                 || git apply docs/tuning/candidates/staged_touch.patch || { echo "staged_touch.patch does not apply"; continue; }
               { timeout 300 python -m pytest -q -p no:cacheprovider tests/test_d7_fp8_decode.py -k "one_pass or staged";
