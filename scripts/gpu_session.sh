@@ -50,14 +50,18 @@ run_stages() {  # STAGES LOG LIMIT_S STAGE_TIMEOUT_S
   tr '\r' '\n' < "$out/logs/$2.txt" | grep -E "^\s+\S+\s+(PASS|FAIL|COMPILED-ONLY|NOT RUN)"
 }
 
+# docs/tuning/candidates/NAME.patch applied to this copy unless it is applied already (a warm machine keeps a patched
+# tree); non-zero, said, when it does not apply
+apply_candidate() {  # NAME
+  local cand=docs/tuning/candidates/$1.patch
+  git apply -R --check "$cand" 2>/dev/null || git apply "$cand" || { echo "candidate $1 does not apply"; return 1; }
+}
+
 # candidates of docs/tuning/candidates/ applied to this copy, then the D7 GPU tests matching PYTEST_K and the FP8-cache
 # calls' host times
 run_candidate() {  # LOG PYTEST_K PATCH_NAME...
   local log=$1 k=$2; shift 2
-  for name in "$@"; do
-    local cand=docs/tuning/candidates/$name.patch
-    git apply -R --check "$cand" 2>/dev/null || git apply "$cand" || { echo "candidate $name does not apply"; return; }
-  done
+  for name in "$@"; do apply_candidate "$name" || return; done
   { timeout 300 python -m pytest -q -p no:cacheprovider -m gpu ${CAND_TESTS:-tests/test_d7_fp8_decode.py} -k "$k"
     timeout 100 python scripts/bench_host.py --split --rounds 3 --only sparse_decode,sparse_prefill; } 2>&1 \
     | tee "$out/logs/$log.txt" | grep -v "^\s*$" | tail -n 16
@@ -130,8 +134,7 @@ for w in $what; do
     # passes and the by-hand table, keys rewritten between calls and between graph replays), the device µs of both
     # ways (probe_staged --touch: whole calls, then each way's staging kernels) and the host µs of both (~4 min); the
     # tree is left patched (the archive's results are this call's)
-    touch)    git apply -R --check docs/tuning/candidates/staged_touch.patch 2>/dev/null \
-                || git apply docs/tuning/candidates/staged_touch.patch || { echo "staged_touch.patch does not apply"; continue; }
+    touch)    apply_candidate staged_touch || continue
               { timeout 300 python -m pytest -q -p no:cacheprovider tests/test_d7_fp8_decode.py -k "one_pass or staged";
                 timeout 200 python scripts/probe_staged.py --touch;
                 timeout 100 python scripts/bench_host.py --rounds 3 --only staged;
@@ -141,8 +144,7 @@ for w in $what; do
     # 128 threads at 7 CTAs an SM), its GPU tests and the staged / stream tests through it, the device A/B against the
     # pair builds (probe_staged --one-launch: whole calls twice, then each way's staging kernels) and the host µs
     # (~4 min); the tree is left patched
-    onelaunch) git apply -R --check docs/tuning/candidates/staging_one_launch.patch 2>/dev/null \
-                || git apply docs/tuning/candidates/staging_one_launch.patch || { echo "staging_one_launch.patch does not apply"; continue; }
+    onelaunch) apply_candidate staging_one_launch || continue
               { timeout 200 python -m pytest -q -p no:cacheprovider tests/test_d7_fp8_decode.py tests/test_streams.py -m gpu -k "staging or staged";
                 timeout 200 python scripts/probe_staged.py --one-launch;
                 timeout 100 python scripts/bench_host.py --rounds 3 --only staged,sparse_prefill; } 2>&1 \

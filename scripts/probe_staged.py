@@ -107,21 +107,23 @@ def main():
         if args.pairs:                  # the scanned call's three passes: singles (two launches each) vs pairs
             none = placeholder(torch.device("cuda"), "lengths")
             (p0, ps0), (p1, ps1) = caches
+            # the launches made once (each finds its build the first time), not in the profiled calls
+            dequant_single = S._dequant_launch(p0.device, "marks")
+            scan_pair = S._scan_pair_launch(p0.device, (True, True))
+            dequant_pair = S._dequant_pair_launch(p0.device, ("marks", "marks"))
+            join_pair = S._join_pair_launch(p0.device, (True, True), (False, False))
 
             def singles():
                 scanned()
                 for (p, ps), m, row0 in zip(caches, marks, (0, sizes[0])):
-                    S._dequant_launch(p.device, "marks")(p, ps, table, m, none, row0)
+                    dequant_single(p, ps, table, m, none, row0)
                 join_kernel()
 
             def pairs():
-                S._scan_pair_launch(p0.device, (True, True))(idx, len1, marks[0], sizes[0], ps0, idx2, len2, marks[1],
-                                                             sizes[1], ps1)
-                S._dequant_pair_launch(p0.device, ("marks", "marks"))(p0, ps0, table, marks[0], none, 0, p1, ps1,
-                                                                      table, marks[1], none, sizes[0])
-                S._join_pair_launch(p0.device, (True, True), (False, False))(
-                    idx, len1, none, none, joint, sizes[0], ps0, 0, 0, idx2, len2, none, none, joint, sizes[1], ps1,
-                    sizes[0], idx.shape[1])
+                scan_pair(idx, len1, marks[0], sizes[0], ps0, idx2, len2, marks[1], sizes[1], ps1)
+                dequant_pair(p0, ps0, table, marks[0], none, 0, p1, ps1, table, marks[1], none, sizes[0])
+                join_pair(idx, len1, none, none, joint, sizes[0], ps0, 0, 0, idx2, len2, none, none, joint, sizes[1],
+                          ps1, sizes[0], idx.shape[1])
             for alternation in range(2):
                 for way, fn in (("singles", singles), ("pairs", pairs)):
                     for name, us in sorted(kernel_us(fn).items()):
