@@ -17,6 +17,7 @@ import contextlib
 import cProfile
 import io
 import json
+import os
 import pstats
 import statistics
 
@@ -191,6 +192,9 @@ def main():
     ap.add_argument("--ab-last-plans", action="store_true", help="time every call with the last-call plans off and on "
                     "(launch.LAST_PLANS), alternating in each round, and print both")
     args = ap.parse_args()
+    if os.environ.get("STAGED_TOUCH") is not None:    # STAGED_TOUCH=0: the scanned staged calls by the pair builds
+        from dsv4lib.ops import prefill_staged
+        prefill_staged.STAGED_TOUCH = os.environ["STAGED_TOUCH"] != "0"
     if args.ab_last_plans:
         return ab_last_plans(args)
     launch.ONE_CALL = bool(args.one_call)
@@ -222,7 +226,6 @@ def main():
             report.write(f"\n===== {name}: {us:.1f} us per call (200 calls profiled) =====\n")
             pstats.Stats(prof, stream=report).sort_stats("tottime").print_stats(14)
     if args.profile:
-        import os
         os.makedirs(args.profile, exist_ok=True)
         with open(os.path.join(args.profile, "host_profile.txt"), "w") as f:
             f.write(report.getvalue())

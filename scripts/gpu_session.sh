@@ -129,26 +129,14 @@ for w in $what; do
     # process (~2 min)
     lastplans) { timeout 240 python scripts/bench_host.py --ab-last-plans --rounds ${ROUNDS:-3}; } 2>&1 \
                 | tee "$out/logs/lastplans.txt" | tail -n 30 ;;
-    # touch: the one-pass staging of the scanned FP8-cache prefill (docs/tuning/candidates/staged_touch.patch, applied
-    # here, STAGED_TOUCH; session 57, rebased onto the pair builds in session 58): its GPU tests (bit-equal to the
-    # passes and the by-hand table, keys rewritten between calls and between graph replays), the device µs of both
-    # ways (probe_staged --touch: whole calls, then each way's staging kernels) and the host µs of both (~4 min); the
-    # tree is left patched (the archive's results are this call's)
-    touch)    apply_candidate staged_touch || continue
-              { timeout 300 python -m pytest -q -p no:cacheprovider tests/test_d7_fp8_decode.py -k "one_pass or staged";
+    # touch: the staged prefill's scanned calls by the one-pass staging (STAGED_TOUCH, landed session 59) against
+    # the pair builds: its GPU tests, the device µs both ways (probe_staged --touch: whole calls, then each way's
+    # staging kernels) and the host µs both ways (~3 min)
+    touch)    { timeout 300 python -m pytest -q -p no:cacheprovider tests/test_d7_fp8_decode.py -k "one_pass or staged";
                 timeout 200 python scripts/probe_staged.py --touch;
-                timeout 100 python scripts/bench_host.py --rounds 3 --only staged;
-                STAGED_TOUCH=1 timeout 100 python scripts/bench_host.py --rounds 3 --only staged; } 2>&1 \
+                STAGED_TOUCH=0 timeout 100 python scripts/bench_host.py --rounds 3 --only staged;
+                timeout 100 python scripts/bench_host.py --rounds 3 --only staged; } 2>&1 \
                 | tee "$out/logs/touch.txt" | grep -v "^\s*$" | tail -n 30 ;;
-    # onelaunch: candidates/staging_one_launch.patch applied (the staged call's three passes in one launch, tickets;
-    # 128 threads at 7 CTAs an SM), its GPU tests and the staged / stream tests through it, the device A/B against the
-    # pair builds (probe_staged --one-launch: whole calls twice, then each way's staging kernels) and the host µs
-    # (~4 min); the tree is left patched
-    onelaunch) apply_candidate staging_one_launch || continue
-              { timeout 200 python -m pytest -q -p no:cacheprovider tests/test_d7_fp8_decode.py tests/test_streams.py -m gpu -k "staging or staged";
-                timeout 200 python scripts/probe_staged.py --one-launch;
-                timeout 100 python scripts/bench_host.py --rounds 3 --only staged,sparse_prefill; } 2>&1 \
-                | tee "$out/logs/onelaunch.txt" | grep -v "^\s*$" | grep -v -i warn | tail -n 30 ;;
     # hostargs: where sparse_decode's in-situ launch spends its ~5.6 µs over the bare compiled call (~1 min)
     hostargs) { timeout 150 python scripts/probe_host_args.py; } 2>&1 | tee "$out/logs/hostargs.txt" | tail -n 10 ;;
     # ffiargs: one TVM-FFI argument as a torch tensor against its data pointer (the pointer-ABI question, ~1 min)

@@ -3,7 +3,7 @@
 shapes, beside the whole call with the pages found by a scan of the lists and given (``pages=``).  Session 46 timed
 four ways of marking the page mask with it, session 47 the list join's kernel against the torch passes it
 replaced, session 48 the page scan kernel that replaced the histogram (docs/tuning/d2_d6.md).
-    python scripts/probe_staged.py [--dequant-variants 1,2,4] [--join-variants 1,4,8] [--pairs]
+    python scripts/probe_staged.py [--dequant-variants 1,2,4] [--join-variants 1,4,8] [--pairs] [--touch]
 
 ``--dequant-variants``: the dequantization pass (every page of both caches) once per build — N slots a warp in
 flight (``prefill_staged.DEQUANT_SLOTS_IN_FLIGHT``) — twice in turn, each checked bit-equal to the shipped build's table, before the table
@@ -63,6 +63,9 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--dequant-variants", default="")
     parser.add_argument("--join-variants", default="")
+    parser.add_argument("--touch", action="store_true",
+                        help="only: the scanned call with the one-pass staging (STAGED_TOUCH) against the pair builds: "
+                             "whole calls twice in turn, then each way's staging kernels' device µs")
     parser.add_argument("--pairs", action="store_true",
                         help="only: each pass's kernels' device µs as single builds (a launch a cache) and as pair builds")
     args = parser.parse_args()
@@ -104,6 +107,29 @@ def main():
             for (p, ps), n, page_list in zip(caches, sizes, all_pages):      # lists made once: no torch op a call
                 S.dequantize_pages(p, ps, table[lo:lo + n], page_list); lo += n
 
+        if args.touch:                  # STAGED_TOUCH against the pair builds, the scanned call
+            from dsv4lib.ops import launch
+            call = lambda: S.sparse_prefill_staged(q, window, idx, len1, extra_k_cache=compressed,
+                                                   extra_indices=idx2, extra_topk_length=len2, sink=sink)
+            outs = []
+            for alternation in range(3):
+                for touch in (False, True):
+                    S.STAGED_TOUCH = touch
+                    launch.forget_plans()               # a plan holds the switch it was made with
+                    way = "one pass (touch)" if touch else "pair builds"
+                    if alternation == 0:
+                        outs.append(call().clone())
+                    if alternation < 2:
+                        print(f"{f'Sq{Sq} H{H}':>14} {way:>28} {timed(call):9.1f}")
+                    else:
+                        per_kernel = kernel_us(call)
+                        staging = sum(per_kernel.values()) - max(per_kernel.values())
+                        print(f"{f'Sq{Sq} H{H}':>14} {way:>28} {staging:9.1f}  the staging's kernels "
+                              + ", ".join(f"{us:.1f}" for us in sorted(per_kernel.values())[:-1]))
+            assert torch.equal(outs[0], outs[1]), "the one-pass staging's output differs"
+            S.STAGED_TOUCH = False
+            launch.forget_plans()
+            continue
         if args.pairs:                  # the scanned call's three passes: singles (two launches each) vs pairs
             none = placeholder(torch.device("cuda"), "lengths")
             (p0, ps0), (p1, ps1) = caches

@@ -1167,10 +1167,49 @@ def test_pair_args_put_one_stream_after_both_caches():
     from dsv4lib.ops import prefill_staged as S
     single = lambda a, b, stream=None, tvm_ffi=False: (a, b) + (("stream",) if tvm_ffi else
                                                                  (() if stream is None else (stream,)))
-    pair = S.pair_args(single, 2)
+    pair = S.pair_args(single)
+    assert S.args_per_cache(single) == 2 and S.args_per_cache(S.dequant_args) == 6
     assert pair(1, 2, 3, 4, tvm_ffi=True) == (1, 2, 3, 4, "stream")
     assert pair(1, 2, 3, 4) == (1, 2, 3, 4)
     assert pair(1, 2, 3, 4, stream=9) == (1, 2, 3, 4, 9)
+
+
+@pytest.mark.no_gpu
+@pytest.mark.parametrize("sources", [("list", "pages"), ("nope", "list"), ("list",), ("list", "marks", "list")])
+def test_dequant_pair_rejects_a_bad_page_source_or_count(sources):
+    """The paired dequantization takes exactly two page sources, each one of ``PAGE_SOURCES``."""
+    from dsv4lib.kernels.model1_dequant import Model1DequantPairKernel
+    with pytest.raises(ValueError):
+        Model1DequantPairKernel(4, sources)
+    assert Model1DequantPairKernel(4, ("marks", "list+map")).page_sources == ("marks", "list+map")
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("has_lengths,rows", [((True, False), 4), ((False,), 4), ((True,), 1)])
+def test_one_pass_staging_swaps_an_epoch_an_entry_and_converts_a_row_a_winner(arch, has_lengths, rows):
+    """The one-pass staging (``STAGED_TOUCH``): per list an entry's epoch swapped by one global ``atom.exch``, the
+    warp's winners found by one ballot and ``rows`` winners' keys broadcast by a shuffle each, each row converted by
+    the dequantization's lane map (8 e4m3 pairs a lane into 16 bytes, then 8 or 16 more bytes: 2 or 3 16-byte stores
+    a lane in the code, ``rows`` times), the joint column stored; both lists' code in a two-list build; the epoch
+    state's done count by one ``atom.add`` a CTA behind one barrier (the last CTA done stores the epoch); no spills.
+    With ``rows`` rows every row's loads come before the first row's stores."""
+    from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.staged_touch import StagedTouchKernel
+    from dsv4lib.ops.prefill_staged import fake_touch_args
+    k = compile_for_arch(StagedTouchKernel(has_lengths, rows), *fake_touch_args(), arch=arch)
+    lists = len(has_lengths)
+    assert k.count(r"atom(\.\w+)*\.exch\.b32") == lists
+    assert k.count(r"vote\.sync\.ballot\.b32") == lists and k.count(r"shfl\.sync\.idx\.b32") == rows * lists
+    assert k.count(r"cvt\.rn\.f16x2\.e4m3x2") == 8 * rows * lists
+    assert k.count(r"st\.global\.v4\.b32") == 3 * rows * lists
+    if lists == 1 and arch == "sm_90a":     # the rows' 8-byte loads all before the first row store
+        memory = re.findall(r"(ld\.global\.v[24]\.b32|st\.global\.v4\.b32)", k.ptx)
+        first_store = memory.index("st.global.v4.b32")
+        assert memory[:first_store].count("ld.global.v2.b32") == 2 * rows, memory
+    assert k.count(r"atom(\.\w+)*\.add\.\w32") == 1 and k.count(r"bar\.sync") == 1 and k.count(r"\.local") == 0
+    with pytest.raises(ValueError, match="one or two lists"):
+        StagedTouchKernel((True, True, False))
 
 
 @pytest.mark.compile
@@ -1317,6 +1356,23 @@ def _staged_on_the_cpu(monkeypatch):
             lse.copy_(l.t())
         return go
 
+    def touch_launch(device, has_lengths):
+        def go(*args):
+            table, joint, state = args[14:]
+            epoch = int(state[0]) + 1                           # the device-side epoch (kernels.staged_touch)
+            for n, (idx, lengths, pages, epochs, page_size, lo, col0) in enumerate((args[:7], args[7:14])[:len(has_lengths)]):
+                n_keys = epochs.shape[0]
+                assert n_keys == pages.shape[0] * page_size
+                lengths = lengths if has_lengths[n] else None
+                _join_by_hand(idx, lengths, None, None, joint, n_keys, page_size, lo, col0)
+                keys = M.read_keys(pages, page_size)
+                for i in sorted(set(idx[_kept(idx, lengths, n_keys)].tolist())):
+                    if int(epochs[i]) != epoch:                 # the first touch this call converts it
+                        table[lo + i] = keys[i].bfloat16()
+                        epochs[i] = epoch
+            state[0] = epoch
+        return go
+
     def table(device, stream, rows):
         tables.append(rows)
         return torch.full((rows, 512), float("nan"), dtype=torch.bfloat16, device=device)
@@ -1337,12 +1393,14 @@ def _staged_on_the_cpu(monkeypatch):
     monkeypatch.setattr(S, "_join_launch", lambda device, has_lengths, has_map: recorded(
         "join", join_launch(device, has_lengths, has_map)))
     monkeypatch.setattr(S, "_dequant_pair_launch", lambda device, sources: pair_of(
-        "dequant pair", dequant_launch(device, sources[0]), dequant_launch(device, sources[1]), S.DEQUANT_ARGS))
+        "dequant pair", dequant_launch(device, sources[0]), dequant_launch(device, sources[1]), S.args_per_cache(S.dequant_args)))
     monkeypatch.setattr(S, "_scan_pair_launch", lambda device, has_lengths: pair_of(
-        "scan pair", scan_launch(device, has_lengths[0]), scan_launch(device, has_lengths[1]), S.SCAN_ARGS))
+        "scan pair", scan_launch(device, has_lengths[0]), scan_launch(device, has_lengths[1]), S.args_per_cache(S.scan_args)))
     monkeypatch.setattr(S, "_join_pair_launch", lambda device, has_lengths, has_map: pair_of(
         "join pair", join_launch(device, has_lengths[0], has_map[0]), join_launch(device, has_lengths[1], has_map[1]),
-        S.JOIN_ARGS))
+        S.args_per_cache(S.join_args)))
+    monkeypatch.setattr(S, "_touch_launch", lambda device, has_lengths: recorded("touch",
+                                                                             touch_launch(device, has_lengths)))
     monkeypatch.setattr(S, "unsplit_sparse_launcher", lambda device, **kw: recorded("attention",
                                                                                  attention_launch(device, **kw)))
     monkeypatch.setattr(S, "_table", table)
@@ -1359,8 +1417,9 @@ def _staged_on_the_cpu(monkeypatch):
     return S.sparse_prefill_staged, tables, launches
 
 
+@pytest.mark.parametrize("touch", [False, True])
 @pytest.mark.parametrize("given", ["none", "both", "window only"])
-def test_staged_prefill_places_pages_and_lists_on_the_cpu(monkeypatch, given):
+def test_staged_prefill_places_pages_and_lists_on_the_cpu(monkeypatch, given, touch):
     """The staged call's bookkeeping without a GPU (its kernels are GPU-tested on their own): with the lists scanned
     for pages (``pages`` not given), with both caches' pages given (shuffled, padding -1 and past-the-end numbers,
     two pages twice) and with the window's alone — the output equals the float64 attention over the whole caches'
@@ -1368,8 +1427,14 @@ def test_staged_prefill_places_pages_and_lists_on_the_cpu(monkeypatch, given):
     another page, of the other cache or a row never written; with pages given the table is packed (a block of
     rows a page given).  Session 47's GPU run found the loop over the caches reusing the name ``pages`` (every call
     took the last cache's bytes for its page list): this test fails on that.  Each call makes one launch a pass,
-    both caches in it (the pair builds): scan (caches without pages), dequantization, join, attention."""
+    both caches in it (the pair builds): scan (caches without pages), dequantization, join, attention.  ``touch``:
+    the scanned caches staged by the one-pass kernel (``STAGED_TOUCH``; its twin converts a key only where its epoch
+    word is not the call's) — the second call gets a fresh poisoned table, so a call that reused the first one's
+    epoch would read poison."""
     staged, tables, launches = _staged_on_the_cpu(monkeypatch)
+    from dsv4lib.ops import launch
+    from dsv4lib.ops import prefill_staged as S
+    monkeypatch.setattr(S, "STAGED_TOUCH", touch)
     gen = torch.Generator().manual_seed(fresh_seed())
     main, cmp = dsv4lib.Model1Cache(6, 8, device="cpu"), dsv4lib.Model1Cache(9, 2, device="cpu")
     for cache in (main, cmp):
@@ -1395,9 +1460,9 @@ def test_staged_prefill_places_pages_and_lists_on_the_cpu(monkeypatch, given):
                           sink=sink, return_lse=True, **kw)
     call()
     out, lse = call()                   # the plan again, its page maps holding the first call's blocks
-    from dsv4lib.ops import launch
     assert launch.plan_count() == 1, "the second call took the first one's plan"
-    from dsv4lib.ops import prefill_staged as S
+    if touch and given != "both":
+        assert S._BUFFERS[(("touch state",), torch.device("cpu"), 0)].tolist() == [2, 0], "one epoch a call"
     for (what, *_), buffer in S._BUFFERS.items():
         if isinstance(what, tuple) and what[0] == "marks":
             assert not buffer.any(), "the dequantization leaves every page bit cleared"
@@ -1413,9 +1478,14 @@ def test_staged_prefill_places_pages_and_lists_on_the_cpu(monkeypatch, given):
         assert tables == [(len(kw["pages"]) * main.page_size + len(kw["extra_pages"]) * cmp.page_size)] * 2
     if given == "none":
         assert tables == [main.num_keys + cmp.num_keys] * 2
-    # a launch a pass, both caches in it (#28's host time): the scan only for the caches without pages given
-    scans = {"none": ["scan pair"], "both": [], "window only": ["scan"]}[given]
-    assert launches == (scans + ["dequant pair", "join pair", "attention"]) * 2, launches
+    # a launch a pass, both caches in it (#28's host time): the scan only for the caches without pages given; with
+    # touch the scanned caches go by the one pass, the rest by the passes (a single build for one cache)
+    if touch:
+        passes = {"none": ["touch"], "both": ["dequant pair", "join pair"],
+                  "window only": ["touch", "dequant", "join"]}[given]
+    else:
+        passes = {"none": ["scan pair"], "both": [], "window only": ["scan"]}[given] + ["dequant pair", "join pair"]
+    assert launches == (passes + ["attention"]) * 2, launches
 
 
 @pytest.mark.gpu
@@ -1612,11 +1682,18 @@ def test_dequant_kernel_is_bit_equal_to_the_reference(page_size, slots, monkeypa
 @pytest.mark.gpu
 @pytest.mark.parametrize("Sq,H,extra,lengths,sink", [(300, 64, True, True, True), (130, 128, False, True, False),
                                                       (5, 64, True, False, True)])
-def test_staged_prefill_matches_the_reference_and_the_bf16_kernel_on_the_table(Sq, H, extra, lengths, sink):
+@pytest.mark.parametrize("touch", [False, True])
+def test_staged_prefill_matches_the_reference_and_the_bf16_kernel_on_the_table(Sq, H, extra, lengths, sink, touch,
+                                                                               monkeypatch):
     """The two-pass prefill against the float64 reference over the same FP8 cache, and bit for bit against
     ``sparse_attention`` over the reference's bf16 table with the lists joined by hand (out-of-range and
-    past-the-length entries dropped, the extra cache's rows after the window's)."""
+    past-the-length entries dropped, the extra cache's rows after the window's); ``touch``: the scanned caches by
+    the one-pass staging (``STAGED_TOUCH``: one list's build without the extra cache, two lists' with it)."""
+    from dsv4lib.ops import launch
+    from dsv4lib.ops import prefill_staged
     from dsv4lib.ops.prefill_staged import sparse_prefill_staged
+    monkeypatch.setattr(prefill_staged, "STAGED_TOUCH", touch)
+    launch.forget_plans()
     gen = torch.Generator().manual_seed(fresh_seed())
     q, main, idx, kw = _decode_inputs(Sq, 1, H, extra, lengths, sink, gen)
     ref_out, ref_lse = _reference(q, main, idx, kw)
@@ -1661,6 +1738,62 @@ def _joint_by_hand(caches, allowed):
         _join_by_hand(ix, lengths, page_map, page_list, joint, cache.num_keys, cache.page_size, lo, col0)
         lo, col0 = lo + cache.num_keys, col0 + ix.shape[1]
     return joint
+
+
+@pytest.mark.gpu
+def test_one_pass_staging_converts_the_listed_keys_anew_each_call(monkeypatch):
+    """``STAGED_TOUCH`` (both caches scanned: one pass + the attention): bit for bit the by-hand attention over the
+    reference's table and the scan / dequant / join path's output; the table NaN-poisoned and some listed keys
+    rewritten in both caches, the call again: the new keys are read (a call converts its listed keys anew: its epoch
+    is new) and no row outside the lists is written (their poison stays); then the same in a CUDA graph, replayed
+    twice with keys rewritten between the replays (the epoch lives on the device: a captured one would be frozen)."""
+    from dsv4lib.ops import launch
+    from dsv4lib.ops import prefill_staged as S
+    gen = torch.Generator().manual_seed(fresh_seed())
+    q, main, idx, kw = _decode_inputs(300, 1, 64, True, True, True, gen)
+    prefill_kw = dict(kw, extra_indices=kw["extra_indices"][:, 0])
+    cmp = kw["extra_k_cache"]
+    call = lambda: S.sparse_prefill_staged(q[:, 0], main, idx[:, 0], **prefill_kw, return_lse=True)
+    monkeypatch.setattr(S, "STAGED_TOUCH", False)
+    launch.forget_plans()
+    old_out, old_lse = call()
+    monkeypatch.setattr(S, "STAGED_TOUCH", True)
+    launch.forget_plans()
+    out, lse = call()
+    want, want_lse = _staged_by_hand(q, main, idx, kw)
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+    assert torch.equal(out, old_out) and torch.equal(lse, old_lse)
+    lists = [(main, idx[:, 0], kw.get("topk_length")), (cmp, kw["extra_indices"][:, 0], kw.get("extra_topk_length"))]
+    listed = [ix[_kept(ix, lengths, cache.num_keys)].unique() for cache, ix, lengths in lists]
+
+    def rewrite_a_third():                    # a third of each cache's listed keys written anew
+        for (cache, _, _), keys in zip(lists, listed):
+            new = keys[torch.randperm(len(keys), generator=gen)[: max(1, len(keys) // 3)].cuda()]
+            cache.append(new, _random_keys(len(new), gen, "cuda"))
+    rewrite_a_third()
+    table = next(b for (what, *_), b in S._BUFFERS.items() if what == "table")
+    table.fill_(float("nan"))
+    out, lse = call()
+    want, want_lse = _staged_by_hand(q, main, idx, kw)
+    assert torch.isfinite(out).all() and torch.equal(out, want) and torch.equal(lse, want_lse)
+    written = torch.zeros(table.shape[0], dtype=torch.bool, device="cuda")
+    written[listed[0].long()] = True
+    written[main.num_keys + listed[1].long()] = True
+    assert bool(torch.isfinite(table[written]).all()) and bool(table[~written].isnan().all())
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()                                                  # this stream's buffers and plan, outside the capture
+        with torch.cuda.graph(graph, stream=stream):
+            captured_out, captured_lse = call()
+    torch.cuda.current_stream().wait_stream(stream)
+    for _ in range(2):
+        rewrite_a_third()
+        graph.replay()
+        torch.cuda.synchronize()
+        want, want_lse = _staged_by_hand(q, main, idx, kw)
+        assert torch.equal(captured_out, want) and torch.equal(captured_lse, want_lse)
 
 
 @pytest.mark.gpu

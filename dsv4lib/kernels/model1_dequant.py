@@ -125,35 +125,53 @@ class Model1DequantKernel:
                 rScale[2 * s] = Uint32(0)
                 rScale[2 * s + 1] = Uint32(0)
                 if slot < page_size:
-                    part = page_base + Int64(slot * PART_BYTES)
-                    scales = page_base + Int64(page_size * PART_BYTES + slot * SCALE_GROUP_BYTES)
-                    cute.autovec_copy(gmem_view(Uint32, part + Int64(lane * 8), 2, 8), rLow[s])
-                    rScale[2 * s] = Uint32(gmem_view(Uint8, scales + Int64(lane // 8), 1, 1)[0])
-                    if lane < HIGH_NOPE_LANES:
-                        cute.autovec_copy(gmem_view(Uint32, part + Int64(HALF_DIMS + lane * 8), 2, 8), rHigh[s])
-                        rScale[2 * s + 1] = Uint32(gmem_view(Uint8, scales + Int64(4 + lane // 8), 1, 1)[0])
-                    else:
-                        cute.autovec_copy(
-                            gmem_view(Uint32, part + Int64(NOPE_DIMS + (lane - HIGH_NOPE_LANES) * 16), 4, 16), rRope[s])
+                    load_slot_by_halves(page_base, page_size, slot, lane, rLow[s], rHigh[s], rRope[s], rScale, 2 * s)
             for s in cutlass.range_constexpr(slots):
                 slot = first + s * WARPS
                 if slot < page_size:
                     row = mOut.iterator.toint() + (Int64(first_row) + Int64(slot)) * Int64(ROW_BYTES)
-                    self.store_nope8(rLow[s], rScale[2 * s], row + Int64(lane * 16))
-                    if lane < HIGH_NOPE_LANES:
-                        self.store_nope8(rHigh[s], rScale[2 * s + 1], row + Int64(ROW_BYTES // 2 + lane * 16))
-                    else:
-                        cute.autovec_copy(rRope[s], gmem_view(Uint32, row + Int64(ROW_BYTES // 2 + lane * 16), 4, 16))
+                    store_row_by_halves(row, lane, rLow[s], rHigh[s], rRope[s], rScale, 2 * s)
 
-    @cute.jit
-    def store_nope8(self, rW: cute.Tensor, scale_byte: Uint32, address: Int64):
-        """8 e4m3 bytes × 2^(scale - 127) → 8 bf16 (first element low), stored as 16 bytes."""
-        scale = ue8m0_scale(scale_byte)
-        rB = cute.make_rmem_tensor((4,), Uint32)
-        for w in cutlass.range_constexpr(2):
-            rB[2 * w] = e4m3x2_to_bf16x2(rW[w], scale, False)
-            rB[2 * w + 1] = e4m3x2_to_bf16x2(rW[w], scale, True)
-        cute.autovec_copy(rB, gmem_view(Uint32, address, 4, 16))
+
+@cute.jit
+def load_slot_by_halves(page_base: Int64, page_size: Int32, slot, lane, rLow: cute.Tensor, rHigh: cute.Tensor,
+                        rRope: cute.Tensor, rScale: cute.Tensor, at: cutlass.Constexpr):
+    """Lane ``lane``'s bytes of slot ``slot`` of the page at ``page_base`` by the halves' lane map
+    (:meth:`Model1DequantKernel.dequant_by_halves`): 8 nope bytes into ``rLow``, then 8 nope bytes into ``rHigh``
+    (lanes 0-23) or 16 rope bytes into ``rRope`` (lanes 24-31); the two halves' scale bytes into ``rScale[at]`` /
+    ``rScale[at + 1]``."""
+    part = page_base + Int64(slot * PART_BYTES)
+    scales = page_base + Int64(page_size * PART_BYTES + slot * SCALE_GROUP_BYTES)
+    cute.autovec_copy(gmem_view(Uint32, part + Int64(lane * 8), 2, 8), rLow)
+    rScale[at] = Uint32(gmem_view(Uint8, scales + Int64(lane // 8), 1, 1)[0])
+    if lane < HIGH_NOPE_LANES:
+        cute.autovec_copy(gmem_view(Uint32, part + Int64(HALF_DIMS + lane * 8), 2, 8), rHigh)
+        rScale[at + 1] = Uint32(gmem_view(Uint8, scales + Int64(4 + lane // 8), 1, 1)[0])
+    else:
+        cute.autovec_copy(gmem_view(Uint32, part + Int64(NOPE_DIMS + (lane - HIGH_NOPE_LANES) * 16), 4, 16), rRope)
+
+
+@cute.jit
+def store_row_by_halves(row: Int64, lane, rLow: cute.Tensor, rHigh: cute.Tensor, rRope: cute.Tensor,
+                        rScale: cute.Tensor, at: cutlass.Constexpr):
+    """What :func:`load_slot_by_halves` loaded, converted, into the bf16 row at address ``row``: each warp store
+    512 contiguous bytes."""
+    store_nope8(rLow, rScale[at], row + Int64(lane * 16))
+    if lane < HIGH_NOPE_LANES:
+        store_nope8(rHigh, rScale[at + 1], row + Int64(ROW_BYTES // 2 + lane * 16))
+    else:
+        cute.autovec_copy(rRope, gmem_view(Uint32, row + Int64(ROW_BYTES // 2 + lane * 16), 4, 16))
+
+
+@cute.jit
+def store_nope8(rW: cute.Tensor, scale_byte: Uint32, address: Int64):
+    """8 e4m3 bytes × 2^(scale - 127) → 8 bf16 (first element low), stored as 16 bytes."""
+    scale = ue8m0_scale(scale_byte)
+    rB = cute.make_rmem_tensor((4,), Uint32)
+    for w in cutlass.range_constexpr(2):
+        rB[2 * w] = e4m3x2_to_bf16x2(rW[w], scale, False)
+        rB[2 * w + 1] = e4m3x2_to_bf16x2(rW[w], scale, True)
+    cute.autovec_copy(rB, gmem_view(Uint32, address, 4, 16))
 
 
 class Model1DequantPairKernel(Model1DequantKernel):
@@ -164,10 +182,12 @@ class Model1DequantPairKernel(Model1DequantKernel):
     twice), then the stream; each CTA's device code is the single build's."""
 
     def __init__(self, slots_in_flight: int = SLOTS_IN_FLIGHT, page_sources: tuple = ("list", "list")):
-        for source in page_sources:
-            super().__init__(slots_in_flight, source)           # checks each source
         if len(page_sources) != 2:
             raise ValueError(f"a pair takes two page sources, got {page_sources!r}")
+        for source in page_sources[1:]:                         # the parent checks the first
+            if source not in PAGE_SOURCES:
+                raise ValueError(f"page_source must be one of {PAGE_SOURCES}, got {source!r}")
+        super().__init__(slots_in_flight, page_sources[0])
         self.page_sources = tuple(page_sources)
 
     @cute.jit

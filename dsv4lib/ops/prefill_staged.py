@@ -30,6 +30,7 @@ never filled (the dequantization writes a given page's block, the join checks it
 page bits are cleared by the dequantization that reads them, so nothing needs resetting between calls."""
 from __future__ import annotations
 
+import inspect
 from typing import Callable, NamedTuple
 
 import torch
@@ -51,6 +52,15 @@ DEQUANT_SLOTS_IN_FLIGHT = 4
 # 1,2,4,8, two rounds), µs for both lists: H64 8.5 / 8.0 / 8.3 / 9.6 and 8.5 / 8.1 / 8.2 / 9.6; H128 13.5 / 11.8 / 12.8 /
 # 12.2 and 12.9 / 11.8 / 12.7 / 12.3 (session 48's 41-56 µs had the host in them)
 JOIN_ENTRIES_IN_FLIGHT = 2
+# the scanned caches staged by ONE pass over the lists (kernels.staged_touch: the join, and each listed key dequantized
+# on its first touch this call) instead of a scan, a page-wide dequantization and a join — 2 launches with the
+# attention where both caches are scanned, 4 with the pair builds (issue #28: ~4.8 µs of host time a launch on the
+# H200).  Session 59, H200, same run (docs/tuning/host.md): host µs of the scanning call 36.2 -> 26.6; the staging's
+# device µs per kernel a tie with the pair builds (H64 116.2 vs 111.5, H128 135.4 vs 140.6)
+STAGED_TOUCH = True
+# the one-pass staging's winners' rows a warp loads before it converts any (1: session 57's first build, 4-14 % slower
+# than the three passes at H128)
+TOUCH_ROWS_IN_FLIGHT = 4
 
 _BUFFERS: dict = {}         # (what, device, stream) -> a buffer of the staged calls on that stream
 
@@ -165,16 +175,20 @@ def _scan_launch(device, has_lengths: bool) -> Launch:
 # arguments are its two single builds' one after the other (:func:`pair_args`), so a step of the call is the two
 # caches' steps joined, and each CTA runs the single build's device code (the kernels' ``*PairKernel`` classes).
 
-def pair_args(single_args: Callable, n: int) -> Callable:
-    """A pair build's argument function from the single build's (``n`` arguments a cache): the first cache's
-    arguments, the second's, then the one stream."""
+def args_per_cache(single_args: Callable) -> int:
+    """A single build's argument count per cache: its argument function's parameters before ``stream``."""
+    return list(inspect.signature(single_args).parameters).index("stream")
+
+
+def pair_args(single_args: Callable) -> Callable:
+    """A pair build's argument function from the single build's: the first cache's arguments (:func:`args_per_cache`
+    of them), the second's, then the one stream."""
+    n = args_per_cache(single_args)
+
     def build(*a, stream=None, tvm_ffi: bool = False) -> tuple:
         first = single_args(*a[:n], tvm_ffi=tvm_ffi)
         return (first[:-1] if tvm_ffi else first) + single_args(*a[n:], stream=stream, tvm_ffi=tvm_ffi)
     return build
-
-
-DEQUANT_ARGS, JOIN_ARGS, SCAN_ARGS = 6, 9, 5        # a cache's arguments of each single build (stream aside)
 
 
 def fake_dequant_pair_args():
@@ -195,7 +209,7 @@ def _dequant_pair_launch(device, page_sources: tuple) -> Launch:
         from ..kernels.model1_dequant import Model1DequantPairKernel
         return Model1DequantPairKernel(slots, page_sources)
     return _launch(device, ("model1 dequant pair", slots, page_sources), make_kernel,
-                   pair_args(dequant_args, DEQUANT_ARGS))
+                   pair_args(dequant_args))
 
 
 def fake_join_pair_args():
@@ -215,13 +229,13 @@ def _join_pair_launch(device, has_lengths: tuple, has_page_map: tuple) -> Launch
         from ..kernels.list_join import ListJoinPairKernel
         return ListJoinPairKernel(has_lengths, has_page_map, in_flight)
     return _launch(device, ("list join pair", has_lengths, has_page_map, in_flight), make_kernel,
-                   pair_args(join_args, JOIN_ARGS))
+                   pair_args(join_args))
 
 
 def fake_scan_pair_args():
-    """CPU stand-ins for a compile test of the paired page scan."""
+    """CPU stand-ins for a compile test of the paired page scan: the single's (no stream), then a second list."""
     i32 = lambda *s: torch.empty(*s, dtype=torch.int32)
-    return scan_args(i32(3, 5), i32(3), i32(2), 192, 64) + scan_args(i32(3, 9), i32(3), i32(1), 14, 2)
+    return fake_scan_args() + scan_args(i32(3, 9), i32(3), i32(1), 14, 2)
 
 
 def _scan_pair_launch(device, has_lengths: tuple) -> Launch:
@@ -230,7 +244,7 @@ def _scan_pair_launch(device, has_lengths: tuple) -> Launch:
     def make_kernel():
         from ..kernels.page_scan import PageScanPairKernel
         return PageScanPairKernel(has_lengths)
-    return _launch(device, ("page scan pair", has_lengths), make_kernel, pair_args(scan_args, SCAN_ARGS))
+    return _launch(device, ("page scan pair", has_lengths), make_kernel, pair_args(scan_args))
 
 
 def _one_or_pair(single: Callable, pair: Callable, device, flags: list) -> Launch:
@@ -239,6 +253,42 @@ def _one_or_pair(single: Callable, pair: Callable, device, flags: list) -> Launc
     if len(flags) == 1:
         return single(device, *flags[0])
     return pair(device, *zip(*flags))
+
+
+def touch_args(idx, lengths, pages, epochs, page_size: int, lo: int, col0: int, idx2, lengths2, pages2, epochs2,
+               page_size2: int, lo2: int, col02: int, table, joint, state, stream=None, tvm_ffi: bool = False):
+    """The one-pass staging's arguments: per list (a build of one list reads only the first; pass the first's again)
+    its indices, lengths, cache pages, epoch words, page size, first table row and first joined column; then the
+    table, the joined list and the epoch state (int32 ``[2]``, :mod:`dsv4lib.kernels.staged_touch`)."""
+    from cutlass import Int32
+    per_list = ()
+    for i, n, p, e, ps, r, c in ((idx, lengths, pages, epochs, page_size, lo, col0),
+                                 (idx2, lengths2, pages2, epochs2, page_size2, lo2, col02)):
+        per_list += (rows_dynamic(i, align=4, tvm_ffi=tvm_ffi), rows_dynamic(n, align=4, tvm_ffi=tvm_ffi),
+                     rows_dynamic(p, align=16, tvm_ffi=tvm_ffi), rows_dynamic(e, align=4, tvm_ffi=tvm_ffi),
+                     Int32(ps), Int32(r), Int32(c))
+    return (*per_list, rows_dynamic(table, (1,), tvm_ffi=tvm_ffi), rows_dynamic(joint, align=4, tvm_ffi=tvm_ffi),
+            rows_dynamic(state, align=4, tvm_ffi=tvm_ffi), *stream_arg(stream, tvm_ffi))
+
+
+def fake_touch_args():
+    """CPU stand-ins for a compile test of the one-pass staging (:class:`~dsv4lib.kernels.staged_touch.StagedTouchKernel`)."""
+    from ..reference.model1 import page_bytes
+    i32 = lambda *s: torch.empty(*s, dtype=torch.int32)
+    return touch_args(i32(3, 5), i32(3), torch.empty(3, page_bytes(64), dtype=torch.uint8), i32(192), 64, 0, 0,
+                      i32(3, 9), i32(3), torch.empty(7, page_bytes(2), dtype=torch.uint8), i32(14), 2, 192, 5,
+                      torch.empty(206, HEAD_DIM, dtype=torch.bfloat16), i32(3, 14), i32(2))
+
+
+def _touch_launch(device, has_lengths: tuple) -> Launch:
+    """(one or two lists' arguments, table, joint, state: :func:`touch_args`' order) → the one-pass staging of the
+    scanned caches (:class:`~dsv4lib.kernels.staged_touch.StagedTouchKernel`)."""
+    rows = TOUCH_ROWS_IN_FLIGHT
+
+    def make_kernel():
+        from ..kernels.staged_touch import StagedTouchKernel
+        return StagedTouchKernel(has_lengths, rows)
+    return _launch(device, ("staged touch", has_lengths, rows), make_kernel, touch_args)
 
 
 # ---- the kernels one at a time (probes, tests) ----
@@ -323,6 +373,8 @@ class _CachePlan(NamedTuple):
     cache_bytes: Callable
     marks: torch.Tensor
     page_map: torch.Tensor
+    epochs: torch.Tensor
+
 
 
 def sparse_prefill_staged(q, k_cache, indices, topk_length=None, *, extra_k_cache=None, extra_indices=None,
@@ -378,6 +430,7 @@ def _staged_plan(q, k_cache, indices, topk_length, extra_k_cache, extra_indices,
     # per cache, what its launches need besides the call's tensors; its rows of the table start at `row0`, its
     # columns of the joined list at `col0`
     plans, lo, col0 = [], 0, 0
+    touch = STAGED_TOUCH
     for k, ((data, page_size), cache, idx, lengths, given) in enumerate(zip(
             caches, (k_cache, extra_k_cache), (indices, extra_indices), (topk_length, extra_topk_length),
             (pages, extra_pages))):
@@ -389,25 +442,35 @@ def _staged_plan(q, k_cache, indices, topk_length, extra_k_cache, extra_indices,
             # caller's pages' blocks (written by the dequantization, checked by the join: never filled)
             marks=_buffer(("marks", k, num_pages), device, stream,
                           lambda n=num_pages: torch.zeros(-(-n // 32), dtype=torch.int32, device=device))
-            if given is None else none,
+            if given is None and not touch else none,
             page_map=none if given is None else _buffer(
                 ("page map", k, num_pages), device, stream,
-                lambda n=num_pages: torch.empty(n, dtype=torch.int32, device=device)))
+                lambda n=num_pages: torch.empty(n, dtype=torch.int32, device=device)),
+            # the one-pass staging's epoch word a slot (zeros when made: every first call converts what it lists)
+            epochs=_buffer(("epochs", k, num_pages * page_size), device, stream,
+                           lambda n=num_pages * page_size: torch.zeros(n, dtype=torch.int32, device=device))
+            if given is None and touch else none)
         plans.append(plan)
         # scanned: a row a slot of the cache, at its address; given: a block of rows a page given, packed
         lo += plan.n_keys if plan.scanned else given.shape[0] * page_size
         col0 += idx.shape[1]
     table_rows, K = lo, col0
     has_lengths = (topk_length is not None, extra_topk_length is not None)
-    scanned = [k for k, plan in enumerate(plans) if plan.scanned]
-    # a launch a pass, both caches in it (the pair builds): 3 launches with pages given, 4 scanning
+    touched = [k for k, plan in enumerate(plans) if plan.scanned and touch]
+    rest = [k for k in range(len(plans)) if k not in touched]       # staged by the scan / dequant / join passes
+    scanned = [k for k in rest if plans[k].scanned]
+    # the epoch state of the one-pass staging (the last call's epoch, the CTAs done), kept with the stream's buffers
+    touch_state = _buffer(("touch state",), device, stream,
+                          lambda: torch.zeros(2, dtype=torch.int32, device=device)) if touched else none
+    # the one pass for the touched caches; for the rest a launch a pass, both caches in it (the pair builds)
     run_all = Sequence(
+        *([_touch_launch(device, tuple(has_lengths[k] for k in touched))] if touched else []),
         *([_one_or_pair(_scan_launch, _scan_pair_launch, device, [(has_lengths[k],) for k in scanned])]
           if scanned else []),
-        _one_or_pair(_dequant_launch, _dequant_pair_launch, device,
-                     [("marks" if plan.scanned else "list+map",) for plan in plans]),
-        _one_or_pair(_join_launch, _join_pair_launch, device,
-                     [(has_lengths[k], not plan.scanned) for k, plan in enumerate(plans)]),
+        *([_one_or_pair(_dequant_launch, _dequant_pair_launch, device,
+                        [("marks" if plans[k].scanned else "list+map",) for k in rest]),
+           _one_or_pair(_join_launch, _join_pair_launch, device,
+                        [(has_lengths[k], not plans[k].scanned) for k in rest])] if rest else []),
         unsplit_sparse_launcher(device, with_sink=sink is not None, scale=scale))   # over the table
     joint = _buffer(("joint", Sq, K), device, stream, lambda: torch.empty(Sq, K, dtype=torch.int32, device=device))
     pass_sink = sink_passer(sink, device)
@@ -425,13 +488,15 @@ def _staged_plan(q, k_cache, indices, topk_length, extra_k_cache, extra_indices,
         lse = new_lse()
         per_cache = ((k_cache, indices, topk_length, pages), (extra_k_cache, extra_indices, extra_topk_length,
                                                               extra_pages))
-        scan_step, dequant_step, join_step = (), (), ()    # the caches' arguments of a pass, one after the other
+        touch_step, scan_step, dequant_step, join_step = (), (), (), ()   # a pass's caches, one after the other
         for k, plan in enumerate(plans):
             cache, idx, lengths, given = per_cache[k]
             idx, lengths, given = flat[3 * k](idx), flat[3 * k + 1](lengths), flat[3 * k + 2](given)
             lengths = none if lengths is None else lengths
             data = plan.cache_bytes(cache)
-            if plan.scanned:
+            if k in touched:
+                touch_step += (idx, lengths, data, plan.epochs, plan.page_size, plan.row0, plan.col0)
+            elif plan.scanned:
                 scan_step += (idx, lengths, plan.marks, plan.n_keys, plan.page_size)
                 dequant_step += (data, plan.page_size, table, plan.marks, none, plan.row0)
                 join_step += (idx, lengths, none, none, joint, plan.n_keys, plan.page_size, plan.row0, plan.col0)
@@ -439,8 +504,15 @@ def _staged_plan(q, k_cache, indices, topk_length, extra_k_cache, extra_indices,
                 dequant_step += (data, plan.page_size, table, given, plan.page_map, plan.row0)
                 join_step += (idx, lengths, plan.page_map, given, joint, plan.n_keys, plan.page_size, plan.row0,
                               plan.col0)
+        steps = []
+        if touched:                 # one list: the build reads only the first list's arguments (given twice)
+            steps.append((touch_step * 2)[:14] + (table, joint, touch_state))
+        if scanned:
+            steps.append(scan_step)
+        if rest:
+            steps += [dequant_step, join_step]
         with on_device(device):
-            run_all(*((scan_step,) if scanned else ()), dequant_step, join_step,
+            run_all(*steps,
                     (q, table, joint, out, lse, pass_sink(sink)))
         return (out, lse.t()) if return_lse else out
     return run
