@@ -36,6 +36,8 @@ def main():
             fns["FA4"] = lambda q, k, v, c=bool(causal): fa4(q, k, v, causal=c)
         flops = 4.0 * B * H * S * S * D * (0.5 if causal else 1.0)
         for name, fn in fns.items():
+            fn(*sets[0])                        # compiled before the sampled window
+            torch.cuda.synchronize()
             with SmiSampler() as smi:
                 t = bench.time_graph(fn, sets, replays=args.replays)
             print(f"hd{D} causal={causal} {name:5s} alone {t.per_call_ms * 1e3:8.1f} µs "

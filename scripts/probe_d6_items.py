@@ -61,8 +61,12 @@ class SmiSampler:
         if not self.rows:
             return "no nvidia-smi samples"
         clocks, watts = [r[0] for r in self.rows], [r[1] for r in self.rows]
+        # the busy samples: power at least half the peak (a window also holds graph capture, L2 flushes, idle gaps)
+        busy = [r for r in self.rows if r[1] >= 0.5 * max(watts)]
         return (f"SM clock median {statistics.median(clocks):.0f} MHz (min {min(clocks):.0f}, max {max(clocks):.0f}), "
-                f"power median {statistics.median(watts):.0f} W (max {max(watts):.0f}), {len(self.rows)} samples")
+                f"power median {statistics.median(watts):.0f} W (max {max(watts):.0f}), {len(self.rows)} samples; "
+                f"busy {len(busy)}: {statistics.median(r[0] for r in busy):.0f} MHz, "
+                f"{statistics.median(r[1] for r in busy):.0f} W")
 
 
 def main():
