@@ -138,8 +138,10 @@ for w in $what; do
                 timeout 100 python scripts/bench_host.py --rounds 3 --only staged; } 2>&1 \
                 | tee "$out/logs/touch.txt" | grep -v "^\s*$" | tail -n 30 ;;
     # d1clocks: D1's sweep shapes, ours and FA4 each alone under nvidia-smi sampling (SM clock, power), then
-    # interleaved — is the dense forward power-bound as D6's prefill is (#32; ~2 min)
-    d1clocks) { timeout 300 python scripts/probe_d1_clocks.py; } 2>&1 | grep -v -i warn | tee "$out/logs/d1clocks.txt" | tail -n 12 ;;
+    # interleaved — is the dense forward power-bound as D6's prefill is (#32; ~2 min); D1_SHAPES=128:0
+    # D1_VARIANTS="wg_pingpong=1" also times those builds of ours (probe_d1_clocks --variants)
+    d1clocks) { timeout 400 python scripts/probe_d1_clocks.py ${D1_SHAPES:+--shapes $D1_SHAPES} \
+                  ${D1_VARIANTS:+--variants "$D1_VARIANTS"}; } 2>&1 | grep -v -i warn | tee "$out/logs/d1clocks.txt" | tail -n 12 ;;
     # hostargs: where sparse_decode's in-situ launch spends its ~5.6 µs over the bare compiled call (~1 min)
     hostargs) { timeout 150 python scripts/probe_host_args.py; } 2>&1 | tee "$out/logs/hostargs.txt" | tail -n 10 ;;
     # ffiargs: one TVM-FFI argument as a torch tensor against its data pointer (the pointer-ABI question, ~1 min)

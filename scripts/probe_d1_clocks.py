@@ -5,7 +5,12 @@ the board power every 20 ms (``probe_d6_items.SmiSampler``), then both interleav
 instructions), not more overlap; if ours runs cooler at the same clock, the gap is in the schedule.  A measurement,
 never a result.
 
-    python scripts/probe_d1_clocks.py [--shapes 256:0,128:0,64:1] [--replays 60]"""
+    python scripts/probe_d1_clocks.py [--shapes 256:0,128:0,64:1] [--replays 60] [--variants wg_pingpong=1]
+
+``--variants``: builds of ours with sweep_d1's knobs changed (``;`` between variants, ``+`` between a variant's
+knobs, e.g. ``wg_pingpong=1;wg_pingpong=1+rescale_o_early=0``), timed the same way beside the shipped build.  Why:
+at hd128 the ping-pong build's L2 reads coalesce 1.79x against the shipped build's 1.19x (ncu, session 59) — about
+4 GB less L2 traffic a call, which under the power cap may be clock.  A measurement, never a result."""
 import argparse
 
 import torch
@@ -14,6 +19,8 @@ import dsv4lib
 from dsv4lib import bench
 from dsv4lib.bench.peers import attention_peers
 from probe_d6_items import SmiSampler
+from sweep_d1 import variant_fn
+from dsv4lib.kernels.sm90.config import Sm90FwdConfig
 
 SHAPES = {256: (8, 16, 4096), 128: (4, 16, 8192), 64: (4, 16, 8192)}     # (B, H, S) per head dim, the D1 sweep's
 
@@ -22,6 +29,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="256:0,128:0,64:1", help="head_dim:causal, comma-separated")
     ap.add_argument("--replays", type=int, default=60, help="graph replays a kernel alone (32 calls each)")
+    ap.add_argument("--variants", default="", help="ours with knobs changed: a=1+b=0;c=1 (see the docstring)")
     args = ap.parse_args()
     fa4 = attention_peers().get("FA4")
     print(f"{torch.cuda.get_device_name()}; FA4 {'present' if fa4 else 'absent'}")
@@ -32,6 +40,12 @@ def main():
         sets = [tuple(torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
                 for _ in range(4)]
         fns = {"ours": lambda q, k, v, c=bool(causal): dsv4lib.attention(q, k, v, causal=c)}
+        for variant in (v for v in args.variants.split(";") if v):
+            change = {kv.split("=")[0]: bool(int(kv.split("=")[1])) for kv in variant.split("+")}
+            base = Sm90FwdConfig.for_problem(D, causal=bool(causal), has_lse=False,
+                                             gpu_name=torch.cuda.get_device_name(),
+                                             num_sms=torch.cuda.get_device_properties(0).multi_processor_count)
+            fns["ours " + variant] = lambda q, k, v, run=variant_fn(base.replace(**change)): run(q, k, v)
         if fa4 is not None:
             fns["FA4"] = lambda q, k, v, c=bool(causal): fa4(q, k, v, causal=c)
         flops = 4.0 * B * H * S * S * D * (0.5 if causal else 1.0)
@@ -40,7 +54,7 @@ def main():
             torch.cuda.synchronize()
             with SmiSampler() as smi:
                 t = bench.time_graph(fn, sets, replays=args.replays)
-            print(f"hd{D} causal={causal} {name:5s} alone {t.per_call_ms * 1e3:8.1f} µs "
+            print(f"hd{D} causal={causal} {name:12s} alone {t.per_call_ms * 1e3:8.1f} µs "
                   f"{bench.tflops(flops, t.per_call_ms):6.1f} TFLOP/s: {smi.summary()}", flush=True)
         times = bench.time_graph_interleaved(fns, sets)
         cells = [f"{n} {bench.tflops(flops, t.per_call_ms):6.1f}" for n, t in times.items()]
