@@ -142,6 +142,14 @@ for w in $what; do
     # D1_VARIANTS="wg_pingpong=1" also times those builds of ours (probe_d1_clocks --variants)
     d1clocks) { timeout 400 python scripts/probe_d1_clocks.py ${D1_SHAPES:+--shapes $D1_SHAPES} \
                   ${D1_VARIANTS:+--variants "$D1_VARIANTS"}; } 2>&1 | grep -v -i warn | tee "$out/logs/d1clocks.txt" | tail -n 12 ;;
+    # d1pingpong: candidates/d1_hd128_pingpong.patch applied (hd128 non-causal with the warpgroups taking turns), the
+    # D1 GPU groups through it, then the sustained A/B against the shipped build (probe_d1_clocks, hd128 non-causal:
+    # ours patched, ours wg_pingpong=0 = the shipped build, FA4; ~5 min); the tree is left patched
+    d1pingpong) apply_candidate d1_hd128_pingpong || continue
+              OUT="$out/logs" GROUP_TIMEOUT=300 PARALLEL=2 bash scripts/gpu_check.sh d1 persistent > "$out/logs/gpu_check.txt" 2>&1
+              tail -n 4 "$out/logs/gpu_check.txt"
+              { timeout 300 python scripts/probe_d1_clocks.py --shapes 128:0 --variants "wg_pingpong=0"; } 2>&1 \
+                | grep -v -i warn | tee "$out/logs/d1pingpong.txt" | tail -n 6 ;;
     # hostargs: where sparse_decode's in-situ launch spends its ~5.6 µs over the bare compiled call (~1 min)
     hostargs) { timeout 150 python scripts/probe_host_args.py; } 2>&1 | tee "$out/logs/hostargs.txt" | tail -n 10 ;;
     # ffiargs: one TVM-FFI argument as a torch tensor against its data pointer (the pointer-ABI question, ~1 min)
