@@ -1380,6 +1380,8 @@ def _staged_on_the_cpu(monkeypatch):
     def recorded(name, go):             # each launch the call makes, by name, in `launches`
         def run(*args):
             launches.append(name)
+            # the kernels read every tensor as compact rows: a strided caller's list must reach them copied
+            assert all(a.is_contiguous() for a in args if isinstance(a, torch.Tensor)), f"{name}: a strided argument"
             go(*args)
         return run
 
@@ -1443,7 +1445,8 @@ def test_staged_prefill_places_pages_and_lists_on_the_cpu(monkeypatch, given, to
     Sq, H = 5, 64                       # H: the attention packs 64 heads a CTA
     q = (torch.randn(Sq, H, 512, generator=gen) * 0.5).bfloat16()
     idx = torch.randint(-2, main.num_keys + 3, (Sq, 13), generator=gen, dtype=torch.int32)
-    idx2 = torch.randint(-2, cmp.num_keys + 3, (Sq, 7), generator=gen, dtype=torch.int32)
+    # the extra list strided (every other column of a wider one): the plan copies it each call
+    idx2 = torch.randint(-2, cmp.num_keys + 3, (Sq, 14), generator=gen, dtype=torch.int32)[:, ::2]
     lengths = torch.randint(0, 14, (Sq,), generator=gen, dtype=torch.int32)
     lengths[0] = 13
     sink = torch.randn(H, generator=gen)
