@@ -296,7 +296,7 @@ for w in $what; do
     # ncu1=256,0: another D1 head dim and mask (D,CAUSAL), ours then FA4
     ncu1=*)   run_ncu "d1_$(echo "${w#ncu1=}" | tr , _)" 2 scripts/ncu_d1.py $(echo "${w#ncu1=}" | tr , ' ') ;;
     # ncu1v=128,0,persistent=0+dynamic_schedule=0: also that variant of our build (sweep_d1's knobs, '+' between them)
-    ncu1v=*)  set -- $(echo "${w#ncu1v=}" | tr , ' '); run_ncu "d1v_$1_$2" 3 scripts/ncu_d1.py "$1" "$2" "$(echo "$3" | tr + ,)" ;;
+    ncu1v=*)  set -- $(echo "${w#ncu1v=}" | tr , ' '); run_ncu "d1v_$1_$2" 3 scripts/ncu_d1.py "$1" "$2" "$3" ;;
     ncu6)     run_ncu d6 2 scripts/ncu_d6.py 15 ;;
     # trace6: D6's bf16 prefill with a clock stamp at every half-tile pipeline event (probe_d6.py --trace): Sq 4096
     # H64 and H128 on the 32 MiB pool (D6's L2 pool), then Sq 4096 H64 on 256 MiB — where #36's time goes, pair by pair,

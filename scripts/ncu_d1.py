@@ -6,7 +6,7 @@ FA4's ``flash_attn_func`` on the same inputs, each warmed up outside the profile
     ncu -i OUT/d1.ncu-rep --page source --print-source sass --csv > OUT/d1_sass.csv
 
 (``gpu_session.sh <sha> ncu1`` runs both; ``ncu1=256,0`` another head dim / mask; ``ncu_d1.py 128 0
-persistent=0,dynamic_schedule=0`` also profiles that variant of our build, third.)"""
+persistent=0+dynamic_schedule=0`` also profiles that variant of our build, third.)"""
 
 import sys
 
@@ -22,16 +22,9 @@ B, H, S = 4, 16, 8192
 gen = torch.Generator(device="cuda").manual_seed(0)
 q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
 calls = {"ours": lambda: dsv4lib.attention(q, k, v, causal=causal, num_splits=1)}
-if len(sys.argv) > 3:       # a variant of our build beside it: "persistent=0,dynamic_schedule=0" (sweep_d1's knobs)
-    from sweep_d1 import variant_fn
-    from dsv4lib.kernels.sm90.config import Sm90FwdConfig
-    change = {kv.split("=")[0]: int(kv.split("=")[1]) for kv in sys.argv[3].split(",")}
-    change = {name: bool(x) if name in ("persistent", "dynamic_schedule") or name.startswith(("wg_", "o_in", "rescale",
-                                                                                             "pv_wait", "unmasked"))
-              else x for name, x in change.items()}
-    base = Sm90FwdConfig.for_problem(D, causal=causal, has_lse=False, gpu_name=torch.cuda.get_device_name(),
-                                     num_sms=torch.cuda.get_device_properties(0).multi_processor_count)
-    variant = variant_fn(base.replace(**change))
+if len(sys.argv) > 3:       # a variant of our build beside it: "persistent=0+dynamic_schedule=0" (sweep_d1's knobs)
+    from sweep_d1 import variant_config, variant_fn
+    variant = variant_fn(variant_config(D, causal, sys.argv[3]))
     calls["ours " + sys.argv[3]] = lambda: variant(q, k, v)
 fa4 = attention_peers().get("FA4")
 if fa4 is not None:

@@ -19,8 +19,7 @@ import dsv4lib
 from dsv4lib import bench
 from dsv4lib.bench.peers import attention_peers
 from probe_d6_items import SmiSampler
-from sweep_d1 import variant_fn
-from dsv4lib.kernels.sm90.config import Sm90FwdConfig
+from sweep_d1 import variant_config, variant_fn
 
 SHAPES = {256: (8, 16, 4096), 128: (4, 16, 8192), 64: (4, 16, 8192)}     # (B, H, S) per head dim, the D1 sweep's
 
@@ -41,11 +40,7 @@ def main():
                 for _ in range(4)]
         fns = {"ours": lambda q, k, v, c=bool(causal): dsv4lib.attention(q, k, v, causal=c)}
         for variant in (v for v in args.variants.split(";") if v):
-            change = {kv.split("=")[0]: bool(int(kv.split("=")[1])) for kv in variant.split("+")}
-            base = Sm90FwdConfig.for_problem(D, causal=bool(causal), has_lse=False,
-                                             gpu_name=torch.cuda.get_device_name(),
-                                             num_sms=torch.cuda.get_device_properties(0).multi_processor_count)
-            fns["ours " + variant] = lambda q, k, v, run=variant_fn(base.replace(**change)): run(q, k, v)
+            fns["ours " + variant] = variant_fn(variant_config(D, bool(causal), variant))
         if fa4 is not None:
             fns["FA4"] = lambda q, k, v, c=bool(causal): fa4(q, k, v, causal=c)
         flops = 4.0 * B * H * S * S * D * (0.5 if causal else 1.0)

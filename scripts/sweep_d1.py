@@ -69,6 +69,19 @@ def check(D: int, causal_values, window=None) -> None:
             print(f"hd{D} causal={int(causal)} {name:<12} spill {spills} B  C7514 {'C7514' in report}", flush=True)
 
 
+def variant_config(D: int, causal: bool, spec: str) -> Sm90FwdConfig:
+    """This GPU's shipped D1 build (no window, no LSE) with knobs changed by ``spec``: ``name=value`` pairs joined by
+    ``+`` (``"persistent=0+dynamic_schedule=0"``), each value an int, cast to the knob's own type (a flag's 0 / 1 to
+    False / True) — the ncu and clock probes' way to name a variant on their command line."""
+    base = Sm90FwdConfig.for_problem(D, causal=causal, has_lse=False, gpu_name=torch.cuda.get_device_name(),
+                                     num_sms=torch.cuda.get_device_properties(0).multi_processor_count)
+    change = {}
+    for item in spec.split("+"):
+        name, value = item.split("=")
+        change[name] = type(getattr(base, name))(int(value))
+    return base.replace(**change)
+
+
 def variant_fn(config: Sm90FwdConfig, poison: bool = False, window=None):
     def run(q, k, v):
         out = torch.full_like(q, float("nan")) if poison else torch.empty_like(q)   # a block left unwritten shows
