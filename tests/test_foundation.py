@@ -596,13 +596,14 @@ def test_the_host_ab_table_takes_each_sides_lowest_run(tmp_path):
 
 
 def test_the_branches_plan_key_tells_apart_what_its_validation_reads(monkeypatch):
-    """``attention_branches``' flat plan key (``ops.attention._branches_key``): each branch's k and v signatures and
+    """``attention_branches``' flat plan key (``_key_of_parts`` of ``_branches_parts``): each branch's k and v signatures and
     its two options with their types — a ``v`` that is its ``k`` (K = V) stands as ``True``, so it keys apart from a
     separate ``v`` of the same kind; the number of branches, their order and every option change the key; an option
     that is not a plain value gives no key (AttributeError: the full path decides)."""
     import importlib
     attention = importlib.import_module("dsv4lib.ops.attention")          # the module (dsv4lib.ops re-exports the function)
-    _branches_key = attention._branches_key
+    def _branches_key(q, branches, sink, scale, return_lse):    # what attention_branches keys a call by
+        return attention._key_of_parts(*attention._branches_parts(q, branches, sink, scale, return_lse), q.device)
     monkeypatch.setattr(attention, "raw_stream", lambda device: 0)          # no CUDA here
     bf = lambda *s: torch.zeros(*s, dtype=torch.bfloat16)
     q, k, v, kc = bf(1, 8, 2, 64), bf(1, 8, 2, 64), bf(1, 8, 2, 64), bf(1, 4, 2, 64)

@@ -70,9 +70,9 @@ def prefetch_l2_bulk(address: Int64, size: int, *, loc=None, ip=None) -> None:
 
 @dsl_user_op
 def prefetch_l2_line(address: Int64, *, loc=None, ip=None) -> None:
-    """``prefetch.global.L2`` of the line holding ``address`` (any alignment)."""
-    llvm.inline_asm(None, [Int64(address).ir_value(loc=loc, ip=ip)], "prefetch.global.L2 [$0];", "l",
-                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+    """``prefetch.global.L2`` of the line holding ``address`` (any alignment), by CuTeDSL's own prefetch op."""
+    line = cute.make_ptr(cutlass.Uint8, Int64(address), cute.AddressSpace.gmem, loc=loc, ip=ip)
+    cute.arch.prefetch(line.llvm_ptr, cache_level="L2", loc=loc, ip=ip)
 
 
 @cute.jit

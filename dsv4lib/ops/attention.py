@@ -288,13 +288,9 @@ def attention_branches(q, branches, *, sink=None, scale=None, return_lse=False):
     return plan(q, branches, sink)
 
 
-def _branches_key(q, branches, sink, scale, return_lse) -> tuple:
-    """The plan key of an ``attention_branches`` call: :func:`_branches_parts`' plain parts, each tensor's
-    :func:`tensor_sig` and the stream, in one flat tuple."""
-    return _key_of_parts(*_branches_parts(q, branches, sink, scale, return_lse), q.device)
-
-
 def _key_of_parts(rest: tuple, tensors: tuple, device) -> tuple:
+    """The plan key of an ``attention_branches`` call from :func:`_branches_parts`: its plain parts, each tensor's
+    :func:`tensor_sig` and the stream, in one flat tuple."""
     return (*rest, *map(tensor_sig, tensors), raw_stream(device))
 
 

@@ -376,7 +376,6 @@ class _CachePlan(NamedTuple):
     epochs: torch.Tensor
 
 
-
 def sparse_prefill_staged(q, k_cache, indices, topk_length=None, *, extra_k_cache=None, extra_indices=None,
                           extra_topk_length=None, sink=None, scale=None, return_lse=False, pages=None,
                           extra_pages=None):
@@ -476,9 +475,22 @@ def _staged_plan(q, k_cache, indices, topk_length, extra_k_cache, extra_indices,
     pass_sink = sink_passer(sink, device)
     new_lse = lse_output(device, (H, Sq), bool(return_lse))
     # a list the kernels read must be contiguous: a copy per call where the caller's is not (the key holds strides)
-    as_is, copied = (lambda t: t), (lambda t: t.contiguous())
-    flat = [as_is if t is None or t.is_contiguous() else copied
-            for t in (indices, topk_length, pages, extra_indices, extra_topk_length, extra_pages)]
+    lists_copied = [t is not None and not t.is_contiguous()
+                    for t in (indices, topk_length, pages, extra_indices, extra_topk_length, extra_pages)]
+    copy_lists = any(lists_copied)
+    # per cache, fixed with the plan (issue #28: no attribute lookups, no list tests per call): how its bytes are read,
+    # its kind, and the constant arguments of each pass it takes part in, around the call's own tensors
+    shares = []
+    for k, plan in enumerate(plans):
+        ps, row0, col0 = plan.page_size, plan.row0, plan.col0
+        if k in touched:        # touch: (idx, lengths, data) + these
+            fixed = ((plan.epochs, ps, row0, col0),)
+        elif plan.scanned:      # scan: (idx, lengths) + a; dequant: (data,) + b + (table,) + c; join: (idx, lengths) + d
+            fixed = ((plan.marks, plan.n_keys, ps), (ps,), (plan.marks, none, row0),
+                     (none, none, joint, plan.n_keys, ps, row0, col0))
+        else:                   # dequant: (data,) + a + (table, given) + b; join: (idx, lengths, page map, given) + c
+            fixed = ((ps,), (plan.page_map, row0), (joint, plan.n_keys, ps, row0, col0))
+        shares.append(("touch" if k in touched else "scan" if plan.scanned else "given", plan.cache_bytes, fixed))
 
     def run(q, k_cache, indices, topk_length, extra_k_cache, extra_indices, extra_topk_length, sink, pages,
             extra_pages):
@@ -486,27 +498,28 @@ def _staged_plan(q, k_cache, indices, topk_length, extra_k_cache, extra_indices,
         # q's shape and dtype; ~0.5 µs less Python than torch.empty(shape, dtype=, device=)
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
         lse = new_lse()
+        if copy_lists:
+            indices, topk_length, pages, extra_indices, extra_topk_length, extra_pages = (
+                t.contiguous() if copied else t for t, copied in zip(
+                    (indices, topk_length, pages, extra_indices, extra_topk_length, extra_pages), lists_copied))
         per_cache = ((k_cache, indices, topk_length, pages), (extra_k_cache, extra_indices, extra_topk_length,
                                                               extra_pages))
         touch_step, scan_step, dequant_step, join_step = (), (), (), ()   # a pass's caches, one after the other
-        for k, plan in enumerate(plans):
-            cache, idx, lengths, given = per_cache[k]
-            idx, lengths, given = flat[3 * k](idx), flat[3 * k + 1](lengths), flat[3 * k + 2](given)
-            lengths = none if lengths is None else lengths
-            data = plan.cache_bytes(cache)
-            if k in touched:
-                touch_step += (idx, lengths, data, plan.epochs, plan.page_size, plan.row0, plan.col0)
-            elif plan.scanned:
-                scan_step += (idx, lengths, plan.marks, plan.n_keys, plan.page_size)
-                dequant_step += (data, plan.page_size, table, plan.marks, none, plan.row0)
-                join_step += (idx, lengths, none, none, joint, plan.n_keys, plan.page_size, plan.row0, plan.col0)
+        for (kind, read, fixed), (cache, idx, lengths, given) in zip(shares, per_cache):
+            if lengths is None:
+                lengths = none
+            if kind == "touch":
+                touch_step += (idx, lengths, read(cache)) + fixed[0]
+            elif kind == "scan":
+                scan_step += (idx, lengths) + fixed[0]
+                dequant_step += (read(cache),) + fixed[1] + (table,) + fixed[2]
+                join_step += (idx, lengths) + fixed[3]
             else:
-                dequant_step += (data, plan.page_size, table, given, plan.page_map, plan.row0)
-                join_step += (idx, lengths, plan.page_map, given, joint, plan.n_keys, plan.page_size, plan.row0,
-                              plan.col0)
+                dequant_step += (read(cache),) + fixed[0] + (table, given) + fixed[1]
+                join_step += (idx, lengths, fixed[1][0], given) + fixed[2]
         steps = []
         if touched:                 # one list: the build reads only the first list's arguments (given twice)
-            steps.append((touch_step * 2)[:14] + (table, joint, touch_state))
+            steps.append((touch_step if len(touched) == 2 else touch_step * 2) + (table, joint, touch_state))
         if scanned:
             steps.append(scan_step)
         if rest:
