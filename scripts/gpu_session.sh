@@ -122,6 +122,13 @@ for w in $what; do
     # host µs of every public call (#28's bar), with launches stubbed (--split) and the cProfile of each call
     hostbench) { timeout 200 python scripts/bench_host.py --split --profile "$out/logs"; } 2>&1 \
                 | tee "$out/logs/hostbench.txt" | tail -n 40 ;;
+    # hoststaged: the staged prefill's host µs (#28's bar 25), three rounds (~1 min)
+    hoststaged) { timeout 150 python scripts/bench_host.py --rounds 3 --only staged; } 2>&1 \
+                | tee "$out/logs/hoststaged.txt" | grep -v "^\s*$" | tail -n 12 ;;
+    # densedecode: D2's dense hd512 decode (B1 H64 KV 64k) split into its parts under graph replay — the call, the
+    # split kernel, the combine, the producer alone, one MMA left out: the floor #28's 0.8 bar is read against (~1.5 min)
+    densedecode) { timeout 240 python scripts/probe_dense_decode.py ${DENSE_ARGS:-}; } 2>&1 | grep -v -i warn \
+                | tee "$out/logs/densedecode.txt" | tail -n 14 ;;
     # cvtrate: e4m3 pairs converted a ns by the placed bits (shipped) vs cvt.rn.f16x2.e4m3x2 (+ mul.f16x2): is the
     # f16-MMA plan's premise right (docs/tuning/d7.md, session 56; ~1 min)
     cvtrate) { timeout 120 python scripts/probe_cvt_rate.py; } 2>&1 | tee "$out/logs/cvtrate.txt" | tail -n 4 ;;

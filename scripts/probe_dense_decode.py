@@ -1,0 +1,99 @@
+"""Where D2's dense hd512 decode spends its time under graph replay: the whole call, its split kernel alone, the
+combine alone, the producer alone, and the split kernel with one MMA left out.
+
+    python scripts/probe_dense_decode.py [--keys 65536] [--heads 64] [--splits 32,64]
+
+Why (session 60): #28's bar for the dense DSV4 decode (B1 H64 hd512 KV 64k, K = V) is 0.8 of stage 00's copy
+bandwidth (~19.7 µs on the H200); the record reads 29.5 µs (0.536).  The notebook's prose calls the bar "below this
+data path's floor" from session 17's *event* timings (the producer alone 19.9 µs, the call ~31), which carry a ~4 µs
+event floor the graph replay does not.  This measures the floor the way the bar is read: device µs per call by
+CUDA-graph replay over rotating sets whose keys exceed the L2, every variant interleaved replay by replay
+(``bench.time_graph_interleaved``):
+
+- ``call``: ``dsv4lib.attention(q, k, k)`` (the split rule's choice, printed), and ``call/<s>`` at forced splits;
+- ``kernel``: the clustered split kernel by itself, writing the workspace as the call does;
+- ``combine``: the combine by itself on that workspace (launched with PDL, as the call sends it);
+- ``producer``: the split build with ``gather_only`` (the TMA stream of the keys, consumers only release; no cluster:
+  a gather-only build merges nothing) — the data path's floor at this split count;
+- ``no_qk`` / ``no_pv``: the clustered split kernel with one of its MMAs left out (``skip_mma``; wrong output) — how
+  much of the main loop the math holds."""
+import argparse
+import json
+import pathlib
+
+import torch
+
+import dsv4lib
+from dsv4lib import bench, reference
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--keys", type=int, default=65536)
+    ap.add_argument("--heads", type=int, default=64)
+    ap.add_argument("--splits", default="32,64", help="forced split counts of the public call, beside its own")
+    args = ap.parse_args()
+    from dsv4lib.kernels.sm90.sparse_config import SparseFwdConfig
+    from dsv4lib.ops import combine, launch, sparse
+    dev = torch.device("cuda", torch.cuda.current_device())
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    H, S = args.heads, args.keys
+    # rotating sets: their keys together past 200 MiB (the L2 is 50 MB), at least 4
+    n_sets = max(4, -(-200 * 2**20 // (S * 1024)))
+    sets = [(torch.randn(1, 1, H, 512, device="cuda", dtype=torch.bfloat16, generator=gen),
+             torch.randn(1, S, 1, 512, device="cuda", dtype=torch.bfloat16, generator=gen)) for _ in range(n_sets)]
+    splits = sparse.choose_splits(None, H // sparse.HEADS_PER_CTA, S, dev, gather=False)
+    cluster = sparse.cluster_for(splits, gather=False)
+    print(f"{torch.cuda.get_device_name()}: B1 H{H} KV {S} hd512, {n_sets} sets; the rule's split count {splits} "
+          f"(cluster {cluster}, {splits // cluster} partials); device µs per call (graph replay)", flush=True)
+    sink_t, no_idx = launch.placeholder(dev, "sink"), launch.placeholder(dev, "indices")
+    scale = 512 ** -0.5
+    fns = {"call": lambda q, k: dsv4lib.attention(q, k, k)}
+    for s in (int(x) for x in args.splits.split(",") if x):
+        fns[f"call/{s}"] = lambda q, k, s=s: dsv4lib.attention(q, k, k, num_splits=s)
+
+    def split_launch(name, config, parts):
+        o_part, lse_part = launch.workspace(parts, 1, 1, H, 512, dev, launch.raw_stream(dev),
+                                            sparse.partial_dtype(config))
+        go = sparse.launcher(config, dev, scale=scale, window=None, public="mqa")
+        fns[name] = lambda q, k: go(q, k, no_idx, o_part, lse_part, sink_t)
+        return o_part, lse_part
+
+    clustered = SparseFwdConfig.for_problem(gather=False, split_kv=True, cluster_splits=cluster)
+    o_part, lse_part = split_launch("kernel", clustered, splits // cluster)
+    out = torch.empty(1, 1, H, 512, device="cuda", dtype=torch.bfloat16)
+    lse = torch.empty(1, H, 1, device="cuda", dtype=torch.float32)
+    merge = combine.combine_launcher(512, dev, has_sink=False, pdl=cluster > 1)
+    fns["combine"] = lambda q, k: merge(o_part, lse_part, out, lse, sink_t)
+    split_launch("producer", SparseFwdConfig.for_problem(gather=False, split_kv=True).replace(gather_only=True),
+                 splits)
+    for skip in ("qk", "pv"):
+        split_launch(f"no_{skip}", clustered.replace(skip_mma=skip), splits // cluster)
+    # the whole call against float64 once, so a timing of a wrong kernel cannot pass unnoticed
+    q0, k0 = sets[0]
+    got = dsv4lib.attention(q0, k0, k0)
+    want = reference.attention(q0.double(), k0.double(), k0.double())
+    a, b = got.double().flatten(), want.flatten()
+    print(f"call vs float64: cosine {float(a @ b / (a.norm() * b.norm())):.7f}", flush=True)
+    for name in list(fns):          # compile each build before the capture; a build that fails is left out, said
+        try:
+            fns[name](*sets[0])
+            torch.cuda.synchronize()
+        except Exception as e:     # noqa: BLE001 — a probe: report and go on with the rest
+            print(f"{name}: left out ({type(e).__name__}: {str(e)[:200]})", flush=True)
+            del fns[name]
+    times = bench.time_graph_interleaved(fns, sets)
+    copy_tbps = None
+    try:                            # stage 00's copy rate on this GPU kind, as recorded
+        rec = json.loads(pathlib.Path("stages/results/h200.json").read_text())
+        copy_tbps = rec["stages"]["00-env"]["metrics"]["copy_gbps"] / 1e3
+    except Exception:               # no record here: print the times alone
+        pass
+    for name, t in times.items():
+        us = t.per_call_ms * 1e3
+        frac = f"  {S * 1024 / (us * 1e-6) / (copy_tbps * 1e12):.3f} of the copy" if copy_tbps else ""
+        print(f"{name:10s} {us:7.1f} µs{frac}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
