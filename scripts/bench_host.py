@@ -192,9 +192,10 @@ def main():
     ap.add_argument("--ab-last-plans", action="store_true", help="time every call with the last-call plans off and on "
                     "(launch.LAST_PLANS), alternating in each round, and print both")
     args = ap.parse_args()
-    if os.environ.get("STAGED_TOUCH") is not None:    # STAGED_TOUCH=0: the scanned staged calls by the pair builds
-        from dsv4lib.ops import prefill_staged
-        prefill_staged.STAGED_TOUCH = os.environ["STAGED_TOUCH"] != "0"
+    from dsv4lib.ops import prefill_staged
+    for switch in ("STAGED_TOUCH", "STAGED_PAGES_ONE_LAUNCH"):   # =0: those staged calls by the pair builds
+        if os.environ.get(switch) is not None:
+            setattr(prefill_staged, switch, os.environ[switch] != "0")
     if args.ab_last_plans:
         return ab_last_plans(args)
     launch.ONE_CALL = bool(args.one_call)

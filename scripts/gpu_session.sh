@@ -125,6 +125,14 @@ for w in $what; do
     # hoststaged: the staged prefill's host µs (#28's bar 25), three rounds (~1 min)
     hoststaged) { timeout 150 python scripts/bench_host.py --rounds 3 --only staged; } 2>&1 \
                 | tee "$out/logs/hoststaged.txt" | grep -v "^\s*$" | tail -n 12 ;;
+    # pageslaunch: the pages= staged call by one launch (STAGED_PAGES_ONE_LAUNCH, session 60) against the pair builds:
+    # its GPU tests, the device µs both ways (probe_staged --pages-launch), the host µs both ways (~3 min)
+    pageslaunch) { timeout 200 python -m pytest -q -p no:cacheprovider tests/test_d7_fp8_decode.py tests/test_streams.py \
+                     -k "given_pages or staged";
+                timeout 150 python scripts/probe_staged.py --pages-launch;
+                STAGED_PAGES_ONE_LAUNCH=0 timeout 100 python scripts/bench_host.py --rounds 3 --only staged;
+                timeout 100 python scripts/bench_host.py --rounds 3 --only staged; } 2>&1 \
+                | tee "$out/logs/pageslaunch.txt" | grep -v "^\s*$" | tail -n 30 ;;
     # densedecode: D2's dense hd512 decode (B1 H64 KV 64k) split into its parts under graph replay — the call, the
     # split kernel, the combine, the producer alone, one MMA left out: the floor #28's 0.8 bar is read against (~1.5 min)
     densedecode) { timeout 240 python scripts/probe_dense_decode.py ${DENSE_ARGS:-}; } 2>&1 | grep -v -i warn \

@@ -3,14 +3,15 @@
 shapes, beside the whole call with the pages found by a scan of the lists and given (``pages=``).  Session 46 timed
 four ways of marking the page mask with it, session 47 the list join's kernel against the torch passes it
 replaced, session 48 the page scan kernel that replaced the histogram (docs/tuning/d2_d6.md).
-    python scripts/probe_staged.py [--dequant-variants 1,2,4] [--join-variants 1,4,8] [--pairs] [--touch]
+    python scripts/probe_staged.py [--dequant-variants 1,2,4] [--join-variants 1,4,8] [--pairs] [--touch] [--pages-launch]
 
 ``--dequant-variants``: the dequantization pass (every page of both caches) once per build — N slots a warp in
 flight (``prefill_staged.DEQUANT_SLOTS_IN_FLIGHT``) — twice in turn, each checked bit-equal to the shipped build's table, before the table
 of passes; ``--join-variants``: the list join with that many entries a thread in flight
 (``prefill_staged.JOIN_ENTRIES_IN_FLIGHT``), each checked equal to the torch join; ``--pairs`` (alone): the scanned
 call's three passes as single builds (a launch a cache) and as the pair builds (both caches in one launch), each
-kernel's device µs by torch.profiler, twice in turn (session 58)."""
+kernel's device µs by torch.profiler, twice in turn (session 58); ``--touch`` / ``--pages-launch`` (alone): the
+scanned / ``pages=`` call by its one-launch staging against the pair builds (sessions 59 / 60)."""
 import argparse
 import statistics
 
@@ -66,6 +67,10 @@ def main():
     parser.add_argument("--touch", action="store_true",
                         help="only: the scanned call with the one-pass staging (STAGED_TOUCH) against the pair builds: "
                              "whole calls twice in turn, then each way's staging kernels' device µs")
+    parser.add_argument("--pages-launch", action="store_true",
+                        help="only: the pages= call (every page given) with the one-launch staging "
+                             "(STAGED_PAGES_ONE_LAUNCH) against the pair builds: whole calls twice in turn, then each "
+                             "way's staging kernels' device µs")
     parser.add_argument("--pairs", action="store_true",
                         help="only: each pass's kernels' device µs as single builds (a launch a cache) and as pair builds")
     args = parser.parse_args()
@@ -107,16 +112,19 @@ def main():
             for (p, ps), n, page_list in zip(caches, sizes, all_pages):      # lists made once: no torch op a call
                 S.dequantize_pages(p, ps, table[lo:lo + n], page_list); lo += n
 
-        if args.touch:                  # STAGED_TOUCH against the pair builds, the scanned call
+        if args.touch or args.pages_launch:     # a one-launch staging against the pair builds
             from dsv4lib.ops import launch
+            given = dict(pages=all_pages[0], extra_pages=all_pages[1]) if args.pages_launch else {}
             call = lambda: S.sparse_prefill_staged(q, window, idx, len1, extra_k_cache=compressed,
-                                                   extra_indices=idx2, extra_topk_length=len2, sink=sink)
-            outs, shipped_touch = [], S.STAGED_TOUCH
+                                                   extra_indices=idx2, extra_topk_length=len2, sink=sink, **given)
+            switch = "STAGED_PAGES_ONE_LAUNCH" if args.pages_launch else "STAGED_TOUCH"
+            outs, shipped_touch = [], getattr(S, switch)
             for alternation in range(3):
                 for touch in (False, True):
-                    S.STAGED_TOUCH = touch
+                    setattr(S, switch, touch)
                     launch.forget_plans()               # a plan holds the switch it was made with
-                    way = "one pass (touch)" if touch else "pair builds"
+                    way = (("one launch (pages=)" if args.pages_launch else "one pass (touch)") if touch
+                           else "pair builds")
                     if alternation == 0:
                         outs.append(call().clone())
                     if alternation < 2:
@@ -126,8 +134,8 @@ def main():
                         staging = sum(per_kernel.values()) - max(per_kernel.values())
                         print(f"{f'Sq{Sq} H{H}':>14} {way:>28} {staging:9.1f}  the staging's kernels "
                               + ", ".join(f"{us:.1f}" for us in sorted(per_kernel.values())[:-1]))
-            assert torch.equal(outs[0], outs[1]), "the one-pass staging's output differs"
-            S.STAGED_TOUCH = shipped_touch
+            assert torch.equal(outs[0], outs[1]), f"{switch}: the output differs"
+            setattr(S, switch, shipped_touch)
             launch.forget_plans()
             continue
         if args.pairs:                  # the scanned call's three passes: singles (two launches each) vs pairs
