@@ -131,12 +131,15 @@ if on_gpu:
 # on-chip merge takes ~4.3 (~1.7 until every CTA of the cluster has its O in `sRed`, the slowest split included; ~2.6
 # pulling and weighing the peers' slices: DSMEM moves ~25 GB/s per SM), and the combine ~3 (its first batch of
 # partials is loaded ahead of the LSE reduction).  The whole call: ~31 µs (0.49-0.51 of the copy bandwidth), from 43.
-# **The 80 % bar (~19.7 µs) is below this data path's floor:** the producer alone — the same TMA stream of the 64 MiB
-# with no math, no merge and no combine — takes 19.9 µs timed the same way (0.794 of the copy), and the timing floor
-# of stage 00 (a kernel that does nothing: event, launch, completion) is 3.9-4.4 µs, so a kernel streaming the 64 MiB
-# at the copy's rate would read 0.78 (`dsv4_bw_fraction_at_copy_rate`).  Arithmetic intensity of this shape: 64 heads
-# × 2 MMAs × 2 flop per KV element (2 bytes) = 128 flop/byte, against the H200's ridge of ~190 — memory-bound, but the
-# MMAs at M = 64 need ~55 % of the tensor peak to keep up.
+# **The floor, read as the bar is (graph replay, H200, session 60: `scripts/probe_dense_decode.py`):** the producer
+# alone — the same TMA stream of the 64 MiB over the same 120 splits, no math, no merge, no combine — takes 17.5 µs
+# (0.90 of the copy bandwidth), so the 80 % bar (~19.7 µs) sits 2.2 µs above the data path's floor: it asks for the
+# math, the merge and the combine in ~2 µs more than the stream itself.  Today the split kernel alone takes 25.5 µs
+# (leaving out QK or PV saves ~1.5 µs each: the math is mostly hidden — the ~6.5 µs left are the merge and the
+# tail), the combine alone 2.6, the call 29.6.  (Session 17's "below the floor" came from event timings, which carry
+# stage 00's ~4 µs event floor.)  Arithmetic intensity of this shape: 64 heads × 2 MMAs × 2 flop per KV element
+# (2 bytes) = 128 flop/byte, against the H200's ridge of ~190 — memory-bound, but the MMAs at M = 64 need ~55 % of
+# the tensor peak to keep up.
 
 # The bars are read from **CUDA-graph replay** (`bench.time_graph`, #28): 32 calls over rotating inputs whose KV
 # together exceed the L2, captured once, per call = replay time / 32 — the event floor above is gone; the event
