@@ -125,9 +125,11 @@ for w in $what; do
     # hoststaged: the staged prefill's host µs (#28's bar 25), three rounds (~1 min)
     hoststaged) { timeout 150 python scripts/bench_host.py --rounds 3 --only staged; } 2>&1 \
                 | tee "$out/logs/hoststaged.txt" | grep -v "^\s*$" | tail -n 12 ;;
-    # pageslaunch: the pages= staged call by one launch (STAGED_PAGES_ONE_LAUNCH, session 60) against the pair builds:
-    # its GPU tests, the device µs both ways (probe_staged --pages-launch), the host µs both ways (~3 min)
-    pageslaunch) { timeout 200 python -m pytest -q -p no:cacheprovider tests/test_d7_fp8_decode.py tests/test_streams.py \
+    # pageslaunch: candidates/staged_pages_one_launch.patch applied (the pages= staged call by one launch, session 60:
+    # it lost 23-26 µs of device time for ~9 µs of host) against the pair builds: its GPU tests, the device µs both ways
+    # (probe_staged --pages-launch), the host µs both ways (~3 min; leaves the tree patched)
+    pageslaunch) apply_candidate staged_pages_one_launch || continue
+                { timeout 200 python -m pytest -q -p no:cacheprovider tests/test_d7_fp8_decode.py tests/test_streams.py \
                      -k "given_pages or staged";
                 timeout 150 python scripts/probe_staged.py --pages-launch;
                 STAGED_PAGES_ONE_LAUNCH=0 timeout 100 python scripts/bench_host.py --rounds 3 --only staged;

@@ -11,7 +11,8 @@ of passes; ``--join-variants``: the list join with that many entries a thread in
 (``prefill_staged.JOIN_ENTRIES_IN_FLIGHT``), each checked equal to the torch join; ``--pairs`` (alone): the scanned
 call's three passes as single builds (a launch a cache) and as the pair builds (both caches in one launch), each
 kernel's device µs by torch.profiler, twice in turn (session 58); ``--touch`` / ``--pages-launch`` (alone): the
-scanned / ``pages=`` call by its one-launch staging against the pair builds (sessions 59 / 60)."""
+scanned / ``pages=`` call by its one-launch staging against the pair builds (sessions 59 / 60; ``--pages-launch``
+needs docs/tuning/candidates/staged_pages_one_launch.patch applied)."""
 import argparse
 import statistics
 

@@ -1213,35 +1213,6 @@ def test_one_pass_staging_swaps_an_epoch_an_entry_and_converts_a_row_a_winner(ar
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
-@pytest.mark.parametrize("has_lengths", [(True, False), (False,)])
-def test_one_launch_pages_staging_is_the_dequantization_and_the_join_behind_map_ctas(arch, has_lengths):
-    """The ``pages=`` staging in one launch (``STAGED_PAGES_ONE_LAUNCH``, kernels.staged_pages): its one kernel holds
-    each list's dequantization ("list": no map writes) and join (through the page map) exactly as their single builds
-    do — the loads, stores and conversions of the singles added up — plus per list the map CTAs' one page-list load and
-    one map store, the ticket state's three zeroing stores, three ``atom.add`` (the ticket, the map CTAs done, the CTAs
-    done), one spin on an ``ld.acquire.gpu`` with ``nanosleep`` (the joins' wait), and no spills."""
-    from dsv4lib.kernels.compile import compile_for_arch
-    from dsv4lib.kernels.list_join import ListJoinKernel
-    from dsv4lib.kernels.model1_dequant import Model1DequantKernel
-    from dsv4lib.kernels.staged_pages import STATE_WORDS, StagedPagesKernel
-    from dsv4lib.ops import prefill_staged as S
-    k = compile_for_arch(StagedPagesKernel(has_lengths, 4, 2), *S.fake_pages_args(), arch=arch)
-    dequant = compile_for_arch(Model1DequantKernel(4, "list"), *S.fake_dequant_args(), arch=arch)
-    joins = [compile_for_arch(ListJoinKernel(h, True, 2), *S.fake_join_args(), arch=arch) for h in has_lengths]
-    lists = len(has_lengths)
-    assert k.ptx.count(".entry") == 1
-    assert k.count(r"cvt\.rn\.f16x2\.e4m3x2") == lists * dequant.count(r"cvt\.rn\.f16x2\.e4m3x2")
-    for what, extra in ((r"st\.global", lists + STATE_WORDS), (r"ld\.global", lists)):
-        assert k.count(what) == lists * dequant.count(what) + sum(j.count(what) for j in joins) + extra, what
-    assert k.count(r"atom(\.\w+)*\.add\.\w32") == 3
-    assert k.count(r"ld\.acquire\.gpu") >= 1 and k.count(r"nanosleep") == 1
-    assert k.count(r"\.local") == 0
-    with pytest.raises(ValueError, match="one or two lists"):
-        StagedPagesKernel((True, True, False))
-
-
-@pytest.mark.compile
 @pytest.mark.no_gpu
 def test_list_join_s_builds_take_every_list_width(monkeypatch):
     """One build a (lengths?, page map?) case serves lists of any width and any column offset: on CPU tensors each
@@ -1402,21 +1373,6 @@ def _staged_on_the_cpu(monkeypatch):
             state[0] = epoch
         return go
 
-    def pages_launch(device, has_lengths):
-        def go(*args):
-            table, joint, state = args[16:]
-            assert state.tolist() == [0, 0, 0], "the last CTA of the call before leaves the ticket state zero"
-            lists = (args[:8], args[8:16])[:len(has_lengths)]
-            for n, (idx, lengths, pages, given, page_map, page_size, lo, col0) in enumerate(lists):
-                # the map CTAs, then the dequantization ("list") and the join through the map (kernels.staged_pages)
-                for b, page in enumerate(given.tolist()):
-                    if 0 <= page < pages.shape[0]:
-                        page_map[page] = b
-                dequant_launch(device, "list")(pages, page_size, table, given, page_map, lo)
-                join_launch(device, has_lengths[n], True)(idx, lengths, page_map, given, joint,
-                                                          pages.shape[0] * page_size, page_size, lo, col0)
-        return go
-
     def table(device, stream, rows):
         tables.append(rows)
         return torch.full((rows, 512), float("nan"), dtype=torch.bfloat16, device=device)
@@ -1447,8 +1403,6 @@ def _staged_on_the_cpu(monkeypatch):
         S.args_per_cache(S.join_args)))
     monkeypatch.setattr(S, "_touch_launch", lambda device, has_lengths: recorded("touch",
                                                                              touch_launch(device, has_lengths)))
-    monkeypatch.setattr(S, "_pages_launch", lambda device, has_lengths: recorded("pages",
-                                                                             pages_launch(device, has_lengths)))
     monkeypatch.setattr(S, "unsplit_sparse_launcher", lambda device, **kw: recorded("attention",
                                                                                  attention_launch(device, **kw)))
     monkeypatch.setattr(S, "_table", table)
@@ -1465,10 +1419,9 @@ def _staged_on_the_cpu(monkeypatch):
     return S.sparse_prefill_staged, tables, launches
 
 
-@pytest.mark.parametrize("one_launch", [False, True])
 @pytest.mark.parametrize("touch", [False, True])
 @pytest.mark.parametrize("given", ["none", "both", "window only"])
-def test_staged_prefill_places_pages_and_lists_on_the_cpu(monkeypatch, given, touch, one_launch):
+def test_staged_prefill_places_pages_and_lists_on_the_cpu(monkeypatch, given, touch):
     """The staged call's bookkeeping without a GPU (its kernels are GPU-tested on their own): with the lists scanned
     for pages (``pages`` not given), with both caches' pages given (shuffled, padding -1 and past-the-end numbers,
     two pages twice) and with the window's alone — the output equals the float64 attention over the whole caches'
@@ -1479,13 +1432,11 @@ def test_staged_prefill_places_pages_and_lists_on_the_cpu(monkeypatch, given, to
     both caches in it (the pair builds): scan (caches without pages), dequantization, join, attention.  ``touch``:
     the scanned caches staged by the one-pass kernel (``STAGED_TOUCH``; its twin converts a key only where its epoch
     word is not the call's) — the second call gets a fresh poisoned table, so a call that reused the first one's
-    epoch would read poison.  ``one_launch``: the caches given pages staged by one launch (``STAGED_PAGES_ONE_LAUNCH``,
-    where no cache of the passes is scanned; its twin writes the page map, dequantizes and joins)."""
+    epoch would read poison."""
     staged, tables, launches = _staged_on_the_cpu(monkeypatch)
     from dsv4lib.ops import launch
     from dsv4lib.ops import prefill_staged as S
     monkeypatch.setattr(S, "STAGED_TOUCH", touch)
-    monkeypatch.setattr(S, "STAGED_PAGES_ONE_LAUNCH", one_launch)
     gen = torch.Generator().manual_seed(fresh_seed())
     main, cmp = dsv4lib.Model1Cache(6, 8, device="cpu"), dsv4lib.Model1Cache(9, 2, device="cpu")
     for cache in (main, cmp):
@@ -1533,11 +1484,8 @@ def test_staged_prefill_places_pages_and_lists_on_the_cpu(monkeypatch, given, to
     # a launch a pass, both caches in it (#28's host time): the scan only for the caches without pages given; with
     # touch the scanned caches go by the one pass, the rest by the passes (a single build for one cache)
     if touch:
-        given_passes = ["pages"] if one_launch else None
-        passes = {"none": ["touch"], "both": given_passes or ["dequant pair", "join pair"],
-                  "window only": ["touch"] + (given_passes or ["dequant", "join"])}[given]
-    elif one_launch and given == "both":    # the one launch only where no cache of the passes is scanned
-        passes = ["pages"]
+        passes = {"none": ["touch"], "both": ["dequant pair", "join pair"],
+                  "window only": ["touch", "dequant", "join"]}[given]
     else:
         passes = {"none": ["scan pair"], "both": [], "window only": ["scan"]}[given] + ["dequant pair", "join pair"]
     assert launches == (passes + ["attention"]) * 2, launches
@@ -1852,19 +1800,11 @@ def test_one_pass_staging_converts_the_listed_keys_anew_each_call(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("one_launch", [False, True])
-def test_staged_prefill_with_given_pages_reads_only_those(one_launch, monkeypatch):
+def test_staged_prefill_with_given_pages_reads_only_those():
     """``pages`` / ``extra_pages`` (a block table's pages, padding -1 and past-the-end numbers among them, shuffled):
     only they are dequantized, packed a block of rows a page (the table NaN-poisoned first), the entries on other
-    pages dropped — bit for bit the by-hand join over the whole caches' table without them.  ``one_launch``: by the
-    one-launch staging (``STAGED_PAGES_ONE_LAUNCH``), else the pair builds; then two more calls with other pages
-    (the page maps holding the calls before's blocks, the ticket state left zero by each call) and a third with the
-    first pages again."""
+    pages dropped — bit for bit the by-hand join over the whole caches' table without them."""
     from dsv4lib.ops import prefill_staged as S
-    monkeypatch.setattr(S, "STAGED_PAGES_ONE_LAUNCH", one_launch)
-    monkeypatch.setattr(S, "_BUFFERS", {})
-    from dsv4lib.ops import launch
-    launch.forget_plans()
     gen = torch.Generator().manual_seed(fresh_seed())
     q, main, idx, kw = _decode_inputs(200, 1, 64, True, True, True, gen)
     prefill_kw = dict(kw, extra_indices=kw["extra_indices"][:, 0])
@@ -1883,22 +1823,6 @@ def test_staged_prefill_with_given_pages_reads_only_those(one_launch, monkeypatc
     out, lse = call()
     want, want_lse = _staged_by_hand(q, main, idx, kw, [ok.cuda() for ok in allowed])
     assert torch.isfinite(out).all() and torch.equal(out, want) and torch.equal(lse, want_lse)
-    first = (allowed, given)
-    for round in range(3):
-        if round < 2:               # other pages, as many (the plan's key holds the lists' shapes)
-            allowed = [torch.zeros(c.num_pages, dtype=torch.bool) for c in (main, cmp)]
-            for ok, g in zip(allowed, given):
-                ok[torch.randperm(len(ok), generator=gen)[:int((g.cpu() >= 0).sum())]] = True
-            given = [torch.cat([ok.nonzero().view(-1).int(), torch.full((len(g) - int(ok.sum()),), -1,
-                                                                        dtype=torch.int32)])[
-                torch.randperm(len(g), generator=gen)].cuda() for ok, g in zip(allowed, given)]
-        else:
-            allowed, given = first
-        out, lse = call()
-        want, want_lse = _staged_by_hand(q, main, idx, kw, [ok.cuda() for ok in allowed])
-        assert torch.isfinite(out).all() and torch.equal(out, want) and torch.equal(lse, want_lse), round
-    if one_launch:
-        assert S._BUFFERS[(("pages state",), q.device, launch.raw_stream(q.device))].tolist() == [0, 0, 0]
 
 
 def test_the_steady_host_pass_rewrites_every_row_and_keeps_the_first_pass(monkeypatch):

@@ -23,15 +23,11 @@ holds far more keys than one prefill reads.  The two lists become one list of ta
 (:class:`dsv4lib.kernels.list_join.ListJoinKernel`), not ~10 torch passes.
 
 Host path (#28): a call is a plan (``launch.find_plan``) — no torch op but the output's allocation, every kernel of
-the call in one compiled :class:`~dsv4lib.ops.launch.Sequence`: 2 launches, the staging and the attention — the
-scanned caches by one pass over the lists (``STAGED_TOUCH``, :mod:`dsv4lib.kernels.staged_touch`), the caches given
-pages by one launch (``STAGED_PAGES_ONE_LAUNCH``, :mod:`dsv4lib.kernels.staged_pages`); with those off, a launch a pass
-for both caches (the scan, the dequantization, the join: the kernels' pair builds; 3 launches with pages given, 4
-scanning).  The table, the joined list, the page maps, the page bits and the stagings' state words are buffers kept
-per (device, stream).  The page map is never filled (the dequantization — or the one launch's map CTAs — writes a
-given page's block, the join checks it against the page list), the page bits are cleared by the dequantization that
-reads them and the state words left zero (or on their epoch) by each call, so nothing needs resetting between
-calls."""
+the call (the scan, the dequantization, the join — each one launch for both caches, the kernels' pair builds — and the
+attention: 3 launches with pages given, 4 scanning) in one compiled :class:`~dsv4lib.ops.launch.Sequence`; the
+table, the joined list, the page maps and the page bits are buffers kept per (device, stream).  The page map is
+never filled (the dequantization writes a given page's block, the join checks it against the page list) and the
+page bits are cleared by the dequantization that reads them, so nothing needs resetting between calls."""
 from __future__ import annotations
 
 import inspect
@@ -62,11 +58,6 @@ JOIN_ENTRIES_IN_FLIGHT = 2
 # H200).  Session 59, H200, same run (docs/tuning/host.md): host µs of the scanning call 36.2 -> 26.6; the staging's
 # device µs per kernel a tie with the pair builds (H64 116.2 vs 111.5, H128 135.4 vs 140.6)
 STAGED_TOUCH = True
-# the caches given `pages=` staged by ONE launch (kernels.staged_pages: map CTAs first, the joins wait only for them;
-# the dequantization and the join as the pair builds compute them) instead of the paired dequantization and the paired
-# join — 2 launches with the attention, 3 with the pair builds (issue #28: the pages= call read 31.4 µs of host time on
-# the H200 at d1eea71, the scanning one 23.4 with 2 launches)
-STAGED_PAGES_ONE_LAUNCH = True
 # the one-pass staging's winners' rows a warp loads before it converts any (1: session 57's first build, 4-14 % slower
 # than the three passes at H128)
 TOUCH_ROWS_IN_FLIGHT = 4
@@ -300,45 +291,6 @@ def _touch_launch(device, has_lengths: tuple) -> Launch:
     return _launch(device, ("staged touch", has_lengths, rows), make_kernel, touch_args)
 
 
-def pages_args(idx, lengths, cache, pages, page_map, page_size: int, lo: int, col0: int, idx2, lengths2, cache2,
-               pages2, page_map2, page_size2: int, lo2: int, col02: int, table, joint, state, stream=None,
-               tvm_ffi: bool = False) -> tuple:
-    """The one-launch ``pages=`` staging's arguments: per list (a build of one list reads only the first; pass the
-    first's again) its indices, lengths, cache pages, the pages given, the page map, page size, first table row and
-    first joined column; then the table, the joined list and the ticket state (int32 ``[3]``,
-    :mod:`dsv4lib.kernels.staged_pages`)."""
-    from cutlass import Int32
-    per_list = ()
-    for i, n, c, p, m, ps, r, col in ((idx, lengths, cache, pages, page_map, page_size, lo, col0),
-                                      (idx2, lengths2, cache2, pages2, page_map2, page_size2, lo2, col02)):
-        per_list += (rows_dynamic(i, align=4, tvm_ffi=tvm_ffi), rows_dynamic(n, align=4, tvm_ffi=tvm_ffi),
-                     rows_dynamic(c, align=16, tvm_ffi=tvm_ffi), rows_dynamic(p, align=4, tvm_ffi=tvm_ffi),
-                     rows_dynamic(m, align=4, tvm_ffi=tvm_ffi), Int32(ps), Int32(r), Int32(col))
-    return (*per_list, rows_dynamic(table, (1,), tvm_ffi=tvm_ffi), rows_dynamic(joint, align=4, tvm_ffi=tvm_ffi),
-            rows_dynamic(state, align=4, tvm_ffi=tvm_ffi), *stream_arg(stream, tvm_ffi))
-
-
-def fake_pages_args():
-    """CPU stand-ins for a compile test of the one-launch ``pages=`` staging
-    (:class:`~dsv4lib.kernels.staged_pages.StagedPagesKernel`): a 64-slot-page cache, then a 2-slot-page one."""
-    from ..reference.model1 import page_bytes
-    i32 = lambda *s: torch.empty(*s, dtype=torch.int32)
-    return pages_args(i32(3, 5), i32(3), torch.empty(3, page_bytes(64), dtype=torch.uint8), i32(2), i32(3), 64, 0, 0,
-                      i32(3, 9), i32(3), torch.empty(7, page_bytes(2), dtype=torch.uint8), i32(4), i32(7), 2, 128, 5,
-                      torch.empty(136, HEAD_DIM, dtype=torch.bfloat16), i32(3, 14), i32(3))
-
-
-def _pages_launch(device, has_lengths: tuple) -> Launch:
-    """(one or two lists' arguments, table, joint, state: :func:`pages_args`' order) → the ``pages=`` staging in one
-    launch (:class:`~dsv4lib.kernels.staged_pages.StagedPagesKernel`)."""
-    slots, in_flight = DEQUANT_SLOTS_IN_FLIGHT, JOIN_ENTRIES_IN_FLIGHT
-
-    def make_kernel():
-        from ..kernels.staged_pages import StagedPagesKernel
-        return StagedPagesKernel(has_lengths, slots, in_flight)
-    return _launch(device, ("staged pages", has_lengths, slots, in_flight), make_kernel, pages_args)
-
-
 # ---- the kernels one at a time (probes, tests) ----
 
 def _check_int32_list(t, name: str) -> None:
@@ -506,20 +458,12 @@ def _staged_plan(q, k_cache, indices, topk_length, extra_k_cache, extra_indices,
     touched = [k for k, plan in enumerate(plans) if plan.scanned and touch]
     rest = [k for k in range(len(plans)) if k not in touched]       # staged by the scan / dequant / join passes
     scanned = [k for k in rest if plans[k].scanned]
-    # the caches given pages= by one launch, where no cache of the passes is scanned (STAGED_TOUCH off)
-    paged = rest if STAGED_PAGES_ONE_LAUNCH and not scanned else []
-    rest = [k for k in rest if k not in paged]
     # the epoch state of the one-pass staging (the last call's epoch, the CTAs done), kept with the stream's buffers
     touch_state = _buffer(("touch state",), device, stream,
                           lambda: torch.zeros(2, dtype=torch.int32, device=device)) if touched else none
-    # the ticket state of the one-launch pages= staging (tickets, map CTAs done, CTAs done)
-    pages_state = _buffer(("pages state",), device, stream,
-                          lambda: torch.zeros(3, dtype=torch.int32, device=device)) if paged else none
-    # the one pass for the touched caches, one launch for the paged ones; for the rest a launch a pass, both caches in
-    # it (the pair builds)
+    # the one pass for the touched caches; for the rest a launch a pass, both caches in it (the pair builds)
     run_all = Sequence(
         *([_touch_launch(device, tuple(has_lengths[k] for k in touched))] if touched else []),
-        *([_pages_launch(device, tuple(has_lengths[k] for k in paged))] if paged else []),
         *([_one_or_pair(_scan_launch, _scan_pair_launch, device, [(has_lengths[k],) for k in scanned])]
           if scanned else []),
         *([_one_or_pair(_dequant_launch, _dequant_pair_launch, device,
@@ -541,15 +485,12 @@ def _staged_plan(q, k_cache, indices, topk_length, extra_k_cache, extra_indices,
         ps, row0, col0 = plan.page_size, plan.row0, plan.col0
         if k in touched:        # touch: (idx, lengths, data) + these
             fixed = ((plan.epochs, ps, row0, col0),)
-        elif k in paged:        # pages: (idx, lengths, data, given) + these
-            fixed = ((plan.page_map, ps, row0, col0),)
         elif plan.scanned:      # scan: (idx, lengths) + a; dequant: (data,) + b + (table,) + c; join: (idx, lengths) + d
             fixed = ((plan.marks, plan.n_keys, ps), (ps,), (plan.marks, none, row0),
                      (none, none, joint, plan.n_keys, ps, row0, col0))
         else:                   # dequant: (data,) + a + (table, given) + b; join: (idx, lengths, page map, given) + c
             fixed = ((ps,), (plan.page_map, row0), (joint, plan.n_keys, ps, row0, col0))
-        shares.append(("touch" if k in touched else "paged" if k in paged else "scan" if plan.scanned else "given",
-                       plan.cache_bytes, fixed))
+        shares.append(("touch" if k in touched else "scan" if plan.scanned else "given", plan.cache_bytes, fixed))
 
     def run(q, k_cache, indices, topk_length, extra_k_cache, extra_indices, extra_topk_length, sink, pages,
             extra_pages):
@@ -563,14 +504,12 @@ def _staged_plan(q, k_cache, indices, topk_length, extra_k_cache, extra_indices,
                     (indices, topk_length, pages, extra_indices, extra_topk_length, extra_pages), lists_copied))
         per_cache = ((k_cache, indices, topk_length, pages), (extra_k_cache, extra_indices, extra_topk_length,
                                                               extra_pages))
-        touch_step, pages_step, scan_step, dequant_step, join_step = (), (), (), (), ()   # a pass's caches in turn
+        touch_step, scan_step, dequant_step, join_step = (), (), (), ()   # a pass's caches, one after the other
         for (kind, read, fixed), (cache, idx, lengths, given) in zip(shares, per_cache):
             if lengths is None:
                 lengths = none
             if kind == "touch":
                 touch_step += (idx, lengths, read(cache)) + fixed[0]
-            elif kind == "paged":
-                pages_step += (idx, lengths, read(cache), given) + fixed[0]
             elif kind == "scan":
                 scan_step += (idx, lengths) + fixed[0]
                 dequant_step += (read(cache),) + fixed[1] + (table,) + fixed[2]
@@ -581,8 +520,6 @@ def _staged_plan(q, k_cache, indices, topk_length, extra_k_cache, extra_indices,
         steps = []
         if touched:                 # one list: the build reads only the first list's arguments (given twice)
             steps.append((touch_step if len(touched) == 2 else touch_step * 2) + (table, joint, touch_state))
-        if paged:                   # the same for the pages= staging
-            steps.append((pages_step if len(paged) == 2 else pages_step * 2) + (table, joint, pages_state))
         if scanned:
             steps.append(scan_step)
         if rest:
