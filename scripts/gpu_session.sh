@@ -135,6 +135,17 @@ for w in $what; do
                 STAGED_PAGES_ONE_LAUNCH=0 timeout 100 python scripts/bench_host.py --rounds 3 --only staged;
                 timeout 100 python scripts/bench_host.py --rounds 3 --only staged; } 2>&1 \
                 | tee "$out/logs/pageslaunch.txt" | grep -v "^\s*$" | tail -n 30 ;;
+    # mergeloads: D2's dense decode parts (probe_dense_decode) on the shipped build, then with
+    # candidates/merge_loads_first.patch (the cluster merge's DSMEM loads all issued before the first sum, session 60)
+    # and its GPU tests (the dense cluster, the paired cluster, D7's split clusters against their references); ~4 min,
+    # leaves the tree patched
+    mergeloads) { timeout 200 python scripts/probe_dense_decode.py --splits ""; } 2>&1 | grep -v -i warn \
+                | tee "$out/logs/mergeloads_before.txt" | tail -n 9
+              apply_candidate merge_loads_first || continue
+              { timeout 200 python scripts/probe_dense_decode.py --splits "";
+                timeout 300 python -m pytest -q -p no:cacheprovider tests/test_d6_sparse_attention.py \
+                  tests/test_d7_fp8_decode.py -k "cluster_reduced_partials_match or paired_cluster_matches or split_clusters_match"; } \
+                2>&1 | grep -v -i warn | tee "$out/logs/mergeloads_after.txt" | tail -n 12 ;;
     # densedecode: D2's dense hd512 decode (B1 H64 KV 64k) split into its parts under graph replay — the call, the
     # split kernel, the combine, the producer alone, one MMA left out: the floor #28's 0.8 bar is read against (~1.5 min)
     densedecode) { timeout 240 python scripts/probe_dense_decode.py ${DENSE_ARGS:-}; } 2>&1 | grep -v -i warn \
