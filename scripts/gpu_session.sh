@@ -146,6 +146,10 @@ for w in $what; do
                 timeout 300 python -m pytest -q -p no:cacheprovider tests/test_d6_sparse_attention.py \
                   tests/test_d7_fp8_decode.py -k "cluster_reduced_partials_match or paired_cluster_matches or split_clusters_match"; } \
                 2>&1 | grep -v -i warn | tee "$out/logs/mergeloads_after.txt" | tail -n 12 ;;
+    # densestamps: the dense split kernel's CTAs stamped (loop end, merge end, exits; per cluster the wait for its
+    # slowest split) — where its ~8 µs over the producer alone go (~1 min)
+    densestamps) { timeout 200 python scripts/probe_dense_decode.py --stamps; } 2>&1 | grep -v -i warn \
+                | tee "$out/logs/densestamps.txt" | tail -n 16 ;;
     # densedecode: D2's dense hd512 decode (B1 H64 KV 64k) split into its parts under graph replay — the call, the
     # split kernel, the combine, the producer alone, one MMA left out: the floor #28's 0.8 bar is read against (~1.5 min)
     densedecode) { timeout 240 python scripts/probe_dense_decode.py ${DENSE_ARGS:-}; } 2>&1 | grep -v -i warn \

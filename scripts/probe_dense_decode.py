@@ -1,7 +1,7 @@
 """Where D2's dense hd512 decode spends its time under graph replay: the whole call, its split kernel alone, the
 combine alone, the producer alone, and the split kernel with one MMA left out.
 
-    python scripts/probe_dense_decode.py [--keys 65536] [--heads 64] [--splits 32,64]
+    python scripts/probe_dense_decode.py [--keys 65536] [--heads 64] [--splits 32,64] [--stamps]
 
 Why (session 60): #28's bar for the dense DSV4 decode (B1 H64 hd512 KV 64k, K = V) is 0.8 of stage 00's copy
 bandwidth (~19.7 µs on the H200); the record reads 29.5 µs (0.536).  The notebook's prose calls the bar "below this
@@ -16,7 +16,13 @@ CUDA-graph replay over rotating sets whose keys exceed the L2, every variant int
 - ``producer``: the split build with ``gather_only`` (the TMA stream of the keys, consumers only release; no cluster:
   a gather-only build merges nothing) — the data path's floor at this split count;
 - ``no_qk`` / ``no_pv``: the clustered split kernel with one of its MMAs left out (``skip_mma``; wrong output) — how
-  much of the main loop the math holds."""
+  much of the main loop the math holds.
+
+``--stamps`` (alone): the clustered split kernel's CTAs stamped (``%globaltimer``, probe_d6's per-CTA slots): start, Q
+landed, each consumer warpgroup's main loop done (entering the merge), its merge done, each role's exit — µs from the
+first CTA's start, medians / p90 over the CTAs, and per cluster the spread of its members' loop ends (the merge's wait
+for the slowest split).  Session 60 found the kernel ~8 µs over the producer alone and the DSMEM loads not the cause
+(docs/tuning/d2_d6.md)."""
 import argparse
 import json
 import pathlib
@@ -32,6 +38,7 @@ def main():
     ap.add_argument("--keys", type=int, default=65536)
     ap.add_argument("--heads", type=int, default=64)
     ap.add_argument("--splits", default="32,64", help="forced split counts of the public call, beside its own")
+    ap.add_argument("--stamps", action="store_true", help="only: the split kernel's CTAs' lives, stamped")
     args = ap.parse_args()
     from dsv4lib.kernels.sm90.sparse_config import SparseFwdConfig
     from dsv4lib.ops import combine, launch, sparse
@@ -61,6 +68,9 @@ def main():
 
     clustered = SparseFwdConfig.for_problem(gather=False, split_kv=True, cluster_splits=cluster)
     o_part, lse_part = split_launch("kernel", clustered, splits // cluster)
+    if args.stamps:
+        stamp_split_kernel(fns["kernel"], sets, cluster)
+        return
     out = torch.empty(1, 1, H, 512, device="cuda", dtype=torch.bfloat16)
     lse = torch.empty(1, H, 1, device="cuda", dtype=torch.float32)
     merge = combine.combine_launcher(512, dev, has_sink=False, pdl=cluster > 1)
@@ -93,6 +103,64 @@ def main():
         us = t.per_call_ms * 1e3
         frac = f"  {S * 1024 / (us * 1e-6) / (copy_tbps * 1e12):.3f} of the copy" if copy_tbps else ""
         print(f"{name:10s} {us:7.1f} µs{frac}", flush=True)
+
+
+STAMP_EVENTS = ("start", "Q landed", "WG1 loop done", "WG2 loop done", "WG1 merge done", "WG2 merge done",
+                "producer exit", "WG1 exit", "WG2 exit")
+
+
+def stamped_methods(cls, address: int) -> dict:
+    """Replacements of ``cls``'s methods that stamp a split CTA's life (:data:`STAMP_EVENTS`) around the shipped ones
+    (thread 0 the producer, 128 and 256 the consumer warpgroups)."""
+    from probe_d6 import item_event             # scripts/ is the script's own directory: on sys.path
+    import cutlass
+    import cutlass.cute as cute
+    shipped = {name: cls.__dict__[name] for name in ("cta", "wait_q", "cluster_reduce_half")}
+
+    @cute.jit
+    def cta(self, *a):
+        item_event(address, 0, 0)
+        shipped["cta"](self, *a)
+        item_event(address, 6, 0)
+        item_event(address, 7, 128)
+        item_event(address, 8, 256)
+
+    @cute.jit
+    def wait_q(self, *a):
+        shipped["wait_q"](self, *a)
+        item_event(address, 1, 128)
+
+    @cute.jit
+    def cluster_reduce_half(self, half: cutlass.Constexpr, *a):
+        item_event(address, 2 + half, 128 + 128 * half)
+        shipped["cluster_reduce_half"](self, half, *a)
+        item_event(address, 4 + half, 128 + 128 * half)
+
+    return dict(cta=cta, wait_q=wait_q, cluster_reduce_half=cluster_reduce_half)
+
+
+def stamp_split_kernel(fn, sets, cluster: int) -> None:
+    """The split kernel ``fn`` through a build that stamps each CTA (:func:`stamped_methods`), on a second input set
+    after a first that compiles it; µs from the first CTA's start per event, then per cluster the spread of its
+    members' loop ends (CTAs in grid order: a cluster's members are consecutive splits)."""
+    from probe_d6 import ITEM_CTAS, SMID_SLOT, stamped_run
+    from dsv4lib.kernels.sm90.sparse_fwd import SparseAttentionForwardSm90 as cls
+    buf = torch.zeros(ITEM_CTAS, 16, dtype=torch.int64, device="cuda")                       # [cta, k]: k fastest
+    stamped_run(cls, stamped_methods(cls, buf.data_ptr()), fn, sets, buf)
+    t = buf[buf[:, 0] > 0].double()
+    t0 = t[:, 0].min()
+    q = lambda x: torch.quantile(x, torch.tensor([0.1, 0.5, 0.9], dtype=x.dtype, device=x.device)).tolist()
+    print(f"split kernel: {t.shape[0]} CTAs on {t[:, SMID_SLOT].unique().numel()} SMs; µs from the first CTA's start "
+          "(p10 / median / p90)")
+    for k, name in enumerate(STAMP_EVENTS):
+        print(f"  {name:16s} %7.2f / %7.2f / %7.2f" % tuple(q((t[:, k] - t0) / 1e3)))
+    loop_end = t[:, 2:4].amax(1)
+    merged = t[:, 4:6].amax(1)
+    n = t.shape[0] // cluster * cluster
+    spread = (loop_end[:n].view(-1, cluster).amax(1) - loop_end[:n].view(-1, cluster).amin(1)) / 1e3
+    print("  a cluster's loop ends, slowest - fastest member (p10 / median / p90): %.2f / %.2f / %.2f" % tuple(q(spread)))
+    print("  loop end -> merge done, per CTA (p10 / median / p90): %.2f / %.2f / %.2f" % tuple(q((merged - loop_end) / 1e3)))
+    print("  last exit %.2f µs after the first start" % float((t[:, 6:9].max() - t0) / 1e3))
 
 
 if __name__ == "__main__":
