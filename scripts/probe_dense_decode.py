@@ -1,7 +1,7 @@
 """Where D2's dense hd512 decode spends its time under graph replay: the whole call, its split kernel alone, the
 combine alone, the producer alone, and the split kernel with one MMA left out.
 
-    python scripts/probe_dense_decode.py [--keys 65536] [--heads 64] [--splits 32,64] [--stamps]
+    python scripts/probe_dense_decode.py [--keys 65536] [--heads 64] [--splits 32,64] [--clusters 1,2,8] [--stamps]
 
 Why (session 60): #28's bar for the dense DSV4 decode (B1 H64 hd512 KV 64k, K = V) is 0.8 of stage 00's copy
 bandwidth (~19.7 µs on the H200); the record reads 29.5 µs (0.536).  The notebook's prose calls the bar "below this
@@ -39,6 +39,8 @@ def main():
     ap.add_argument("--heads", type=int, default=64)
     ap.add_argument("--splits", default="32,64", help="forced split counts of the public call, beside its own")
     ap.add_argument("--stamps", action="store_true", help="only: the split kernel's CTAs' lives, stamped")
+    ap.add_argument("--clusters", default="", help="also the split kernel + combine (two launches, the combine under "
+                    "PDL) with clusters of these sizes at the rule's split count (e.g. 1,2,8; 1: every split a partial)")
     args = ap.parse_args()
     from dsv4lib.kernels.sm90.sparse_config import SparseFwdConfig
     from dsv4lib.ops import combine, launch, sparse
@@ -79,6 +81,15 @@ def main():
                  splits)
     for skip in ("qk", "pv"):
         split_launch(f"no_{skip}", clustered.replace(skip_mma=skip), splits // cluster)
+    for c in (int(x) for x in args.clusters.split(",") if x):
+        if splits % c:
+            print(f"clusters of {c}: left out ({splits} splits)")
+            continue
+        config = SparseFwdConfig.for_problem(gather=False, split_kv=True, cluster_splits=c)
+        o_c, lse_c = split_launch(f"kernel/C{c}", config, splits // c)
+        kernel_c, merge_c = fns.pop(f"kernel/C{c}"), combine.combine_launcher(512, dev, has_sink=False, pdl=c > 1)
+        fns[f"both/C{c}"] = (lambda q, k, go=kernel_c, m=merge_c, o=o_c, l=lse_c:
+                             (go(q, k), m(o, l, out, lse, sink_t)))
     # the whole call against float64 once, so a timing of a wrong kernel cannot pass unnoticed
     q0, k0 = sets[0]
     got = dsv4lib.attention(q0, k0, k0)
@@ -92,6 +103,10 @@ def main():
         except Exception as e:     # noqa: BLE001 — a probe: report and go on with the rest
             print(f"{name}: left out ({type(e).__name__}: {str(e)[:200]})", flush=True)
             del fns[name]
+    for name in [n for n in fns if n.startswith("both/")]:     # another cluster size: the same attention
+        fns[name](q0, k0)
+        a = out.double().flatten()
+        print(f"{name} vs float64: cosine {float(a @ b / (a.norm() * b.norm())):.7f}", flush=True)
     times = bench.time_graph_interleaved(fns, sets)
     copy_tbps = None
     try:                            # stage 00's copy rate on this GPU kind, as recorded
