@@ -82,11 +82,13 @@ def main():
     for skip in ("qk", "pv"):
         split_launch(f"no_{skip}", clustered.replace(skip_mma=skip), splits // cluster)
     for c in (int(x) for x in args.clusters.split(",") if x):
-        if splits % c:
-            print(f"clusters of {c}: left out ({splits} splits)")
-            continue
+        # the split count the rule would take with clusters of c: every cluster slot the GPU holds at once (1024 tiles
+        # over 16 clusters of 8 = 128 splits of 8 tiles each, where 120 splits leave 64 of them a ninth tile)
+        splits_c = splits if c == 1 else sparse.active_clusters(c, dev) * c
+        print(f"clusters of {c}: {splits_c} splits, {splits_c // c} partials, "
+              f"{S // 64 / splits_c:.2f} tiles a split", flush=True)
         config = SparseFwdConfig.for_problem(gather=False, split_kv=True, cluster_splits=c)
-        o_c, lse_c = split_launch(f"kernel/C{c}", config, splits // c)
+        o_c, lse_c = split_launch(f"kernel/C{c}", config, splits_c // c)
         kernel_c, merge_c = fns.pop(f"kernel/C{c}"), combine.combine_launcher(512, dev, has_sink=False, pdl=c > 1)
         fns[f"both/C{c}"] = (lambda q, k, go=kernel_c, m=merge_c, o=o_c, l=lse_c:
                              (go(q, k), m(o, l, out, lse, sink_t)))
