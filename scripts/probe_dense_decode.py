@@ -40,7 +40,8 @@ def main():
     ap.add_argument("--splits", default="32,64", help="forced split counts of the public call, beside its own")
     ap.add_argument("--stamps", action="store_true", help="only: the split kernel's CTAs' lives, stamped")
     ap.add_argument("--clusters", default="", help="also the split kernel + combine (two launches, the combine under "
-                    "PDL) with clusters of these sizes at the rule's split count (e.g. 1,2,8; 1: every split a partial)")
+                    "PDL) with clusters of these sizes at the split count the rule would give them, or C:splits "
+                    "(e.g. 1,2,8,2:128; 1: every split a partial)")
     args = ap.parse_args()
     from dsv4lib.kernels.sm90.sparse_config import SparseFwdConfig
     from dsv4lib.ops import combine, launch, sparse
@@ -81,16 +82,21 @@ def main():
                  splits)
     for skip in ("qk", "pv"):
         split_launch(f"no_{skip}", clustered.replace(skip_mma=skip), splits // cluster)
-    for c in (int(x) for x in args.clusters.split(",") if x):
+    for c, _, forced in (x.partition(":") for x in args.clusters.split(",") if x):
         # the split count the rule would take with clusters of c: every cluster slot the GPU holds at once (1024 tiles
-        # over 16 clusters of 8 = 128 splits of 8 tiles each, where 120 splits leave 64 of them a ninth tile)
-        splits_c = splits if c == 1 else sparse.active_clusters(c, dev) * c
+        # over 16 clusters of 8 = 128 splits of 8 tiles each, where 120 splits leave 64 of them a ninth tile), or as
+        # given after a colon ("2:128": 64 clusters of 2)
+        c = int(c)
+        splits_c = int(forced) if forced else splits if c == 1 else sparse.active_clusters(c, dev) * c
         print(f"clusters of {c}: {splits_c} splits, {splits_c // c} partials, "
               f"{S // 64 / splits_c:.2f} tiles a split", flush=True)
+        if splits_c % c:
+            print(f"  left out: {splits_c} splits are not whole clusters of {c}")
+            continue
         config = SparseFwdConfig.for_problem(gather=False, split_kv=True, cluster_splits=c)
-        o_c, lse_c = split_launch(f"kernel/C{c}", config, splits_c // c)
-        kernel_c, merge_c = fns.pop(f"kernel/C{c}"), combine.combine_launcher(512, dev, has_sink=False, pdl=c > 1)
-        fns[f"both/C{c}"] = (lambda q, k, go=kernel_c, m=merge_c, o=o_c, l=lse_c:
+        o_c, lse_c = split_launch("kernel/C", config, splits_c // c)
+        kernel_c, merge_c = fns.pop("kernel/C"), combine.combine_launcher(512, dev, has_sink=False, pdl=c > 1)
+        fns[f"both/C{c}x{splits_c}"] = (lambda q, k, go=kernel_c, m=merge_c, o=o_c, l=lse_c:
                              (go(q, k), m(o, l, out, lse, sink_t)))
     # the whole call against float64 once, so a timing of a wrong kernel cannot pass unnoticed
     q0, k0 = sets[0]
