@@ -134,23 +134,27 @@ def item_event(address: cutlass.Constexpr, k: cutlass.Constexpr, who: cutlass.Co
             buf[SMID_SLOT, cta] = cutlass.Int64(cute.arch.smid())
 
 
+def stamped_method(shipped, address: int, before: tuple = (), after: tuple = ()):
+    """``shipped`` (a kernel class's jit method) with :func:`item_event` stamps around it: ``before`` / ``after``
+    ``(slot, thread)`` pairs."""
+    @cute.jit
+    def method(self, *args):
+        for i in cutlass.range_constexpr(len(before)):
+            item_event(address, before[i][0], before[i][1])
+        out = shipped(self, *args)
+        for i in cutlass.range_constexpr(len(after)):
+            item_event(address, after[i][0], after[i][1])
+        return out
+    return method
+
+
 def stamped_items(cls, address: int) -> dict:
     """Replacements of ``cls``'s methods that stamp a CTA's life (:data:`ITEM_EVENTS`) around the shipped ones."""
     shipped = {name: cls.__dict__[name] for name in ("cta", "wait_q", "issue_scores", "finish_shared_max",
                                                       "store_o_chunks")}
 
-    @cute.jit
-    def cta(self, *args):
-        item_event(address, 0, 0)
-        shipped["cta"](self, *args)
-        item_event(address, 7, 0)
-        item_event(address, 8, 128)
-        item_event(address, 9, 256)
-
-    @cute.jit
-    def wait_q(self, *args):
-        shipped["wait_q"](self, *args)
-        item_event(address, 1, 128)
+    cta = stamped_method(shipped["cta"], address, before=((0, 0),), after=((7, 0), (8, 128), (9, 256)))
+    wait_q = stamped_method(shipped["wait_q"], address, after=((1, 128),))
 
     @cute.jit
     def issue_scores(self, w: cutlass.Constexpr, p, *args):

@@ -135,23 +135,12 @@ STAMP_EVENTS = ("start", "Q landed", "WG1 loop done", "WG2 loop done", "WG1 merg
 def stamped_methods(cls, address: int) -> dict:
     """Replacements of ``cls``'s methods that stamp a split CTA's life (:data:`STAMP_EVENTS`) around the shipped ones
     (thread 0 the producer, 128 and 256 the consumer warpgroups)."""
-    from probe_d6 import item_event             # scripts/ is the script's own directory: on sys.path
+    from probe_d6 import item_event, stamped_method     # scripts/ is the script's own directory: on sys.path
     import cutlass
     import cutlass.cute as cute
     shipped = {name: cls.__dict__[name] for name in ("cta", "wait_q", "cluster_reduce_half")}
-
-    @cute.jit
-    def cta(self, *a):
-        item_event(address, 0, 0)
-        shipped["cta"](self, *a)
-        item_event(address, 6, 0)
-        item_event(address, 7, 128)
-        item_event(address, 8, 256)
-
-    @cute.jit
-    def wait_q(self, *a):
-        shipped["wait_q"](self, *a)
-        item_event(address, 1, 128)
+    cta = stamped_method(shipped["cta"], address, before=((0, 0),), after=((6, 0), (7, 128), (8, 256)))
+    wait_q = stamped_method(shipped["wait_q"], address, after=((1, 128),))
 
     @cute.jit
     def cluster_reduce_half(self, half: cutlass.Constexpr, *a):
