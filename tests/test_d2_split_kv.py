@@ -81,3 +81,32 @@ def test_an_lse_nobody_asked_for_goes_to_one_kept_buffer():
         assert torch.equal(out, want), name
         kept = launch._UNREAD[(want.device, tuple(want_lse.shape))]
         assert torch.equal(kept, want_lse), name
+
+
+@pytest.mark.compile
+def test_the_dense_decode_probe_stamps_every_event_of_a_split_cta(monkeypatch):
+    """scripts/probe_dense_decode.py ``--stamps`` (where the dense hd512 split kernel's time past its key stream goes,
+    docs/tuning/d2_d6.md session 60): its stamped build of the clustered split kernel compiles for sm_90a on the CPU
+    with one ``%globaltimer`` read per event and the smid beside the start, spill-free, and the shipped methods are
+    back afterwards (the next build is unstamped)."""
+    import re
+    from pathlib import Path
+    from dsv4lib.kernels.compile import compile_for_arch
+    from dsv4lib.kernels.sm90.sparse_config import SparseFwdConfig
+    from dsv4lib.kernels.sm90.sparse_fwd import SparseAttentionForwardSm90 as cls
+    from dsv4lib.ops.sparse import fake_args
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "scripts"))
+    import probe_dense_decode as probe
+    config = SparseFwdConfig.for_problem(gather=False, split_kv=True, cluster_splits=4)
+    replaced = probe.stamped_methods(cls, 1 << 40)
+    for name, method in replaced.items():
+        monkeypatch.setattr(cls, name, method)
+    k = compile_for_arch(cls(config), *fake_args(gather=False, split_kv=True), arch="sm_90a")
+    assert k.count(r"%globaltimer") == len(probe.STAMP_EVENTS)
+    assert k.count(r"%smid") == 1
+    report = k.ptxas_report()
+    if report is not None:
+        assert re.search(r"\b0 bytes spill stores", report), report[-400:]
+    monkeypatch.undo()
+    plain = compile_for_arch(cls(config), *fake_args(gather=False, split_kv=True), arch="sm_90a")
+    assert plain.count(r"%globaltimer") == 0
