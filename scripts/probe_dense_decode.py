@@ -1,7 +1,7 @@
 """Where D2's dense hd512 decode spends its time under graph replay: the whole call, its split kernel alone, the
 combine alone, the producer alone, and the split kernel with one MMA left out.
 
-    python scripts/probe_dense_decode.py [--keys 65536] [--heads 64] [--splits 32,64] [--clusters 1,2,8] [--stamps]
+    python scripts/probe_dense_decode.py [--keys 65536] [--heads 64] [--splits 32,64] [--clusters 1,2,8,4b] [--stamps]
 
 Why (session 60): #28's bar for the dense DSV4 decode (B1 H64 hd512 KV 64k, K = V) is 0.8 of stage 00's copy
 bandwidth (~19.7 µs on the H200); the record reads 29.5 µs (0.536).  The notebook's prose calls the bar "below this
@@ -24,6 +24,7 @@ first CTA's start, medians / p90 over the CTAs, and per cluster the spread of it
 for the slowest split).  Session 60 found the kernel ~8 µs over the producer alone and the DSMEM loads not the cause
 (docs/tuning/d2_d6.md)."""
 import argparse
+import dataclasses
 import json
 import pathlib
 
@@ -41,7 +42,7 @@ def main():
     ap.add_argument("--stamps", action="store_true", help="only: the split kernel's CTAs' lives, stamped")
     ap.add_argument("--clusters", default="", help="also the split kernel + combine (two launches, the combine under "
                     "PDL) with clusters of these sizes at the split count the rule would give them, or C:splits "
-                    "(e.g. 1,2,8,2:128; 1: every split a partial)")
+                    "(e.g. 1,2,8,2:128,4b; 1: every split a partial; b: bf16 partials)")
     args = ap.parse_args()
     from dsv4lib.kernels.sm90.sparse_config import SparseFwdConfig
     from dsv4lib.ops import combine, launch, sparse
@@ -82,21 +83,28 @@ def main():
                  splits)
     for skip in ("qk", "pv"):
         split_launch(f"no_{skip}", clustered.replace(skip_mma=skip), splits // cluster)
+    shipped_check = SparseFwdConfig.check            # bypassed below for bf16-partial probe builds, back at the end
     for c, _, forced in (x.partition(":") for x in args.clusters.split(",") if x):
         # the split count the rule would take with clusters of c: every cluster slot the GPU holds at once (1024 tiles
         # over 16 clusters of 8 = 128 splits of 8 tiles each, where 120 splits leave 64 of them a ninth tile), or as
-        # given after a colon ("2:128": 64 clusters of 2)
-        c = int(c)
+        # given after a colon ("2:128": 64 clusters of 2); a "b" after the size: the partials in bf16 (half the bytes
+        # the combine reads; the columns schedule's configs refuse it — SparseFwdConfig.check is bypassed for these
+        # probe builds only, and their outputs checked against float64 below)
+        bf16 = c.endswith("b")
+        c = int(c.rstrip("b"))
         splits_c = int(forced) if forced else splits if c == 1 else sparse.active_clusters(c, dev) * c
-        print(f"clusters of {c}: {splits_c} splits, {splits_c // c} partials, "
+        print(f"clusters of {c}: {splits_c} splits, {splits_c // c} {'bf16' if bf16 else 'fp32'} partials, "
               f"{S // 64 / splits_c:.2f} tiles a split", flush=True)
         if splits_c % c:
             print(f"  left out: {splits_c} splits are not whole clusters of {c}")
             continue
         config = SparseFwdConfig.for_problem(gather=False, split_kv=True, cluster_splits=c)
+        if bf16:
+            config = dataclasses.replace(config, bf16_partials=True)
+            SparseFwdConfig.check = lambda self: None
         o_c, lse_c = split_launch("kernel/C", config, splits_c // c)
         kernel_c, merge_c = fns.pop("kernel/C"), combine.combine_launcher(512, dev, has_sink=False, pdl=c > 1)
-        fns[f"both/C{c}x{splits_c}"] = (lambda q, k, go=kernel_c, m=merge_c, o=o_c, l=lse_c:
+        fns[f"both/C{c}{'b' if bf16 else ''}x{splits_c}"] = (lambda q, k, go=kernel_c, m=merge_c, o=o_c, l=lse_c:
                              (go(q, k), m(o, l, out, lse, sink_t)))
     # the whole call against float64 once, so a timing of a wrong kernel cannot pass unnoticed
     q0, k0 = sets[0]
@@ -126,6 +134,7 @@ def main():
         us = t.per_call_ms * 1e3
         frac = f"  {S * 1024 / (us * 1e-6) / (copy_tbps * 1e12):.3f} of the copy" if copy_tbps else ""
         print(f"{name:10s} {us:7.1f} µs{frac}", flush=True)
+    SparseFwdConfig.check = shipped_check
 
 
 STAMP_EVENTS = ("start", "Q landed", "WG1 loop done", "WG2 loop done", "WG1 merge done", "WG2 merge done",
