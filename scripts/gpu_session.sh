@@ -146,6 +146,16 @@ for w in $what; do
                 timeout 300 python -m pytest -q -p no:cacheprovider tests/test_d6_sparse_attention.py \
                   tests/test_d7_fp8_decode.py -k "cluster_reduced_partials_match or paired_cluster_matches or split_clusters_match"; } \
                 2>&1 | grep -v -i warn | tee "$out/logs/mergeloads_after.txt" | tail -n 12 ;;
+    # densebf16: D2's dense decode parts on the shipped build, then with candidates/dense_bf16_partials.patch (the
+    # dense split's partials in bf16, session 60) and its GPU tests (the dense cluster and split paths against the
+    # reference); ~4 min, leaves the tree patched
+    densebf16) { timeout 200 python scripts/probe_dense_decode.py --splits 64; } 2>&1 | grep -v -i warn \
+                | tee "$out/logs/densebf16_before.txt" | tail -n 9
+              apply_candidate dense_bf16_partials || continue
+              { timeout 200 python scripts/probe_dense_decode.py --splits 64;
+                timeout 300 python -m pytest -q -p no:cacheprovider tests/test_d6_sparse_attention.py \
+                  tests/test_d2_split_kv.py -k "cluster_reduced_partials_match or split_kv_matches"; } \
+                2>&1 | grep -v -i warn | tee "$out/logs/densebf16_after.txt" | tail -n 12 ;;
     # densestamps: the dense split kernel's CTAs stamped (loop end, merge end, exits; per cluster the wait for its
     # slowest split) — where its ~8 µs over the producer alone go (~1 min)
     densestamps) { timeout 200 python scripts/probe_dense_decode.py --stamps; } 2>&1 | grep -v -i warn \
