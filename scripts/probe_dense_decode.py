@@ -25,13 +25,13 @@ for the slowest split).  Session 60 found the kernel ~8 µs over the producer al
 (docs/tuning/d2_d6.md)."""
 import argparse
 import dataclasses
-import json
-import pathlib
 
 import torch
 
 import dsv4lib
 from dsv4lib import bench, reference
+from dsv4lib.workbook.results import recorded_copy_gbps
+from dsv4lib.workbook.targets import detect_target
 
 
 def main():
@@ -124,16 +124,11 @@ def main():
         a = out.double().flatten()
         print(f"{name} vs float64: cosine {float(a @ b / (a.norm() * b.norm())):.7f}", flush=True)
     times = bench.time_graph_interleaved(fns, sets)
-    copy_tbps = None
-    try:                            # stage 00's copy rate on this GPU kind, as recorded
-        rec = json.loads(pathlib.Path("stages/results/h200.json").read_text())
-        copy_tbps = rec["stages"]["00-env"]["metrics"]["copy_gbps"] / 1e3
-    except Exception:               # no record here: print the times alone
-        pass
+    copy_gbps = recorded_copy_gbps(detect_target().name)      # stage 00's copy rate on this GPU kind, as recorded
     for name, t in times.items():
         us = t.per_call_ms * 1e3
-        frac = f"  {S * 1024 / (us * 1e-6) / (copy_tbps * 1e12):.3f} of the copy" if copy_tbps else ""
-        print(f"{name:10s} {us:7.1f} µs{frac}", flush=True)
+        print(f"{name:10s} {us:7.1f} µs  {bench.gbps(S * 1024, t.per_call_ms) / copy_gbps:.3f} of the copy",
+              flush=True)
     SparseFwdConfig.check = shipped_check
 
 
